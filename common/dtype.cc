@@ -1,0 +1,148 @@
+// Host-side element type conversions (bit manipulation, no dependence on compiler half types).
+#include "common/dtype.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+
+std::string_view DTypeName(DType t) {
+  switch (t) {
+    case DType::kF32: return "F32";
+    case DType::kF16: return "F16";
+    case DType::kBF16: return "BF16";
+  }
+  return "?";
+}
+
+absl::StatusOr<DType> ParseDType(std::string_view name) {
+  if (name == "F32") return DType::kF32;
+  if (name == "F16") return DType::kF16;
+  if (name == "BF16") return DType::kBF16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unsupported dtype \"", std::string(name), "\" (supported: F32, F16, BF16)"));
+}
+
+std::string_view TorchDTypeName(DType t) {
+  switch (t) {
+    case DType::kF32: return "float32";
+    case DType::kF16: return "float16";
+    case DType::kBF16: return "bfloat16";
+  }
+  return "?";
+}
+
+absl::StatusOr<DType> ParseTorchDType(std::string_view name) {
+  if (name == "float32" || name == "f32" || name == "fp32") return DType::kF32;
+  if (name == "float16" || name == "f16" || name == "fp16" || name == "half") return DType::kF16;
+  if (name == "bfloat16" || name == "bf16") return DType::kBF16;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unsupported dtype \"", std::string(name), "\" (supported: float32, float16, bfloat16)"));
+}
+
+static uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+static float FromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t FloatToHalf(float f) {
+  const uint32_t x = Bits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {  // inf or NaN (NaN keeps a quiet payload bit)
+    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
+  }
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (abs < 0x38800000u) {
+    // Subnormal half (or zero): value = m * 2^-24 with m < 1024; round to nearest even.
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // below half of 2^-24
+    const uint32_t exp = abs >> 23;
+    const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - exp;  // 14..24 + ... gives m in [0, 1024]
+    uint32_t m = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1);
+    const uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (m & 1))) ++m;
+    return static_cast<uint16_t>(sign | m);
+  }
+  // Normal: rebias exponent (127 -> 15), keep 10 mantissa bits, round to nearest even.
+  uint32_t h = ((abs - 0x38000000u) >> 13);
+  const uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  if (exp == 0) {
+    // Zero or subnormal: mant * 2^-24, exact in float.
+    const float v = static_cast<float>(mant) * (1.0f / 16777216.0f);
+    return sign ? -v : v;
+  }
+  if (exp == 31) return FromBits(sign | 0x7f800000u | (mant << 13));
+  return FromBits(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+uint16_t FloatToBF16(float f) {
+  uint32_t x = Bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // NaN
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+float BF16ToFloat(uint16_t b) { return FromBits(static_cast<uint32_t>(b) << 16); }
+
+void ToFloat(DType t, const void* src, size_t n, float* dst) {
+  const auto* p = static_cast<const unsigned char*>(src);
+  switch (t) {
+    case DType::kF32:
+      std::memcpy(dst, src, n * 4);
+      return;
+    case DType::kF16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        dst[i] = HalfToFloat(h);
+      }
+      return;
+    case DType::kBF16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        dst[i] = BF16ToFloat(h);
+      }
+      return;
+  }
+}
+
+void FromFloat(DType t, const float* src, size_t n, void* dst) {
+  auto* p = static_cast<unsigned char*>(dst);
+  switch (t) {
+    case DType::kF32:
+      std::memcpy(dst, src, n * 4);
+      return;
+    case DType::kF16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t h = FloatToHalf(src[i]);
+        std::memcpy(p + 2 * i, &h, 2);
+      }
+      return;
+    case DType::kBF16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t h = FloatToBF16(src[i]);
+        std::memcpy(p + 2 * i, &h, 2);
+      }
+      return;
+  }
+}
+
+}  // namespace tandem

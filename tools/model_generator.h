@@ -1,0 +1,79 @@
+// Random-weight checkpoints of any GPT-2 or Llama shape, in exactly Hugging Face's layout
+// (config.json, model.safetensors or shards + index, tokenizer.json). Seeded and bit-identical on
+// every machine: weights come from the counter-based RNG in common/rng.h, never from <random>.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_config.h"
+
+namespace tandem {
+
+// Named shapes: tiny-gpt2, tiny-llama (GQA, untied head), tiny-llama-tied, gpt2 (124M),
+// tinyllama-1b (GQA), openllama-3b, llama2-7b, llama2-13b. dtype defaults to F32 for tiny presets
+// and F16 for the rest.
+absl::StatusOr<ModelConfig> PresetConfig(std::string_view name);
+std::vector<std::string> PresetNames();
+
+// Command-line overrides of a preset; unset fields keep the preset's value. Errors name the flag
+// (--hidden_size, ...), since that is what the user typed.
+struct ModelOverrides {
+  std::optional<int> vocab_size;
+  std::optional<int> hidden_size;
+  std::optional<int> intermediate_size;
+  std::optional<int> num_layers;
+  std::optional<int> num_heads;
+  std::optional<int> num_kv_heads;
+  std::optional<int> max_positions;
+  std::optional<float> norm_eps;
+  std::optional<float> rope_theta;
+  std::optional<bool> tie_word_embeddings;
+  std::optional<std::string> dtype;  // "f32", "f16", "bf16"
+};
+
+// Applies `o` to `base` and validates the result. Dimensions that follow others follow them:
+// head_dim = hidden / heads; GPT-2's intermediate size stays 4 * hidden and its kv heads equal its
+// heads; an end-of-text id that was the last id stays the last id when the vocabulary changes.
+absl::StatusOr<ModelConfig> ApplyOverrides(ModelConfig base, const ModelOverrides& o);
+
+// INVALID_ARGUMENT naming the flag when a dimension is not positive, heads do not divide the
+// hidden size, kv heads do not divide heads (GPT-2: differ from heads), a Llama head_dim is odd
+// (RoPE rotates pairs), norm_eps or rope_theta is not positive, or a special id is outside the
+// vocabulary.
+absl::Status ValidateGeneratorConfig(const ModelConfig& config);
+
+struct GeneratorOptions {
+  uint64_t seed = 0;
+  int64_t max_shard_bytes = 0;  // > 0: split into model-0000i-of-0000n.safetensors + index
+};
+
+// One tensor of the checkpoint, in the order Hugging Face's state_dict lists it.
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  float mean = 0.0f;  // values are mean + stddev * N(0, 1)
+  float stddev = 0.0f;
+};
+// Every tensor that save_pretrained writes for this shape (GPT2LMHeadModel / LlamaForCausalLM).
+std::vector<TensorSpec> CheckpointTensors(const ModelConfig& config);
+
+// Element `index` of tensor `name` before rounding to the dtype. Each tensor draws from its own
+// stream, seed' = Mix64(seed ^ Fnv1a64(name)), so values do not depend on the order of generation.
+// N(0, 1) is approximated without transcendental functions (bit-identical everywhere) by
+// Irwin-Hall: (u0 + u1 + u2 + u3 - 2) * sqrt(3), ui = UniformFloat(seed', 4 * index + i).
+float RandomWeight(uint64_t seed, const TensorSpec& spec, int64_t index);
+
+// Writes the checkpoint folder `dir` (created if missing): config.json, tokenizer.json,
+// tokenizer_config.json, and model.safetensors or shards + model.safetensors.index.json (stale
+// files of the other layout are removed). Streams tensor by tensor in bounded chunks, so a 13B
+// model needs only a few MB of host memory.
+absl::Status WriteRandomCheckpoint(const ModelConfig& config, const GeneratorOptions& options,
+                                   const std::filesystem::path& dir);
+
+}  // namespace tandem

@@ -1,0 +1,26 @@
+// The GPU backend: fp16/bf16 weights and activations with fp32 accumulation, cuBLAS(Lt) GEMMs,
+// kernels of our own for the rest, decode steps replayed from CUDA graphs.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "worker/stage.h"
+
+namespace tandem {
+
+struct CudaOptions {
+  int device = 0;
+  DType dtype = DType::kF16;       // kF16 or kBF16: weights, activations and KV-cache
+  float kv_memory_fraction = 0.9f; // share of the memory left after the weights for the KV-cache
+  bool cuda_graphs = true;         // replay decode steps from graphs per batch-size bucket
+};
+
+// True when a usable CUDA device is present (tests skip otherwise).
+bool CudaDeviceAvailable();
+
+absl::StatusOr<std::unique_ptr<Stage>> MakeCudaStage(const StageSpec& spec,
+                                                     const CudaOptions& options);
+
+}  // namespace tandem

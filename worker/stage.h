@@ -1,0 +1,77 @@
+// The engine's one interface: a contiguous range of layers of one model on one device, stepping a
+// batch of sequences. Backends (cpu/, cuda/) implement it; workers and tests drive it.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "common/model_config.h"
+
+namespace tandem {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0: greedy (argmax); > 0 divides the logits
+  int top_k = 0;             // 0: no limit
+  float top_p = 1.0f;        // (0, 1]; 1: no limit
+  uint64_t seed = 0;         // with the token index, keys the counter-based RNG (common/rng.h)
+};
+
+// One sequence's share of a step.
+struct SequenceStep {
+  int32_t slot = 0;        // KV-cache slot of this sequence, the same on every stage
+  int32_t position = 0;    // position of this step's first token == tokens already in the cache
+  int32_t num_tokens = 1;  // prompt tokens (prefill, possibly a chunk) or 1 (decode)
+  bool sample = true;      // the last stage samples a token after this sequence's last token
+  SamplingParams sampling;
+  uint64_t sample_index = 0;  // tokens this sequence generated before; the RNG counter
+};
+
+// What every stage of a pipeline executes, in the order the coordinator issued it.
+struct StepDescriptor {
+  uint64_t id = 0;
+  std::vector<SequenceStep> seqs;
+  std::vector<int32_t> tokens;  // every sequence's tokens, concatenated in `seqs` order
+  bool return_logits = false;   // the last stage also returns the sampled rows' logits
+};
+
+enum class Where { kHost, kDevice };
+
+// Hidden states between stages: [rows = sum of num_tokens, cols = hidden_size], row-major.
+struct Activations {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  DType dtype = DType::kF32;
+  Where where = Where::kHost;
+  std::shared_ptr<void> data;  // host or device memory, kept alive by whoever holds a copy
+  size_t nbytes() const { return static_cast<size_t>(rows * cols) * DTypeSize(dtype); }
+};
+
+struct StepOutput {
+  Activations hidden;           // every stage but the last: input of the next stage
+  std::vector<int32_t> tokens;  // last stage: one per sequence with sample == true, in order
+  std::vector<float> logits;    // last stage, return_logits: [tokens.size(), vocab] fp32
+};
+
+class Stage {
+ public:
+  virtual ~Stage() = default;
+  // Runs one step. The first stage reads step.tokens and ignores `in`; the others read `in`.
+  // Errors (bad slot, position past the context, shape mismatch) leave the stage usable.
+  virtual absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) = 0;
+  virtual const ModelConfig& config() const = 0;
+};
+
+// What a stage loads and how much KV-cache it keeps.
+struct StageSpec {
+  std::filesystem::path model_dir;
+  int first_layer = 0;      // inclusive; 0 also loads the embeddings
+  int last_layer = -1;      // exclusive; -1 or num_layers also loads final norm + LM head
+  int max_slots = 8;        // concurrent sequences
+  int max_seq_len = 0;      // 0: the model's max_positions
+};
+
+}  // namespace tandem
