@@ -102,6 +102,7 @@ uint16_t FloatToBF16(float f) {
 float BF16ToFloat(uint16_t b) { return FromBits(static_cast<uint32_t>(b) << 16); }
 
 void ToFloat(DType t, const void* src, size_t n, float* dst) {
+  if (n == 0) return;  // src/dst may be null for empty tensors
   const auto* p = static_cast<const unsigned char*>(src);
   switch (t) {
     case DType::kF32:
@@ -125,6 +126,7 @@ void ToFloat(DType t, const void* src, size_t n, float* dst) {
 }
 
 void FromFloat(DType t, const float* src, size_t n, void* dst) {
+  if (n == 0) return;
   auto* p = static_cast<unsigned char*>(dst);
   switch (t) {
     case DType::kF32:
