@@ -1,6 +1,8 @@
 // config.json <-> ModelConfig, for GPT-2 (GPT2Config) and Llama (LlamaConfig) field names.
 #include "common/model_config.h"
 
+#include <charconv>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -69,6 +71,14 @@ absl::Status Positive(int v, const char* key, const std::string& source) {
         absl::StrCat(source, ": field \"", key, "\" must be positive, got ", v));
   }
   return absl::OkStatus();
+}
+
+// The double whose shortest decimal form is the float's (1e-5f is written 1e-05, not
+// 9.999999747378752e-06), so that config.json reads like Hugging Face's.
+double ShortestDouble(float f) {
+  char buf[32];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), f);
+  return std::strtod(std::string(buf, end).c_str(), nullptr);
 }
 
 }  // namespace
@@ -220,7 +230,7 @@ std::string ModelConfigToJson(const ModelConfig& c) {
          {"n_ctx", c.max_positions},
          {"n_inner", c.intermediate_size},
          {"activation_function", "gelu_new"},
-         {"layer_norm_epsilon", c.norm_eps},
+         {"layer_norm_epsilon", ShortestDouble(c.norm_eps)},
          {"resid_pdrop", 0.0},
          {"embd_pdrop", 0.0},
          {"attn_pdrop", 0.0},
@@ -237,8 +247,8 @@ std::string ModelConfigToJson(const ModelConfig& c) {
          {"num_key_value_heads", c.num_kv_heads},
          {"head_dim", c.head_dim},
          {"max_position_embeddings", c.max_positions},
-         {"rms_norm_eps", c.norm_eps},
-         {"rope_theta", c.rope_theta},
+         {"rms_norm_eps", ShortestDouble(c.norm_eps)},
+         {"rope_theta", ShortestDouble(c.rope_theta)},
          {"hidden_act", "silu"},
          {"attention_bias", false},
          {"mlp_bias", false},

@@ -1,0 +1,731 @@
+// The CPU backend on random tiny checkpoints: one range against split pipelines, batched against
+// alone, chunked prefill against whole, against a naive double-precision forward written here
+// from the Hugging Face tensors, sampling through the stage, and rejected steps.
+#include "worker/cpu/cpu_stage.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "common/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/model_generator.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints and pipelines
+
+std::filesystem::path ModelsRoot() {
+  return std::filesystem::path(TANDEM_TEST_TMPDIR) /
+         ("cpu_stage_test_models_" + std::to_string(getpid()));
+}
+
+// Writes the preset's random checkpoint (seeded) on first use in this process.
+std::filesystem::path ModelDir(const std::string& preset) {
+  const std::filesystem::path dir = ModelsRoot() / preset;
+  if (!std::filesystem::exists(dir / "config.json")) {
+    auto config = PresetConfig(preset);
+    EXPECT_TRUE(config.ok()) << config.status();
+    GeneratorOptions options;
+    options.seed = 20240611;
+    absl::Status st = WriteRandomCheckpoint(*config, options, dir);
+    EXPECT_TRUE(st.ok()) << st;
+  }
+  return dir;
+}
+
+std::unique_ptr<Stage> MakeStage(const std::filesystem::path& dir, int first, int last,
+                                 int max_slots = 4, int max_seq_len = 0) {
+  StageSpec spec;
+  spec.model_dir = dir;
+  spec.first_layer = first;
+  spec.last_layer = last;
+  spec.max_slots = max_slots;
+  spec.max_seq_len = max_seq_len;
+  auto stage = MakeCpuStage(spec);
+  EXPECT_TRUE(stage.ok()) << stage.status();
+  return stage.ok() ? std::move(stage).value() : nullptr;
+}
+
+using Pipeline = std::vector<std::unique_ptr<Stage>>;
+
+// Stages over consecutive layer ranges split at `cuts` (e.g. {2} -> [0, 2), [2, L)).
+Pipeline MakePipeline(const std::filesystem::path& dir, const std::vector<int>& cuts,
+                      int max_slots = 4) {
+  auto config = LoadModelConfig(dir);
+  EXPECT_TRUE(config.ok());
+  std::vector<int> bounds = {0};
+  bounds.insert(bounds.end(), cuts.begin(), cuts.end());
+  bounds.push_back(config->num_layers);
+  Pipeline p;
+  for (size_t i = 0; i + 1 < bounds.size(); ++i) {
+    p.push_back(MakeStage(dir, bounds[i], bounds[i + 1], max_slots));
+  }
+  return p;
+}
+
+// Runs `step` through every stage, handing each stage's hidden states to the next.
+StepOutput RunPipeline(Pipeline& p, const StepDescriptor& step) {
+  Activations in;
+  StepOutput out;
+  for (auto& stage : p) {
+    auto r = stage->Step(step, in);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return {};
+    out = std::move(r).value();
+    in = out.hidden;
+  }
+  return out;
+}
+
+struct Seq {
+  Seq(int32_t slot, int32_t position, std::vector<int32_t> tokens)
+      : slot(slot), position(position), tokens(std::move(tokens)) {}
+  int32_t slot = 0;
+  int32_t position = 0;
+  std::vector<int32_t> tokens;
+  bool sample = true;
+  SamplingParams sampling;
+  uint64_t sample_index = 0;
+};
+
+StepDescriptor MakeStep(const std::vector<Seq>& seqs, bool return_logits = true) {
+  static uint64_t next_id = 1;
+  StepDescriptor step;
+  step.id = next_id++;
+  step.return_logits = return_logits;
+  for (const Seq& s : seqs) {
+    SequenceStep ss;
+    ss.slot = s.slot;
+    ss.position = s.position;
+    ss.num_tokens = static_cast<int32_t>(s.tokens.size());
+    ss.sample = s.sample;
+    ss.sampling = s.sampling;
+    ss.sample_index = s.sample_index;
+    step.seqs.push_back(ss);
+    step.tokens.insert(step.tokens.end(), s.tokens.begin(), s.tokens.end());
+  }
+  return step;
+}
+
+std::vector<int32_t> Prompt(int length, int salt, int vocab) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < length; ++i) t.push_back((37 * i + 101 * salt + 7) % vocab);
+  return t;
+}
+
+// Row `row` of a [rows, vocab] logits block.
+std::vector<float> Row(const std::vector<float>& logits, int row, int vocab) {
+  return {logits.begin() + static_cast<size_t>(row) * vocab,
+          logits.begin() + static_cast<size_t>(row + 1) * vocab};
+}
+
+// max |a - b| / max |b|.
+double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0.0, scale = 0.0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return scale > 0.0 ? diff / scale : diff;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A naive forward pass, in double, straight from the checkpoint's Hugging Face tensors: no cache,
+// no BLAS, every position recomputed, weights in their stored layouts.
+
+using Vec = std::vector<double>;
+
+class NaiveModel {
+ public:
+  explicit NaiveModel(const std::filesystem::path& dir) {
+    auto ckpt = Checkpoint::Open(dir);
+    EXPECT_TRUE(ckpt.ok()) << ckpt.status();
+    ckpt_ = std::move(ckpt).value();
+    c_ = ckpt_->config();
+  }
+
+  // Logits after every token of `tokens`: [tokens.size()][vocab].
+  std::vector<Vec> Logits(const std::vector<int32_t>& tokens) {
+    const bool gpt2 = c_.arch == Arch::kGpt2;
+    const int n = static_cast<int>(tokens.size()), hid = c_.hidden_size;
+    const Vec emb = T(gpt2 ? "wte.weight" : "embed_tokens.weight");
+    std::vector<Vec> x(n, Vec(hid));
+    for (int t = 0; t < n; ++t) {
+      for (int i = 0; i < hid; ++i) x[t][i] = emb[tokens[t] * hid + i];
+      if (gpt2) {
+        const Vec wpe = T("wpe.weight");
+        for (int i = 0; i < hid; ++i) x[t][i] += wpe[t * hid + i];
+      }
+    }
+    for (int l = 0; l < c_.num_layers; ++l) gpt2 ? Gpt2Layer(l, x) : LlamaLayer(l, x);
+    std::vector<Vec> logits;
+    const Vec head = (c_.tie_word_embeddings) ? emb : T("lm_head.weight");
+    for (int t = 0; t < n; ++t) {
+      const Vec h = gpt2 ? LayerNorm(x[t], T("ln_f.weight"), T("ln_f.bias"))
+                         : RmsNorm(x[t], T("norm.weight"));
+      logits.push_back(MulOutIn(h, head, c_.vocab_size));
+    }
+    return logits;
+  }
+
+ private:
+  // A tensor by its unprefixed name, as transformers or the original GPT-2 release spell it.
+  Vec T(const std::string& name) {
+    const std::string prefixed = (c_.arch == Arch::kGpt2 ? "transformer." : "model.") + name;
+    auto view = ckpt_->tensor(ckpt_->contains(prefixed) ? prefixed : name);
+    EXPECT_TRUE(view.ok()) << view.status();
+    std::vector<float> f(view->numel());
+    ToFloat(view->dtype, view->data.data(), f.size(), f.data());
+    return Vec(f.begin(), f.end());
+  }
+
+  // x · W with W stored (in, out) (Conv1D).
+  static Vec MulInOut(const Vec& x, const Vec& w, int out) {
+    Vec y(out, 0.0);
+    for (size_t i = 0; i < x.size(); ++i) {
+      for (int o = 0; o < out; ++o) y[o] += x[i] * w[i * out + o];
+    }
+    return y;
+  }
+  // x · Wᵀ with W stored (out, in) (Linear).
+  static Vec MulOutIn(const Vec& x, const Vec& w, int out) {
+    Vec y(out, 0.0);
+    for (int o = 0; o < out; ++o) {
+      for (size_t i = 0; i < x.size(); ++i) y[o] += x[i] * w[o * x.size() + i];
+    }
+    return y;
+  }
+  static Vec Add(Vec a, const Vec& b) {
+    for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+    return a;
+  }
+  Vec LayerNorm(const Vec& x, const Vec& w, const Vec& b) const {
+    double mean = 0.0, var = 0.0;
+    for (double v : x) mean += v / x.size();
+    for (double v : x) var += (v - mean) * (v - mean) / x.size();
+    Vec y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      y[i] = (x[i] - mean) / std::sqrt(var + c_.norm_eps) * w[i] + b[i];
+    }
+    return y;
+  }
+  Vec RmsNorm(const Vec& x, const Vec& w) const {
+    double ms = 0.0;
+    for (double v : x) ms += v * v / x.size();
+    Vec y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] / std::sqrt(ms + c_.norm_eps) * w[i];
+    return y;
+  }
+
+  // Causal softmax attention for every position; q[t] has num_heads heads, k/v num_kv_heads.
+  std::vector<Vec> Attention(const std::vector<Vec>& q, const std::vector<Vec>& k,
+                             const std::vector<Vec>& v) const {
+    const int n = static_cast<int>(q.size()), d = c_.head_dim;
+    const int rep = c_.num_heads / c_.num_kv_heads;
+    std::vector<Vec> out(n, Vec(c_.q_dim(), 0.0));
+    for (int t = 0; t < n; ++t) {
+      for (int h = 0; h < c_.num_heads; ++h) {
+        const int kh = h / rep;
+        Vec s(t + 1);
+        double max = -1e300;
+        for (int j = 0; j <= t; ++j) {
+          double dot = 0.0;
+          for (int i = 0; i < d; ++i) dot += q[t][h * d + i] * k[j][kh * d + i];
+          s[j] = dot / std::sqrt(static_cast<double>(d));
+          max = std::max(max, s[j]);
+        }
+        double sum = 0.0;
+        for (double& e : s) sum += (e = std::exp(e - max));
+        for (int j = 0; j <= t; ++j) {
+          for (int i = 0; i < d; ++i) out[t][h * d + i] += s[j] / sum * v[j][kh * d + i];
+        }
+      }
+    }
+    return out;
+  }
+
+  void Gpt2Layer(int l, std::vector<Vec>& x) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    const int hid = c_.hidden_size;
+    std::vector<Vec> q, k, v;
+    for (const Vec& xt : x) {
+      const Vec qkv = Add(MulInOut(LayerNorm(xt, T(p + "ln_1.weight"), T(p + "ln_1.bias")),
+                                   T(p + "attn.c_attn.weight"), 3 * hid),
+                          T(p + "attn.c_attn.bias"));
+      q.emplace_back(qkv.begin(), qkv.begin() + hid);
+      k.emplace_back(qkv.begin() + hid, qkv.begin() + 2 * hid);
+      v.emplace_back(qkv.begin() + 2 * hid, qkv.end());
+    }
+    const std::vector<Vec> a = Attention(q, k, v);
+    for (size_t t = 0; t < x.size(); ++t) {
+      x[t] = Add(x[t],
+                 Add(MulInOut(a[t], T(p + "attn.c_proj.weight"), hid), T(p + "attn.c_proj.bias")));
+      Vec u = Add(MulInOut(LayerNorm(x[t], T(p + "ln_2.weight"), T(p + "ln_2.bias")),
+                           T(p + "mlp.c_fc.weight"), c_.intermediate_size),
+                  T(p + "mlp.c_fc.bias"));
+      for (double& e : u) {
+        e = 0.5 * e * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (e + 0.044715 * e * e * e)));
+      }
+      x[t] = Add(x[t], Add(MulInOut(u, T(p + "mlp.c_proj.weight"), hid), T(p + "mlp.c_proj.bias")));
+    }
+  }
+
+  // Rotary embedding as transformers writes it: x·cos + rotate_half(x)·sin, per head, with
+  // rotate_half(x) = [-x2, x1] and the frequencies repeated over both halves.
+  Vec Rope(const Vec& x, int heads, int pos) const {
+    const int d = c_.head_dim, half = d / 2;
+    Vec y(x.size());
+    for (int h = 0; h < heads; ++h) {
+      const double* xh = x.data() + h * d;
+      for (int i = 0; i < d; ++i) {
+        const int f = i % half;
+        const double angle = pos * std::pow(static_cast<double>(c_.rope_theta), -2.0 * f / d);
+        const double rotated = i < half ? -xh[i + half] : xh[i - half];
+        y[h * d + i] = xh[i] * std::cos(angle) + rotated * std::sin(angle);
+      }
+    }
+    return y;
+  }
+
+  void LlamaLayer(int l, std::vector<Vec>& x) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const int hid = c_.hidden_size, inter = c_.intermediate_size;
+    std::vector<Vec> q, k, v;
+    for (size_t t = 0; t < x.size(); ++t) {
+      const Vec h = RmsNorm(x[t], T(p + "input_layernorm.weight"));
+      q.push_back(Rope(MulOutIn(h, T(p + "self_attn.q_proj.weight"), c_.q_dim()), c_.num_heads,
+                       static_cast<int>(t)));
+      k.push_back(Rope(MulOutIn(h, T(p + "self_attn.k_proj.weight"), c_.kv_dim()), c_.num_kv_heads,
+                       static_cast<int>(t)));
+      v.push_back(MulOutIn(h, T(p + "self_attn.v_proj.weight"), c_.kv_dim()));
+    }
+    const std::vector<Vec> a = Attention(q, k, v);
+    for (size_t t = 0; t < x.size(); ++t) {
+      x[t] = Add(x[t], MulOutIn(a[t], T(p + "self_attn.o_proj.weight"), hid));
+      const Vec h = RmsNorm(x[t], T(p + "post_attention_layernorm.weight"));
+      const Vec gate = MulOutIn(h, T(p + "mlp.gate_proj.weight"), inter);
+      Vec up = MulOutIn(h, T(p + "mlp.up_proj.weight"), inter);
+      for (int i = 0; i < inter; ++i) up[i] *= gate[i] / (1.0 + std::exp(-gate[i]));
+      x[t] = Add(x[t], MulOutIn(up, T(p + "mlp.down_proj.weight"), hid));
+    }
+  }
+
+  std::unique_ptr<Checkpoint> ckpt_;
+  ModelConfig c_;
+};
+
+// max |a - b| / max |b| against double logits.
+double RelDiff(const std::vector<float>& a, const Vec& b) {
+  return RelDiff(a, std::vector<float>(b.begin(), b.end()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests over every tiny preset: GPT-2 (tied head), Llama with GQA (untied), Llama tied.
+
+class CpuStageTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  static void TearDownTestSuite() { std::filesystem::remove_all(ModelsRoot()); }
+  std::filesystem::path dir() { return ModelDir(GetParam()); }
+  int vocab() { return LoadModelConfig(dir())->vocab_size; }
+};
+
+TEST_P(CpuStageTest, SplitIntoTwoAndThreeRangesGivesTheOneRangeLogits) {
+  const int v = vocab();
+  Pipeline one = MakePipeline(dir(), {});
+  Pipeline two = MakePipeline(dir(), {2});
+  Pipeline three = MakePipeline(dir(), {1, 3});
+  ASSERT_EQ(two.size(), 2u);
+  ASSERT_EQ(three.size(), 3u);
+
+  std::vector<Seq> seqs = {
+      {0, 0, Prompt(5, 1, v)}, {1, 0, Prompt(9, 2, v)}, {2, 0, Prompt(2, 3, v)}};
+  for (int step = 0; step < 5; ++step) {  // prefill, then four decode steps
+    const StepDescriptor d = MakeStep(seqs);
+    const StepOutput a = RunPipeline(one, d), b = RunPipeline(two, d), c = RunPipeline(three, d);
+    ASSERT_EQ(a.tokens.size(), 3u);
+    ASSERT_EQ(a.logits.size(), 3u * v);
+    EXPECT_LE(RelDiff(b.logits, a.logits), 1e-6) << "step " << step;
+    EXPECT_LE(RelDiff(c.logits, a.logits), 1e-6) << "step " << step;
+    EXPECT_EQ(b.tokens, a.tokens);
+    EXPECT_EQ(c.tokens, a.tokens);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      seqs[i].position += static_cast<int32_t>(seqs[i].tokens.size());
+      seqs[i].tokens = {a.tokens[i]};
+    }
+  }
+}
+
+TEST_P(CpuStageTest, SequenceLogitsDoNotDependOnTheBatch) {
+  const int v = vocab();
+  Pipeline alone = MakePipeline(dir(), {});
+  Pipeline batched = MakePipeline(dir(), {});
+  Seq a{0, 0, Prompt(6, 4, v)};
+  // In the batch, the same sequence sits in another slot, after a longer prefill and before a
+  // shorter one.
+  std::vector<Seq> batch = {
+      {1, 0, Prompt(11, 5, v)}, {3, 0, Prompt(6, 4, v)}, {0, 0, Prompt(3, 6, v)}};
+  for (int step = 0; step < 4; ++step) {
+    const StepOutput x = RunPipeline(alone, MakeStep({a}));
+    const StepOutput y = RunPipeline(batched, MakeStep(batch));
+    ASSERT_EQ(y.tokens.size(), 3u);
+    EXPECT_LE(RelDiff(Row(y.logits, 1, v), x.logits), 1e-5) << "step " << step;
+    EXPECT_EQ(y.tokens[1], x.tokens[0]);
+    a.position += static_cast<int32_t>(a.tokens.size());
+    a.tokens = x.tokens;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      batch[i].position += static_cast<int32_t>(batch[i].tokens.size());
+      batch[i].tokens = {y.tokens[i]};
+    }
+  }
+}
+
+TEST_P(CpuStageTest, PrefillInOneGoEqualsChunksAndTokenByToken) {
+  const int v = vocab();
+  const std::vector<int32_t> prompt = Prompt(10, 7, v);
+  // The sequence's final prefill logits, then its logits for two decode steps, given a plan of
+  // prefill chunk sizes.
+  auto run = [&](const std::vector<int>& chunks) {
+    Pipeline p = MakePipeline(dir(), {});
+    std::vector<std::vector<float>> logits;
+    int pos = 0;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      Seq s{2, pos, {prompt.begin() + pos, prompt.begin() + pos + chunks[c]}};
+      s.sample = c + 1 == chunks.size();
+      const StepOutput out = RunPipeline(p, MakeStep({s}));
+      EXPECT_EQ(out.tokens.size(), s.sample ? 1u : 0u);
+      if (s.sample) logits.push_back(out.logits);
+      pos += chunks[c];
+    }
+    for (int32_t next : {11, 222}) {
+      logits.push_back(RunPipeline(p, MakeStep({{2, pos++, {next}}})).logits);
+    }
+    return logits;
+  };
+  const auto whole = run({10});
+  const auto chunked = run({4, 3, 3});
+  const auto single = run(std::vector<int>(10, 1));
+  ASSERT_EQ(whole.size(), 3u);
+  ASSERT_EQ(chunked.size(), 3u);
+  ASSERT_EQ(single.size(), 3u);
+  for (size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_LE(RelDiff(chunked[i], whole[i]), 1e-5) << i;
+    EXPECT_LE(RelDiff(single[i], whole[i]), 1e-5) << i;
+  }
+}
+
+TEST_P(CpuStageTest, MatchesANaiveForwardPassInDouble) {
+  const int v = vocab();
+  NaiveModel naive(dir());
+  Pipeline p = MakePipeline(dir(), {});
+  std::vector<std::vector<int32_t>> history = {Prompt(7, 8, v), Prompt(3, 9, v)};
+  std::vector<Seq> seqs = {{0, 0, history[0]}, {1, 0, history[1]}};
+  for (int step = 0; step < 4; ++step) {
+    const StepOutput out = RunPipeline(p, MakeStep(seqs));
+    ASSERT_EQ(out.tokens.size(), 2u);
+    for (int i = 0; i < 2; ++i) {
+      const Vec want = naive.Logits(history[i]).back();
+      EXPECT_LE(RelDiff(Row(out.logits, i, v), want), 1e-5) << "step " << step << " seq " << i;
+      seqs[i].position = static_cast<int32_t>(history[i].size());
+      seqs[i].tokens = {out.tokens[i]};
+      history[i].push_back(out.tokens[i]);
+    }
+  }
+}
+
+TEST_P(CpuStageTest, GreedyTokenIsTheArgmaxOfTheReturnedLogits) {
+  const int v = vocab();
+  Pipeline p = MakePipeline(dir(), {2});
+  const StepOutput out =
+      RunPipeline(p, MakeStep({{0, 0, Prompt(4, 10, v)}, {1, 0, Prompt(8, 11, v)}}));
+  ASSERT_EQ(out.tokens.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<float> row = Row(out.logits, i, v);
+    EXPECT_EQ(out.tokens[i], std::max_element(row.begin(), row.end()) - row.begin());
+  }
+}
+
+TEST_P(CpuStageTest, SeededSamplingIsReproducibleAndIndependentOfTheBatch) {
+  const int v = vocab();
+  SamplingParams sp;
+  sp.temperature = 0.9f;
+  sp.top_k = 40;
+  sp.top_p = 0.95f;
+  sp.seed = 1234;
+  // Eight sampled tokens of one sequence, with `others` sharing every step.
+  auto generate = [&](const SamplingParams& params, int others) {
+    Pipeline p = MakePipeline(dir(), {1});
+    std::vector<Seq> seqs;
+    for (int o = 0; o < others; ++o) {
+      Seq s{o + 1, 0, Prompt(3 + 2 * o, 20 + o, v)};
+      s.sampling = sp;
+      s.sampling.seed = 99 + o;
+      seqs.push_back(s);
+    }
+    Seq mine{0, 0, Prompt(5, 12, v)};
+    mine.sampling = params;
+    seqs.insert(seqs.begin() + others / 2, mine);
+    std::vector<int32_t> tokens;
+    for (int step = 0; step < 8; ++step) {
+      const StepOutput out = RunPipeline(p, MakeStep(seqs, /*return_logits=*/false));
+      EXPECT_TRUE(out.logits.empty());
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        if (seqs[i].slot == 0) tokens.push_back(out.tokens[i]);
+        seqs[i].position += static_cast<int32_t>(seqs[i].tokens.size());
+        seqs[i].tokens = {out.tokens[i]};
+        ++seqs[i].sample_index;
+      }
+    }
+    return tokens;
+  };
+  const std::vector<int32_t> alone = generate(sp, 0);
+  EXPECT_EQ(generate(sp, 0), alone);
+  EXPECT_EQ(generate(sp, 2), alone);
+  SamplingParams other_seed = sp;
+  other_seed.seed = 4321;
+  EXPECT_NE(generate(other_seed, 0), alone);
+}
+
+TEST_P(CpuStageTest, SamplesOnlySequencesThatAskInTheirOrder) {
+  const int v = vocab();
+  Pipeline p = MakePipeline(dir(), {});
+  Seq a{0, 0, Prompt(4, 13, v)}, b{1, 0, Prompt(6, 14, v)}, c{2, 0, Prompt(2, 15, v)};
+  b.sample = false;
+  const StepOutput out = RunPipeline(p, MakeStep({a, b, c}));
+  ASSERT_EQ(out.tokens.size(), 2u);
+  ASSERT_EQ(out.logits.size(), 2u * v);
+  Pipeline q = MakePipeline(dir(), {});
+  const StepOutput only_c = RunPipeline(q, MakeStep({c}));
+  EXPECT_LE(RelDiff(Row(out.logits, 1, v), only_c.logits), 1e-5);
+}
+
+TEST_P(CpuStageTest, ReusedSlotStartsAfresh) {
+  const int v = vocab();
+  Pipeline p = MakePipeline(dir(), {2});
+  RunPipeline(p, MakeStep({{0, 0, Prompt(12, 16, v)}}));
+  RunPipeline(p, MakeStep({{0, 12, {5}}}));
+  const StepOutput reused = RunPipeline(p, MakeStep({{0, 0, Prompt(4, 17, v)}}));
+  Pipeline fresh = MakePipeline(dir(), {2});
+  const StepOutput want = RunPipeline(fresh, MakeStep({{0, 0, Prompt(4, 17, v)}}));
+  EXPECT_EQ(reused.logits, want.logits);
+}
+
+TEST_P(CpuStageTest, NonLastStageReturnsHostFp32HiddenStates) {
+  const int v = vocab();
+  auto stage = MakeStage(dir(), 0, 2);
+  auto out = stage->Step(MakeStep({{0, 0, Prompt(3, 18, v)}, {1, 0, Prompt(4, 19, v)}}), {});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->hidden.rows, 7);
+  EXPECT_EQ(out->hidden.cols, stage->config().hidden_size);
+  EXPECT_EQ(out->hidden.dtype, DType::kF32);
+  EXPECT_EQ(out->hidden.where, Where::kHost);
+  ASSERT_NE(out->hidden.data, nullptr);
+  EXPECT_TRUE(out->tokens.empty());
+  EXPECT_TRUE(out->logits.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyPresets, CpuStageTest,
+                         ::testing::Values("tiny-gpt2", "tiny-llama", "tiny-llama-tied"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+// ---------------------------------------------------------------------------------------------
+// Rejected steps and specs
+
+class CpuStageErrorTest : public ::testing::Test {
+ protected:
+  static void TearDownTestSuite() { std::filesystem::remove_all(ModelsRoot()); }
+  void SetUp() override {
+    dir_ = ModelDir("tiny-llama");
+    vocab_ = LoadModelConfig(dir_)->vocab_size;
+  }
+  std::filesystem::path dir_;
+  int vocab_ = 0;
+};
+
+TEST_F(CpuStageErrorTest, BadStepsAreRejectedNamingTheFieldAndLeaveTheStageUsable) {
+  auto stage = MakeStage(dir_, 0, -1, /*max_slots=*/4, /*max_seq_len=*/32);
+  auto clean = MakeStage(dir_, 0, -1, /*max_slots=*/4, /*max_seq_len=*/32);
+  const StepDescriptor prefill = MakeStep({{0, 0, Prompt(5, 21, vocab_)}});
+  ASSERT_TRUE(stage->Step(prefill, {}).ok());
+  ASSERT_TRUE(clean->Step(prefill, {}).ok());
+
+  struct Case {
+    std::string name;
+    StepDescriptor step;
+    std::vector<std::string> message;
+  };
+  SamplingParams bad_temp, bad_k, bad_p;
+  bad_temp.temperature = -1.0f;
+  bad_k.top_k = -3;
+  bad_p.top_p = 0.0f;
+  auto with = [](Seq s, const SamplingParams& sp) {
+    s.sampling = sp;
+    return s;
+  };
+  std::vector<Case> cases = {
+      {"slot below range", MakeStep({{-1, 0, {1}}}), {"sequence 0", "slot -1"}},
+      {"slot above range", MakeStep({{1, 0, {1}}, {4, 0, {1}}}), {"sequence 1", "slot 4"}},
+      {"slot twice", MakeStep({{1, 0, {1}}, {1, 0, {2}}}), {"sequence 1", "slot 1"}},
+      {"no tokens", MakeStep({{1, 0, {}}}), {"num_tokens"}},
+      {"negative position", MakeStep({{0, -1, {1}}}), {"position"}},
+      {"past the context", MakeStep({{0, 5, Prompt(28, 1, vocab_)}}), {"position 5", "32"}},
+      {"gap in the cache", MakeStep({{0, 6, {1}}}), {"position 6", "5 tokens", "slot 0"}},
+      {"token id too large", MakeStep({{0, 5, {1, vocab_}}}), {"sequence 0", "token 1", "id"}},
+      {"negative token id", MakeStep({{2, 0, {-4}}}), {"token 0", "-4"}},
+      {"bad temperature", MakeStep({with({0, 5, {1}}, bad_temp)}), {"temperature"}},
+      {"bad top_k", MakeStep({with({0, 5, {1}}, bad_k)}), {"top_k"}},
+      {"bad top_p", MakeStep({{1, 0, {3}}, with({0, 5, {1}}, bad_p)}), {"sequence 1", "top_p"}},
+  };
+  StepDescriptor wrong_count = MakeStep({{0, 5, {1, 2}}});
+  wrong_count.tokens.pop_back();
+  cases.push_back({"token count", wrong_count, {"tokens", "1", "2"}});
+
+  for (const Case& c : cases) {
+    auto r = stage->Step(c.step, {});
+    ASSERT_FALSE(r.ok()) << c.name;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_THAT(r.status().message(), HasSubstr("step " + std::to_string(c.step.id))) << c.name;
+    for (const std::string& m : c.message) {
+      EXPECT_THAT(r.status().message(), HasSubstr(m)) << c.name;
+    }
+  }
+  // Nothing of the rejected steps reached the cache: the next decode matches a clean stage.
+  const StepDescriptor decode = MakeStep({{0, 5, {17}}, {1, 0, {3, 4}}});
+  auto got = stage->Step(decode, {});
+  auto want = clean->Step(decode, {});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(got->logits, want->logits);
+  EXPECT_EQ(got->tokens, want->tokens);
+}
+
+TEST_F(CpuStageErrorTest, BadActivationsAreRejectedOnLaterStages) {
+  auto first = MakeStage(dir_, 0, 2);
+  auto second = MakeStage(dir_, 2, -1);
+  const StepDescriptor step = MakeStep({{0, 0, Prompt(3, 22, vocab_)}});
+  auto hidden = first->Step(step, {});
+  ASSERT_TRUE(hidden.ok()) << hidden.status();
+  const Activations good = hidden->hidden;
+
+  Activations rows = good, cols = good, device = good, empty = good;
+  rows.rows = 2;
+  cols.cols = good.cols - 1;
+  device.where = Where::kDevice;
+  empty.data = nullptr;
+  for (const auto& [name, in, want] :
+       std::vector<std::tuple<std::string, Activations, std::string>>{
+           {"rows", rows, "[2, 64]"},
+           {"cols", cols, "[3, 63]"},
+           {"device", device, "device"},
+           {"no data", empty, "no data"}}) {
+    auto r = second->Step(step, in);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_THAT(r.status().message(), HasSubstr(want)) << name;
+  }
+  auto ok = second->Step(step, good);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->tokens.size(), 1u);
+}
+
+TEST_F(CpuStageErrorTest, LaterStageConvertsHalfPrecisionActivations) {
+  auto first = MakeStage(dir_, 0, 2);
+  auto second = MakeStage(dir_, 2, -1);
+  auto half = MakeStage(dir_, 2, -1);
+  const StepDescriptor step = MakeStep({{0, 0, Prompt(3, 23, vocab_)}});
+  auto hidden = first->Step(step, {});
+  ASSERT_TRUE(hidden.ok()) << hidden.status();
+  const Activations& f32 = hidden->hidden;
+  auto buf = std::make_shared<std::vector<uint16_t>>(f32.rows * f32.cols);
+  FromFloat(DType::kBF16, static_cast<const float*>(f32.data.get()), buf->size(), buf->data());
+  Activations bf16 = f32;
+  bf16.dtype = DType::kBF16;
+  bf16.data = std::shared_ptr<void>(buf, buf->data());
+  auto want = second->Step(step, f32);
+  auto got = half->Step(step, bf16);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_LE(RelDiff(got->logits, want->logits), 0.05);
+}
+
+TEST_F(CpuStageErrorTest, BadSpecsAreRejected) {
+  StageSpec spec;
+  spec.model_dir = dir_;
+  for (auto [first, last] : std::vector<std::pair<int, int>>{{-1, 2}, {0, 5}, {2, 2}, {3, 1}}) {
+    spec.first_layer = first;
+    spec.last_layer = last;
+    auto s = MakeCpuStage(spec);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << first << ", " << last;
+    EXPECT_THAT(s.status().message(), HasSubstr("layer range")) << first << ", " << last;
+  }
+  spec.first_layer = 0;
+  spec.last_layer = -1;
+
+  StageSpec no_slots = spec;
+  no_slots.max_slots = 0;
+  EXPECT_THAT(MakeCpuStage(no_slots).status().message(), HasSubstr("max_slots"));
+
+  StageSpec too_long = spec;
+  too_long.max_seq_len = 100000;
+  EXPECT_THAT(MakeCpuStage(too_long).status().message(),
+              AllOf(HasSubstr("max_seq_len"), HasSubstr("100000")));
+
+  StageSpec missing = spec;
+  missing.model_dir = dir_ / "does-not-exist";
+  EXPECT_FALSE(MakeCpuStage(missing).ok());
+}
+
+TEST_F(CpuStageErrorTest, CheckpointMissingATensorOrWithAWrongShapeIsRejected) {
+  // Rewrite the checkpoint without one tensor, and with another one misshapen.
+  const std::filesystem::path broken = ModelsRoot() / "broken";
+  std::filesystem::create_directories(broken);
+  std::filesystem::copy_file(dir_ / "config.json", broken / "config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  auto ckpt = Checkpoint::Open(dir_);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  auto file = SafetensorsFile::Open(dir_ / "model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto rewrite = [&](const std::string& drop, const std::string& reshape) {
+    std::vector<TensorToWrite> tensors;
+    for (const std::string& name : (*file)->names()) {
+      if (name == drop) continue;
+      auto t = (*file)->tensor(name);
+      TensorToWrite w{name, t->dtype, t->shape, {t->data.begin(), t->data.end()}};
+      if (name == reshape) std::swap(w.shape[0], w.shape[1]);
+      tensors.push_back(std::move(w));
+    }
+    EXPECT_TRUE(WriteSafetensors(broken / "model.safetensors", tensors).ok());
+    StageSpec spec;
+    spec.model_dir = broken;
+    return MakeCpuStage(spec).status();
+  };
+  absl::Status missing = rewrite("model.layers.2.mlp.up_proj.weight", "");
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.message(), HasSubstr("model.layers.2.mlp.up_proj.weight"));
+
+  absl::Status shape = rewrite("", "model.layers.1.mlp.down_proj.weight");
+  EXPECT_EQ(shape.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(shape.message(), AllOf(HasSubstr("model.layers.1.mlp.down_proj.weight"),
+                                     HasSubstr("[64, 160]"), HasSubstr("[160, 64]")));
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,194 @@
+// The sampling rule of worker/sampling.h: greedy, temperature, top-k, top-p, seeded draws.
+#include "worker/sampling.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/rng.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+SamplingParams Params(float temperature, int top_k = 0, float top_p = 1.0f, uint64_t seed = 0) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.seed = seed;
+  return p;
+}
+
+std::vector<float> LogProbs(const std::vector<float>& probs) {
+  std::vector<float> l;
+  for (float p : probs) l.push_back(std::log(p));
+  return l;
+}
+
+// Deterministic pseudo-random logits in [-4, 4).
+std::vector<float> RandomLogits(int n, uint64_t seed) {
+  std::vector<float> l(n);
+  for (int i = 0; i < n; ++i) l[i] = 8.0f * UniformFloat(seed, i) - 4.0f;
+  return l;
+}
+
+// Frequencies of each token over `draws` consecutive sample indices.
+std::vector<double> Frequencies(const std::vector<float>& logits, const SamplingParams& p,
+                                int draws) {
+  std::vector<int> count(logits.size(), 0);
+  for (int i = 0; i < draws; ++i) ++count[SampleToken(logits, p, i)];
+  std::vector<double> f;
+  for (int c : count) f.push_back(static_cast<double>(c) / draws);
+  return f;
+}
+
+TEST(ValidateSamplingParams, AcceptsDefaultsAndTypicalValues) {
+  EXPECT_TRUE(ValidateSamplingParams(SamplingParams{}).ok());
+  EXPECT_TRUE(ValidateSamplingParams(Params(0.7f, 50, 0.9f, 123)).ok());
+  EXPECT_TRUE(ValidateSamplingParams(Params(1.0f, 0, 1.0f)).ok());
+}
+
+TEST(ValidateSamplingParams, RejectsBadTemperatureNamingTheField) {
+  for (float t :
+       {-0.1f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    absl::Status s = ValidateSamplingParams(Params(t));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << t;
+    EXPECT_THAT(s.message(), HasSubstr("temperature")) << t;
+  }
+}
+
+TEST(ValidateSamplingParams, RejectsNegativeTopKNamingTheField) {
+  absl::Status s = ValidateSamplingParams(Params(1.0f, -1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("top_k"));
+}
+
+TEST(ValidateSamplingParams, RejectsTopPOutsideZeroOneNamingTheField) {
+  for (float p : {0.0f, -0.5f, 1.5f, std::numeric_limits<float>::quiet_NaN()}) {
+    absl::Status s = ValidateSamplingParams(Params(1.0f, 0, p));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << p;
+    EXPECT_THAT(s.message(), HasSubstr("top_p")) << p;
+  }
+}
+
+TEST(SampleToken, GreedyIsArgmaxWithLowestIndexOnTies) {
+  EXPECT_EQ(SampleToken(std::vector<float>{0.1f, 2.0f, -1.0f, 2.0f}, Params(0.0f), 0), 1);
+  EXPECT_EQ(SampleToken(std::vector<float>{-3.0f, -2.0f, -5.0f}, Params(0.0f), 7), 1);
+  EXPECT_EQ(SampleToken(std::vector<float>{5.0f}, Params(0.0f), 0), 0);
+}
+
+TEST(SampleToken, GreedySkipsNaN) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(SampleToken(std::vector<float>{nan, 1.0f, 3.0f, nan}, Params(0.0f), 0), 2);
+}
+
+TEST(SampleToken, GreedyIgnoresSeedAndIndex) {
+  const std::vector<float> logits = RandomLogits(100, 5);
+  const int32_t first = SampleToken(logits, Params(0.0f, 0, 1.0f, 1), 0);
+  for (uint64_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(SampleToken(logits, Params(0.0f, 0, 1.0f, i * 31), i), first);
+  }
+}
+
+TEST(SampleToken, SeededDrawIsReproducibleAndVariesWithSeed) {
+  const std::vector<float> logits = RandomLogits(50, 9);
+  std::vector<int> seen(50, 0);
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    const int32_t a = SampleToken(logits, Params(1.0f, 0, 1.0f, seed), 3);
+    EXPECT_EQ(SampleToken(logits, Params(1.0f, 0, 1.0f, seed), 3), a);
+    seen[a] = 1;
+  }
+  int distinct = 0;
+  for (int s : seen) distinct += s;
+  EXPECT_GT(distinct, 5);  // a flat-ish distribution over 50 tokens, 200 seeds
+}
+
+// Candidates sorted by probability: index 1 (0.5), index 2 (0.3), index 0 (0.2); the token is the
+// first whose cumulative probability exceeds u = UniformFloat(seed, index).
+TEST(SampleToken, InverseCdfOverCandidatesSortedByProbability) {
+  const std::vector<float> logits = LogProbs({0.2f, 0.5f, 0.3f});
+  int checked = 0;
+  for (uint64_t seed = 0; seed < 500; ++seed) {
+    const float u = UniformFloat(seed, 11);
+    if (std::abs(u - 0.5f) < 1e-4f || std::abs(u - 0.8f) < 1e-4f) continue;
+    const int32_t want = u < 0.5f ? 1 : (u < 0.8f ? 2 : 0);
+    EXPECT_EQ(SampleToken(logits, Params(1.0f, 0, 1.0f, seed), 11), want) << "u=" << u;
+    ++checked;
+  }
+  EXPECT_GT(checked, 450);
+}
+
+TEST(SampleToken, TopKOneIsGreedy) {
+  for (uint64_t trial = 0; trial < 50; ++trial) {
+    const std::vector<float> logits = RandomLogits(257, trial);
+    const int32_t greedy = SampleToken(logits, Params(0.0f), 0);
+    EXPECT_EQ(SampleToken(logits, Params(1.5f, 1, 1.0f, trial), trial), greedy);
+  }
+}
+
+TEST(SampleToken, TinyTopPIsGreedy) {
+  for (uint64_t trial = 0; trial < 50; ++trial) {
+    const std::vector<float> logits = RandomLogits(257, 100 + trial);
+    const int32_t greedy = SampleToken(logits, Params(0.0f), 0);
+    EXPECT_EQ(SampleToken(logits, Params(2.0f, 0, 1e-6f, trial), trial), greedy);
+  }
+}
+
+TEST(SampleToken, FrequenciesFollowProbabilities) {
+  const std::vector<float> probs = {0.05f, 0.5f, 0.15f, 0.3f};
+  const std::vector<double> f = Frequencies(LogProbs(probs), Params(1.0f, 0, 1.0f, 77), 20000);
+  for (size_t i = 0; i < probs.size(); ++i) EXPECT_NEAR(f[i], probs[i], 0.02) << i;
+}
+
+TEST(SampleToken, TopKKeepsTheKMostLikelyRenormalised) {
+  // Top two: index 1 (0.5) and index 3 (0.3), renormalised to 0.625 and 0.375.
+  const std::vector<double> f =
+      Frequencies(LogProbs({0.05f, 0.5f, 0.15f, 0.3f}), Params(1.0f, 2, 1.0f, 3), 20000);
+  EXPECT_EQ(f[0], 0.0);
+  EXPECT_EQ(f[2], 0.0);
+  EXPECT_NEAR(f[1], 0.625, 0.02);
+  EXPECT_NEAR(f[3], 0.375, 0.02);
+}
+
+TEST(SampleToken, TopPKeepsTheSmallestPrefixReachingP) {
+  // Cumulative: 0.5, 0.8, 0.95, 1.0; top_p 0.7 keeps the first two.
+  const std::vector<double> f =
+      Frequencies(LogProbs({0.05f, 0.5f, 0.15f, 0.3f}), Params(1.0f, 0, 0.7f, 4), 20000);
+  EXPECT_EQ(f[0], 0.0);
+  EXPECT_EQ(f[2], 0.0);
+  EXPECT_NEAR(f[1], 0.625, 0.02);
+  EXPECT_NEAR(f[3], 0.375, 0.02);
+}
+
+TEST(SampleToken, TopPAppliesToTheMassRenormalisedAfterTopK) {
+  // top_k 2 keeps 0.4 and 0.3, renormalised 0.571 and 0.429: top_p 0.5 keeps only the first.
+  // (Over the original mass, 0.4 < 0.5 would have kept both.)
+  const std::vector<float> logits = LogProbs({0.1f, 0.3f, 0.4f, 0.2f});
+  for (uint64_t i = 0; i < 500; ++i) {
+    EXPECT_EQ(SampleToken(logits, Params(1.0f, 2, 0.5f, 8), i), 2);
+  }
+}
+
+TEST(SampleToken, TemperatureSharpensAndFlattens) {
+  const std::vector<float> logits = {0.0f, 1.0f};
+  // p(1) = 1 / (1 + e^-1) = 0.731 at temperature 1; e^-100 at 0.01; ~0.5 at 1000.
+  EXPECT_NEAR(Frequencies(logits, Params(1.0f, 0, 1.0f, 1), 20000)[1], 0.731, 0.02);
+  EXPECT_EQ(Frequencies(logits, Params(0.01f, 0, 1.0f, 1), 2000)[1], 1.0);
+  EXPECT_NEAR(Frequencies(logits, Params(1000.0f, 0, 1.0f, 1), 20000)[1], 0.5, 0.02);
+}
+
+TEST(SampleToken, NonFiniteLogitsFallBackToGreedyWithoutCrashing) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(SampleToken(std::vector<float>{1.0f, inf, 2.0f}, Params(1.0f), 0), 1);
+  EXPECT_EQ(SampleToken(std::vector<float>{-inf, -inf}, Params(1.0f), 0), 0);
+  const int32_t t = SampleToken(std::vector<float>{nan, 0.0f, nan, 1.0f}, Params(1.0f), 0);
+  EXPECT_TRUE(t == 1 || t == 3);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,392 @@
+// The fp32 reference forward pass for GPT-2 and Llama over one stage's layer range.
+//
+// A step's rows are every sequence's tokens concatenated (prefill chunks and decode tokens mixed);
+// every projection is one cblas_sgemm over all rows. Attention runs per sequence and head over
+// that sequence's KV-cache slot, which holds K and V of every position written so far:
+//   k_cache_, v_cache_: [max_slots][layers of this stage][max_seq_len][kv_dim]
+// Architectures differ only in data: which norm, bias or not, learned positions or RoPE, which
+// MLP activation.
+//
+// A slot's cache is valid up to the last position written; a step may start a sequence at any
+// position up to that (0 starts a new sequence in the slot), never past it. Steps are validated
+// whole before anything is computed, so a rejected step changes nothing. Step is not reentrant:
+// one thread (the worker's step loop) drives a stage.
+#include "worker/cpu/cpu_stage.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <new>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/safetensors.h"
+#include "common/status_macros.h"
+#include "worker/sampling.h"
+#include "worker/weights.h"
+
+namespace tandem {
+namespace {
+
+// y (rows, out) = x (rows, in) · wᵀ + b, with w row-major (out, in) and b (out) or empty.
+// accumulate: y += instead (the residual add folded into the GEMM).
+void Linear(const float* x, int rows, int in, const std::vector<float>& w,
+            const std::vector<float>& b, int out, float* y, bool accumulate = false) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, w.data(), in,
+              accumulate ? 1.0f : 0.0f, y, out);
+  if (b.empty()) return;
+  for (int r = 0; r < rows; ++r) {
+    float* yr = y + static_cast<size_t>(r) * out;
+    for (int o = 0; o < out; ++o) yr[o] += b[o];
+  }
+}
+
+// GPT-2: LayerNorm with bias. Llama: RMSNorm (b empty). x, y: (rows, n).
+void Norm(Arch arch, const float* x, int rows, int n, const std::vector<float>& w,
+          const std::vector<float>& b, float eps, float* y) {
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<size_t>(r) * n;
+    float* yr = y + static_cast<size_t>(r) * n;
+    if (arch == Arch::kGpt2) {
+      float mean = 0.0f;
+      for (int i = 0; i < n; ++i) mean += xr[i];
+      mean /= n;
+      float var = 0.0f;
+      for (int i = 0; i < n; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+      var /= n;
+      const float inv = 1.0f / std::sqrt(var + eps);
+      for (int i = 0; i < n; ++i) yr[i] = (xr[i] - mean) * inv * w[i] + b[i];
+    } else {
+      float ms = 0.0f;
+      for (int i = 0; i < n; ++i) ms += xr[i] * xr[i];
+      ms /= n;
+      const float inv = 1.0f / std::sqrt(ms + eps);
+      for (int i = 0; i < n; ++i) yr[i] = w[i] * (xr[i] * inv);
+    }
+  }
+}
+
+// Rotates each head_dim-wide head of `v` (heads * head_dim) in place for position `pos`, pairing
+// element i with i + head_dim / 2 (transformers' rotate_half).
+void Rope(float* v, int heads, int head_dim, int pos, const std::vector<float>& inv_freq) {
+  const int half = head_dim / 2;
+  for (int i = 0; i < half; ++i) {
+    const float angle = static_cast<float>(pos) * inv_freq[i];
+    const float c = std::cos(angle), s = std::sin(angle);
+    for (int hd = 0; hd < heads; ++hd) {
+      float* x = v + static_cast<size_t>(hd) * head_dim;
+      const float a = x[i], b = x[i + half];
+      x[i] = a * c - b * s;
+      x[i + half] = b * c + a * s;
+    }
+  }
+}
+
+// GELU, tanh approximation (GPT-2's "gelu_new").
+float GeluTanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
+float Silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+// Softmax of row[0, n) in place; row[n, width) (the causally masked future) set to 0.
+void MaskedSoftmax(float* row, int n, int width) {
+  float max = row[0];
+  for (int j = 1; j < n; ++j) max = std::max(max, row[j]);
+  float sum = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    row[j] = std::exp(row[j] - max);
+    sum += row[j];
+  }
+  const float inv = 1.0f / sum;
+  for (int j = 0; j < n; ++j) row[j] *= inv;
+  std::fill(row + n, row + width, 0.0f);
+}
+
+class CpuStage final : public Stage {
+ public:
+  CpuStage(ModelConfig config, StageWeights weights, int max_slots, int max_seq_len,
+           std::unique_ptr<float[]> k_cache, std::unique_ptr<float[]> v_cache)
+      : c_(std::move(config)),
+        w_(std::move(weights)),
+        max_slots_(max_slots),
+        max_seq_len_(max_seq_len),
+        k_cache_(std::move(k_cache)),
+        v_cache_(std::move(v_cache)),
+        cached_len_(max_slots, 0) {
+    // inv_freq_i = theta^(-2i / head_dim), computed in fp32 as transformers does.
+    for (int i = 0; i < c_.head_dim / 2; ++i) {
+      inv_freq_.push_back(1.0f / std::pow(c_.rope_theta, static_cast<float>(2 * i) /
+                                                             static_cast<float>(c_.head_dim)));
+    }
+  }
+
+  const ModelConfig& config() const override { return c_; }
+
+  absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) override {
+    RETURN_IF_ERROR(Validate(step, in));
+    const int rows = static_cast<int>(step.tokens.size());
+    const int hidden = c_.hidden_size;
+
+    // The position of every row: sequence i's tokens sit at position, position + 1, ...
+    std::vector<int> pos(rows);
+    for (int i = 0, r = 0; i < static_cast<int>(step.seqs.size()); ++i) {
+      for (int t = 0; t < step.seqs[i].num_tokens; ++t) pos[r++] = step.seqs[i].position + t;
+    }
+
+    // x: the residual stream, (rows, hidden).
+    std::vector<float> x(static_cast<size_t>(rows) * hidden);
+    if (w_.has_embedding) {
+      for (int r = 0; r < rows; ++r) {
+        float* xr = x.data() + static_cast<size_t>(r) * hidden;
+        const float* tok = w_.tok_embedding.data() + static_cast<size_t>(step.tokens[r]) * hidden;
+        std::copy(tok, tok + hidden, xr);
+        if (!w_.pos_embedding.empty()) {
+          const float* p = w_.pos_embedding.data() + static_cast<size_t>(pos[r]) * hidden;
+          for (int i = 0; i < hidden; ++i) xr[i] += p[i];
+        }
+      }
+    } else if (rows > 0) {
+      ToFloat(in.dtype, in.data.get(), x.size(), x.data());
+    }
+
+    const int q_dim = c_.q_dim(), kv_dim = c_.kv_dim(), qkv_dim = q_dim + 2 * kv_dim;
+    const int inter = c_.intermediate_size;
+    const bool gated = c_.arch == Arch::kLlama;  // SwiGLU: w_in holds gate and up rows
+    const int up_dim = gated ? 2 * inter : inter;
+    const size_t n = static_cast<size_t>(rows);
+    // Scratch, row-major: h (rows, hidden) normed input of each block; qkv (rows, q | k | v);
+    // attn (rows, q_dim); up (rows, up_dim) MLP input projection; act (rows, inter).
+    std::vector<float> h(n * hidden), qkv(n * qkv_dim), attn(n * q_dim), up(n * up_dim),
+        act(n * inter);
+
+    for (int l = 0; l < static_cast<int>(w_.layers.size()); ++l) {
+      const LayerWeights& lw = w_.layers[l];
+      // Attention block: x += o_proj(attention(rope(qkv(norm(x))))).
+      Norm(c_.arch, x.data(), rows, hidden, lw.attn_norm_w, lw.attn_norm_b, c_.norm_eps, h.data());
+      Linear(h.data(), rows, hidden, lw.wqkv, lw.bqkv, qkv_dim, qkv.data());
+      if (c_.arch == Arch::kLlama) {
+        for (int r = 0; r < rows; ++r) {
+          float* q = qkv.data() + static_cast<size_t>(r) * qkv_dim;
+          Rope(q, c_.num_heads, c_.head_dim, pos[r], inv_freq_);             // q heads
+          Rope(q + q_dim, c_.num_kv_heads, c_.head_dim, pos[r], inv_freq_);  // k heads
+        }
+      }
+      for (int i = 0, r0 = 0; i < static_cast<int>(step.seqs.size()); ++i) {
+        const SequenceStep& s = step.seqs[i];
+        StoreKv(s, l, qkv.data() + static_cast<size_t>(r0) * qkv_dim, qkv_dim);
+        Attend(s, l, qkv.data() + static_cast<size_t>(r0) * qkv_dim, qkv_dim,
+               attn.data() + static_cast<size_t>(r0) * q_dim);
+        r0 += s.num_tokens;
+      }
+      Linear(attn.data(), rows, q_dim, lw.wo, lw.bo, hidden, x.data(), /*accumulate=*/true);
+
+      // MLP block: x += down(act(up(norm(x)))).
+      Norm(c_.arch, x.data(), rows, hidden, lw.mlp_norm_w, lw.mlp_norm_b, c_.norm_eps, h.data());
+      Linear(h.data(), rows, hidden, lw.w_in, lw.b_in, up_dim, up.data());
+      for (int r = 0; r < rows; ++r) {
+        const float* u = up.data() + static_cast<size_t>(r) * up_dim;
+        float* a = act.data() + static_cast<size_t>(r) * inter;
+        for (int j = 0; j < inter; ++j) {
+          a[j] = gated ? Silu(u[j]) * u[inter + j] : GeluTanh(u[j]);
+        }
+      }
+      Linear(act.data(), rows, inter, lw.w_out, lw.b_out, hidden, x.data(), /*accumulate=*/true);
+    }
+
+    for (const SequenceStep& s : step.seqs) cached_len_[s.slot] = s.position + s.num_tokens;
+
+    StepOutput out;
+    if (!w_.has_head) {
+      auto buf = std::make_shared<std::vector<float>>(std::move(x));
+      out.hidden.rows = rows;
+      out.hidden.cols = hidden;
+      out.hidden.dtype = DType::kF32;
+      out.hidden.where = Where::kHost;
+      out.hidden.data = std::shared_ptr<void>(buf, buf->data());
+      return out;
+    }
+    Head(step, x, out);
+    return out;
+  }
+
+ private:
+  size_t CacheOffset(int slot, int layer, int position) const {
+    return ((static_cast<size_t>(slot) * w_.layers.size() + layer) * max_seq_len_ + position) *
+           c_.kv_dim();
+  }
+
+  // Writes the sequence's new K and V rows (from its num_tokens rows of qkv) at its positions.
+  void StoreKv(const SequenceStep& s, int layer, const float* qkv, int qkv_dim) {
+    const int q_dim = c_.q_dim(), kv_dim = c_.kv_dim();
+    for (int t = 0; t < s.num_tokens; ++t) {
+      const float* row = qkv + static_cast<size_t>(t) * qkv_dim;
+      const size_t at = CacheOffset(s.slot, layer, s.position + t);
+      std::copy(row + q_dim, row + q_dim + kv_dim, k_cache_.get() + at);
+      std::copy(row + q_dim + kv_dim, row + qkv_dim, v_cache_.get() + at);
+    }
+  }
+
+  // Causal attention of the sequence's num_tokens queries over its cached positions
+  // [0, position + num_tokens). q: (num_tokens, qkv_dim) rows; out: (num_tokens, q_dim) rows.
+  void Attend(const SequenceStep& s, int layer, const float* q, int qkv_dim, float* out) {
+    const int n = s.num_tokens, ctx = s.position + n, hd = c_.head_dim;
+    const int kv_dim = c_.kv_dim(), q_dim = c_.q_dim();
+    const int group = c_.num_heads / c_.num_kv_heads;  // query heads per KV head
+    const float* k = k_cache_.get() + CacheOffset(s.slot, layer, 0);
+    const float* v = v_cache_.get() + CacheOffset(s.slot, layer, 0);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    std::vector<float> scores(static_cast<size_t>(n) * ctx);  // (n, ctx)
+    for (int head = 0; head < c_.num_heads; ++head) {
+      const int kv_head = head / group;
+      // scores = scale · q_head (n, hd) · K_kv_head (ctx, hd)ᵀ
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, ctx, hd, scale, q + head * hd,
+                  qkv_dim, k + kv_head * hd, kv_dim, 0.0f, scores.data(), ctx);
+      // Query t sits at position + t and sees positions [0, position + t].
+      for (int t = 0; t < n; ++t) {
+        MaskedSoftmax(scores.data() + static_cast<size_t>(t) * ctx, s.position + t + 1, ctx);
+      }
+      // out_head (n, hd) = P (n, ctx) · V_kv_head (ctx, hd)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, ctx, 1.0f, scores.data(), ctx,
+                  v + kv_head * hd, kv_dim, 0.0f, out + head * hd, q_dim);
+    }
+  }
+
+  // Final norm, LM head and sampling for each sampled sequence's last row.
+  void Head(const StepDescriptor& step, const std::vector<float>& x, StepOutput& out) {
+    const int hidden = c_.hidden_size, vocab = c_.vocab_size;
+    std::vector<float> last;  // (sampled, hidden)
+    for (int i = 0, r0 = 0; i < static_cast<int>(step.seqs.size()); ++i) {
+      const SequenceStep& s = step.seqs[i];
+      r0 += s.num_tokens;
+      if (!s.sample) continue;
+      const float* row = x.data() + static_cast<size_t>(r0 - 1) * hidden;
+      last.insert(last.end(), row, row + hidden);
+    }
+    const int sampled = static_cast<int>(last.size() / hidden);
+    if (sampled == 0) return;
+    std::vector<float> normed(last.size());
+    Norm(c_.arch, last.data(), sampled, hidden, w_.final_norm_w, w_.final_norm_b, c_.norm_eps,
+         normed.data());
+    std::vector<float> logits(static_cast<size_t>(sampled) * vocab);  // (sampled, vocab)
+    Linear(normed.data(), sampled, hidden, w_.lm_head, {}, vocab, logits.data());
+    int j = 0;
+    for (const SequenceStep& s : step.seqs) {
+      if (!s.sample) continue;
+      std::span<const float> row(logits.data() + static_cast<size_t>(j++) * vocab, vocab);
+      out.tokens.push_back(SampleToken(row, s.sampling, s.sample_index));
+    }
+    if (step.return_logits) out.logits = std::move(logits);
+  }
+
+  // Everything is checked before anything is written, so a rejected step leaves no trace.
+  absl::Status Validate(const StepDescriptor& step, const Activations& in) const {
+    auto error = [&](auto&&... parts) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", step.id, ": ", parts...));
+    };
+    int64_t total = 0;
+    std::vector<bool> slot_used(max_slots_, false);
+    for (size_t i = 0; i < step.seqs.size(); ++i) {
+      const SequenceStep& s = step.seqs[i];
+      if (s.slot < 0 || s.slot >= max_slots_) {
+        return error("sequence ", i, ": slot ", s.slot, " is outside [0, ", max_slots_, ")");
+      }
+      if (slot_used[s.slot]) {
+        return error("sequence ", i, ": slot ", s.slot, " is used by another sequence of the step");
+      }
+      slot_used[s.slot] = true;
+      if (s.num_tokens < 1) {
+        return error("sequence ", i, ": num_tokens must be >= 1, got ", s.num_tokens);
+      }
+      if (s.position < 0) {
+        return error("sequence ", i, ": position must be >= 0, got ", s.position);
+      }
+      if (static_cast<int64_t>(s.position) + s.num_tokens > max_seq_len_) {
+        return error("sequence ", i, ": position ", s.position, " + num_tokens ", s.num_tokens,
+                     " exceeds the context of ", max_seq_len_, " tokens");
+      }
+      if (s.position > cached_len_[s.slot]) {
+        return error("sequence ", i, ": position ", s.position, " is past the ",
+                     cached_len_[s.slot], " tokens cached in slot ", s.slot);
+      }
+      if (absl::Status st = ValidateSamplingParams(s.sampling); !st.ok()) {
+        return error("sequence ", i, ": ", st.message());
+      }
+      total += s.num_tokens;
+    }
+    if (static_cast<int64_t>(step.tokens.size()) != total) {
+      return error("tokens has ", step.tokens.size(), " ids but the sequences' num_tokens sum to ",
+                   total);
+    }
+    if (w_.has_embedding) {
+      for (size_t i = 0, r = 0; i < step.seqs.size(); ++i) {
+        for (int t = 0; t < step.seqs[i].num_tokens; ++t, ++r) {
+          const int32_t id = step.tokens[r];
+          if (id < 0 || id >= c_.vocab_size) {
+            return error("sequence ", i, ": token ", t, " (id ", id,
+                         ") is outside the vocabulary [0, ", c_.vocab_size, ")");
+          }
+        }
+      }
+      return absl::OkStatus();
+    }
+    if (in.rows != total || in.cols != c_.hidden_size) {
+      return error("input activations are [", in.rows, ", ", in.cols, "], expected [", total, ", ",
+                   c_.hidden_size, "] (tokens, hidden_size)");
+    }
+    if (total > 0 && in.where != Where::kHost) {
+      return error("input activations are in device memory; the CPU backend reads host memory");
+    }
+    if (total > 0 && in.data == nullptr) return error("input activations have no data");
+    return absl::OkStatus();
+  }
+
+  const ModelConfig c_;
+  const StageWeights w_;
+  const int max_slots_;
+  const int max_seq_len_;
+  std::unique_ptr<float[]> k_cache_;  // [max_slots][layers][max_seq_len][kv_dim]
+  std::unique_ptr<float[]> v_cache_;  // same layout
+  std::vector<int> cached_len_;       // per slot: positions [0, len) hold K/V
+  std::vector<float> inv_freq_;       // (head_dim / 2) RoPE frequencies
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(spec.model_dir));
+  const ModelConfig& c = ckpt->config();
+  const int last = spec.last_layer == -1 ? c.num_layers : spec.last_layer;
+  if (spec.max_slots < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_slots must be >= 1, got ", spec.max_slots));
+  }
+  const int max_seq_len = spec.max_seq_len == 0 ? c.max_positions : spec.max_seq_len;
+  if (max_seq_len < 1 || max_seq_len > c.max_positions) {
+    return absl::InvalidArgumentError(absl::StrCat("max_seq_len must be in [1, ", c.max_positions,
+                                                   "] (the model's max positions) or 0, got ",
+                                                   spec.max_seq_len));
+  }
+  ASSIGN_OR_RETURN(StageWeights weights, LoadStageWeights(*ckpt, spec.first_layer, last));
+
+  const size_t cache_floats = static_cast<size_t>(spec.max_slots) * weights.layers.size() *
+                              static_cast<size_t>(max_seq_len) * c.kv_dim();
+  // Left uninitialised: a position is only read after a step has written it.
+  std::unique_ptr<float[]> k_cache, v_cache;
+  try {
+    k_cache = std::make_unique_for_overwrite<float[]>(cache_floats);
+    v_cache = std::make_unique_for_overwrite<float[]>(cache_floats);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "KV-cache of ", 2 * cache_floats * sizeof(float), " bytes (", spec.max_slots, " slots x ",
+        weights.layers.size(), " layers x ", max_seq_len, " positions) does not fit in memory"));
+  }
+  return std::make_unique<CpuStage>(c, std::move(weights), spec.max_slots, max_seq_len,
+                                    std::move(k_cache), std::move(v_cache));
+}
+
+}  // namespace tandem
