@@ -1,0 +1,110 @@
+// tandem-make-model: writes a random-weight checkpoint folder in Hugging Face's layout.
+//   tandem-make-model --preset=tiny-llama --out=/tmp/tiny-llama --seed=1
+// Every dimension of the preset can be overridden; see --help.
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_join.h"
+#include "tools/model_generator.h"
+
+ABSL_FLAG(std::string, preset, "", "model shape to start from (required); see --help for names");
+ABSL_FLAG(std::string, out, "", "checkpoint folder to write (required; created if missing)");
+ABSL_FLAG(uint64_t, seed, 0, "random seed; the same seed gives the same bytes on every machine");
+ABSL_FLAG(std::optional<std::string>, dtype, std::nullopt,
+          "weight type: f32, f16 or bf16 (default: f32 for tiny presets, f16 otherwise)");
+ABSL_FLAG(std::optional<int>, vocab_size, std::nullopt, "override: vocabulary size");
+ABSL_FLAG(std::optional<int>, hidden_size, std::nullopt, "override: hidden size");
+ABSL_FLAG(std::optional<int>, intermediate_size, std::nullopt, "override: MLP inner size");
+ABSL_FLAG(std::optional<int>, num_layers, std::nullopt, "override: transformer blocks");
+ABSL_FLAG(std::optional<int>, num_heads, std::nullopt, "override: attention (query) heads");
+ABSL_FLAG(std::optional<int>, num_kv_heads, std::nullopt, "override: key/value heads (Llama)");
+ABSL_FLAG(std::optional<int>, max_positions, std::nullopt, "override: context length");
+ABSL_FLAG(std::optional<float>, norm_eps, std::nullopt, "override: LayerNorm/RMSNorm epsilon");
+ABSL_FLAG(std::optional<float>, rope_theta, std::nullopt, "override: RoPE base (Llama)");
+ABSL_FLAG(bool, tie_word_embeddings, false,
+          "override: LM head shares the token embedding (Llama; GPT-2 is always tied); "
+          "unless given, the preset decides");
+ABSL_FLAG(int64_t, max_shard_mb, 0,
+          "> 0: split the weights into shards of at most this many MiB plus an index");
+
+// Whether the boolean flag `name` was given (--name, --name=..., --noname), which a plain bool
+// flag cannot tell from its default. Stops at "--", where flags end.
+bool BoolFlagGiven(int argc, char** argv, std::string_view name) {
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg.empty() || arg[0] != '-') continue;
+    arg.remove_prefix(arg.size() > 1 && arg[1] == '-' ? 2 : 1);
+    arg = arg.substr(0, arg.find('='));
+    if (arg == name || (arg.substr(0, 2) == "no" && arg.substr(2) == name)) return true;
+  }
+  return false;
+}
+
+int main(int argc, char** argv) {
+  const std::string presets = absl::StrJoin(tandem::PresetNames(), ", ");
+  absl::SetProgramUsageMessage(
+      "writes a random-weight Hugging Face checkpoint folder (config.json, safetensors, "
+      "tokenizer.json).\nPresets: " +
+      presets + "\nExample: tandem-make-model --preset=tiny-llama --out=/tmp/m --seed=1");
+  const bool tie_given = BoolFlagGiven(argc, argv, "tie_word_embeddings");
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    std::fprintf(stderr, "tandem-make-model: unexpected argument '%s'\n", positional[1]);
+    return 2;
+  }
+  const std::string preset = absl::GetFlag(FLAGS_preset);
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (preset.empty() || out.empty()) {
+    std::fprintf(stderr, "tandem-make-model: --preset and --out are required; presets: %s\n",
+                 presets.c_str());
+    return 2;
+  }
+
+  auto base = tandem::PresetConfig(preset);
+  if (!base.ok()) {
+    std::fprintf(stderr, "tandem-make-model: --preset: %s\n", base.status().ToString().c_str());
+    return 2;
+  }
+  tandem::ModelOverrides o;
+  o.vocab_size = absl::GetFlag(FLAGS_vocab_size);
+  o.hidden_size = absl::GetFlag(FLAGS_hidden_size);
+  o.intermediate_size = absl::GetFlag(FLAGS_intermediate_size);
+  o.num_layers = absl::GetFlag(FLAGS_num_layers);
+  o.num_heads = absl::GetFlag(FLAGS_num_heads);
+  o.num_kv_heads = absl::GetFlag(FLAGS_num_kv_heads);
+  o.max_positions = absl::GetFlag(FLAGS_max_positions);
+  o.norm_eps = absl::GetFlag(FLAGS_norm_eps);
+  o.rope_theta = absl::GetFlag(FLAGS_rope_theta);
+  if (tie_given) o.tie_word_embeddings = absl::GetFlag(FLAGS_tie_word_embeddings);
+  o.dtype = absl::GetFlag(FLAGS_dtype);
+  auto config = tandem::ApplyOverrides(*base, o);
+  if (!config.ok()) {
+    std::fprintf(stderr, "tandem-make-model: %s\n", config.status().ToString().c_str());
+    return 2;
+  }
+
+  const int64_t shard_mb = absl::GetFlag(FLAGS_max_shard_mb);
+  if (shard_mb < 0 || shard_mb > (int64_t{1} << 40)) {
+    std::fprintf(stderr, "tandem-make-model: --max_shard_mb must be between 0 and 2^40, got %lld\n",
+                 static_cast<long long>(shard_mb));
+    return 2;
+  }
+  tandem::GeneratorOptions options;
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.max_shard_bytes = shard_mb * 1024 * 1024;
+  if (absl::Status s = tandem::WriteRandomCheckpoint(*config, options, out); !s.ok()) {
+    std::fprintf(stderr, "tandem-make-model: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  std::printf("wrote %s (%s, seed %llu)\n", out.c_str(), preset.c_str(),
+              static_cast<unsigned long long>(options.seed));
+  return 0;
+}

@@ -1,0 +1,517 @@
+// Random-weight checkpoints in Hugging Face's layout; see model_generator.h.
+//
+// Bit-identical everywhere: every value is a fixed sequence of IEEE float additions and
+// multiplications of counter-based random bits (this target is built with -ffp-contract=off so
+// that no compiler fuses them into FMAs), then rounded by FromFloat.
+#include "tools/model_generator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <regex>
+#include <system_error>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/rng.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "tools/byte_level_bpe.h"
+#include "tools/safetensors_writer.h"
+
+namespace tandem {
+namespace {
+
+// Tiny presets: small enough for unit tests, and a vocabulary that the embedded corpus fills with
+// real merges (see TokenizerCorpus), so that every tiny-model id is a real token.
+constexpr int kTinyVocab = 512;
+
+ModelConfig TinyGpt2() {
+  ModelConfig c;
+  c.arch = Arch::kGpt2;
+  c.vocab_size = kTinyVocab;
+  c.hidden_size = 64;
+  c.intermediate_size = 256;
+  c.num_layers = 4;
+  c.num_heads = 4;
+  c.num_kv_heads = 4;
+  c.max_positions = 256;
+  c.norm_eps = 1e-5f;
+  c.tie_word_embeddings = true;
+  c.bos_token_id = kTinyVocab - 1;
+  c.eos_token_id = kTinyVocab - 1;
+  c.dtype = DType::kF32;
+  return c;
+}
+
+ModelConfig TinyLlama(bool tied) {
+  ModelConfig c;
+  c.arch = Arch::kLlama;
+  c.vocab_size = kTinyVocab;
+  c.hidden_size = 64;
+  c.intermediate_size = 160;
+  c.num_layers = 4;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.max_positions = 256;
+  c.norm_eps = 1e-5f;
+  c.rope_theta = 10000.0f;
+  c.tie_word_embeddings = tied;
+  c.bos_token_id = kTinyVocab - 1;
+  c.eos_token_id = kTinyVocab - 1;
+  c.dtype = DType::kF32;
+  return c;
+}
+
+ModelConfig Llama(int vocab, int hidden, int inter, int layers, int heads, int kv_heads,
+                  int positions, float eps) {
+  ModelConfig c;
+  c.arch = Arch::kLlama;
+  c.vocab_size = vocab;
+  c.hidden_size = hidden;
+  c.intermediate_size = inter;
+  c.num_layers = layers;
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.max_positions = positions;
+  c.norm_eps = eps;
+  c.rope_theta = 10000.0f;
+  c.tie_word_embeddings = false;
+  c.bos_token_id = 1;
+  c.eos_token_id = 2;
+  c.dtype = DType::kF16;
+  return c;
+}
+
+struct Preset {
+  const char* name;
+  ModelConfig (*make)();
+};
+
+const std::vector<Preset>& Presets() {
+  static const std::vector<Preset> presets = {
+      {"tiny-gpt2", [] { return TinyGpt2(); }},
+      {"tiny-llama", [] { return TinyLlama(false); }},
+      {"tiny-llama-tied", [] { return TinyLlama(true); }},
+      {"gpt2",
+       [] {
+         ModelConfig c;
+         c.arch = Arch::kGpt2;
+         c.vocab_size = 50257;
+         c.hidden_size = 768;
+         c.intermediate_size = 3072;
+         c.num_layers = 12;
+         c.num_heads = 12;
+         c.num_kv_heads = 12;
+         c.max_positions = 1024;
+         c.norm_eps = 1e-5f;
+         c.tie_word_embeddings = true;
+         c.bos_token_id = 50256;
+         c.eos_token_id = 50256;
+         c.dtype = DType::kF16;
+         return c;
+       }},
+      {"tinyllama-1b", [] { return Llama(32000, 2048, 5632, 22, 32, 4, 2048, 1e-5f); }},
+      {"openllama-3b", [] { return Llama(32000, 3200, 8640, 26, 32, 32, 2048, 1e-6f); }},
+      {"llama2-7b", [] { return Llama(32000, 4096, 11008, 32, 32, 32, 4096, 1e-5f); }},
+      {"llama2-13b", [] { return Llama(32000, 5120, 13824, 40, 40, 40, 4096, 1e-5f); }},
+  };
+  return presets;
+}
+
+uint64_t Fnv1a64(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (char ch : s) {
+    h ^= static_cast<unsigned char>(ch);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+uint64_t TensorStream(uint64_t seed, std::string_view name) { return Mix64(seed ^ Fnv1a64(name)); }
+
+// Irwin-Hall with 4 terms: mean 2, variance 4/12, so (sum - 2) * sqrt(3) has mean 0, variance 1.
+// Left-to-right float additions: the same rounding on every machine.
+inline float StandardNormal(uint64_t stream, int64_t index) {
+  const uint64_t c = static_cast<uint64_t>(index) * 4;
+  const float sum = UniformFloat(stream, c) + UniformFloat(stream, c + 1) +
+                    UniformFloat(stream, c + 2) + UniformFloat(stream, c + 3);
+  return (sum - 2.0f) * 1.7320508075688772f;
+}
+
+inline float Sample(uint64_t stream, const TensorSpec& spec, int64_t index) {
+  const float scaled = spec.stddev * StandardNormal(stream, index);
+  return spec.mean + scaled;
+}
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+absl::Status Positive(int value, const char* flag) {
+  if (value <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be positive, got ", value));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DType> ParseDTypeFlag(std::string_view s) {
+  if (s == "f32" || s == "float32" || s == "F32") return DType::kF32;
+  if (s == "f16" || s == "float16" || s == "F16") return DType::kF16;
+  if (s == "bf16" || s == "bfloat16" || s == "BF16") return DType::kBF16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--dtype must be f32, f16 or bf16, got '", std::string(s), "'"));
+}
+
+absl::Status WriteTextFile(const std::filesystem::path& path, const std::string& text) {
+  std::filesystem::path tmp = path;
+  tmp += ".partial";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    out.close();
+    if (!out) {
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      return absl::UnavailableError(absl::StrCat("cannot write ", tmp.string()));
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot rename ", tmp.string(), " to ", path.string(), ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+// Generates `spec`'s values, rounds them to `dtype` and appends them to `out`, a bounded chunk at
+// a time; large chunks are split across a few threads (each element depends only on its index).
+absl::Status StreamTensor(uint64_t seed, const TensorSpec& spec, DType dtype,
+                          SafetensorsStreamWriter& out) {
+  constexpr int64_t kChunk = int64_t{1} << 22;      // elements per write
+  constexpr int64_t kPerThread = int64_t{1} << 16;  // below this, threads cost more than they save
+  const uint64_t stream = TensorStream(seed, spec.name);
+  const int64_t n = Numel(spec.shape);
+  const size_t esize = DTypeSize(dtype);
+  const int max_threads =
+      static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8));
+  std::vector<float> values(static_cast<size_t>(std::min(n, kChunk)));
+  std::vector<std::byte> bytes(values.size() * esize);
+
+  for (int64_t begin = 0; begin < n; begin += kChunk) {
+    const int64_t len = std::min(kChunk, n - begin);
+    auto fill = [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) values[i] = Sample(stream, spec, begin + i);
+      FromFloat(dtype, values.data() + lo, static_cast<size_t>(hi - lo),
+                bytes.data() + static_cast<size_t>(lo) * esize);
+    };
+    const int threads = static_cast<int>(std::clamp<int64_t>(len / kPerThread, 1, max_threads));
+    if (threads == 1) {
+      fill(0, len);
+    } else {
+      std::vector<std::thread> workers;
+      const int64_t step = (len + threads - 1) / threads;
+      for (int t = 0; t < threads; ++t) {
+        const int64_t lo = t * step, hi = std::min(len, lo + step);
+        if (lo < hi) workers.emplace_back(fill, lo, hi);
+      }
+      for (std::thread& w : workers) w.join();
+    }
+    RETURN_IF_ERROR(
+        out.Append(std::span<const std::byte>(bytes.data(), static_cast<size_t>(len) * esize)));
+  }
+  return absl::OkStatus();
+}
+
+// Removes model files of either layout, so that a folder written twice with different sharding
+// does not keep an index or shards that no longer match.
+void RemoveStaleModelFiles(const std::filesystem::path& dir) {
+  static const std::regex kShard(R"(model-\d+-of-\d+\.safetensors)");
+  std::error_code ec;
+  std::vector<std::filesystem::path> stale;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "model.safetensors" || name == "model.safetensors.index.json" ||
+        std::regex_match(name, kShard)) {
+      stale.push_back(entry.path());
+    }
+  }
+  for (const auto& p : stale) std::filesystem::remove(p, ec);
+}
+
+std::string TokenizerConfigJson(const ModelConfig& c) {
+  nlohmann::ordered_json j;
+  j["tokenizer_class"] = "PreTrainedTokenizerFast";
+  j["model_max_length"] = c.max_positions;
+  j["bos_token"] = "<|endoftext|>";
+  j["eos_token"] = "<|endoftext|>";
+  j["add_prefix_space"] = false;
+  j["clean_up_tokenization_spaces"] = false;
+  return j.dump(2) + "\n";
+}
+
+// The special token's id: the end-of-text id where that is not one of the 256 byte tokens
+// (tiny presets and GPT-2), else the last id (Llama presets, whose eos is 2).
+int SpecialTokenId(const ModelConfig& c) {
+  if (c.eos_token_id >= 256 && c.eos_token_id < c.vocab_size) return c.eos_token_id;
+  return c.vocab_size - 1;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> PresetConfig(std::string_view name) {
+  for (const Preset& p : Presets()) {
+    if (name == p.name) {
+      ModelConfig c = p.make();
+      c.head_dim = c.hidden_size / c.num_heads;
+      return c;
+    }
+  }
+  return absl::NotFoundError(
+      absl::StrCat("unknown preset '", std::string(name),
+                   "'; valid presets: ", absl::StrJoin(PresetNames(), ", ")));
+}
+
+std::vector<std::string> PresetNames() {
+  std::vector<std::string> names;
+  for (const Preset& p : Presets()) names.emplace_back(p.name);
+  return names;
+}
+
+absl::StatusOr<ModelConfig> ApplyOverrides(ModelConfig c, const ModelOverrides& o) {
+  const int old_vocab = c.vocab_size;
+  const bool mha = c.num_kv_heads == c.num_heads;
+  if (o.vocab_size) {
+    RETURN_IF_ERROR(Positive(*o.vocab_size, "vocab_size"));
+    c.vocab_size = *o.vocab_size;
+    if (c.eos_token_id == old_vocab - 1) c.eos_token_id = c.vocab_size - 1;
+    if (c.bos_token_id == old_vocab - 1) c.bos_token_id = c.vocab_size - 1;
+  }
+  if (o.hidden_size) {
+    RETURN_IF_ERROR(Positive(*o.hidden_size, "hidden_size"));
+    c.hidden_size = *o.hidden_size;
+    if (c.arch == Arch::kGpt2 && !o.intermediate_size) c.intermediate_size = 4 * c.hidden_size;
+  }
+  if (o.intermediate_size) c.intermediate_size = *o.intermediate_size;
+  if (o.num_layers) c.num_layers = *o.num_layers;
+  if (o.num_heads) {
+    c.num_heads = *o.num_heads;
+    if (mha && !o.num_kv_heads) c.num_kv_heads = c.num_heads;
+  }
+  if (o.num_kv_heads) c.num_kv_heads = *o.num_kv_heads;
+  if (o.max_positions) c.max_positions = *o.max_positions;
+  if (o.norm_eps) c.norm_eps = *o.norm_eps;
+  if (o.rope_theta) {
+    if (c.arch == Arch::kGpt2) {
+      return absl::InvalidArgumentError(
+          "--rope_theta applies only to Llama models (GPT-2 has "
+          "learned positions)");
+    }
+    c.rope_theta = *o.rope_theta;
+  }
+  if (o.tie_word_embeddings) c.tie_word_embeddings = *o.tie_word_embeddings;
+  if (o.dtype) {
+    ASSIGN_OR_RETURN(c.dtype, ParseDTypeFlag(*o.dtype));
+  }
+  if (c.num_heads > 0) c.head_dim = c.hidden_size / c.num_heads;
+  RETURN_IF_ERROR(ValidateGeneratorConfig(c));
+  return c;
+}
+
+absl::Status ValidateGeneratorConfig(const ModelConfig& c) {
+  RETURN_IF_ERROR(Positive(c.vocab_size, "vocab_size"));
+  RETURN_IF_ERROR(Positive(c.hidden_size, "hidden_size"));
+  RETURN_IF_ERROR(Positive(c.intermediate_size, "intermediate_size"));
+  RETURN_IF_ERROR(Positive(c.num_layers, "num_layers"));
+  RETURN_IF_ERROR(Positive(c.num_heads, "num_heads"));
+  RETURN_IF_ERROR(Positive(c.num_kv_heads, "num_kv_heads"));
+  RETURN_IF_ERROR(Positive(c.max_positions, "max_positions"));
+  if (c.hidden_size % c.num_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--num_heads (", c.num_heads, ") must divide --hidden_size (", c.hidden_size, ")"));
+  }
+  if (c.head_dim != c.hidden_size / c.num_heads) {
+    return absl::InvalidArgumentError(absl::StrCat("head_dim (", c.head_dim,
+                                                   ") must be --hidden_size / --num_heads (",
+                                                   c.hidden_size / c.num_heads, ")"));
+  }
+  if (c.arch == Arch::kGpt2 && c.num_kv_heads != c.num_heads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--num_kv_heads (", c.num_kv_heads, ") must equal --num_heads (", c.num_heads,
+                     ") for GPT-2, which has no grouped-query attention"));
+  }
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--num_kv_heads (", c.num_kv_heads, ") must divide --num_heads (", c.num_heads, ")"));
+  }
+  if (c.arch == Arch::kLlama && c.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--hidden_size / --num_heads (", c.head_dim,
+                                                   ") must be even: RoPE rotates pairs"));
+  }
+  if (!(c.norm_eps > 0.0f) || !std::isfinite(c.norm_eps)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--norm_eps must be positive and finite, got ", c.norm_eps));
+  }
+  if (c.arch == Arch::kLlama && (!(c.rope_theta > 0.0f) || !std::isfinite(c.rope_theta))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rope_theta must be positive and finite, got ", c.rope_theta));
+  }
+  for (auto [id, what] :
+       {std::pair{c.bos_token_id, "bos_token_id"}, std::pair{c.eos_token_id, "eos_token_id"}}) {
+    if (id < -1 || id >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ", id, " is outside --vocab_size (", c.vocab_size, ")"));
+    }
+  }
+  // Parameter count in double, which cannot overflow: a guard against dimensions so large that
+  // byte sizes would overflow int64 or the tensor list would not fit in memory.
+  const double h = c.hidden_size, inter = c.intermediate_size, layers = c.num_layers;
+  const double per_layer =
+      c.arch == Arch::kGpt2
+          ? 12.0 * h * h + 2.0 * h * inter + 13.0 * h + inter
+          : 2.0 * h * (c.num_heads + c.num_kv_heads) * c.head_dim + 3.0 * h * inter + 2.0 * h;
+  const double params = 2.0 * c.vocab_size * h + c.max_positions * h + layers * per_layer;
+  constexpr double kMaxParams = 1e13;
+  if (params > kMaxParams || c.num_layers > 100000) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "model too large: about %.3g parameters in %d layers (limits: %.0e parameters, 100000 "
+        "layers); check --vocab_size, --hidden_size, --intermediate_size and --num_layers",
+        params, c.num_layers, kMaxParams));
+  }
+  if (c.vocab_size < 257) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--vocab_size must be at least 257 (256 byte tokens + <|endoftext|>), got ", c.vocab_size));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<TensorSpec> CheckpointTensors(const ModelConfig& c) {
+  constexpr float kStd = 0.02f;     // matrices, embeddings, biases
+  constexpr float kNormStd = 0.1f;  // norm weights scatter around 1 so that tests see them
+  const int64_t h = c.hidden_size, inter = c.intermediate_size, vocab = c.vocab_size;
+  std::vector<TensorSpec> t;
+  auto matrix = [&](std::string name, std::vector<int64_t> shape) {
+    t.push_back({std::move(name), std::move(shape), 0.0f, kStd});
+  };
+  auto norm = [&](std::string name, int64_t n) {
+    t.push_back({std::move(name), {n}, 1.0f, kNormStd});
+  };
+  auto bias = [&](std::string name, int64_t n) { t.push_back({std::move(name), {n}, 0.0f, kStd}); };
+
+  if (c.arch == Arch::kGpt2) {
+    // Conv1D stores weights as (in, out); the LM head is always tied to wte.
+    matrix("transformer.wte.weight", {vocab, h});
+    matrix("transformer.wpe.weight", {c.max_positions, h});
+    for (int i = 0; i < c.num_layers; ++i) {
+      const std::string p = absl::StrCat("transformer.h.", i, ".");
+      norm(p + "ln_1.weight", h);
+      bias(p + "ln_1.bias", h);
+      matrix(p + "attn.c_attn.weight", {h, 3 * h});
+      bias(p + "attn.c_attn.bias", 3 * h);
+      matrix(p + "attn.c_proj.weight", {h, h});
+      bias(p + "attn.c_proj.bias", h);
+      norm(p + "ln_2.weight", h);
+      bias(p + "ln_2.bias", h);
+      matrix(p + "mlp.c_fc.weight", {h, inter});
+      bias(p + "mlp.c_fc.bias", inter);
+      matrix(p + "mlp.c_proj.weight", {inter, h});
+      bias(p + "mlp.c_proj.bias", h);
+    }
+    norm("transformer.ln_f.weight", h);
+    bias("transformer.ln_f.bias", h);
+    return t;
+  }
+
+  // Llama: nn.Linear stores weights as (out, in).
+  const int64_t q = c.q_dim(), kv = c.kv_dim();
+  matrix("model.embed_tokens.weight", {vocab, h});
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    matrix(p + "self_attn.q_proj.weight", {q, h});
+    matrix(p + "self_attn.k_proj.weight", {kv, h});
+    matrix(p + "self_attn.v_proj.weight", {kv, h});
+    matrix(p + "self_attn.o_proj.weight", {h, q});
+    matrix(p + "mlp.gate_proj.weight", {inter, h});
+    matrix(p + "mlp.up_proj.weight", {inter, h});
+    matrix(p + "mlp.down_proj.weight", {h, inter});
+    norm(p + "input_layernorm.weight", h);
+    norm(p + "post_attention_layernorm.weight", h);
+  }
+  norm("model.norm.weight", h);
+  if (!c.tie_word_embeddings) matrix("lm_head.weight", {vocab, h});
+  return t;
+}
+
+float RandomWeight(uint64_t seed, const TensorSpec& spec, int64_t index) {
+  return Sample(TensorStream(seed, spec.name), spec, index);
+}
+
+absl::Status WriteRandomCheckpoint(const ModelConfig& config, const GeneratorOptions& options,
+                                   const std::filesystem::path& dir) {
+  RETURN_IF_ERROR(ValidateGeneratorConfig(config));
+  if (options.max_shard_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_shard_mb must not be negative, got ",
+                                                   options.max_shard_bytes, " bytes"));
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create folder ", dir.string(), ": ", ec.message()));
+  }
+  RemoveStaleModelFiles(dir);
+
+  RETURN_IF_ERROR(WriteTextFile(dir / "config.json", ModelConfigToJson(config)));
+  const int special_id = SpecialTokenId(config);
+  const BpeVocab bpe = TrainByteLevelBpe(TokenizerCorpus(), special_id);
+  RETURN_IF_ERROR(
+      WriteTextFile(dir / "tokenizer.json", TokenizerJson(bpe, "<|endoftext|>", special_id)));
+  RETURN_IF_ERROR(WriteTextFile(dir / "tokenizer_config.json", TokenizerConfigJson(config)));
+
+  // Shards as save_pretrained cuts them: tensors in state_dict order, a new shard whenever the
+  // next tensor would push a non-empty shard past the limit.
+  const std::vector<TensorSpec> specs = CheckpointTensors(config);
+  std::vector<std::vector<size_t>> shards(1);
+  int64_t shard_bytes = 0, total_bytes = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const int64_t nbytes = Numel(specs[i].shape) * static_cast<int64_t>(DTypeSize(config.dtype));
+    if (options.max_shard_bytes > 0 && !shards.back().empty() &&
+        shard_bytes + nbytes > options.max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(i);
+    shard_bytes += nbytes;
+    total_bytes += nbytes;
+  }
+
+  const int n = static_cast<int>(shards.size());
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  for (int s = 0; s < n; ++s) {
+    const std::string file =
+        n == 1 ? "model.safetensors" : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, n);
+    std::vector<SafetensorsEntry> entries;
+    for (size_t i : shards[s]) entries.push_back({specs[i].name, config.dtype, specs[i].shape});
+    ASSIGN_OR_RETURN(auto writer,
+                     SafetensorsStreamWriter::Create(dir / file, entries, {{"format", "pt"}}));
+    for (size_t i : shards[s]) {
+      RETURN_IF_ERROR(StreamTensor(options.seed, specs[i], config.dtype, *writer));
+      weight_map[specs[i].name] = file;
+    }
+    RETURN_IF_ERROR(writer->Finish());
+  }
+  if (n > 1) {
+    nlohmann::ordered_json index;
+    index["metadata"] = {{"total_size", total_bytes}};
+    index["weight_map"] = weight_map;
+    RETURN_IF_ERROR(WriteTextFile(dir / "model.safetensors.index.json", index.dump(2) + "\n"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem
