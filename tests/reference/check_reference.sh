@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Regenerates each reference checkpoint from its preset and seed, checks that it is byte-identical
+# to the one Hugging Face transformers was run on (sha256 in the fixture), then checks the CPU
+# engine against the fixture's logits and greedy tokens.
+# usage: check_reference.sh MAKE_MODEL REFERENCE_TEST SOURCE_DIR WORK_DIR
+set -euo pipefail
+make_model=$1 reference_test=$2 src=$3 work=$4
+mkdir -p "$work"
+grep -v '^#' "$src/models.txt" | while read -r name preset seed; do
+  fixture="$src/fixtures/hf_${name}.json"
+  [ -f "$fixture" ] || { echo "missing fixture $fixture"; exit 1; }
+  rm -rf "${work:?}/$name"
+  "$make_model" --preset "$preset" --seed "$seed" --out "$work/$name" >/dev/null
+  want=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["sha256"]["model.safetensors"])' "$fixture")
+  got=$(sha256sum "$work/$name/model.safetensors" | cut -d' ' -f1)
+  if [ "$want" != "$got" ]; then
+    echo "$name: regenerated checkpoint differs from the reference's (sha256 $got, want $want)"
+    exit 1
+  fi
+  echo "$name: checkpoint sha256 matches the reference ($got)"
+  TANDEM_REFERENCE_FIXTURE="$fixture" TANDEM_REFERENCE_MODEL="$work/$name" "$reference_test"
+done
