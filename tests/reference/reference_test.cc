@@ -44,7 +44,10 @@ TEST(ReferenceTest, CpuEngineMatchesHuggingFace) {
   step.return_logits = true;
   for (int i = 0; i < n; ++i) {
     const std::vector<int32_t> prompt = results[i]["prompt"];
-    step.seqs.push_back({.slot = i, .position = 0, .num_tokens = static_cast<int>(prompt.size())});
+    SequenceStep seq;
+    seq.slot = i;
+    seq.num_tokens = static_cast<int>(prompt.size());
+    step.seqs.push_back(seq);
     step.tokens.insert(step.tokens.end(), prompt.begin(), prompt.end());
   }
   std::vector<std::vector<int32_t>> generated(n);
@@ -71,7 +74,10 @@ TEST(ReferenceTest, CpuEngineMatchesHuggingFace) {
     next.return_logits = true;
     for (int i = 0; i < n; ++i) {
       const int len = static_cast<int>(results[i]["prompt"].size());
-      next.seqs.push_back({.slot = i, .position = len + s, .num_tokens = 1});
+      SequenceStep seq;
+      seq.slot = i;
+      seq.position = len + s;
+      next.seqs.push_back(seq);
       next.tokens.push_back(out->tokens[i]);
     }
     step = std::move(next);

@@ -1,0 +1,506 @@
+// Each CUDA kernel against a CPU reference on inputs already rounded to the device type, so that
+// the comparison sees only the kernel's own arithmetic. Skipped where no GPU is present.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/rng.h"
+#include "gtest/gtest.h"
+#include "worker/cuda/cuda_check.h"
+#include "worker/cuda/cuda_stage.h"
+#include "worker/cuda/kernels.h"
+#include "worker/sampling.h"
+
+namespace tandem::cuda {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                  \
+  do {                                                                      \
+    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device available"; \
+  } while (0)
+
+std::vector<float> Random(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = (UniformFloat(seed, i) * 2.0f - 1.0f) * scale;
+  return v;
+}
+
+// Rounds every element through `t`, as the device will see it.
+std::vector<float> Quantize(DType t, std::vector<float> v) {
+  std::vector<uint16_t> h(v.size());
+  FromFloat(t, v.data(), v.size(), h.data());
+  ToFloat(t, h.data(), v.size(), v.data());
+  return v;
+}
+
+DeviceBuffer Upload(DType t, const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  FromFloat(t, v.data(), v.size(), h.data());
+  DeviceBuffer b;
+  EXPECT_TRUE(b.Allocate(std::max<size_t>(h.size() * 2, 16)).ok());
+  EXPECT_EQ(cudaMemcpy(b.get(), h.data(), h.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  return b;
+}
+
+template <typename T>
+DeviceBuffer UploadRaw(const std::vector<T>& v) {
+  DeviceBuffer b;
+  EXPECT_TRUE(b.Allocate(std::max<size_t>(v.size() * sizeof(T), 16)).ok());
+  EXPECT_EQ(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  return b;
+}
+
+std::vector<float> Download(DType t, const DeviceBuffer& b, size_t n) {
+  std::vector<uint16_t> h(n);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(h.data(), b.get(), n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  std::vector<float> f(n);
+  ToFloat(t, h.data(), n, f.data());
+  return f;
+}
+
+// |a - b| <= rel * |b| + abs, element by element.
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, float rel,
+                 float abs, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!(std::fabs(got[i] - want[i]) <= rel * std::fabs(want[i]) + abs)) {
+      if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+class KernelTest : public ::testing::TestWithParam<DType> {
+ protected:
+  DType t() const { return GetParam(); }
+  // bf16 keeps 8 bits of mantissa, fp16 11.
+  float tol() const { return t() == DType::kF16 ? 4e-3f : 3e-2f; }
+};
+
+TEST_P(KernelTest, RmsNormAddsPendingBiasAndMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const int rows = 3, cols = 3200;
+  auto x = Quantize(t(), Random(rows * cols, 1, 2.0f));
+  auto bias = Quantize(t(), Random(cols, 2, 0.5f));
+  auto w = Quantize(t(), Random(cols, 3, 1.0f));
+  DeviceBuffer dx = Upload(t(), x), db = Upload(t(), bias), dw = Upload(t(), w);
+  DeviceBuffer out;
+  ASSERT_TRUE(out.Allocate(rows * cols * 2).ok());
+  ASSERT_TRUE(LaunchNorm(t(), true, dx.get(), db.get(), dw.get(), nullptr, nullptr, out.get(),
+                         rows, cols, 1e-6f, nullptr).ok());
+  std::vector<float> want(rows * cols), want_x(rows * cols);
+  for (int r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int c = 0; c < cols; ++c) {
+      want_x[r * cols + c] = Quantize(t(), {x[r * cols + c] + bias[c]})[0];
+      ss += double(want_x[r * cols + c]) * want_x[r * cols + c];
+    }
+    const double inv = 1.0 / std::sqrt(ss / cols + 1e-6);
+    for (int c = 0; c < cols; ++c) want[r * cols + c] = want_x[r * cols + c] * inv * w[c];
+  }
+  ExpectClose(Download(t(), out, rows * cols), want, 2 * tol(), 1e-3f, "rmsnorm");
+  ExpectClose(Download(t(), dx, rows * cols), want_x, 0, 0, "residual with bias");
+}
+
+TEST_P(KernelTest, LayerNormGathersRowsAndMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const int rows = 4, cols = 768;
+  auto x = Quantize(t(), Random(rows * cols, 4, 3.0f));
+  for (int c = 0; c < cols; ++c) x[2 * cols + c] += 5.0f;  // a large mean
+  x = Quantize(t(), x);
+  auto w = Quantize(t(), Random(cols, 5, 1.0f));
+  auto b = Quantize(t(), Random(cols, 6, 0.3f));
+  DeviceBuffer dx = Upload(t(), x), dw = Upload(t(), w), dbias = Upload(t(), b);
+  std::vector<int32_t> gather = {2, 0};
+  DeviceBuffer dg = UploadRaw(gather);
+  DeviceBuffer out;
+  ASSERT_TRUE(out.Allocate(2 * cols * 2).ok());
+  ASSERT_TRUE(LaunchNorm(t(), false, dx.get(), nullptr, dw.get(), dbias.get(),
+                         dg.as<int32_t>(), out.get(), 2, cols, 1e-5f, nullptr).ok());
+  std::vector<float> want(2 * cols);
+  for (int i = 0; i < 2; ++i) {
+    const float* row = &x[gather[i] * cols];
+    double mean = 0, var = 0;
+    for (int c = 0; c < cols; ++c) mean += row[c];
+    mean /= cols;
+    for (int c = 0; c < cols; ++c) var += (row[c] - mean) * (row[c] - mean);
+    var /= cols;
+    for (int c = 0; c < cols; ++c) {
+      want[i * cols + c] = (row[c] - mean) / std::sqrt(var + 1e-5) * w[c] + b[c];
+    }
+  }
+  ExpectClose(Download(t(), out, 2 * cols), want, 2 * tol(), 2e-3f, "layernorm");
+}
+
+TEST_P(KernelTest, NormRejectsWidthNotMultipleOfEight) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_FALSE(LaunchNorm(t(), true, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 12,
+                          1e-5f, nullptr).ok());
+}
+
+TEST_P(KernelTest, EmbeddingAddsLearnedPositions) {
+  SKIP_WITHOUT_GPU();
+  const int vocab = 10, hidden = 16, positions = 8;
+  auto tok = Quantize(t(), Random(vocab * hidden, 7));
+  auto pos = Quantize(t(), Random(positions * hidden, 8));
+  DeviceBuffer dt = Upload(t(), tok), dp = Upload(t(), pos);
+  std::vector<int32_t> ids = {3, 9, 0}, at = {0, 7, 2};
+  DeviceBuffer di = UploadRaw(ids), da = UploadRaw(at), out;
+  ASSERT_TRUE(out.Allocate(3 * hidden * 2).ok());
+  ASSERT_TRUE(LaunchEmbedding(t(), di.as<int32_t>(), da.as<int32_t>(), dt.get(), dp.get(),
+                              out.get(), 3, hidden, nullptr).ok());
+  std::vector<float> want(3 * hidden);
+  for (int r = 0; r < 3; ++r) {
+    for (int c = 0; c < hidden; ++c) {
+      want[r * hidden + c] = tok[ids[r] * hidden + c] + pos[at[r] * hidden + c];
+    }
+  }
+  ExpectClose(Download(t(), out, 3 * hidden), want, tol(), 1e-3f, "embedding");
+}
+
+TEST_P(KernelTest, RopeRotatesQueryAndKeyAndFillsCacheSlot) {
+  SKIP_WITHOUT_GPU();
+  const int rows = 2, heads = 4, kv_heads = 2, hd = 16, cap = 128, slots = 2;
+  const int q_dim = heads * hd, kv_dim = kv_heads * hd, cols = q_dim + 2 * kv_dim;
+  auto qkv = Quantize(t(), Random(rows * cols, 9));
+  DeviceBuffer dqkv = Upload(t(), qkv), q, k, v;
+  ASSERT_TRUE(q.Allocate(rows * q_dim * 2).ok());
+  const size_t cache = size_t{slots} * kv_heads * cap * hd;
+  ASSERT_TRUE(k.Allocate(cache * 2).ok());
+  ASSERT_TRUE(v.Allocate(cache * 2).ok());
+  cudaMemset(k.get(), 0, cache * 2);
+  cudaMemset(v.get(), 0, cache * 2);
+  std::vector<int32_t> pos = {5, 100}, slot = {1, 0};
+  DeviceBuffer dpos = UploadRaw(pos), dslot = UploadRaw(slot);
+  ASSERT_TRUE(LaunchQkvRopeCache(t(), dqkv.get(), nullptr, q.get(), k.get(), v.get(),
+                                 dpos.as<int32_t>(), dslot.as<int32_t>(), rows, heads, kv_heads,
+                                 hd, cap, true, 10000.0f, nullptr).ok());
+  auto rot = [&](const float* x, int p, float* y) {
+    for (int i = 0; i < hd / 2; ++i) {
+      const double f = p / std::pow(10000.0, 2.0 * i / hd);
+      const double c = std::cos(f), s = std::sin(f);
+      y[i] = x[i] * c - x[i + hd / 2] * s;
+      y[i + hd / 2] = x[i + hd / 2] * c + x[i] * s;
+    }
+  };
+  std::vector<float> want_q(rows * q_dim), want_k(cache, 0.0f), want_v(cache, 0.0f);
+  for (int r = 0; r < rows; ++r) {
+    const float* in = &qkv[r * cols];
+    for (int h = 0; h < heads; ++h) rot(in + h * hd, pos[r], &want_q[r * q_dim + h * hd]);
+    for (int h = 0; h < kv_heads; ++h) {
+      const size_t at = ((size_t(slot[r]) * kv_heads + h) * cap + pos[r]) * hd;
+      rot(in + q_dim + h * hd, pos[r], &want_k[at]);
+      for (int d = 0; d < hd; ++d) want_v[at + d] = in[q_dim + kv_dim + h * hd + d];
+    }
+  }
+  ExpectClose(Download(t(), q, rows * q_dim), want_q, 4 * tol(), 4e-3f, "q");
+  ExpectClose(Download(t(), k, cache), want_k, 4 * tol(), 4e-3f, "k cache");
+  ExpectClose(Download(t(), v, cache), want_v, 0, 0, "v cache");
+}
+
+// Causal attention over a filled cache for rows of different lengths and slots, GQA heads.
+void CheckAttention(DType t, float tol, int head_dim, int heads, int kv_heads, int splits) {
+  const int slots = 3, cap = 320;
+  const size_t cache = size_t{slots} * kv_heads * cap * head_dim;
+  auto kc = Quantize(t, Random(cache, 10));
+  auto vc = Quantize(t, Random(cache, 11));
+  std::vector<int32_t> pos = {0, 63, 64, 299, 130}, slot = {0, 2, 1, 2, 0};
+  const int rows = static_cast<int>(pos.size()), q_dim = heads * head_dim;
+  auto q = Quantize(t, Random(rows * q_dim, 12, 2.0f));
+  DeviceBuffer dk = Upload(t, kc), dv = Upload(t, vc), dq = Upload(t, q);
+  DeviceBuffer dpos = UploadRaw(pos), dslot = UploadRaw(slot), part, out;
+  ASSERT_TRUE(part.Allocate(AttentionPartialFloats(rows, heads, head_dim, splits) * 4).ok());
+  ASSERT_TRUE(out.Allocate(rows * q_dim * 2).ok());
+  ASSERT_TRUE(LaunchAttention(t, dq.get(), dk.get(), dv.get(), dpos.as<int32_t>(),
+                              dslot.as<int32_t>(), part.as<float>(), out.get(), rows, heads,
+                              kv_heads, head_dim, cap, splits, nullptr).ok());
+  std::vector<float> want(rows * q_dim);
+  const int group = heads / kv_heads;
+  for (int r = 0; r < rows; ++r) {
+    for (int h = 0; h < heads; ++h) {
+      const int kvh = h / group;
+      const float* qh = &q[r * q_dim + h * head_dim];
+      std::vector<double> s(pos[r] + 1);
+      double mx = -1e30;
+      for (int j = 0; j <= pos[r]; ++j) {
+        const float* kr = &kc[((size_t(slot[r]) * kv_heads + kvh) * cap + j) * head_dim];
+        double dot = 0;
+        for (int d = 0; d < head_dim; ++d) dot += double(qh[d]) * kr[d];
+        s[j] = dot / std::sqrt(double(head_dim));
+        mx = std::max(mx, s[j]);
+      }
+      double sum = 0;
+      for (double& e : s) sum += (e = std::exp(e - mx));
+      for (int d = 0; d < head_dim; ++d) {
+        double o = 0;
+        for (int j = 0; j <= pos[r]; ++j) {
+          o += s[j] * vc[((size_t(slot[r]) * kv_heads + kvh) * cap + j) * head_dim + d];
+        }
+        want[r * q_dim + h * head_dim + d] = o / sum;
+      }
+    }
+  }
+  ExpectClose(Download(t, out, rows * q_dim), want, 2 * tol, 3e-3f, "attention");
+}
+
+TEST_P(KernelTest, AttentionGroupedQueryHeadsOneSplit) {
+  SKIP_WITHOUT_GPU();
+  CheckAttention(t(), tol(), 64, 8, 2, 1);
+}
+
+TEST_P(KernelTest, AttentionGroupedQueryHeadsManySplits) {
+  SKIP_WITHOUT_GPU();
+  CheckAttention(t(), tol(), 64, 8, 2, 5);
+}
+
+TEST_P(KernelTest, AttentionHeadDimNotMultipleOfEight) {
+  SKIP_WITHOUT_GPU();
+  CheckAttention(t(), tol(), 100, 4, 4, 3);  // the OpenLLaMA-3B head size
+}
+
+TEST_P(KernelTest, AttentionRejectsGroupWiderThanKernel) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_FALSE(LaunchAttention(t(), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                               1, 32, 1, 128, 64, 1, nullptr).ok());
+}
+
+TEST_P(KernelTest, GeluTanhWithBias) {
+  SKIP_WITHOUT_GPU();
+  const int rows = 3, cols = 40;
+  auto h = Quantize(t(), Random(rows * cols, 13, 4.0f));
+  auto b = Quantize(t(), Random(cols, 14));
+  DeviceBuffer dh = Upload(t(), h), db = Upload(t(), b);
+  ASSERT_TRUE(LaunchGeluBias(t(), dh.get(), db.get(), rows, cols, nullptr).ok());
+  std::vector<float> want(rows * cols);
+  for (int i = 0; i < rows * cols; ++i) {
+    const double x = h[i] + b[i % cols];
+    want[i] = 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+  }
+  ExpectClose(Download(t(), dh, rows * cols), want, 3 * tol(), 3e-3f, "gelu");
+}
+
+TEST_P(KernelTest, SwiGluGateTimesUp) {
+  SKIP_WITHOUT_GPU();
+  const int rows = 2, cols = 24;
+  auto gu = Quantize(t(), Random(rows * 2 * cols, 15, 4.0f));
+  DeviceBuffer dgu = Upload(t(), gu), out;
+  ASSERT_TRUE(out.Allocate(rows * cols * 2).ok());
+  ASSERT_TRUE(LaunchSwiGlu(t(), dgu.get(), out.get(), rows, cols, nullptr).ok());
+  std::vector<float> want(rows * cols);
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) {
+      const double g = gu[r * 2 * cols + c], u = gu[r * 2 * cols + cols + c];
+      want[r * cols + c] = g / (1 + std::exp(-g)) * u;
+    }
+  }
+  ExpectClose(Download(t(), out, rows * cols), want, 3 * tol(), 3e-3f, "swiglu");
+}
+
+TEST_P(KernelTest, GemmAccumulatesIntoOutputAndWritesFp32) {
+  SKIP_WITHOUT_GPU();
+  const int rows = 5, out = 24, in = 40;
+  auto x = Quantize(t(), Random(rows * in, 16));
+  auto w = Quantize(t(), Random(out * in, 17));
+  auto y0 = Quantize(t(), Random(rows * out, 18));
+  DeviceBuffer dx = Upload(t(), x), dw = Upload(t(), w), dy = Upload(t(), y0), dyf;
+  ASSERT_TRUE(dyf.Allocate(rows * out * 4).ok());
+  CublasHandle h;
+  ASSERT_TRUE(h.Create().ok());
+  ASSERT_TRUE(Gemm(h.get(), t(), dx.get(), dw.get(), dy.get(), rows, out, in, 1.0f, false).ok());
+  ASSERT_TRUE(Gemm(h.get(), t(), dx.get(), dw.get(), dyf.get(), rows, out, in, 0.0f, true).ok());
+  std::vector<float> want(rows * out), want_f(rows * out);
+  for (int r = 0; r < rows; ++r) {
+    for (int o = 0; o < out; ++o) {
+      double s = 0;
+      for (int i = 0; i < in; ++i) s += double(x[r * in + i]) * w[o * in + i];
+      want_f[r * out + o] = s;
+      want[r * out + o] = s + y0[r * out + o];
+    }
+  }
+  ExpectClose(Download(t(), dy, rows * out), want, 2 * tol(), 1e-2f, "gemm beta=1");
+  std::vector<float> got_f(rows * out);
+  cudaMemcpy(got_f.data(), dyf.get(), got_f.size() * 4, cudaMemcpyDeviceToHost);
+  ExpectClose(got_f, want_f, 1e-4f, 1e-4f, "gemm fp32 out");
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, KernelTest, ::testing::Values(DType::kF16, DType::kBF16),
+                         [](const auto& info) {
+                           return info.param == DType::kF16 ? std::string("F16")
+                                                            : std::string("BF16");
+                         });
+
+// Runs the device sampler on `logits` (rows, vocab) with one parameter set per row.
+std::vector<int32_t> DeviceSample(const std::vector<float>& logits, int vocab,
+                                  const std::vector<SamplingParams>& params,
+                                  const std::vector<uint64_t>& index) {
+  const int rows = static_cast<int>(params.size());
+  std::vector<float> temp, top_p;
+  std::vector<int32_t> top_k;
+  std::vector<uint64_t> seed;
+  for (const auto& p : params) {
+    temp.push_back(p.temperature);
+    top_p.push_back(p.top_p);
+    top_k.push_back(p.top_k);
+    seed.push_back(p.seed);
+  }
+  DeviceBuffer dl = UploadRaw(logits), dt = UploadRaw(temp), dp = UploadRaw(top_p),
+               dk = UploadRaw(top_k), ds = UploadRaw(seed), di = UploadRaw(index), probs, out;
+  EXPECT_TRUE(probs.Allocate(logits.size() * 4).ok());
+  EXPECT_TRUE(out.Allocate(rows * 4).ok());
+  SamplingArrays a{dt.as<float>(), dk.as<int32_t>(), dp.as<float>(), ds.as<uint64_t>(),
+                   di.as<uint64_t>()};
+  EXPECT_TRUE(LaunchSample(dl.as<float>(), probs.as<float>(), a, out.as<int32_t>(), rows, vocab,
+                           nullptr).ok());
+  std::vector<int32_t> tokens(rows);
+  EXPECT_EQ(cudaMemcpy(tokens.data(), out.get(), rows * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  return tokens;
+}
+
+const std::vector<SamplingParams>& ParameterKinds() {
+  static const std::vector<SamplingParams> kinds = {
+      {0.0f, 0, 1.0f, 1},  {1.0f, 0, 1.0f, 2}, {0.7f, 40, 1.0f, 3}, {1.3f, 0, 0.9f, 4},
+      {0.8f, 50, 0.8f, 5}, {2.0f, 1, 1.0f, 6}, {0.5f, 0, 0.05f, 7}, {1.0f, 200, 0.999f, 8},
+  };
+  return kinds;
+}
+
+// A small vocabulary: the host rule's fp32 running sums are far finer than any candidate's
+// probability, so both sides must pick the very same token.
+TEST(SamplingKernelTest, MatchesHostRuleForEveryParameterKind) {
+  SKIP_WITHOUT_GPU();
+  const int vocab = 256;
+  const auto& kinds = ParameterKinds();
+  for (int round = 0; round < 8; ++round) {
+    std::vector<float> logits(kinds.size() * vocab);
+    for (size_t r = 0; r < kinds.size(); ++r) {
+      auto row = Random(vocab, 100 + round * 16 + r, 8.0f);
+      std::copy(row.begin(), row.end(), logits.begin() + r * vocab);
+    }
+    std::vector<uint64_t> index(kinds.size(), round * 7 + 1);
+    auto got = DeviceSample(logits, vocab, kinds, index);
+    for (size_t r = 0; r < kinds.size(); ++r) {
+      std::span<const float> row(logits.data() + r * vocab, vocab);
+      EXPECT_EQ(got[r], SampleToken(row, kinds[r], index[r])) << "row " << r << " round " << round;
+    }
+  }
+}
+
+// A flat 32k distribution: the rule evaluated in double precision picks a candidate; the device
+// (exact fixed-point sums) must pick it or, where the target falls within rounding of a boundary,
+// its neighbour in sorted order.
+TEST(SamplingKernelTest, LargeFlatVocabularyFollowsTheRuleInExactArithmetic) {
+  SKIP_WITHOUT_GPU();
+  const int vocab = 32000;
+  const auto& kinds = ParameterKinds();
+  for (int round = 0; round < 4; ++round) {
+    std::vector<float> logits(kinds.size() * vocab);
+    for (size_t r = 0; r < kinds.size(); ++r) {
+      auto row = Random(vocab, 500 + round * 16 + r, 6.0f);
+      std::copy(row.begin(), row.end(), logits.begin() + r * vocab);
+    }
+    std::vector<uint64_t> index(kinds.size(), round + 3);
+    auto got = DeviceSample(logits, vocab, kinds, index);
+    for (size_t r = 0; r < kinds.size(); ++r) {
+      const SamplingParams& sp = kinds[r];
+      const float* x = logits.data() + r * vocab;
+      if (sp.temperature == 0.0f) {
+        EXPECT_EQ(got[r], SampleToken(std::span<const float>(x, vocab), sp, index[r]));
+        continue;
+      }
+      double mx = -1e300;
+      for (int i = 0; i < vocab; ++i) mx = std::max(mx, double(x[i]) / sp.temperature);
+      std::vector<double> p(vocab);
+      double sum = 0;
+      for (int i = 0; i < vocab; ++i) sum += (p[i] = std::exp(double(x[i]) / sp.temperature - mx));
+      std::vector<int> order(vocab);
+      for (int i = 0; i < vocab; ++i) order[i] = i;
+      std::sort(order.begin(), order.end(),
+                [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+      const int keep_k = sp.top_k > 0 ? std::min(sp.top_k, vocab) : vocab;
+      double mass = 0;
+      for (int j = 0; j < keep_k; ++j) mass += p[order[j]];
+      int keep = keep_k;
+      double cum = 0;
+      for (int j = 0; j < keep_k && sp.top_p < 1.0f; ++j) {
+        cum += p[order[j]];
+        if (cum >= sp.top_p * mass) {
+          keep = j + 1;
+          break;
+        }
+      }
+      double total = 0;
+      for (int j = 0; j < keep; ++j) total += p[order[j]];
+      const double target = UniformFloat(sp.seed, index[r]) * total;
+      int want = keep - 1;
+      cum = 0;
+      for (int j = 0; j < keep; ++j) {
+        cum += p[order[j]];
+        if (cum > target) {
+          want = j;
+          break;
+        }
+      }
+      const int at = static_cast<int>(std::find(order.begin(), order.end(), got[r]) - order.begin());
+      EXPECT_LE(std::abs(at - want), 1) << "row " << r << " round " << round << ": token "
+                                        << got[r] << " is candidate " << at << ", want " << want;
+      EXPECT_LT(at, keep) << "row " << r << " round " << round;
+    }
+  }
+}
+
+TEST(SamplingKernelTest, SameSeedSameTokenOnEveryRun) {
+  SKIP_WITHOUT_GPU();
+  const int vocab = 32000;
+  std::vector<SamplingParams> params(6, SamplingParams{1.0f, 0, 1.0f, 99});
+  std::vector<float> logits(params.size() * vocab);
+  for (size_t r = 0; r < params.size(); ++r) {
+    auto row = Random(vocab, 900, 6.0f);  // every row the same distribution and seed
+    std::copy(row.begin(), row.end(), logits.begin() + r * vocab);
+  }
+  std::vector<uint64_t> index(params.size(), 5);
+  auto first = DeviceSample(logits, vocab, params, index);
+  for (int run = 0; run < 3; ++run) EXPECT_EQ(DeviceSample(logits, vocab, params, index), first);
+  for (size_t r = 1; r < params.size(); ++r) EXPECT_EQ(first[r], first[0]);
+}
+
+TEST(SamplingKernelTest, EqualLogitsBreakTiesByLowerIndex) {
+  SKIP_WITHOUT_GPU();
+  const int vocab = 1000;
+  std::vector<SamplingParams> params;
+  std::vector<uint64_t> index;
+  for (int i = 0; i < 16; ++i) {
+    params.push_back({1.0f, i % 3 == 0 ? 10 : 0, i % 2 ? 0.5f : 1.0f, 42});
+    index.push_back(i);
+  }
+  std::vector<float> logits(params.size() * vocab, 0.25f);
+  auto got = DeviceSample(logits, vocab, params, index);
+  for (size_t r = 0; r < params.size(); ++r) {
+    std::span<const float> row(logits.data() + r * vocab, vocab);
+    EXPECT_EQ(got[r], SampleToken(row, params[r], index[r])) << "row " << r;
+  }
+}
+
+TEST(SamplingKernelTest, GreedyNeverPicksNanAndInfiniteLogitsFallBackToGreedy) {
+  SKIP_WITHOUT_GPU();
+  const int vocab = 64;
+  std::vector<float> logits(4 * vocab, 0.0f);
+  for (int i = 0; i < vocab; ++i) logits[i] = std::nanf("");  // row 0: all NaN -> 0
+  logits[vocab + 3] = std::nanf("");                          // row 1: NaN, then max at 7
+  logits[vocab + 7] = 2.0f;
+  logits[vocab + 9] = 2.0f;
+  logits[2 * vocab + 5] = INFINITY;  // row 2: +inf with temperature -> greedy 5
+  for (int i = 0; i < vocab; ++i) logits[3 * vocab + i] = -INFINITY;  // row 3 -> 0
+  std::vector<SamplingParams> params = {{0.0f, 0, 1.0f, 0}, {0.0f, 0, 1.0f, 0},
+                                        {1.0f, 0, 1.0f, 0}, {1.0f, 0, 1.0f, 0}};
+  auto got = DeviceSample(logits, vocab, params, {0, 0, 0, 0});
+  EXPECT_EQ(got, (std::vector<int32_t>{0, 7, 5, 0}));
+}
+
+}  // namespace
+}  // namespace tandem::cuda

@@ -1,0 +1,226 @@
+// Causal attention over the KV-cache, for prefill and decode alike: each row (one query token)
+// attends to keys [0, position] of its slot. Grouped-query heads share one block per kv head, and
+// the keys are split over `splits` blocks (flash-decoding), whose partial softmax states a second
+// kernel combines. Cache layout (slots, kv_heads, seq_capacity, head_dim): a head's keys are one
+// contiguous run, loaded with 16-byte loads into shared memory a tile at a time.
+#include <cfloat>
+
+#include "worker/cuda/cuda_check.h"
+#include "worker/cuda/device_util.cuh"
+#include "worker/cuda/kernels.h"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kTile = 64;  // keys per shared-memory tile; split boundaries are multiples of it
+constexpr int kMaxOut = kMaxAttentionGroupWidth / kThreads;  // accumulators per thread
+
+// Shared-memory row stride (elements) of a K/V tile: head_dim padded so that threads reading
+// consecutive rows with 4-byte (2-element) loads fall in distinct banks (stride / 2 odd).
+__host__ __device__ inline int TileStride(int head_dim) {
+  return (head_dim / 2) % 2 == 0 ? head_dim + 2 : head_dim;
+}
+
+// grid (num_kv_heads, rows, splits). partials per (row, split, head): head_dim accumulators, then
+// in a separate array (max, sum).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+AttentionPartialKernel(const T* __restrict__ q, const T* __restrict__ k_cache,
+                       const T* __restrict__ v_cache, const int32_t* __restrict__ positions,
+                       const int32_t* __restrict__ slots, float* __restrict__ part_acc,
+                       float2* __restrict__ part_ml, int num_heads, int num_kv_heads, int head_dim,
+                       int seq_capacity, float scale) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int kvh = blockIdx.x, r = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  const int group = num_heads / num_kv_heads;
+  const int width = group * head_dim;  // outputs of this block
+  const int ctx = positions[r] + 1;
+  int chunk = (ctx + splits - 1) / splits;
+  chunk = (chunk + kTile - 1) / kTile * kTile;
+  const int begin = split * chunk;
+  const int end = min(ctx, begin + chunk);
+
+  const size_t part_row = (static_cast<size_t>(r) * splits + split) * num_heads + kvh * group;
+  if (begin >= end) {
+    for (int g = threadIdx.x; g < group; g += blockDim.x) part_ml[part_row + g] = {-INFINITY, 0.0f};
+    return;
+  }
+
+  const int stride = TileStride(head_dim);
+  float* q_s = reinterpret_cast<float*>(smem_raw);                // (group, head_dim)
+  float* p_s = q_s + width;                                       // (group, kTile)
+  float* m_s = p_s + group * kTile;                               // (group) running max
+  float* l_s = m_s + group;                                       // (group) running sum
+  float* c_s = l_s + group;                                       // (group) rescale of this tile
+  T* k_s = reinterpret_cast<T*>(c_s + group + (4 - (3 * group) % 4) % 4);  // (kTile, stride)
+  T* v_s = k_s + kTile * stride;
+
+  const T* qr = q + static_cast<size_t>(r) * num_heads * head_dim + kvh * width;
+  for (int i = threadIdx.x; i < width; i += blockDim.x) q_s[i] = ToF(qr[i]) * scale;
+  for (int g = threadIdx.x; g < group; g += blockDim.x) {
+    m_s[g] = -INFINITY;
+    l_s[g] = 0.0f;
+  }
+  const size_t head_base =
+      (static_cast<size_t>(slots[r]) * num_kv_heads + kvh) * seq_capacity * head_dim;
+  const T* kh = k_cache + head_base;
+  const T* vh = v_cache + head_base;
+
+  float acc[kMaxOut];
+#pragma unroll
+  for (int k = 0; k < kMaxOut; ++k) acc[k] = 0.0f;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  for (int t0 = begin; t0 < end; t0 += kTile) {
+    const int n = min(kTile, end - t0);
+    // K and V tiles: n * head_dim contiguous elements each, 8 per 16-byte load (t0 * head_dim is
+    // a multiple of 8 because t0 is a multiple of kTile).
+    const int total = n * head_dim, nvec = total / 8;
+    const Vec8<T>* ksrc = reinterpret_cast<const Vec8<T>*>(kh + static_cast<size_t>(t0) * head_dim);
+    const Vec8<T>* vsrc = reinterpret_cast<const Vec8<T>*>(vh + static_cast<size_t>(t0) * head_dim);
+    for (int vi = threadIdx.x; vi < nvec; vi += blockDim.x) {
+      const Vec8<T> kv = ksrc[vi], vv = vsrc[vi];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int flat = vi * 8 + e, row = flat / head_dim, col = flat % head_dim;
+        k_s[row * stride + col] = kv.v[e];
+        v_s[row * stride + col] = vv.v[e];
+      }
+    }
+    for (int flat = nvec * 8 + threadIdx.x; flat < total; flat += blockDim.x) {
+      const int row = flat / head_dim, col = flat % head_dim;
+      k_s[row * stride + col] = kh[static_cast<size_t>(t0) * head_dim + flat];
+      v_s[row * stride + col] = vh[static_cast<size_t>(t0) * head_dim + flat];
+    }
+    __syncthreads();
+    // Scores: one (head, key) pair per thread.
+    for (int pi = threadIdx.x; pi < group * n; pi += blockDim.x) {
+      const int g = pi / n, j = pi % n;
+      const float* qg = q_s + g * head_dim;
+      const T* kr = k_s + j * stride;
+      float s = 0.0f;
+      for (int d = 0; d < head_dim; d += 2) {
+        s += qg[d] * ToF(kr[d]) + qg[d + 1] * ToF(kr[d + 1]);
+      }
+      p_s[g * kTile + j] = s;
+    }
+    __syncthreads();
+    // Online softmax per head: one warp per head.
+    for (int g = warp; g < group; g += nwarps) {
+      float mx = -INFINITY;
+      for (int j = lane; j < n; j += 32) mx = fmaxf(mx, p_s[g * kTile + j]);
+      mx = WarpMax(mx);
+      const float m_new = fmaxf(m_s[g], mx);
+      float sum = 0.0f;
+      for (int j = lane; j < n; j += 32) {
+        const float e = __expf(p_s[g * kTile + j] - m_new);
+        p_s[g * kTile + j] = e;
+        sum += e;
+      }
+      sum = WarpSum(sum);
+      if (lane == 0) {
+        const float corr = __expf(m_s[g] - m_new);  // 0 on the first tile (m = -inf)
+        l_s[g] = l_s[g] * corr + sum;
+        m_s[g] = m_new;
+        c_s[g] = corr;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kMaxOut; ++k) {
+      const int o = threadIdx.x + k * kThreads;
+      if (o < width) {
+        const int g = o / head_dim, d = o % head_dim;
+        const float* pg = p_s + g * kTile;
+        float a = acc[k] * c_s[g];
+        for (int j = 0; j < n; ++j) a += pg[j] * ToF(v_s[j * stride + d]);
+        acc[k] = a;
+      }
+    }
+    __syncthreads();
+  }
+  float* out = part_acc + part_row * head_dim;
+#pragma unroll
+  for (int k = 0; k < kMaxOut; ++k) {
+    const int o = threadIdx.x + k * kThreads;
+    if (o < width) out[o] = acc[k];
+  }
+  for (int g = threadIdx.x; g < group; g += blockDim.x) part_ml[part_row + g] = {m_s[g], l_s[g]};
+}
+
+// grid (num_heads, rows); threads over head_dim.
+template <typename T>
+__global__ void AttentionCombineKernel(const float* __restrict__ part_acc,
+                                       const float2* __restrict__ part_ml, T* __restrict__ out,
+                                       int num_heads, int head_dim, int splits) {
+  const int h = blockIdx.x, r = blockIdx.y;
+  float m = -INFINITY;
+  for (int s = 0; s < splits; ++s) {
+    m = fmaxf(m, part_ml[(static_cast<size_t>(r) * splits + s) * num_heads + h].x);
+  }
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float num = 0.0f, den = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const size_t idx = (static_cast<size_t>(r) * splits + s) * num_heads + h;
+      const float2 ml = part_ml[idx];
+      if (ml.x == -INFINITY) continue;  // an empty split wrote no accumulators
+      const float w = __expf(ml.x - m);
+      num += w * part_acc[idx * head_dim + d];
+      den += w * ml.y;
+    }
+    out[(static_cast<size_t>(r) * num_heads + h) * head_dim + d] = FromF<T>(num / den);
+  }
+}
+
+size_t PartialAccFloats(int rows, int num_heads, int head_dim, int splits) {
+  return static_cast<size_t>(rows) * splits * num_heads * head_dim;
+}
+
+}  // namespace
+
+size_t AttentionPartialFloats(int rows, int num_heads, int head_dim, int splits) {
+  return static_cast<size_t>(rows) * splits * num_heads * (head_dim + 2);
+}
+
+absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache,
+                             const void* v_cache, const int32_t* positions, const int32_t* slots,
+                             float* partials, void* out, int rows, int num_heads,
+                             int num_kv_heads, int head_dim, int seq_capacity, int splits,
+                             cudaStream_t stream) {
+  if (rows == 0) return absl::OkStatus();
+  const int group = num_heads / num_kv_heads;
+  if (group * head_dim > kMaxAttentionGroupWidth || head_dim % 2 != 0 ||
+      seq_capacity % kKvSeqAlign != 0 || splits < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention: unsupported shape (heads per kv head ", group, " x head_dim ", head_dim,
+        " must be <= ", kMaxAttentionGroupWidth, ", head_dim even, seq capacity ", seq_capacity,
+        " a multiple of ", kKvSeqAlign, ", splits ", splits, " >= 1)"));
+  }
+  const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
+  float* part_acc = partials;
+  float2* part_ml = reinterpret_cast<float2*>(
+      partials + PartialAccFloats(rows, num_heads, head_dim, splits));
+  const size_t smem = (group * head_dim + group * kTile + 3 * group + 4) * sizeof(float) +
+                      2 * kTile * TileStride(head_dim) * 2;
+  dim3 grid(num_kv_heads, rows, splits);
+  TANDEM_DISPATCH_HALF(dtype, {
+    if (smem > 48 * 1024) {
+      CUDA_CHECK(cudaFuncSetAttribute(AttentionPartialKernel<T>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem)));
+    }
+    AttentionPartialKernel<T><<<grid, kThreads, smem, stream>>>(
+        static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache),
+        positions, slots, part_acc, part_ml, num_heads, num_kv_heads, head_dim, seq_capacity,
+        scale);
+    CUDA_CHECK_LAUNCH();
+    AttentionCombineKernel<T><<<dim3(num_heads, rows), ((head_dim + 31) / 32) * 32, 0, stream>>>(
+        part_acc, part_ml, static_cast<T*>(out), num_heads, head_dim, splits);
+  });
+  CUDA_CHECK_LAUNCH();
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::cuda
+

@@ -1,0 +1,335 @@
+// tandem-bench: the CUDA engine's own speed, one stage in-process, no service.
+//
+// Benchmark: for each batch size, prefill `--prompt` tokens per sequence, then decode `--new`
+// tokens greedily; prints prefill tokens/s, decode ms/step and tokens/s, the bytes a decode step
+// reads (weights + KV-cache) per second against the measured device-to-device copy bandwidth, and
+// the GPU memory in use. Markdown on stdout, JSON with --json.
+//
+// Logit dump: --dump_logits IN.json OUT.json, IN = {"prompts": [[ids...], ...], "steps": N}; OUT
+// holds, per prompt, the last-position logits after prefill and N greedy tokens.
+//
+// usage: tandem-bench --model DIR [--batch 1,8,64] [--prompt 128] [--new 128] [--dtype f16]
+//        [--graphs=true] [--json OUT.json] | --model DIR --dump_logits IN.json OUT.json
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/model_config.h"
+#include "common/rng.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "worker/cuda/cuda_stage.h"
+
+ABSL_FLAG(std::string, model, "", "checkpoint folder (config.json + safetensors)");
+ABSL_FLAG(std::string, batch, "1,64", "comma-separated batch sizes");
+ABSL_FLAG(int, prompt, 128, "prompt tokens per sequence");
+ABSL_FLAG(int, new_tokens, 128, "generated tokens per sequence (the first comes from prefill)");
+ABSL_FLAG(std::string, dtype, "f16", "f16 or bf16");
+ABSL_FLAG(bool, graphs, true, "replay decode steps from CUDA graphs");
+ABSL_FLAG(double, kv_memory_fraction, 0.9, "share of free GPU memory for the KV-cache");
+ABSL_FLAG(std::string, json, "", "write the results as JSON to this file");
+ABSL_FLAG(std::string, dump_logits, "",
+          "IN.json: dump prefill logits and greedy tokens of its prompts to the next argument");
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Device-to-device copy bandwidth (bytes read + written per second) of a 1 GiB cudaMemcpy.
+absl::StatusOr<double> CopyBandwidth() {
+  const size_t bytes = size_t{1} << 30;
+  void *a = nullptr, *b = nullptr;
+  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) {
+    cudaFree(a);
+    cudaGetLastError();
+    return absl::ResourceExhaustedError("no room for the 2 GiB copy-bandwidth test");
+  }
+  cudaMemset(a, 1, bytes);
+  cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  const int reps = 10;
+  cudaEventRecord(e0);
+  for (int i = 0; i < reps; ++i) cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  cudaEventRecord(e1);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes * reps / (ms * 1e-3);
+}
+
+// Bytes of weights one decode step reads: every layer's matrices and norms, the final norm and
+// the LM head (embedding rows are negligible).
+double WeightBytesPerStep(const ModelConfig& c, size_t elem) {
+  const double h = c.hidden_size, inter = c.intermediate_size;
+  const double qkv = (c.q_dim() + 2.0 * c.kv_dim()) * h, o = h * c.q_dim();
+  const double mlp = c.arch == Arch::kLlama ? 3 * h * inter : 2 * h * inter;
+  const double per_layer = qkv + o + mlp + 4 * h;
+  return (c.num_layers * per_layer + static_cast<double>(c.vocab_size) * h + 2 * h) * elem;
+}
+
+absl::StatusOr<DType> ParseDTypeFlag(const std::string& s) {
+  if (s == "f16" || s == "fp16" || s == "float16") return DType::kF16;
+  if (s == "bf16" || s == "bfloat16") return DType::kBF16;
+  return absl::InvalidArgumentError("--dtype must be f16 or bf16, got " + s);
+}
+
+struct BatchResult {
+  int batch;
+  double prefill_s, prefill_tok_s, decode_ms_step, decode_tok_s, e2e_tok_s, gb_s;
+};
+
+StepDescriptor PrefillStep(int batch, int prompt, const ModelConfig& c, uint64_t round) {
+  StepDescriptor step;
+  for (int b = 0; b < batch; ++b) {
+    SequenceStep s;
+    s.slot = b;
+    s.position = 0;
+    s.num_tokens = prompt;
+    step.seqs.push_back(s);
+    for (int t = 0; t < prompt; ++t) {
+      step.tokens.push_back(
+          static_cast<int32_t>(RandomBits(round * 1000003 + b, t) % c.vocab_size));
+    }
+  }
+  return step;
+}
+
+absl::Status Bench() {
+  const std::string model = absl::GetFlag(FLAGS_model);
+  ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model));
+  ASSIGN_OR_RETURN(DType dtype, ParseDTypeFlag(absl::GetFlag(FLAGS_dtype)));
+  std::vector<int> batches;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_batch), ',')) {
+    int b = 0;
+    if (!absl::SimpleAtoi(part, &b) || b < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--batch: bad batch size '", part, "'"));
+    }
+    batches.push_back(b);
+  }
+  const int prompt = absl::GetFlag(FLAGS_prompt), new_tokens = absl::GetFlag(FLAGS_new_tokens);
+  if (prompt < 1 || new_tokens < 1) {
+    return absl::InvalidArgumentError("--prompt and --new_tokens must be >= 1");
+  }
+  ASSIGN_OR_RETURN(double copy_bw, CopyBandwidth());
+
+  StageSpec spec;
+  spec.model_dir = model;
+  spec.max_slots = *std::max_element(batches.begin(), batches.end());
+  spec.max_seq_len = std::min(c.max_positions, prompt + new_tokens);
+  CudaOptions opt;
+  opt.dtype = dtype;
+  opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
+  opt.kv_memory_fraction = static_cast<float>(absl::GetFlag(FLAGS_kv_memory_fraction));
+  const auto t_load = Clock::now();
+  ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCudaStage(spec, opt));
+  const double load_s = Seconds(t_load, Clock::now());
+  const int steps = std::min(new_tokens, spec.max_seq_len - prompt + 1);
+
+  const double weight_bytes = WeightBytesPerStep(c, DTypeSize(dtype));
+  const double kv_token_bytes = 2.0 * c.num_layers * c.kv_dim() * DTypeSize(dtype);
+  std::vector<BatchResult> results;
+  for (int batch : batches) {
+    // Round 0 warms up (cuBLAS heuristics, graph capture of the bucket); round 1 is measured.
+    BatchResult r{batch, 0, 0, 0, 0, 0, 0};
+    for (int round = 0; round < 2; ++round) {
+      StepDescriptor pre = PrefillStep(batch, prompt, c, round);
+      const auto t0 = Clock::now();
+      ASSIGN_OR_RETURN(StepOutput out, stage->Step(pre, Activations{}));
+      const auto t1 = Clock::now();
+      std::vector<int32_t> last = out.tokens;
+      double kv_bytes = 0;
+      const int decode_steps = round == 0 ? std::min(steps - 1, 3) : steps - 1;
+      for (int i = 0; i < decode_steps; ++i) {
+        StepDescriptor step;
+        step.id = i + 1;
+        for (int b = 0; b < batch; ++b) {
+          SequenceStep s;
+          s.slot = b;
+          s.position = prompt + i;
+          s.num_tokens = 1;
+          s.sample_index = i + 1;
+          step.seqs.push_back(s);
+          kv_bytes += (prompt + i + 1) * kv_token_bytes;
+        }
+        step.tokens = last;
+        ASSIGN_OR_RETURN(StepOutput o, stage->Step(step, Activations{}));
+        last = std::move(o.tokens);
+      }
+      const auto t2 = Clock::now();
+      if (round == 1) {
+        r.prefill_s = Seconds(t0, t1);
+        r.prefill_tok_s = batch * prompt / r.prefill_s;
+        const double decode_s = Seconds(t1, t2);
+        const int n = std::max(decode_steps, 1);
+        r.decode_ms_step = decode_s / n * 1e3;
+        r.decode_tok_s = decode_steps > 0 ? batch * decode_steps / decode_s : 0;
+        r.e2e_tok_s = batch * steps / Seconds(t0, t2);
+        r.gb_s = decode_steps > 0 ? (weight_bytes * decode_steps + kv_bytes) / decode_s / 1e9 : 0;
+      }
+    }
+    results.push_back(r);
+  }
+  size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  const double used_gib = (total_b - free_b) / double(1 << 30);
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+
+  std::printf("model %s (%s, %d layers, hidden %d), %s, prompt %d, new %d, graphs %s\n",
+              model.c_str(), std::string(ArchName(c.arch)).c_str(), c.num_layers, c.hidden_size,
+              std::string(DTypeName(dtype)).c_str(), prompt, steps,
+              opt.cuda_graphs ? "on" : "off");
+  std::printf("device %s, copy bandwidth %.0f GB/s (read + write), load %.1f s, GPU memory in use "
+              "%.2f GiB\n\n", prop.name, copy_bw / 1e9, load_s, used_gib);
+  std::printf("| batch | prefill tok/s | decode ms/step | decode tok/s | end-to-end tok/s | "
+              "decode GB/s | %% of copy bw |\n|---|---|---|---|---|---|---|\n");
+  for (const BatchResult& r : results) {
+    std::printf("| %d | %.0f | %.3f | %.0f | %.0f | %.0f | %.0f%% |\n", r.batch, r.prefill_tok_s,
+                r.decode_ms_step, r.decode_tok_s, r.e2e_tok_s, r.gb_s, 100 * r.gb_s * 1e9 / copy_bw);
+  }
+  const std::string json_path = absl::GetFlag(FLAGS_json);
+  if (!json_path.empty()) {
+    nlohmann::json j;
+    j["model"] = model;
+    j["arch"] = std::string(ArchName(c.arch));
+    j["dtype"] = std::string(DTypeName(dtype));
+    j["device"] = prop.name;
+    j["prompt"] = prompt;
+    j["new_tokens"] = steps;
+    j["cuda_graphs"] = opt.cuda_graphs;
+    j["copy_bandwidth_gb_s"] = copy_bw / 1e9;
+    j["gpu_memory_used_bytes"] = total_b - free_b;
+    j["weight_bytes_per_step"] = weight_bytes;
+    j["load_seconds"] = load_s;
+    for (const BatchResult& r : results) {
+      j["results"].push_back({{"batch", r.batch}, {"prefill_seconds", r.prefill_s},
+                              {"prefill_tok_s", r.prefill_tok_s},
+                              {"decode_ms_per_step", r.decode_ms_step},
+                              {"decode_tok_s", r.decode_tok_s}, {"end_to_end_tok_s", r.e2e_tok_s},
+                              {"decode_gb_s", r.gb_s}});
+    }
+    std::ofstream f(json_path);
+    f << j.dump(2) << "\n";
+    if (!f) return absl::InternalError("cannot write " + json_path);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DumpLogits(const std::string& in_path, const std::string& out_path) {
+  std::ifstream f(in_path);
+  if (!f) return absl::NotFoundError("cannot read " + in_path);
+  nlohmann::json in;
+  try {
+    in = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(in_path, ": ", e.what()));
+  }
+  std::vector<std::vector<int32_t>> prompts;
+  int steps = 0;
+  try {
+    prompts = in.at("prompts").get<std::vector<std::vector<int32_t>>>();
+    steps = in.value("steps", 32);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(in_path, ": expected {\"prompts\": [[ids...]], \"steps\": N}: ", e.what()));
+  }
+  const std::string model = absl::GetFlag(FLAGS_model);
+  ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model));
+  ASSIGN_OR_RETURN(DType dtype, ParseDTypeFlag(absl::GetFlag(FLAGS_dtype)));
+  size_t longest = 1;
+  for (const auto& p : prompts) {
+    if (p.empty()) return absl::InvalidArgumentError(in_path + ": an empty prompt");
+    longest = std::max(longest, p.size());
+  }
+  StageSpec spec;
+  spec.model_dir = model;
+  spec.max_slots = 1;
+  spec.max_seq_len = std::min<int>(c.max_positions, longest + steps);
+  CudaOptions opt;
+  opt.dtype = dtype;
+  opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
+  ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCudaStage(spec, opt));
+
+  std::ofstream out(out_path);
+  out << "{\"model\": " << nlohmann::json(model).dump() << ", \"dtype\": \"" << DTypeName(dtype)
+      << "\", \"results\": [";
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    StepDescriptor pre;
+    SequenceStep s;
+    s.num_tokens = static_cast<int>(prompts[p].size());
+    pre.seqs.push_back(s);
+    pre.tokens = prompts[p];
+    pre.return_logits = true;
+    ASSIGN_OR_RETURN(StepOutput o, stage->Step(pre, Activations{}));
+    std::vector<int32_t> tokens = o.tokens;
+    for (int i = 1; i < steps && s.num_tokens + i <= spec.max_seq_len; ++i) {
+      StepDescriptor d;
+      SequenceStep ds;
+      ds.position = s.num_tokens + i - 1;
+      ds.sample_index = i;
+      d.seqs.push_back(ds);
+      d.tokens = {tokens.back()};
+      ASSIGN_OR_RETURN(StepOutput od, stage->Step(d, Activations{}));
+      tokens.push_back(od.tokens[0]);
+    }
+    // Logits with 7 significant digits: JSON of a 50k vocabulary stays small enough.
+    out << (p ? ", " : "") << "{\"tokens\": " << nlohmann::json(tokens).dump() << ", \"logits\": [";
+    char buf[32];
+    for (size_t i = 0; i < o.logits.size(); ++i) {
+      std::snprintf(buf, sizeof(buf), "%s%.7g", i ? "," : "", o.logits[i]);
+      out << buf;
+    }
+    out << "]}";
+  }
+  out << "]}\n";
+  if (!out) return absl::InternalError("cannot write " + out_path);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_model).empty()) {
+    std::cerr << "tandem-bench: --model DIR is required\n";
+    return 2;
+  }
+  absl::Status st;
+  const std::string dump_in = absl::GetFlag(FLAGS_dump_logits);
+  if (!dump_in.empty()) {
+    if (rest.size() != 2) {
+      std::cerr << "tandem-bench: --dump_logits IN.json OUT.json\n";
+      return 2;
+    }
+    st = tandem::DumpLogits(dump_in, rest[1]);
+  } else {
+    st = tandem::Bench();
+  }
+  if (!st.ok()) {
+    std::cerr << "tandem-bench: " << st << "\n";
+    return 1;
+  }
+  return 0;
+}

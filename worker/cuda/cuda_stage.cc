@@ -1,0 +1,704 @@
+// The CUDA Stage: weights uploaded once as fp16/bf16, a KV-cache sized up front, the forward pass
+// enqueued on one stream (kernels of kernels.h, cuBLAS GEMMs), decode steps replayed from CUDA
+// graphs captured per batch-size bucket.
+//
+// Device memory, all allocated at load time so that no step can run out of memory:
+//   weights_   every tensor of the stage, one arena
+//   kv_        K and V: (layers, 2, max_slots + 1, kv_heads, seq_capacity, head_dim); the extra slot
+//              takes the writes of the padding rows of a decode bucket
+//   work       activations for rows_cap rows: x (residual), xn, qkv, q, attn, mlp, partials;
+//              logits and sampling for samples_cap rows
+//   inputs_    per-row and per-sample step inputs, mirrored by a pinned host block and copied in
+//              one cudaMemcpyAsync, so that a graph reads them from fixed addresses
+// A step with more rows than rows_cap (a long prefill) runs as consecutive row chunks: each chunk
+// goes through every layer before the next, which is the same causal computation.
+#include "worker/cuda/cuda_stage.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/safetensors.h"
+#include "common/status_macros.h"
+#include "worker/cuda/cuda_check.h"
+#include "worker/cuda/kernels.h"
+#include "worker/sampling.h"
+#include "worker/weights.h"
+
+namespace tandem {
+namespace {
+
+using cuda::DeviceBuffer;
+using cuda::PinnedBuffer;
+
+constexpr int kMinRowsCap = 1024;  // rows per forward pass (prefill chunk)
+constexpr int kMaxSplits = 16;     // key splits per (row, kv head) in attention
+
+int NextPow2(int n) {
+  int b = 1;
+  while (b < n) b <<= 1;
+  return b;
+}
+
+struct DeviceLayer {
+  const void* attn_norm_w = nullptr;  // (hidden)
+  const void* attn_norm_b = nullptr;  // (hidden), GPT-2
+  const void* wqkv = nullptr;         // (q_dim + 2 kv_dim, hidden)
+  const void* bqkv = nullptr;         // (q_dim + 2 kv_dim), GPT-2
+  const void* wo = nullptr;           // (hidden, q_dim)
+  const void* bo = nullptr;           // (hidden), GPT-2
+  const void* mlp_norm_w = nullptr;   // (hidden)
+  const void* mlp_norm_b = nullptr;   // (hidden), GPT-2
+  const void* w_in = nullptr;         // (intermediate or 2 * intermediate, hidden)
+  const void* b_in = nullptr;         // (intermediate), GPT-2
+  const void* w_out = nullptr;        // (hidden, intermediate)
+  const void* b_out = nullptr;        // (hidden), GPT-2
+};
+
+// Converts fp32 host tensors to the device type and places them in one device arena.
+class WeightUploader {
+ public:
+  WeightUploader(DType dtype, char* base) : dtype_(dtype), base_(base) {}
+  static size_t Aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+  absl::StatusOr<const void*> Upload(const std::vector<float>& v) {
+    if (v.empty()) return nullptr;
+    const size_t bytes = v.size() * DTypeSize(dtype_);
+    host_.resize(v.size());
+    // The conversion of a 3B model is billions of elements: spread it over the cores.
+    const size_t n = v.size();
+    const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+    if (n < (1u << 20) || threads == 1) {
+      FromFloat(dtype_, v.data(), n, host_.data());
+    } else {
+      std::vector<std::thread> pool;
+      const size_t per = (n + threads - 1) / threads;
+      for (unsigned t = 0; t < threads; ++t) {
+        const size_t b = t * per, e = std::min(n, b + per);
+        if (b >= e) break;
+        pool.emplace_back([&, b, e] { FromFloat(dtype_, v.data() + b, e - b, host_.data() + b); });
+      }
+      for (auto& th : pool) th.join();
+    }
+    void* dst = base_ + offset_;
+    CUDA_CHECK(cudaMemcpy(dst, host_.data(), bytes, cudaMemcpyHostToDevice));
+    offset_ += Aligned(bytes);
+    return static_cast<const void*>(dst);
+  }
+
+ private:
+  DType dtype_;
+  char* base_;
+  size_t offset_ = 0;
+  std::vector<uint16_t> host_;
+};
+
+class CudaStage final : public Stage {
+ public:
+  CudaStage(const ModelConfig& c, const CudaOptions& o) : c_(c), opt_(o) {}
+
+  ~CudaStage() override {
+    if (stream_.get() != nullptr) cudaStreamSynchronize(stream_.get());
+  }
+
+  absl::Status Load(const StageSpec& spec);
+  absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) override;
+  const ModelConfig& config() const override { return c_; }
+
+ private:
+  // Offsets (bytes) of the step inputs inside the host and device blocks.
+  struct InputLayout {
+    size_t seed, sample_index, temperature, top_p, top_k, tokens, positions, slots, gather, total;
+  };
+
+  absl::Status Validate(const StepDescriptor& step, const Activations& in) const;
+  absl::Status Forward(int rows, int samples);
+  absl::Status RunDecode(const StepDescriptor& step, const Activations& in, StepOutput& out);
+  absl::Status RunChunks(const StepDescriptor& step, const Activations& in, StepOutput& out);
+  absl::Status CopyInput(const Activations& in, int64_t row0, int rows);
+  absl::Status Replay(int bucket);
+  int SplitsFor(int rows) const;
+
+  template <typename T>
+  T* HostIn(size_t off) { return reinterpret_cast<T*>(host_in_.as<char>() + off); }
+  template <typename T>
+  T* DevIn(size_t off) const { return reinterpret_cast<T*>(inputs_.as<char>() + off); }
+  void* KCache(int layer) const {
+    return kv_.as<char>() + (2 * static_cast<size_t>(layer)) * kv_layer_bytes_;
+  }
+  void* VCache(int layer) const {
+    return kv_.as<char>() + (2 * static_cast<size_t>(layer) + 1) * kv_layer_bytes_;
+  }
+  size_t RowBytes(int cols) const { return static_cast<size_t>(cols) * DTypeSize(opt_.dtype); }
+
+  const ModelConfig c_;
+  const CudaOptions opt_;
+  bool has_embedding_ = false, has_head_ = false;
+  int num_layers_ = 0;
+  int max_slots_ = 0, max_seq_len_ = 0, seq_capacity_ = 0;
+  int rows_cap_ = 0, samples_cap_ = 0, max_bucket_ = 0, sm_count_ = 0;
+  size_t kv_layer_bytes_ = 0;
+
+  cuda::Stream stream_;
+  cuda::CublasHandle cublas_;
+  DeviceBuffer cublas_workspace_;
+  DeviceBuffer weights_, kv_;
+  DeviceBuffer x_, xn_, qkv_, q_, attn_, mlp_in_, mlp_act_, partials_;
+  DeviceBuffer head_in_, logits_, probs_, tokens_out_;
+  DeviceBuffer inputs_;
+  DeviceBuffer out_hidden_;  // outputs of steps longer than one chunk
+  PinnedBuffer host_in_, host_hidden_, host_tokens_, host_logits_;
+  InputLayout layout_{};
+
+  const void* tok_embedding_ = nullptr;  // (vocab, hidden)
+  const void* pos_embedding_ = nullptr;  // (max_positions, hidden), GPT-2
+  std::vector<DeviceLayer> layers_;
+  const void* final_norm_w_ = nullptr;
+  const void* final_norm_b_ = nullptr;
+  const void* lm_head_ = nullptr;  // (vocab, hidden)
+
+  std::map<int, std::unique_ptr<cuda::GraphExec>> graphs_;  // decode bucket -> graph
+  std::vector<int> cached_len_;  // per slot: positions [0, len) hold K/V
+};
+
+absl::Status CudaStage::Load(const StageSpec& spec) {
+  CUDA_CHECK(cudaSetDevice(opt_.device));
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, opt_.device));
+  sm_count_ = prop.multiProcessorCount;
+  if (opt_.dtype != DType::kF16 && opt_.dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA backend dtype must be F16 or BF16, got ", std::string(DTypeName(opt_.dtype))));
+  }
+  if (!(opt_.kv_memory_fraction > 0.0f && opt_.kv_memory_fraction <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_memory_fraction must be in (0, 1], got ",
+                                                   opt_.kv_memory_fraction));
+  }
+  if (spec.max_slots < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_slots must be >= 1, got ", spec.max_slots));
+  }
+  max_slots_ = spec.max_slots;
+  max_seq_len_ = spec.max_seq_len == 0 ? c_.max_positions : spec.max_seq_len;
+  if (max_seq_len_ < 1 || max_seq_len_ > c_.max_positions) {
+    return absl::InvalidArgumentError(absl::StrCat("max_seq_len must be in [1, ", c_.max_positions,
+                                                   "] (the model's max positions) or 0, got ",
+                                                   spec.max_seq_len));
+  }
+  const int last = spec.last_layer == -1 ? c_.num_layers : spec.last_layer;
+  if (c_.hidden_size % 8 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA backend needs hidden_size a multiple of 8, got ", c_.hidden_size));
+  }
+  if ((c_.num_heads / c_.num_kv_heads) * c_.head_dim > cuda::kMaxAttentionGroupWidth ||
+      c_.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA attention needs an even head_dim and (num_heads / num_kv_heads) * head_dim <= ",
+        cuda::kMaxAttentionGroupWidth));
+  }
+
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(spec.model_dir));
+  ASSIGN_OR_RETURN(StageWeights w, LoadStageWeights(*ckpt, spec.first_layer, last));
+  has_embedding_ = w.has_embedding;
+  has_head_ = w.has_head;
+  num_layers_ = static_cast<int>(w.layers.size());
+
+  RETURN_IF_ERROR(stream_.Create());
+  RETURN_IF_ERROR(cublas_.Create());
+  CUBLAS_CHECK(cublasSetStream(cublas_.get(), stream_.get()));
+  // A workspace of our own, so that graph capture never sees cuBLAS allocate.
+  RETURN_IF_ERROR(cublas_workspace_.Allocate(32 << 20));
+  CUBLAS_CHECK(cublasSetWorkspace(cublas_.get(), cublas_workspace_.get(), cublas_workspace_.size()));
+
+  // Weights: one arena.
+  const bool share_head = w.has_head && w.has_embedding && c_.tie_word_embeddings;
+  size_t total = 0;
+  auto add = [&](const std::vector<float>& v) {
+    total += WeightUploader::Aligned(v.size() * DTypeSize(opt_.dtype));
+  };
+  add(w.tok_embedding);
+  add(w.pos_embedding);
+  for (const LayerWeights& l : w.layers) {
+    for (const auto* v : {&l.attn_norm_w, &l.attn_norm_b, &l.wqkv, &l.bqkv, &l.wo, &l.bo,
+                          &l.mlp_norm_w, &l.mlp_norm_b, &l.w_in, &l.b_in, &l.w_out, &l.b_out}) {
+      add(*v);
+    }
+  }
+  add(w.final_norm_w);
+  add(w.final_norm_b);
+  if (!share_head) add(w.lm_head);
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (total > free_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "weights of layers [", w.first_layer, ", ", w.last_layer, ") need ", total,
+        " bytes of GPU memory; ", free_bytes, " of ", total_bytes, " bytes are free"));
+  }
+  RETURN_IF_ERROR(weights_.Allocate(total));
+  {
+    WeightUploader up(opt_.dtype, weights_.as<char>());
+    ASSIGN_OR_RETURN(tok_embedding_, up.Upload(w.tok_embedding));
+    ASSIGN_OR_RETURN(pos_embedding_, up.Upload(w.pos_embedding));
+    for (const LayerWeights& l : w.layers) {
+      DeviceLayer d;
+      ASSIGN_OR_RETURN(d.attn_norm_w, up.Upload(l.attn_norm_w));
+      ASSIGN_OR_RETURN(d.attn_norm_b, up.Upload(l.attn_norm_b));
+      ASSIGN_OR_RETURN(d.wqkv, up.Upload(l.wqkv));
+      ASSIGN_OR_RETURN(d.bqkv, up.Upload(l.bqkv));
+      ASSIGN_OR_RETURN(d.wo, up.Upload(l.wo));
+      ASSIGN_OR_RETURN(d.bo, up.Upload(l.bo));
+      ASSIGN_OR_RETURN(d.mlp_norm_w, up.Upload(l.mlp_norm_w));
+      ASSIGN_OR_RETURN(d.mlp_norm_b, up.Upload(l.mlp_norm_b));
+      ASSIGN_OR_RETURN(d.w_in, up.Upload(l.w_in));
+      ASSIGN_OR_RETURN(d.b_in, up.Upload(l.b_in));
+      ASSIGN_OR_RETURN(d.w_out, up.Upload(l.w_out));
+      ASSIGN_OR_RETURN(d.b_out, up.Upload(l.b_out));
+      layers_.push_back(d);
+    }
+    ASSIGN_OR_RETURN(final_norm_w_, up.Upload(w.final_norm_w));
+    ASSIGN_OR_RETURN(final_norm_b_, up.Upload(w.final_norm_b));
+    if (share_head) {
+      lm_head_ = tok_embedding_;
+    } else {
+      ASSIGN_OR_RETURN(lm_head_, up.Upload(w.lm_head));
+    }
+  }
+  w = StageWeights();  // the host copy is no longer needed
+
+  // Working buffers.
+  max_bucket_ = NextPow2(max_slots_);
+  rows_cap_ = std::max(max_bucket_, kMinRowsCap);
+  samples_cap_ = max_bucket_;
+  const int hidden = c_.hidden_size, inter = c_.intermediate_size;
+  const int qkv_cols = c_.q_dim() + 2 * c_.kv_dim();
+  const int in_cols = c_.arch == Arch::kLlama ? 2 * inter : inter;
+  RETURN_IF_ERROR(x_.Allocate(rows_cap_ * RowBytes(hidden)));
+  RETURN_IF_ERROR(xn_.Allocate(rows_cap_ * RowBytes(hidden)));
+  RETURN_IF_ERROR(qkv_.Allocate(rows_cap_ * RowBytes(qkv_cols)));
+  RETURN_IF_ERROR(q_.Allocate(rows_cap_ * RowBytes(c_.q_dim())));
+  RETURN_IF_ERROR(attn_.Allocate(rows_cap_ * RowBytes(c_.q_dim())));
+  RETURN_IF_ERROR(mlp_in_.Allocate(rows_cap_ * RowBytes(in_cols)));
+  RETURN_IF_ERROR(mlp_act_.Allocate(rows_cap_ * RowBytes(inter)));
+  // rows * splits <= rows + 2 * sm_count / kv_heads (see SplitsFor).
+  RETURN_IF_ERROR(partials_.Allocate(
+      cuda::AttentionPartialFloats(rows_cap_ + 2 * sm_count_, c_.num_heads, c_.head_dim, 1) *
+      sizeof(float)));
+  if (has_head_) {
+    RETURN_IF_ERROR(head_in_.Allocate(samples_cap_ * RowBytes(hidden)));
+    RETURN_IF_ERROR(logits_.Allocate(static_cast<size_t>(samples_cap_) * c_.vocab_size * 4));
+    RETURN_IF_ERROR(probs_.Allocate(static_cast<size_t>(samples_cap_) * c_.vocab_size * 4));
+    RETURN_IF_ERROR(tokens_out_.Allocate(samples_cap_ * sizeof(int32_t)));
+    RETURN_IF_ERROR(host_tokens_.Allocate(samples_cap_ * sizeof(int32_t)));
+    RETURN_IF_ERROR(host_logits_.Allocate(static_cast<size_t>(samples_cap_) * c_.vocab_size * 4));
+  }
+  if (!has_embedding_) RETURN_IF_ERROR(host_hidden_.Allocate(rows_cap_ * RowBytes(hidden)));
+  {
+    size_t off = 0;
+    auto place = [&](size_t bytes) {
+      const size_t at = off;
+      off += (bytes + 15) / 16 * 16;
+      return at;
+    };
+    const size_t R = rows_cap_, S = samples_cap_;
+    layout_.seed = place(S * 8);
+    layout_.sample_index = place(S * 8);
+    layout_.temperature = place(S * 4);
+    layout_.top_p = place(S * 4);
+    layout_.top_k = place(S * 4);
+    layout_.gather = place(S * 4);
+    layout_.tokens = place(R * 4);
+    layout_.positions = place(R * 4);
+    layout_.slots = place(R * 4);
+    layout_.total = off;
+    RETURN_IF_ERROR(inputs_.Allocate(off));
+    RETURN_IF_ERROR(host_in_.Allocate(off));
+    std::memset(host_in_.get(), 0, off);
+  }
+
+  // KV-cache: its share of what is left.
+  seq_capacity_ = (max_seq_len_ + cuda::kKvSeqAlign - 1) / cuda::kKvSeqAlign * cuda::kKvSeqAlign;
+  kv_layer_bytes_ = static_cast<size_t>(max_slots_ + 1) * c_.num_kv_heads * seq_capacity_ *
+                    c_.head_dim * DTypeSize(opt_.dtype);
+  const size_t kv_bytes = 2 * kv_layer_bytes_ * std::max(num_layers_, 1);
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const size_t budget = static_cast<size_t>(static_cast<double>(free_bytes) * opt_.kv_memory_fraction);
+  if (kv_bytes > budget) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "KV-cache for %d layers x %d slots x %d positions (%s) needs %d bytes of GPU memory; "
+        "%d bytes are available (kv_memory_fraction %.2f of the %d bytes free after the weights)",
+        num_layers_, max_slots_, max_seq_len_, std::string(DTypeName(opt_.dtype)), kv_bytes, budget,
+        opt_.kv_memory_fraction, free_bytes));
+  }
+  RETURN_IF_ERROR(kv_.Allocate(kv_bytes));
+  // Zeroed so that padding rows and never-written positions hold finite values.
+  CUDA_CHECK(cudaMemset(kv_.get(), 0, kv_bytes));
+  CUDA_CHECK(cudaMemset(x_.get(), 0, x_.size()));
+  cached_len_.assign(max_slots_, 0);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return absl::OkStatus();
+}
+
+int CudaStage::SplitsFor(int rows) const {
+  // Enough blocks to fill the GPU twice; no more splits than tiles of the longest context.
+  const int64_t blocks = static_cast<int64_t>(rows) * c_.num_kv_heads;
+  int splits = static_cast<int>((2 * sm_count_ + blocks - 1) / blocks);
+  splits = std::min({splits, kMaxSplits, seq_capacity_ / cuda::kKvSeqAlign});
+  return std::max(splits, 1);
+}
+
+absl::Status CudaStage::Forward(int rows, int samples) {
+  using namespace cuda;
+  const cudaStream_t s = stream_.get();
+  const DType t = opt_.dtype;
+  const int hidden = c_.hidden_size, inter = c_.intermediate_size;
+  const bool llama = c_.arch == Arch::kLlama;
+  const int qkv_cols = c_.q_dim() + 2 * c_.kv_dim();
+  const int32_t* positions = DevIn<int32_t>(layout_.positions);
+  const int32_t* slots = DevIn<int32_t>(layout_.slots);
+  if (has_embedding_) {
+    RETURN_IF_ERROR(LaunchEmbedding(t, DevIn<int32_t>(layout_.tokens), positions, tok_embedding_,
+                                    pos_embedding_, x_.get(), rows, hidden, s));
+  }
+  const int splits = SplitsFor(rows);
+  const void* pending_bias = nullptr;  // bias of the last projection into x, not yet added
+  for (int l = 0; l < num_layers_; ++l) {
+    const DeviceLayer& L = layers_[l];
+    // Attention block: norm -> qkv -> rope + cache -> attention -> out-proj added into x.
+    RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, L.attn_norm_w, L.attn_norm_b,
+                               nullptr, xn_.get(), rows, hidden, c_.norm_eps, s));
+    RETURN_IF_ERROR(Gemm(cublas_.get(), t, xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols, hidden,
+                         0.0f, false));
+    RETURN_IF_ERROR(LaunchQkvRopeCache(t, qkv_.get(), L.bqkv, q_.get(), KCache(l), VCache(l),
+                                       positions, slots, rows, c_.num_heads, c_.num_kv_heads,
+                                       c_.head_dim, seq_capacity_, llama, c_.rope_theta, s));
+    RETURN_IF_ERROR(LaunchAttention(t, q_.get(), KCache(l), VCache(l), positions, slots,
+                                    partials_.as<float>(), attn_.get(), rows, c_.num_heads,
+                                    c_.num_kv_heads, c_.head_dim, seq_capacity_, splits, s));
+    RETURN_IF_ERROR(Gemm(cublas_.get(), t, attn_.get(), L.wo, x_.get(), rows, hidden, c_.q_dim(),
+                         1.0f, false));
+    // MLP block: norm (adding the out-proj bias first) -> up -> activation -> down added into x.
+    RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), L.bo, L.mlp_norm_w, L.mlp_norm_b, nullptr,
+                               xn_.get(), rows, hidden, c_.norm_eps, s));
+    RETURN_IF_ERROR(Gemm(cublas_.get(), t, xn_.get(), L.w_in, mlp_in_.get(), rows,
+                         llama ? 2 * inter : inter, hidden, 0.0f, false));
+    const void* act = mlp_in_.get();
+    if (llama) {
+      RETURN_IF_ERROR(LaunchSwiGlu(t, mlp_in_.get(), mlp_act_.get(), rows, inter, s));
+      act = mlp_act_.get();
+    } else {
+      RETURN_IF_ERROR(LaunchGeluBias(t, mlp_in_.get(), L.b_in, rows, inter, s));
+    }
+    RETURN_IF_ERROR(Gemm(cublas_.get(), t, act, L.w_out, x_.get(), rows, hidden, inter, 1.0f,
+                         false));
+    pending_bias = L.b_out;
+  }
+  if (has_head_) {
+    if (samples > 0) {
+      // Final norm of the sampled rows only, LM head into fp32 logits, sampling.
+      RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, final_norm_w_, final_norm_b_,
+                                 DevIn<int32_t>(layout_.gather), head_in_.get(), samples, hidden,
+                                 c_.norm_eps, s));
+      RETURN_IF_ERROR(Gemm(cublas_.get(), t, head_in_.get(), lm_head_, logits_.get(), samples,
+                           c_.vocab_size, hidden, 0.0f, true));
+      SamplingArrays p{DevIn<float>(layout_.temperature), DevIn<int32_t>(layout_.top_k),
+                       DevIn<float>(layout_.top_p), DevIn<uint64_t>(layout_.seed),
+                       DevIn<uint64_t>(layout_.sample_index)};
+      RETURN_IF_ERROR(LaunchSample(logits_.as<float>(), probs_.as<float>(), p,
+                                   tokens_out_.as<int32_t>(), samples, c_.vocab_size, s));
+    }
+  } else if (pending_bias != nullptr) {
+    RETURN_IF_ERROR(LaunchAddBias(t, x_.get(), pending_bias, rows, hidden, s));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaStage::Validate(const StepDescriptor& step, const Activations& in) const {
+  auto error = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", step.id, ": ", parts...));
+  };
+  int64_t total = 0;
+  std::vector<bool> slot_used(max_slots_, false);
+  for (size_t i = 0; i < step.seqs.size(); ++i) {
+    const SequenceStep& s = step.seqs[i];
+    if (s.slot < 0 || s.slot >= max_slots_) {
+      return error("sequence ", i, ": slot ", s.slot, " is outside [0, ", max_slots_, ")");
+    }
+    if (slot_used[s.slot]) {
+      return error("sequence ", i, ": slot ", s.slot, " is used by another sequence of the step");
+    }
+    slot_used[s.slot] = true;
+    if (s.num_tokens < 1) {
+      return error("sequence ", i, ": num_tokens must be >= 1, got ", s.num_tokens);
+    }
+    if (s.position < 0) return error("sequence ", i, ": position must be >= 0, got ", s.position);
+    if (static_cast<int64_t>(s.position) + s.num_tokens > max_seq_len_) {
+      return error("sequence ", i, ": position ", s.position, " + num_tokens ", s.num_tokens,
+                   " exceeds the context of ", max_seq_len_, " tokens");
+    }
+    if (s.position > cached_len_[s.slot]) {
+      return error("sequence ", i, ": position ", s.position, " is past the ",
+                   cached_len_[s.slot], " tokens cached in slot ", s.slot);
+    }
+    if (absl::Status st = ValidateSamplingParams(s.sampling); !st.ok()) {
+      return error("sequence ", i, ": ", st.message());
+    }
+    total += s.num_tokens;
+  }
+  if (has_embedding_) {
+    if (static_cast<int64_t>(step.tokens.size()) != total) {
+      return error("tokens has ", step.tokens.size(),
+                   " ids but the sequences' num_tokens sum to ", total);
+    }
+    for (size_t i = 0, r = 0; i < step.seqs.size(); ++i) {
+      for (int t = 0; t < step.seqs[i].num_tokens; ++t, ++r) {
+        const int32_t id = step.tokens[r];
+        if (id < 0 || id >= c_.vocab_size) {
+          return error("sequence ", i, ": token ", t, " (id ", id,
+                       ") is outside the vocabulary [0, ", c_.vocab_size, ")");
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (in.rows != total || in.cols != c_.hidden_size) {
+    return error("input activations are [", in.rows, ", ", in.cols, "], expected [", total, ", ",
+                 c_.hidden_size, "] (tokens, hidden_size)");
+  }
+  if (total > 0 && in.data == nullptr) return error("input activations have no data");
+  if (in.where == Where::kDevice && in.dtype != opt_.dtype) {
+    return error("input activations in device memory are ", std::string(DTypeName(in.dtype)),
+                 ", the stage runs in ", std::string(DTypeName(opt_.dtype)));
+  }
+  return absl::OkStatus();
+}
+
+// Rows [row0, row0 + rows) of `in` into x_.
+absl::Status CudaStage::CopyInput(const Activations& in, int64_t row0, int rows) {
+  const size_t row_bytes = RowBytes(c_.hidden_size);
+  const size_t in_row_bytes = static_cast<size_t>(in.cols) * DTypeSize(in.dtype);
+  const char* src = static_cast<const char*>(in.data.get()) + row0 * in_row_bytes;
+  if (in.where == Where::kDevice) {
+    CUDA_CHECK(cudaMemcpyAsync(x_.get(), src, rows * row_bytes, cudaMemcpyDeviceToDevice,
+                               stream_.get()));
+    return absl::OkStatus();
+  }
+  char* staging = host_hidden_.as<char>();
+  const size_t n = static_cast<size_t>(rows) * c_.hidden_size;
+  if (in.dtype == opt_.dtype) {
+    std::memcpy(staging, src, rows * row_bytes);
+  } else {
+    std::vector<float> f(n);
+    ToFloat(in.dtype, src, n, f.data());
+    FromFloat(opt_.dtype, f.data(), n, staging);
+  }
+  CUDA_CHECK(cudaMemcpyAsync(x_.get(), staging, rows * row_bytes, cudaMemcpyHostToDevice,
+                             stream_.get()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaStage::Replay(int bucket) {
+  auto it = graphs_.find(bucket);
+  if (it == graphs_.end()) {
+    CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+    absl::Status st = Forward(bucket, has_head_ ? bucket : 0);
+    cudaGraph_t g = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream_.get(), &g);
+    cuda::Graph graph(g);
+    RETURN_IF_ERROR(st);
+    CUDA_CHECK(end);
+    auto exec = std::make_unique<cuda::GraphExec>();
+    RETURN_IF_ERROR(exec->Instantiate(graph.get()));
+    it = graphs_.emplace(bucket, std::move(exec)).first;
+  }
+  CUDA_CHECK(cudaGraphLaunch(it->second->get(), stream_.get()));
+  return absl::OkStatus();
+}
+
+// Every sequence has one token: pad to the bucket (padding rows write the spare slot), sample
+// every row, and replay the bucket's graph.
+absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations& in,
+                                  StepOutput& out) {
+  const int n = static_cast<int>(step.seqs.size());
+  const int bucket = NextPow2(n);
+  int32_t* tokens = HostIn<int32_t>(layout_.tokens);
+  int32_t* positions = HostIn<int32_t>(layout_.positions);
+  int32_t* slots = HostIn<int32_t>(layout_.slots);
+  int32_t* gather = HostIn<int32_t>(layout_.gather);
+  float* temperature = HostIn<float>(layout_.temperature);
+  float* top_p = HostIn<float>(layout_.top_p);
+  int32_t* top_k = HostIn<int32_t>(layout_.top_k);
+  uint64_t* seed = HostIn<uint64_t>(layout_.seed);
+  uint64_t* sample_index = HostIn<uint64_t>(layout_.sample_index);
+  for (int i = 0; i < bucket; ++i) {
+    const bool real = i < n;
+    const SequenceStep* s = real ? &step.seqs[i] : nullptr;
+    tokens[i] = real && has_embedding_ ? step.tokens[i] : 0;
+    positions[i] = real ? s->position : 0;
+    slots[i] = real ? s->slot : max_slots_;
+    gather[i] = i;
+    temperature[i] = real ? s->sampling.temperature : 0.0f;
+    top_p[i] = real ? s->sampling.top_p : 1.0f;
+    top_k[i] = real ? s->sampling.top_k : 0;
+    seed[i] = real ? s->sampling.seed : 0;
+    sample_index[i] = real ? s->sample_index : 0;
+  }
+  CUDA_CHECK(cudaMemcpyAsync(inputs_.get(), host_in_.get(), layout_.total, cudaMemcpyHostToDevice,
+                             stream_.get()));
+  if (!has_embedding_) RETURN_IF_ERROR(CopyInput(in, 0, n));
+  if (opt_.cuda_graphs) {
+    RETURN_IF_ERROR(Replay(bucket));
+  } else {
+    RETURN_IF_ERROR(Forward(bucket, has_head_ ? bucket : 0));
+  }
+  if (has_head_) {
+    CUDA_CHECK(cudaMemcpyAsync(host_tokens_.get(), tokens_out_.get(), n * sizeof(int32_t),
+                               cudaMemcpyDeviceToHost, stream_.get()));
+    if (step.return_logits) {
+      CUDA_CHECK(cudaMemcpyAsync(host_logits_.get(), logits_.get(),
+                                 static_cast<size_t>(n) * c_.vocab_size * 4,
+                                 cudaMemcpyDeviceToHost, stream_.get()));
+    }
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  if (has_head_) {
+    const int32_t* t = host_tokens_.as<int32_t>();
+    const float* lg = host_logits_.as<float>();
+    for (int i = 0; i < n; ++i) {
+      if (!step.seqs[i].sample) continue;
+      out.tokens.push_back(t[i]);
+      if (step.return_logits) {
+        out.logits.insert(out.logits.end(), lg + static_cast<size_t>(i) * c_.vocab_size,
+                          lg + static_cast<size_t>(i + 1) * c_.vocab_size);
+      }
+    }
+  } else {
+    out.hidden.rows = n;
+    out.hidden.cols = c_.hidden_size;
+    out.hidden.dtype = opt_.dtype;
+    out.hidden.where = Where::kDevice;
+    out.hidden.data = std::shared_ptr<void>(x_.get(), [](void*) {});
+  }
+  return absl::OkStatus();
+}
+
+// Any step: its rows in chunks of at most rows_cap_, each through every layer.
+absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations& in,
+                                  StepOutput& out) {
+  int64_t total = 0;
+  for (const SequenceStep& s : step.seqs) total += s.num_tokens;
+  const size_t row_bytes = RowBytes(c_.hidden_size);
+  const bool single = total <= rows_cap_;
+  if (!has_head_ && !single && out_hidden_.size() < total * row_bytes) {
+    RETURN_IF_ERROR(out_hidden_.Allocate(total * row_bytes));
+  }
+  // Row -> (sequence, token) as chunks are cut.
+  size_t seq = 0;
+  int tok = 0;
+  for (int64_t row0 = 0; row0 < total; row0 += rows_cap_) {
+    const int rows = static_cast<int>(std::min<int64_t>(rows_cap_, total - row0));
+    int32_t* tokens = HostIn<int32_t>(layout_.tokens);
+    int32_t* positions = HostIn<int32_t>(layout_.positions);
+    int32_t* slots = HostIn<int32_t>(layout_.slots);
+    std::vector<int> sampled_seqs;  // sequences sampled in this chunk
+    int samples = 0;
+    for (int r = 0; r < rows; ++r) {
+      const SequenceStep& s = step.seqs[seq];
+      tokens[r] = has_embedding_ ? step.tokens[row0 + r] : 0;
+      positions[r] = s.position + tok;
+      slots[r] = s.slot;
+      if (++tok == s.num_tokens) {
+        if (s.sample && has_head_) {
+          const int j = samples++;
+          HostIn<int32_t>(layout_.gather)[j] = r;
+          HostIn<float>(layout_.temperature)[j] = s.sampling.temperature;
+          HostIn<float>(layout_.top_p)[j] = s.sampling.top_p;
+          HostIn<int32_t>(layout_.top_k)[j] = s.sampling.top_k;
+          HostIn<uint64_t>(layout_.seed)[j] = s.sampling.seed;
+          HostIn<uint64_t>(layout_.sample_index)[j] = s.sample_index;
+        }
+        ++seq;
+        tok = 0;
+      }
+    }
+    CUDA_CHECK(cudaMemcpyAsync(inputs_.get(), host_in_.get(), layout_.total,
+                               cudaMemcpyHostToDevice, stream_.get()));
+    if (!has_embedding_) RETURN_IF_ERROR(CopyInput(in, row0, rows));
+    RETURN_IF_ERROR(Forward(rows, samples));
+    if (has_head_ && samples > 0) {
+      CUDA_CHECK(cudaMemcpyAsync(host_tokens_.get(), tokens_out_.get(), samples * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, stream_.get()));
+      if (step.return_logits) {
+        CUDA_CHECK(cudaMemcpyAsync(host_logits_.get(), logits_.get(),
+                                   static_cast<size_t>(samples) * c_.vocab_size * 4,
+                                   cudaMemcpyDeviceToHost, stream_.get()));
+      }
+    }
+    if (!has_head_ && !single) {
+      CUDA_CHECK(cudaMemcpyAsync(out_hidden_.as<char>() + row0 * row_bytes, x_.get(),
+                                 rows * row_bytes, cudaMemcpyDeviceToDevice, stream_.get()));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    if (has_head_ && samples > 0) {
+      const int32_t* t = host_tokens_.as<int32_t>();
+      out.tokens.insert(out.tokens.end(), t, t + samples);
+      if (step.return_logits) {
+        const float* lg = host_logits_.as<float>();
+        out.logits.insert(out.logits.end(), lg, lg + static_cast<size_t>(samples) * c_.vocab_size);
+      }
+    }
+  }
+  if (!has_head_) {
+    out.hidden.rows = total;
+    out.hidden.cols = c_.hidden_size;
+    out.hidden.dtype = opt_.dtype;
+    out.hidden.where = Where::kDevice;
+    out.hidden.data = std::shared_ptr<void>(single ? x_.get() : out_hidden_.get(), [](void*) {});
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepOutput> CudaStage::Step(const StepDescriptor& step, const Activations& in) {
+  RETURN_IF_ERROR(Validate(step, in));
+  StepOutput out;
+  if (step.seqs.empty()) return out;
+  CUDA_CHECK(cudaSetDevice(opt_.device));
+  const bool decode = std::all_of(step.seqs.begin(), step.seqs.end(),
+                                  [](const SequenceStep& s) { return s.num_tokens == 1; });
+  if (decode) {
+    RETURN_IF_ERROR(RunDecode(step, in, out));
+  } else {
+    RETURN_IF_ERROR(RunChunks(step, in, out));
+  }
+  for (const SequenceStep& s : step.seqs) cached_len_[s.slot] = s.position + s.num_tokens;
+  return out;
+}
+
+}  // namespace
+
+bool CudaDeviceAvailable() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+absl::StatusOr<std::unique_ptr<Stage>> MakeCudaStage(const StageSpec& spec,
+                                                     const CudaOptions& options) {
+  if (!CudaDeviceAvailable()) {
+    return absl::FailedPreconditionError("no CUDA device is available");
+  }
+  ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(spec.model_dir));
+  auto stage = std::make_unique<CudaStage>(c, options);
+  RETURN_IF_ERROR(stage->Load(spec));
+  return std::unique_ptr<Stage>(std::move(stage));
+}
+
+}  // namespace tandem

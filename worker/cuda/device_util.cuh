@@ -1,0 +1,84 @@
+// Device-side building blocks shared by the kernels: element conversions for fp16/bf16, 16-byte
+// vectors, warp and block reductions, and the dtype dispatch used by the launchers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+
+namespace tandem::cuda {
+
+__device__ __forceinline__ float ToF(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ToF(float v) { return v; }
+
+template <typename T>
+__device__ __forceinline__ T FromF(float f);
+template <>
+__device__ __forceinline__ __half FromF<__half>(float f) { return __float2half_rn(f); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float f) {
+  return __float2bfloat16_rn(f);
+}
+template <>
+__device__ __forceinline__ float FromF<float>(float f) { return f; }
+
+// Rounds through T: what storing a float in T and reading it back gives.
+template <typename T>
+__device__ __forceinline__ float RoundTo(float f) { return ToF(FromF<T>(f)); }
+
+// 8 elements of a 2-byte type in one 16-byte load or store.
+template <typename T>
+struct alignas(16) Vec8 {
+  T v[8];
+};
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `scratch` holds 32 floats; the call begins and ends with a barrier so that it can be repeated.
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = WarpSum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? scratch[lane] : 0.0f;
+  return WarpSum(v);
+}
+__device__ __forceinline__ float BlockMax(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = WarpMax(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? scratch[lane] : -INFINITY;
+  return WarpMax(v);
+}
+
+}  // namespace tandem::cuda
+
+// Calls `body` with T bound to the CUDA type of `dtype` (fp16 or bf16), or returns an error.
+#define TANDEM_DISPATCH_HALF(dtype, ...)                                                  \
+  do {                                                                                    \
+    if ((dtype) == ::tandem::DType::kF16) {                                               \
+      using T = __half;                                                                   \
+      __VA_ARGS__                                                                         \
+    } else if ((dtype) == ::tandem::DType::kBF16) {                                       \
+      using T = __nv_bfloat16;                                                            \
+      __VA_ARGS__                                                                         \
+    } else {                                                                              \
+      return absl::InvalidArgumentError("CUDA kernels take fp16 or bf16 tensors");        \
+    }                                                                                     \
+  } while (0)

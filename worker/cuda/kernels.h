@@ -1,0 +1,90 @@
+// Launchers of the backend's kernels, one .cu per family. Activations, weights and the KV-cache are
+// `dtype` (kF16 or kBF16) unless a parameter says fp32; every launcher enqueues on `stream`, checks
+// the launch and returns its error. Row-major throughout; shapes in the comments.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+
+namespace tandem::cuda {
+
+// Per-row metadata of a forward pass, in device memory.
+struct RowInfo {
+  const int32_t* tokens;     // (rows) token ids, first stage only
+  const int32_t* positions;  // (rows) absolute position of each row
+  const int32_t* slots;      // (rows) KV-cache slot of each row
+};
+
+// embedding.cu: out[r] = tok_emb[tokens[r]] (+ pos_emb[positions[r]] when pos_emb != nullptr).
+// tok_emb (vocab, hidden), pos_emb (max_positions, hidden), out (rows, hidden).
+absl::Status LaunchEmbedding(DType dtype, const int32_t* tokens, const int32_t* positions,
+                             const void* tok_emb, const void* pos_emb, void* out, int rows,
+                             int hidden, cudaStream_t stream);
+
+// norm.cu: for each output row i, with r = gather ? gather[i] : i:
+//   x[r] += bias (when bias != nullptr; written back to x)
+//   out[i] = LayerNorm(x[r]) * w + b (rms == false) or RMSNorm(x[r]) * w (rms == true).
+// x (.., cols), out (rows, cols), w, b, bias (cols).
+absl::Status LaunchNorm(DType dtype, bool rms, void* x, const void* bias, const void* w,
+                        const void* b, const int32_t* gather, void* out, int rows, int cols,
+                        float eps, cudaStream_t stream);
+
+// residual.cu: x[r] += bias for every row. x (rows, cols), bias (cols).
+absl::Status LaunchAddBias(DType dtype, void* x, const void* bias, int rows, int cols,
+                           cudaStream_t stream);
+
+// rope.cu: splits qkv (rows, q_dim + 2 kv_dim) into q_out (rows, q_dim) and the layer's cache,
+// adding bias (q_dim + 2 kv_dim) when given and rotating q and k (rotate-half form, as Hugging Face
+// Llama) when rope is true. Cache layout: (slots, kv_heads, seq_capacity, head_dim).
+absl::Status LaunchQkvRopeCache(DType dtype, const void* qkv, const void* bias, void* q_out,
+                                void* k_cache, void* v_cache, const int32_t* positions,
+                                const int32_t* slots, int rows, int num_heads, int num_kv_heads,
+                                int head_dim, int seq_capacity, bool rope, float rope_theta,
+                                cudaStream_t stream);
+
+// attention.cu: causal attention of each row's query over keys [0, positions[r]] of its slot.
+// q (rows, num_heads * head_dim), out (rows, num_heads * head_dim). The keys are split over
+// `splits` blocks per (row, kv head); partials (rows * splits * num_heads * (head_dim + 2) floats)
+// are combined by a second kernel.
+absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache,
+                             const void* v_cache, const int32_t* positions, const int32_t* slots,
+                             float* partials, void* out, int rows, int num_heads,
+                             int num_kv_heads, int head_dim, int seq_capacity, int splits,
+                             cudaStream_t stream);
+// Floats of partials that LaunchAttention needs.
+size_t AttentionPartialFloats(int rows, int num_heads, int head_dim, int splits);
+// Largest num_heads / num_kv_heads * head_dim the attention kernel handles.
+constexpr int kMaxAttentionGroupWidth = 1024;
+// Seq capacity of the KV-cache is a multiple of this (aligned 16-byte tile loads).
+constexpr int kKvSeqAlign = 64;
+
+// activation.cu: h (rows, cols) = gelu_tanh(h + b) in place (b may be null).
+absl::Status LaunchGeluBias(DType dtype, void* h, const void* b, int rows, int cols,
+                            cudaStream_t stream);
+// gate_up (rows, 2 * cols): gate columns then up columns; out (rows, cols) = silu(gate) * up.
+absl::Status LaunchSwiGlu(DType dtype, const void* gate_up, void* out, int rows, int cols,
+                          cudaStream_t stream);
+
+// matmul.cu: y (rows, out) = x (rows, in) · wᵀ, w (out, in); y = alpha * x·wᵀ + beta * y.
+// y is `dtype`, or fp32 when y_f32.
+absl::Status Gemm(cublasHandle_t handle, DType dtype, const void* x, const void* w, void* y,
+                  int rows, int out, int in, float beta, bool y_f32);
+
+// sampling.cu: one token per row of logits (rows, vocab) fp32 by the rule of worker/sampling.h.
+// probs: scratch of rows * vocab floats. Parameters per row.
+struct SamplingArrays {
+  const float* temperature;
+  const int32_t* top_k;
+  const float* top_p;
+  const uint64_t* seed;
+  const uint64_t* sample_index;
+};
+absl::Status LaunchSample(const float* logits, float* probs, SamplingArrays params,
+                          int32_t* tokens_out, int rows, int vocab, cudaStream_t stream);
+
+}  // namespace tandem::cuda
