@@ -1,0 +1,410 @@
+// Metric families and the /metrics endpoint (prometheus-cpp, civetweb underneath).
+#include "common/metrics.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <limits>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "prometheus/histogram.h"
+
+namespace tandem {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Histogram;
+
+// Bucket upper bounds, seconds. Latencies of a CPU test model and of a 13B model on GPUs both
+// fall inside.
+const Histogram::BucketBoundaries& LatencyBuckets() {
+  static const Histogram::BucketBoundaries b = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                0.25,  0.5,    1,     2.5,  5,     10,   30,
+                                                60,    120};
+  return b;
+}
+const Histogram::BucketBoundaries& StepBuckets() {
+  static const Histogram::BucketBoundaries b = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                                0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
+                                                1,      2.5,     5,      10};
+  return b;
+}
+const Histogram::BucketBoundaries& BatchBuckets() {
+  static const Histogram::BucketBoundaries b = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  return b;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
+    const std::string& address, std::shared_ptr<prometheus::Registry> registry) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address '", address, "': expected host:port"));
+  }
+  std::unique_ptr<MetricsServer> server(new MetricsServer());
+  server->registry_ = std::move(registry);
+  // civetweb reports a failed bind by throwing from the constructor.
+  try {
+    server->exposer_ = std::make_unique<prometheus::Exposer>(address, 1);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("metrics address '", address, "': cannot serve: ", e.what()));
+  }
+  server->exposer_->RegisterCollectable(server->registry_);
+  const std::vector<int> ports = server->exposer_->GetListeningPorts();
+  if (ports.empty()) {
+    return absl::UnavailableError(absl::StrCat("metrics address '", address, "': not bound"));
+  }
+  server->port_ = ports.front();
+  return server;
+}
+
+absl::StatusOr<std::string> FetchMetricsPage(const std::string& host_port,
+                                             absl::Duration timeout) {
+  return HttpGet(host_port, "/metrics", timeout);
+}
+
+absl::StatusOr<std::string> HttpGet(const std::string& host_port, const std::string& path,
+                                    absl::Duration timeout) {
+  const size_t colon = host_port.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics address '", host_port,
+                                                   "': expected host:port"));
+  }
+  const std::string host = host_port.substr(0, colon);
+  const std::string port = host_port.substr(colon + 1);
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
+    return absl::UnavailableError(absl::StrCat("metrics address '", host_port, "': unknown host"));
+  }
+  int fd = -1;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    timeval tv = absl::ToTimeval(timeout);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(found);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("metrics address '", host_port,
+                                               "': cannot connect: ", std::strerror(errno)));
+  }
+  const std::string request =
+      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", host_port, "\r\nAccept: text/plain\r\n\r\n");
+  bool ok = send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+            static_cast<ssize_t>(request.size());
+  std::string response;
+  char buf[16384];
+  while (ok) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n < 0) ok = false;
+    if (n <= 0) break;
+    response.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  if (!ok) {
+    return absl::UnavailableError(absl::StrCat("metrics address '", host_port,
+                                               "': read failed: ", std::strerror(errno)));
+  }
+  const size_t body = response.find("\r\n\r\n");
+  if (body == std::string::npos || response.compare(0, 5, "HTTP/") != 0) {
+    return absl::InternalError(absl::StrCat("metrics address '", host_port, "': not HTTP"));
+  }
+  const std::string status_line = response.substr(0, response.find("\r\n"));
+  if (status_line.find(" 200") == std::string::npos) {
+    return absl::InternalError(absl::StrCat("metrics address '", host_port, "': ", status_line));
+  }
+  return response.substr(body + 4);
+}
+
+absl::StatusOr<std::vector<MetricSample>> ParseMetricsText(const std::string& text) {
+  std::vector<MetricSample> out;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    auto bad = [&](const char* why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metrics text line ", line_no, ": ", why, ": ", std::string(line)));
+    };
+    MetricSample s;
+    size_t i = 0;
+    while (i < line.size() && line[i] != '{' && line[i] != ' ') ++i;
+    s.name = std::string(line.substr(0, i));
+    if (s.name.empty()) return bad("no metric name");
+    if (i < line.size() && line[i] == '{') {
+      ++i;
+      while (i < line.size() && line[i] != '}') {
+        const size_t eq = line.find('=', i);
+        if (eq == absl::string_view::npos || eq + 1 >= line.size() || line[eq + 1] != '"') {
+          return bad("malformed label");
+        }
+        std::string key(absl::StripAsciiWhitespace(line.substr(i, eq - i)));
+        std::string value;
+        size_t j = eq + 2;
+        for (; j < line.size() && line[j] != '"'; ++j) {
+          if (line[j] == '\\' && j + 1 < line.size()) {
+            ++j;
+            value.push_back(line[j] == 'n' ? '\n' : line[j]);
+          } else {
+            value.push_back(line[j]);
+          }
+        }
+        if (j >= line.size()) return bad("unterminated label value");
+        s.labels[key] = value;
+        i = j + 1;
+        if (i < line.size() && line[i] == ',') ++i;
+      }
+      if (i >= line.size()) return bad("unterminated label set");
+      ++i;
+    }
+    std::vector<absl::string_view> rest =
+        absl::StrSplit(absl::StripAsciiWhitespace(line.substr(i)), ' ', absl::SkipEmpty());
+    if (rest.empty()) return bad("no value");
+    const std::string v(rest[0]);
+    if (v == "+Inf") {
+      s.value = std::numeric_limits<double>::infinity();
+    } else if (v == "-Inf") {
+      s.value = -std::numeric_limits<double>::infinity();
+    } else if (v == "NaN") {
+      s.value = std::numeric_limits<double>::quiet_NaN();
+    } else if (!absl::SimpleAtod(v, &s.value)) {
+      return bad("value is not a number");
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+double SumSamples(const std::vector<MetricSample>& samples, const std::string& name,
+                  const std::map<std::string, std::string>& match) {
+  double sum = 0;
+  for (const MetricSample& s : samples) {
+    if (s.name != name) continue;
+    bool ok = true;
+    for (const auto& [k, v] : match) {
+      auto it = s.labels.find(k);
+      ok &= it != s.labels.end() && it->second == v;
+    }
+    if (ok) sum += s.value;
+  }
+  return sum;
+}
+
+std::string OutcomeLabel(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk: return "ok";
+    case absl::StatusCode::kCancelled: return "cancelled";
+    case absl::StatusCode::kDeadlineExceeded: return "deadline_exceeded";
+    case absl::StatusCode::kResourceExhausted: return "resource_exhausted";
+    case absl::StatusCode::kUnavailable: return "unavailable";
+    case absl::StatusCode::kInvalidArgument: return "invalid_argument";
+    default: return "error";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
+    : request_duration(BuildHistogram()
+                           .Name("tandem_request_duration_seconds")
+                           .Help("Time from a request's arrival to its end, in seconds")
+                           .Register(r)
+                           .Add({}, LatencyBuckets())),
+      time_to_first_token(BuildHistogram()
+                              .Name("tandem_time_to_first_token_seconds")
+                              .Help("Time from a request's arrival to its first generated token, "
+                                    "in seconds")
+                              .Register(r)
+                              .Add({}, LatencyBuckets())),
+      inter_token_latency(BuildHistogram()
+                              .Name("tandem_inter_token_latency_seconds")
+                              .Help("Time between consecutive generated tokens of a sequence, "
+                                    "in seconds")
+                              .Register(r)
+                              .Add({}, LatencyBuckets())),
+      queue_time(BuildHistogram()
+                     .Name("tandem_queue_time_seconds")
+                     .Help("Time a request waited before admission into a pipeline, in seconds")
+                     .Register(r)
+                     .Add({}, LatencyBuckets())),
+      prompt_tokens(BuildCounter()
+                        .Name("tandem_prompt_tokens_total")
+                        .Help("Prompt tokens of admitted requests")
+                        .Register(r)
+                        .Add({})),
+      generated_tokens(BuildCounter()
+                           .Name("tandem_generated_tokens_total")
+                           .Help("Tokens generated")
+                           .Register(r)
+                           .Add({})),
+      batch_size(BuildHistogram()
+                     .Name("tandem_batch_size")
+                     .Help("Sequences in one pipeline step (micro-batch)")
+                     .Register(r)
+                     .Add({}, BatchBuckets())),
+      running_sequences(BuildGauge()
+                            .Name("tandem_running_sequences")
+                            .Help("Sequences admitted into a pipeline and not finished")
+                            .Register(r)
+                            .Add({})),
+      waiting_sequences(BuildGauge()
+                            .Name("tandem_waiting_sequences")
+                            .Help("Requests waiting for admission")
+                            .Register(r)
+                            .Add({})),
+      requests_(BuildCounter()
+                    .Name("tandem_requests_total")
+                    .Help("Generation requests that ended, by outcome")
+                    .Register(r)),
+      worker_up_(BuildGauge()
+                     .Name("tandem_worker_up")
+                     .Help("1 when a registered worker is up, 0 when it is down or drained")
+                     .Register(r)),
+      kv_used_(BuildGauge()
+                   .Name("tandem_kv_slots_used")
+                   .Help("KV-cache slots (sequences) in use on a pipeline stage")
+                   .Register(r)),
+      kv_total_(BuildGauge()
+                    .Name("tandem_kv_slots_capacity")
+                    .Help("KV-cache slots (sequences) a pipeline stage holds")
+                    .Register(r)) {
+  // Every outcome exists from the start, so that rate() sees the first request of each.
+  for (const char* o : {"ok", "cancelled", "deadline_exceeded", "resource_exhausted",
+                        "unavailable", "invalid_argument", "error"}) {
+    requests_.Add({{"outcome", o}});
+  }
+}
+
+void CoordinatorMetrics::CountRequest(const absl::Status& outcome) {
+  requests_.Add({{"outcome", OutcomeLabel(outcome)}}).Increment();
+}
+
+void CoordinatorMetrics::SetWorkersUp(const std::map<std::string, bool>& up) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [worker, is_up] : up) {
+    worker_up_.Add({{"worker", worker}}).Set(is_up ? 1 : 0);
+  }
+}
+
+void CoordinatorMetrics::SetKvSlots(const std::vector<KvUse>& uses) {
+  absl::MutexLock lock(&mu_);
+  // Stages of retired pipelines disappear rather than report stale numbers.
+  std::vector<prometheus::Gauge*> keep;
+  for (const KvUse& u : uses) {
+    const prometheus::Labels labels = {{"pipeline", absl::StrCat(u.pipeline)},
+                                       {"stage", absl::StrCat(u.stage)}};
+    prometheus::Gauge& used = kv_used_.Add(labels);
+    prometheus::Gauge& total = kv_total_.Add(labels);
+    used.Set(u.used);
+    total.Set(u.total);
+    keep.push_back(&used);
+    keep.push_back(&total);
+  }
+  for (prometheus::Family<prometheus::Gauge>* family : {&kv_used_, &kv_total_}) {
+    std::vector<prometheus::Gauge*> drop;
+    for (const prometheus::MetricFamily& mf : family->Collect()) {
+      for (const prometheus::ClientMetric& m : mf.metric) {
+        prometheus::Labels labels;
+        for (const auto& l : m.label) labels[l.name] = l.value;
+        prometheus::Gauge& g = family->Add(labels);
+        if (std::find(keep.begin(), keep.end(), &g) == keep.end()) drop.push_back(&g);
+      }
+    }
+    for (prometheus::Gauge* g : drop) family->Remove(g);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
+    : compute_(BuildHistogram()
+                   .Name("tandem_stage_compute_seconds")
+                   .Help("Time a stage spent computing one step, in seconds")
+                   .Register(r)),
+      transfer_(BuildHistogram()
+                    .Name("tandem_stage_transfer_seconds")
+                    .Help("Time a stage spent sending or receiving one step's activations "
+                          "(recv includes waiting for the previous stage), in seconds")
+                    .Register(r)),
+      transfer_bytes_(BuildCounter()
+                          .Name("tandem_stage_transfer_bytes_total")
+                          .Help("Activation bytes a stage sent or received")
+                          .Register(r)),
+      steps_(BuildCounter()
+                 .Name("tandem_stage_steps_total")
+                 .Help("Steps a stage executed")
+                 .Register(r)) {}
+
+void WorkerMetrics::ObserveCompute(int stage, double seconds) {
+  compute_.Add({{"stage", absl::StrCat(stage)}}, StepBuckets()).Observe(seconds);
+}
+
+void WorkerMetrics::ObserveTransfer(int stage, const char* direction, double seconds,
+                                    double bytes) {
+  const prometheus::Labels labels = {{"stage", absl::StrCat(stage)}, {"direction", direction}};
+  transfer_.Add(labels, StepBuckets()).Observe(seconds);
+  transfer_bytes_.Add(labels).Increment(bytes);
+}
+
+void WorkerMetrics::CountStep(int stage) { steps_.Add({{"stage", absl::StrCat(stage)}}).Increment(); }
+
+// ---------------------------------------------------------------------------------------------
+
+GpuMetrics::GpuMetrics(prometheus::Registry& r)
+    : power_(BuildGauge()
+                 .Name("tandem_gpu_power_watts")
+                 .Help("GPU power draw, in watts (NVML)")
+                 .Register(r)),
+      energy_(BuildCounter()
+                  .Name("tandem_gpu_energy_joules_total")
+                  .Help("GPU energy consumed since this process started sampling, in joules "
+                        "(NVML total energy consumption)")
+                  .Register(r)),
+      utilization_(BuildGauge()
+                       .Name("tandem_gpu_utilization_ratio")
+                       .Help("Fraction of the last sample period a GPU kernel was running (NVML)")
+                       .Register(r)),
+      memory_used_(BuildGauge()
+                       .Name("tandem_gpu_memory_used_bytes")
+                       .Help("GPU memory in use, in bytes (NVML)")
+                       .Register(r)),
+      memory_total_(BuildGauge()
+                        .Name("tandem_gpu_memory_total_bytes")
+                        .Help("GPU memory installed, in bytes (NVML)")
+                        .Register(r)) {}
+
+void GpuMetrics::Record(const Reading& g) {
+  const prometheus::Labels labels = {{"gpu", absl::StrCat(g.index)}, {"uuid", g.uuid}};
+  power_.Add(labels).Set(g.power_watts);
+  energy_.Add(labels).Increment(g.energy_joules_delta);
+  utilization_.Add(labels).Set(g.utilization_ratio);
+  memory_used_.Add(labels).Set(g.memory_used_bytes);
+  memory_total_.Add(labels).Set(g.memory_total_bytes);
+}
+
+}  // namespace tandem

@@ -1,0 +1,140 @@
+// Prometheus metrics of tandem's programs: an HTTP endpoint serving /metrics, and one plain struct
+// of metric objects per program (CoordinatorMetrics, WorkerMetrics, GpuMetrics). Names follow
+// Prometheus' conventions: tandem_ prefix, base units (seconds, bytes, joules, watts, ratios),
+// counters end in _total. deploy/grafana/dashboards/tandem.json is built on exactly these names.
+//
+// Metric objects are thread-safe (prometheus-cpp uses atomics); the structs only hand them out.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace tandem {
+
+// Serves one registry at http://address/metrics until destroyed.
+class MetricsServer {
+ public:
+  // `address` is host:port; port 0 picks a free port (see port()). INVALID_ARGUMENT for a
+  // malformed address, UNAVAILABLE when it cannot be bound.
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
+      const std::string& address, std::shared_ptr<prometheus::Registry> registry);
+  int port() const { return port_; }
+
+ private:
+  MetricsServer() = default;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+};
+
+// Reads http://host:port/metrics (a plain HTTP/1.0 GET): what a scraper sees. HttpGet reads any
+// path (query string included, already URL-encoded). UNAVAILABLE when the
+// endpoint cannot be reached, INTERNAL for a response that is not 200.
+absl::StatusOr<std::string> HttpGet(const std::string& host_port, const std::string& path,
+                                    absl::Duration timeout = absl::Seconds(5));
+absl::StatusOr<std::string> FetchMetricsPage(const std::string& host_port,
+                                             absl::Duration timeout = absl::Seconds(5));
+
+// One sample of Prometheus' text exposition format: name{labels} value.
+struct MetricSample {
+  std::string name;  // with its suffix (_bucket, _sum, _count) where it has one
+  std::map<std::string, std::string> labels;
+  double value = 0;
+};
+// Parses the text exposition format (comments skipped). INVALID_ARGUMENT names the bad line.
+absl::StatusOr<std::vector<MetricSample>> ParseMetricsText(const std::string& text);
+// Sum of the samples called `name` whose labels include every pair of `match`.
+double SumSamples(const std::vector<MetricSample>& samples, const std::string& name,
+                  const std::map<std::string, std::string>& match = {});
+
+// The label value of tandem_requests_total{outcome} for a request that ended with `s`:
+// ok, cancelled, deadline_exceeded, resource_exhausted, unavailable, invalid_argument or error.
+std::string OutcomeLabel(const absl::Status& s);
+
+// The coordinator's request, scheduler and KV-cache metrics.
+struct CoordinatorMetrics {
+  explicit CoordinatorMetrics(prometheus::Registry& registry);
+
+  prometheus::Histogram& request_duration;     // arrival to the end, seconds
+  prometheus::Histogram& time_to_first_token;  // arrival to the first generated token, seconds
+  prometheus::Histogram& inter_token_latency;  // between consecutive tokens of a sequence, seconds
+  prometheus::Histogram& queue_time;           // arrival to admission into a pipeline, seconds
+  prometheus::Counter& prompt_tokens;
+  prometheus::Counter& generated_tokens;
+  prometheus::Histogram& batch_size;  // sequences per step (micro-batch)
+  prometheus::Gauge& running_sequences;
+  prometheus::Gauge& waiting_sequences;
+
+  void CountRequest(const absl::Status& outcome);
+  // Replaces the set of known workers: tandem_worker_up{worker=address} is 1 or 0.
+  void SetWorkersUp(const std::map<std::string, bool>& up);
+  struct KvUse {
+    int pipeline = 0;
+    int stage = 0;
+    int used = 0;
+    int total = 0;
+  };
+  // Replaces the set of serving stages: tandem_kv_slots_used / _capacity{pipeline, stage}.
+  void SetKvSlots(const std::vector<KvUse>& uses);
+
+ private:
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Gauge>& worker_up_;
+  prometheus::Family<prometheus::Gauge>& kv_used_;
+  prometheus::Family<prometheus::Gauge>& kv_total_;
+  absl::Mutex mu_;  // serializes the Set* replacements
+};
+
+// One worker's per-stage timings and traffic. The stage label is the worker's current stage
+// index in its pipeline; direction is "send" or "recv".
+struct WorkerMetrics {
+  explicit WorkerMetrics(prometheus::Registry& registry);
+
+  void ObserveCompute(int stage, double seconds);
+  void ObserveTransfer(int stage, const char* direction, double seconds, double bytes);
+  void CountStep(int stage);
+
+ private:
+  prometheus::Family<prometheus::Histogram>& compute_;
+  prometheus::Family<prometheus::Histogram>& transfer_;
+  prometheus::Family<prometheus::Counter>& transfer_bytes_;
+  prometheus::Family<prometheus::Counter>& steps_;
+};
+
+// GPU readings from NVML (common/nvml.h), labelled {gpu=index, uuid}.
+struct GpuMetrics {
+  explicit GpuMetrics(prometheus::Registry& registry);
+
+  struct Reading {
+    int index = 0;
+    std::string uuid;
+    double power_watts = 0;
+    double energy_joules_delta = 0;  // added to the energy counter
+    double utilization_ratio = 0;    // 0..1
+    double memory_used_bytes = 0;
+    double memory_total_bytes = 0;
+  };
+  void Record(const Reading& r);
+
+ private:
+  prometheus::Family<prometheus::Gauge>& power_;
+  prometheus::Family<prometheus::Counter>& energy_;
+  prometheus::Family<prometheus::Gauge>& utilization_;
+  prometheus::Family<prometheus::Gauge>& memory_used_;
+  prometheus::Family<prometheus::Gauge>& memory_total_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,97 @@
+// YAML config parsing (yaml-cpp throws: every call into it is inside one try block).
+#include "coordinator/config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_format.h"
+#include "yaml-cpp/yaml.h"
+
+namespace tandem {
+
+absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(std::string_view yaml_text,
+                                                         std::string_view source) {
+  CoordinatorConfig c;
+  std::string key;
+  try {
+    const YAML::Node root = YAML::Load(std::string(yaml_text));
+    if (root.IsNull()) return c;
+    if (!root.IsMap()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: the top level must be a mapping of settings", source));
+    }
+    for (const auto& kv : root) {
+      key = kv.first.as<std::string>();
+      const YAML::Node& v = kv.second;
+      if (key == "listen") c.listen = v.as<std::string>();
+      else if (key == "model_dir") c.model_dir = v.as<std::string>();
+      else if (key == "stages") c.stages = v.as<int>();
+      else if (key == "replicas") c.replicas = v.as<int>();
+      else if (key == "max_batch") c.max_batch = v.as<int>();
+      else if (key == "max_slots") c.max_slots = v.as<int>();
+      else if (key == "max_seq_len") c.max_seq_len = v.as<int>();
+      else if (key == "micro_batches") c.micro_batches = v.as<int>();
+      else if (key == "max_waiting") c.max_waiting = v.as<int>();
+      else if (key == "prefill_chunk") c.prefill_chunk = v.as<int>();
+      else if (key == "heartbeat_interval_ms") c.heartbeat_interval_ms = v.as<int>();
+      else if (key == "heartbeat_timeout_ms") c.heartbeat_timeout_ms = v.as<int>();
+      else if (key == "drain_timeout_s") c.drain_timeout_s = v.as<double>();
+      else {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s: unknown setting '%s'", source, key));
+      }
+    }
+  } catch (const YAML::Exception& e) {
+    if (key.empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s: %s", source, e.what()));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: setting '%s': %s", source, key, e.what()));
+  }
+  return c;
+}
+
+absl::StatusOr<CoordinatorConfig> LoadCoordinatorConfig(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrFormat("%s: cannot open config file", path.string()));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseCoordinatorConfig(ss.str(), path.string());
+}
+
+absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
+  auto at_least = [](std::string_view name, double v, double min) -> absl::Status {
+    if (v < min) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("config: %s must be >= %g, got %g", name, min, v));
+    }
+    return absl::OkStatus();
+  };
+  if (c.listen.empty()) return absl::InvalidArgumentError("config: listen is empty");
+  if (c.model_dir.empty()) {
+    return absl::InvalidArgumentError("config: model_dir is not set (a Hugging Face folder)");
+  }
+  for (auto [name, v, min] : {std::tuple<std::string_view, double, double>{"stages", c.stages, 1},
+                              {"replicas", c.replicas, 1},
+                              {"max_batch", c.max_batch, 1},
+                              {"max_slots", c.max_slots, 1},
+                              {"max_seq_len", c.max_seq_len, 0},
+                              {"micro_batches", c.micro_batches, 0},
+                              {"max_waiting", c.max_waiting, 0},
+                              {"prefill_chunk", c.prefill_chunk, 1},
+                              {"heartbeat_interval_ms", c.heartbeat_interval_ms, 10},
+                              {"heartbeat_timeout_ms", c.heartbeat_timeout_ms, 50},
+                              {"drain_timeout_s", c.drain_timeout_s, 0}}) {
+    if (absl::Status s = at_least(name, v, min); !s.ok()) return s;
+  }
+  if (c.heartbeat_timeout_ms <= c.heartbeat_interval_ms) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "config: heartbeat_timeout_ms (%d) must exceed heartbeat_interval_ms (%d)",
+        c.heartbeat_timeout_ms, c.heartbeat_interval_ms));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

@@ -1,0 +1,37 @@
+// The coordinator's settings: read from YAML, then overridden by flags (main.cc), then validated
+// once. Nothing else in the coordinator reads flags or the environment.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace tandem {
+
+struct CoordinatorConfig {
+  std::string listen = "0.0.0.0:50051";  // Inference, Admin, Registry and health on one port
+  std::filesystem::path model_dir;        // HF folder every worker can read at the same path
+  int stages = 1;                         // pipeline stages per replica
+  int replicas = 1;                       // data-parallel pipelines
+  int max_batch = 16;                     // sequences in one step (micro-batch)
+  int max_slots = 16;                     // KV-cache slots (concurrent sequences) per pipeline
+  int max_seq_len = 0;                    // KV-cache positions per slot; 0: the model's context
+  int micro_batches = 0;                  // steps in flight per pipeline; 0: = stages
+  int max_waiting = 64;                   // waiting queue bound; beyond it: RESOURCE_EXHAUSTED
+  int prefill_chunk = 512;                // prompt tokens per sequence per step
+  int heartbeat_interval_ms = 200;        // told to workers when they register
+  int heartbeat_timeout_ms = 1000;        // a silent worker is down after this
+  double drain_timeout_s = 60;            // topology change: wait this long for running requests
+};
+
+// Parses YAML text; `source` names the file in errors. Unknown keys are errors (a typo should not
+// silently fall back to a default).
+absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(std::string_view yaml_text,
+                                                         std::string_view source);
+absl::StatusOr<CoordinatorConfig> LoadCoordinatorConfig(const std::filesystem::path& path);
+// Checks ranges and names the field that is wrong.
+absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c);
+
+}  // namespace tandem

@@ -1,0 +1,124 @@
+// tandem-coordinator: serves Inference, Admin, Registry, health and reflection on one port.
+// Settings come from --config (YAML) and are overridden by the flags given on the command line.
+#include <csignal>
+#include <optional>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "coordinator/config.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/grpc_services.h"
+#include "common/metrics.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, config, "", "YAML config file (optional)");
+ABSL_FLAG(std::optional<std::string>, listen, std::nullopt, "host:port to serve on");
+ABSL_FLAG(std::optional<std::string>, model_dir, std::nullopt, "Hugging Face checkpoint folder");
+ABSL_FLAG(std::optional<int>, stages, std::nullopt, "pipeline stages per replica");
+ABSL_FLAG(std::optional<int>, replicas, std::nullopt, "data-parallel pipelines");
+ABSL_FLAG(std::optional<int>, max_batch, std::nullopt, "sequences per step");
+ABSL_FLAG(std::optional<int>, max_slots, std::nullopt, "KV-cache slots per pipeline");
+ABSL_FLAG(std::optional<int>, max_seq_len, std::nullopt, "KV-cache positions per slot (0: model)");
+ABSL_FLAG(std::optional<int>, micro_batches, std::nullopt, "steps in flight per pipeline (0: stages)");
+ABSL_FLAG(std::optional<int>, max_waiting, std::nullopt, "waiting queue bound");
+ABSL_FLAG(std::optional<int>, prefill_chunk, std::nullopt, "prompt tokens per sequence per step");
+ABSL_FLAG(std::optional<int>, heartbeat_interval_ms, std::nullopt, "worker heartbeat period");
+ABSL_FLAG(std::optional<int>, heartbeat_timeout_ms, std::nullopt, "silence before a worker is down");
+ABSL_FLAG(std::optional<double>, drain_timeout_s, std::nullopt, "topology change drain limit");
+ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
+          "host:port serving Prometheus /metrics (port 0: any free port; empty: off)");
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop.store(true); }
+
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("tandem-coordinator --model_dir DIR [--config FILE] [--listen ADDR]");
+  absl::ParseCommandLine(argc, argv);
+  using tandem::CoordinatorConfig;
+  CoordinatorConfig config;
+  if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
+    absl::StatusOr<CoordinatorConfig> c = tandem::LoadCoordinatorConfig(path);
+    if (!c.ok()) {
+      spdlog::error("{}", c.status().ToString());
+      return 2;
+    }
+    config = *c;
+  }
+  if (auto v = absl::GetFlag(FLAGS_listen)) config.listen = *v;
+  if (auto v = absl::GetFlag(FLAGS_model_dir)) config.model_dir = *v;
+  if (auto v = absl::GetFlag(FLAGS_stages)) config.stages = *v;
+  if (auto v = absl::GetFlag(FLAGS_replicas)) config.replicas = *v;
+  if (auto v = absl::GetFlag(FLAGS_max_batch)) config.max_batch = *v;
+  if (auto v = absl::GetFlag(FLAGS_max_slots)) config.max_slots = *v;
+  if (auto v = absl::GetFlag(FLAGS_max_seq_len)) config.max_seq_len = *v;
+  if (auto v = absl::GetFlag(FLAGS_micro_batches)) config.micro_batches = *v;
+  if (auto v = absl::GetFlag(FLAGS_max_waiting)) config.max_waiting = *v;
+  if (auto v = absl::GetFlag(FLAGS_prefill_chunk)) config.prefill_chunk = *v;
+  if (auto v = absl::GetFlag(FLAGS_heartbeat_interval_ms)) config.heartbeat_interval_ms = *v;
+  if (auto v = absl::GetFlag(FLAGS_heartbeat_timeout_ms)) config.heartbeat_timeout_ms = *v;
+  if (auto v = absl::GetFlag(FLAGS_drain_timeout_s)) config.drain_timeout_s = *v;
+
+  absl::StatusOr<std::unique_ptr<tandem::Coordinator>> coordinator =
+      tandem::Coordinator::Create(config);
+  if (!coordinator.ok()) {
+    spdlog::error("{}", coordinator.status().ToString());
+    return 2;
+  }
+  // Metrics are an aid, not a requirement: a taken port is logged and the service runs on.
+  auto metrics_registry = std::make_shared<prometheus::Registry>();
+  tandem::CoordinatorMetrics metrics(*metrics_registry);
+  std::unique_ptr<tandem::MetricsServer> metrics_server;
+  if (const std::string addr = absl::GetFlag(FLAGS_metrics_address); !addr.empty()) {
+    absl::StatusOr<std::unique_ptr<tandem::MetricsServer>> m =
+        tandem::MetricsServer::Start(addr, metrics_registry);
+    if (m.ok()) {
+      metrics_server = *std::move(m);
+      (*coordinator)->set_metrics(&metrics);
+      std::printf("tandem-coordinator metrics on port %d\n", metrics_server->port());
+    } else {
+      spdlog::error("--metrics_address: {}; serving without metrics", m.status().ToString());
+    }
+  }
+  tandem::InferenceService inference(**coordinator);
+  tandem::AdminService admin(**coordinator);
+  tandem::RegistryService registry(**coordinator);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.RegisterService(&inference);
+  builder.RegisterService(&admin);
+  builder.RegisterService(&registry);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    spdlog::error("cannot listen on {}", config.listen);
+    return 1;
+  }
+  (*coordinator)->Start();
+  // The bound port on stdout (one line) lets scripts and tests use --listen=127.0.0.1:0.
+  std::printf("tandem-coordinator listening on port %d\n", port);
+  std::fflush(stdout);
+  spdlog::info("coordinator serving {} on {} (port {}), waiting for {} x {} workers",
+               config.model_dir.string(), config.listen, port, config.stages, config.replicas);
+
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  spdlog::info("shutting down");
+  (*coordinator)->Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}

@@ -1,0 +1,78 @@
+// Steps streams to a pipeline's workers.
+#include "coordinator/pipeline_link.h"
+
+#include <pthread.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+
+void SetThreadName(const std::string& name) {
+  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+}
+
+PipelineLink::PipelineLink(std::vector<std::shared_ptr<grpc::Channel>> channels,
+                           Callbacks callbacks, const std::string& name)
+    : callbacks_(std::move(callbacks)) {
+  for (size_t s = 0; s < channels.size(); ++s) {
+    auto st = std::make_unique<StageStream>();
+    auto stub = v1::Worker::NewStub(channels[s]);
+    st->stream = stub->Steps(&st->context);
+    stages_.push_back(std::move(st));
+  }
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    stages_[s]->reader = std::thread([this, s, name] {
+      SetThreadName(absl::StrCat(name, "-", s));
+      ReadLoop(static_cast<int>(s));
+    });
+  }
+}
+
+PipelineLink::~PipelineLink() { Close(); }
+
+bool PipelineLink::Send(const v1::StepRequest& step) {
+  for (auto& stage : stages_) {
+    StageStream& st = *stage;
+    absl::MutexLock lock(&st.write_mu);
+    if (st.broken || closing_.load()) return false;
+    if (!st.stream->Write(step)) {
+      st.broken = true;
+      return false;
+    }
+  }
+  return true;
+}
+
+void PipelineLink::ReadLoop(int stage) {
+  StageStream& st = *stages_[stage];
+  const bool last = stage + 1 == static_cast<int>(stages_.size());
+  v1::StepResult result;
+  while (st.stream->Read(&result)) {
+    if (closing_.load()) continue;
+    if (last || result.error_code() != 0) callbacks_.on_result(stage, result);
+  }
+  grpc::Status status;
+  {
+    absl::MutexLock lock(&st.write_mu);
+    st.broken = true;
+    status = st.stream->Finish();
+  }
+  if (closing_.load()) return;
+  absl::Status s(static_cast<absl::StatusCode>(status.error_code()),
+                 status.ok() ? "the worker ended the step stream" : status.error_message());
+  if (status.ok()) s = absl::UnavailableError("the worker ended the step stream");
+  callbacks_.on_broken(stage, s);
+}
+
+void PipelineLink::Close() {
+  absl::MutexLock lock(&close_mu_);
+  if (closed_) return;
+  closed_ = true;
+  closing_.store(true);
+  for (auto& st : stages_) st->context.TryCancel();
+  for (auto& st : stages_) {
+    if (st->reader.joinable()) st->reader.join();
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,99 @@
+// Request validation: one check per field, in the order of the proto.
+#include "coordinator/request_validation.h"
+
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+
+namespace tandem {
+
+absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& request,
+                                                 const ModelLimits& limits,
+                                                 const Tokenizer* tokenizer) {
+  ValidatedRequest out;
+  out.request_id = request.request_id();
+  const int context = limits.context_length;
+
+  if (!request.prompt().empty() && request.token_ids_size() > 0) {
+    return absl::InvalidArgumentError("prompt and token_ids: give one of them, not both");
+  }
+  if (request.token_ids_size() > 0) {
+    for (int i = 0; i < request.token_ids_size(); ++i) {
+      const int32_t id = request.token_ids(i);
+      if (id < 0 || id >= limits.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "token_ids[%d]: %d is outside the vocabulary [0, %d)", i, id, limits.vocab_size));
+      }
+    }
+    out.prompt.assign(request.token_ids().begin(), request.token_ids().end());
+  } else {
+    if (request.prompt().empty()) {
+      return absl::InvalidArgumentError("prompt: empty (give prompt text or token_ids)");
+    }
+    if (tokenizer == nullptr) {
+      return absl::InvalidArgumentError(
+          "prompt: this model has no tokenizer; give token_ids instead");
+    }
+    out.prompt = tokenizer->Encode(request.prompt());
+    if (out.prompt.empty()) {
+      return absl::InvalidArgumentError("prompt: encodes to no tokens");
+    }
+  }
+  if (static_cast<int>(out.prompt.size()) > context) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %d tokens, longer than the context of %d tokens",
+        request.token_ids_size() > 0 ? "token_ids" : "prompt", out.prompt.size(), context));
+  }
+
+  const v1::SamplingParams& s = request.sampling();
+  if (!std::isfinite(s.temperature()) || s.temperature() < 0.0f) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sampling.temperature: must be a finite number >= 0, got %g", s.temperature()));
+  }
+  if (s.top_k() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sampling.top_k: must be >= 0 (0: no limit), got %d", s.top_k()));
+  }
+  const float top_p = s.has_top_p() ? s.top_p() : 1.0f;
+  if (!(top_p > 0.0f && top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sampling.top_p: must be in (0, 1], got %g", top_p));
+  }
+  out.sampling = {.temperature = s.temperature(), .top_k = s.top_k(), .top_p = top_p,
+                  .seed = s.seed()};
+
+  if (request.has_max_new_tokens()) {
+    const int n = request.max_new_tokens();
+    if (n < 1 || n > context) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "max_new_tokens: must be between 1 and the context length %d, got %d", context, n));
+    }
+    out.max_new_tokens = n;
+  } else {
+    out.max_new_tokens = std::min(kDefaultMaxNewTokens, context);
+  }
+
+  for (int i = 0; i < request.stop_token_ids_size(); ++i) {
+    const int32_t id = request.stop_token_ids(i);
+    if (id < 0 || id >= limits.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "stop_token_ids[%d]: %d is outside the vocabulary [0, %d)", i, id, limits.vocab_size));
+    }
+    out.stop_token_ids.push_back(id);
+  }
+  for (int i = 0; i < request.stop_size(); ++i) {
+    if (request.stop(i).empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat("stop[%d]: empty stop string", i));
+    }
+    if (tokenizer == nullptr) {
+      return absl::InvalidArgumentError(
+          "stop: this model has no tokenizer, so stop strings cannot be matched");
+    }
+    out.stop_strings.push_back(request.stop(i));
+  }
+  out.eos_token_id = request.ignore_eos() ? -1 : limits.eos_token_id;
+  if (request.timeout_ms() > 0) out.timeout = absl::Milliseconds(request.timeout_ms());
+  return out;
+}
+
+}  // namespace tandem

@@ -1,0 +1,43 @@
+// Checks a public GenerateRequest against the model once, at the door, and turns it into the
+// scheduler's plain form. Every rejection is INVALID_ARGUMENT naming the field.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/tokenizer.h"
+#include "proto/tandem.pb.h"
+#include "worker/stage.h"
+
+namespace tandem {
+
+struct ModelLimits {
+  int vocab_size = 0;
+  int context_length = 0;  // positions in the KV-cache
+  int eos_token_id = -1;   // -1: none
+};
+
+struct ValidatedRequest {
+  std::string request_id;
+  std::vector<int32_t> prompt;  // token ids, 1 .. context_length of them
+  SamplingParams sampling;
+  int max_new_tokens = 0;  // 1 .. context_length
+  std::vector<int32_t> stop_token_ids;
+  std::vector<std::string> stop_strings;
+  int32_t eos_token_id = -1;  // -1: none or ignored
+  absl::Duration timeout = absl::InfiniteDuration();
+};
+
+// Generations without max_new_tokens stop at this many tokens or the end of the context.
+inline constexpr int kDefaultMaxNewTokens = 256;
+
+// `tokenizer` may be null (a checkpoint without one): text prompts and stop strings are then
+// rejected.
+absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& request,
+                                                 const ModelLimits& limits,
+                                                 const Tokenizer* tokenizer);
+
+}  // namespace tandem

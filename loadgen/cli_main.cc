@@ -1,0 +1,175 @@
+// tandem-cli: a small command-line client of the Inference and Admin services.
+//   tandem-cli generate --prompt "Once upon a time" [--stream] [--addr HOST:PORT]
+//   tandem-cli info | topology | workers | set-topology --stages S --replicas R
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/tandem.grpc.pb.h"
+
+ABSL_FLAG(std::string, addr, "127.0.0.1:50051", "the coordinator's host:port");
+ABSL_FLAG(std::string, prompt, "", "prompt text");
+ABSL_FLAG(std::string, token_ids, "", "prompt as comma-separated token ids (instead of --prompt)");
+ABSL_FLAG(bool, stream, false, "print tokens as they are generated");
+ABSL_FLAG(int, max_new_tokens, 32, "tokens to generate at most");
+ABSL_FLAG(double, temperature, 0.0, "0: greedy");
+ABSL_FLAG(int, top_k, 0, "0: no limit");
+ABSL_FLAG(double, top_p, 1.0, "(0, 1]");
+ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
+ABSL_FLAG(std::vector<std::string>, stop, {}, "stop strings, comma-separated");
+ABSL_FLAG(bool, ignore_eos, false, "keep generating past end-of-sequence");
+ABSL_FLAG(bool, show_ids, false, "also print the generated token ids");
+ABSL_FLAG(int, timeout_ms, 0, "request deadline (0: none)");
+ABSL_FLAG(int, stages, 1, "set-topology: stages per replica");
+ABSL_FLAG(int, replicas, 1, "set-topology: replicas");
+
+namespace {
+
+constexpr const char* kUsage =
+    "tandem-cli COMMAND [flags]\n"
+    "  generate --prompt TEXT [--stream] [--max_new_tokens N] [--temperature T] [--addr HOST:PORT]\n"
+    "  info                      model information\n"
+    "  topology                  pipelines and their workers\n"
+    "  workers                   registered workers\n"
+    "  set-topology --stages S --replicas R\n";
+
+int Fail(const grpc::Status& s) {
+  static const char* const kNames[] = {
+      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  const int code = static_cast<int>(s.error_code());
+  std::fprintf(stderr, "error: %s: %s\n", code >= 0 && code <= 16 ? kNames[code] : "?",
+               s.error_message().c_str());
+  return 1;
+}
+
+const char* FinishName(tandem::v1::FinishReason f) {
+  switch (f) {
+    case tandem::v1::FINISH_REASON_LENGTH: return "length";
+    case tandem::v1::FINISH_REASON_STOP: return "stop";
+    case tandem::v1::FINISH_REASON_EOS: return "eos";
+    default: return "unspecified";
+  }
+}
+
+int Generate(const std::shared_ptr<grpc::Channel>& channel) {
+  tandem::v1::GenerateRequest req;
+  req.set_prompt(absl::GetFlag(FLAGS_prompt));
+  if (const std::string ids = absl::GetFlag(FLAGS_token_ids); !ids.empty()) {
+    for (absl::string_view part : absl::StrSplit(ids, ',', absl::SkipEmpty())) {
+      int id = 0;
+      if (!absl::SimpleAtoi(part, &id)) {
+        std::fprintf(stderr, "error: --token_ids: '%s' is not an integer\n",
+                     std::string(part).c_str());
+        return 2;
+      }
+      req.add_token_ids(id);
+    }
+  }
+  req.set_max_new_tokens(absl::GetFlag(FLAGS_max_new_tokens));
+  req.mutable_sampling()->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+  req.mutable_sampling()->set_top_k(absl::GetFlag(FLAGS_top_k));
+  req.mutable_sampling()->set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
+  req.mutable_sampling()->set_seed(absl::GetFlag(FLAGS_seed));
+  for (const std::string& s : absl::GetFlag(FLAGS_stop)) req.add_stop(s);
+  req.set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
+  req.set_timeout_ms(absl::GetFlag(FLAGS_timeout_ms));
+  auto stub = tandem::v1::Inference::NewStub(channel);
+  grpc::ClientContext ctx;
+  tandem::v1::Usage usage;
+  tandem::v1::Timings timings;
+  tandem::v1::FinishReason finish = tandem::v1::FINISH_REASON_UNSPECIFIED;
+  std::vector<int32_t> ids;
+  if (absl::GetFlag(FLAGS_stream)) {
+    auto reader = stub->GenerateStream(&ctx, req);
+    tandem::v1::GenerateStreamResponse msg;
+    while (reader->Read(&msg)) {
+      std::fwrite(msg.text().data(), 1, msg.text().size(), stdout);
+      std::fflush(stdout);
+      ids.insert(ids.end(), msg.token_ids().begin(), msg.token_ids().end());
+      if (msg.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
+        finish = msg.finish_reason();
+        usage = msg.usage();
+        timings = msg.timings();
+      }
+    }
+    grpc::Status s = reader->Finish();
+    std::printf("\n");
+    std::fflush(stdout);
+    if (!s.ok()) return Fail(s);
+  } else {
+    tandem::v1::GenerateResponse resp;
+    grpc::Status s = stub->Generate(&ctx, req, &resp);
+    if (!s.ok()) return Fail(s);
+    std::printf("%s\n", resp.text().c_str());
+    ids.assign(resp.token_ids().begin(), resp.token_ids().end());
+    finish = resp.finish_reason();
+    usage = resp.usage();
+    timings = resp.timings();
+  }
+  if (absl::GetFlag(FLAGS_show_ids)) {
+    std::fprintf(stderr, "ids:");
+    for (int32_t id : ids) std::fprintf(stderr, " %d", id);
+    std::fprintf(stderr, "\n");
+  }
+  std::fprintf(stderr,
+               "[finish: %s, prompt %d + %d tokens, queue %.3f s, first token %.3f s, total "
+               "%.3f s]\n",
+               FinishName(finish), usage.prompt_tokens(), usage.completion_tokens(),
+               timings.queue_seconds(), timings.time_to_first_token_seconds(),
+               timings.total_seconds());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  const std::string command = args[1];
+  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_addr), grpc::InsecureChannelCredentials());
+  if (command == "generate") return Generate(channel);
+  auto admin = tandem::v1::Admin::NewStub(channel);
+  grpc::ClientContext ctx;
+  grpc::Status s;
+  std::string out;
+  if (command == "info") {
+    tandem::v1::ModelInfo info;
+    s = tandem::v1::Inference::NewStub(channel)->GetModelInfo(&ctx, {}, &info);
+    out = info.DebugString();
+  } else if (command == "topology") {
+    tandem::v1::Topology t;
+    s = admin->GetTopology(&ctx, {}, &t);
+    out = t.DebugString();
+  } else if (command == "workers") {
+    tandem::v1::ListWorkersResponse w;
+    s = admin->ListWorkers(&ctx, {}, &w);
+    out = w.DebugString();
+  } else if (command == "set-topology") {
+    tandem::v1::SetTopologyRequest req;
+    req.set_stages(absl::GetFlag(FLAGS_stages));
+    req.set_replicas(absl::GetFlag(FLAGS_replicas));
+    tandem::v1::Topology t;
+    s = admin->SetTopology(&ctx, req, &t);
+    out = t.DebugString();
+  } else {
+    std::fprintf(stderr, "unknown command '%s'\n%s", command.c_str(), kUsage);
+    return 2;
+  }
+  if (!s.ok()) return Fail(s);
+  std::fputs(out.c_str(), stdout);
+  return 0;
+}

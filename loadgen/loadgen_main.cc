@@ -1,0 +1,122 @@
+// tandem-loadgen: scaling studies of a running deployment.
+//   tandem-loadgen sweep --addr HOST:PORT --worker_metrics H:P,H:P --nodes 1,2 --batch 1,2,4,8
+//                        [--mode open --rates 1,2,4] [--scaling weak] --out runs/NAME
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "loadgen/sweep.h"
+
+ABSL_FLAG(std::string, addr, "127.0.0.1:50051", "the coordinator's host:port");
+ABSL_FLAG(std::vector<std::string>, worker_metrics, {},
+          "the workers' /metrics host:port, comma-separated (energy, stage times, GPU memory)");
+ABSL_FLAG(std::vector<std::string>, nodes, {"1"}, "node counts, comma-separated; the first is "
+          "the baseline of speedup and of the correctness check");
+ABSL_FLAG(std::string, parallelism, "pipeline",
+          "how nodes are used: pipeline (stages) or data (replicas of one stage)");
+ABSL_FLAG(std::string, mode, "closed", "closed (fixed concurrency) or open (Poisson arrivals)");
+ABSL_FLAG(std::vector<std::string>, batch, std::vector<std::string>({"1", "2", "4", "8"}), "closed loop: requests in flight");
+ABSL_FLAG(std::vector<std::string>, rates, {}, "open loop: arrival rates, requests/s");
+ABSL_FLAG(std::vector<std::string>, prompt_lens, {"32"}, "prompt lengths in tokens");
+ABSL_FLAG(std::vector<std::string>, output_lens, {"32"}, "generated tokens per request");
+ABSL_FLAG(int, requests, 32, "measured requests per configuration (per node with weak scaling)");
+ABSL_FLAG(std::string, scaling, "strong", "strong (fixed work) or weak (work grows with nodes)");
+ABSL_FLAG(int, warmup, 4, "unmeasured requests before each configuration");
+ABSL_FLAG(int, prompt_pool, 16, "distinct prompts");
+ABSL_FLAG(uint64_t, seed, 1, "prompt seed");
+ABSL_FLAG(double, request_timeout_s, 300, "deadline of one request");
+ABSL_FLAG(std::string, out, "", "run folder (default: runs/sweep-YYYYmmdd-HHMMSS)");
+ABSL_FLAG(bool, progress, true, "show a progress line on stderr");
+
+namespace {
+
+template <typename T>
+bool ParseList(const char* flag, const std::vector<std::string>& in, std::vector<T>* out) {
+  out->clear();
+  for (const std::string& s : in) {
+    T v{};
+    bool ok;
+    if constexpr (std::is_same_v<T, int>) {
+      ok = absl::SimpleAtoi(s, &v);
+    } else {
+      ok = absl::SimpleAtod(s, &v);
+    }
+    if (!ok) {
+      std::fprintf(stderr, "error: --%s: '%s' is not a number\n", flag, s.c_str());
+      return false;
+    }
+    out->push_back(v);
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "tandem-loadgen sweep --addr HOST:PORT [--worker_metrics H:P,...] [--nodes 1,2] "
+      "[--batch 1,2,4,8 | --mode open --rates 1,2] [--out DIR]");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2 || std::string(args[1]) != "sweep") {
+    std::fprintf(stderr, "usage: tandem-loadgen sweep [flags] (see --help)\n");
+    return 2;
+  }
+  tandem::loadgen::SweepOptions o;
+  o.coordinator = absl::GetFlag(FLAGS_addr);
+  o.worker_metrics = absl::GetFlag(FLAGS_worker_metrics);
+  if (!ParseList("nodes", absl::GetFlag(FLAGS_nodes), &o.nodes) ||
+      !ParseList("batch", absl::GetFlag(FLAGS_batch), &o.batch) ||
+      !ParseList("rates", absl::GetFlag(FLAGS_rates), &o.rates) ||
+      !ParseList("prompt_lens", absl::GetFlag(FLAGS_prompt_lens), &o.prompt_lens) ||
+      !ParseList("output_lens", absl::GetFlag(FLAGS_output_lens), &o.output_lens)) {
+    return 2;
+  }
+  const std::string parallelism = absl::GetFlag(FLAGS_parallelism);
+  if (parallelism != "pipeline" && parallelism != "data") {
+    std::fprintf(stderr, "error: --parallelism: '%s' is neither pipeline nor data\n",
+                 parallelism.c_str());
+    return 2;
+  }
+  o.data_parallel = parallelism == "data";
+  o.mode = absl::GetFlag(FLAGS_mode);
+  const std::string scaling = absl::GetFlag(FLAGS_scaling);
+  if (scaling != "strong" && scaling != "weak") {
+    std::fprintf(stderr, "error: --scaling: '%s' is neither strong nor weak\n", scaling.c_str());
+    return 2;
+  }
+  o.weak_scaling = scaling == "weak";
+  o.requests = absl::GetFlag(FLAGS_requests);
+  o.warmup = absl::GetFlag(FLAGS_warmup);
+  o.prompt_pool = absl::GetFlag(FLAGS_prompt_pool);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.request_timeout_s = absl::GetFlag(FLAGS_request_timeout_s);
+  o.progress = absl::GetFlag(FLAGS_progress);
+  o.out = absl::GetFlag(FLAGS_out);
+  if (o.out.empty()) {
+    o.out = absl::StrCat("runs/sweep-",
+                         absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()));
+  }
+  if (absl::Status s = tandem::loadgen::ValidateSweepOptions(o); !s.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  absl::StatusOr<tandem::loadgen::SweepResult> r = tandem::loadgen::RunSweep(o);
+  if (!r.ok()) {
+    std::fprintf(stderr, "error: %s\n", r.status().ToString().c_str());
+    return 1;
+  }
+  if (absl::Status s = tandem::loadgen::WriteReport(*r); !s.ok()) {
+    std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  std::printf("run folder: %s\ncorrectness: %s\n", o.out.string().c_str(),
+              r->all_correct ? "pass" : "FAIL");
+  return r->all_correct ? 0 : 3;
+}

@@ -1,0 +1,438 @@
+// Running a sweep: topology changes, load generation, scrapes and the correctness check.
+#include "loadgen/sweep.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/metrics.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/tandem.grpc.pb.h"
+
+namespace tandem::loadgen {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0, Clock::time_point t) {
+  return std::chrono::duration<double>(t - t0).count();
+}
+
+uint64_t Mix(uint64_t x) {  // splitmix64: prompts identical on every machine
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+std::vector<int32_t> MakePrompt(uint64_t seed, int index, int len, int vocab) {
+  std::vector<int32_t> ids(len);
+  for (int t = 0; t < len; ++t) {
+    ids[t] = static_cast<int32_t>(Mix(seed * 1000003 + index * 7919 + t) % vocab);
+  }
+  return ids;
+}
+
+struct RequestRecord {
+  bool ok = false;
+  std::string error;
+  std::vector<int32_t> tokens;
+  double ttft = 0;
+  double e2e = 0;
+  std::vector<double> gaps;  // between consecutive token messages, per token
+};
+
+class Client {
+ public:
+  Client(const std::string& address, double timeout_s) : timeout_s_(timeout_s) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    inference_ = v1::Inference::NewStub(channel_);
+    admin_ = v1::Admin::NewStub(channel_);
+  }
+
+  absl::StatusOr<v1::ModelInfo> Info() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    ctx.set_wait_for_ready(true);
+    v1::ModelInfo info;
+    grpc::Status s = inference_->GetModelInfo(&ctx, {}, &info);
+    if (!s.ok()) return absl::UnavailableError(absl::StrCat("GetModelInfo: ", s.error_message()));
+    return info;
+  }
+
+  // Sets stages x replicas and waits until exactly that serves.
+  absl::Status SetTopology(int stages, int replicas) {
+    const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(300);
+    std::string last;
+    while (std::chrono::system_clock::now() < deadline) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline);
+      v1::SetTopologyRequest req;
+      req.set_stages(stages);
+      req.set_replicas(replicas);
+      v1::Topology t;
+      grpc::Status s = admin_->SetTopology(&ctx, req, &t);
+      if (s.ok()) {
+        bool ok = t.pipelines_size() == replicas;
+        for (const auto& p : t.pipelines()) ok &= p.stages_size() == stages;
+        if (ok) return absl::OkStatus();
+      }
+      last = s.error_message();
+      // Workers may still be registering: FAILED_PRECONDITION until enough are up.
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return absl::UnavailableError(absl::StrFormat("SetTopology %d stages x %d replicas: %s",
+                                                  stages, replicas, last));
+  }
+
+  RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len) {
+    RequestRecord rec;
+    v1::GenerateRequest req;
+    req.mutable_token_ids()->Assign(prompt.begin(), prompt.end());
+    req.set_max_new_tokens(output_len);
+    req.set_ignore_eos(true);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(
+                                        static_cast<int64_t>(timeout_s_ * 1000)));
+    const auto t0 = Clock::now();
+    auto last = t0;
+    auto reader = inference_->GenerateStream(&ctx, req);
+    v1::GenerateStreamResponse msg;
+    while (reader->Read(&msg)) {
+      const auto now = Clock::now();
+      const int n = msg.token_ids_size();
+      if (n == 0) continue;
+      if (rec.tokens.empty()) {
+        rec.ttft = Since(t0, now);
+      } else {
+        for (int k = 0; k < n; ++k) rec.gaps.push_back(Since(last, now) / n);
+      }
+      last = now;
+      rec.tokens.insert(rec.tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+    }
+    grpc::Status s = reader->Finish();
+    rec.e2e = Since(t0, Clock::now());
+    rec.ok = s.ok();
+    if (!s.ok()) rec.error = s.error_message();
+    return rec;
+  }
+
+ private:
+  const double timeout_s_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Inference::Stub> inference_;
+  std::unique_ptr<v1::Admin::Stub> admin_;
+};
+
+// All workers' samples; a worker that cannot be read contributes none.
+std::vector<MetricSample> ScrapeAll(const std::vector<std::string>& workers) {
+  std::vector<MetricSample> all;
+  for (const std::string& w : workers) {
+    absl::StatusOr<std::string> page = FetchMetricsPage(w, absl::Seconds(2));
+    if (!page.ok()) continue;
+    absl::StatusOr<std::vector<MetricSample>> s = ParseMetricsText(*page);
+    if (!s.ok()) continue;
+    all.insert(all.end(), s->begin(), s->end());
+  }
+  return all;
+}
+
+// GPU energy per device uuid (several workers may report the same GPU).
+std::map<std::string, double> EnergyByGpu(const std::vector<MetricSample>& s) {
+  std::map<std::string, double> out;
+  for (const MetricSample& m : s) {
+    if (m.name == "tandem_gpu_energy_joules_total") out[m.labels.count("uuid") ? m.labels.at("uuid") : ""] = m.value;
+  }
+  return out;
+}
+
+std::map<int, StageShare> Shares(const std::vector<MetricSample>& s) {
+  std::map<int, StageShare> out;
+  for (const MetricSample& m : s) {
+    auto it = m.labels.find("stage");
+    if (it == m.labels.end()) continue;
+    const int stage = std::atoi(it->second.c_str());
+    if (m.name == "tandem_stage_compute_seconds_sum") out[stage].compute_s += m.value;
+    if (m.name == "tandem_stage_transfer_seconds_sum") out[stage].transfer_s += m.value;
+    if (m.name == "tandem_stage_transfer_bytes_total") out[stage].bytes += m.value;
+  }
+  return out;
+}
+
+// Reads the workers' power and memory while a configuration runs.
+class Poller {
+ public:
+  explicit Poller(std::vector<std::string> workers) : workers_(std::move(workers)) {
+    if (workers_.empty()) return;
+    thread_ = std::thread([this] {
+      while (!stop_.load()) {
+        for (const MetricSample& m : ScrapeAll(workers_)) {
+          if (m.name == "tandem_gpu_memory_used_bytes") {
+            absl::MutexLock lock(&mu_);
+            peak_memory_ = std::max(peak_memory_, m.value);
+          }
+        }
+        for (int i = 0; i < 10 && !stop_.load(); ++i) absl::SleepFor(absl::Milliseconds(25));
+      }
+    });
+  }
+  ~Poller() { Stop(); }
+  void Stop() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  double peak_memory() {
+    absl::MutexLock lock(&mu_);
+    return peak_memory_;
+  }
+
+ private:
+  const std::vector<std::string> workers_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  absl::Mutex mu_;
+  double peak_memory_ = 0;
+};
+
+class Progress {
+ public:
+  explicit Progress(bool on) : on_(on) {}
+  void Show(const std::string& line) {
+    if (!on_) return;
+    std::fprintf(stderr, "\r\033[K%s", line.c_str());
+    std::fflush(stderr);
+  }
+  void Done() {
+    if (on_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  const bool on_;
+};
+
+}  // namespace
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = p / 100.0 * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+absl::Status ValidateSweepOptions(const SweepOptions& o) {
+  if (o.nodes.empty()) return absl::InvalidArgumentError("--nodes: empty");
+  for (int n : o.nodes) {
+    if (n < 1) return absl::InvalidArgumentError(absl::StrCat("--nodes: ", n, " is < 1"));
+  }
+  if (o.mode != "closed" && o.mode != "open") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mode: '", o.mode, "' is neither closed nor open"));
+  }
+  if (o.mode == "closed" && o.batch.empty()) return absl::InvalidArgumentError("--batch: empty");
+  for (int b : o.batch) {
+    if (b < 1) return absl::InvalidArgumentError(absl::StrCat("--batch: ", b, " is < 1"));
+  }
+  if (o.mode == "open" && o.rates.empty()) return absl::InvalidArgumentError("--rates: empty");
+  for (double r : o.rates) {
+    if (!(r > 0)) return absl::InvalidArgumentError(absl::StrCat("--rates: ", r, " is not > 0"));
+  }
+  if (o.prompt_lens.empty() || o.output_lens.empty()) {
+    return absl::InvalidArgumentError("--prompt_lens/--output_lens: empty");
+  }
+  for (int n : o.prompt_lens) {
+    if (n < 1) return absl::InvalidArgumentError(absl::StrCat("--prompt_lens: ", n, " is < 1"));
+  }
+  for (int n : o.output_lens) {
+    if (n < 1) return absl::InvalidArgumentError(absl::StrCat("--output_lens: ", n, " is < 1"));
+  }
+  if (o.requests < 1) return absl::InvalidArgumentError("--requests: must be >= 1");
+  if (o.warmup < 0) return absl::InvalidArgumentError("--warmup: must be >= 0");
+  if (o.prompt_pool < 1) return absl::InvalidArgumentError("--prompt_pool: must be >= 1");
+  if (o.out.empty()) return absl::InvalidArgumentError("--out: the run folder is required");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
+  if (absl::Status s = ValidateSweepOptions(o); !s.ok()) return s;
+  Client client(o.coordinator, o.request_timeout_s);
+  absl::StatusOr<v1::ModelInfo> info = client.Info();
+  if (!info.ok()) return info.status();
+  for (int p : o.prompt_lens) {
+    for (int g : o.output_lens) {
+      if (p + g > info->context_length()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "--prompt_lens/--output_lens: %d + %d exceeds the model's context of %d", p, g,
+            info->context_length()));
+      }
+    }
+  }
+  SweepResult result;
+  result.options = o;
+  Progress progress(o.progress);
+  // Reference outputs of the first node count, by (prompt_len, output_len, prompt index).
+  std::map<std::tuple<int, int, int>, std::vector<int32_t>> baseline;
+  const std::vector<double> loads =
+      o.mode == "closed" ? std::vector<double>(o.batch.begin(), o.batch.end()) : o.rates;
+  const int total = static_cast<int>(o.nodes.size() * loads.size() * o.prompt_lens.size() *
+                                     o.output_lens.size());
+  int index = 0;
+  for (int nodes : o.nodes) {
+    const int stages = o.data_parallel ? 1 : nodes;
+    const int replicas = o.data_parallel ? nodes : 1;
+    if (absl::Status s = client.SetTopology(stages, replicas); !s.ok()) return s;
+    for (int prompt_len : o.prompt_lens) {
+      for (int output_len : o.output_lens) {
+        for (double load : loads) {
+          ++index;
+          ConfigResult c;
+          c.nodes = nodes;
+          c.stages = stages;
+          c.replicas = replicas;
+          c.mode = o.mode;
+          if (o.mode == "closed") c.batch = static_cast<int>(load);
+          if (o.mode == "open") c.rate = load;
+          c.prompt_len = prompt_len;
+          c.output_len = output_len;
+          c.requests = o.requests * (o.weak_scaling ? nodes / o.nodes.front() : 1);
+          c.requests = std::max(c.requests, 1);
+          const std::string label = absl::StrFormat(
+              "[%d/%d] nodes=%d %s=%g prompt=%d output=%d", index, total, nodes,
+              o.mode == "closed" ? "batch" : "rate", load, prompt_len, output_len);
+          const int concurrency = o.mode == "closed" ? c.batch : 0;
+
+          // Warm-up: the same load, not measured.
+          auto run = [&](int count, std::vector<RequestRecord>& records,
+                         std::vector<int>& prompt_ids, bool show) {
+            records.assign(count, {});
+            prompt_ids.assign(count, 0);
+            std::atomic<int> next{0}, done{0};
+            auto one = [&](int i) {
+              const int pid = i % o.prompt_pool;
+              prompt_ids[i] = pid;
+              records[i] = client.Generate(
+                  MakePrompt(o.seed, pid, prompt_len, info->vocab_size()), output_len);
+              done.fetch_add(1);
+            };
+            std::vector<std::thread> threads;
+            const auto t0 = Clock::now();
+            if (o.mode == "closed") {
+              for (int k = 0; k < std::min(concurrency, count); ++k) {
+                threads.emplace_back([&] {
+                  for (int i = next.fetch_add(1); i < count; i = next.fetch_add(1)) one(i);
+                });
+              }
+            } else {
+              // Poisson arrivals: exponential gaps at `load` requests per second.
+              std::mt19937_64 rng(o.seed + index);
+              std::exponential_distribution<double> gap(load);
+              double at = 0;
+              for (int i = 0; i < count; ++i) {
+                std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(
+                                                       std::chrono::duration<double>(at)));
+                threads.emplace_back(one, i);
+                at += gap(rng);
+              }
+            }
+            while (show && done.load() < count) {
+              progress.Show(absl::StrFormat("%s: %d/%d requests, %.1f s", label, done.load(),
+                                            count, Since(t0, Clock::now())));
+              std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            }
+            for (auto& t : threads) t.join();
+            return Since(t0, Clock::now());
+          };
+          std::vector<RequestRecord> records;
+          std::vector<int> prompt_ids;
+          if (o.warmup > 0) {
+            progress.Show(absl::StrCat(label, ": warm-up"));
+            run(o.warmup, records, prompt_ids, false);
+          }
+          const std::vector<MetricSample> before = ScrapeAll(o.worker_metrics);
+          Poller poller(o.worker_metrics);
+          c.wall_s = run(c.requests, records, prompt_ids, true);
+          poller.Stop();
+          const std::vector<MetricSample> after = ScrapeAll(o.worker_metrics);
+
+          std::vector<double> ttft, itl, e2e;
+          for (size_t i = 0; i < records.size(); ++i) {
+            const RequestRecord& r = records[i];
+            if (!r.ok) {
+              ++c.errors;
+              continue;
+            }
+            c.tokens += static_cast<double>(r.tokens.size());
+            ttft.push_back(r.ttft);
+            e2e.push_back(r.e2e);
+            itl.insert(itl.end(), r.gaps.begin(), r.gaps.end());
+            const auto key = std::make_tuple(prompt_len, output_len, prompt_ids[i]);
+            auto it = baseline.find(key);
+            if (it == baseline.end()) {
+              if (nodes == o.nodes.front()) baseline.emplace(key, r.tokens);
+            } else if (it->second != r.tokens) {
+              ++c.mismatches;
+            }
+          }
+          c.correct = c.mismatches == 0 && c.errors == 0;
+          c.tokens_per_s = c.wall_s > 0 ? c.tokens / c.wall_s : 0;
+          c.requests_per_s = c.wall_s > 0 ? (c.requests - c.errors) / c.wall_s : 0;
+          c.ttft_p50 = Percentile(ttft, 50);
+          c.ttft_p90 = Percentile(ttft, 90);
+          c.ttft_p99 = Percentile(ttft, 99);
+          c.itl_p50 = Percentile(itl, 50);
+          c.itl_p90 = Percentile(itl, 90);
+          c.itl_p99 = Percentile(itl, 99);
+          c.e2e_p50 = Percentile(e2e, 50);
+          c.e2e_p90 = Percentile(e2e, 90);
+          c.e2e_p99 = Percentile(e2e, 99);
+          const std::map<std::string, double> e0 = EnergyByGpu(before), e1 = EnergyByGpu(after);
+          c.has_gpu = !e1.empty();
+          for (const auto& [uuid, j] : e1) c.energy_j += j - (e0.count(uuid) ? e0.at(uuid) : 0);
+          if (c.has_gpu && c.wall_s > 0) c.power_w = c.energy_j / c.wall_s;
+          if (c.energy_j > 0) c.tokens_per_joule = c.tokens / c.energy_j;
+          c.peak_gpu_memory_bytes = poller.peak_memory();
+          const std::map<int, StageShare> s0 = Shares(before), s1 = Shares(after);
+          for (const auto& [stage, sh] : s1) {
+            StageShare d = sh;
+            if (auto it = s0.find(stage); it != s0.end()) {
+              d.compute_s -= it->second.compute_s;
+              d.transfer_s -= it->second.transfer_s;
+              d.bytes -= it->second.bytes;
+            }
+            // Only the stages this topology has (a worker keeps its old stage's series).
+            if (stage < stages && d.compute_s > 0) c.stage_share[stage] = d;
+          }
+          result.all_correct &= c.correct;
+          result.configs.push_back(std::move(c));
+        }
+      }
+    }
+  }
+  progress.Done();
+  // Speedup and efficiency against the first node count at the same load and lengths.
+  for (ConfigResult& c : result.configs) {
+    for (const ConfigResult& b : result.configs) {
+      if (b.nodes == o.nodes.front() && b.batch == c.batch && b.rate == c.rate &&
+          b.prompt_len == c.prompt_len && b.output_len == c.output_len && b.tokens_per_s > 0) {
+        c.speedup = c.tokens_per_s / b.tokens_per_s;
+        c.efficiency = c.speedup / (static_cast<double>(c.nodes) / b.nodes);
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace tandem::loadgen

@@ -1,0 +1,88 @@
+// tandem-loadgen sweep: a scaling study of a running deployment. For every node count (through
+// Admin.SetTopology, so one allocation sweeps 1..N), prompt/output length and load level (closed-
+// loop concurrency or open-loop Poisson rate) it warms up, measures, scrapes the workers' /metrics
+// before and after (energy, compute and transfer seconds) and while running (power, memory), and
+// checks every greedy output against the first node count's. sweep_report.cc writes the run folder.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tandem::loadgen {
+
+struct SweepOptions {
+  std::string coordinator = "127.0.0.1:50051";
+  std::vector<std::string> worker_metrics;  // host:port of each worker's /metrics
+  std::vector<int> nodes = {1};             // workers per configuration
+  bool data_parallel = false;               // nodes as replicas x 1 stage (default: stages)
+  std::string mode = "closed";              // "closed": concurrency; "open": Poisson arrivals
+  std::vector<int> batch = {1};             // closed loop: requests in flight
+  std::vector<double> rates;                // open loop: requests per second
+  std::vector<int> prompt_lens = {32};
+  std::vector<int> output_lens = {32};
+  int requests = 32;          // measured requests per configuration (per node when weak)
+  bool weak_scaling = false;  // strong (fixed work) or weak (work grows with nodes)
+  int warmup = 4;             // unmeasured requests per configuration
+  int prompt_pool = 16;       // distinct prompts; request i uses prompt i mod pool
+  uint64_t seed = 1;
+  double request_timeout_s = 300;
+  std::filesystem::path out;  // the run folder
+  bool progress = true;       // the one-line progress display on stderr
+};
+
+struct StageShare {
+  double compute_s = 0;
+  double transfer_s = 0;  // send + receive (receive includes waiting for the previous stage)
+  double bytes = 0;
+};
+
+struct ConfigResult {
+  int nodes = 1;
+  int stages = 1;
+  int replicas = 1;
+  std::string mode;
+  int batch = 0;      // closed loop
+  double rate = 0;    // open loop
+  int prompt_len = 0;
+  int output_len = 0;
+  int requests = 0;
+  int errors = 0;
+  double wall_s = 0;
+  double tokens = 0;  // generated
+  double tokens_per_s = 0;
+  double requests_per_s = 0;
+  double ttft_p50 = 0, ttft_p90 = 0, ttft_p99 = 0;
+  double itl_p50 = 0, itl_p90 = 0, itl_p99 = 0;
+  double e2e_p50 = 0, e2e_p90 = 0, e2e_p99 = 0;
+  double speedup = 0;     // tokens/s over the first node count's, same load and lengths
+  double efficiency = 0;  // speedup / (nodes / first node count)
+  bool has_gpu = false;
+  double energy_j = 0;
+  double power_w = 0;  // energy / wall
+  double tokens_per_joule = 0;
+  double peak_gpu_memory_bytes = 0;
+  std::map<int, StageShare> stage_share;  // by stage index
+  bool correct = true;
+  int mismatches = 0;
+};
+
+struct SweepResult {
+  SweepOptions options;
+  std::vector<ConfigResult> configs;
+  bool all_correct = true;
+};
+
+// p-th percentile (0..100, linear interpolation) of `v`; 0 for an empty vector.
+double Percentile(std::vector<double> v, double p);
+
+absl::Status ValidateSweepOptions(const SweepOptions& o);
+absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o);
+// results.csv, results.json, summary.md and the gnuplot PNGs in o.out.
+absl::Status WriteReport(const SweepResult& r);
+
+}  // namespace tandem::loadgen

@@ -1,0 +1,281 @@
+// The run folder: results.csv, results.json, summary.md and gnuplot PNGs.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "loadgen/sweep.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::loadgen {
+namespace {
+
+namespace fs = std::filesystem;
+
+absl::Status WriteFile(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path.string()));
+  return absl::OkStatus();
+}
+
+double Load(const ConfigResult& c) { return c.mode == "closed" ? c.batch : c.rate; }
+
+std::string Shares(const ConfigResult& c) {
+  std::vector<std::string> parts;
+  for (const auto& [stage, s] : c.stage_share) {
+    const double total = s.compute_s + s.transfer_s;
+    parts.push_back(absl::StrFormat("s%d:%.2f", stage, total > 0 ? s.compute_s / total : 0));
+  }
+  return absl::StrJoin(parts, " ");
+}
+
+std::string Csv(const SweepResult& r) {
+  std::string out =
+      "nodes,stages,replicas,mode,batch,rate,prompt_len,output_len,requests,errors,wall_s,"
+      "tokens,tokens_per_s,requests_per_s,ttft_p50_s,ttft_p90_s,ttft_p99_s,itl_p50_s,itl_p90_s,"
+      "itl_p99_s,e2e_p50_s,e2e_p90_s,e2e_p99_s,speedup,efficiency,energy_j,power_w,"
+      "tokens_per_joule,peak_gpu_memory_bytes,compute_share_by_stage,correct\n";
+  for (const ConfigResult& c : r.configs) {
+    absl::StrAppend(&out, absl::StrFormat(
+        "%d,%d,%d,%s,%d,%g,%d,%d,%d,%d,%.4f,%.0f,%.3f,%.4f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,"
+        "%.6f,%.6f,%.4f,%.4f,%.3f,%.2f,%.4f,%.0f,%s,%s\n",
+        c.nodes, c.stages, c.replicas, c.mode, c.batch, c.rate, c.prompt_len, c.output_len,
+        c.requests, c.errors, c.wall_s, c.tokens, c.tokens_per_s, c.requests_per_s, c.ttft_p50,
+        c.ttft_p90, c.ttft_p99, c.itl_p50, c.itl_p90, c.itl_p99, c.e2e_p50, c.e2e_p90, c.e2e_p99,
+        c.speedup, c.efficiency, c.energy_j, c.power_w, c.tokens_per_joule,
+        c.peak_gpu_memory_bytes, Shares(c), c.correct ? "true" : "false"));
+  }
+  return out;
+}
+
+nlohmann::json Json(const SweepResult& r) {
+  const SweepOptions& o = r.options;
+  nlohmann::json j;
+  j["options"] = {{"coordinator", o.coordinator}, {"worker_metrics", o.worker_metrics},
+                  {"nodes", o.nodes}, {"data_parallel", o.data_parallel}, {"mode", o.mode},
+                  {"batch", o.batch}, {"rates", o.rates}, {"prompt_lens", o.prompt_lens},
+                  {"output_lens", o.output_lens}, {"requests", o.requests},
+                  {"scaling", o.weak_scaling ? "weak" : "strong"}, {"warmup", o.warmup},
+                  {"prompt_pool", o.prompt_pool}, {"seed", o.seed}};
+  j["all_correct"] = r.all_correct;
+  j["configs"] = nlohmann::json::array();
+  for (const ConfigResult& c : r.configs) {
+    nlohmann::json s = nlohmann::json::object();
+    for (const auto& [stage, sh] : c.stage_share) {
+      s[std::to_string(stage)] = {{"compute_s", sh.compute_s}, {"transfer_s", sh.transfer_s},
+                                  {"transfer_bytes", sh.bytes}};
+    }
+    j["configs"].push_back(
+        {{"nodes", c.nodes}, {"stages", c.stages}, {"replicas", c.replicas}, {"mode", c.mode},
+         {"batch", c.batch}, {"rate", c.rate}, {"prompt_len", c.prompt_len},
+         {"output_len", c.output_len}, {"requests", c.requests}, {"errors", c.errors},
+         {"wall_s", c.wall_s}, {"tokens", c.tokens}, {"tokens_per_s", c.tokens_per_s},
+         {"requests_per_s", c.requests_per_s},
+         {"ttft_s", {{"p50", c.ttft_p50}, {"p90", c.ttft_p90}, {"p99", c.ttft_p99}}},
+         {"itl_s", {{"p50", c.itl_p50}, {"p90", c.itl_p90}, {"p99", c.itl_p99}}},
+         {"e2e_s", {{"p50", c.e2e_p50}, {"p90", c.e2e_p90}, {"p99", c.e2e_p99}}},
+         {"speedup", c.speedup}, {"efficiency", c.efficiency}, {"has_gpu", c.has_gpu},
+         {"energy_j", c.energy_j}, {"power_w", c.power_w},
+         {"tokens_per_joule", c.tokens_per_joule},
+         {"peak_gpu_memory_bytes", c.peak_gpu_memory_bytes}, {"stages_time", s},
+         {"correct", c.correct}, {"mismatches", c.mismatches}});
+  }
+  return j;
+}
+
+std::string Markdown(const SweepResult& r) {
+  const SweepOptions& o = r.options;
+  std::string md = "# tandem sweep\n\n";
+  absl::StrAppend(&md, absl::StrFormat(
+      "Mode: %s loop, %s scaling, %d measured requests per configuration (%d warm-up), "
+      "nodes %s as %s.\n\nCorrectness (greedy outputs equal to the %d-node run): **%s**.\n\n",
+      o.mode, o.weak_scaling ? "weak" : "strong", o.requests, o.warmup,
+      absl::StrJoin(o.nodes, ","), o.data_parallel ? "replicas" : "pipeline stages",
+      o.nodes.front(), r.all_correct ? "pass" : "FAIL"));
+  absl::StrAppend(&md, absl::StrFormat(
+      "| nodes | %s | prompt | output | tokens/s | req/s | TTFT p50/p90/p99 (ms) | "
+      "ITL p50/p90/p99 (ms) | E2E p50/p90/p99 (s) | speedup | efficiency | power (W) | "
+      "tokens/J | peak GPU mem (GiB) | compute share by stage | correct |\n",
+      o.mode == "closed" ? "batch" : "rate (req/s)"));
+  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const ConfigResult& c : r.configs) {
+    const std::string power = c.has_gpu ? absl::StrFormat("%.1f", c.power_w) : "n/a";
+    const std::string tpj = c.has_gpu ? absl::StrFormat("%.2f", c.tokens_per_joule) : "n/a";
+    const std::string mem =
+        c.has_gpu ? absl::StrFormat("%.2f", c.peak_gpu_memory_bytes / (1024.0 * 1024 * 1024))
+                  : "n/a";
+    absl::StrAppend(&md, absl::StrFormat(
+        "| %d | %g | %d | %d | %.1f | %.2f | %.1f / %.1f / %.1f | %.1f / %.1f / %.1f | "
+        "%.2f / %.2f / %.2f | %.2f | %.2f | %s | %s | %s | %s | %s |\n",
+        c.nodes, Load(c), c.prompt_len, c.output_len, c.tokens_per_s, c.requests_per_s,
+        c.ttft_p50 * 1e3, c.ttft_p90 * 1e3, c.ttft_p99 * 1e3, c.itl_p50 * 1e3, c.itl_p90 * 1e3,
+        c.itl_p99 * 1e3, c.e2e_p50, c.e2e_p90, c.e2e_p99, c.speedup, c.efficiency, power, tpj,
+        mem, Shares(c), c.correct ? "yes" : absl::StrCat("NO (", c.mismatches, " differ, ",
+                                                          c.errors, " failed)")));
+  }
+  md += "\nCompute share = compute / (compute + transfer) seconds per stage, from the workers' "
+        "`tandem_stage_compute_seconds` and `tandem_stage_transfer_seconds` (receive time includes "
+        "waiting for the previous stage).\n\n";
+  md += "![throughput](throughput_vs_batch.png) ![latency](latency_vs_batch.png)\n\n"
+        "![speedup](speedup_vs_nodes.png) ![efficiency](efficiency_vs_nodes.png)\n\n"
+        "![compute vs communication](compute_comm.png)\n";
+  return md;
+}
+
+// pngcairo where gnuplot has it (gnuplot-nox usually does), else the libgd png terminal.
+std::string Terminal() {
+  static const std::string t =
+      std::system("gnuplot -e 'set terminal pngcairo' >/dev/null 2>&1") == 0
+          ? "pngcairo size 900,600 font 'Sans,10'"
+          : "png size 900,600";
+  return t;
+}
+
+absl::Status Plot(const fs::path& dir, const std::string& name, const std::string& script) {
+  const fs::path gp = dir / "plots" / (name + ".gp");
+  if (absl::Status s = WriteFile(gp, absl::StrCat("set terminal ", Terminal(), "\nset output '",
+                                                  (dir / (name + ".png")).string(), "'\n", script));
+      !s.ok()) {
+    return s;
+  }
+  const std::string cmd = absl::StrCat("gnuplot '", gp.string(), "' 2>'",
+                                       (dir / "plots" / (name + ".log")).string(), "'");
+  if (std::system(cmd.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("gnuplot failed on ", gp.string(), "; see ",
+                                            (dir / "plots" / (name + ".log")).string()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteReport(const SweepResult& r) {
+  const fs::path dir = r.options.out;
+  std::error_code ec;
+  fs::create_directories(dir / "plots", ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
+  if (absl::Status s = WriteFile(dir / "results.csv", Csv(r)); !s.ok()) return s;
+  if (absl::Status s = WriteFile(dir / "results.json", Json(r).dump(2) + "\n"); !s.ok()) return s;
+  if (absl::Status s = WriteFile(dir / "summary.md", Markdown(r)); !s.ok()) return s;
+
+  // Data files for gnuplot: one block per node count (vs load) and per load (vs nodes), for the
+  // first prompt/output length pair.
+  const SweepOptions& o = r.options;
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    std::fprintf(stderr, "warning: gnuplot is not installed; the run folder has no plots\n");
+    return absl::OkStatus();
+  }
+  const int p0 = o.prompt_lens.front(), g0 = o.output_lens.front();
+  std::set<int> nodes;
+  std::set<double> loads;
+  for (const ConfigResult& c : r.configs) {
+    if (c.prompt_len != p0 || c.output_len != g0) continue;
+    nodes.insert(c.nodes);
+    loads.insert(Load(c));
+  }
+  std::ostringstream by_load, by_nodes, shares;
+  for (int n : nodes) {
+    by_load << "# nodes " << n << "\n";
+    for (const ConfigResult& c : r.configs) {
+      if (c.nodes != n || c.prompt_len != p0 || c.output_len != g0) continue;
+      by_load << Load(c) << ' ' << c.tokens_per_s << ' ' << c.ttft_p50 * 1e3 << ' '
+              << c.itl_p50 * 1e3 << ' ' << c.e2e_p50 << ' ' << c.e2e_p99 << '\n';
+    }
+    by_load << "\n\n";
+  }
+  for (double l : loads) {
+    by_nodes << "# load " << l << "\n";
+    for (const ConfigResult& c : r.configs) {
+      if (Load(c) != l || c.prompt_len != p0 || c.output_len != g0) continue;
+      by_nodes << c.nodes << ' ' << c.speedup << ' ' << c.efficiency << '\n';
+    }
+    by_nodes << "\n\n";
+  }
+  // One bar group per configuration and stage: compute and transfer seconds.
+  int row = 0;
+  for (const ConfigResult& c : r.configs) {
+    if (c.prompt_len != p0 || c.output_len != g0) continue;
+    for (const auto& [stage, s] : c.stage_share) {
+      shares << row++ << " \"n" << c.nodes << (c.mode == "closed" ? " b" : " r") << Load(c)
+             << " s" << stage << "\" " << s.compute_s << ' ' << s.transfer_s << '\n';
+    }
+  }
+  if (row == 0) shares << "0 \"none\" 0 0\n";
+  const fs::path data = dir / "plots";
+  if (absl::Status s = WriteFile(data / "by_load.dat", by_load.str()); !s.ok()) return s;
+  if (absl::Status s = WriteFile(data / "by_nodes.dat", by_nodes.str()); !s.ok()) return s;
+  if (absl::Status s = WriteFile(data / "stage_time.dat", shares.str()); !s.ok()) return s;
+
+  const std::string xload = o.mode == "closed" ? "batch size (requests in flight)"
+                                               : "offered load (requests/s)";
+  const std::string log_x = o.mode == "closed" ? "set logscale x 2\n" : "";
+  auto per_block = [](const fs::path& file, const std::string& cols, const std::string& prefix,
+                      int blocks, const std::vector<std::string>& titles) {
+    std::string s = "plot ";
+    for (int b = 0; b < blocks; ++b) {
+      absl::StrAppend(&s, b ? ", " : "", "'", file.string(), "' index ", b, " using ", cols,
+                      " with linespoints lw 2 pt 7 title '", prefix, titles[b], "'");
+    }
+    return s + "\n";
+  };
+  std::vector<std::string> node_titles, load_titles;
+  for (int n : nodes) node_titles.push_back(absl::StrCat(n));
+  for (double l : loads) load_titles.push_back(absl::StrFormat("%g", l));
+  const int nb = static_cast<int>(nodes.size()), lb = static_cast<int>(loads.size());
+  if (nb == 0) return absl::OkStatus();
+  const fs::path bl = data / "by_load.dat", bn = data / "by_nodes.dat";
+  if (absl::Status s = Plot(dir, "throughput_vs_batch",
+                            absl::StrCat("set title 'Throughput'\nset xlabel '", xload,
+                                         "'\nset ylabel 'generated tokens/s'\nset grid\n", log_x,
+                                         "set key top left\n",
+                                         per_block(bl, "1:2", "nodes=", nb, node_titles)));
+      !s.ok()) {
+    return s;
+  }
+  std::string lat = absl::StrCat("set title 'Latency (p50)'\nset xlabel '", xload,
+                                 "'\nset ylabel 'milliseconds'\nset grid\n", log_x,
+                                 "set key top left\nplot ");
+  {
+    int b = 0;
+    for (int n : nodes) {
+      absl::StrAppend(&lat, b ? ", " : "", "'", bl.string(), "' index ", b,
+                      " using 1:3 with linespoints lw 2 pt 7 title 'TTFT nodes=", n, "', '",
+                      bl.string(), "' index ", b,
+                      " using 1:4 with linespoints lw 2 pt 5 dt 2 title 'ITL nodes=", n, "'");
+      ++b;
+    }
+    lat += "\n";
+  }
+  if (absl::Status s = Plot(dir, "latency_vs_batch", lat); !s.ok()) return s;
+  if (absl::Status s = Plot(dir, "speedup_vs_nodes",
+                            absl::StrCat("set title 'Speedup over ", o.nodes.front(),
+                                         " node(s)'\nset xlabel 'nodes'\nset ylabel 'speedup'\n"
+                                         "set grid\nset key top left\nset xtics 1\n",
+                                         per_block(bn, "1:2", "load=", lb, load_titles)));
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Plot(dir, "efficiency_vs_nodes",
+                            absl::StrCat("set title 'Parallel efficiency'\nset xlabel 'nodes'\n"
+                                         "set ylabel 'efficiency'\nset yrange [0:*]\nset grid\n"
+                                         "set key bottom left\nset xtics 1\n",
+                                         per_block(bn, "1:3", "load=", lb, load_titles)));
+      !s.ok()) {
+    return s;
+  }
+  return Plot(dir, "compute_comm",
+              absl::StrCat("set title 'Per-stage time: compute vs communication'\n"
+                           "set style data histograms\nset style histogram rowstacked\n"
+                           "set style fill solid 0.8 border -1\nset boxwidth 0.8\n"
+                           "set ylabel 'seconds'\nset xtics rotate by -45\nset key top left\n"
+                           "plot '", (data / "stage_time.dat").string(),
+                           "' using 3:xtic(2) title 'compute', '' using 4 title 'transfer'\n"));
+}
+
+}  // namespace tandem::loadgen

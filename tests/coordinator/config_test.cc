@@ -1,0 +1,89 @@
+#include "coordinator/config.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(CoordinatorConfigTest, ParsesEverySetting) {
+  absl::StatusOr<CoordinatorConfig> c = ParseCoordinatorConfig(R"(
+listen: 127.0.0.1:6000
+model_dir: /models/tiny
+stages: 2
+replicas: 3
+max_batch: 8
+max_slots: 12
+max_seq_len: 128
+micro_batches: 4
+max_waiting: 10
+prefill_chunk: 64
+heartbeat_interval_ms: 100
+heartbeat_timeout_ms: 900
+drain_timeout_s: 5.5
+)", "test.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->listen, "127.0.0.1:6000");
+  EXPECT_EQ(c->model_dir, "/models/tiny");
+  EXPECT_EQ(c->stages, 2);
+  EXPECT_EQ(c->replicas, 3);
+  EXPECT_EQ(c->max_batch, 8);
+  EXPECT_EQ(c->max_slots, 12);
+  EXPECT_EQ(c->max_seq_len, 128);
+  EXPECT_EQ(c->micro_batches, 4);
+  EXPECT_EQ(c->max_waiting, 10);
+  EXPECT_EQ(c->prefill_chunk, 64);
+  EXPECT_EQ(c->heartbeat_interval_ms, 100);
+  EXPECT_EQ(c->heartbeat_timeout_ms, 900);
+  EXPECT_DOUBLE_EQ(c->drain_timeout_s, 5.5);
+  EXPECT_TRUE(ValidateCoordinatorConfig(*c).ok());
+}
+
+TEST(CoordinatorConfigTest, EmptyFileGivesDefaults) {
+  absl::StatusOr<CoordinatorConfig> c = ParseCoordinatorConfig("", "empty.yaml");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->stages, 1);
+}
+
+TEST(CoordinatorConfigTest, UnknownKeyIsNamed) {
+  absl::StatusOr<CoordinatorConfig> c = ParseCoordinatorConfig("stagez: 2\n", "x.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("stagez"));
+  EXPECT_THAT(c.status().message(), HasSubstr("x.yaml"));
+}
+
+TEST(CoordinatorConfigTest, WrongTypeNamesTheSetting) {
+  absl::StatusOr<CoordinatorConfig> c = ParseCoordinatorConfig("stages: two\n", "x.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("stages"));
+}
+
+TEST(CoordinatorConfigTest, MalformedYamlIsAnErrorNotACrash) {
+  EXPECT_FALSE(ParseCoordinatorConfig("stages: [1, 2\n", "x.yaml").ok());
+  EXPECT_FALSE(ParseCoordinatorConfig("- a\n- b\n", "x.yaml").ok());
+}
+
+TEST(CoordinatorConfigTest, MissingFileIsNotFound) {
+  EXPECT_EQ(LoadCoordinatorConfig("/nonexistent/tandem.yaml").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(CoordinatorConfigTest, ValidationNamesTheBadField) {
+  CoordinatorConfig c;
+  EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("model_dir"));
+  c.model_dir = "/m";
+  EXPECT_TRUE(ValidateCoordinatorConfig(c).ok());
+  c.stages = 0;
+  EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("stages"));
+  c.stages = 1;
+  c.max_batch = 0;
+  EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("max_batch"));
+  c.max_batch = 1;
+  c.heartbeat_timeout_ms = c.heartbeat_interval_ms;
+  EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("heartbeat_timeout_ms"));
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,157 @@
+// Starting and stopping the daemons for integration tests.
+#include "tests/integration/cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace tandem::testing {
+
+absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::vector<std::string>& argv,
+                                                        const std::filesystem::path& log) {
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    // Die with the test, whatever happens to it.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return std::unique_ptr<Process>(new Process(pid, log));
+}
+
+Process::~Process() { Kill(SIGKILL); }
+
+void Process::Kill(int signal) {
+  if (reaped_) return;
+  ::kill(pid_, signal);
+  if (signal == SIGKILL) {
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    reaped_ = true;
+  }
+}
+
+std::string Process::Log() const {
+  std::ifstream in(log_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<int> Process::WaitForPort(double timeout_s) {
+  static const std::regex kLine("listening on port ([0-9]+)");
+  const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
+  while (absl::Now() < deadline) {
+    std::smatch m;
+    const std::string log = Log();
+    if (std::regex_search(log, m, kLine)) return std::stoi(m[1].str());
+    int status = 0;
+    if (!reaped_ && waitpid(pid_, &status, WNOHANG) == pid_) {
+      reaped_ = true;
+      return absl::InternalError(absl::StrCat("process exited before listening:\n", log));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("no port within the timeout:\n", Log()));
+}
+
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o) {
+  static std::atomic<int> counter{0};
+  auto c = std::make_unique<Cluster>();
+  c->dir_ = std::filesystem::path(::testing::TempDir()) /
+            absl::StrFormat("cluster-%d-%d", getpid(), counter++);
+  std::filesystem::create_directories(c->dir_);
+  std::vector<std::string> argv = {TANDEM_COORDINATOR_BIN,
+                                   "--listen=127.0.0.1:0",
+                                   absl::StrCat("--model_dir=", o.model_dir.string()),
+                                   absl::StrCat("--stages=", o.stages),
+                                   absl::StrCat("--replicas=", o.replicas),
+                                   "--heartbeat_interval_ms=100",
+                                   "--heartbeat_timeout_ms=700"};
+  argv.insert(argv.end(), o.coordinator_flags.begin(), o.coordinator_flags.end());
+  absl::StatusOr<std::unique_ptr<Process>> coord = Process::Start(argv, c->dir_ / "coordinator.log");
+  if (!coord.ok()) return coord.status();
+  c->coordinator_ = *std::move(coord);
+  absl::StatusOr<int> port = c->coordinator_->WaitForPort();
+  if (!port.ok()) return port.status();
+  c->address_ = absl::StrCat("127.0.0.1:", *port);
+  for (int i = 0; i < o.workers; ++i) {
+    absl::StatusOr<std::unique_ptr<Process>> w = Process::Start(
+        {TANDEM_WORKER_BIN, absl::StrCat("--coordinator=", c->address_), "--listen=127.0.0.1:0",
+         "--recv_timeout_s=30"},
+        c->dir_ / absl::StrFormat("worker-%d.log", i));
+    if (!w.ok()) return w.status();
+    c->workers_.push_back(*std::move(w));
+    absl::StatusOr<int> wp = c->workers_.back()->WaitForPort();
+    if (!wp.ok()) return wp.status();
+    c->worker_ports_.push_back(*wp);
+  }
+  c->channel_ = grpc::CreateChannel(c->address_, grpc::InsecureChannelCredentials());
+  c->inference_ = v1::Inference::NewStub(c->channel_);
+  c->admin_ = v1::Admin::NewStub(c->channel_);
+  if (absl::Status s = c->WaitForTopology(o.replicas, o.stages); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(s.message(), "\n", c->Logs()));
+  }
+  return c;
+}
+
+Cluster::~Cluster() {
+  workers_.clear();
+  coordinator_.reset();
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+absl::Status Cluster::WaitForTopology(int pipelines, int stages, double timeout_s) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
+  std::string last;
+  while (absl::Now() < deadline) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::Topology t;
+    if (admin_->GetTopology(&ctx, v1::GetTopologyRequest(), &t).ok()) {
+      bool ok = t.pipelines_size() == pipelines;
+      for (const auto& p : t.pipelines()) ok &= p.stages_size() == stages;
+      if (ok) return absl::OkStatus();
+      last = t.DebugString();
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrFormat(
+      "topology did not become %d x %d stages; last seen:\n%s", pipelines, stages, last));
+}
+
+std::string Cluster::Logs() const {
+  std::string out = absl::StrCat("--- coordinator\n", coordinator_ ? coordinator_->Log() : "");
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    absl::StrAppend(&out, "--- worker ", i, "\n", workers_[i]->Log());
+  }
+  return out;
+}
+
+}  // namespace tandem::testing

@@ -1,0 +1,75 @@
+// Real processes on loopback for integration tests: a coordinator and its workers, started from
+// the built binaries on free ports and always killed when the test ends (even on failure: the
+// children also die with the test process).
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/tandem.grpc.pb.h"
+
+namespace tandem::testing {
+
+// One child process; its stdout and stderr go to `log`. Killed (SIGKILL) and reaped on
+// destruction.
+class Process {
+ public:
+  static absl::StatusOr<std::unique_ptr<Process>> Start(const std::vector<std::string>& argv,
+                                                        const std::filesystem::path& log);
+  ~Process();
+  // Waits for the "listening on port N" line that the daemons print; returns N.
+  absl::StatusOr<int> WaitForPort(double timeout_s = 30);
+  void Kill(int signal);
+  pid_t pid() const { return pid_; }
+  std::string Log() const;
+
+ private:
+  Process(pid_t pid, std::filesystem::path log) : pid_(pid), log_(std::move(log)) {}
+  pid_t pid_;
+  std::filesystem::path log_;
+  bool reaped_ = false;
+};
+
+struct ClusterOptions {
+  std::filesystem::path model_dir;
+  int workers = 1;
+  int stages = 1;
+  int replicas = 1;
+  std::vector<std::string> coordinator_flags;  // extra --flag=value
+};
+
+class Cluster {
+ public:
+  // Starts the coordinator and the workers and waits until the topology serves.
+  static absl::StatusOr<std::unique_ptr<Cluster>> Start(const ClusterOptions& options);
+  ~Cluster();
+
+  // Waits until exactly `pipelines` pipelines of `stages` stages each serve.
+  absl::Status WaitForTopology(int pipelines, int stages, double timeout_s = 60);
+  std::string address() const { return address_; }
+  v1::Inference::Stub& inference() { return *inference_; }
+  v1::Admin::Stub& admin() { return *admin_; }
+  std::shared_ptr<grpc::Channel> channel() { return channel_; }
+  Process& worker(int i) { return *workers_[i]; }
+  int worker_port(int i) const { return worker_ports_[i]; }
+  // The logs of every process, for failure messages.
+  std::string Logs() const;
+
+ private:
+  std::filesystem::path dir_;
+  std::unique_ptr<Process> coordinator_;
+  std::vector<std::unique_ptr<Process>> workers_;
+  std::vector<int> worker_ports_;
+  std::string address_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Inference::Stub> inference_;
+  std::unique_ptr<v1::Admin::Stub> admin_;
+};
+
+}  // namespace tandem::testing

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# A client in another language, made from the proto alone: installs @grpc/grpc-js and
+# @grpc/proto-loader with npm into the build folder, starts a coordinator and a CPU worker, and
+# runs node_client.js against them. Exits 77 (reported as skipped) when npm cannot reach a registry.
+# usage: node_client_test.sh BIN_DIR PROTO_DIR WORK_DIR
+set -euo pipefail
+bin=$1 proto=$2 work=$3
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$work"
+if [ ! -d "$work/node_modules/@grpc/grpc-js" ] || [ ! -d "$work/node_modules/@grpc/proto-loader" ]; then
+  if ! command -v npm >/dev/null || ! (cd "$work" && npm install --no-audit --no-fund --silent \
+      --prefix "$work" @grpc/grpc-js @grpc/proto-loader >"$work/npm.log" 2>&1); then
+    echo "skipped: npm could not install @grpc/grpc-js and @grpc/proto-loader (no registry?)"
+    cat "$work/npm.log" 2>/dev/null | tail -5 || true
+    exit 77
+  fi
+fi
+
+run=$(mktemp -d "$work/run.XXXXXX")
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$run"
+}
+trap cleanup EXIT
+port_of() {
+  for _ in $(seq 1 300); do
+    if grep -q "listening on port" "$1" 2>/dev/null; then
+      grep -o "listening on port [0-9]*" "$1" | head -1 | grep -o "[0-9]*$"
+      return 0
+    fi
+    sleep 0.1
+  done
+  cat "$1" >&2
+  return 1
+}
+"$bin/tandem-make-model" --preset=tiny-gpt2 --out="$run/model" --seed=3 >/dev/null
+"$bin/tandem-coordinator" --listen=127.0.0.1:0 --model_dir="$run/model" >"$run/c.log" 2>&1 &
+pids+=($!)
+addr=127.0.0.1:$(port_of "$run/c.log")
+"$bin/tandem-worker" --coordinator="$addr" --listen=127.0.0.1:0 >"$run/w.log" 2>&1 &
+pids+=($!)
+port_of "$run/w.log" >/dev/null
+for _ in $(seq 1 300); do
+  grep -q "serves with" "$run/c.log" && break
+  sleep 0.1
+done
+if ! NODE_PATH="$work/node_modules" node "$here/node_client.js" "$addr" "$proto" \
+    "$here/health.proto"; then
+  echo "--- coordinator"; cat "$run/c.log"; echo "--- worker"; cat "$run/w.log"
+  exit 1
+fi

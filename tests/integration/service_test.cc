@@ -1,0 +1,627 @@
+// End to end on loopback: a real coordinator and real CPU workers serve a random tiny Llama, and
+// every answer is checked token for token against the single-process CPU engine.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <future>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cluster.h"
+#include "tools/model_generator.h"
+#include "worker/cpu/cpu_stage.h"
+
+namespace tandem::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A generation request of the tests and what the oracle says it must produce.
+struct Case {
+  std::vector<int32_t> prompt;
+  int max_new_tokens = 8;
+  SamplingParams sampling;
+  bool stream = false;
+};
+
+std::filesystem::path& ModelDir() {
+  static std::filesystem::path dir;
+  return dir;
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ModelDir() = std::filesystem::path(::testing::TempDir()) /
+                 absl::StrFormat("tandem-service-model-%d", getpid());
+    absl::StatusOr<ModelConfig> c = PresetConfig("tiny-llama");
+    ASSERT_TRUE(c.ok()) << c.status();
+    c->max_positions = 1024;  // room for long generations in the failure tests
+    absl::Status s = WriteRandomCheckpoint(*c, GeneratorOptions{.seed = 7}, ModelDir());
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    std::filesystem::remove_all(ModelDir(), ec);
+  }
+
+  std::unique_ptr<Cluster> StartCluster(int workers, int stages, int replicas,
+                                        std::vector<std::string> flags = {}) {
+    absl::StatusOr<std::unique_ptr<Cluster>> c = Cluster::Start(
+        {.model_dir = ModelDir(), .workers = workers, .stages = stages, .replicas = replicas,
+         .coordinator_flags = std::move(flags)});
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  // The single-process engine: one stage with every layer, one sequence at a time, the same step
+  // semantics as the service (prefill samples the first token, then one token per step).
+  static std::vector<int32_t> Oracle(const Case& c) {
+    static std::unique_ptr<Stage> stage = [] {
+      absl::StatusOr<std::unique_ptr<Stage>> s = MakeCpuStage(
+          {.model_dir = ModelDir(), .first_layer = 0, .last_layer = -1, .max_slots = 1});
+      EXPECT_TRUE(s.ok()) << s.status();
+      return s.ok() ? *std::move(s) : nullptr;
+    }();
+    if (stage == nullptr) return {};
+    const int eos = stage->config().eos_token_id;
+    std::vector<int32_t> out;
+    StepDescriptor d;
+    d.seqs = {{.slot = 0, .position = 0, .num_tokens = static_cast<int>(c.prompt.size()),
+               .sample = true, .sampling = c.sampling, .sample_index = 0}};
+    d.tokens = c.prompt;
+    while (true) {
+      absl::StatusOr<StepOutput> o = stage->Step(d, Activations{});
+      EXPECT_TRUE(o.ok()) << o.status();
+      if (!o.ok()) return out;
+      const int32_t t = o->tokens.at(0);
+      out.push_back(t);
+      if (t == eos || static_cast<int>(out.size()) >= c.max_new_tokens) return out;
+      d.seqs[0].position += d.seqs[0].num_tokens;
+      d.seqs[0].num_tokens = 1;
+      d.seqs[0].sample_index = out.size();
+      d.tokens = {t};
+    }
+  }
+
+  static v1::GenerateRequest ToRequest(const Case& c) {
+    v1::GenerateRequest r;
+    r.mutable_token_ids()->Assign(c.prompt.begin(), c.prompt.end());
+    r.set_max_new_tokens(c.max_new_tokens);
+    r.mutable_sampling()->set_temperature(c.sampling.temperature);
+    r.mutable_sampling()->set_top_k(c.sampling.top_k);
+    r.mutable_sampling()->set_top_p(c.sampling.top_p);
+    r.mutable_sampling()->set_seed(c.sampling.seed);
+    return r;
+  }
+
+  // Generate or GenerateStream (tokens concatenated); the call's status in `status`.
+  static std::vector<int32_t> Run(Cluster& cluster, const Case& c, grpc::Status* status,
+                                  v1::FinishReason* finish = nullptr) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    std::vector<int32_t> tokens;
+    if (!c.stream) {
+      v1::GenerateResponse resp;
+      *status = cluster.inference().Generate(&ctx, ToRequest(c), &resp);
+      tokens.assign(resp.token_ids().begin(), resp.token_ids().end());
+      if (finish) *finish = resp.finish_reason();
+      return tokens;
+    }
+    auto reader = cluster.inference().GenerateStream(&ctx, ToRequest(c));
+    v1::GenerateStreamResponse msg;
+    while (reader->Read(&msg)) {
+      tokens.insert(tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+      if (finish && msg.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+        *finish = msg.finish_reason();
+      }
+    }
+    *status = reader->Finish();
+    return tokens;
+  }
+
+  // 16 requests of different prompt and output lengths, greedy and seeded, half streamed.
+  static std::vector<Case> MixedCases(uint64_t salt) {
+    std::vector<Case> cases;
+    for (int i = 0; i < 16; ++i) {
+      Case c;
+      const int len = 1 + (i * 7 + static_cast<int>(salt)) % 23;
+      for (int k = 0; k < len; ++k) c.prompt.push_back((i * 131 + k * 17 + salt * 7) % 500);
+      c.max_new_tokens = 3 + (i * 5) % 17;
+      if (i % 2 == 1) {
+        c.sampling = {.temperature = 0.8f, .top_k = (i % 4 == 1) ? 40 : 0,
+                      .top_p = (i % 4 == 3) ? 0.9f : 1.0f, .seed = 1000 + i + salt};
+      }
+      c.stream = i % 3 == 0;
+      cases.push_back(c);
+    }
+    return cases;
+  }
+
+  // Runs the cases concurrently and checks every answer against the oracle.
+  static void ExpectMatchesOracle(Cluster& cluster, const std::vector<Case>& cases) {
+    std::vector<std::future<std::pair<grpc::Status, std::vector<int32_t>>>> futures;
+    for (const Case& c : cases) {
+      futures.push_back(std::async(std::launch::async, [&cluster, c] {
+        grpc::Status s;
+        std::vector<int32_t> t = Run(cluster, c, &s);
+        return std::make_pair(s, t);
+      }));
+    }
+    for (size_t i = 0; i < cases.size(); ++i) {
+      auto [status, tokens] = futures[i].get();
+      ASSERT_TRUE(status.ok()) << "request " << i << ": " << status.error_message() << "\n"
+                               << cluster.Logs();
+      EXPECT_EQ(tokens, Oracle(cases[i])) << "request " << i;
+    }
+  }
+
+  static absl::StatusOr<v1::Topology> SetTopology(Cluster& cluster, int stages, int replicas) {
+    grpc::ClientContext ctx;
+    v1::SetTopologyRequest req;
+    req.set_stages(stages);
+    req.set_replicas(replicas);
+    v1::Topology t;
+    grpc::Status s = cluster.admin().SetTopology(&ctx, req, &t);
+    if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                                     s.error_message());
+    return t;
+  }
+};
+
+struct Shape {
+  int stages;
+  int replicas;
+};
+
+class ServiceShapeTest : public ServiceTest, public ::testing::WithParamInterface<Shape> {};
+
+TEST_P(ServiceShapeTest, ConcurrentRequestsMatchSingleProcessEngine) {
+  const Shape shape = GetParam();
+  auto cluster = StartCluster(shape.stages * shape.replicas, shape.stages, shape.replicas);
+  ASSERT_NE(cluster, nullptr);
+  ExpectMatchesOracle(*cluster, MixedCases(shape.stages * 10 + shape.replicas));
+}
+
+INSTANTIATE_TEST_SUITE_P(Topologies, ServiceShapeTest,
+                         ::testing::Values(Shape{1, 1}, Shape{2, 1}, Shape{3, 1}, Shape{1, 2}),
+                         [](const ::testing::TestParamInfo<Shape>& info) {
+                           return absl::StrFormat("%dStages%dReplicas", info.param.stages,
+                                                  info.param.replicas);
+                         });
+
+TEST_F(ServiceTest, TopologyChangesAtRunTimeStayCorrect) {
+  // Small steps too: prompts are prefilled in chunks of 5 tokens, at most 3 sequences a step.
+  auto cluster = StartCluster(3, 1, 1, {"--prefill_chunk=5", "--max_batch=3"});
+  ASSERT_NE(cluster, nullptr);
+  ExpectMatchesOracle(*cluster, MixedCases(1));
+  for (auto [stages, replicas] : {std::pair{2, 1}, {3, 1}, {1, 2}}) {
+    SCOPED_TRACE(absl::StrFormat("%d stages x %d replicas", stages, replicas));
+    // Requests in flight while the topology changes finish on the old pipelines or wait for the
+    // new ones; either way their tokens are right.
+    std::vector<Case> during = MixedCases(stages * 3 + replicas);
+    during.resize(4);
+    auto background = std::async(std::launch::async, [&] { ExpectMatchesOracle(*cluster, during); });
+    absl::StatusOr<v1::Topology> t = SetTopology(*cluster, stages, replicas);
+    ASSERT_TRUE(t.ok()) << t.status() << cluster->Logs();
+    ASSERT_EQ(t->pipelines_size(), replicas);
+    for (const auto& p : t->pipelines()) ASSERT_EQ(p.stages_size(), stages);
+    background.get();
+    ExpectMatchesOracle(*cluster, MixedCases(stages * 100 + replicas));
+  }
+}
+
+TEST_F(ServiceTest, DrainedWorkerIsReplacedByAnIdleOne) {
+  auto cluster = StartCluster(2, 1, 1);
+  ASSERT_NE(cluster, nullptr);
+  grpc::ClientContext tctx;
+  v1::Topology before;
+  ASSERT_TRUE(cluster->admin().GetTopology(&tctx, {}, &before).ok());
+  const int64_t drained = before.pipelines(0).stages(0).worker_id();
+  grpc::ClientContext dctx;
+  v1::DrainRequest req;
+  req.set_worker_id(drained);
+  v1::Topology after;
+  grpc::Status s = cluster->admin().Drain(&dctx, req, &after);
+  ASSERT_TRUE(s.ok()) << s.error_message() << cluster->Logs();
+  ASSERT_EQ(after.pipelines_size(), 1);
+  EXPECT_NE(after.pipelines(0).stages(0).worker_id(), drained);
+  grpc::ClientContext wctx;
+  v1::ListWorkersResponse workers;
+  ASSERT_TRUE(cluster->admin().ListWorkers(&wctx, {}, &workers).ok());
+  for (const auto& w : workers.workers()) {
+    if (w.worker_id() == drained) {
+      EXPECT_EQ(w.state(), v1::WORKER_STATE_DRAINED);
+    }
+  }
+  ExpectMatchesOracle(*cluster, MixedCases(8));
+  // Unknown workers are named in the error.
+  grpc::ClientContext uctx;
+  req.set_worker_id(12345);
+  s = cluster->admin().Drain(&uctx, req, &after);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(s.error_message(), HasSubstr("12345"));
+}
+
+TEST_F(ServiceTest, TopologyNeedingMoreWorkersThanRegisteredIsRefused) {
+  auto cluster = StartCluster(1, 1, 1);
+  ASSERT_NE(cluster, nullptr);
+  absl::StatusOr<v1::Topology> t = SetTopology(*cluster, 2, 1);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(SetTopology(*cluster, 0, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  ExpectMatchesOracle(*cluster, MixedCases(5));
+}
+
+TEST_F(ServiceTest, KilledWorkerFailsOnlyItsPipelineAndServiceRecovers) {
+  // Two replicas of one stage plus a spare worker for the re-plan.
+  auto cluster = StartCluster(3, 1, 2);
+  ASSERT_NE(cluster, nullptr);
+  grpc::ClientContext tctx;
+  v1::Topology topo;
+  ASSERT_TRUE(cluster->admin().GetTopology(&tctx, {}, &topo).ok());
+  // The worker of the first pipeline: find its process by port.
+  const std::string victim_addr = topo.pipelines(0).stages(0).worker_address();
+  int victim = -1;
+  for (int i = 0; i < 3; ++i) {
+    if (victim_addr == absl::StrFormat("127.0.0.1:%d", cluster->worker_port(i))) victim = i;
+  }
+  ASSERT_GE(victim, 0);
+
+  // Long generations on both replicas; each records when it ended.
+  constexpr int kRequests = 8;
+  std::atomic<int> started{0};
+  std::vector<std::future<std::tuple<grpc::Status, std::vector<int32_t>, absl::Time>>> futures;
+  std::vector<Case> cases;
+  for (int i = 0; i < kRequests; ++i) {
+    Case c{.prompt = {static_cast<int32_t>(10 + i), 20, 30}, .max_new_tokens = 1000, .sampling = {}};
+    cases.push_back(c);
+    futures.push_back(std::async(std::launch::async, [&cluster, c, &started] {
+      grpc::ClientContext ctx;
+      v1::GenerateRequest req = ToRequest(c);
+      req.set_ignore_eos(true);
+      auto reader = cluster->inference().GenerateStream(&ctx, req);
+      std::vector<int32_t> tokens;
+      v1::GenerateStreamResponse msg;
+      bool counted = false;
+      while (reader->Read(&msg)) {
+        tokens.insert(tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+        if (!counted) started++;
+        counted = true;
+      }
+      grpc::Status s = reader->Finish();
+      return std::make_tuple(s, tokens, absl::Now());
+    }));
+  }
+  while (started.load() < kRequests) absl::SleepFor(absl::Milliseconds(1));
+  const absl::Time killed = absl::Now();
+  cluster->worker(victim).Kill(SIGKILL);
+
+  int failed = 0, succeeded = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    auto [status, tokens, ended] = futures[i].get();
+    if (status.ok()) {
+      ++succeeded;
+      EXPECT_EQ(tokens.size(), 1000u);
+    } else {
+      ++failed;
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+      EXPECT_LT(ended - killed, absl::Seconds(2)) << "request " << i << " failed too late";
+    }
+  }
+  EXPECT_GT(failed, 0) << "no request was on the killed worker's pipeline";
+  EXPECT_GT(succeeded, 0) << "the other replica's requests must be unaffected";
+
+  // The spare worker replaces the dead one; new requests succeed and are right.
+  ASSERT_TRUE(cluster->WaitForTopology(2, 1).ok()) << cluster->Logs();
+  ExpectMatchesOracle(*cluster, MixedCases(3));
+}
+
+TEST_F(ServiceTest, KilledStageWorkerReplansOntoRemainingWorker) {
+  auto cluster = StartCluster(2, 2, 1);
+  ASSERT_NE(cluster, nullptr);
+  Case c{.prompt = {1, 2, 3}, .max_new_tokens = 1000, .sampling = {}};
+  auto f = std::async(std::launch::async, [&] {
+    grpc::ClientContext ctx;
+    v1::GenerateRequest req = ToRequest(c);
+    req.set_ignore_eos(true);
+    v1::GenerateResponse resp;
+    return cluster->inference().Generate(&ctx, req, &resp);
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  const absl::Time killed = absl::Now();
+  cluster->worker(1).Kill(SIGKILL);
+  grpc::Status s = f.get();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(2));
+  // One worker is left: the coordinator serves the whole model on it.
+  ASSERT_TRUE(cluster->WaitForTopology(1, 1).ok()) << cluster->Logs();
+  ExpectMatchesOracle(*cluster, MixedCases(9));
+}
+
+TEST_F(ServiceTest, WorkerThatStopsAnsweringFailsItsRequestsWithUnavailable) {
+  auto cluster = StartCluster(1, 1, 1);
+  ASSERT_NE(cluster, nullptr);
+  Case c{.prompt = {1, 2, 3}, .max_new_tokens = 1000, .sampling = {}};
+  std::atomic<bool> started{false};
+  auto f = std::async(std::launch::async, [&] {
+    grpc::ClientContext ctx;
+    v1::GenerateRequest req = ToRequest(c);
+    req.set_ignore_eos(true);
+    auto reader = cluster->inference().GenerateStream(&ctx, req);
+    v1::GenerateStreamResponse msg;
+    while (reader->Read(&msg)) started = true;
+    return reader->Finish();
+  });
+  while (!started.load()) absl::SleepFor(absl::Milliseconds(1));
+  // Frozen, not dead: its connections stay open, only the heartbeats stop.
+  const absl::Time stopped = absl::Now();
+  cluster->worker(0).Kill(SIGSTOP);
+  grpc::Status s = f.get();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_LT(absl::Now() - stopped, absl::Seconds(2));
+  // Resumed, it registers again and the service serves on it.
+  cluster->worker(0).Kill(SIGCONT);
+  ASSERT_TRUE(cluster->WaitForTopology(1, 1).ok()) << cluster->Logs();
+  grpc::Status s2;
+  Case d{.prompt = {4, 5}, .max_new_tokens = 5, .sampling = {}};
+  EXPECT_EQ(Run(*cluster, d, &s2), Oracle(d));
+  EXPECT_TRUE(s2.ok()) << s2.error_message();
+}
+
+TEST_F(ServiceTest, BadRequestsAreRejectedNamingTheFieldAndServiceKeepsServing) {
+  auto cluster = StartCluster(1, 1, 1, {"--max_seq_len=64"});
+  ASSERT_NE(cluster, nullptr);
+  auto base = [] {
+    v1::GenerateRequest r;
+    r.add_token_ids(5);
+    r.set_max_new_tokens(4);
+    return r;
+  };
+  std::vector<std::pair<std::string, v1::GenerateRequest>> bad;
+  {
+    v1::GenerateRequest r = base();
+    r.clear_token_ids();
+    bad.push_back({"prompt", r});  // empty prompt
+  }
+  {
+    v1::GenerateRequest r = base();
+    for (int i = 0; i < 70; ++i) r.add_token_ids(1);
+    bad.push_back({"token_ids", r});  // longer than the context of 64
+  }
+  {
+    v1::GenerateRequest r = base();
+    r.set_prompt(std::string(400, 'x') + " and more words to pass the context limit");
+    r.clear_token_ids();
+    bad.push_back({"prompt", r});  // text longer than the context
+  }
+  {
+    v1::GenerateRequest r = base();
+    r.add_token_ids(512);
+    bad.push_back({"token_ids[1]", r});
+  }
+  {
+    v1::GenerateRequest r = base();
+    r.add_token_ids(-1);
+    bad.push_back({"token_ids[1]", r});
+  }
+  {
+    v1::GenerateRequest r = base();
+    r.mutable_sampling()->set_temperature(-0.5f);
+    bad.push_back({"sampling.temperature", r});
+  }
+  for (float p : {0.0f, 1.5f, -0.1f}) {
+    v1::GenerateRequest r = base();
+    r.mutable_sampling()->set_top_p(p);
+    bad.push_back({"sampling.top_p", r});
+  }
+  {
+    v1::GenerateRequest r = base();
+    r.mutable_sampling()->set_top_k(-1);
+    bad.push_back({"sampling.top_k", r});
+  }
+  {
+    v1::GenerateRequest r = base();
+    r.set_max_new_tokens(0);
+    bad.push_back({"max_new_tokens", r});
+  }
+  {
+    v1::GenerateRequest r = base();
+    r.set_max_new_tokens(65);
+    bad.push_back({"max_new_tokens", r});
+  }
+  {
+    v1::GenerateRequest r = base();
+    r.add_stop_token_ids(100000);
+    bad.push_back({"stop_token_ids[0]", r});
+  }
+  for (auto& [field, req] : bad) {
+    for (bool stream : {false, true}) {
+      SCOPED_TRACE(field + (stream ? " (stream)" : ""));
+      grpc::ClientContext ctx;
+      grpc::Status s;
+      if (stream) {
+        auto reader = cluster->inference().GenerateStream(&ctx, req);
+        v1::GenerateStreamResponse msg;
+        while (reader->Read(&msg)) {
+        }
+        s = reader->Finish();
+      } else {
+        v1::GenerateResponse resp;
+        s = cluster->inference().Generate(&ctx, req, &resp);
+      }
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+      EXPECT_THAT(s.error_message(), HasSubstr(field));
+    }
+  }
+  ExpectMatchesOracle(*cluster, MixedCases(2));
+}
+
+TEST_F(ServiceTest, DeadlineEndsRequestAndFreesItsSlot) {
+  auto cluster = StartCluster(1, 1, 1, {"--max_slots=2"});
+  ASSERT_NE(cluster, nullptr);
+  for (bool use_grpc_deadline : {false, true}) {
+    grpc::ClientContext ctx;
+    v1::GenerateRequest req;
+    req.add_token_ids(3);
+    req.set_max_new_tokens(1000);
+    req.set_ignore_eos(true);
+    if (use_grpc_deadline) {
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+    } else {
+      req.set_timeout_ms(100);
+    }
+    v1::GenerateResponse resp;
+    grpc::Status s = cluster->inference().Generate(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  }
+  // Both slots are free again. (With a gRPC deadline the client may see the error a moment
+  // before the server's handler notices it, so this polls briefly.)
+  v1::Topology t;
+  for (int i = 0; i < 200; ++i) {
+    grpc::ClientContext tctx;
+    ASSERT_TRUE(cluster->admin().GetTopology(&tctx, {}, &t).ok());
+    ASSERT_EQ(t.pipelines_size(), 1);
+    if (t.pipelines(0).free_slots() == 2) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(t.pipelines(0).free_slots(), 2);
+  EXPECT_EQ(t.pipelines(0).running_sequences(), 0);
+  ExpectMatchesOracle(*cluster, MixedCases(4));
+}
+
+TEST_F(ServiceTest, ClientCancellationFreesTheSlot) {
+  auto cluster = StartCluster(1, 1, 1, {"--max_slots=1"});
+  ASSERT_NE(cluster, nullptr);
+  {
+    grpc::ClientContext ctx;
+    v1::GenerateRequest req;
+    req.add_token_ids(3);
+    req.set_max_new_tokens(1000);
+    req.set_ignore_eos(true);
+    auto reader = cluster->inference().GenerateStream(&ctx, req);
+    v1::GenerateStreamResponse msg;
+    ASSERT_TRUE(reader->Read(&msg));
+    ctx.TryCancel();
+    while (reader->Read(&msg)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  // With one slot, this only runs once the cancelled request gave it back.
+  grpc::Status s;
+  Case c{.prompt = {4, 5}, .max_new_tokens = 5, .sampling = {}};
+  EXPECT_EQ(Run(*cluster, c, &s), Oracle(c));
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+TEST_F(ServiceTest, FullWaitingQueueAnswersResourceExhausted) {
+  auto cluster = StartCluster(1, 1, 1, {"--max_slots=1", "--max_waiting=1"});
+  ASSERT_NE(cluster, nullptr);
+  std::vector<std::future<grpc::Status>> futures;
+  for (int i = 0; i < 6; ++i) {
+    futures.push_back(std::async(std::launch::async, [&] {
+      grpc::ClientContext ctx;
+      v1::GenerateRequest req;
+      req.add_token_ids(3);
+      req.set_max_new_tokens(300);
+      req.set_ignore_eos(true);
+      v1::GenerateResponse resp;
+      return cluster->inference().Generate(&ctx, req, &resp);
+    }));
+  }
+  int exhausted = 0, ok = 0;
+  for (auto& f : futures) {
+    grpc::Status s = f.get();
+    if (s.ok()) ++ok;
+    else if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) ++exhausted;
+    else ADD_FAILURE() << s.error_message();
+  }
+  EXPECT_GT(exhausted, 0);
+  EXPECT_GT(ok, 0);
+  // Still serving once the queue has room again.
+  grpc::Status s;
+  Case c{.prompt = {4, 5}, .max_new_tokens = 5, .sampling = {}};
+  EXPECT_EQ(Run(*cluster, c, &s), Oracle(c));
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+TEST_F(ServiceTest, StopTokenEndsGenerationWithStopReason) {
+  auto cluster = StartCluster(1, 1, 1);
+  ASSERT_NE(cluster, nullptr);
+  Case c{.prompt = {7, 8, 9}, .max_new_tokens = 12, .sampling = {}};
+  std::vector<int32_t> full = Oracle(c);
+  ASSERT_GE(full.size(), 4u);
+  const int32_t stop = full[3];
+  const size_t first = std::find(full.begin(), full.end(), stop) - full.begin();
+  for (bool stream : {false, true}) {
+    c.stream = stream;
+    v1::GenerateRequest req = ToRequest(c);
+    req.add_stop_token_ids(stop);
+    grpc::ClientContext ctx;
+    v1::GenerateResponse resp;
+    grpc::Status s = cluster->inference().Generate(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(std::vector<int32_t>(resp.token_ids().begin(), resp.token_ids().end()),
+              std::vector<int32_t>(full.begin(), full.begin() + first + 1));
+    EXPECT_EQ(resp.finish_reason(), v1::FINISH_REASON_STOP);
+    EXPECT_EQ(resp.usage().completion_tokens(), static_cast<int>(first + 1));
+    EXPECT_EQ(resp.usage().prompt_tokens(), 3);
+  }
+}
+
+TEST_F(ServiceTest, TextPromptStreamsTextAndStopsAtStopString) {
+  auto cluster = StartCluster(1, 1, 1);
+  ASSERT_NE(cluster, nullptr);
+  // A random model's greedy text may be all stray bytes; seeded sampling at a high temperature
+  // gives varied tokens, and the first seed whose text has ASCII in it is used.
+  v1::GenerateRequest req;
+  req.set_prompt("Hello, tandem");
+  req.set_max_new_tokens(24);
+  req.set_ignore_eos(true);
+  req.mutable_sampling()->set_temperature(2.0f);
+  v1::GenerateResponse full;
+  grpc::Status s;
+  size_t from = 0;
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    req.mutable_sampling()->set_seed(seed);
+    grpc::ClientContext ctx;
+    s = cluster->inference().Generate(&ctx, req, &full);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    from = 1;
+    while (from < full.text().size() && static_cast<unsigned char>(full.text()[from]) >= 0x80) {
+      ++from;
+    }
+    if (from < full.text().size()) break;
+  }
+  ASSERT_LT(from, full.text().size()) << "no ASCII in the generated text";
+  // Streamed text pieces add up to the unary answer's text.
+  {
+    grpc::ClientContext sctx;
+    auto reader = cluster->inference().GenerateStream(&sctx, req);
+    std::string text;
+    v1::GenerateStreamResponse msg;
+    while (reader->Read(&msg)) text += msg.text();
+    s = reader->Finish();
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(text, full.text());
+  }
+  // A stop string taken from the middle of that text ends the answer just before it.
+  // (ASCII, so that it is the same bytes in the raw and in the shown text.)
+  const std::string& t = full.text();
+  const std::string stop = t.substr(from, 1);
+  const size_t at = t.find(stop);
+  req.add_stop(stop);
+  grpc::ClientContext ctx2;
+  v1::GenerateResponse cut;
+  s = cluster->inference().Generate(&ctx2, req, &cut);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(cut.finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(cut.text(), full.text().substr(0, at));
+}
+
+}  // namespace
+}  // namespace tandem::testing

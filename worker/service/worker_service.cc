@@ -1,0 +1,273 @@
+// Worker service: assignment, the ordered step loop, registration and heartbeats.
+#include "worker/service/worker_service.h"
+
+#include <pthread.h>
+
+#include <deque>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/metrics.h"
+#include "spdlog/spdlog.h"
+
+namespace tandem {
+namespace {
+
+void NameThread(const char* name) { pthread_setname_np(pthread_self(), name); }
+
+v1::StepResult ErrorResult(uint64_t step, const absl::Status& s) {
+  v1::StepResult r;
+  r.set_step_id(step);
+  r.set_error_code(static_cast<int>(s.code()));
+  r.set_error_message(std::string(s.message()));
+  return r;
+}
+
+StepDescriptor ToDescriptor(const v1::StepRequest& req) {
+  StepDescriptor d;
+  d.id = req.step_id();
+  for (const v1::SequenceStep& s : req.seqs()) {
+    SequenceStep q;
+    q.slot = s.slot();
+    q.position = s.position();
+    q.num_tokens = s.num_tokens();
+    q.sample = s.sample();
+    q.sampling = {.temperature = s.temperature(), .top_k = s.top_k(), .top_p = s.top_p(),
+                  .seed = s.seed()};
+    q.sample_index = s.sample_index();
+    d.seqs.push_back(q);
+  }
+  d.tokens.assign(req.tokens().begin(), req.tokens().end());
+  return d;
+}
+
+}  // namespace
+
+WorkerService::WorkerService(StageFactory factory, ActivationInbox& inbox,
+                             absl::Duration recv_timeout)
+    : factory_(std::move(factory)), inbox_(inbox), recv_timeout_(recv_timeout) {}
+
+grpc::Status WorkerService::AssignStage(grpc::ServerContext*, const v1::AssignStageRequest* req,
+                                        v1::AssignStageResponse* resp) {
+  absl::MutexLock assign(&assign_mu_);
+  const absl::Time t0 = absl::Now();
+  if (req->num_stages() < 1 || req->stage() < 0 || req->stage() >= req->num_stages()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrFormat("stage: %d of %d", req->stage(), req->num_stages()));
+  }
+  if ((req->stage() + 1 < req->num_stages()) == req->next_address().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "next_address: required on every stage but the last, and only there");
+  }
+  StageSpec spec;
+  spec.model_dir = req->model_dir();
+  spec.first_layer = req->first_layer();
+  spec.last_layer = req->last_layer();
+  spec.max_slots = req->max_slots();
+  spec.max_seq_len = req->max_seq_len();
+  // Drop the old stage first: two full stages may not fit in memory.
+  {
+    absl::MutexLock lock(&mu_);
+    current_.reset();
+  }
+  absl::StatusOr<std::unique_ptr<Stage>> stage = factory_(spec);
+  if (!stage.ok()) {
+    spdlog::error("assignment {}: {}", req->assignment_id(), stage.status().ToString());
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        std::string(stage.status().message()));
+  }
+  auto a = std::make_shared<Assignment>();
+  a->id = req->assignment_id();
+  a->stage = req->stage();
+  a->num_stages = req->num_stages();
+  a->engine = *std::move(stage);
+  inbox_.Reset(a->id);
+  a->transport = std::make_unique<GrpcTransport>(a->stage > 0 ? &inbox_ : nullptr, a->id,
+                                                 req->next_address(), recv_timeout_);
+  {
+    absl::MutexLock lock(&mu_);
+    current_ = a;
+  }
+  resp->set_load_seconds(absl::ToDoubleSeconds(absl::Now() - t0));
+  spdlog::info("assignment {}: pipeline {} stage {}/{} layers [{}, {}) next {}", a->id,
+               req->pipeline_id(), a->stage, a->num_stages, req->first_layer(),
+               req->last_layer(), req->next_address().empty() ? "-" : req->next_address());
+  return grpc::Status::OK;
+}
+
+v1::StepResult WorkerService::RunStep(Assignment& a, const v1::StepRequest& req,
+                                      const std::function<bool()>& cancelled) {
+  const StepDescriptor d = ToDescriptor(req);
+  Activations in;
+  absl::Time t0 = absl::Now();
+  if (a.stage > 0) {
+    absl::StatusOr<Activations> got = a.transport->Recv(d.id, cancelled);
+    if (!got.ok()) return ErrorResult(d.id, got.status());
+    in = *std::move(got);
+    if (metrics_ != nullptr) {
+      metrics_->ObserveTransfer(a.stage, "recv", absl::ToDoubleSeconds(absl::Now() - t0),
+                                static_cast<double>(in.nbytes()));
+    }
+    t0 = absl::Now();
+  }
+  absl::StatusOr<StepOutput> out = a.engine->Step(d, in);
+  if (!out.ok()) return ErrorResult(d.id, out.status());
+  if (metrics_ != nullptr) {
+    metrics_->ObserveCompute(a.stage, absl::ToDoubleSeconds(absl::Now() - t0));
+    metrics_->CountStep(a.stage);
+  }
+  v1::StepResult r;
+  r.set_step_id(d.id);
+  if (a.stage + 1 < a.num_stages) {
+    t0 = absl::Now();
+    if (absl::Status s = a.transport->Send(d.id, out->hidden); !s.ok()) return ErrorResult(d.id, s);
+    if (metrics_ != nullptr) {
+      metrics_->ObserveTransfer(a.stage, "send", absl::ToDoubleSeconds(absl::Now() - t0),
+                                static_cast<double>(out->hidden.nbytes()));
+    }
+  } else {
+    r.mutable_tokens()->Assign(out->tokens.begin(), out->tokens.end());
+  }
+  return r;
+}
+
+grpc::Status WorkerService::Steps(
+    grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::StepResult, v1::StepRequest>* stream) {
+  // This handler thread reads; the executor runs steps in arrival order and writes results, so a
+  // long step never stops the coordinator from queueing the next ones.
+  absl::Mutex mu;
+  std::deque<v1::StepRequest> queue;
+  bool reading_done = false;
+  std::atomic<bool> failed{false};
+  grpc::Status result = grpc::Status::OK;
+  auto cancelled = [&] { return ctx->IsCancelled() || failed.load(); };
+
+  std::thread executor([&] {
+    NameThread("steps");
+    std::shared_ptr<Assignment> a;
+    while (true) {
+      v1::StepRequest req;
+      {
+        absl::MutexLock lock(&mu);
+        auto ready = [&]() { return !queue.empty() || reading_done; };
+        mu.Await(absl::Condition(&ready));
+        if (queue.empty()) return;
+        req = std::move(queue.front());
+        queue.pop_front();
+      }
+      if (a == nullptr) {
+        absl::MutexLock lock(&mu_);
+        a = current_;
+      }
+      if (a == nullptr || a->id != req.assignment_id()) {
+        const absl::Status s = absl::FailedPreconditionError(absl::StrFormat(
+            "step %d is for assignment %d, but this worker holds %s", req.step_id(),
+            req.assignment_id(), a ? absl::StrCat("assignment ", a->id) : "no stage"));
+        stream->Write(ErrorResult(req.step_id(), s));
+        failed.store(true);
+        absl::MutexLock lock(&mu);
+        result = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(s.message()));
+        return;
+      }
+      v1::StepResult r;
+      {
+        absl::MutexLock run(&a->run_mu);
+        r = RunStep(*a, req, cancelled);
+      }
+      const bool last = a->stage + 1 == a->num_stages;
+      if (r.error_code() != 0) {
+        if (!ctx->IsCancelled()) {
+          spdlog::warn("assignment {} step {}: {}", a->id, r.step_id(), r.error_message());
+        }
+        stream->Write(r);
+        failed.store(true);
+        return;
+      }
+      if (last && !stream->Write(r)) {
+        failed.store(true);
+        return;
+      }
+    }
+  });
+
+  v1::StepRequest req;
+  while (!failed.load() && stream->Read(&req)) {
+    absl::MutexLock lock(&mu);
+    queue.push_back(std::move(req));
+  }
+  {
+    absl::MutexLock lock(&mu);
+    reading_done = true;
+    queue.clear();
+  }
+  failed.store(true);  // stops a Recv that waits for an input which will not come
+  executor.join();
+  absl::MutexLock lock(&mu);
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Registrar::Registrar(std::string coordinator, std::string advertise_address, std::string backend)
+    : coordinator_(std::move(coordinator)),
+      address_(std::move(advertise_address)),
+      backend_(std::move(backend)) {
+  thread_ = std::thread([this] {
+    NameThread("registrar");
+    Loop();
+  });
+}
+
+Registrar::~Registrar() {
+  stop_.store(true);
+  thread_.join();
+}
+
+void Registrar::Loop() {
+  auto stub = v1::Registry::NewStub(
+      grpc::CreateChannel(coordinator_, grpc::InsecureChannelCredentials()));
+  int64_t id = -1;
+  absl::Duration interval = absl::Milliseconds(200);
+  bool warned = false;
+  while (!stop_.load()) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    if (id < 0) {
+      v1::RegisterRequest req;
+      req.set_address(address_);
+      req.set_backend(backend_);
+      v1::RegisterResponse resp;
+      grpc::Status s = stub->Register(&ctx, req, &resp);
+      if (s.ok()) {
+        id = resp.worker_id();
+        interval = absl::Milliseconds(std::max<uint32_t>(resp.heartbeat_interval_ms(), 10));
+        spdlog::info("registered with {} as worker {} ({})", coordinator_, id, address_);
+        warned = false;
+      } else {
+        if (!warned) spdlog::warn("cannot register with {}: {}", coordinator_, s.error_message());
+        warned = true;
+        interval = absl::Milliseconds(200);
+      }
+    } else {
+      v1::HeartbeatRequest req;
+      req.set_worker_id(id);
+      v1::HeartbeatResponse resp;
+      grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
+      if (s.ok() && !resp.known()) {
+        spdlog::warn("the coordinator forgot worker {}; registering again", id);
+        id = -1;
+        continue;
+      }
+      if (!s.ok() && !warned) {
+        spdlog::warn("heartbeat to {} failed: {}", coordinator_, s.error_message());
+        warned = true;
+      } else if (s.ok()) {
+        warned = false;
+      }
+    }
+    const absl::Time until = absl::Now() + interval;
+    while (!stop_.load() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,25 @@
+// How a stage's output reaches the next stage of its pipeline. One implementation per data plane:
+// gRPC streams between CPU workers (grpc_transport.h), NCCL between GPU workers. Steps run in the
+// same order on every stage, so every Send has exactly one matching Recv.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "absl/status/statusor.h"
+#include "worker/stage.h"
+
+namespace tandem {
+
+class ActivationTransport {
+ public:
+  virtual ~ActivationTransport() = default;
+  // Sends step `step_id`'s output ([rows, hidden]) to the next stage.
+  virtual absl::Status Send(uint64_t step_id, const Activations& activations) = 0;
+  // Receives step `step_id`'s input from the previous stage. Blocks until it arrives; CANCELLED
+  // once `cancelled()` returns true, DEADLINE_EXCEEDED when the previous stage stays silent.
+  virtual absl::StatusOr<Activations> Recv(uint64_t step_id,
+                                           const std::function<bool()>& cancelled) = 0;
+};
+
+}  // namespace tandem
