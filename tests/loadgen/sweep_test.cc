@@ -1,0 +1,142 @@
+// A CPU sweep on a tiny model, 1 and 2 stages, batch 1, 2, 4, 8, as a user runs it: the real
+// tandem-loadgen binary against a real coordinator and two workers. It must write the whole run
+// folder, plots that are PNGs with data in them, and pass the correctness check.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/integration/cluster.h"
+#include "tools/model_generator.h"
+
+namespace tandem {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using testing::Cluster;
+
+std::string ReadAll(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int MetricsPort(const std::string& log, const std::string& program) {
+  std::smatch m;
+  const std::regex re(program + " metrics on port ([0-9]+)");
+  return std::regex_search(log, m, re) ? std::stoi(m[1].str()) : -1;
+}
+
+TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
+  const fs::path dir = fs::path(::testing::TempDir()) / absl::StrFormat("sweep-test-%d", getpid());
+  fs::remove_all(dir);
+  absl::StatusOr<ModelConfig> config = PresetConfig("tiny-gpt2");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(WriteRandomCheckpoint(*config, GeneratorOptions{.seed = 3}, dir / "model").ok());
+
+  absl::StatusOr<std::unique_ptr<Cluster>> cluster =
+      Cluster::Start({.model_dir = dir / "model", .workers = 2, .stages = 1, .replicas = 1,
+                      .coordinator_flags = {"--metrics_address=127.0.0.1:0"}});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<std::string> workers;
+  for (int i = 0; i < 2; ++i) {
+    const int port = MetricsPort((*cluster)->worker(i).Log(), "tandem-worker");
+    ASSERT_GT(port, 0) << (*cluster)->Logs();
+    workers.push_back(absl::StrCat("127.0.0.1:", port));
+  }
+  const fs::path run = dir / "run";
+  const std::string cmd = absl::StrCat(
+      TANDEM_LOADGEN_BIN, " sweep --addr=", (*cluster)->address(), " --worker_metrics=",
+      workers[0], ",", workers[1],
+      " --nodes=1,2 --batch=1,2,4,8 --requests=8 --warmup=2 --prompt_lens=12 --output_lens=10"
+      " --progress=false --out=",
+      run.string(), " > ", (dir / "loadgen.log").string(), " 2>&1");
+  const int rc = std::system(cmd.c_str());
+  ASSERT_EQ(rc, 0) << ReadAll(dir / "loadgen.log") << (*cluster)->Logs();
+
+  // results.csv: a header and one row per (nodes, batch).
+  std::istringstream csv(ReadAll(run / "results.csv"));
+  std::string line;
+  std::vector<std::string> rows;
+  while (std::getline(csv, line)) rows.push_back(line);
+  ASSERT_EQ(rows.size(), 9u) << ReadAll(run / "results.csv");
+  EXPECT_THAT(rows[0], HasSubstr("tokens_per_s"));
+  EXPECT_THAT(rows[0], HasSubstr("ttft_p99_s"));
+
+  // results.json: every configuration correct, tokens generated, both stages timed at 2 nodes.
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(ReadAll(run / "results.json"));
+  } catch (const nlohmann::json::exception& e) {
+    FAIL() << e.what();
+  }
+  EXPECT_TRUE(j["all_correct"].get<bool>());
+  ASSERT_EQ(j["configs"].size(), 8u);
+  for (const auto& c : j["configs"]) {
+    EXPECT_TRUE(c["correct"].get<bool>()) << c.dump();
+    EXPECT_EQ(c["errors"].get<int>(), 0) << c.dump();
+    EXPECT_EQ(c["tokens"].get<double>(), 8 * 10) << c.dump();
+    EXPECT_GT(c["tokens_per_s"].get<double>(), 0) << c.dump();
+    EXPECT_GT(c["ttft_s"]["p50"].get<double>(), 0) << c.dump();
+    EXPECT_GT(c["speedup"].get<double>(), 0) << c.dump();
+    const int nodes = c["nodes"].get<int>();
+    EXPECT_EQ(c["stages_time"].size(), static_cast<size_t>(nodes)) << c.dump();
+    if (nodes == 2) {
+      EXPECT_GT(c["stages_time"]["1"]["transfer_bytes"].get<double>(), 0) << c.dump();
+    }
+  }
+
+  const std::string md = ReadAll(run / "summary.md");
+  EXPECT_THAT(md, HasSubstr("| nodes | batch |"));
+  EXPECT_THAT(md, HasSubstr("**pass**"));
+
+  for (const char* png : {"throughput_vs_batch.png", "latency_vs_batch.png",
+                          "speedup_vs_nodes.png", "efficiency_vs_nodes.png", "compute_comm.png"}) {
+    const std::string bytes = ReadAll(run / png);
+    ASSERT_GT(bytes.size(), 8000u) << png << " is too small to hold a plot";
+    EXPECT_EQ(bytes.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << png;
+    EXPECT_EQ(bytes.substr(12, 4), "IHDR") << png;
+  }
+  cluster->reset();
+  fs::remove_all(dir);
+}
+
+TEST(SweepTest, UnreachableCoordinatorFailsWithANamedError) {
+  const fs::path dir = fs::path(::testing::TempDir()) / absl::StrFormat("sweep-bad-%d", getpid());
+  fs::create_directories(dir);
+  const std::string cmd = absl::StrCat(TANDEM_LOADGEN_BIN,
+                                       " sweep --addr=127.0.0.1:1 --nodes=1 --batch=1 "
+                                       "--progress=false --out=",
+                                       (dir / "run").string(), " > ", (dir / "log").string(),
+                                       " 2>&1");
+  const int rc = std::system(cmd.c_str());
+  EXPECT_NE(rc, 0);
+  EXPECT_THAT(ReadAll(dir / "log"), HasSubstr("GetModelInfo"));
+  EXPECT_FALSE(fs::exists(dir / "run" / "results.csv"));
+  fs::remove_all(dir);
+}
+
+TEST(SweepTest, BadFlagIsRejectedBeforeConnecting) {
+  const fs::path dir = fs::path(::testing::TempDir()) / absl::StrFormat("sweep-flag-%d", getpid());
+  fs::create_directories(dir);
+  const std::string cmd =
+      absl::StrCat(TANDEM_LOADGEN_BIN, " sweep --batch=1,x --out=", (dir / "run").string(), " > ",
+                   (dir / "log").string(), " 2>&1");
+  const int rc = std::system(cmd.c_str());
+  EXPECT_EQ(WEXITSTATUS(rc), 2);
+  EXPECT_THAT(ReadAll(dir / "log"), HasSubstr("--batch: 'x'"));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tandem
