@@ -154,6 +154,7 @@ template <typename T>
 __global__ void AttentionCombineKernel(const float* __restrict__ part_acc,
                                        const float2* __restrict__ part_ml, T* __restrict__ out,
                                        int num_heads, int head_dim, int splits) {
+  AllowDependentLaunch();  // the out-projection may start prefetching its weights
   const int h = blockIdx.x, r = blockIdx.y;
   float m = -INFINITY;
   for (int s = 0; s < splits; ++s) {

@@ -6,10 +6,12 @@
 // the GPU memory in use. Markdown on stdout, JSON with --json.
 //
 // Logit dump: --dump_logits IN.json OUT.json, IN = {"prompts": [[ids...], ...], "steps": N}; OUT
-// holds, per prompt, the last-position logits after prefill and N greedy tokens.
+// holds, per prompt, the last-position logits after prefill ("logits"), N greedy tokens and the
+// logits of the decode step that chose the last of them ("final_logits").
 //
 // usage: tandem-bench --model DIR [--batch 1,8,64] [--prompt 128] [--new 128] [--dtype f16]
-//        [--graphs=true] [--json OUT.json] | --model DIR --dump_logits IN.json OUT.json
+//        [--graphs=true] [--gemv_max_rows 4] [--json OUT.json]
+//        | --model DIR [--dtype f16] --dump_logits IN.json OUT.json
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -37,6 +39,8 @@ ABSL_FLAG(int, prompt, 128, "prompt tokens per sequence");
 ABSL_FLAG(int, new_tokens, 128, "generated tokens per sequence (the first comes from prefill)");
 ABSL_FLAG(std::string, dtype, "f16", "f16 or bf16");
 ABSL_FLAG(bool, graphs, true, "replay decode steps from CUDA graphs");
+ABSL_FLAG(int, gemv_max_rows, tandem::CudaOptions{}.gemv_max_rows,
+          "decode passes of at most this many rows use the GEMV kernels (0: cuBLAS throughout)");
 ABSL_FLAG(double, kv_memory_fraction, 0.9, "share of free GPU memory for the KV-cache");
 ABSL_FLAG(std::string, json, "", "write the results as JSON to this file");
 ABSL_FLAG(std::string, dump_logits, "",
@@ -140,6 +144,7 @@ absl::Status Bench() {
   CudaOptions opt;
   opt.dtype = dtype;
   opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
+  opt.gemv_max_rows = absl::GetFlag(FLAGS_gemv_max_rows);
   opt.kv_memory_fraction = static_cast<float>(absl::GetFlag(FLAGS_kv_memory_fraction));
   const auto t_load = Clock::now();
   ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCudaStage(spec, opt));
@@ -196,10 +201,11 @@ absl::Status Bench() {
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
 
-  std::printf("model %s (%s, %d layers, hidden %d), %s, prompt %d, new %d, graphs %s\n",
+  std::printf("model %s (%s, %d layers, hidden %d), %s, prompt %d, new %d, graphs %s, "
+              "gemv_max_rows %d\n",
               model.c_str(), std::string(ArchName(c.arch)).c_str(), c.num_layers, c.hidden_size,
               std::string(DTypeName(dtype)).c_str(), prompt, steps,
-              opt.cuda_graphs ? "on" : "off");
+              opt.cuda_graphs ? "on" : "off", opt.gemv_max_rows);
   std::printf("device %s, copy bandwidth %.0f GB/s (read + write), load %.1f s, GPU memory in use "
               "%.2f GiB\n\n", prop.name, copy_bw / 1e9, load_s, used_gib);
   std::printf("| batch | prefill tok/s | decode ms/step | decode tok/s | end-to-end tok/s | "
@@ -218,6 +224,7 @@ absl::Status Bench() {
     j["prompt"] = prompt;
     j["new_tokens"] = steps;
     j["cuda_graphs"] = opt.cuda_graphs;
+    j["gemv_max_rows"] = opt.gemv_max_rows;
     j["copy_bandwidth_gb_s"] = copy_bw / 1e9;
     j["gpu_memory_used_bytes"] = total_b - free_b;
     j["weight_bytes_per_step"] = weight_bytes;
@@ -269,6 +276,7 @@ absl::Status DumpLogits(const std::string& in_path, const std::string& out_path)
   CudaOptions opt;
   opt.dtype = dtype;
   opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
+  opt.gemv_max_rows = absl::GetFlag(FLAGS_gemv_max_rows);
   ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCudaStage(spec, opt));
 
   std::ofstream out(out_path);
@@ -283,6 +291,7 @@ absl::Status DumpLogits(const std::string& in_path, const std::string& out_path)
     pre.return_logits = true;
     ASSIGN_OR_RETURN(StepOutput o, stage->Step(pre, Activations{}));
     std::vector<int32_t> tokens = o.tokens;
+    std::vector<float> final_logits = o.logits;  // the logits that chose the last token
     for (int i = 1; i < steps && s.num_tokens + i <= spec.max_seq_len; ++i) {
       StepDescriptor d;
       SequenceStep ds;
@@ -290,14 +299,21 @@ absl::Status DumpLogits(const std::string& in_path, const std::string& out_path)
       ds.sample_index = i;
       d.seqs.push_back(ds);
       d.tokens = {tokens.back()};
+      d.return_logits = i + 1 == steps;
       ASSIGN_OR_RETURN(StepOutput od, stage->Step(d, Activations{}));
       tokens.push_back(od.tokens[0]);
+      if (d.return_logits) final_logits = std::move(od.logits);
     }
     // Logits with 7 significant digits: JSON of a 50k vocabulary stays small enough.
     out << (p ? ", " : "") << "{\"tokens\": " << nlohmann::json(tokens).dump() << ", \"logits\": [";
     char buf[32];
     for (size_t i = 0; i < o.logits.size(); ++i) {
       std::snprintf(buf, sizeof(buf), "%s%.7g", i ? "," : "", o.logits[i]);
+      out << buf;
+    }
+    out << "], \"final_logits\": [";
+    for (size_t i = 0; i < final_logits.size(); ++i) {
+      std::snprintf(buf, sizeof(buf), "%s%.7g", i ? "," : "", final_logits[i]);
       out << buf;
     }
     out << "]}";

@@ -365,28 +365,57 @@ absl::Status CudaStage::Forward(int rows, int samples) {
                                     pos_embedding_, x_.get(), rows, hidden, s));
   }
   const int splits = SplitsFor(rows);
+  // Decode-sized passes: every projection through the GEMV kernels, with biases, residual adds
+  // and the MLP activation fused into them.
+  const bool gemv = rows <= opt_.gemv_max_rows && GemvSupported(rows, hidden) &&
+                    GemvSupported(rows, inter) && GemvSupported(rows, c_.q_dim());
   const void* pending_bias = nullptr;  // bias of the last projection into x, not yet added
   for (int l = 0; l < num_layers_; ++l) {
     const DeviceLayer& L = layers_[l];
     // Attention block: norm -> qkv -> rope + cache -> attention -> out-proj added into x.
     RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, L.attn_norm_w, L.attn_norm_b,
                                nullptr, xn_.get(), rows, hidden, c_.norm_eps, s));
-    RETURN_IF_ERROR(Gemm(cublas_.get(), t, xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols, hidden,
-                         0.0f, false));
-    RETURN_IF_ERROR(LaunchQkvRopeCache(t, qkv_.get(), L.bqkv, q_.get(), KCache(l), VCache(l),
-                                       positions, slots, rows, c_.num_heads, c_.num_kv_heads,
-                                       c_.head_dim, seq_capacity_, llama, c_.rope_theta, s));
+    if (gemv) {
+      RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kStore, xn_.get(), L.wqkv, L.bqkv, qkv_.get(), rows,
+                           qkv_cols, hidden, s));
+    } else {
+      RETURN_IF_ERROR(Gemm(cublas_.get(), t, xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols,
+                           hidden, 0.0f, false));
+    }
+    RETURN_IF_ERROR(LaunchQkvRopeCache(t, qkv_.get(), gemv ? nullptr : L.bqkv, q_.get(),
+                                       KCache(l), VCache(l), positions, slots, rows, c_.num_heads,
+                                       c_.num_kv_heads, c_.head_dim, seq_capacity_, llama,
+                                       c_.rope_theta, s));
     RETURN_IF_ERROR(LaunchAttention(t, q_.get(), KCache(l), VCache(l), positions, slots,
                                     partials_.as<float>(), attn_.get(), rows, c_.num_heads,
                                     c_.num_kv_heads, c_.head_dim, seq_capacity_, splits, s));
-    RETURN_IF_ERROR(Gemm(cublas_.get(), t, attn_.get(), L.wo, x_.get(), rows, hidden, c_.q_dim(),
-                         1.0f, false));
+    if (gemv) {
+      RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, attn_.get(), L.wo, L.bo, x_.get(), rows,
+                           hidden, c_.q_dim(), s));
+    } else {
+      RETURN_IF_ERROR(Gemm(cublas_.get(), t, attn_.get(), L.wo, x_.get(), rows, hidden,
+                           c_.q_dim(), 1.0f, false));
+    }
     // MLP block: norm (adding the out-proj bias first) -> up -> activation -> down added into x.
-    RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), L.bo, L.mlp_norm_w, L.mlp_norm_b, nullptr,
-                               xn_.get(), rows, hidden, c_.norm_eps, s));
+    RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), gemv ? nullptr : L.bo, L.mlp_norm_w,
+                               L.mlp_norm_b, nullptr, xn_.get(), rows, hidden, c_.norm_eps, s));
+    const void* act = mlp_in_.get();
+    if (gemv) {
+      if (llama) {
+        RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kSwiGlu, xn_.get(), L.w_in, nullptr,
+                             mlp_act_.get(), rows, inter, hidden, s));
+        act = mlp_act_.get();
+      } else {
+        RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kGelu, xn_.get(), L.w_in, L.b_in, mlp_in_.get(),
+                             rows, inter, hidden, s));
+      }
+      RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, act, L.w_out, L.b_out, x_.get(), rows,
+                           hidden, inter, s));
+      pending_bias = nullptr;
+      continue;
+    }
     RETURN_IF_ERROR(Gemm(cublas_.get(), t, xn_.get(), L.w_in, mlp_in_.get(), rows,
                          llama ? 2 * inter : inter, hidden, 0.0f, false));
-    const void* act = mlp_in_.get();
     if (llama) {
       RETURN_IF_ERROR(LaunchSwiGlu(t, mlp_in_.get(), mlp_act_.get(), rows, inter, s));
       act = mlp_act_.get();
@@ -403,8 +432,13 @@ absl::Status CudaStage::Forward(int rows, int samples) {
       RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, final_norm_w_, final_norm_b_,
                                  DevIn<int32_t>(layout_.gather), head_in_.get(), samples, hidden,
                                  c_.norm_eps, s));
-      RETURN_IF_ERROR(Gemm(cublas_.get(), t, head_in_.get(), lm_head_, logits_.get(), samples,
-                           c_.vocab_size, hidden, 0.0f, true));
+      if (samples <= opt_.gemv_max_rows && GemvSupported(samples, hidden)) {
+        RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kF32, head_in_.get(), lm_head_, nullptr,
+                             logits_.get(), samples, c_.vocab_size, hidden, s));
+      } else {
+        RETURN_IF_ERROR(Gemm(cublas_.get(), t, head_in_.get(), lm_head_, logits_.get(), samples,
+                             c_.vocab_size, hidden, 0.0f, true));
+      }
       SamplingArrays p{DevIn<float>(layout_.temperature), DevIn<int32_t>(layout_.top_k),
                        DevIn<float>(layout_.top_p), DevIn<uint64_t>(layout_.seed),
                        DevIn<uint64_t>(layout_.sample_index)};

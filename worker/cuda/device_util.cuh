@@ -67,6 +67,22 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
   return WarpMax(v);
 }
 
+// Programmatic dependent launch (sm_90). A kernel calls AllowDependentLaunch() first thing, so
+// that the next kernel of the stream, when launched with the programmatic-serialization attribute
+// (the GEMV kernels), can start and prefetch its weights while this one runs; that kernel calls
+// WaitForPrerequisites() before it reads anything this one wrote (it waits for completion and
+// memory visibility). Both are no-ops where no such launch is involved.
+__device__ __forceinline__ void AllowDependentLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+__device__ __forceinline__ void WaitForPrerequisites() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace tandem::cuda
 
 // Calls `body` with T bound to the CUDA type of `dtype` (fp16 or bf16), or returns an error.

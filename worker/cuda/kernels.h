@@ -75,6 +75,20 @@ absl::Status LaunchSwiGlu(DType dtype, const void* gate_up, void* out, int rows,
 absl::Status Gemm(cublasHandle_t handle, DType dtype, const void* x, const void* w, void* y,
                   int rows, int out, int in, float beta, bool y_f32);
 
+// gemv.cu: y (rows, out) = x (rows, in) · wᵀ for decode-sized row counts, w (out, in), with the
+// epilogue fused; bias (out) may be null. Takes rows in {1, 2, 4, 8} and in % 8 == 0 (see
+// GemvSupported); x and w 16-byte aligned.
+enum class GemvEpilogue {
+  kStore,     // y = x·wᵀ + bias, rounded once to dtype
+  kResidual,  // y += round(x·wᵀ + bias): the projection added into the residual stream
+  kGelu,      // y = gelu_tanh(round(x·wᵀ + bias))
+  kSwiGlu,    // w is (2 * out, in), gate rows then up rows: y = silu(gate) * up; no bias
+  kF32,       // y (fp32) = x·wᵀ + bias, unrounded (logits)
+};
+bool GemvSupported(int rows, int in);
+absl::Status Gemv(DType dtype, GemvEpilogue epilogue, const void* x, const void* w,
+                  const void* bias, void* y, int rows, int out, int in, cudaStream_t stream);
+
 // sampling.cu: one token per row of logits (rows, vocab) fp32 by the rule of worker/sampling.h.
 // probs: scratch of rows * vocab floats. Parameters per row.
 struct SamplingArrays {

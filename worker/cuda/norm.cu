@@ -20,6 +20,7 @@ NormKernel(T* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ 
            const T* __restrict__ b, const int32_t* __restrict__ gather, T* __restrict__ out,
            int cols, float eps) {
   __shared__ float scratch[32];
+  AllowDependentLaunch();  // the projection that reads `out` may start prefetching its weights
   const int i = blockIdx.x;
   const int r = gather != nullptr ? gather[i] : i;
   Vec8<T>* xr = reinterpret_cast<Vec8<T>*>(x + static_cast<size_t>(r) * cols);

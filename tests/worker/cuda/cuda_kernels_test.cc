@@ -329,11 +329,135 @@ TEST_P(KernelTest, GemmAccumulatesIntoOutputAndWritesFp32) {
   ExpectClose(got_f, want_f, 1e-4f, 1e-4f, "gemm fp32 out");
 }
 
+float RoundHost(DType t, float f) { return Quantize(t, {f})[0]; }
+
+double GeluHost(double x) {
+  return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+// Every epilogue of the GEMV kernels at every supported row count, against a CPU reference with
+// the same rounding points. Sizes leave a partial 256-element step of K and an odd output width
+// (a last warp with one valid row of two).
+TEST_P(KernelTest, GemvMatchesReferenceForEveryEpilogueAndRowCount) {
+  SKIP_WITHOUT_GPU();
+  const int n = 37, k = 520;
+  for (int m : {1, 2, 4, 8}) {
+    for (GemvEpilogue e : {GemvEpilogue::kStore, GemvEpilogue::kResidual, GemvEpilogue::kGelu,
+                           GemvEpilogue::kSwiGlu, GemvEpilogue::kF32}) {
+      SCOPED_TRACE(testing::Message() << "rows " << m << ", epilogue " << static_cast<int>(e));
+      const bool swiglu = e == GemvEpilogue::kSwiGlu;
+      const int wrows = swiglu ? 2 * n : n;
+      const uint64_t seed = 100 + 10 * m + static_cast<int>(e);
+      auto x = Quantize(t(), Random(m * k, seed));
+      auto w = Quantize(t(), Random(wrows * k, seed + 1000, 0.2f));
+      auto b = Quantize(t(), Random(n, seed + 2000));
+      auto y0 = Quantize(t(), Random(m * n, seed + 3000));
+      const bool f32 = e == GemvEpilogue::kF32;
+      DeviceBuffer dx = Upload(t(), x), dw = Upload(t(), w), db = Upload(t(), b), dy;
+      if (f32) {
+        // Poisoned with NaN: every output must be written.
+        std::vector<float> nan(m * n, std::nanf(""));
+        dy = UploadRaw(nan);
+      } else if (e == GemvEpilogue::kResidual) {
+        dy = Upload(t(), y0);
+      } else {
+        dy = Upload(t(), std::vector<float>(m * n, std::nanf("")));
+      }
+      ASSERT_TRUE(Gemv(t(), e, dx.get(), dw.get(), swiglu ? nullptr : db.get(), dy.get(), m, n,
+                       k, nullptr)
+                      .ok());
+      std::vector<float> want(m * n);
+      for (int r = 0; r < m; ++r) {
+        for (int o = 0; o < n; ++o) {
+          auto dot = [&](int row) {
+            double s = 0;
+            for (int i = 0; i < k; ++i) s += double(x[r * k + i]) * w[size_t(row) * k + i];
+            return s;
+          };
+          const double v = dot(o) + (swiglu ? 0.0 : b[o]);
+          float& out = want[r * n + o];
+          switch (e) {
+            case GemvEpilogue::kStore:
+            case GemvEpilogue::kF32: out = v; break;
+            case GemvEpilogue::kResidual: out = y0[r * n + o] + RoundHost(t(), v); break;
+            case GemvEpilogue::kGelu: out = GeluHost(RoundHost(t(), v)); break;
+            case GemvEpilogue::kSwiGlu: {
+              const double g = RoundHost(t(), dot(o)), u = RoundHost(t(), dot(n + o));
+              out = RoundHost(t(), g / (1.0 + std::exp(-g))) * u;
+              break;
+            }
+          }
+        }
+      }
+      if (f32) {
+        std::vector<float> got(m * n);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(got.data(), dy.get(), got.size() * 4, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        ExpectClose(got, want, 1e-4f, 1e-4f, "gemv fp32");
+      } else {
+        ExpectClose(Download(t(), dy, m * n), want, 2 * tol(), 1e-2f, "gemv");
+      }
+    }
+  }
+}
+
+// The GEMV kernel and cuBLAS compute the same projection on a decode-sized shape of real width
+// (several full 1024-element unrolled steps of K plus a tail).
+TEST_P(KernelTest, GemvAgreesWithCublas) {
+  SKIP_WITHOUT_GPU();
+  const int n = 300, k = 3200;
+  CublasHandle h;
+  ASSERT_TRUE(h.Create().ok());
+  for (int m : {1, 8}) {
+    auto x = Quantize(t(), Random(m * k, 50 + m));
+    auto w = Quantize(t(), Random(n * k, 60 + m, 0.05f));
+    DeviceBuffer dx = Upload(t(), x), dw = Upload(t(), w), a, c;
+    ASSERT_TRUE(a.Allocate(m * n * 4).ok());
+    ASSERT_TRUE(c.Allocate(m * n * 4).ok());
+    ASSERT_TRUE(Gemv(t(), GemvEpilogue::kF32, dx.get(), dw.get(), nullptr, a.get(), m, n, k,
+                     nullptr)
+                    .ok());
+    ASSERT_TRUE(Gemm(h.get(), t(), dx.get(), dw.get(), c.get(), m, n, k, 0.0f, true).ok());
+    std::vector<float> ga(m * n), gc(m * n);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaMemcpy(ga.data(), a.get(), ga.size() * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(gc.data(), c.get(), gc.size() * 4, cudaMemcpyDeviceToHost);
+    ExpectClose(ga, gc, 1e-4f, 1e-4f, "gemv vs cublas");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, KernelTest, ::testing::Values(DType::kF16, DType::kBF16),
                          [](const auto& info) {
                            return info.param == DType::kF16 ? std::string("F16")
                                                             : std::string("BF16");
                          });
+
+// Shapes the GEMV kernels do not take are refused before anything is launched.
+TEST(GemvTest, RejectsUnsupportedRowCountsAndWidths) {
+  alignas(16) static uint16_t buf[64];
+  for (int rows : {0, 3, 5, 16}) {
+    EXPECT_EQ(Gemv(DType::kF16, GemvEpilogue::kStore, buf, buf, nullptr, buf, rows, 4, 8, nullptr)
+                  .code(),
+              absl::StatusCode::kInvalidArgument)
+        << rows;
+  }
+  EXPECT_FALSE(GemvSupported(1, 12));
+  EXPECT_EQ(Gemv(DType::kF16, GemvEpilogue::kStore, buf, buf, nullptr, buf, 1, 4, 12, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Gemv(DType::kF16, GemvEpilogue::kStore, buf, buf, nullptr, buf, 1, 0, 8, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Gemv(DType::kF16, GemvEpilogue::kStore, reinterpret_cast<char*>(buf) + 2, buf,
+                 nullptr, buf, 1, 4, 8, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Gemv(DType::kF32, GemvEpilogue::kStore, buf, buf, nullptr, buf, 1, 4, 8, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(GemvSupported(8, 3200));
+}
 
 // Runs the device sampler on `logits` (rows, vocab) with one parameter set per row.
 std::vector<int32_t> DeviceSample(const std::vector<float>& logits, int vocab,

@@ -108,7 +108,7 @@ Trace RunSteps(Stage& stage, const std::vector<Seq>& seqs, int steps) {
 }
 
 std::unique_ptr<Stage> MakeCuda(const std::filesystem::path& dir, DType dtype, bool graphs,
-                                int first = 0, int last = -1) {
+                                int first = 0, int last = -1, int gemv_max_rows = 8) {
   StageSpec spec;
   spec.model_dir = dir;
   spec.first_layer = first;
@@ -118,6 +118,7 @@ std::unique_ptr<Stage> MakeCuda(const std::filesystem::path& dir, DType dtype, b
   CudaOptions o;
   o.dtype = dtype;
   o.cuda_graphs = graphs;
+  o.gemv_max_rows = gemv_max_rows;
   auto s = MakeCudaStage(spec, o);
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
@@ -193,6 +194,28 @@ TEST_P(CudaStageVsCpu, GraphReplayEqualsDirectLaunches) {
   // A second pass over the same slots replays the captured graphs.
   Trace a2 = RunSteps(*with, seqs, 10);
   EXPECT_EQ(a2.logits, b.logits);
+}
+
+// Decode through the fused GEMV kernels (buckets 1, 2 and 4 here) and through cuBLAS with separate
+// bias/activation kernels: the same tokens, logits equal within fp16 rounding.
+TEST_P(CudaStageVsCpu, GemvDecodeMatchesCublasDecode) {
+  SKIP_WITHOUT_GPU();
+  const auto dir = Checkpoint(GetParam());
+  auto gemv = MakeCuda(dir, DType::kF16, true, 0, -1, 8);
+  auto cublas = MakeCuda(dir, DType::kF16, true, 0, -1, 0);
+  ASSERT_TRUE(gemv && cublas);
+  const int v = gemv->config().vocab_size;
+  for (const std::vector<Seq>& seqs :
+       {std::vector<Seq>{{0, Prompt(9, 11, v)}},
+        std::vector<Seq>{{0, Prompt(4, 12, v)}, {1, Prompt(13, 13, v)}},
+        std::vector<Seq>{{3, Prompt(6, 14, v)}, {1, Prompt(2, 15, v)}, {0, Prompt(30, 16, v)}}}) {
+    Trace a = RunSteps(*gemv, seqs, 10), b = RunSteps(*cublas, seqs, 10);
+    ASSERT_EQ(a.logits.size(), b.logits.size());
+    for (size_t i = 0; i < a.logits.size(); ++i) {
+      EXPECT_LE(RelError(a.logits[i], b.logits[i]), 5e-3) << "step " << i;
+    }
+    EXPECT_EQ(a.tokens, b.tokens);
+  }
 }
 
 TEST_P(CudaStageVsCpu, TwoStagesGiveTheSameLogitsAsOne) {
