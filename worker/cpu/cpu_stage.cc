@@ -27,6 +27,7 @@
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "worker/sampling.h"
+#include "worker/step_check.h"
 #include "worker/weights.h"
 
 namespace tandem {
@@ -286,63 +287,14 @@ class CpuStage final : public Stage {
 
   // Everything is checked before anything is written, so a rejected step leaves no trace.
   absl::Status Validate(const StepDescriptor& step, const Activations& in) const {
-    auto error = [&](auto&&... parts) {
-      return absl::InvalidArgumentError(absl::StrCat("step ", step.id, ": ", parts...));
-    };
-    int64_t total = 0;
-    std::vector<bool> slot_used(max_slots_, false);
-    for (size_t i = 0; i < step.seqs.size(); ++i) {
-      const SequenceStep& s = step.seqs[i];
-      if (s.slot < 0 || s.slot >= max_slots_) {
-        return error("sequence ", i, ": slot ", s.slot, " is outside [0, ", max_slots_, ")");
-      }
-      if (slot_used[s.slot]) {
-        return error("sequence ", i, ": slot ", s.slot, " is used by another sequence of the step");
-      }
-      slot_used[s.slot] = true;
-      if (s.num_tokens < 1) {
-        return error("sequence ", i, ": num_tokens must be >= 1, got ", s.num_tokens);
-      }
-      if (s.position < 0) {
-        return error("sequence ", i, ": position must be >= 0, got ", s.position);
-      }
-      if (static_cast<int64_t>(s.position) + s.num_tokens > max_seq_len_) {
-        return error("sequence ", i, ": position ", s.position, " + num_tokens ", s.num_tokens,
-                     " exceeds the context of ", max_seq_len_, " tokens");
-      }
-      if (s.position > cached_len_[s.slot]) {
-        return error("sequence ", i, ": position ", s.position, " is past the ",
-                     cached_len_[s.slot], " tokens cached in slot ", s.slot);
-      }
-      if (absl::Status st = ValidateSamplingParams(s.sampling); !st.ok()) {
-        return error("sequence ", i, ": ", st.message());
-      }
-      total += s.num_tokens;
+    const StepLimits limits{max_slots_, max_seq_len_, c_.vocab_size, c_.hidden_size,
+                            w_.has_embedding};
+    RETURN_IF_ERROR(ValidateStep(step, in, limits, cached_len_));
+    if (!w_.has_embedding && in.rows > 0 && in.where != Where::kHost) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", step.id,
+          ": input activations are in device memory; the CPU backend reads host memory"));
     }
-    if (static_cast<int64_t>(step.tokens.size()) != total) {
-      return error("tokens has ", step.tokens.size(), " ids but the sequences' num_tokens sum to ",
-                   total);
-    }
-    if (w_.has_embedding) {
-      for (size_t i = 0, r = 0; i < step.seqs.size(); ++i) {
-        for (int t = 0; t < step.seqs[i].num_tokens; ++t, ++r) {
-          const int32_t id = step.tokens[r];
-          if (id < 0 || id >= c_.vocab_size) {
-            return error("sequence ", i, ": token ", t, " (id ", id,
-                         ") is outside the vocabulary [0, ", c_.vocab_size, ")");
-          }
-        }
-      }
-      return absl::OkStatus();
-    }
-    if (in.rows != total || in.cols != c_.hidden_size) {
-      return error("input activations are [", in.rows, ", ", in.cols, "], expected [", total, ", ",
-                   c_.hidden_size, "] (tokens, hidden_size)");
-    }
-    if (total > 0 && in.where != Where::kHost) {
-      return error("input activations are in device memory; the CPU backend reads host memory");
-    }
-    if (total > 0 && in.data == nullptr) return error("input activations have no data");
     return absl::OkStatus();
   }
 
