@@ -1,0 +1,274 @@
+// NcclTransport: unique-id bytes and option checks (no GPU needed); a joining rank whose peer never
+// comes gives up at its timeout (1 GPU); and, with two ranks on two GPUs in one process, frames
+// arrive byte for byte, tokens come back, and a silent peer, a cancellation or a frame of another
+// step abort the communicator instead of hanging. Skipped (reported SKIPPED) without the GPUs.
+#include "worker/transport/nccl_transport.h"
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "common/dtype.h"
+#include "gtest/gtest.h"
+#include "worker/cuda/cuda_stage.h"
+
+namespace tandem {
+namespace {
+
+int GpuCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+#define REQUIRE_GPUS(n)                                                                  \
+  do {                                                                                   \
+    if (GpuCount() < (n)) GTEST_SKIP() << "needs " << (n) << " CUDA devices, found " << GpuCount(); \
+  } while (0)
+
+NcclTransportOptions Options(int rank, int world) {
+  NcclTransportOptions o;
+  o.device = rank;
+  o.rank = rank;
+  o.world = world;
+  o.hidden_size = 64;
+  o.dtype = DType::kF16;
+  o.max_rows = 16;
+  o.timeout = absl::Seconds(20);
+  return o;
+}
+
+TEST(NcclUniqueIdTest, MadeIdsHaveTheNcclSizeAndDiffer) {
+  absl::StatusOr<std::string> a = MakeNcclUniqueId();
+  if (!a.ok()) GTEST_SKIP() << "NCCL cannot make a unique id here: " << a.status();
+  absl::StatusOr<std::string> b = MakeNcclUniqueId();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->size(), kNcclUniqueIdBytes);
+  EXPECT_TRUE(ValidateNcclUniqueId(*a).ok());
+  EXPECT_NE(*a, *b);
+}
+
+TEST(NcclUniqueIdTest, WrongLengthsAreRejected) {
+  for (size_t n : {size_t{0}, size_t{1}, kNcclUniqueIdBytes - 1, kNcclUniqueIdBytes + 1}) {
+    const absl::Status st = ValidateNcclUniqueId(std::string(n, 'x'));
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << n;
+    EXPECT_NE(st.message().find("128 bytes"), absl::string_view::npos) << st;
+  }
+  EXPECT_TRUE(ValidateNcclUniqueId(std::string(kNcclUniqueIdBytes, '\0')).ok());
+}
+
+TEST(NcclTransportOptionsTest, BadFieldsAreNamed) {
+  struct Case {
+    const char* field;
+    void (*mutate)(NcclTransportOptions&);
+  };
+  const Case cases[] = {
+      {"world", [](NcclTransportOptions& o) { o.world = 0; }},
+      {"rank", [](NcclTransportOptions& o) { o.rank = -1; }},
+      {"rank", [](NcclTransportOptions& o) { o.rank = 2; }},
+      {"device", [](NcclTransportOptions& o) { o.device = -1; }},
+      {"hidden_size", [](NcclTransportOptions& o) { o.hidden_size = 0; }},
+      {"max_rows", [](NcclTransportOptions& o) { o.max_rows = 0; }},
+      {"dtype", [](NcclTransportOptions& o) { o.dtype = static_cast<DType>(9); }},
+      {"timeout", [](NcclTransportOptions& o) { o.timeout = absl::ZeroDuration(); }},
+  };
+  EXPECT_TRUE(ValidateNcclTransportOptions(Options(1, 2)).ok());
+  for (const Case& c : cases) {
+    NcclTransportOptions o = Options(1, 2);
+    c.mutate(o);
+    const absl::Status st = ValidateNcclTransportOptions(o);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_NE(st.message().find(c.field), absl::string_view::npos) << st;
+    // Create checks the same before it touches a device.
+    EXPECT_EQ(NcclTransport::Create(o, std::string(kNcclUniqueIdBytes, '\0')).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(NcclTransportTest, CreateRejectsAnIdOfTheWrongLength) {
+  const auto t = NcclTransport::Create(Options(0, 2), "short");
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(NcclTransportTest, JoiningWithoutThePeerTimesOut) {
+  REQUIRE_GPUS(1);
+  absl::StatusOr<std::string> id = MakeNcclUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  NcclTransportOptions o = Options(0, 2);
+  o.timeout = absl::Seconds(2);
+  const auto start = std::chrono::steady_clock::now();
+  const auto t = NcclTransport::Create(o, *id);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kDeadlineExceeded) << t.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+}
+
+// Both ranks of a 2-stage pipeline, joined from two threads of this process (GPUs 0 and 1).
+struct Pair {
+  std::unique_ptr<NcclTransport> first, last;
+};
+Pair Join(absl::Duration timeout = absl::Seconds(20)) {
+  Pair p;
+  absl::StatusOr<std::string> id = MakeNcclUniqueId();
+  EXPECT_TRUE(id.ok()) << id.status();
+  if (!id.ok()) return p;
+  absl::StatusOr<std::unique_ptr<NcclTransport>> a, b;
+  NcclTransportOptions oa = Options(0, 2), ob = Options(1, 2);
+  oa.timeout = ob.timeout = timeout;
+  std::thread ta([&] { a = NcclTransport::Create(oa, *id); });
+  std::thread tb([&] { b = NcclTransport::Create(ob, *id); });
+  ta.join();
+  tb.join();
+  EXPECT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(b.ok()) << b.status();
+  if (a.ok()) p.first = std::move(*a);
+  if (b.ok()) p.last = std::move(*b);
+  return p;
+}
+
+// [rows, 64] f16 activations in host memory whose values depend on the step and position.
+Activations HostActivations(uint64_t step, int rows) {
+  std::vector<float> f(static_cast<size_t>(rows) * 64);
+  for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(step * 1000 + i % 997) / 64.0f;
+  auto buf = std::shared_ptr<uint16_t[]>(new uint16_t[f.size() + 1]);
+  FromFloat(DType::kF16, f.data(), f.size(), buf.get());
+  Activations a;
+  a.rows = rows;
+  a.cols = 64;
+  a.dtype = DType::kF16;
+  a.where = Where::kHost;
+  a.data = std::shared_ptr<void>(buf, buf.get());
+  return a;
+}
+
+std::vector<uint16_t> ToHost(const Activations& a) {
+  std::vector<uint16_t> h(static_cast<size_t>(a.rows * a.cols));
+  if (!h.empty()) {
+    EXPECT_EQ(cudaMemcpy(h.data(), a.data.get(), a.nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  return h;
+}
+
+std::vector<uint16_t> Bytes(const Activations& a) {
+  const auto* p = static_cast<const uint16_t*>(a.data.get());
+  return std::vector<uint16_t>(p, p + a.rows * a.cols);
+}
+
+const auto kNever = [] { return false; };
+
+TEST(NcclTransportTest, ActivationsAndTokensArriveIntact) {
+  REQUIRE_GPUS(2);
+  Pair p = Join();
+  ASSERT_TRUE(p.first && p.last);
+  const std::vector<int> rows = {16, 1, 7, 0, 3};  // a prefill, decodes, an empty step
+  std::thread sender([&] {
+    cudaSetDevice(0);
+    for (size_t s = 0; s < rows.size(); ++s) {
+      Activations a = HostActivations(s + 1, rows[s]);
+      if (s == 2) {  // one from device memory, as a CUDA stage returns it
+        void* d = nullptr;
+        ASSERT_EQ(cudaMalloc(&d, a.nbytes()), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(d, a.data.get(), a.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+        a.data = std::shared_ptr<void>(d, [](void* q) { cudaFree(q); });
+        a.where = Where::kDevice;
+      }
+      ASSERT_TRUE(p.first->Send(s + 1, a).ok());
+      auto tokens = p.first->RecvTokens(s + 1, kNever);
+      ASSERT_TRUE(tokens.ok()) << tokens.status();
+      EXPECT_EQ(*tokens, std::vector<int32_t>(rows[s], static_cast<int32_t>(s + 100)));
+    }
+  });
+  cudaSetDevice(1);
+  for (size_t s = 0; s < rows.size(); ++s) {
+    auto a = p.last->Recv(s + 1, kNever);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->rows, rows[s]);
+    EXPECT_EQ(a->cols, 64);
+    EXPECT_EQ(a->dtype, DType::kF16);
+    EXPECT_EQ(a->where, Where::kDevice);
+    EXPECT_EQ(ToHost(*a), Bytes(HostActivations(s + 1, rows[s]))) << "step " << s + 1;
+    ASSERT_TRUE(
+        p.last->SendTokens(s + 1, std::vector<int32_t>(rows[s], static_cast<int32_t>(s + 100)))
+            .ok());
+  }
+  sender.join();
+}
+
+TEST(NcclTransportTest, WrongDirectionsAndShapesAreRejected) {
+  REQUIRE_GPUS(2);
+  Pair p = Join();
+  ASSERT_TRUE(p.first && p.last);
+  EXPECT_EQ(p.last->Send(1, HostActivations(1, 2)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p.first->Recv(1, kNever).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p.first->SendTokens(1, {1}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p.last->RecvTokens(1, kNever).status().code(), absl::StatusCode::kFailedPrecondition);
+  Activations wide = HostActivations(1, 2);
+  wide.cols = 32;
+  EXPECT_EQ(p.first->Send(1, wide).code(), absl::StatusCode::kInvalidArgument);
+  Activations bf = HostActivations(1, 2);
+  bf.dtype = DType::kBF16;
+  EXPECT_EQ(p.first->Send(1, bf).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.first->Send(1, HostActivations(1, 17)).code(), absl::StatusCode::kInvalidArgument);
+  Activations empty = HostActivations(1, 2);
+  empty.data = nullptr;
+  EXPECT_EQ(p.first->Send(1, empty).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.last->SendTokens(1, std::vector<int32_t>(17, 0)).code(),
+            absl::StatusCode::kInvalidArgument);
+  // None of these touched the communicator.
+  EXPECT_FALSE(p.first->aborted());
+  EXPECT_FALSE(p.last->aborted());
+}
+
+TEST(NcclTransportTest, SilentPeerEndsInDeadlineExceededAndAbort) {
+  REQUIRE_GPUS(2);
+  Pair p = Join(absl::Seconds(2));
+  ASSERT_TRUE(p.first && p.last);
+  const auto start = std::chrono::steady_clock::now();
+  auto a = p.last->Recv(1, kNever);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kDeadlineExceeded) << a.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+  EXPECT_TRUE(p.last->aborted());
+  EXPECT_EQ(p.last->Recv(2, kNever).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(NcclTransportTest, CancellationDuringARecvAborts) {
+  REQUIRE_GPUS(2);
+  Pair p = Join(absl::Seconds(5));
+  ASSERT_TRUE(p.first && p.last);
+  std::atomic<bool> cancel{false};
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    cancel = true;
+  });
+  auto a = p.last->Recv(1, [&] { return cancel.load(); });
+  canceller.join();
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kCancelled) << a.status();
+  EXPECT_TRUE(p.last->aborted());
+  // A cancellation seen before anything was posted leaves the communicator alone.
+  Pair q = Join(absl::Seconds(5));
+  ASSERT_TRUE(q.first && q.last);
+  EXPECT_EQ(q.last->Recv(1, [] { return true; }).status().code(), absl::StatusCode::kCancelled);
+  EXPECT_FALSE(q.last->aborted());
+}
+
+TEST(NcclTransportTest, FrameOfAnotherStepIsDataLoss) {
+  REQUIRE_GPUS(2);
+  Pair p = Join(absl::Seconds(5));
+  ASSERT_TRUE(p.first && p.last);
+  std::thread sender([&] { EXPECT_TRUE(p.first->Send(7, HostActivations(7, 0)).ok()); });
+  auto a = p.last->Recv(8, kNever);
+  sender.join();
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kDataLoss) << a.status();
+  EXPECT_NE(a.status().message().find("step 7"), absl::string_view::npos) << a.status();
+  EXPECT_TRUE(p.last->aborted());
+  EXPECT_EQ(p.last->Recv(9, kNever).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,417 @@
+// tandem-pipeline-bench: a model split into N pipeline stages, one process and one GPU per stage,
+// activations between neighbouring stages over NcclTransport; or, with --single, the whole model
+// in one process on one GPU for the same prompts. No coordinator: the last stage returns each
+// step's tokens to the first over the same communicator.
+//
+// For each batch size: prefill `--prompt` random tokens per sequence (the same prompts in every
+// mode), then greedy decode until `--new_tokens` tokens per sequence; a warm-up round (graph
+// capture, first connections) precedes the measured one. Every process prints its figures and
+// writes them with the generated tokens to --json. With --reference SINGLE.json, rank 0 checks
+// that its tokens equal the single-stage run's and reports the step-time overhead of the hops
+// (exit code 3 when any token differs).
+//
+// usage, N processes:  tandem-pipeline-bench --model DIR --world N --rank R --id_file PATH
+//                        [--device R] [--batch 1,8,64] [--prompt 128] [--new_tokens 128]
+//                        [--json OUT.json] [--reference SINGLE.json]
+//        one process:  tandem-pipeline-bench --model DIR --single [--device 0] [--json OUT.json]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/model_config.h"
+#include "common/rng.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "worker/cuda/cuda_stage.h"
+#include "worker/transport/nccl_transport.h"
+
+ABSL_FLAG(std::string, model, "", "checkpoint folder (config.json + safetensors)");
+ABSL_FLAG(bool, single, false, "run the whole model in this one process (no NCCL)");
+ABSL_FLAG(int, rank, 0, "this process's stage index");
+ABSL_FLAG(int, world, 2, "stages (processes) in the pipeline");
+ABSL_FLAG(std::string, id_file, "",
+          "shared path: rank 0 writes the NCCL unique id there, the others read it");
+ABSL_FLAG(int, device, -1, "CUDA device; -1: the rank (0 with --single)");
+ABSL_FLAG(std::string, batch, "1,8,64", "comma-separated batch sizes");
+ABSL_FLAG(int, prompt, 128, "prompt tokens per sequence");
+ABSL_FLAG(int, new_tokens, 128, "generated tokens per sequence (the first comes from prefill)");
+ABSL_FLAG(std::string, dtype, "f16", "f16 or bf16");
+ABSL_FLAG(bool, graphs, true, "replay decode steps from CUDA graphs");
+ABSL_FLAG(double, kv_memory_fraction, 0.5, "share of free GPU memory for the KV-cache");
+ABSL_FLAG(int, timeout_s, 180, "seconds to wait for the id file, joining, and each transfer");
+ABSL_FLAG(std::string, json, "", "write figures and tokens as JSON to this file");
+ABSL_FLAG(std::string, reference, "",
+          "single-stage JSON: rank 0 compares tokens and step times against it");
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Ms(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+absl::StatusOr<DType> ParseDTypeFlag(const std::string& s) {
+  if (s == "f16" || s == "fp16" || s == "float16") return DType::kF16;
+  if (s == "bf16" || s == "bfloat16") return DType::kBF16;
+  return absl::InvalidArgumentError("--dtype must be f16 or bf16, got " + s);
+}
+
+absl::StatusOr<std::vector<int>> ParseBatches(const std::string& flag) {
+  std::vector<int> batches;
+  for (absl::string_view part : absl::StrSplit(flag, ',')) {
+    int b = 0;
+    if (!absl::SimpleAtoi(part, &b) || b < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--batch: bad batch size '", part, "'"));
+    }
+    batches.push_back(b);
+  }
+  return batches;
+}
+
+// Rank 0 writes the id (to a temporary name, then renamed, so that a reader never sees half);
+// the others wait for the file.
+absl::StatusOr<std::string> ShareUniqueId(int rank, const std::string& path, int timeout_s) {
+  if (path.empty()) return absl::InvalidArgumentError("--id_file is required with --world > 1");
+  if (rank == 0) {
+    ASSIGN_OR_RETURN(std::string id, MakeNcclUniqueId());
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      f.write(id.data(), static_cast<std::streamsize>(id.size()));
+      if (!f) return absl::InternalError("cannot write " + tmp);
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", ec.message()));
+    return id;
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
+  for (;;) {
+    std::ifstream f(path, std::ios::binary);
+    if (f) {
+      std::string id((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      if (id.size() == kNcclUniqueIdBytes) return id;
+    }
+    if (Clock::now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("no NCCL unique id in ", path, " after ",
+                                                      timeout_s, " s; did rank 0 start?"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+struct BatchResult {
+  int batch = 0;
+  double prefill_ms = 0, decode_ms_step = 0, decode_tok_s = 0, e2e_tok_s = 0;
+  double step_ms = 0, send_ms = 0, recv_ms = 0;  // this rank's decode time in each part
+  std::vector<std::vector<int32_t>> tokens;      // [sequence][generated token]
+};
+
+// One process's part of the pipeline (or all of it).
+class Runner {
+ public:
+  Runner(Stage& stage, NcclTransport* transport, int rank, int world)
+      : stage_(stage), t_(transport), rank_(rank), world_(world) {}
+
+  // Runs one step on this rank; rank 0 (or --single) returns the step's tokens.
+  absl::StatusOr<std::vector<int32_t>> Step(StepDescriptor& step, BatchResult* r) {
+    step.id = next_id_++;
+    const auto none = [] { return false; };
+    Activations in;
+    auto t0 = Clock::now();
+    if (rank_ > 0) {
+      ASSIGN_OR_RETURN(in, t_->Recv(step.id, none));
+    }
+    auto t1 = Clock::now();
+    ASSIGN_OR_RETURN(StepOutput out, stage_.Step(step, in));
+    auto t2 = Clock::now();
+    std::vector<int32_t> tokens;
+    if (world_ == 1) {
+      tokens = std::move(out.tokens);
+    } else if (rank_ < world_ - 1) {
+      RETURN_IF_ERROR(t_->Send(step.id, out.hidden));
+    } else {
+      RETURN_IF_ERROR(t_->SendTokens(step.id, out.tokens));
+    }
+    if (world_ > 1 && rank_ == 0) {
+      ASSIGN_OR_RETURN(tokens, t_->RecvTokens(step.id, none));
+    }
+    auto t3 = Clock::now();
+    if (r != nullptr) {
+      r->recv_ms += Ms(t0, t1);
+      r->step_ms += Ms(t1, t2);
+      r->send_ms += Ms(t2, t3);
+    }
+    return tokens;
+  }
+
+ private:
+  Stage& stage_;
+  NcclTransport* t_;
+  int rank_, world_;
+  uint64_t next_id_ = 1;
+};
+
+absl::StatusOr<BatchResult> RunBatch(Runner& runner, const ModelConfig& c, int batch, int prompt,
+                                     int steps, int round, int rank) {
+  BatchResult r;
+  r.batch = batch;
+  r.tokens.assign(batch, {});
+  StepDescriptor pre;
+  for (int b = 0; b < batch; ++b) {
+    SequenceStep s;
+    s.slot = b;
+    s.num_tokens = prompt;
+    pre.seqs.push_back(s);
+    for (int t = 0; t < prompt; ++t) {
+      pre.tokens.push_back(static_cast<int32_t>(
+          RandomBits(static_cast<uint64_t>(round) * 1000003 + batch * 7919 + b, t) %
+          c.vocab_size));
+    }
+  }
+  if (rank != 0) pre.tokens.clear();  // only the first stage reads tokens
+  const auto t0 = Clock::now();
+  ASSIGN_OR_RETURN(std::vector<int32_t> last, runner.Step(pre, nullptr));
+  const auto t1 = Clock::now();
+  for (int b = 0; b < batch && rank == 0; ++b) r.tokens[b].push_back(last[b]);
+  const int decode_steps = round == 0 ? std::min(steps - 1, 3) : steps - 1;
+  for (int i = 0; i < decode_steps; ++i) {
+    StepDescriptor step;
+    for (int b = 0; b < batch; ++b) {
+      SequenceStep s;
+      s.slot = b;
+      s.position = prompt + i;
+      s.sample_index = i + 1;
+      step.seqs.push_back(s);
+    }
+    if (rank == 0) step.tokens = last;
+    ASSIGN_OR_RETURN(std::vector<int32_t> next, runner.Step(step, &r));
+    if (rank == 0) {
+      if (static_cast<int>(next.size()) != batch) {
+        return absl::InternalError(absl::StrCat("decode step ", i, " returned ", next.size(),
+                                                " tokens for a batch of ", batch));
+      }
+      for (int b = 0; b < batch; ++b) r.tokens[b].push_back(next[b]);
+      last = std::move(next);
+    }
+  }
+  const auto t2 = Clock::now();
+  r.prefill_ms = Ms(t0, t1);
+  const int n = std::max(decode_steps, 1);
+  r.decode_ms_step = Ms(t1, t2) / n;
+  r.decode_tok_s = decode_steps > 0 ? batch * decode_steps / (Ms(t1, t2) * 1e-3) : 0;
+  r.e2e_tok_s = batch * (decode_steps + 1) / (Ms(t0, t2) * 1e-3);
+  r.step_ms /= n;
+  r.send_ms /= n;
+  r.recv_ms /= n;
+  if (rank != 0) r.tokens.clear();
+  return r;
+}
+
+// Compares rank 0's tokens and step times with the single-stage run's JSON.
+absl::StatusOr<bool> Compare(const std::string& path, std::vector<BatchResult>& results,
+                             nlohmann::json& out) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError("cannot read --reference " + path);
+  nlohmann::json ref;
+  try {
+    ref = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
+  }
+  bool all_same = true;
+  try {
+    for (const BatchResult& r : results) {
+      const nlohmann::json* match = nullptr;
+      for (const auto& e : ref.at("results")) {
+        if (e.at("batch").get<int>() == r.batch) match = &e;
+      }
+      if (match == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, " has no result for batch ", r.batch));
+      }
+      const auto want = match->at("tokens").get<std::vector<std::vector<int32_t>>>();
+      int differing = 0;
+      for (size_t b = 0; b < r.tokens.size(); ++b) {
+        if (b >= want.size() || want[b] != r.tokens[b]) ++differing;
+      }
+      if (want.size() != r.tokens.size()) differing = std::max<int>(differing, 1);
+      const double ref_ms = match->at("decode_ms_per_step").get<double>();
+      const double overhead = 100.0 * (r.decode_ms_step / ref_ms - 1.0);
+      all_same = all_same && differing == 0;
+      out.push_back({{"batch", r.batch}, {"tokens_identical", differing == 0},
+                     {"sequences_differing", differing},
+                     {"single_decode_ms_per_step", ref_ms},
+                     {"pipeline_decode_ms_per_step", r.decode_ms_step},
+                     {"hop_overhead_percent", overhead},
+                     {"hop_overhead_ms", r.decode_ms_step - ref_ms}});
+      std::printf("batch %d: tokens %s (%d of %zu sequences differ), step %.3f ms vs %.3f ms "
+                  "single: %+.2f%% (%+.1f us)\n",
+                  r.batch, differing == 0 ? "identical" : "DIFFER", differing, r.tokens.size(),
+                  r.decode_ms_step, ref_ms, overhead, (r.decode_ms_step - ref_ms) * 1e3);
+    }
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
+  }
+  return all_same;
+}
+
+absl::StatusOr<int> Run() {
+  const std::string model = absl::GetFlag(FLAGS_model);
+  const bool single = absl::GetFlag(FLAGS_single);
+  const int world = single ? 1 : absl::GetFlag(FLAGS_world);
+  const int rank = single ? 0 : absl::GetFlag(FLAGS_rank);
+  int device = absl::GetFlag(FLAGS_device);
+  if (device < 0) device = rank;
+  const int timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  if (world < 1 || rank < 0 || rank >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rank ", rank, " must be in [0, --world ", world, ")"));
+  }
+  ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model));
+  if (world > c.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("--world ", world, " exceeds the model's ",
+                                                   c.num_layers, " layers"));
+  }
+  ASSIGN_OR_RETURN(DType dtype, ParseDTypeFlag(absl::GetFlag(FLAGS_dtype)));
+  ASSIGN_OR_RETURN(std::vector<int> batches, ParseBatches(absl::GetFlag(FLAGS_batch)));
+  const int prompt = absl::GetFlag(FLAGS_prompt), new_tokens = absl::GetFlag(FLAGS_new_tokens);
+  if (prompt < 1 || new_tokens < 1) {
+    return absl::InvalidArgumentError("--prompt and --new_tokens must be >= 1");
+  }
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+
+  // The id first, so that every rank loads its weights while rank 0's bootstrap root waits.
+  std::string id;
+  if (world > 1) {
+    ASSIGN_OR_RETURN(id, ShareUniqueId(rank, absl::GetFlag(FLAGS_id_file), timeout_s));
+  }
+
+  StageSpec spec;
+  spec.model_dir = model;
+  spec.first_layer = c.num_layers * rank / world;
+  spec.last_layer = rank == world - 1 ? c.num_layers : c.num_layers * (rank + 1) / world;
+  spec.max_slots = max_batch;
+  spec.max_seq_len = std::min(c.max_positions, prompt + new_tokens);
+  CudaOptions opt;
+  opt.device = device;
+  opt.dtype = dtype;
+  opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
+  opt.kv_memory_fraction = static_cast<float>(absl::GetFlag(FLAGS_kv_memory_fraction));
+  const auto t_load = Clock::now();
+  ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCudaStage(spec, opt));
+  const double load_s = Ms(t_load, Clock::now()) * 1e-3;
+
+  std::unique_ptr<NcclTransport> transport;
+  double join_s = 0;
+  if (world > 1) {
+    NcclTransportOptions to;
+    to.device = device;
+    to.rank = rank;
+    to.world = world;
+    to.hidden_size = c.hidden_size;
+    to.dtype = dtype;
+    to.max_rows = static_cast<int64_t>(max_batch) * prompt;
+    to.timeout = absl::Seconds(timeout_s);
+    const auto t_join = Clock::now();
+    ASSIGN_OR_RETURN(transport, NcclTransport::Create(to, id));
+    join_s = Ms(t_join, Clock::now()) * 1e-3;
+  }
+
+  const int steps = std::min(new_tokens, spec.max_seq_len - prompt + 1);
+  Runner runner(*stage, transport.get(), rank, world);
+  std::vector<BatchResult> results;
+  for (int batch : batches) {
+    for (int round = 0; round < 2; ++round) {
+      ASSIGN_OR_RETURN(BatchResult r, RunBatch(runner, c, batch, prompt, steps, round, rank));
+      if (round == 1) results.push_back(std::move(r));
+    }
+  }
+
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, device);
+  std::printf("%s: model %s, layers [%d, %d) of %d, %s, prompt %d, new %d, device %d (%s), "
+              "load %.1f s, join %.2f s\n",
+              single ? "single" : absl::StrCat("rank ", rank, "/", world).c_str(), model.c_str(),
+              spec.first_layer, spec.last_layer, c.num_layers,
+              std::string(DTypeName(dtype)).c_str(), prompt, steps, device, prop.name, load_s,
+              join_s);
+  std::printf("| batch | prefill ms | decode ms/step | decode tok/s | end-to-end tok/s | "
+              "recv ms/step | compute ms/step | send (+ tokens back) ms/step |\n"
+              "|---|---|---|---|---|---|---|---|\n");
+  for (const BatchResult& r : results) {
+    std::printf("| %d | %.2f | %.3f | %.0f | %.0f | %.3f | %.3f | %.3f |\n", r.batch,
+                r.prefill_ms, r.decode_ms_step, r.decode_tok_s, r.e2e_tok_s, r.recv_ms,
+                r.step_ms, r.send_ms);
+  }
+  std::fflush(stdout);
+
+  nlohmann::json j;
+  j["mode"] = single ? "single" : "pipeline";
+  j["rank"] = rank;
+  j["world"] = world;
+  j["model"] = model;
+  j["dtype"] = std::string(DTypeName(dtype));
+  j["device"] = prop.name;
+  j["layers"] = {spec.first_layer, spec.last_layer};
+  j["prompt"] = prompt;
+  j["new_tokens"] = steps;
+  j["load_seconds"] = load_s;
+  j["join_seconds"] = join_s;
+  for (const BatchResult& r : results) {
+    j["results"].push_back({{"batch", r.batch}, {"prefill_ms", r.prefill_ms},
+                            {"decode_ms_per_step", r.decode_ms_step},
+                            {"decode_tok_s", r.decode_tok_s}, {"end_to_end_tok_s", r.e2e_tok_s},
+                            {"recv_ms_per_step", r.recv_ms}, {"compute_ms_per_step", r.step_ms},
+                            {"send_ms_per_step", r.send_ms}, {"tokens", r.tokens}});
+  }
+  int code = 0;
+  const std::string ref = absl::GetFlag(FLAGS_reference);
+  if (!ref.empty() && rank == 0) {
+    nlohmann::json cmp = nlohmann::json::array();
+    ASSIGN_OR_RETURN(bool same, Compare(ref, results, cmp));
+    j["comparison"] = cmp;
+    j["tokens_identical"] = same;
+    if (!same) code = 3;
+  }
+  const std::string json_path = absl::GetFlag(FLAGS_json);
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << j.dump(1) << "\n";
+    if (!f) return absl::InternalError("cannot write " + json_path);
+  }
+  return code;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_model).empty()) {
+    std::cerr << "tandem-pipeline-bench: --model DIR is required\n";
+    return 2;
+  }
+  absl::StatusOr<int> code = tandem::Run();
+  if (!code.ok()) {
+    std::cerr << "tandem-pipeline-bench: " << code.status() << "\n";
+    return 1;
+  }
+  return *code;
+}
