@@ -617,8 +617,9 @@ absl::Status Coordinator::BuildPipeline(int id, uint64_t assignment,
     }
   }
   const int stages = static_cast<int>(workers.size());
+  std::vector<v1::AssignStageRequest> requests(stages);
   for (int s = 0; s < stages; ++s) {
-    v1::AssignStageRequest req;
+    v1::AssignStageRequest& req = requests[s];
     req.set_assignment_id(assignment);
     req.set_pipeline_id(id);
     req.set_stage(s);
@@ -628,23 +629,27 @@ absl::Status Coordinator::BuildPipeline(int id, uint64_t assignment,
     req.set_last_layer(ranges[s].last);
     req.set_max_slots(config_.max_slots);
     req.set_max_seq_len(limits_.context_length);
+    req.set_max_step_rows(static_cast<int64_t>(config_.max_batch) * config_.prefill_chunk);
     if (s + 1 < stages) req.set_next_address(addresses[s + 1]);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + kAssignTimeout));
-    v1::AssignStageResponse resp;
-    grpc::Status st = v1::Worker::NewStub(channels[s])->AssignStage(&ctx, req, &resp);
-    if (!st.ok()) {
-      const std::string why = absl::StrFormat("AssignStage to worker %d (%s): %s", workers[s],
-                                              addresses[s], st.error_message());
-      const auto code = static_cast<absl::StatusCode>(st.error_code());
-      if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) {
-        absl::MutexLock lock(&mu_);
-        MarkDown(workers[s], why);
-      }
-      return absl::Status(code, why);
+  }
+  std::vector<v1::AssignStageResponse> responses;
+  if (std::optional<StageAssignError> err =
+          AssignPipelineStages(channels, std::move(requests), kAssignTimeout, &responses)) {
+    const int s = err->stage;
+    const grpc::Status& st = err->status;
+    const std::string why = absl::StrFormat("AssignStage to worker %d (%s): %s", workers[s],
+                                            addresses[s], st.error_message());
+    const auto code = static_cast<absl::StatusCode>(st.error_code());
+    if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) {
+      absl::MutexLock lock(&mu_);
+      MarkDown(workers[s], why);
     }
+    return absl::Status(code, why);
+  }
+  for (int s = 0; s < stages; ++s) {
     spdlog::info("pipeline {} stage {}: worker {} ({}) loaded layers [{}, {}) in {:.2f} s", id, s,
-                 workers[s], addresses[s], ranges[s].first, ranges[s].last, resp.load_seconds());
+                 workers[s], addresses[s], ranges[s].first, ranges[s].last,
+                 responses[s].load_seconds());
   }
   PipelineLink::Callbacks cb;
   cb.on_result = [this, id, assignment](int stage, const v1::StepResult& r) {

@@ -64,6 +64,64 @@ void PipelineLink::ReadLoop(int stage) {
   callbacks_.on_broken(stage, s);
 }
 
+std::optional<StageAssignError> AssignPipelineStages(
+    const std::vector<std::shared_ptr<grpc::Channel>>& channels,
+    std::vector<v1::AssignStageRequest> requests, absl::Duration timeout,
+    std::vector<v1::AssignStageResponse>* responses) {
+  const int stages = static_cast<int>(requests.size());
+  responses->assign(stages, v1::AssignStageResponse());
+  auto assign = [&](int s) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    return v1::Worker::NewStub(channels[s])->AssignStage(&ctx, requests[s], &(*responses)[s]);
+  };
+  std::string transport = "grpc";
+  if (stages > 1) {
+    v1::PrepareLinkRequest req;
+    req.set_assignment_id(requests[0].assignment_id());
+    req.set_num_stages(stages);
+    v1::PrepareLinkResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    grpc::Status st = v1::Worker::NewStub(channels[0])->PrepareLink(&ctx, req, &resp);
+    if (st.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      resp.set_transport("grpc");  // a worker that predates PrepareLink links over gRPC only
+    } else if (!st.ok()) {
+      return StageAssignError{0, grpc::Status(st.error_code(),
+                                              "PrepareLink: " + st.error_message())};
+    }
+    if (resp.transport() == "nccl") {
+      transport = "nccl";
+    } else if (!resp.transport().empty() && resp.transport() != "grpc") {
+      return StageAssignError{
+          0, grpc::Status(grpc::StatusCode::INTERNAL,
+                          absl::StrCat("PrepareLink: unknown transport '", resp.transport(), "'"))};
+    }
+    for (v1::AssignStageRequest& r : requests) {
+      r.set_transport(transport);
+      if (transport == "nccl") r.set_nccl_id(resp.nccl_id());
+    }
+  }
+  if (transport != "nccl") {
+    for (int s = 0; s < stages; ++s) {
+      grpc::Status st = assign(s);
+      if (!st.ok()) return StageAssignError{s, st};
+    }
+    return std::nullopt;
+  }
+  // Every rank must be inside its join at the same time: one thread per stage.
+  std::vector<grpc::Status> results(stages);
+  std::vector<std::thread> threads;
+  for (int s = 0; s < stages; ++s) {
+    threads.emplace_back([&, s] { results[s] = assign(s); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int s = 0; s < stages; ++s) {
+    if (!results[s].ok()) return StageAssignError{s, results[s]};
+  }
+  return std::nullopt;
+}
+
 void PipelineLink::Close() {
   absl::MutexLock lock(&close_mu_);
   if (closed_) return;

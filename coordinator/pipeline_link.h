@@ -1,10 +1,12 @@
 // The coordinator's end of one pipeline's Worker.Steps streams: one bidirectional stream per
 // stage. Steps go to every stage in issue order; a reader thread per stage delivers results and
-// notices a stream that breaks (a worker that died or failed a step).
+// notices a stream that breaks (a worker that died or failed a step). AssignPipelineStages loads
+// the stages before the streams open and sets up their activation link (gRPC or NCCL).
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem.grpc.pb.h"
 
@@ -56,6 +59,22 @@ class PipelineLink {
   absl::Mutex close_mu_;
   bool closed_ ABSL_GUARDED_BY(close_mu_) = false;
 };
+
+// A failed AssignStage: which stage and the worker's answer.
+struct StageAssignError {
+  int stage = -1;
+  grpc::Status status;
+};
+
+// Loads a pipeline's stages: `requests[s]` goes to `channels[s]`. First asks stage 0's worker
+// (Worker.PrepareLink) which activation link it offers; with "nccl" every request gets its
+// ncclUniqueId and the stages are assigned concurrently (joining a communicator is collective),
+// otherwise one after the other, in stage order. `responses` gets one answer per stage. On
+// failure returns the first failed stage (the lowest index) and its status.
+std::optional<StageAssignError> AssignPipelineStages(
+    const std::vector<std::shared_ptr<grpc::Channel>>& channels,
+    std::vector<v1::AssignStageRequest> requests, absl::Duration timeout,
+    std::vector<v1::AssignStageResponse>* responses);
 
 // Sets the calling thread's name as shown by ps/top/gdb (at most 15 characters).
 void SetThreadName(const std::string& name);

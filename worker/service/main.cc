@@ -19,12 +19,24 @@
 #include "worker/cpu/cpu_stage.h"
 #include "worker/service/worker_service.h"
 #include "worker/transport/grpc_transport.h"
+#ifdef TANDEM_HAVE_CUDA
+#include "worker/cuda/cuda_stage.h"
+#include "worker/cuda/host_copy.h"
+#include "worker/transport/nccl_transport.h"
+#endif
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "the coordinator's host:port");
 ABSL_FLAG(std::string, listen, "0.0.0.0:0", "host:port to serve on (port 0: any free port)");
 ABSL_FLAG(std::string, advertise_host, "127.0.0.1",
           "host name the coordinator and the other workers use to reach this worker");
-ABSL_FLAG(std::string, backend, "cpu", "compute backend: cpu");
+ABSL_FLAG(std::string, backend, "cpu", "compute backend: cpu or cuda (CUDA builds)");
+ABSL_FLAG(int, gpu, 0, "cuda: the CUDA device index");
+ABSL_FLAG(std::string, dtype, "f16", "cuda: weights, activations and KV-cache type, f16 or bf16");
+ABSL_FLAG(double, kv_memory_fraction, 0.9,
+          "cuda: share of the GPU memory left after the weights that the KV-cache takes");
+ABSL_FLAG(std::string, transport, "grpc",
+          "activations to the next stage: grpc (host bytes over StageLink) or nccl (cuda backend; "
+          "offered when this worker is a pipeline's first stage)");
 ABSL_FLAG(int, recv_timeout_s, 300, "how long a stage waits for its input before failing a step");
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0:0",
           "host:port serving Prometheus /metrics (port 0: any free port, printed; empty: off)");
@@ -35,20 +47,84 @@ void OnSignal(int) { g_stop.store(true); }
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("tandem-worker --coordinator HOST:PORT [--listen ADDR] [--backend cpu]");
+  absl::SetProgramUsageMessage(
+      "tandem-worker --coordinator HOST:PORT [--listen ADDR] [--backend cpu|cuda [--gpu N] "
+      "[--dtype f16|bf16] [--transport grpc|nccl]]");
   absl::ParseCommandLine(argc, argv);
   const std::string backend = absl::GetFlag(FLAGS_backend);
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  if (transport != "grpc" && transport != "nccl") {
+    spdlog::error("--transport: '{}' (expected grpc or nccl)", transport);
+    return 2;
+  }
   tandem::StageFactory factory;
+  tandem::LinkOptions link_options;
+  link_options.transport = transport;
   if (backend == "cpu") {
+    if (transport != "grpc") {
+      spdlog::error("--transport=nccl needs --backend=cuda");
+      return 2;
+    }
     factory = [](const tandem::StageSpec& spec) { return tandem::MakeCpuStage(spec); };
+  } else if (backend == "cuda") {
+#ifdef TANDEM_HAVE_CUDA
+    tandem::CudaOptions options;
+    options.device = absl::GetFlag(FLAGS_gpu);
+    const std::string dtype = absl::GetFlag(FLAGS_dtype);
+    if (dtype == "f16") {
+      options.dtype = tandem::DType::kF16;
+    } else if (dtype == "bf16") {
+      options.dtype = tandem::DType::kBF16;
+    } else {
+      spdlog::error("--dtype: '{}' (expected f16 or bf16)", dtype);
+      return 2;
+    }
+    const double kv = absl::GetFlag(FLAGS_kv_memory_fraction);
+    if (!(kv > 0.0 && kv <= 1.0)) {
+      spdlog::error("--kv_memory_fraction: {} (expected a share in (0, 1])", kv);
+      return 2;
+    }
+    options.kv_memory_fraction = static_cast<float>(kv);
+    if (options.device < 0) {
+      spdlog::error("--gpu: {} (expected a CUDA device index >= 0)", options.device);
+      return 2;
+    }
+    factory = [options](const tandem::StageSpec& spec) {
+      return tandem::MakeCudaStage(spec, options);
+    };
+    link_options.to_host = [device = options.device](const tandem::Activations& a) {
+      return tandem::CopyActivationsToHost(a, device);
+    };
+    link_options.make_nccl_id = [] { return tandem::MakeNcclUniqueId(); };
+    link_options.join_nccl = [options, recv_timeout = absl::GetFlag(FLAGS_recv_timeout_s)](
+                                 const tandem::NcclJoin& j)
+        -> absl::StatusOr<std::unique_ptr<tandem::ActivationTransport>> {
+      tandem::NcclTransportOptions o;
+      o.device = options.device;
+      o.rank = j.rank;
+      o.world = j.world;
+      o.hidden_size = j.hidden_size;
+      o.dtype = options.dtype;
+      o.max_rows = j.max_rows;
+      o.timeout = absl::Seconds(recv_timeout);
+      absl::StatusOr<std::unique_ptr<tandem::NcclTransport>> t =
+          tandem::NcclTransport::Create(o, j.unique_id);
+      if (!t.ok()) return t.status();
+      return std::unique_ptr<tandem::ActivationTransport>(*std::move(t));
+    };
+#else
+    spdlog::error("--backend=cuda: this tandem-worker was built without CUDA (available: cpu)");
+    return 2;
+#endif
   } else {
-    spdlog::error("--backend: '{}' is not available in this build (available: cpu)", backend);
+    spdlog::error("--backend: '{}' is not a backend (expected cpu or cuda)", backend);
     return 2;
   }
 
   tandem::ActivationInbox inbox;
   tandem::WorkerService worker(factory, inbox,
-                               absl::Seconds(absl::GetFlag(FLAGS_recv_timeout_s)));
+                               absl::Seconds(absl::GetFlag(FLAGS_recv_timeout_s)),
+                               std::move(link_options));
   tandem::StageLinkService link(inbox);
   // Metrics are an aid, not a requirement: a taken port is logged and the worker runs on. GPU
   // readings appear where NVML is present.

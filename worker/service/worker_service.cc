@@ -3,11 +3,13 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <deque>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/metrics.h"
+#include "common/model_config.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem {
@@ -44,8 +46,32 @@ StepDescriptor ToDescriptor(const v1::StepRequest& req) {
 }  // namespace
 
 WorkerService::WorkerService(StageFactory factory, ActivationInbox& inbox,
-                             absl::Duration recv_timeout)
-    : factory_(std::move(factory)), inbox_(inbox), recv_timeout_(recv_timeout) {}
+                             absl::Duration recv_timeout, LinkOptions link)
+    : factory_(std::move(factory)),
+      inbox_(inbox),
+      recv_timeout_(recv_timeout),
+      link_(std::move(link)) {}
+
+grpc::Status WorkerService::PrepareLink(grpc::ServerContext*, const v1::PrepareLinkRequest* req,
+                                        v1::PrepareLinkResponse* resp) {
+  if (link_.transport != "nccl" || req->num_stages() < 2) {
+    resp->set_transport("grpc");
+    return grpc::Status::OK;
+  }
+  if (!link_.make_nccl_id) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "transport nccl: this worker has no NCCL (a CUDA build with --backend=cuda)");
+  }
+  absl::StatusOr<std::string> id = link_.make_nccl_id();
+  if (!id.ok()) {
+    spdlog::error("assignment {}: ncclUniqueId: {}", req->assignment_id(), id.status().ToString());
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        absl::StrCat("ncclUniqueId: ", std::string(id.status().message())));
+  }
+  resp->set_transport("nccl");
+  resp->set_nccl_id(*std::move(id));
+  return grpc::Status::OK;
+}
 
 grpc::Status WorkerService::AssignStage(grpc::ServerContext*, const v1::AssignStageRequest* req,
                                         v1::AssignStageResponse* resp) {
@@ -59,6 +85,17 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext*, const v1::AssignSt
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "next_address: required on every stage but the last, and only there");
   }
+  // A single stage has no neighbour to link to.
+  const std::string transport =
+      req->transport().empty() || req->num_stages() == 1 ? "grpc" : req->transport();
+  if (transport != "grpc" && transport != "nccl") {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("transport: '", transport, "' (expected grpc or nccl)"));
+  }
+  if (transport == "nccl" && !link_.join_nccl) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "transport nccl: this worker has no NCCL (a CUDA build with --backend=cuda)");
+  }
   StageSpec spec;
   spec.model_dir = req->model_dir();
   spec.first_layer = req->first_layer();
@@ -69,6 +106,36 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext*, const v1::AssignSt
   {
     absl::MutexLock lock(&mu_);
     current_.reset();
+  }
+  // NCCL: join before loading. Every stage joins at once (the coordinator assigns them
+  // concurrently), so a slow load elsewhere does not eat the join's timeout, and the link's
+  // buffers are taken before the KV-cache sizes itself from the free memory.
+  std::unique_ptr<ActivationTransport> nccl;
+  if (transport == "nccl") {
+    absl::StatusOr<ModelConfig> config = LoadModelConfig(spec.model_dir);
+    if (!config.ok()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          std::string(config.status().message()));
+    }
+    NcclJoin join;
+    join.unique_id = req->nccl_id();
+    join.rank = req->stage();
+    join.world = req->num_stages();
+    join.hidden_size = config->hidden_size;
+    join.max_rows = req->max_step_rows() > 0
+                        ? req->max_step_rows()
+                        : static_cast<int64_t>(std::max(req->max_slots(), 1)) *
+                              std::max(req->max_seq_len(), 1);
+    absl::StatusOr<std::unique_ptr<ActivationTransport>> t = link_.join_nccl(join);
+    if (!t.ok()) {
+      spdlog::error("assignment {}: NCCL: {}", req->assignment_id(), t.status().ToString());
+      const auto code = t.status().code() == absl::StatusCode::kInvalidArgument
+                            ? grpc::StatusCode::INVALID_ARGUMENT
+                            : grpc::StatusCode::FAILED_PRECONDITION;
+      return grpc::Status(code, absl::StrCat("NCCL link of stage ", req->stage(), ": ",
+                                             std::string(t.status().message())));
+    }
+    nccl = *std::move(t);
   }
   absl::StatusOr<std::unique_ptr<Stage>> stage = factory_(spec);
   if (!stage.ok()) {
@@ -82,16 +149,22 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext*, const v1::AssignSt
   a->num_stages = req->num_stages();
   a->engine = *std::move(stage);
   inbox_.Reset(a->id);
-  a->transport = std::make_unique<GrpcTransport>(a->stage > 0 ? &inbox_ : nullptr, a->id,
-                                                 req->next_address(), recv_timeout_);
+  if (nccl != nullptr) {
+    a->transport = std::move(nccl);
+    a->host_link = false;
+  } else {
+    a->transport = std::make_unique<GrpcTransport>(a->stage > 0 ? &inbox_ : nullptr, a->id,
+                                                   req->next_address(), recv_timeout_);
+  }
   {
     absl::MutexLock lock(&mu_);
     current_ = a;
   }
   resp->set_load_seconds(absl::ToDoubleSeconds(absl::Now() - t0));
-  spdlog::info("assignment {}: pipeline {} stage {}/{} layers [{}, {}) next {}", a->id,
+  spdlog::info("assignment {}: pipeline {} stage {}/{} layers [{}, {}) next {} over {}", a->id,
                req->pipeline_id(), a->stage, a->num_stages, req->first_layer(),
-               req->last_layer(), req->next_address().empty() ? "-" : req->next_address());
+               req->last_layer(), req->next_address().empty() ? "-" : req->next_address(),
+               transport);
   return grpc::Status::OK;
 }
 
@@ -120,6 +193,15 @@ v1::StepResult WorkerService::RunStep(Assignment& a, const v1::StepRequest& req,
   r.set_step_id(d.id);
   if (a.stage + 1 < a.num_stages) {
     t0 = absl::Now();
+    if (a.host_link && out->hidden.where == Where::kDevice) {
+      if (!link_.to_host) {
+        return ErrorResult(d.id, absl::InternalError(
+                                     "device activations, but no device-to-host copy is set up"));
+      }
+      absl::StatusOr<Activations> host = link_.to_host(out->hidden);
+      if (!host.ok()) return ErrorResult(d.id, host.status());
+      out->hidden = *std::move(host);
+    }
     if (absl::Status s = a.transport->Send(d.id, out->hidden); !s.ok()) return ErrorResult(d.id, s);
     if (metrics_ != nullptr) {
       metrics_->ObserveTransfer(a.stage, "send", absl::ToDoubleSeconds(absl::Now() - t0),

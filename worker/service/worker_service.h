@@ -28,9 +28,30 @@ struct WorkerMetrics;  // common/metrics.h
 using StageFactory =
     std::function<absl::StatusOr<std::unique_ptr<Stage>>(const StageSpec& spec)>;
 
+// What a stage needs to join its pipeline's NCCL communicator.
+struct NcclJoin {
+  std::string unique_id;  // kNcclUniqueIdBytes bytes from the first stage's PrepareLink
+  int rank = 0;           // the stage index
+  int world = 1;          // stages in the pipeline
+  int hidden_size = 0;    // cols of every activation
+  int64_t max_rows = 0;   // rows of the largest step
+};
+
+// How this worker links to its neighbours. The NCCL functions exist only in CUDA builds with the
+// cuda backend (main.cc); without them a "nccl" assignment fails with FAILED_PRECONDITION.
+struct LinkOptions {
+  // What PrepareLink offers when this worker is a pipeline's first stage: "grpc" or "nccl".
+  std::string transport = "grpc";
+  std::function<absl::StatusOr<std::string>()> make_nccl_id;
+  std::function<absl::StatusOr<std::unique_ptr<ActivationTransport>>(const NcclJoin&)> join_nccl;
+  // Copies device activations to the host for the gRPC link; empty: stages output host ones.
+  std::function<absl::StatusOr<Activations>(const Activations&)> to_host;
+};
+
 class WorkerService final : public v1::Worker::Service {
  public:
-  WorkerService(StageFactory factory, ActivationInbox& inbox, absl::Duration recv_timeout);
+  WorkerService(StageFactory factory, ActivationInbox& inbox, absl::Duration recv_timeout,
+                LinkOptions link = {});
   // Where to record stage timings (common/metrics.h); null: nowhere. Set before serving.
   void set_metrics(WorkerMetrics* metrics) { metrics_ = metrics; }
 
@@ -38,6 +59,8 @@ class WorkerService final : public v1::Worker::Service {
                            v1::AssignStageResponse* resp) override;
   grpc::Status Steps(grpc::ServerContext* ctx,
                      grpc::ServerReaderWriter<v1::StepResult, v1::StepRequest>* stream) override;
+  grpc::Status PrepareLink(grpc::ServerContext* ctx, const v1::PrepareLinkRequest* req,
+                           v1::PrepareLinkResponse* resp) override;
 
  private:
   // One assignment: the loaded stage and its link to the neighbours.
@@ -47,6 +70,7 @@ class WorkerService final : public v1::Worker::Service {
     int num_stages = 1;
     std::unique_ptr<Stage> engine;
     std::unique_ptr<ActivationTransport> transport;
+    bool host_link = true;  // the transport carries host activations only (gRPC)
     // Serializes the executors of streams that overlap during a hand-over.
     absl::Mutex run_mu;
   };
@@ -57,6 +81,7 @@ class WorkerService final : public v1::Worker::Service {
   const StageFactory factory_;
   ActivationInbox& inbox_;
   const absl::Duration recv_timeout_;
+  const LinkOptions link_;
   absl::Mutex assign_mu_;  // one AssignStage at a time
   absl::Mutex mu_;
   std::shared_ptr<Assignment> current_ ABSL_GUARDED_BY(mu_);

@@ -1,9 +1,10 @@
-// Activations over gRPC streams: raw fp32 rows in a bytes field.
+// Activations over gRPC streams: raw host rows (fp32, fp16 or bf16) in a bytes field.
 #include "worker/transport/grpc_transport.h"
 
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "common/dtype.h"
 
 namespace tandem {
 
@@ -58,18 +59,31 @@ grpc::Status StageLinkService::Activations(grpc::ServerContext*,
   v1::ActivationsMessage msg;
   while (reader->Read(&msg)) {
     const int64_t rows = msg.rows(), cols = msg.cols();
+    DType dtype = DType::kF32;
+    if (!msg.dtype().empty()) {
+      absl::StatusOr<DType> t = ParseDType(msg.dtype());
+      if (!t.ok()) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrFormat("step %d: activations dtype '%s': %s", msg.step_id(),
+                                            msg.dtype(), std::string(t.status().message())));
+      }
+      dtype = *t;
+    }
     if (rows < 0 || cols <= 0 ||
-        static_cast<size_t>(rows * cols) * sizeof(float) != msg.data().size()) {
+        static_cast<size_t>(rows * cols) * DTypeSize(dtype) != msg.data().size()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrFormat("step %d: %d bytes for [%d, %d] fp32 activations",
-                                          msg.step_id(), msg.data().size(), rows, cols));
+                          absl::StrFormat("step %d: %d bytes for [%d, %d] %s activations",
+                                          msg.step_id(), msg.data().size(), rows, cols,
+                                          std::string(DTypeName(dtype))));
     }
     tandem::Activations a;
     a.rows = rows;
     a.cols = cols;
-    a.dtype = DType::kF32;
+    a.dtype = dtype;
     a.where = Where::kHost;
-    auto buf = std::shared_ptr<float[]>(new float[std::max<int64_t>(rows * cols, 1)]);
+    // float elements keep the buffer aligned for every dtype.
+    const size_t floats = std::max<size_t>((msg.data().size() + sizeof(float) - 1) / sizeof(float), 1);
+    auto buf = std::shared_ptr<float[]>(new float[floats]);
     std::memcpy(buf.get(), msg.data().data(), msg.data().size());
     a.data = std::shared_ptr<void>(buf, buf.get());
     inbox_.Put(msg.assignment_id(), msg.step_id(), std::move(a));
@@ -96,8 +110,10 @@ absl::Status GrpcTransport::Send(uint64_t step_id, const Activations& a) {
   if (next_address_.empty()) {
     return absl::FailedPreconditionError("the last stage has no next stage to send to");
   }
-  if (a.dtype != DType::kF32 || a.where != Where::kHost) {
-    return absl::InvalidArgumentError("the gRPC transport carries fp32 host activations only");
+  if (a.where != Where::kHost) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "step %d: the gRPC transport carries host activations only; copy device ones to the "
+        "host first", step_id));
   }
   if (!writer_) {
     grpc::ChannelArguments args;
@@ -114,6 +130,7 @@ absl::Status GrpcTransport::Send(uint64_t step_id, const Activations& a) {
   msg.set_rows(a.rows);
   msg.set_cols(a.cols);
   msg.set_data(static_cast<const char*>(a.data.get()), a.nbytes());
+  if (a.dtype != DType::kF32) msg.set_dtype(std::string(DTypeName(a.dtype)));
   if (!writer_->Write(msg)) {
     return absl::UnavailableError(absl::StrFormat(
         "step %d: cannot send activations to the next stage at %s", step_id, next_address_));
