@@ -1,6 +1,7 @@
-// Metric families and the /metrics endpoint (prometheus-cpp, civetweb underneath).
+// Metric families (prometheus-cpp) and the /metrics endpoint (cpp-httplib).
 #include "common/metrics.h"
 
+#include <httplib.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -16,7 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "prometheus/histogram.h"
+#include "prometheus/text_serializer.h"
 
 namespace tandem {
 namespace {
@@ -58,20 +61,43 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   }
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->registry_ = std::move(registry);
-  // civetweb reports a failed bind by throwing from the constructor.
-  try {
-    server->exposer_ = std::make_unique<prometheus::Exposer>(address, 1);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("metrics address '", address, "': cannot serve: ", e.what()));
+  server->http_ = std::make_unique<httplib::Server>();
+  server->http_->new_task_queue = [] { return new httplib::ThreadPool(2); };
+  // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which would let two servers share a
+  // port instead of reporting the second as unavailable.
+  server->http_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  server->http_->Get("/metrics", [reg = server->registry_](const httplib::Request&,
+                                                           httplib::Response& res) {
+    res.set_content(prometheus::TextSerializer().Serialize(reg->Collect()),
+                    "text/plain; version=0.0.4; charset=utf-8");
+  });
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);  // [::1]:9464
   }
-  server->exposer_->RegisterCollectable(server->registry_);
-  const std::vector<int> ports = server->exposer_->GetListeningPorts();
-  if (ports.empty()) {
-    return absl::UnavailableError(absl::StrCat("metrics address '", address, "': not bound"));
+  const int bound = port == 0 ? server->http_->bind_to_any_port(host)
+                              : (server->http_->bind_to_port(host, port) ? port : -1);
+  if (bound <= 0) {
+    return absl::UnavailableError(absl::StrCat("metrics address '", address,
+                                               "': cannot serve: the address cannot be bound"));
   }
-  server->port_ = ports.front();
+  server->port_ = bound;
+  server->thread_ = std::thread([http = server->http_.get()] { http->listen_after_bind(); });
+  // stop() only ends a server that is already listening: wait for it, so that the destructor
+  // cannot stop it before it starts.
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!server->http_->is_running() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
   return server;
+}
+
+MetricsServer::~MetricsServer() {
+  if (http_) http_->stop();
+  if (thread_.joinable()) thread_.join();
 }
 
 absl::StatusOr<std::string> FetchMetricsPage(const std::string& host_port,

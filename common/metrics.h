@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -16,11 +17,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+
+namespace httplib {
+class Server;
+}  // namespace httplib
 
 namespace tandem {
 
@@ -31,12 +35,17 @@ class MetricsServer {
   // malformed address, UNAVAILABLE when it cannot be bound.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
       const std::string& address, std::shared_ptr<prometheus::Registry> registry);
+  ~MetricsServer();  // stops serving and joins the server's thread
   int port() const { return port_; }
 
  private:
   MetricsServer() = default;
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  // cpp-httplib rather than prometheus-cpp's civetweb Exposer: civetweb starts its threads with a
+  // fixed small stack, which pthread_create refuses (EINVAL) once a process has loaded libraries
+  // with large static TLS (cuBLASLt, OpenBLAS), as a GPU worker has.
+  std::unique_ptr<httplib::Server> http_;
+  std::thread thread_;
   int port_ = 0;
 };
 
