@@ -2,14 +2,9 @@
 #include "common/metrics.h"
 
 #include <httplib.h>
-#include <netdb.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <exception>
 #include <limits>
 
 #include "absl/strings/numbers.h"
@@ -108,62 +103,30 @@ absl::StatusOr<std::string> FetchMetricsPage(const std::string& host_port,
 absl::StatusOr<std::string> HttpGet(const std::string& host_port, const std::string& path,
                                     absl::Duration timeout) {
   const size_t colon = host_port.rfind(':');
-  if (colon == std::string::npos) {
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(host_port.substr(colon + 1), &port)) {
     return absl::InvalidArgumentError(absl::StrCat("metrics address '", host_port,
                                                    "': expected host:port"));
   }
-  const std::string host = host_port.substr(0, colon);
-  const std::string port = host_port.substr(colon + 1);
-  addrinfo hints = {};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
-    return absl::UnavailableError(absl::StrCat("metrics address '", host_port, "': unknown host"));
+  std::string host = host_port.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
   }
-  int fd = -1;
-  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
-    if (fd < 0) continue;
-    timeval tv = absl::ToTimeval(timeout);
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
-      close(fd);
-      fd = -1;
-    }
-  }
-  freeaddrinfo(found);
-  if (fd < 0) {
+  httplib::Client client(host, port);
+  const int64_t us = absl::ToInt64Microseconds(timeout);
+  client.set_connection_timeout(us / 1000000, us % 1000000);
+  client.set_read_timeout(us / 1000000, us % 1000000);
+  client.set_url_encode(false);  // `path` comes encoded
+  httplib::Result res = client.Get(path);
+  if (!res) {
     return absl::UnavailableError(absl::StrCat("metrics address '", host_port,
-                                               "': cannot connect: ", std::strerror(errno)));
+                                               "': ", httplib::to_string(res.error())));
   }
-  const std::string request =
-      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", host_port, "\r\nAccept: text/plain\r\n\r\n");
-  bool ok = send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
-            static_cast<ssize_t>(request.size());
-  std::string response;
-  char buf[16384];
-  while (ok) {
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n < 0) ok = false;
-    if (n <= 0) break;
-    response.append(buf, static_cast<size_t>(n));
+  if (res->status != 200) {
+    return absl::InternalError(
+        absl::StrCat("metrics address '", host_port, "': HTTP status ", res->status));
   }
-  close(fd);
-  if (!ok) {
-    return absl::UnavailableError(absl::StrCat("metrics address '", host_port,
-                                               "': read failed: ", std::strerror(errno)));
-  }
-  const size_t body = response.find("\r\n\r\n");
-  if (body == std::string::npos || response.compare(0, 5, "HTTP/") != 0) {
-    return absl::InternalError(absl::StrCat("metrics address '", host_port, "': not HTTP"));
-  }
-  const std::string status_line = response.substr(0, response.find("\r\n"));
-  if (status_line.find(" 200") == std::string::npos) {
-    return absl::InternalError(absl::StrCat("metrics address '", host_port, "': ", status_line));
-  }
-  return response.substr(body + 4);
+  return res->body;
 }
 
 absl::StatusOr<std::vector<MetricSample>> ParseMetricsText(const std::string& text) {

@@ -49,7 +49,7 @@ class MetricsServer {
   int port_ = 0;
 };
 
-// Reads http://host:port/metrics (a plain HTTP/1.0 GET): what a scraper sees. HttpGet reads any
+// Reads http://host:port/metrics: what a scraper sees. HttpGet reads any
 // path (query string included, already URL-encoded). UNAVAILABLE when the
 // endpoint cannot be reached, INTERNAL for a response that is not 200.
 absl::StatusOr<std::string> HttpGet(const std::string& host_port, const std::string& path,
