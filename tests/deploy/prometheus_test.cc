@@ -29,20 +29,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::Cluster;
+using testing::PrintedMetricsPort;
+using testing::ReadFile;
 using testing::Process;
-
-std::string ReadAll(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-int MetricsPort(const std::string& log, const std::string& program) {
-  std::smatch m;
-  const std::regex re(program + " metrics on port ([0-9]+)");
-  return std::regex_search(log, m, re) ? std::stoi(m[1].str()) : -1;
-}
 
 int FreePort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -110,9 +99,11 @@ TEST(PrometheusTest, DashboardExpressionsReturnDataFromARealPrometheus) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   Cluster& c = **cluster;
   std::vector<std::string> targets;
-  targets.push_back(absl::StrCat("127.0.0.1:", MetricsPort(c.Logs(), "tandem-coordinator")));
+  targets.push_back(
+      absl::StrCat("127.0.0.1:", PrintedMetricsPort(c.Logs(), "tandem-coordinator")));
   for (int i = 0; i < 2; ++i) {
-    targets.push_back(absl::StrCat("127.0.0.1:", MetricsPort(c.worker(i).Log(), "tandem-worker")));
+    targets.push_back(
+        absl::StrCat("127.0.0.1:", PrintedMetricsPort(c.worker(i).Log(), "tandem-worker")));
   }
   for (const std::string& t : targets) ASSERT_THAT(t, ::testing::Not(::testing::EndsWith(":-1")));
 
@@ -180,11 +171,11 @@ TEST(PrometheusTest, DashboardExpressionsReturnDataFromARealPrometheus) {
     }
     absl::SleepFor(absl::Milliseconds(250));
   }
-  ASSERT_EQ(up, 3) << ReadAll(dir / "prometheus.log");
+  ASSERT_EQ(up, 3) << ReadFile(dir / "prometheus.log");
 
   nlohmann::json dash;
   try {
-    dash = nlohmann::json::parse(ReadAll(TANDEM_DASHBOARD_JSON));
+    dash = nlohmann::json::parse(ReadFile(TANDEM_DASHBOARD_JSON));
   } catch (const nlohmann::json::exception& e) {
     FAIL() << TANDEM_DASHBOARD_JSON << ": " << e.what();
   }
@@ -221,7 +212,7 @@ TEST(PrometheusTest, DashboardExpressionsReturnDataFromARealPrometheus) {
     EXPECT_EQ(Shell(absl::StrCat(TANDEM_PROMTOOL_BIN, " check metrics < ", file.string(), " > ",
                                  file.string(), ".promtool 2>&1")),
               0)
-        << t << ": " << ReadAll(file.string() + ".promtool");
+        << t << ": " << ReadFile(file.string() + ".promtool");
   }
   server->reset();
   cluster->reset();

@@ -56,12 +56,20 @@ void Process::Kill(int signal) {
   }
 }
 
-std::string Process::Log() const {
-  std::ifstream in(log_);
+std::string ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
+
+int PrintedMetricsPort(const std::string& log, const std::string& program) {
+  std::smatch m;
+  const std::regex re(program + " metrics on port ([0-9]+)");
+  return std::regex_search(log, m, re) ? std::stoi(m[1].str()) : -1;
+}
+
+std::string Process::Log() const { return ReadFile(log_); }
 
 absl::StatusOr<int> Process::WaitForPort(double timeout_s) {
   static const std::regex kLine("listening on port ([0-9]+)");

@@ -16,6 +16,11 @@
 
 namespace tandem::testing {
 
+// The whole file; empty when it cannot be read.
+std::string ReadFile(const std::filesystem::path& path);
+// N of the "<program> metrics on port N" line a daemon printed to `log`; -1 when absent.
+int PrintedMetricsPort(const std::string& log, const std::string& program);
+
 // One child process; its stdout and stderr go to `log`. Killed (SIGKILL) and reaped on
 // destruction.
 class Process {

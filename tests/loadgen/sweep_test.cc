@@ -23,19 +23,8 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using testing::Cluster;
-
-std::string ReadAll(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-int MetricsPort(const std::string& log, const std::string& program) {
-  std::smatch m;
-  const std::regex re(program + " metrics on port ([0-9]+)");
-  return std::regex_search(log, m, re) ? std::stoi(m[1].str()) : -1;
-}
+using testing::PrintedMetricsPort;
+using testing::ReadFile;
 
 TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
   const fs::path dir = fs::path(::testing::TempDir()) / absl::StrFormat("sweep-test-%d", getpid());
@@ -50,7 +39,7 @@ TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   std::vector<std::string> workers;
   for (int i = 0; i < 2; ++i) {
-    const int port = MetricsPort((*cluster)->worker(i).Log(), "tandem-worker");
+    const int port = PrintedMetricsPort((*cluster)->worker(i).Log(), "tandem-worker");
     ASSERT_GT(port, 0) << (*cluster)->Logs();
     workers.push_back(absl::StrCat("127.0.0.1:", port));
   }
@@ -62,21 +51,21 @@ TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
       " --progress=false --out=",
       run.string(), " > ", (dir / "loadgen.log").string(), " 2>&1");
   const int rc = std::system(cmd.c_str());
-  ASSERT_EQ(rc, 0) << ReadAll(dir / "loadgen.log") << (*cluster)->Logs();
+  ASSERT_EQ(rc, 0) << ReadFile(dir / "loadgen.log") << (*cluster)->Logs();
 
   // results.csv: a header and one row per (nodes, batch).
-  std::istringstream csv(ReadAll(run / "results.csv"));
+  std::istringstream csv(ReadFile(run / "results.csv"));
   std::string line;
   std::vector<std::string> rows;
   while (std::getline(csv, line)) rows.push_back(line);
-  ASSERT_EQ(rows.size(), 9u) << ReadAll(run / "results.csv");
+  ASSERT_EQ(rows.size(), 9u) << ReadFile(run / "results.csv");
   EXPECT_THAT(rows[0], HasSubstr("tokens_per_s"));
   EXPECT_THAT(rows[0], HasSubstr("ttft_p99_s"));
 
   // results.json: every configuration correct, tokens generated, both stages timed at 2 nodes.
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(ReadAll(run / "results.json"));
+    j = nlohmann::json::parse(ReadFile(run / "results.json"));
   } catch (const nlohmann::json::exception& e) {
     FAIL() << e.what();
   }
@@ -96,13 +85,13 @@ TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
     }
   }
 
-  const std::string md = ReadAll(run / "summary.md");
+  const std::string md = ReadFile(run / "summary.md");
   EXPECT_THAT(md, HasSubstr("| nodes | batch |"));
   EXPECT_THAT(md, HasSubstr("**pass**"));
 
   for (const char* png : {"throughput_vs_batch.png", "latency_vs_batch.png",
                           "speedup_vs_nodes.png", "efficiency_vs_nodes.png", "compute_comm.png"}) {
-    const std::string bytes = ReadAll(run / png);
+    const std::string bytes = ReadFile(run / png);
     ASSERT_GT(bytes.size(), 8000u) << png << " is too small to hold a plot";
     EXPECT_EQ(bytes.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << png;
     EXPECT_EQ(bytes.substr(12, 4), "IHDR") << png;
@@ -121,7 +110,7 @@ TEST(SweepTest, UnreachableCoordinatorFailsWithANamedError) {
                                        " 2>&1");
   const int rc = std::system(cmd.c_str());
   EXPECT_NE(rc, 0);
-  EXPECT_THAT(ReadAll(dir / "log"), HasSubstr("GetModelInfo"));
+  EXPECT_THAT(ReadFile(dir / "log"), HasSubstr("GetModelInfo"));
   EXPECT_FALSE(fs::exists(dir / "run" / "results.csv"));
   fs::remove_all(dir);
 }
@@ -134,7 +123,7 @@ TEST(SweepTest, BadFlagIsRejectedBeforeConnecting) {
                    (dir / "log").string(), " 2>&1");
   const int rc = std::system(cmd.c_str());
   EXPECT_EQ(WEXITSTATUS(rc), 2);
-  EXPECT_THAT(ReadAll(dir / "log"), HasSubstr("--batch: 'x'"));
+  EXPECT_THAT(ReadFile(dir / "log"), HasSubstr("--batch: 'x'"));
   fs::remove_all(dir);
 }
 
