@@ -1,12 +1,19 @@
-// NcclTransport: framed ncclSend/ncclRecv between neighbouring stages on a non-blocking
-// communicator; every wait polls the communicator's async error against a deadline.
+// NcclTransport: framed ncclSend/ncclRecv between neighbouring stages on a blocking data
+// communicator joined through a non-blocking root one; every wait polls a CUDA event and the
+// communicators' async errors against a deadline.
 #include "worker/transport/nccl_transport.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -42,8 +49,8 @@ absl::Status NcclError(ncclResult_t r, const char* expr, const char* file, int l
       return ::tandem::NcclError(_tandem_nccl_r, #expr, __FILE__, __LINE__, nullptr);       \
   } while (0)
 
-// A call on the transport's non-blocking communicator: ncclInProgress is waited out (bounded by
-// the timeout), any failure aborts the communicator.
+// A call on one of the transport's communicators: ncclInProgress (the non-blocking root) is waited
+// out, bounded by the timeout; any failure aborts both communicators.
 #define NCCL_ISSUE(state, expr) RETURN_IF_ERROR((state).Issue((expr), #expr, __FILE__, __LINE__))
 #define NCCL_ISSUE_C(state, expr, cancelled) \
   RETURN_IF_ERROR((state).Issue((expr), #expr, __FILE__, __LINE__, &(cancelled)))
@@ -65,6 +72,19 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 64);
 
+// A frame in device memory: [kHeaderRegion bytes, the header first][payload]. 256 bytes keep the
+// payload as aligned as cudaMalloc's memory for the kernels that read it.
+constexpr size_t kHeaderRegion = 256;
+// Payload bytes in a frame's first message, whose size is fixed so that the receiver can post it
+// before it knows the step's size: a decode step of up to 10 rows of hidden 3200 in f16, or 1024
+// tokens. The same constants on every rank, whatever its options.
+constexpr size_t kInlineActivationBytes = 64 << 10;
+constexpr size_t kInlineTokenBytes = 4 << 10;
+
+size_t InlineBytes(uint32_t kind) {
+  return kind == kActivationFrame ? kInlineActivationBytes : kInlineTokenBytes;
+}
+
 std::chrono::nanoseconds ToChrono(absl::Duration d) {
   return std::chrono::nanoseconds(absl::ToInt64Nanoseconds(d));
 }
@@ -73,19 +93,137 @@ const char* KindName(uint32_t kind) {
   return kind == kActivationFrame ? "activations" : kind == kTokenFrame ? "tokens" : "unknown";
 }
 
+// A blocking NCCL step (joining or closing the data communicator) run on a thread of its own, so
+// that the caller can give up at a deadline. ncclCommAbort may not be called on a communicator
+// whose blocking init is still running in another thread (NCCL would free it under that thread),
+// so a step past its deadline is abandoned instead: its thread stays blocked until the peer's
+// sockets close, and cleans up after itself if it ever finishes.
+class BoundedNcclStep {
+ public:
+  // `fn` runs on the new thread with a flag that turns true once the caller has given up;
+  // `undo` (if any) runs there when `fn` succeeded after the caller gave up.
+  explicit BoundedNcclStep(std::function<absl::Status(const std::atomic<bool>& abandoned)> fn,
+                           std::function<void()> undo = nullptr)
+      : shared_(std::make_shared<Shared>()) {
+    std::thread([shared = shared_, fn = std::move(fn), undo = std::move(undo)] {
+      absl::Status st = fn(shared->abandoned);
+      bool late = false;
+      {
+        std::lock_guard<std::mutex> lock(shared->mu);
+        late = shared->abandoned && st.ok();
+        shared->status = std::move(st);
+        shared->done = true;
+        shared->cv.notify_all();
+      }
+      if (late && undo) undo();
+    }).detach();
+  }
+
+  // The step's status, or DEADLINE_EXCEEDED (and the step abandoned) after `timeout`.
+  absl::Status Wait(absl::Duration timeout, const std::string& what) {
+    std::unique_lock<std::mutex> lock(shared_->mu);
+    if (shared_->cv.wait_for(lock, ToChrono(timeout), [&] { return shared_->done; })) {
+      return shared_->status;
+    }
+    shared_->abandoned = true;
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, " did not complete within ", absl::FormatDuration(timeout)));
+  }
+
+ private:
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    absl::Status status;
+    std::atomic<bool> abandoned{false};
+  };
+  std::shared_ptr<Shared> shared_;
+};
+
+// Joins the blocking data communicator and connects it around the ring (rank i sends to i + 1 and
+// receives from i - 1: activations forward, tokens from the last rank to the first), so that no
+// later send or receive has to wait on the host for a peer to connect. On the step's own thread.
+absl::Status JoinDataComm(int device, int rank, int world, const ncclUniqueId& id,
+                          const std::atomic<bool>& abandoned, ncclComm_t* out) {
+  CUDA_CHECK(cudaSetDevice(device));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRankConfig(&comm, world, id, rank, &config);
+  if (r != ncclSuccess) {
+    const absl::Status st = NcclError(r, "ncclCommInitRankConfig (data)", __FILE__, __LINE__, comm);
+    if (comm != nullptr) ncclCommAbort(comm);
+    return st;
+  }
+  // One byte each way on a stream of this thread; the event is polled so that an abandoned step
+  // can abort its own communicator (this thread owns it) and stop the kernel.
+  cuda::Stream stream;
+  cuda::DeviceBuffer buf;
+  cuda::Event done;
+  absl::Status st = stream.Create();
+  if (st.ok()) st = buf.Allocate(2);
+  if (st.ok()) st = done.Create();
+  if (st.ok()) {
+    ncclResult_t g = ncclGroupStart();
+    if (g == ncclSuccess) {
+      g = ncclSend(buf.as<char>(), 1, ncclUint8, (rank + 1) % world, comm, stream.get());
+      if (g == ncclSuccess) {
+        g = ncclRecv(buf.as<char>() + 1, 1, ncclUint8, (rank + world - 1) % world, comm,
+                     stream.get());
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      if (g == ncclSuccess) g = end;
+    }
+    if (g != ncclSuccess) st = NcclError(g, "connecting the data communicator", __FILE__, __LINE__, comm);
+  }
+  if (st.ok()) {
+    const cudaError_t e = cudaEventRecord(done.get(), stream.get());
+    if (e != cudaSuccess) st = cuda::CudaError(e, "cudaEventRecord", __FILE__, __LINE__);
+  }
+  while (st.ok()) {
+    const cudaError_t q = cudaEventQuery(done.get());
+    if (q == cudaSuccess) break;
+    if (q != cudaErrorNotReady) {
+      st = cuda::CudaError(q, "cudaEventQuery", __FILE__, __LINE__);
+      break;
+    }
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t a = ncclCommGetAsyncError(comm, &state);
+    if (a != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+      st = NcclError(a != ncclSuccess ? a : state, "connecting the data communicator", __FILE__,
+                     __LINE__, comm);
+      break;
+    }
+    if (abandoned) {
+      st = absl::DeadlineExceededError("connecting the data communicator was abandoned");
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  if (!st.ok() || abandoned) {
+    ncclCommAbort(comm);
+    return st.ok() ? absl::DeadlineExceededError("joining the data communicator was abandoned")
+                   : st;
+  }
+  *out = comm;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 struct NcclTransport::State {
   NcclTransportOptions opt;
-  ncclComm_t root = nullptr;  // the non-blocking communicator every rank joined
-  ncclComm_t comm = nullptr;  // where frames move (root; kept apart for a separate data comm)
-  absl::Status broken;  // OK while the communicator is usable; the abort's reason after
+  ncclComm_t root = nullptr;  // the non-blocking communicator every rank joined; aborts and joins
+  ncclComm_t data = nullptr;  // the blocking communicator every frame moves on
+  absl::Status broken;  // OK while the communicators are usable; the abort's reason after
   cuda::Stream comm_stream;  // every ncclSend/ncclRecv, in issue order
   cuda::Stream copy_stream;  // staging copies into send buffers, never behind a waiting send
 
-  // Two send buffers, alternated: a send may wait for the next stage while the next is staged.
+  // Two send buffers ([kHeaderRegion][payload]), alternated: a send may wait for the next stage
+  // while the next is staged.
   struct SendSlot {
-    cuda::DeviceBuffer payload, header;
+    cuda::DeviceBuffer frame;
     cuda::PinnedBuffer host_header;
     cuda::Event copied, sent;
     bool in_flight = false;
@@ -93,13 +231,17 @@ struct NcclTransport::State {
   SendSlot send[2];
   uint64_t sends = 0;
 
-  // Two receive buffers, alternated: a returned buffer stays valid through the next Recv.
-  cuda::DeviceBuffer recv_payload[2];
+  // Two receive buffers ([kHeaderRegion][payload]), alternated: a returned payload stays valid
+  // through the next Recv.
+  cuda::DeviceBuffer recv_frame[2];
   cuda::Event recv_done[2];
   uint64_t recvs = 0;
-  cuda::DeviceBuffer recv_header;
-  cuda::PinnedBuffer recv_host_header, recv_host_tokens;
+  // The header region and the inline tokens of a received frame, copied to the host.
+  cuda::PinnedBuffer recv_host;
   cuda::Event header_done;
+
+  // A transport that failed to join (or whose close was cut short) leaves nothing joined behind.
+  ~State() { Abort(absl::CancelledError("the transport was destroyed")); }
 
   size_t row_bytes() const { return static_cast<size_t>(opt.hidden_size) * DTypeSize(opt.dtype); }
   bool last() const { return opt.rank == opt.world - 1; }
@@ -110,13 +252,15 @@ struct NcclTransport::State {
         "NCCL transport of rank ", opt.rank, " was aborted: ", std::string(broken.message())));
   }
 
+  // Aborts both communicators, each on its own (NCCL rejects a group mixing blocking and
+  // non-blocking communicators). Aborting the blocking one also stops its kernels.
   void Abort(const absl::Status& reason) {
     if (!broken.ok()) return;
     broken = reason.ok() ? absl::CancelledError("aborted") : reason;
     cudaSetDevice(opt.device);
-    if (comm != nullptr && comm != root) ncclCommAbort(comm);
+    if (data != nullptr) ncclCommAbort(data);
     if (root != nullptr) ncclCommAbort(root);
-    comm = root = nullptr;
+    data = root = nullptr;
   }
 
   // Fails (and aborts) with `st`.
@@ -128,17 +272,19 @@ struct NcclTransport::State {
   absl::Status Issue(ncclResult_t r, const char* expr, const char* file, int line,
                      const std::function<bool()>* cancelled = nullptr) {
     if (r == ncclSuccess) return absl::OkStatus();
+    ncclComm_t comm = data != nullptr ? data : root;
     if (r != ncclInProgress) return Fail(NcclError(r, expr, file, line, comm));
+    // Only the non-blocking root answers ncclInProgress.
     const auto deadline = Clock::now() + ToChrono(opt.timeout);
     for (;;) {
       ncclResult_t state = ncclSuccess;
-      const ncclResult_t q = ncclCommGetAsyncError(comm, &state);
-      if (q != ncclSuccess) return Fail(NcclError(q, "ncclCommGetAsyncError", file, line, comm));
+      const ncclResult_t q = ncclCommGetAsyncError(root, &state);
+      if (q != ncclSuccess) return Fail(NcclError(q, "ncclCommGetAsyncError", file, line, root));
       if (cancelled != nullptr && *cancelled && (*cancelled)()) {
         return Fail(absl::CancelledError(absl::StrCat("cancelled on rank ", opt.rank, " in ", expr)));
       }
       if (state == ncclSuccess) return absl::OkStatus();
-      if (state != ncclInProgress) return Fail(NcclError(state, expr, file, line, comm));
+      if (state != ncclInProgress) return Fail(NcclError(state, expr, file, line, root));
       if (Clock::now() > deadline) {
         return Fail(absl::DeadlineExceededError(
             absl::StrCat(expr, " on rank ", opt.rank, " did not complete within ",
@@ -146,6 +292,19 @@ struct NcclTransport::State {
       }
       std::this_thread::yield();
     }
+  }
+
+  // An async error of `comm` (null: none) as UNAVAILABLE, or OK.
+  absl::Status CommError(ncclComm_t comm, const std::string& what) const {
+    if (comm == nullptr) return absl::OkStatus();
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r == ncclSuccess && (state == ncclSuccess || state == ncclInProgress)) {
+      return absl::OkStatus();
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "NCCL failed on rank ", opt.rank, " while waiting for ", what, ": ",
+        ncclGetErrorString(r != ncclSuccess ? r : state), ": ", ncclGetLastError(comm)));
   }
 
   // Polls `event` until it completes; the peer's failure, a timeout or `cancelled` abort.
@@ -156,16 +315,13 @@ struct NcclTransport::State {
       const cudaError_t q = cudaEventQuery(event);
       if (q == cudaSuccess) return absl::OkStatus();
       if (q != cudaErrorNotReady) return Fail(cuda::CudaError(q, "cudaEventQuery", __FILE__, __LINE__));
-      if (comm != nullptr) {
-        ncclResult_t state = ncclSuccess;
-        const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
-        if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
-          return Fail(absl::UnavailableError(absl::StrCat(
-              "NCCL failed on rank ", opt.rank, " while waiting for ", what, ": ",
-              ncclGetErrorString(r != ncclSuccess ? r : state), ": ", ncclGetLastError(comm))));
-        }
+      if (absl::Status st = CommError(data != nullptr ? data : root, what); !st.ok()) {
+        return Fail(std::move(st));
       }
       if ((i & 63) == 0) {
+        if (absl::Status st = CommError(data != nullptr ? root : nullptr, what); !st.ok()) {
+          return Fail(std::move(st));
+        }
         if (cancelled != nullptr && *cancelled && (*cancelled)()) {
           return Fail(absl::CancelledError(
               absl::StrCat("cancelled on rank ", opt.rank, " while waiting for ", what)));
@@ -180,8 +336,8 @@ struct NcclTransport::State {
     }
   }
 
-  // Sends one frame to `peer`: header, then `bytes` of payload staged by the caller (device
-  // pointer `src`, `src_where`) through send slot sends % 2.
+  // Sends one frame to `peer` through send slot sends % 2: the header, and `bytes` of payload
+  // copied from `src` (`copy_kind`) behind it; one NCCL group of one or two messages.
   absl::Status SendFrame(int peer, uint32_t kind, uint64_t step_id, int64_t rows, int64_t cols,
                          const void* src, size_t bytes, cudaMemcpyKind copy_kind) {
     SendSlot& slot = send[sends % 2];
@@ -190,28 +346,31 @@ struct NcclTransport::State {
                            absl::StrCat("rank ", peer, " to take an earlier frame")));
       slot.in_flight = false;
     }
-    if (bytes > slot.payload.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("a ", KindName(kind), " frame of ", bytes,
-                                                     " bytes exceeds the send buffer of ",
-                                                     slot.payload.size(), " bytes"));
+    if (kHeaderRegion + bytes > slot.frame.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a ", KindName(kind), " frame of ", bytes, " bytes exceeds the send buffer of ",
+          slot.frame.size() - kHeaderRegion, " bytes"));
     }
     FrameHeader* h = slot.host_header.as<FrameHeader>();
     *h = FrameHeader{kFrameMagic, step_id, rows, cols, kind,
                      static_cast<uint32_t>(opt.dtype), {0, 0, 0}};
+    char* frame = slot.frame.as<char>();
     const cudaStream_t cs = copy_stream.get();
-    if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(slot.payload.get(), src, bytes, copy_kind, cs));
-    CUDA_CHECK(cudaMemcpyAsync(slot.header.get(), h, sizeof(FrameHeader), cudaMemcpyHostToDevice,
-                               cs));
+    if (bytes > 0) {
+      CUDA_CHECK(cudaMemcpyAsync(frame + kHeaderRegion, src, bytes, copy_kind, cs));
+    }
+    CUDA_CHECK(cudaMemcpyAsync(frame, h, sizeof(FrameHeader), cudaMemcpyHostToDevice, cs));
     CUDA_CHECK(cudaEventRecord(slot.copied.get(), cs));
     // The caller's memory is free again once the staging copy is done.
     RETURN_IF_ERROR(Wait(slot.copied.get(), nullptr, "the staging copy"));
     const cudaStream_t ns = comm_stream.get();
     CUDA_CHECK(cudaStreamWaitEvent(ns, slot.copied.get(), 0));
-    // One group: a single launch for header and payload.
+    const size_t inline_bytes = InlineBytes(kind);
     NCCL_ISSUE(*this, ncclGroupStart());
-    ncclResult_t r = ncclSend(slot.header.get(), sizeof(FrameHeader), ncclUint8, peer, comm, ns);
-    if (r == ncclSuccess && bytes > 0) {
-      r = ncclSend(slot.payload.get(), bytes, ncclUint8, peer, comm, ns);
+    ncclResult_t r = ncclSend(frame, kHeaderRegion + inline_bytes, ncclUint8, peer, data, ns);
+    if (r == ncclSuccess && bytes > inline_bytes) {
+      r = ncclSend(frame + kHeaderRegion + inline_bytes, bytes - inline_bytes, ncclUint8, peer,
+                   data, ns);
     }
     const ncclResult_t end = ncclGroupEnd();
     NCCL_ISSUE(*this, r);
@@ -222,18 +381,20 @@ struct NcclTransport::State {
     return absl::OkStatus();
   }
 
-  // Receives the header of the next frame from `peer` and checks it against what is expected.
-  absl::StatusOr<FrameHeader> RecvHeader(int peer, uint32_t kind, uint64_t step_id,
-                                         const std::function<bool()>& cancelled) {
+  // Receives the next frame from `peer` into `frame` (a receive buffer) and checks its header
+  // against what is expected; `host_bytes` of the frame's first message (at least the header)
+  // are copied to recv_host. The payload's rest, past the first message, is left to the caller.
+  absl::StatusOr<FrameHeader> RecvFirst(int peer, uint32_t kind, uint64_t step_id, char* frame,
+                                        size_t host_bytes, const std::function<bool()>& cancelled) {
     const cudaStream_t ns = comm_stream.get();
-    NCCL_ISSUE_C(*this, ncclRecv(recv_header.get(), sizeof(FrameHeader), ncclUint8, peer, comm, ns),
+    NCCL_ISSUE_C(*this,
+                 ncclRecv(frame, kHeaderRegion + InlineBytes(kind), ncclUint8, peer, data, ns),
                  cancelled);
-    CUDA_CHECK(cudaMemcpyAsync(recv_host_header.get(), recv_header.get(), sizeof(FrameHeader),
-                               cudaMemcpyDeviceToHost, ns));
+    CUDA_CHECK(cudaMemcpyAsync(recv_host.get(), frame, host_bytes, cudaMemcpyDeviceToHost, ns));
     CUDA_CHECK(cudaEventRecord(header_done.get(), ns));
     RETURN_IF_ERROR(Wait(header_done.get(), &cancelled,
                          absl::StrCat("step ", step_id, "'s ", KindName(kind), " from rank ", peer)));
-    const FrameHeader h = *recv_host_header.as<FrameHeader>();
+    const FrameHeader h = *recv_host.as<FrameHeader>();
     auto bad = [&](auto&&... parts) {
       return Fail(absl::DataLossError(absl::StrCat("rank ", opt.rank, " expected step ", step_id,
                                                    "'s ", KindName(kind), " from rank ", peer,
@@ -306,14 +467,18 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
   CUDA_CHECK(cudaSetDevice(options.device));
   RETURN_IF_ERROR(s->comm_stream.Create());
   RETURN_IF_ERROR(s->copy_stream.Create());
-  const size_t act_bytes = static_cast<size_t>(options.max_rows) * s->row_bytes();
-  const size_t tok_bytes = static_cast<size_t>(options.max_rows) * sizeof(int32_t);
+  // Frame buffers hold the header region and at least a first message's payload.
+  const size_t act_bytes =
+      kHeaderRegion +
+      std::max(static_cast<size_t>(options.max_rows) * s->row_bytes(), kInlineActivationBytes);
+  const size_t tok_bytes =
+      kHeaderRegion +
+      std::max(static_cast<size_t>(options.max_rows) * sizeof(int32_t), kInlineTokenBytes);
   if (options.world > 1) {
     // Ranks but the last send activations; the last sends tokens back to the first.
     const size_t send_bytes = s->last() ? tok_bytes : act_bytes;
     for (State::SendSlot& slot : s->send) {
-      RETURN_IF_ERROR(slot.payload.Allocate(send_bytes));
-      RETURN_IF_ERROR(slot.header.Allocate(sizeof(FrameHeader)));
+      RETURN_IF_ERROR(slot.frame.Allocate(send_bytes));
       RETURN_IF_ERROR(slot.host_header.Allocate(sizeof(FrameHeader)));
       RETURN_IF_ERROR(slot.copied.Create());
       RETURN_IF_ERROR(slot.sent.Create());
@@ -321,12 +486,10 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
     // Ranks but the first receive activations; the first receives tokens.
     const size_t recv_bytes = options.rank == 0 ? tok_bytes : act_bytes;
     for (int i = 0; i < 2; ++i) {
-      RETURN_IF_ERROR(s->recv_payload[i].Allocate(recv_bytes));
+      RETURN_IF_ERROR(s->recv_frame[i].Allocate(recv_bytes));
       RETURN_IF_ERROR(s->recv_done[i].Create());
     }
-    RETURN_IF_ERROR(s->recv_header.Allocate(sizeof(FrameHeader)));
-    RETURN_IF_ERROR(s->recv_host_header.Allocate(sizeof(FrameHeader)));
-    if (options.rank == 0) RETURN_IF_ERROR(s->recv_host_tokens.Allocate(tok_bytes));
+    RETURN_IF_ERROR(s->recv_host.Allocate(options.rank == 0 ? tok_bytes : kHeaderRegion));
     RETURN_IF_ERROR(s->header_done.Create());
   }
 
@@ -363,7 +526,44 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  s->comm = s->root;
+  if (options.world == 1) return std::unique_ptr<NcclTransport>(new NcclTransport(std::move(s)));
+
+  // The data communicator's id: made by rank 0 (which hosts its bootstrap root), broadcast over
+  // the root communicator while every rank is known to be present.
+  {
+    cuda::DeviceBuffer id_dev;
+    RETURN_IF_ERROR(id_dev.Allocate(sizeof(ncclUniqueId)));
+    ncclUniqueId data_id;
+    if (options.rank == 0) {
+      NCCL_CHECK(ncclGetUniqueId(&data_id));
+      CUDA_CHECK(cudaMemcpy(id_dev.get(), &data_id, sizeof(data_id), cudaMemcpyHostToDevice));
+    }
+    const cudaStream_t ns = s->comm_stream.get();
+    NCCL_ISSUE(*s, ncclBroadcast(id_dev.get(), id_dev.get(), sizeof(ncclUniqueId), ncclUint8, 0,
+                                 s->root, ns));
+    CUDA_CHECK(cudaMemcpyAsync(s->recv_host.get(), id_dev.get(), sizeof(ncclUniqueId),
+                               cudaMemcpyDeviceToHost, ns));
+    CUDA_CHECK(cudaEventRecord(s->header_done.get(), ns));
+    RETURN_IF_ERROR(s->Wait(s->header_done.get(), nullptr, "the data communicator's id"));
+    std::memcpy(&data_id, s->recv_host.get(), sizeof(data_id));
+
+    auto joined = std::make_shared<ncclComm_t>(nullptr);
+    const int device = options.device, rank = options.rank, world = options.world;
+    BoundedNcclStep join(
+        [=](const std::atomic<bool>& abandoned) {
+          return JoinDataComm(device, rank, world, data_id, abandoned, joined.get());
+        },
+        [=] {
+          cudaSetDevice(device);
+          ncclCommAbort(*joined);
+        });
+    const absl::Status st = join.Wait(
+        options.timeout, absl::StrCat("rank ", rank, " of ", world,
+                                      " joining and connecting the NCCL data communicator"));
+    CUDA_CHECK(cudaSetDevice(options.device));
+    if (!st.ok()) return s->Fail(st);
+    s->data = *joined;
+  }
   return std::unique_ptr<NcclTransport>(new NcclTransport(std::move(s)));
 }
 
@@ -378,14 +578,36 @@ NcclTransport::~NcclTransport() {
       return;  // aborted
     }
   }
-  s_->comm = s_->root;
+  const absl::Duration limit = std::min(s_->opt.timeout, absl::Seconds(30));
+  if (s_->data != nullptr) {
+    // Finalizing a blocking communicator blocks until the peers finalize too: bounded, and on
+    // timeout left to its thread (aborting it under that thread is not allowed).
+    ncclComm_t data = s_->data;
+    s_->data = nullptr;
+    const int device = s_->opt.device;
+    BoundedNcclStep close([=](const std::atomic<bool>&) -> absl::Status {
+      cudaSetDevice(device);
+      const ncclResult_t r = ncclCommFinalize(data);
+      if (r != ncclSuccess) {
+        ncclCommAbort(data);
+        return NcclError(r, "ncclCommFinalize (data)", __FILE__, __LINE__, nullptr);
+      }
+      ncclCommDestroy(data);
+      return absl::OkStatus();
+    });
+    if (!close.Wait(limit, "closing the data communicator").ok()) {
+      s_->Abort(absl::CancelledError("the data communicator did not finalize"));
+      return;
+    }
+    cudaSetDevice(s_->opt.device);
+  }
   const ncclResult_t r = ncclCommFinalize(s_->root);
   if (r != ncclSuccess && r != ncclInProgress) {
     s_->Abort(absl::CancelledError("the communicator did not finalize"));
     return;
   }
   // Finalizing waits until the communicator is quiet on every rank; a gone peer ends it.
-  const auto deadline = Clock::now() + ToChrono(std::min(s_->opt.timeout, absl::Seconds(30)));
+  const auto deadline = Clock::now() + ToChrono(limit);
   for (;;) {
     ncclResult_t state = ncclSuccess;
     if (ncclCommGetAsyncError(s_->root, &state) != ncclSuccess ||
@@ -397,7 +619,7 @@ NcclTransport::~NcclTransport() {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   ncclCommDestroy(s_->root);
-  s_->comm = s_->root = nullptr;
+  s_->root = nullptr;
 }
 
 absl::Status NcclTransport::Send(uint64_t step_id, const Activations& a) {
@@ -441,23 +663,27 @@ absl::StatusOr<Activations> NcclTransport::Recv(uint64_t step_id,
   }
   CUDA_CHECK(cudaSetDevice(s.opt.device));
   const int peer = s.opt.rank - 1;
-  ASSIGN_OR_RETURN(FrameHeader h, s.RecvHeader(peer, kActivationFrame, step_id, cancelled));
   const int i = static_cast<int>(s.recvs % 2);
+  char* frame = s.recv_frame[i].as<char>();
+  ASSIGN_OR_RETURN(FrameHeader h, s.RecvFirst(peer, kActivationFrame, step_id, frame,
+                                              sizeof(FrameHeader), cancelled));
   Activations a;
   a.rows = h.rows;
   a.cols = h.cols;
   a.dtype = s.opt.dtype;
   a.where = Where::kDevice;
   const size_t bytes = a.nbytes();
-  if (bytes > 0) {
+  if (bytes > kInlineActivationBytes) {  // a prefill: the rest in a second message
     const cudaStream_t ns = s.comm_stream.get();
-    NCCL_ISSUE_C(s, ncclRecv(s.recv_payload[i].get(), bytes, ncclUint8, peer, s.comm, ns),
+    NCCL_ISSUE_C(s,
+                 ncclRecv(frame + kHeaderRegion + kInlineActivationBytes,
+                          bytes - kInlineActivationBytes, ncclUint8, peer, s.data, ns),
                  cancelled);
     CUDA_CHECK(cudaEventRecord(s.recv_done[i].get(), ns));
     RETURN_IF_ERROR(s.Wait(s.recv_done[i].get(), &cancelled,
                            absl::StrCat("step ", step_id, "'s activations from rank ", peer)));
   }
-  a.data = std::shared_ptr<void>(s.recv_payload[i].get(), [](void*) {});
+  a.data = std::shared_ptr<void>(frame + kHeaderRegion, [](void*) {});
   ++s.recvs;
   return a;
 }
@@ -493,20 +719,24 @@ absl::StatusOr<std::vector<int32_t>> NcclTransport::RecvTokens(
   }
   CUDA_CHECK(cudaSetDevice(s.opt.device));
   const int peer = s.opt.world - 1;
-  ASSIGN_OR_RETURN(FrameHeader h, s.RecvHeader(peer, kTokenFrame, step_id, cancelled));
+  char* frame = s.recv_frame[0].as<char>();
+  ASSIGN_OR_RETURN(FrameHeader h, s.RecvFirst(peer, kTokenFrame, step_id, frame,
+                                              kHeaderRegion + kInlineTokenBytes, cancelled));
   std::vector<int32_t> tokens(static_cast<size_t>(h.rows));
-  if (h.rows > 0) {
-    const size_t bytes = tokens.size() * sizeof(int32_t);
+  const size_t bytes = tokens.size() * sizeof(int32_t);
+  const char* host = s.recv_host.as<char>() + kHeaderRegion;
+  if (bytes > kInlineTokenBytes) {  // the rest in a second message
+    const size_t rest = bytes - kInlineTokenBytes;
+    char* dst = frame + kHeaderRegion + kInlineTokenBytes;
     const cudaStream_t ns = s.comm_stream.get();
-    NCCL_ISSUE_C(s, ncclRecv(s.recv_payload[0].get(), bytes, ncclUint8, peer, s.comm, ns),
-                 cancelled);
-    CUDA_CHECK(cudaMemcpyAsync(s.recv_host_tokens.get(), s.recv_payload[0].get(), bytes,
-                               cudaMemcpyDeviceToHost, ns));
+    NCCL_ISSUE_C(s, ncclRecv(dst, rest, ncclUint8, peer, s.data, ns), cancelled);
+    CUDA_CHECK(cudaMemcpyAsync(s.recv_host.as<char>() + kHeaderRegion + kInlineTokenBytes, dst,
+                               rest, cudaMemcpyDeviceToHost, ns));
     CUDA_CHECK(cudaEventRecord(s.recv_done[0].get(), ns));
     RETURN_IF_ERROR(s.Wait(s.recv_done[0].get(), &cancelled,
                            absl::StrCat("step ", step_id, "'s tokens from rank ", peer)));
-    std::memcpy(tokens.data(), s.recv_host_tokens.get(), bytes);
   }
+  if (bytes > 0) std::memcpy(tokens.data(), host, bytes);
   return tokens;
 }
 

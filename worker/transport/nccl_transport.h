@@ -1,15 +1,25 @@
-// NCCL between the GPU stage workers of one pipeline: one communicator per pipeline whose ranks are
-// the stage indices; stage i sends its hidden states to stage i + 1 (ncclSend/ncclRecv on a stream
-// of the transport's own). The ncclUniqueId is made by the first stage's worker and handed to the
-// others as bytes (MakeNcclUniqueId / the `unique_id` of NcclTransport::Create).
+// NCCL between the GPU stage workers of one pipeline: communicators whose ranks are the stage
+// indices; stage i sends its hidden states to stage i + 1 (ncclSend/ncclRecv on a stream of the
+// transport's own). The ncclUniqueId is made by the first stage's worker and handed to the others
+// as bytes (MakeNcclUniqueId / the `unique_id` of NcclTransport::Create).
 //
-// Every message is a frame: a 64-byte header (step id, rows, cols, dtype) and then the payload, so
-// that the receiver learns the size of a step it was not told about. A dead or silent peer never
-// hangs a worker: the communicator is non-blocking, every wait polls ncclCommGetAsyncError against
-// a deadline, and on an error, a timeout or a cancellation in the middle of a transfer the
-// communicator is aborted (ncclCommAbort). Cost: NCCL runs each group of a non-blocking
-// communicator on a new host thread, about 0.1 ms per send or receive (docs/performance-pipeline.md). An aborted transport answers every later call with
-// FAILED_PRECONDITION; the pipeline is then rebuilt with a new unique id.
+// Two communicators. The root one is non-blocking (ncclConfig_t.blocking = 0), so that joining,
+// which waits for every stage, ends at the timeout in ncclCommAbort. Over it rank 0 broadcasts a
+// second unique id, and every rank joins a blocking data communicator with it and connects it to
+// its neighbours while all are present (bounded by the timeout). Frames move on the data
+// communicator only: each send or receive there just enqueues a kernel, where a non-blocking
+// communicator starts a host thread per NCCL group (about 0.1 ms; docs/performance-pipeline.md).
+//
+// Every message is a frame: a 256-byte header region (step id, rows, cols, dtype in its first 64
+// bytes) and the payload right behind it, so that the receiver learns the size of a step it was
+// not told about. A frame's first NCCL message has a fixed size (header region + 64 KiB of
+// activations or 4 KiB of tokens) and holds all of a decode step's payload; only a larger frame
+// (a prefill) sends the rest as a second message, which the receiver posts once it has read the
+// header. A dead or silent peer never hangs a worker: every wait polls a CUDA event and the
+// communicators' async errors against a deadline, and on an error, a timeout or a cancellation in
+// the middle of a transfer both communicators are aborted (ncclCommAbort). An aborted transport
+// answers every later call with FAILED_PRECONDITION; the pipeline is then rebuilt with a new
+// unique id.
 #pragma once
 
 #include <cstdint>
@@ -53,7 +63,8 @@ absl::Status ValidateNcclTransportOptions(const NcclTransportOptions& options);
 
 class NcclTransport : public ActivationTransport {
  public:
-  // Joins the pipeline's communicator (every rank calls it with the same id, within `timeout`).
+  // Joins the pipeline's communicators (every rank calls it with the same id, within `timeout`;
+  // joining takes up to two timeouts: the root communicator, then the data communicator).
   static absl::StatusOr<std::unique_ptr<NcclTransport>> Create(const NcclTransportOptions& options,
                                                                absl::string_view unique_id);
   ~NcclTransport() override;
@@ -79,7 +90,7 @@ class NcclTransport : public ActivationTransport {
   absl::StatusOr<std::vector<int32_t>> RecvTokens(uint64_t step_id,
                                                   const std::function<bool()>& cancelled);
 
-  // Aborts the communicator (idempotent); later calls return FAILED_PRECONDITION.
+  // Aborts both communicators (idempotent); later calls return FAILED_PRECONDITION.
   void Abort(const absl::Status& reason);
   bool aborted() const;
   int rank() const;

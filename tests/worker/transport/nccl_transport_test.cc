@@ -109,11 +109,19 @@ TEST(NcclTransportTest, JoiningWithoutThePeerTimesOut) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
 }
 
-// Both ranks of a 2-stage pipeline, joined from two threads of this process (GPUs 0 and 1).
+// Both ranks of a 2-stage pipeline, joined from two threads of this process (GPUs 0 and 1), and
+// closed from two threads (closing waits for the peer to close too).
 struct Pair {
   std::unique_ptr<NcclTransport> first, last;
+  Pair() = default;
+  Pair(Pair&&) = default;
+  ~Pair() {
+    std::thread t([this] { first.reset(); });
+    last.reset();
+    t.join();
+  }
 };
-Pair Join(absl::Duration timeout = absl::Seconds(20)) {
+Pair Join(absl::Duration timeout = absl::Seconds(20), int64_t max_rows = 16) {
   Pair p;
   absl::StatusOr<std::string> id = MakeNcclUniqueId();
   EXPECT_TRUE(id.ok()) << id.status();
@@ -121,6 +129,7 @@ Pair Join(absl::Duration timeout = absl::Seconds(20)) {
   absl::StatusOr<std::unique_ptr<NcclTransport>> a, b;
   NcclTransportOptions oa = Options(0, 2), ob = Options(1, 2);
   oa.timeout = ob.timeout = timeout;
+  oa.max_rows = ob.max_rows = max_rows;
   std::thread ta([&] { a = NcclTransport::Create(oa, *id); });
   std::thread tb([&] { b = NcclTransport::Create(ob, *id); });
   ta.join();
@@ -162,11 +171,9 @@ std::vector<uint16_t> Bytes(const Activations& a) {
 
 const auto kNever = [] { return false; };
 
-TEST(NcclTransportTest, ActivationsAndTokensArriveIntact) {
-  REQUIRE_GPUS(2);
-  Pair p = Join();
-  ASSERT_TRUE(p.first && p.last);
-  const std::vector<int> rows = {16, 1, 7, 0, 3};  // a prefill, decodes, an empty step
+// Rank 0 sends steps of `rows` rows (step s + 1, the third from device memory); rank 1 checks
+// them byte for byte and returns rows[s] tokens, which rank 0 checks.
+void ExchangeAndCheck(Pair& p, const std::vector<int>& rows) {
   std::thread sender([&] {
     cudaSetDevice(0);
     for (size_t s = 0; s < rows.size(); ++s) {
@@ -198,6 +205,26 @@ TEST(NcclTransportTest, ActivationsAndTokensArriveIntact) {
             .ok());
   }
   sender.join();
+}
+
+TEST(NcclTransportTest, ActivationsAndTokensArriveIntact) {
+  REQUIRE_GPUS(2);
+  Pair p = Join();
+  ASSERT_TRUE(p.first && p.last);
+  ExchangeAndCheck(p, {16, 1, 7, 0, 3});  // a prefill, decodes, an empty step
+  EXPECT_FALSE(p.first->aborted());
+  EXPECT_FALSE(p.last->aborted());
+}
+
+// Frames larger than a first message (64 KiB of activations: 512 rows of hidden 64 in f16;
+// 4 KiB of tokens: 1024) move in two messages; sizes on both sides of the boundary.
+TEST(NcclTransportTest, FramesLargerThanTheFirstMessageArriveIntact) {
+  REQUIRE_GPUS(2);
+  Pair p = Join(absl::Seconds(20), /*max_rows=*/2048);
+  ASSERT_TRUE(p.first && p.last);
+  ExchangeAndCheck(p, {2048, 512, 513, 1, 1024, 1025, 0, 2047});
+  EXPECT_FALSE(p.first->aborted());
+  EXPECT_FALSE(p.last->aborted());
 }
 
 TEST(NcclTransportTest, WrongDirectionsAndShapesAreRejected) {
