@@ -10,11 +10,16 @@ device, so that no logits file of a 50k vocabulary needs to leave it:
   - final logits (the decode step that chose the last token), when the tokens agree up to there
   - greedy tokens: identical for every step; at the first step that differs, HF's top-2 gap and
     HF's margin between its token and ours, so a near-tie is told apart from a bug.
+With --hf_self, HF is also compared with itself: the same checkpoint loaded a second time with
+attn_implementation="eager" (HF's other valid fp16 attention path) decodes the same prompts, and
+the same measures are printed for HF-eager against HF-sdpa: how often two fp16 paths of the
+reference itself agree on these checkpoints.
 Prints one line per prompt and a summary; --json writes everything.
 
 usage: compare_gpu.py --model DIR --bench PATH/tandem-bench [--dtype float16|bfloat16]
-                      [--prompts 20] [--steps 32] [--max_rel 1e-2] [--json OUT.json]
-exit status: 0 when every prompt is within --max_rel and every token agrees, 1 otherwise.
+                      [--prompts 20] [--steps 32] [--max_rel 1e-2] [--hf_self] [--json OUT.json]
+exit status: 0 when every prompt is within --max_rel and every token agrees, 1 otherwise (the
+HF-against-HF figures are reported, never judged).
 """
 import argparse
 import json
@@ -43,6 +48,50 @@ def rel_err(ours, ref):
     return ((ours - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
+def hf_greedy(model, prompt, steps):
+    """HF's greedy decode of one prompt with the KV-cache: (prefill logits, logits of every step,
+    tokens), logits as float32."""
+    out = model(input_ids=torch.tensor([prompt], device="cuda"), use_cache=True)
+    past = out.past_key_values
+    prefill = out.logits[0, -1].float()
+    logits = prefill
+    step_logits = []
+    tokens = []
+    for _ in range(steps):
+        step_logits.append(logits)
+        nxt = int(torch.argmax(logits))
+        tokens.append(nxt)
+        if len(tokens) == steps:
+            break
+        out = model(input_ids=torch.tensor([[nxt]], device="cuda"), past_key_values=past,
+                    use_cache=True)
+        past = out.past_key_values
+        logits = out.logits[0, -1].float()
+    return prefill, step_logits, tokens
+
+
+def hf_self(model_dir, dtype, prompts, steps, reference):
+    """HF with eager attention against HF's default (sdpa) decode `reference` (per prompt:
+    prefill logits, step logits, tokens): per-prompt rows of the same measures."""
+    eager = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=dtype, attn_implementation="eager").to("cuda").eval()
+    rows = []
+    with torch.no_grad():
+        for prompt, (ref_prefill, ref_steps, ref_tokens) in zip(prompts, reference):
+            prefill, _, tokens = hf_greedy(eager, prompt, steps)
+            row = {"prompt_len": len(prompt), "prefill_rel_err": rel_err(prefill, ref_prefill),
+                   "tokens_equal": tokens == ref_tokens}
+            first = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
+            if first is not None:
+                top2 = torch.topk(ref_steps[first], 2).values
+                row.update({"first_diff_step": first,
+                            "sdpa_top2_gap": (top2[0] - top2[1]).item()})
+            rows.append(row)
+    del eager
+    torch.cuda.empty_cache()
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -51,6 +100,7 @@ def main():
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--max_rel", type=float, default=1e-2)
+    ap.add_argument("--hf_self", action="store_true")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
 
@@ -74,25 +124,11 @@ def main():
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to("cuda").eval()
 
     rows = []
+    reference = []
     with torch.no_grad():
         for prompt, r in zip(prompts, ours):
-            ids = torch.tensor([prompt], device="cuda")
-            out = model(input_ids=ids, use_cache=True)
-            past = out.past_key_values
-            prefill = out.logits[0, -1].float()
-            logits = prefill
-            step_logits = []
-            tokens = []
-            for _ in range(args.steps):
-                step_logits.append(logits)
-                nxt = int(torch.argmax(logits))
-                tokens.append(nxt)
-                if len(tokens) == args.steps:
-                    break
-                out = model(input_ids=torch.tensor([[nxt]], device="cuda"),
-                            past_key_values=past, use_cache=True)
-                past = out.past_key_values
-                logits = out.logits[0, -1].float()
+            prefill, step_logits, tokens = hf_greedy(model, prompt, args.steps)
+            reference.append((prefill, step_logits, tokens))
             mine = r["tokens"]
             row = {
                 "prompt_len": len(prompt),
@@ -139,11 +175,26 @@ def main():
           "%.2e, greedy tokens identical on %d/%d prompts -> %s" % (
               name, args.dtype, len(rows), args.steps, worst_prefill, worst_final, equal,
               len(rows), "PASS" if ok else "FAIL"), flush=True)
+    result = {"model": name, "dtype": args.dtype, "torch": torch.__version__,
+              "transformers": __import__("transformers").__version__,
+              "steps": args.steps, "max_rel": args.max_rel, "pass": ok, "prompts": rows}
+    if args.hf_self:
+        del model
+        torch.cuda.empty_cache()
+        self_rows = hf_self(args.model, dtype, prompts, args.steps, reference)
+        for row in self_rows:
+            print("%s %s prompt %3d: HF eager vs HF sdpa: prefill rel err %.2e, tokens equal %s%s" % (
+                name, args.dtype, row["prompt_len"], row["prefill_rel_err"], row["tokens_equal"],
+                "" if row["tokens_equal"] else ", first differ at step %d (sdpa top-2 gap %.4g)" % (
+                    row["first_diff_step"], row["sdpa_top2_gap"])), flush=True)
+        print("HF-SELF %s %s: HF eager vs HF sdpa, %d prompts x %d steps: worst prefill rel err "
+              "%.2e, greedy tokens identical on %d/%d prompts" % (
+                  name, args.dtype, len(self_rows), args.steps,
+                  max(r["prefill_rel_err"] for r in self_rows),
+                  sum(r["tokens_equal"] for r in self_rows), len(self_rows)), flush=True)
+        result["hf_self"] = self_rows
     if args.json:
-        json.dump({"model": name, "dtype": args.dtype, "torch": torch.__version__,
-                   "transformers": __import__("transformers").__version__,
-                   "steps": args.steps, "max_rel": args.max_rel, "pass": ok, "prompts": rows},
-                  open(args.json, "w"), indent=1)
+        json.dump(result, open(args.json, "w"), indent=1)
     return 0 if ok else 1
 
 

@@ -22,16 +22,70 @@ __host__ __device__ inline int TileStride(int head_dim) {
   return (head_dim / 2) % 2 == 0 ? head_dim + 2 : head_dim;
 }
 
+// Output element d of head h, row r, from the partial states of its `splits` splits (in split
+// order, so that the result does not depend on which block computes it). L2 loads: the partials
+// may have been written by other blocks of the running kernel.
+__device__ __forceinline__ float CombineSplits(const float* part_acc, const float2* part_ml, int r,
+                                               int h, int d, int num_heads, int head_dim,
+                                               int splits) {
+  float m = -INFINITY;
+  for (int s = 0; s < splits; ++s) {
+    m = fmaxf(m, __ldcg(&part_ml[(static_cast<size_t>(r) * splits + s) * num_heads + h]).x);
+  }
+  float num = 0.0f, den = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const size_t idx = (static_cast<size_t>(r) * splits + s) * num_heads + h;
+    const float2 ml = __ldcg(&part_ml[idx]);
+    if (ml.x == -INFINITY) continue;  // an empty split wrote no accumulators
+    const float w = __expf(ml.x - m);
+    num += w * __ldcg(&part_acc[idx * head_dim + d]);
+    den += w * ml.y;
+  }
+  return num / den;
+}
+
+// After a block has written its partials: counts it for (r, kvh); the last of the `splits` blocks
+// writes the combined output of the group's heads and resets the counter for the next launch.
+template <typename T>
+__device__ void FinishSplits(const float* part_acc, const float2* part_ml, T* out,
+                             uint32_t* counters, int r, int kvh, int num_heads, int num_kv_heads,
+                             int head_dim, int splits) {
+  __shared__ bool last;
+  __threadfence();  // this block's partials are visible before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t* c = counters + static_cast<size_t>(r) * num_kv_heads + kvh;
+    last = atomicAdd(c, 1u) == static_cast<uint32_t>(splits - 1);
+    if (last) *c = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // the other blocks' partials are read after their count
+  const int group = num_heads / num_kv_heads, width = group * head_dim;
+  for (int i = threadIdx.x; i < width; i += blockDim.x) {
+    const int h = kvh * group + i / head_dim, d = i % head_dim;
+    out[(static_cast<size_t>(r) * num_heads + h) * head_dim + d] =
+        FromF<T>(CombineSplits(part_acc, part_ml, r, h, d, num_heads, head_dim, splits));
+  }
+}
+
 // grid (num_kv_heads, rows, splits). partials per (row, split, head): head_dim accumulators, then
 // in a separate array (max, sum).
-template <typename T>
+//
+// kFinish: the kernel also writes `out`. With one split the block divides by its own sum and no
+// partials are written; otherwise every block publishes its partials, counts itself in
+// counters[r * num_kv_heads + kvh] (zero on entry; the last block resets it), and the last block
+// of a (row, kv head) combines the splits as the separate combine kernel does.
+template <typename T, bool kFinish>
 __global__ void __launch_bounds__(kThreads)
 AttentionPartialKernel(const T* __restrict__ q, const T* __restrict__ k_cache,
                        const T* __restrict__ v_cache, const int32_t* __restrict__ positions,
                        const int32_t* __restrict__ slots, float* __restrict__ part_acc,
-                       float2* __restrict__ part_ml, int num_heads, int num_kv_heads, int head_dim,
-                       int seq_capacity, float scale) {
+                       float2* __restrict__ part_ml, T* __restrict__ out,
+                       uint32_t* __restrict__ counters, int num_heads, int num_kv_heads,
+                       int head_dim, int seq_capacity, float scale) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  AllowDependentLaunch();  // the out-projection may start prefetching its weights
   const int kvh = blockIdx.x, r = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int group = num_heads / num_kv_heads;
   const int width = group * head_dim;  // outputs of this block
@@ -40,10 +94,15 @@ AttentionPartialKernel(const T* __restrict__ q, const T* __restrict__ k_cache,
   chunk = (chunk + kTile - 1) / kTile * kTile;
   const int begin = split * chunk;
   const int end = min(ctx, begin + chunk);
+  WaitForPrerequisites();  // q and this row's cache entry come from the previous kernel
 
   const size_t part_row = (static_cast<size_t>(r) * splits + split) * num_heads + kvh * group;
   if (begin >= end) {
     for (int g = threadIdx.x; g < group; g += blockDim.x) part_ml[part_row + g] = {-INFINITY, 0.0f};
+    if constexpr (kFinish) {
+      FinishSplits(part_acc, part_ml, out, counters, r, kvh, num_heads, num_kv_heads, head_dim,
+                   splits);
+    }
     return;
   }
 
@@ -140,13 +199,29 @@ AttentionPartialKernel(const T* __restrict__ q, const T* __restrict__ k_cache,
     }
     __syncthreads();
   }
-  float* out = part_acc + part_row * head_dim;
+  if constexpr (kFinish) {
+    if (splits == 1) {
+      // The combine of a single split: its accumulators over its own sum.
+      T* o = out + static_cast<size_t>(r) * num_heads * head_dim + kvh * width;
+#pragma unroll
+      for (int k = 0; k < kMaxOut; ++k) {
+        const int i = threadIdx.x + k * kThreads;
+        if (i < width) o[i] = FromF<T>(acc[k] / l_s[i / head_dim]);
+      }
+      return;
+    }
+  }
+  float* pa = part_acc + part_row * head_dim;
 #pragma unroll
   for (int k = 0; k < kMaxOut; ++k) {
     const int o = threadIdx.x + k * kThreads;
-    if (o < width) out[o] = acc[k];
+    if (o < width) pa[o] = acc[k];
   }
   for (int g = threadIdx.x; g < group; g += blockDim.x) part_ml[part_row + g] = {m_s[g], l_s[g]};
+  if constexpr (kFinish) {
+    FinishSplits(part_acc, part_ml, out, counters, r, kvh, num_heads, num_kv_heads, head_dim,
+                 splits);
+  }
 }
 
 // grid (num_heads, rows); threads over head_dim.
@@ -155,22 +230,11 @@ __global__ void AttentionCombineKernel(const float* __restrict__ part_acc,
                                        const float2* __restrict__ part_ml, T* __restrict__ out,
                                        int num_heads, int head_dim, int splits) {
   AllowDependentLaunch();  // the out-projection may start prefetching its weights
+  WaitForPrerequisites();
   const int h = blockIdx.x, r = blockIdx.y;
-  float m = -INFINITY;
-  for (int s = 0; s < splits; ++s) {
-    m = fmaxf(m, part_ml[(static_cast<size_t>(r) * splits + s) * num_heads + h].x);
-  }
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    float num = 0.0f, den = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const size_t idx = (static_cast<size_t>(r) * splits + s) * num_heads + h;
-      const float2 ml = part_ml[idx];
-      if (ml.x == -INFINITY) continue;  // an empty split wrote no accumulators
-      const float w = __expf(ml.x - m);
-      num += w * part_acc[idx * head_dim + d];
-      den += w * ml.y;
-    }
-    out[(static_cast<size_t>(r) * num_heads + h) * head_dim + d] = FromF<T>(num / den);
+    out[(static_cast<size_t>(r) * num_heads + h) * head_dim + d] =
+        FromF<T>(CombineSplits(part_acc, part_ml, r, h, d, num_heads, head_dim, splits));
   }
 }
 
@@ -188,7 +252,7 @@ absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache,
                              const void* v_cache, const int32_t* positions, const int32_t* slots,
                              float* partials, void* out, int rows, int num_heads,
                              int num_kv_heads, int head_dim, int seq_capacity, int splits,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, uint32_t* counters, bool pdl) {
   if (rows == 0) return absl::OkStatus();
   const int group = num_heads / num_kv_heads;
   if (group * head_dim > kMaxAttentionGroupWidth || head_dim % 2 != 0 ||
@@ -205,19 +269,23 @@ absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache,
   const size_t smem = (group * head_dim + group * kTile + 3 * group + 4) * sizeof(float) +
                       2 * kTile * TileStride(head_dim) * 2;
   dim3 grid(num_kv_heads, rows, splits);
+  const bool finish = counters != nullptr;
   TANDEM_DISPATCH_HALF(dtype, {
+    auto* kernel = finish ? AttentionPartialKernel<T, true> : AttentionPartialKernel<T, false>;
     if (smem > 48 * 1024) {
-      CUDA_CHECK(cudaFuncSetAttribute(AttentionPartialKernel<T>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem)));
     }
-    AttentionPartialKernel<T><<<grid, kThreads, smem, stream>>>(
-        static_cast<const T*>(q), static_cast<const T*>(k_cache), static_cast<const T*>(v_cache),
-        positions, slots, part_acc, part_ml, num_heads, num_kv_heads, head_dim, seq_capacity,
-        scale);
-    CUDA_CHECK_LAUNCH();
-    AttentionCombineKernel<T><<<dim3(num_heads, rows), ((head_dim + 31) / 32) * 32, 0, stream>>>(
-        part_acc, part_ml, static_cast<T*>(out), num_heads, head_dim, splits);
+    CUDA_CHECK(LaunchKernel(kernel, grid, dim3(kThreads), smem, stream, pdl,
+                            static_cast<const T*>(q), static_cast<const T*>(k_cache),
+                            static_cast<const T*>(v_cache), positions, slots, part_acc, part_ml,
+                            static_cast<T*>(out), counters, num_heads, num_kv_heads, head_dim,
+                            seq_capacity, scale));
+    if (!finish) {
+      CUDA_CHECK(LaunchKernel(AttentionCombineKernel<T>, dim3(num_heads, rows),
+                              dim3(((head_dim + 31) / 32) * 32), 0, stream, pdl, part_acc,
+                              part_ml, static_cast<T*>(out), num_heads, head_dim, splits));
+    }
   });
   CUDA_CHECK_LAUNCH();
   return absl::OkStatus();

@@ -10,7 +10,8 @@
 // logits of the decode step that chose the last of them ("final_logits").
 //
 // usage: tandem-bench --model DIR [--batch 1,8,64] [--prompt 128] [--new 128] [--dtype f16]
-//        [--graphs=true] [--gemv_max_rows 4] [--json OUT.json]
+//        [--graphs=true] [--gemv_max_rows 4] [--decode_pdl] [--fold_norms] [--attention_combine]
+//        [--json OUT.json]
 //        | --model DIR [--dtype f16] --dump_logits IN.json OUT.json
 #include <cuda_runtime.h>
 
@@ -41,6 +42,12 @@ ABSL_FLAG(std::string, dtype, "f16", "f16 or bf16");
 ABSL_FLAG(bool, graphs, true, "replay decode steps from CUDA graphs");
 ABSL_FLAG(int, gemv_max_rows, tandem::CudaOptions{}.gemv_max_rows,
           "decode passes of at most this many rows use the GEMV kernels (0: cuBLAS throughout)");
+ABSL_FLAG(bool, decode_pdl, tandem::CudaOptions{}.decode_pdl,
+          "launch every kernel of a GEMV-sized pass programmatically (CudaOptions::decode_pdl)");
+ABSL_FLAG(bool, fold_norms, tandem::CudaOptions{}.fold_norms,
+          "fold the norms into the GEMVs of GEMV-sized passes (CudaOptions::fold_norms)");
+ABSL_FLAG(bool, attention_combine, tandem::CudaOptions{}.attention_combine,
+          "combine attention key splits in the attention kernel (CudaOptions::attention_combine)");
 ABSL_FLAG(double, kv_memory_fraction, 0.9, "share of free GPU memory for the KV-cache");
 ABSL_FLAG(std::string, json, "", "write the results as JSON to this file");
 ABSL_FLAG(std::string, dump_logits, "",
@@ -90,6 +97,12 @@ double WeightBytesPerStep(const ModelConfig& c, size_t elem) {
   const double mlp = c.arch == Arch::kLlama ? 3 * h * inter : 2 * h * inter;
   const double per_layer = qkv + o + mlp + 4 * h;
   return (c.num_layers * per_layer + static_cast<double>(c.vocab_size) * h + 2 * h) * elem;
+}
+
+void SetFusionFlags(CudaOptions& opt) {
+  opt.decode_pdl = absl::GetFlag(FLAGS_decode_pdl);
+  opt.fold_norms = absl::GetFlag(FLAGS_fold_norms);
+  opt.attention_combine = absl::GetFlag(FLAGS_attention_combine);
 }
 
 absl::StatusOr<DType> ParseDTypeFlag(const std::string& s) {
@@ -145,6 +158,7 @@ absl::Status Bench() {
   opt.dtype = dtype;
   opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
   opt.gemv_max_rows = absl::GetFlag(FLAGS_gemv_max_rows);
+  SetFusionFlags(opt);
   opt.kv_memory_fraction = static_cast<float>(absl::GetFlag(FLAGS_kv_memory_fraction));
   const auto t_load = Clock::now();
   ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCudaStage(spec, opt));
@@ -202,10 +216,12 @@ absl::Status Bench() {
   cudaGetDeviceProperties(&prop, 0);
 
   std::printf("model %s (%s, %d layers, hidden %d), %s, prompt %d, new %d, graphs %s, "
-              "gemv_max_rows %d\n",
+              "gemv_max_rows %d, decode_pdl %s, fold_norms %s, attention_combine %s\n",
               model.c_str(), std::string(ArchName(c.arch)).c_str(), c.num_layers, c.hidden_size,
               std::string(DTypeName(dtype)).c_str(), prompt, steps,
-              opt.cuda_graphs ? "on" : "off", opt.gemv_max_rows);
+              opt.cuda_graphs ? "on" : "off", opt.gemv_max_rows,
+              opt.decode_pdl ? "on" : "off", opt.fold_norms ? "on" : "off",
+              opt.attention_combine ? "on" : "off");
   std::printf("device %s, copy bandwidth %.0f GB/s (read + write), load %.1f s, GPU memory in use "
               "%.2f GiB\n\n", prop.name, copy_bw / 1e9, load_s, used_gib);
   std::printf("| batch | prefill tok/s | decode ms/step | decode tok/s | end-to-end tok/s | "
@@ -225,6 +241,9 @@ absl::Status Bench() {
     j["new_tokens"] = steps;
     j["cuda_graphs"] = opt.cuda_graphs;
     j["gemv_max_rows"] = opt.gemv_max_rows;
+    j["decode_pdl"] = opt.decode_pdl;
+    j["fold_norms"] = opt.fold_norms;
+    j["attention_combine"] = opt.attention_combine;
     j["copy_bandwidth_gb_s"] = copy_bw / 1e9;
     j["gpu_memory_used_bytes"] = total_b - free_b;
     j["weight_bytes_per_step"] = weight_bytes;
@@ -277,6 +296,7 @@ absl::Status DumpLogits(const std::string& in_path, const std::string& out_path)
   opt.dtype = dtype;
   opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
   opt.gemv_max_rows = absl::GetFlag(FLAGS_gemv_max_rows);
+  SetFusionFlags(opt);
   ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCudaStage(spec, opt));
 
   std::ofstream out(out_path);

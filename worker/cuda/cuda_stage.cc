@@ -6,8 +6,8 @@
 //   weights_   every tensor of the stage, one arena
 //   kv_        K and V: (layers, 2, max_slots + 1, kv_heads, seq_capacity, head_dim); the extra slot
 //              takes the writes of the padding rows of a decode bucket
-//   work       activations for rows_cap rows: x (residual), xn, qkv, q, attn, mlp, partials;
-//              logits and sampling for samples_cap rows
+//   work       activations for rows_cap rows: x (residual), xn, qkv, q, attn, mlp, partials and
+//              the attention split counters; logits and sampling for samples_cap rows
 //   inputs_    per-row and per-sample step inputs, mirrored by a pinned host block and copied in
 //              one cudaMemcpyAsync, so that a graph reads them from fixed addresses
 // A step with more rows than rows_cap (a long prefill) runs as consecutive row chunks: each chunk
@@ -150,7 +150,7 @@ class CudaStage final : public Stage {
   cuda::CublasHandle cublas_;
   DeviceBuffer cublas_workspace_;
   DeviceBuffer weights_, kv_;
-  DeviceBuffer x_, xn_, qkv_, q_, attn_, mlp_in_, mlp_act_, partials_;
+  DeviceBuffer x_, xn_, qkv_, q_, attn_, mlp_in_, mlp_act_, partials_, attn_counters_;
   DeviceBuffer head_in_, logits_, probs_, tokens_out_;
   DeviceBuffer inputs_;
   DeviceBuffer out_hidden_;  // outputs of steps longer than one chunk
@@ -289,6 +289,10 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
   RETURN_IF_ERROR(partials_.Allocate(
       cuda::AttentionPartialFloats(rows_cap_ + 2 * sm_count_, c_.num_heads, c_.head_dim, 1) *
       sizeof(float)));
+  // One per (row, kv head): zero between attention launches (the kernel leaves them so).
+  RETURN_IF_ERROR(attn_counters_.Allocate(static_cast<size_t>(rows_cap_) * c_.num_kv_heads *
+                                          sizeof(uint32_t)));
+  CUDA_CHECK(cudaMemset(attn_counters_.get(), 0, attn_counters_.size()));
   if (has_head_) {
     RETURN_IF_ERROR(head_in_.Allocate(samples_cap_ * RowBytes(hidden)));
     RETURN_IF_ERROR(logits_.Allocate(static_cast<size_t>(samples_cap_) * c_.vocab_size * 4));
@@ -361,35 +365,53 @@ absl::Status CudaStage::Forward(int rows, int samples) {
   const int qkv_cols = c_.q_dim() + 2 * c_.kv_dim();
   const int32_t* positions = DevIn<int32_t>(layout_.positions);
   const int32_t* slots = DevIn<int32_t>(layout_.slots);
-  if (has_embedding_) {
-    RETURN_IF_ERROR(LaunchEmbedding(t, DevIn<int32_t>(layout_.tokens), positions, tok_embedding_,
-                                    pos_embedding_, x_.get(), rows, hidden, s));
-  }
-  const int splits = SplitsFor(rows);
   // Decode-sized passes: every projection through the GEMV kernels, with biases, residual adds
   // and the MLP activation fused into them.
   const bool gemv = rows <= opt_.gemv_max_rows && GemvSupported(rows, hidden) &&
                     GemvSupported(rows, inter) && GemvSupported(rows, c_.q_dim());
+  // ... and with the norms folded into the projections after them, every kernel launched
+  // programmatically (the first one after the step's input copy excepted).
+  const bool fold_norm = opt_.fold_norms && gemv && GemvNormSupported(rows, hidden);
+  const bool pdl_ok = opt_.decode_pdl && gemv;
+  bool first = true;
+  auto pdl = [&] {
+    const bool p = pdl_ok && !first;
+    first = false;
+    return p;
+  };
+  uint32_t* counters = opt_.attention_combine ? attn_counters_.as<uint32_t>() : nullptr;
+  if (has_embedding_) {
+    RETURN_IF_ERROR(LaunchEmbedding(t, DevIn<int32_t>(layout_.tokens), positions, tok_embedding_,
+                                    pos_embedding_, x_.get(), rows, hidden, s, pdl()));
+  }
+  const int splits = SplitsFor(rows);
   const void* pending_bias = nullptr;  // bias of the last projection into x, not yet added
   for (int l = 0; l < num_layers_; ++l) {
     const DeviceLayer& L = layers_[l];
     // Attention block: norm -> qkv -> rope + cache -> attention -> out-proj added into x.
-    RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, L.attn_norm_w, L.attn_norm_b,
-                               nullptr, xn_.get(), rows, hidden, c_.norm_eps, s));
-    if (gemv) {
-      RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kStore, xn_.get(), L.wqkv, L.bqkv, qkv_.get(), rows,
-                           qkv_cols, hidden, s));
+    if (fold_norm) {
+      RETURN_IF_ERROR(GemvNorm(t, GemvEpilogue::kStore, llama, x_.get(), nullptr, L.attn_norm_w,
+                               L.attn_norm_b, c_.norm_eps, L.wqkv, L.bqkv, qkv_.get(), rows,
+                               qkv_cols, hidden, s, pdl()));
     } else {
-      RETURN_IF_ERROR(Gemm(cublas_.get(), t, xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols,
-                           hidden, 0.0f, false));
+      RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, L.attn_norm_w, L.attn_norm_b,
+                                 nullptr, xn_.get(), rows, hidden, c_.norm_eps, s, pdl()));
+      if (gemv) {
+        RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kStore, xn_.get(), L.wqkv, L.bqkv, qkv_.get(),
+                             rows, qkv_cols, hidden, s));
+      } else {
+        RETURN_IF_ERROR(Gemm(cublas_.get(), t, xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols,
+                             hidden, 0.0f, false));
+      }
     }
     RETURN_IF_ERROR(LaunchQkvRopeCache(t, qkv_.get(), gemv ? nullptr : L.bqkv, q_.get(),
                                        KCache(l), VCache(l), positions, slots, rows, c_.num_heads,
                                        c_.num_kv_heads, c_.head_dim, seq_capacity_, llama,
-                                       c_.rope_theta, s));
+                                       c_.rope_theta, s, pdl()));
     RETURN_IF_ERROR(LaunchAttention(t, q_.get(), KCache(l), VCache(l), positions, slots,
                                     partials_.as<float>(), attn_.get(), rows, c_.num_heads,
-                                    c_.num_kv_heads, c_.head_dim, seq_capacity_, splits, s));
+                                    c_.num_kv_heads, c_.head_dim, seq_capacity_, splits, s,
+                                    counters, pdl()));
     if (gemv) {
       RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, attn_.get(), L.wo, L.bo, x_.get(), rows,
                            hidden, c_.q_dim(), s));
@@ -398,24 +420,32 @@ absl::Status CudaStage::Forward(int rows, int samples) {
                            c_.q_dim(), 1.0f, false));
     }
     // MLP block: norm (adding the out-proj bias first) -> up -> activation -> down added into x.
-    RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), gemv ? nullptr : L.bo, L.mlp_norm_w,
-                               L.mlp_norm_b, nullptr, xn_.get(), rows, hidden, c_.norm_eps, s));
+    const void* mlp_x = xn_.get();  // input of the MLP-in projection
+    if (!fold_norm) {
+      RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), gemv ? nullptr : L.bo, L.mlp_norm_w,
+                                 L.mlp_norm_b, nullptr, xn_.get(), rows, hidden, c_.norm_eps, s,
+                                 pdl()));
+    }
     const void* act = mlp_in_.get();
     if (gemv) {
-      if (llama) {
-        RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kSwiGlu, xn_.get(), L.w_in, nullptr,
-                             mlp_act_.get(), rows, inter, hidden, s));
-        act = mlp_act_.get();
+      const GemvEpilogue in_epilogue = llama ? GemvEpilogue::kSwiGlu : GemvEpilogue::kGelu;
+      void* in_out = llama ? mlp_act_.get() : mlp_in_.get();
+      const void* in_bias = llama ? nullptr : L.b_in;
+      if (fold_norm) {
+        RETURN_IF_ERROR(GemvNorm(t, in_epilogue, llama, x_.get(), nullptr, L.mlp_norm_w,
+                                 L.mlp_norm_b, c_.norm_eps, L.w_in, in_bias, in_out, rows, inter,
+                                 hidden, s, pdl()));
       } else {
-        RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kGelu, xn_.get(), L.w_in, L.b_in, mlp_in_.get(),
-                             rows, inter, hidden, s));
+        RETURN_IF_ERROR(Gemv(t, in_epilogue, mlp_x, L.w_in, in_bias, in_out, rows, inter, hidden,
+                             s));
       }
+      act = in_out;
       RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, act, L.w_out, L.b_out, x_.get(), rows,
                            hidden, inter, s));
       pending_bias = nullptr;
       continue;
     }
-    RETURN_IF_ERROR(Gemm(cublas_.get(), t, xn_.get(), L.w_in, mlp_in_.get(), rows,
+    RETURN_IF_ERROR(Gemm(cublas_.get(), t, mlp_x, L.w_in, mlp_in_.get(), rows,
                          llama ? 2 * inter : inter, hidden, 0.0f, false));
     if (llama) {
       RETURN_IF_ERROR(LaunchSwiGlu(t, mlp_in_.get(), mlp_act_.get(), rows, inter, s));
@@ -430,21 +460,32 @@ absl::Status CudaStage::Forward(int rows, int samples) {
   if (has_head_) {
     if (samples > 0) {
       // Final norm of the sampled rows only, LM head into fp32 logits, sampling.
-      RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, final_norm_w_, final_norm_b_,
-                                 DevIn<int32_t>(layout_.gather), head_in_.get(), samples, hidden,
-                                 c_.norm_eps, s));
-      if (samples <= opt_.gemv_max_rows && GemvSupported(samples, hidden)) {
-        RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kF32, head_in_.get(), lm_head_, nullptr,
-                             logits_.get(), samples, c_.vocab_size, hidden, s));
+      const int32_t* gather = DevIn<int32_t>(layout_.gather);
+      const bool head_gemv = samples <= opt_.gemv_max_rows && GemvSupported(samples, hidden);
+      if (head_gemv && opt_.fold_norms && pending_bias == nullptr &&
+          GemvNormSupported(samples, hidden)) {
+        RETURN_IF_ERROR(GemvNorm(t, GemvEpilogue::kF32, llama, x_.get(), gather, final_norm_w_,
+                                 final_norm_b_, c_.norm_eps, lm_head_, nullptr, logits_.get(),
+                                 samples, c_.vocab_size, hidden, s, pdl()));
       } else {
-        RETURN_IF_ERROR(Gemm(cublas_.get(), t, head_in_.get(), lm_head_, logits_.get(), samples,
-                             c_.vocab_size, hidden, 0.0f, true));
+        RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, final_norm_w_, final_norm_b_,
+                                   gather, head_in_.get(), samples, hidden, c_.norm_eps, s,
+                                   pdl()));
+        if (head_gemv) {
+          RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kF32, head_in_.get(), lm_head_, nullptr,
+                               logits_.get(), samples, c_.vocab_size, hidden, s));
+        } else {
+          RETURN_IF_ERROR(Gemm(cublas_.get(), t, head_in_.get(), lm_head_, logits_.get(), samples,
+                               c_.vocab_size, hidden, 0.0f, true));
+        }
       }
       SamplingArrays p{DevIn<float>(layout_.temperature), DevIn<int32_t>(layout_.top_k),
                        DevIn<float>(layout_.top_p), DevIn<uint64_t>(layout_.seed),
                        DevIn<uint64_t>(layout_.sample_index)};
+      // After a cuBLAS GEMM the sampler is launched plainly.
       RETURN_IF_ERROR(LaunchSample(logits_.as<float>(), probs_.as<float>(), p,
-                                   tokens_out_.as<int32_t>(), samples, c_.vocab_size, s));
+                                   tokens_out_.as<int32_t>(), samples, c_.vocab_size, s,
+                                   head_gemv && pdl()));
     }
   } else if (pending_bias != nullptr) {
     RETURN_IF_ERROR(LaunchAddBias(t, x_.get(), pending_bias, rows, hidden, s));

@@ -19,6 +19,18 @@ struct CudaOptions {
   // gemv.cu for every projection instead of cuBLAS; 0 uses cuBLAS throughout. At 8 rows cuBLAS
   // was faster on an H100 (docs/performance.md).
   int gemv_max_rows = 4;
+  // Kernel-latency fusions, each the same arithmetic as without it (false: the kernels as
+  // before, for comparison; docs/performance.md has what each one measured):
+  // - decode_pdl: on GEMV-sized passes every kernel is a programmatic dependent launch (not only
+  //   the GEMVs), so each one's launch overlaps the tail of the one before;
+  // - fold_norms: on GEMV-sized passes the norm in front of the QKV, MLP-in and LM-head
+  //   projections is computed inside the GEMV (at 1, 2 or 4 rows, hidden <= 8192), one kernel
+  //   fewer per norm but a serial norm prologue in every block;
+  // - attention_combine: the attention kernel combines its key splits itself (the last block of a
+  //   head does it) instead of a separate combine kernel.
+  bool decode_pdl = false;
+  bool fold_norms = false;
+  bool attention_combine = true;
 };
 
 // True when a usable CUDA device is present (tests skip otherwise).

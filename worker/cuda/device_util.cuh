@@ -4,8 +4,10 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "common/dtype.h"
@@ -46,6 +48,10 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
+// Threads of a norm block (norm.cu). The norm folded into the GEMV (gemv.cu) sums its row
+// statistics in the order such a block does, so that both give the same bits.
+constexpr int kNormBlockThreads = 256;
+
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
 // `scratch` holds 32 floats; the call begins and ends with a barrier so that it can be repeated.
 __device__ __forceinline__ float BlockSum(float v, float* scratch) {
@@ -69,9 +75,11 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
 
 // Programmatic dependent launch (sm_90). A kernel calls AllowDependentLaunch() first thing, so
 // that the next kernel of the stream, when launched with the programmatic-serialization attribute
-// (the GEMV kernels), can start and prefetch its weights while this one runs; that kernel calls
-// WaitForPrerequisites() before it reads anything this one wrote (it waits for completion and
-// memory visibility). Both are no-ops where no such launch is involved.
+// (see LaunchKernel), can start and prefetch its weights while this one runs; that kernel calls
+// WaitForPrerequisites() before it reads anything earlier kernels wrote and before its first
+// write (it waits for the previous kernel's completion and memory visibility; as every kernel
+// waits, completion is transitive). Before the wait a kernel reads only what no kernel of the
+// pass writes (weights, the step's inputs). Both are no-ops where no such launch is involved.
 __device__ __forceinline__ void AllowDependentLaunch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;");
@@ -81,6 +89,26 @@ __device__ __forceinline__ void WaitForPrerequisites() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+// Launches `kernel` on `stream`; with `pdl` (and a stream of our own) as a programmatic
+// dependent launch: the kernel may start once every block of the previous kernel has called
+// AllowDependentLaunch(), so it must call WaitForPrerequisites() before it reads what earlier
+// kernels wrote and before it writes anything. Graph capture keeps such edges programmatic.
+template <typename... KernelArgs, typename... Args>
+cudaError_t LaunchKernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                         cudaStream_t stream, bool pdl, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl && stream != nullptr ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 }  // namespace tandem::cuda

@@ -12,6 +12,8 @@ __global__ void EmbeddingKernel(const int32_t* __restrict__ tokens,
                                 const int32_t* __restrict__ positions,
                                 const T* __restrict__ tok_emb, const T* __restrict__ pos_emb,
                                 T* __restrict__ out, int hidden) {
+  AllowDependentLaunch();  // the first projection may start prefetching its weights
+  WaitForPrerequisites();  // `out` may still be read by the kernel before this one
   const int r = blockIdx.x;
   const T* te = tok_emb + static_cast<size_t>(tokens[r]) * hidden;
   const T* pe = pos_emb != nullptr ? pos_emb + static_cast<size_t>(positions[r]) * hidden : nullptr;
@@ -27,12 +29,12 @@ __global__ void EmbeddingKernel(const int32_t* __restrict__ tokens,
 
 absl::Status LaunchEmbedding(DType dtype, const int32_t* tokens, const int32_t* positions,
                              const void* tok_emb, const void* pos_emb, void* out, int rows,
-                             int hidden, cudaStream_t stream) {
+                             int hidden, cudaStream_t stream, bool pdl) {
   if (rows == 0) return absl::OkStatus();
   TANDEM_DISPATCH_HALF(dtype, {
-    EmbeddingKernel<T><<<rows, 256, 0, stream>>>(tokens, positions, static_cast<const T*>(tok_emb),
-                                                 static_cast<const T*>(pos_emb),
-                                                 static_cast<T*>(out), hidden);
+    CUDA_CHECK(LaunchKernel(EmbeddingKernel<T>, dim3(rows), dim3(256), 0, stream, pdl, tokens,
+                            positions, static_cast<const T*>(tok_emb),
+                            static_cast<const T*>(pos_emb), static_cast<T*>(out), hidden));
   });
   CUDA_CHECK_LAUNCH();
   return absl::OkStatus();

@@ -1,6 +1,11 @@
 // Launchers of the backend's kernels, one .cu per family. Activations, weights and the KV-cache are
 // `dtype` (kF16 or kBF16) unless a parameter says fp32; every launcher enqueues on `stream`, checks
 // the launch and returns its error. Row-major throughout; shapes in the comments.
+//
+// `pdl`: launch as a programmatic dependent launch (on a stream other than the legacy default),
+// so that the kernel starts while the previous kernel of the stream finishes; every kernel waits
+// for its predecessor before touching activations (device_util.cuh), so any mix is correct. The
+// first kernel after a copy is launched without it.
 #pragma once
 
 #include <cublas_v2.h>
@@ -24,7 +29,7 @@ struct RowInfo {
 // tok_emb (vocab, hidden), pos_emb (max_positions, hidden), out (rows, hidden).
 absl::Status LaunchEmbedding(DType dtype, const int32_t* tokens, const int32_t* positions,
                              const void* tok_emb, const void* pos_emb, void* out, int rows,
-                             int hidden, cudaStream_t stream);
+                             int hidden, cudaStream_t stream, bool pdl = false);
 
 // norm.cu: for each output row i, with r = gather ? gather[i] : i:
 //   x[r] += bias (when bias != nullptr; written back to x)
@@ -32,7 +37,7 @@ absl::Status LaunchEmbedding(DType dtype, const int32_t* tokens, const int32_t* 
 // x (.., cols), out (rows, cols), w, b, bias (cols).
 absl::Status LaunchNorm(DType dtype, bool rms, void* x, const void* bias, const void* w,
                         const void* b, const int32_t* gather, void* out, int rows, int cols,
-                        float eps, cudaStream_t stream);
+                        float eps, cudaStream_t stream, bool pdl = false);
 
 // residual.cu: x[r] += bias for every row. x (rows, cols), bias (cols).
 absl::Status LaunchAddBias(DType dtype, void* x, const void* bias, int rows, int cols,
@@ -45,17 +50,19 @@ absl::Status LaunchQkvRopeCache(DType dtype, const void* qkv, const void* bias, 
                                 void* k_cache, void* v_cache, const int32_t* positions,
                                 const int32_t* slots, int rows, int num_heads, int num_kv_heads,
                                 int head_dim, int seq_capacity, bool rope, float rope_theta,
-                                cudaStream_t stream);
+                                cudaStream_t stream, bool pdl = false);
 
 // attention.cu: causal attention of each row's query over keys [0, positions[r]] of its slot.
 // q (rows, num_heads * head_dim), out (rows, num_heads * head_dim). The keys are split over
 // `splits` blocks per (row, kv head); partials (rows * splits * num_heads * (head_dim + 2) floats)
-// are combined by a second kernel.
+// are combined by a second kernel, or, when `counters` is given (rows * num_kv_heads zeros, left
+// zero after the call), by the last block of each (row, kv head) in the same kernel; with one
+// split that kernel writes `out` directly. The same arithmetic either way.
 absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache,
                              const void* v_cache, const int32_t* positions, const int32_t* slots,
                              float* partials, void* out, int rows, int num_heads,
                              int num_kv_heads, int head_dim, int seq_capacity, int splits,
-                             cudaStream_t stream);
+                             cudaStream_t stream, uint32_t* counters = nullptr, bool pdl = false);
 // Floats of partials that LaunchAttention needs.
 size_t AttentionPartialFloats(int rows, int num_heads, int head_dim, int splits);
 // Largest num_heads / num_kv_heads * head_dim the attention kernel handles.
@@ -85,9 +92,22 @@ enum class GemvEpilogue {
   kSwiGlu,    // w is (2 * out, in), gate rows then up rows: y = silu(gate) * up; no bias
   kF32,       // y (fp32) = x·wᵀ + bias, unrounded (logits)
 };
+// Launched as a programmatic dependent launch on a stream of our own.
 bool GemvSupported(int rows, int in);
 absl::Status Gemv(DType dtype, GemvEpilogue epilogue, const void* x, const void* w,
                   const void* bias, void* y, int rows, int out, int in, cudaStream_t stream);
+
+// The same with the norm in front folded in: x rows (gather ? gather[i] : i) of the residual
+// stream (.., in) are normalised in each block as LaunchNorm does (same arithmetic and rounding to
+// dtype; no pending bias), held in shared memory, and multiplied as by Gemv. LayerNorm with
+// norm_b (rms == false) or RMSNorm (rms == true), norm_w/norm_b (in). Takes rows in {1, 2, 4} and
+// in % 8 == 0, in <= kGemvNormMaxIn (see GemvNormSupported).
+constexpr int kGemvNormMaxIn = 8192;
+bool GemvNormSupported(int rows, int in);
+absl::Status GemvNorm(DType dtype, GemvEpilogue epilogue, bool rms, const void* x,
+                      const int32_t* gather, const void* norm_w, const void* norm_b, float eps,
+                      const void* w, const void* bias, void* y, int rows, int out, int in,
+                      cudaStream_t stream, bool pdl);
 
 // sampling.cu: one token per row of logits (rows, vocab) fp32 by the rule of worker/sampling.h.
 // probs: scratch of rows * vocab floats. Parameters per row.
@@ -99,6 +119,7 @@ struct SamplingArrays {
   const uint64_t* sample_index;
 };
 absl::Status LaunchSample(const float* logits, float* probs, SamplingArrays params,
-                          int32_t* tokens_out, int rows, int vocab, cudaStream_t stream);
+                          int32_t* tokens_out, int rows, int vocab, cudaStream_t stream,
+                          bool pdl = false);
 
 }  // namespace tandem::cuda

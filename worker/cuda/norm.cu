@@ -8,7 +8,7 @@
 namespace tandem::cuda {
 namespace {
 
-constexpr int kNormThreads = 256;
+constexpr int kNormThreads = kNormBlockThreads;
 // Elements a thread keeps in registers: cols <= kNormThreads * 8 * kMaxVecs (16384 with 8).
 constexpr int kMaxVecs = 8;
 
@@ -21,6 +21,7 @@ NormKernel(T* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ 
            int cols, float eps) {
   __shared__ float scratch[32];
   AllowDependentLaunch();  // the projection that reads `out` may start prefetching its weights
+  WaitForPrerequisites();  // x is the previous kernel's output
   const int i = blockIdx.x;
   const int r = gather != nullptr ? gather[i] : i;
   Vec8<T>* xr = reinterpret_cast<Vec8<T>*>(x + static_cast<size_t>(r) * cols);
@@ -93,7 +94,7 @@ NormKernel(T* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ 
 
 absl::Status LaunchNorm(DType dtype, bool rms, void* x, const void* bias, const void* w,
                         const void* b, const int32_t* gather, void* out, int rows, int cols,
-                        float eps, cudaStream_t stream) {
+                        float eps, cudaStream_t stream, bool pdl) {
   if (rows == 0) return absl::OkStatus();
   if (cols % 8 != 0 || cols > kNormThreads * 8 * kMaxVecs) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -106,11 +107,9 @@ absl::Status LaunchNorm(DType dtype, bool rms, void* x, const void* bias, const 
     auto* wt = static_cast<const T*>(w);
     auto* nb = static_cast<const T*>(b);
     auto* ot = static_cast<T*>(out);
-    if (rms) {
-      NormKernel<T, true><<<rows, kNormThreads, 0, stream>>>(xt, bt, wt, nb, gather, ot, cols, eps);
-    } else {
-      NormKernel<T, false><<<rows, kNormThreads, 0, stream>>>(xt, bt, wt, nb, gather, ot, cols, eps);
-    }
+    CUDA_CHECK(LaunchKernel(rms ? NormKernel<T, true> : NormKernel<T, false>, dim3(rows),
+                            dim3(kNormThreads), 0, stream, pdl, xt, bt, wt, nb, gather, ot, cols,
+                            eps));
   });
   CUDA_CHECK_LAUNCH();
   return absl::OkStatus();

@@ -18,6 +18,8 @@ __global__ void QkvRopeCacheKernel(const T* __restrict__ qkv, const T* __restric
                                    const int32_t* __restrict__ slots, int num_heads,
                                    int num_kv_heads, int head_dim, int seq_capacity, bool rope,
                                    float rope_theta) {
+  AllowDependentLaunch();  // attention may start; it waits for the cache writes below
+  WaitForPrerequisites();  // qkv is the previous kernel's output
   const int r = blockIdx.y;
   const int pos = positions[r], slot = slots[r];
   const int q_dim = num_heads * head_dim, kv_dim = num_kv_heads * head_dim;
@@ -70,16 +72,17 @@ absl::Status LaunchQkvRopeCache(DType dtype, const void* qkv, const void* bias, 
                                 void* k_cache, void* v_cache, const int32_t* positions,
                                 const int32_t* slots, int rows, int num_heads, int num_kv_heads,
                                 int head_dim, int seq_capacity, bool rope, float rope_theta,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, bool pdl) {
   if (rows == 0) return absl::OkStatus();
   if (head_dim % 2 != 0) return absl::InvalidArgumentError("head_dim must be even");
   TANDEM_DISPATCH_HALF(dtype, {
     const int items = num_heads * head_dim / 2 + num_kv_heads * head_dim / 2 + num_kv_heads * head_dim;
     const dim3 grid((items + 127) / 128, rows);
-    QkvRopeCacheKernel<T><<<grid, 128, 0, stream>>>(
-        static_cast<const T*>(qkv), static_cast<const T*>(bias), static_cast<T*>(q_out),
-        static_cast<T*>(k_cache), static_cast<T*>(v_cache), positions, slots, num_heads,
-        num_kv_heads, head_dim, seq_capacity, rope, rope_theta);
+    CUDA_CHECK(LaunchKernel(QkvRopeCacheKernel<T>, grid, dim3(128), 0, stream, pdl,
+                            static_cast<const T*>(qkv), static_cast<const T*>(bias),
+                            static_cast<T*>(q_out), static_cast<T*>(k_cache),
+                            static_cast<T*>(v_cache), positions, slots, num_heads, num_kv_heads,
+                            head_dim, seq_capacity, rope, rope_theta));
   });
   CUDA_CHECK_LAUNCH();
   return absl::OkStatus();

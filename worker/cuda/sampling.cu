@@ -223,6 +223,8 @@ SampleKernel(const float* __restrict__ logits, float* __restrict__ probs, Sampli
              int32_t* __restrict__ tokens_out, int vocab) {
   __shared__ float scratch[32];
   __shared__ SelectShared sh;
+  AllowDependentLaunch();
+  WaitForPrerequisites();  // the logits are the previous kernel's output
   const int r = blockIdx.x;
   const float* x = logits + static_cast<size_t>(r) * vocab;
   const float temperature = params.temperature[r];
@@ -282,9 +284,11 @@ SampleKernel(const float* __restrict__ logits, float* __restrict__ probs, Sampli
 }  // namespace
 
 absl::Status LaunchSample(const float* logits, float* probs, SamplingArrays params,
-                          int32_t* tokens_out, int rows, int vocab, cudaStream_t stream) {
+                          int32_t* tokens_out, int rows, int vocab, cudaStream_t stream,
+                          bool pdl) {
   if (rows == 0) return absl::OkStatus();
-  SampleKernel<<<rows, kThreads, 0, stream>>>(logits, probs, params, tokens_out, vocab);
+  CUDA_CHECK(LaunchKernel(SampleKernel, dim3(rows), dim3(kThreads), 0, stream, pdl, logits, probs,
+                          params, tokens_out, vocab));
   CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
 }

@@ -205,7 +205,11 @@ TEST_P(KernelTest, RopeRotatesQueryAndKeyAndFillsCacheSlot) {
 }
 
 // Causal attention over a filled cache for rows of different lengths and slots, GQA heads.
-void CheckAttention(DType t, float tol, int head_dim, int heads, int kv_heads, int splits) {
+// With `in_kernel_combine` the splits are combined by the attention kernel itself (twice in a
+// row, so that the second launch sees the counters the first one reset), and the output must have
+// the very bits of the two-kernel path.
+void CheckAttention(DType t, float tol, int head_dim, int heads, int kv_heads, int splits,
+                    bool in_kernel_combine = false) {
   const int slots = 3, cap = 320;
   const size_t cache = size_t{slots} * kv_heads * cap * head_dim;
   auto kc = Quantize(t, Random(cache, 10));
@@ -220,6 +224,30 @@ void CheckAttention(DType t, float tol, int head_dim, int heads, int kv_heads, i
   ASSERT_TRUE(LaunchAttention(t, dq.get(), dk.get(), dv.get(), dpos.as<int32_t>(),
                               dslot.as<int32_t>(), part.as<float>(), out.get(), rows, heads,
                               kv_heads, head_dim, cap, splits, nullptr).ok());
+  if (in_kernel_combine) {
+    const std::vector<float> two_kernels = Download(t, out, rows * q_dim);
+    DeviceBuffer counters, fused;
+    ASSERT_TRUE(counters.Allocate(rows * kv_heads * 4).ok());
+    ASSERT_EQ(cudaMemset(counters.get(), 0, rows * kv_heads * 4), cudaSuccess);
+    ASSERT_TRUE(fused.Allocate(rows * q_dim * 2).ok());
+    for (int run = 0; run < 2; ++run) {
+      ASSERT_EQ(cudaMemset(fused.get(), 0xff, rows * q_dim * 2), cudaSuccess);  // NaN
+      ASSERT_TRUE(LaunchAttention(t, dq.get(), dk.get(), dv.get(), dpos.as<int32_t>(),
+                                  dslot.as<int32_t>(), part.as<float>(), fused.get(), rows, heads,
+                                  kv_heads, head_dim, cap, splits, nullptr,
+                                  counters.as<uint32_t>(), false)
+                      .ok());
+      const std::vector<float> got = Download(t, fused, rows * q_dim);
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(std::memcmp(&got[i], &two_kernels[i], sizeof(float)), 0)
+            << "run " << run << " element " << i << ": " << got[i] << " vs " << two_kernels[i];
+      }
+    }
+    std::vector<uint32_t> left(rows * kv_heads, 1);
+    ASSERT_EQ(cudaMemcpy(left.data(), counters.get(), left.size() * 4, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_EQ(left, std::vector<uint32_t>(rows * kv_heads, 0u)) << "counters left non-zero";
+  }
   std::vector<float> want(rows * q_dim);
   const int group = heads / kv_heads;
   for (int r = 0; r < rows; ++r) {
@@ -262,6 +290,17 @@ TEST_P(KernelTest, AttentionGroupedQueryHeadsManySplits) {
 TEST_P(KernelTest, AttentionHeadDimNotMultipleOfEight) {
   SKIP_WITHOUT_GPU();
   CheckAttention(t(), tol(), 100, 4, 4, 3);  // the OpenLLaMA-3B head size
+}
+
+TEST_P(KernelTest, AttentionCombinedInKernelOneSplitEqualsTwoKernels) {
+  SKIP_WITHOUT_GPU();
+  CheckAttention(t(), tol(), 64, 8, 2, 1, true);
+}
+
+TEST_P(KernelTest, AttentionCombinedInKernelManySplitsEqualsTwoKernels) {
+  SKIP_WITHOUT_GPU();
+  CheckAttention(t(), tol(), 64, 8, 2, 5, true);  // row 0 leaves splits 1-4 empty
+  CheckAttention(t(), tol(), 100, 4, 4, 3, true);
 }
 
 TEST_P(KernelTest, AttentionRejectsGroupWiderThanKernel) {
@@ -427,6 +466,184 @@ TEST_P(KernelTest, GemvAgreesWithCublas) {
   }
 }
 
+// CPU reference of a norm folded into a GEMV: rows gathered, normalised with double statistics
+// and rounded to the device type at the points norm.cu rounds, then multiplied.
+std::vector<float> NormRowsHost(DType t, bool rms, const std::vector<float>& x,
+                                const std::vector<int32_t>& gather, int rows, int k,
+                                const std::vector<float>& nw, const std::vector<float>& nb,
+                                float eps) {
+  std::vector<float> out(rows * k);
+  for (int m = 0; m < rows; ++m) {
+    const float* row = &x[size_t(gather.empty() ? m : gather[m]) * k];
+    double mean = 0, sq = 0;
+    for (int c = 0; c < k; ++c) mean += row[c];
+    mean /= k;
+    for (int c = 0; c < k; ++c) sq += rms ? double(row[c]) * row[c] : (row[c] - mean) * (row[c] - mean);
+    const double inv = 1.0 / std::sqrt(sq / k + eps);
+    for (int c = 0; c < k; ++c) {
+      out[m * k + c] = rms ? RoundHost(t, RoundHost(t, row[c] * inv) * nw[c])
+                           : RoundHost(t, (row[c] - mean) * inv * nw[c] + nb[c]);
+    }
+  }
+  return out;
+}
+
+struct GemvNormCase {
+  bool rms;
+  GemvEpilogue epilogue;
+  int n, k;
+  bool gather;
+};
+
+// Every epilogue the folded norm serves (QKV: store; GPT-2 MLP: GELU; Llama MLP: SwiGLU; LM head:
+// fp32) at 1, 2 and 4 rows: against the CPU reference, and bit for bit against LaunchNorm followed
+// by Gemv, which computes the same thing in two kernels. Widths: GPT-2 (768), OpenLLaMA-3B (3200,
+// not a multiple of 256), a partial 256-element step (520), and the largest (8192: 64 KB of
+// shared memory at 4 rows).
+TEST_P(KernelTest, GemvWithFoldedNormMatchesReferenceAndNormThenGemv) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<GemvNormCase> cases = {
+      {false, GemvEpilogue::kStore, 37, 768, false}, {false, GemvEpilogue::kGelu, 40, 768, false},
+      {false, GemvEpilogue::kF32, 33, 768, true},    {false, GemvEpilogue::kStore, 21, 520, true},
+      {true, GemvEpilogue::kStore, 37, 3200, false}, {true, GemvEpilogue::kSwiGlu, 24, 3200, false},
+      {true, GemvEpilogue::kF32, 29, 3200, true},    {true, GemvEpilogue::kSwiGlu, 9, 520, false},
+      {true, GemvEpilogue::kStore, 11, 8192, false}, {false, GemvEpilogue::kF32, 7, 8192, true},
+  };
+  const float eps = 1e-5f;
+  int ci = 0;
+  for (const GemvNormCase& c : cases) {
+    for (int m : {1, 2, 4}) {
+      SCOPED_TRACE(testing::Message() << (c.rms ? "rmsnorm" : "layernorm") << ", epilogue "
+                                      << static_cast<int>(c.epilogue) << ", rows " << m << ", k "
+                                      << c.k << (c.gather ? ", gathered" : ""));
+      const uint64_t seed = 7000 + 100 * ci++ + m;
+      const int k = c.k, n = c.n;
+      const bool swiglu = c.epilogue == GemvEpilogue::kSwiGlu;
+      const bool f32 = c.epilogue == GemvEpilogue::kF32;
+      // The residual stream: 6 rows with an offset (a large LayerNorm mean), gathered or not.
+      const int stream_rows = 6;
+      auto x = Random(stream_rows * k, seed, 3.0f);
+      for (float& v : x) v += 1.5f;
+      x = Quantize(t(), x);
+      std::vector<int32_t> gather;
+      if (c.gather) {
+        for (int i = 0; i < m; ++i) gather.push_back((5 - 2 * i + stream_rows) % stream_rows);
+      }
+      auto nw = Quantize(t(), Random(k, seed + 1, 1.0f));
+      auto nb = Quantize(t(), Random(k, seed + 2, 0.3f));
+      const int wrows = swiglu ? 2 * n : n;
+      auto w = Quantize(t(), Random(size_t(wrows) * k, seed + 3, 0.05f));
+      auto b = Quantize(t(), Random(n, seed + 4, 0.5f));
+      const bool has_bias = !swiglu && c.epilogue != GemvEpilogue::kF32;
+      DeviceBuffer dx = Upload(t(), x), dnw = Upload(t(), nw), dnb = Upload(t(), nb),
+                   dw = Upload(t(), w), db = Upload(t(), b), dg = UploadRaw(gather.empty()
+                                                                     ? std::vector<int32_t>{0}
+                                                                     : gather);
+      const int32_t* g = c.gather ? dg.as<int32_t>() : nullptr;
+      const size_t ybytes = size_t(m) * n * (f32 ? 4 : 2);
+      DeviceBuffer fused, xn, two;
+      ASSERT_TRUE(fused.Allocate(ybytes).ok());
+      ASSERT_TRUE(two.Allocate(ybytes).ok());
+      ASSERT_TRUE(xn.Allocate(size_t(m) * k * 2).ok());
+      ASSERT_EQ(cudaMemset(fused.get(), 0xff, ybytes), cudaSuccess);  // NaN: every output written
+      ASSERT_TRUE(GemvNorm(t(), c.epilogue, c.rms, dx.get(), g, dnw.get(),
+                           c.rms ? nullptr : dnb.get(), eps, dw.get(),
+                           has_bias ? db.get() : nullptr, fused.get(), m, n, k, nullptr, false)
+                      .ok());
+      ASSERT_TRUE(LaunchNorm(t(), c.rms, dx.get(), nullptr, dnw.get(), c.rms ? nullptr : dnb.get(),
+                             g, xn.get(), m, k, eps, nullptr)
+                      .ok());
+      ASSERT_TRUE(Gemv(t(), c.epilogue, xn.get(), dw.get(), has_bias ? db.get() : nullptr,
+                       two.get(), m, n, k, nullptr)
+                      .ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<uint8_t> a(ybytes), bb(ybytes);
+      ASSERT_EQ(cudaMemcpy(a.data(), fused.get(), ybytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(bb.data(), two.get(), ybytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(a, bb) << "folded norm differs from norm then GEMV";
+
+      const auto xh = NormRowsHost(t(), c.rms, x, gather, m, k, nw, nb, eps);
+      std::vector<float> want(m * n);
+      for (int r = 0; r < m; ++r) {
+        for (int o = 0; o < n; ++o) {
+          auto dot = [&](int row) {
+            double s = 0;
+            for (int i = 0; i < k; ++i) s += double(xh[r * k + i]) * w[size_t(row) * k + i];
+            return s;
+          };
+          const double v = dot(o) + (has_bias ? b[o] : 0.0);
+          float& out = want[r * n + o];
+          switch (c.epilogue) {
+            case GemvEpilogue::kStore:
+            case GemvEpilogue::kF32: out = v; break;
+            case GemvEpilogue::kGelu: out = GeluHost(RoundHost(t(), v)); break;
+            case GemvEpilogue::kSwiGlu: {
+              const double gg = RoundHost(t(), dot(o)), u = RoundHost(t(), dot(n + o));
+              out = RoundHost(t(), gg / (1.0 + std::exp(-gg))) * u;
+              break;
+            }
+            default: break;
+          }
+        }
+      }
+      if (f32) {
+        std::vector<float> got(m * n);
+        std::memcpy(got.data(), a.data(), ybytes);
+        // A normalised element may round to the neighbouring value of the device type when the
+        // double statistics differ from the fp32 ones in the last bit.
+        ExpectClose(got, want, tol(), 1e-2f, "gemv+norm fp32");
+      } else {
+        ExpectClose(Download(t(), fused, m * n), want, 2 * tol(), 1e-2f, "gemv+norm");
+      }
+    }
+  }
+}
+
+// A chain of dependent launches on a stream of our own, each reading the previous one's output
+// and overwriting the buffer the one before read (ping-pong): with the norms and folded GEMVs
+// launched programmatically, the same bits as with them launched plainly.
+TEST_P(KernelTest, ProgrammaticLaunchChainEqualsPlainLaunches) {
+  SKIP_WITHOUT_GPU();
+  const int k = 1024, steps = 24;
+  auto x0 = Quantize(t(), Random(k, 31, 2.0f));
+  auto nw = Quantize(t(), Random(k, 32, 1.0f));
+  auto nb = Quantize(t(), Random(k, 33, 0.3f));
+  auto w = Quantize(t(), Random(size_t(k) * k, 34, 0.05f));
+  DeviceBuffer dnw = Upload(t(), nw), dnb = Upload(t(), nb), dw = Upload(t(), w);
+  Stream stream;
+  ASSERT_TRUE(stream.Create().ok());
+  std::vector<float> results[2];
+  for (int pdl = 0; pdl < 2; ++pdl) {
+    DeviceBuffer a = Upload(t(), x0), b = Upload(t(), std::vector<float>(k, 0.0f)), xn;
+    ASSERT_TRUE(xn.Allocate(k * 2).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (int i = 0; i < steps; ++i) {
+      DeviceBuffer& src = i % 2 ? b : a;
+      DeviceBuffer& dst = i % 2 ? a : b;
+      const bool rms = i % 3 == 0;
+      if (i % 4 == 3) {
+        // The two-kernel form in the chain too: a norm, then the GEMV.
+        ASSERT_TRUE(LaunchNorm(t(), rms, src.get(), nullptr, dnw.get(), dnb.get(), nullptr,
+                               xn.get(), 1, k, 1e-5f, stream.get(), pdl == 1)
+                        .ok());
+        ASSERT_TRUE(Gemv(t(), GemvEpilogue::kStore, xn.get(), dw.get(), nullptr, dst.get(), 1, k,
+                         k, stream.get())
+                        .ok());
+      } else {
+        ASSERT_TRUE(GemvNorm(t(), GemvEpilogue::kStore, rms, src.get(), nullptr, dnw.get(),
+                             dnb.get(), 1e-5f, dw.get(), nullptr, dst.get(), 1, k, k,
+                             stream.get(), pdl == 1 && i > 0)
+                        .ok());
+      }
+    }
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+    results[pdl] = Download(t(), steps % 2 ? b : a, k);
+  }
+  ASSERT_EQ(results[0].size(), results[1].size());
+  EXPECT_EQ(std::memcmp(results[0].data(), results[1].data(), k * sizeof(float)), 0);
+  for (float v : results[1]) ASSERT_TRUE(std::isfinite(v));
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, KernelTest, ::testing::Values(DType::kF16, DType::kBF16),
                          [](const auto& info) {
                            return info.param == DType::kF16 ? std::string("F16")
@@ -457,6 +674,37 @@ TEST(GemvTest, RejectsUnsupportedRowCountsAndWidths) {
                 .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(GemvSupported(8, 3200));
+}
+
+// Shapes and arguments the folded norm does not take are refused before anything is launched.
+TEST(GemvNormTest, RejectsUnsupportedShapesAndMissingNormWeights) {
+  alignas(16) static uint16_t buf[16384];
+  auto call = [&](GemvEpilogue e, bool rms, int rows, int in, const void* nw, const void* nb,
+                  const void* x) {
+    return GemvNorm(DType::kF16, e, rms, x, nullptr, nw, nb, 1e-5f, buf, nullptr, buf, rows, 4,
+                    in, nullptr, false)
+        .code();
+  };
+  const auto kBad = absl::StatusCode::kInvalidArgument;
+  for (int rows : {0, 3, 8}) {
+    EXPECT_EQ(call(GemvEpilogue::kStore, true, rows, 64, buf, nullptr, buf), kBad) << rows;
+  }
+  EXPECT_FALSE(GemvNormSupported(8, 64));
+  EXPECT_FALSE(GemvNormSupported(1, 12));
+  EXPECT_FALSE(GemvNormSupported(1, kGemvNormMaxIn + 8));
+  EXPECT_TRUE(GemvNormSupported(4, kGemvNormMaxIn));
+  EXPECT_EQ(call(GemvEpilogue::kStore, true, 1, 12, buf, nullptr, buf), kBad);
+  EXPECT_EQ(call(GemvEpilogue::kStore, true, 1, kGemvNormMaxIn + 8, buf, nullptr, buf), kBad);
+  EXPECT_EQ(call(GemvEpilogue::kResidual, true, 1, 64, buf, nullptr, buf), kBad);
+  EXPECT_EQ(call(GemvEpilogue::kStore, true, 1, 64, nullptr, nullptr, buf), kBad);
+  EXPECT_EQ(call(GemvEpilogue::kStore, false, 1, 64, buf, nullptr, buf), kBad);  // no LN bias
+  EXPECT_EQ(call(GemvEpilogue::kStore, true, 1, 64, buf, nullptr,
+                 reinterpret_cast<char*>(buf) + 2),
+            kBad);
+  EXPECT_EQ(GemvNorm(DType::kF32, GemvEpilogue::kStore, true, buf, nullptr, buf, nullptr, 1e-5f,
+                     buf, nullptr, buf, 1, 4, 64, nullptr, false)
+                .code(),
+            kBad);
 }
 
 // Runs the device sampler on `logits` (rows, vocab) with one parameter set per row.

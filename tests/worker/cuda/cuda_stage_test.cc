@@ -108,7 +108,8 @@ Trace RunSteps(Stage& stage, const std::vector<Seq>& seqs, int steps) {
 }
 
 std::unique_ptr<Stage> MakeCuda(const std::filesystem::path& dir, DType dtype, bool graphs,
-                                int first = 0, int last = -1, int gemv_max_rows = 8) {
+                                int first = 0, int last = -1, int gemv_max_rows = 8,
+                                bool decode_fusions = true) {
   StageSpec spec;
   spec.model_dir = dir;
   spec.first_layer = first;
@@ -119,6 +120,7 @@ std::unique_ptr<Stage> MakeCuda(const std::filesystem::path& dir, DType dtype, b
   o.dtype = dtype;
   o.cuda_graphs = graphs;
   o.gemv_max_rows = gemv_max_rows;
+  o.decode_pdl = o.fold_norms = o.attention_combine = decode_fusions;
   auto s = MakeCudaStage(spec, o);
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
@@ -216,6 +218,57 @@ TEST_P(CudaStageVsCpu, GemvDecodeMatchesCublasDecode) {
     }
     EXPECT_EQ(a.tokens, b.tokens);
   }
+}
+
+// The decode fusions (norms folded into the GEMVs, programmatic launches, attention splits
+// combined in the attention kernel) against the unfused kernels: the same arithmetic, so the
+// same tokens and the same logits (the 1e-3 bound leaves room for float noise only), in decode
+// buckets 1, 2 and 4, through graphs and direct launches alike; and a later pipeline stage (no
+// embedding: the folded GEMV is the first kernel after the input copy) agrees too.
+TEST_P(CudaStageVsCpu, DecodeFusionsGiveTheSameResultsAsUnfusedKernels) {
+  SKIP_WITHOUT_GPU();
+  const auto dir = Checkpoint(GetParam());
+  auto probe = MakeCuda(dir, DType::kF16, true);
+  ASSERT_TRUE(probe);
+  const int v = probe->config().vocab_size;
+  probe.reset();
+  for (bool graphs : {true, false}) {
+    SCOPED_TRACE(graphs ? "graphs" : "direct launches");
+    auto fused = MakeCuda(dir, DType::kF16, graphs, 0, -1, 4, true);
+    auto plain = MakeCuda(dir, DType::kF16, graphs, 0, -1, 4, false);
+    ASSERT_TRUE(fused && plain);
+    for (const std::vector<Seq>& seqs :
+         {std::vector<Seq>{{0, Prompt(9, 21, v)}},
+          std::vector<Seq>{{1, Prompt(3, 22, v)}, {0, Prompt(17, 23, v)}},
+          std::vector<Seq>{{3, Prompt(6, 24, v)}, {1, Prompt(2, 25, v)}, {0, Prompt(70, 26, v)}},
+          std::vector<Seq>{{2, Prompt(1, 27, v)}}}) {
+      Trace a = RunSteps(*fused, seqs, 12), b = RunSteps(*plain, seqs, 12);
+      ASSERT_EQ(a.logits.size(), b.logits.size());
+      for (size_t i = 0; i < a.logits.size(); ++i) {
+        EXPECT_LE(RelError(a.logits[i], b.logits[i]), 1e-3) << "step " << i;
+      }
+      EXPECT_EQ(a.tokens, b.tokens);
+    }
+  }
+  // Two stages, fused, against one unfused stage: a single-token prompt is a GEMV-sized pass.
+  auto first = MakeCuda(dir, DType::kF16, true, 0, 2, 4, true);
+  auto second = MakeCuda(dir, DType::kF16, true, 2, -1, 4, true);
+  auto whole = MakeCuda(dir, DType::kF16, true, 0, -1, 4, false);
+  ASSERT_TRUE(first && second && whole);
+  StepDescriptor step;
+  step.return_logits = true;
+  SequenceStep s;
+  s.num_tokens = 1;
+  step.seqs = {s};
+  step.tokens = Prompt(1, 28, v);
+  auto want = whole->Step(step, Activations{});
+  ASSERT_TRUE(want.ok()) << want.status();
+  auto mid = first->Step(step, Activations{});
+  ASSERT_TRUE(mid.ok()) << mid.status();
+  auto got = second->Step(step, mid->hidden);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_LE(RelError(got->logits, want->logits), 1e-3);
+  EXPECT_EQ(got->tokens, want->tokens);
 }
 
 TEST_P(CudaStageVsCpu, TwoStagesGiveTheSameLogitsAsOne) {
