@@ -84,6 +84,21 @@ absl::StatusOr<int> Nvml::DeviceCount() {
   return static_cast<int>(n);
 }
 
+absl::StatusOr<int> Nvml::IndexOfUuid(const std::string& uuid) {
+  absl::StatusOr<int> count = DeviceCount();
+  if (!count.ok()) return count.status();
+  for (int i = 0; i < *count; ++i) {
+    NvmlFunctions::Device dev = nullptr;
+    char found[kUuidBytes] = {};
+    if (fns_.device_by_index(i, &dev) == 0 && fns_.device_uuid(dev, found, kUuidBytes) == 0 &&
+        uuid == found) {
+      return i;
+    }
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no GPU with UUID ", uuid, " among the ", *count, " NVML reports"));
+}
+
 absl::StatusOr<GpuReading> Nvml::Read(int index) {
   NvmlFunctions::Device dev = nullptr;
   if (absl::Status s = Check(fns_.device_by_index(index, &dev), "nvmlDeviceGetHandleByIndex",

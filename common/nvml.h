@@ -66,6 +66,8 @@ class Nvml {
 
   absl::StatusOr<int> DeviceCount();
   absl::StatusOr<GpuReading> Read(int index);
+  // The index of the device whose UUID is `uuid` ("GPU-..."); NOT_FOUND naming it otherwise.
+  absl::StatusOr<int> IndexOfUuid(const std::string& uuid);
 
  private:
   Nvml(const NvmlFunctions& fns, void* handle) : fns_(fns), handle_(handle) {}

@@ -137,25 +137,26 @@ class Client {
 };
 
 // All workers' samples; a worker that cannot be read contributes none.
-std::vector<MetricSample> ScrapeAll(const std::vector<std::string>& workers) {
-  std::vector<MetricSample> all;
-  for (const std::string& w : workers) {
-    absl::StatusOr<std::string> page = FetchMetricsPage(w, absl::Seconds(2));
+// Each worker's samples, in `workers` order (empty where the scrape failed).
+std::vector<std::vector<MetricSample>> ScrapeEach(const std::vector<std::string>& workers) {
+  std::vector<std::vector<MetricSample>> each(workers.size());
+  for (size_t i = 0; i < workers.size(); ++i) {
+    absl::StatusOr<std::string> page = FetchMetricsPage(workers[i], absl::Seconds(2));
     if (!page.ok()) continue;
     absl::StatusOr<std::vector<MetricSample>> s = ParseMetricsText(*page);
-    if (!s.ok()) continue;
-    all.insert(all.end(), s->begin(), s->end());
+    if (s.ok()) each[i] = *std::move(s);
   }
+  return each;
+}
+
+std::vector<MetricSample> Flatten(const std::vector<std::vector<MetricSample>>& each) {
+  std::vector<MetricSample> all;
+  for (const auto& s : each) all.insert(all.end(), s.begin(), s.end());
   return all;
 }
 
-// GPU energy per device uuid (several workers may report the same GPU).
-std::map<std::string, double> EnergyByGpu(const std::vector<MetricSample>& s) {
-  std::map<std::string, double> out;
-  for (const MetricSample& m : s) {
-    if (m.name == "tandem_gpu_energy_joules_total") out[m.labels.count("uuid") ? m.labels.at("uuid") : ""] = m.value;
-  }
-  return out;
+std::vector<MetricSample> ScrapeAll(const std::vector<std::string>& workers) {
+  return Flatten(ScrapeEach(workers));
 }
 
 std::map<int, StageShare> Shares(const std::vector<MetricSample>& s) {
@@ -231,6 +232,39 @@ double Percentile(std::vector<double> v, double p) {
   const size_t lo = static_cast<size_t>(std::floor(pos));
   const size_t hi = std::min(lo + 1, v.size() - 1);
   return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+std::optional<double> GpuEnergyOfActiveWorkers(
+    const std::vector<std::vector<MetricSample>>& before,
+    const std::vector<std::vector<MetricSample>>& after) {
+  auto compute = [](const std::vector<MetricSample>& s) {
+    return SumSamples(s, "tandem_stage_compute_seconds_sum");
+  };
+  std::vector<bool> active(after.size(), false);
+  bool any_active = false;
+  for (size_t i = 0; i < after.size(); ++i) {
+    const double was = i < before.size() ? compute(before[i]) : 0;
+    active[i] = compute(after[i]) > was;
+    any_active |= active[i];
+  }
+  // joules by GPU uuid, before and after (several workers may report one GPU)
+  std::map<std::string, double> e0, e1;
+  auto collect = [](const std::vector<MetricSample>& s, std::map<std::string, double>& out) {
+    for (const MetricSample& m : s) {
+      if (m.name != "tandem_gpu_energy_joules_total") continue;
+      auto uuid = m.labels.find("uuid");
+      out[uuid != m.labels.end() ? uuid->second : ""] = m.value;
+    }
+  };
+  for (size_t i = 0; i < after.size(); ++i) {
+    if (any_active && !active[i]) continue;
+    collect(after[i], e1);
+    if (i < before.size()) collect(before[i], e0);
+  }
+  if (e1.empty()) return std::nullopt;
+  double joules = 0;
+  for (const auto& [uuid, j] : e1) joules += j - (e0.count(uuid) ? e0.at(uuid) : 0);
+  return joules;
 }
 
 absl::Status ValidateSweepOptions(const SweepOptions& o) {
@@ -361,11 +395,12 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
             progress.Show(absl::StrCat(label, ": warm-up"));
             run(o.warmup, records, prompt_ids, false);
           }
-          const std::vector<MetricSample> before = ScrapeAll(o.worker_metrics);
+          const std::vector<std::vector<MetricSample>> before_each = ScrapeEach(o.worker_metrics);
           Poller poller(o.worker_metrics);
           c.wall_s = run(c.requests, records, prompt_ids, true);
           poller.Stop();
-          const std::vector<MetricSample> after = ScrapeAll(o.worker_metrics);
+          const std::vector<std::vector<MetricSample>> after_each = ScrapeEach(o.worker_metrics);
+          const std::vector<MetricSample> before = Flatten(before_each), after = Flatten(after_each);
 
           std::vector<double> ttft, itl, e2e;
           for (size_t i = 0; i < records.size(); ++i) {
@@ -398,9 +433,9 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
           c.e2e_p50 = Percentile(e2e, 50);
           c.e2e_p90 = Percentile(e2e, 90);
           c.e2e_p99 = Percentile(e2e, 99);
-          const std::map<std::string, double> e0 = EnergyByGpu(before), e1 = EnergyByGpu(after);
-          c.has_gpu = !e1.empty();
-          for (const auto& [uuid, j] : e1) c.energy_j += j - (e0.count(uuid) ? e0.at(uuid) : 0);
+          const std::optional<double> energy = GpuEnergyOfActiveWorkers(before_each, after_each);
+          c.has_gpu = energy.has_value();
+          c.energy_j = energy.value_or(0);
           if (c.has_gpu && c.wall_s > 0) c.power_w = c.energy_j / c.wall_s;
           if (c.energy_j > 0) c.tokens_per_joule = c.tokens / c.energy_j;
           c.peak_gpu_memory_bytes = poller.peak_memory();

@@ -7,11 +7,13 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/metrics.h"
 
 namespace tandem::loadgen {
 
@@ -79,6 +81,15 @@ struct SweepResult {
 
 // p-th percentile (0..100, linear interpolation) of `v`; 0 for an empty vector.
 double Percentile(std::vector<double> v, double p);
+
+// GPU energy (joules) used during a configuration, from each worker's /metrics scraped before and
+// after it (one entry per worker, in the same order; empty where a scrape failed): the growth of
+// tandem_gpu_energy_joules_total, counted once per GPU uuid, over the GPUs of the workers whose
+// tandem_stage_compute_seconds grew (the workers the topology used); over every worker's GPUs
+// when none reports compute time. Nullopt when no worker reports a GPU.
+std::optional<double> GpuEnergyOfActiveWorkers(
+    const std::vector<std::vector<MetricSample>>& before,
+    const std::vector<std::vector<MetricSample>>& after);
 
 absl::Status ValidateSweepOptions(const SweepOptions& o);
 absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o);

@@ -105,6 +105,18 @@ TEST(NvmlTest, ReadingsAreInBaseUnits) {
   EXPECT_EQ(r->memory_total_bytes, 80ull << 30);
 }
 
+TEST(NvmlTest, IndexOfUuidFindsTheDeviceOrNamesTheMissingOne) {
+  absl::StatusOr<std::unique_ptr<Nvml>> nvml = Nvml::FromFunctions(Fake());
+  ASSERT_TRUE(nvml.ok());
+  absl::StatusOr<int> i = (*nvml)->IndexOfUuid("GPU-fake-1");
+  ASSERT_TRUE(i.ok()) << i.status();
+  EXPECT_EQ(*i, 1);
+  EXPECT_EQ(*(*nvml)->IndexOfUuid("GPU-fake-0"), 0);
+  absl::StatusOr<int> none = (*nvml)->IndexOfUuid("GPU-fake-7");
+  ASSERT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(none.status().message()), HasSubstr("GPU-fake-7"));
+}
+
 TEST(NvmlTest, BadDeviceIndexNamesTheGpu) {
   absl::StatusOr<std::unique_ptr<Nvml>> nvml = Nvml::FromFunctions(Fake());
   ASSERT_TRUE(nvml.ok());

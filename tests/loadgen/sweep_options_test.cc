@@ -1,4 +1,5 @@
-// Sweep options are checked before anything runs; percentiles interpolate like numpy's default.
+// Sweep options are checked before anything runs; percentiles interpolate like numpy's default;
+// GPU energy is counted over the GPUs the configuration used.
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "loadgen/sweep.h"
@@ -56,6 +57,45 @@ TEST(PercentileTest, InterpolatesBetweenRanks) {
   EXPECT_DOUBLE_EQ(Percentile({4, 1, 3, 2}, 50), 2.5);
   EXPECT_DOUBLE_EQ(Percentile({1, 2, 3, 4, 5}, 90), 4.6);
   EXPECT_DOUBLE_EQ(Percentile({1, 2, 3, 4, 5}, 100), 5);
+}
+
+// A worker's page: its GPU's energy counter and its stage's compute seconds.
+std::vector<MetricSample> Page(const std::string& uuid, double joules, double compute_s) {
+  std::vector<MetricSample> s;
+  s.push_back({"tandem_gpu_energy_joules_total", {{"gpu", "0"}, {"uuid", uuid}}, joules});
+  s.push_back({"tandem_stage_compute_seconds_sum", {{"stage", "0"}}, compute_s});
+  return s;
+}
+
+TEST(GpuEnergyTest, CountsOnlyTheGpusOfWorkersThatComputed) {
+  // Worker 0 computed (2 -> 5 s) and used 300 J; worker 1 sat idle and used 80 J.
+  const std::optional<double> j = GpuEnergyOfActiveWorkers(
+      {Page("GPU-a", 1000, 2), Page("GPU-b", 500, 1)}, {Page("GPU-a", 1300, 5), Page("GPU-b", 580, 1)});
+  ASSERT_TRUE(j.has_value());
+  EXPECT_DOUBLE_EQ(*j, 300);
+  // Both computed: both GPUs.
+  EXPECT_DOUBLE_EQ(*GpuEnergyOfActiveWorkers({Page("GPU-a", 1000, 2), Page("GPU-b", 500, 1)},
+                                             {Page("GPU-a", 1300, 5), Page("GPU-b", 580, 3)}),
+                   380);
+}
+
+TEST(GpuEnergyTest, OneGpuReportedByTwoWorkersIsCountedOnce) {
+  EXPECT_DOUBLE_EQ(*GpuEnergyOfActiveWorkers({Page("GPU-a", 1000, 2), Page("GPU-a", 1000, 1)},
+                                             {Page("GPU-a", 1300, 5), Page("GPU-a", 1300, 4)}),
+                   300);
+}
+
+TEST(GpuEnergyTest, WithoutComputeTimesEveryGpuCountsAndWithoutGpusThereIsNone) {
+  std::vector<MetricSample> a = {{"tandem_gpu_energy_joules_total", {{"uuid", "GPU-a"}}, 10}};
+  std::vector<MetricSample> a2 = {{"tandem_gpu_energy_joules_total", {{"uuid", "GPU-a"}}, 25}};
+  std::vector<MetricSample> b = {{"tandem_gpu_energy_joules_total", {{"uuid", "GPU-b"}}, 5}};
+  std::vector<MetricSample> b2 = {{"tandem_gpu_energy_joules_total", {{"uuid", "GPU-b"}}, 9}};
+  EXPECT_DOUBLE_EQ(*GpuEnergyOfActiveWorkers({a, b}, {a2, b2}), 19);
+  std::vector<MetricSample> cpu = {{"tandem_stage_compute_seconds_sum", {{"stage", "0"}}, 1}};
+  std::vector<MetricSample> cpu2 = {{"tandem_stage_compute_seconds_sum", {{"stage", "0"}}, 2}};
+  EXPECT_FALSE(GpuEnergyOfActiveWorkers({cpu}, {cpu2}).has_value());
+  // A failed scrape (empty page) is no worker's GPU.
+  EXPECT_FALSE(GpuEnergyOfActiveWorkers({{}}, {{}}).has_value());
 }
 
 }  // namespace

@@ -719,6 +719,15 @@ bool CudaDeviceAvailable() {
   return n > 0;
 }
 
+absl::StatusOr<std::string> CudaDeviceUuid(int device) {
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  const auto* b = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+  return absl::StrFormat("GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                         b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
+                         b[12], b[13], b[14], b[15]);
+}
+
 absl::StatusOr<std::unique_ptr<Stage>> MakeCudaStage(const StageSpec& spec,
                                                      const CudaOptions& options) {
   if (!CudaDeviceAvailable()) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
@@ -35,6 +36,9 @@ struct CudaOptions {
 
 // True when a usable CUDA device is present (tests skip otherwise).
 bool CudaDeviceAvailable();
+
+// The UUID of CUDA device `device` as NVML and nvidia-smi write it ("GPU-xxxxxxxx-xxxx-...").
+absl::StatusOr<std::string> CudaDeviceUuid(int device);
 
 absl::StatusOr<std::unique_ptr<Stage>> MakeCudaStage(const StageSpec& spec,
                                                      const CudaOptions& options);

@@ -4,7 +4,9 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -143,9 +145,24 @@ int main(int argc, char** argv) {
       absl::StatusOr<std::unique_ptr<tandem::Nvml>> nvml = tandem::Nvml::Load();
       absl::StatusOr<int> gpus = nvml.ok() ? (*nvml)->DeviceCount() : absl::StatusOr<int>(0);
       if (nvml.ok() && gpus.ok() && *gpus > 0) {
-        gpu_sampler = std::make_unique<tandem::GpuSampler>(
-            *std::move(nvml), tandem::VisibleGpuIndices(std::getenv("CUDA_VISIBLE_DEVICES"), *gpus),
-            gpu_metrics, absl::Milliseconds(500));
+        std::vector<int> reported =
+            tandem::VisibleGpuIndices(std::getenv("CUDA_VISIBLE_DEVICES"), *gpus);
+#ifdef TANDEM_HAVE_CUDA
+        if (backend == "cuda") {
+          // A CUDA worker reports the GPU it computes on (found by UUID: CUDA's and NVML's
+          // orders may differ), so that a sweep does not count a host's idle GPUs.
+          absl::StatusOr<std::string> uuid = tandem::CudaDeviceUuid(absl::GetFlag(FLAGS_gpu));
+          absl::StatusOr<int> index =
+              uuid.ok() ? (*nvml)->IndexOfUuid(*uuid) : absl::StatusOr<int>(uuid.status());
+          if (index.ok()) {
+            reported = {*index};
+          } else {
+            spdlog::warn("GPU metrics of every visible GPU: {}", index.status().ToString());
+          }
+        }
+#endif
+        gpu_sampler = std::make_unique<tandem::GpuSampler>(*std::move(nvml), std::move(reported),
+                                                           gpu_metrics, absl::Milliseconds(500));
       } else {
         spdlog::info("no GPU metrics: {}", nvml.ok() ? "no GPU" : nvml.status().ToString());
       }
