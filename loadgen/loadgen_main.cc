@@ -1,6 +1,7 @@
 // tandem-loadgen: scaling studies of a running deployment.
 //   tandem-loadgen sweep --addr HOST:PORT --worker_metrics H:P,H:P --nodes 1,2 --batch 1,2,4,8
 //                        [--mode open --rates 1,2,4] [--scaling weak] --out runs/NAME
+//   tandem-loadgen report runs/NAME   (summary.md and plots again from its results.json)
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -64,8 +65,25 @@ int main(int argc, char** argv) {
       "tandem-loadgen sweep --addr HOST:PORT [--worker_metrics H:P,...] [--nodes 1,2] "
       "[--batch 1,2,4,8 | --mode open --rates 1,2] [--out DIR]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() == 3 && std::string(args[1]) == "report") {
+    // The report and plots of an existing run folder, made again from its results.json.
+    absl::StatusOr<tandem::loadgen::SweepResult> r = tandem::loadgen::ReadResults(args[2]);
+    if (!r.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(r.status().message()).c_str());
+      return 2;
+    }
+    if (absl::Status s = tandem::loadgen::WriteReport(*r); !s.ok()) {
+      std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    std::printf("run folder: %s\n", args[2]);
+    return 0;
+  }
   if (args.size() != 2 || std::string(args[1]) != "sweep") {
-    std::fprintf(stderr, "usage: tandem-loadgen sweep [flags] (see --help)\n");
+    std::fprintf(stderr,
+                 "usage: tandem-loadgen sweep [flags] (see --help)\n"
+                 "       tandem-loadgen report RUN_FOLDER (summary.md and plots from its "
+                 "results.json)\n");
     return 2;
   }
   tandem::loadgen::SweepOptions o;

@@ -95,5 +95,8 @@ absl::Status ValidateSweepOptions(const SweepOptions& o);
 absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o);
 // results.csv, results.json, summary.md and the gnuplot PNGs in o.out.
 absl::Status WriteReport(const SweepResult& r);
+// A run folder's results.json read back (options.out = `dir`), so that the report and the plots
+// can be made again, e.g. on a machine with gnuplot. Errors name the file and the field.
+absl::StatusOr<SweepResult> ReadResults(const std::filesystem::path& dir);
 
 }  // namespace tandem::loadgen

@@ -4,7 +4,9 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <tuple>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -153,7 +155,148 @@ absl::Status Plot(const fs::path& dir, const std::string& name, const std::strin
   return absl::OkStatus();
 }
 
+// Reads results.json's fields with their names in the errors.
+class JsonReader {
+ public:
+  explicit JsonReader(std::string where) : where_(std::move(where)) {}
+  template <typename T>
+  bool Get(const nlohmann::json& j, const char* key, T* out) {
+    if (!status_.ok()) return false;
+    auto it = j.find(key);
+    if (it == j.end()) {
+      status_ = absl::InvalidArgumentError(absl::StrCat(where_, ": field '", key, "' is missing"));
+      return false;
+    }
+    try {
+      *out = it->template get<T>();
+    } catch (const nlohmann::json::exception& e) {
+      status_ = absl::InvalidArgumentError(
+          absl::StrCat(where_, ": field '", key, "' has the wrong type (", e.what(), ")"));
+      return false;
+    }
+    return true;
+  }
+  const nlohmann::json* Object(const nlohmann::json& j, const char* key) {
+    if (!status_.ok()) return nullptr;
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_object()) {
+      status_ = absl::InvalidArgumentError(
+          absl::StrCat(where_, ": field '", key, "' is missing or not an object"));
+      return nullptr;
+    }
+    return &*it;
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  std::string where_;
+  absl::Status status_;
+};
+
 }  // namespace
+
+absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
+  const fs::path path = dir / "results.json";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), " is not JSON: ", e.what()));
+  }
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), " is not a JSON object"));
+  }
+  SweepResult r;
+  JsonReader read(path.string());
+  SweepOptions& o = r.options;
+  o.out = dir;
+  if (const nlohmann::json* oj = read.Object(j, "options")) {
+    std::string scaling;
+    read.Get(*oj, "coordinator", &o.coordinator);
+    read.Get(*oj, "worker_metrics", &o.worker_metrics);
+    read.Get(*oj, "nodes", &o.nodes);
+    read.Get(*oj, "data_parallel", &o.data_parallel);
+    read.Get(*oj, "mode", &o.mode);
+    read.Get(*oj, "batch", &o.batch);
+    read.Get(*oj, "rates", &o.rates);
+    read.Get(*oj, "prompt_lens", &o.prompt_lens);
+    read.Get(*oj, "output_lens", &o.output_lens);
+    read.Get(*oj, "requests", &o.requests);
+    read.Get(*oj, "scaling", &scaling);
+    read.Get(*oj, "warmup", &o.warmup);
+    read.Get(*oj, "prompt_pool", &o.prompt_pool);
+    read.Get(*oj, "seed", &o.seed);
+    o.weak_scaling = scaling == "weak";
+  }
+  read.Get(j, "all_correct", &r.all_correct);
+  nlohmann::json configs;
+  read.Get(j, "configs", &configs);
+  if (!read.status().ok()) return read.status();
+  if (!configs.is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": 'configs' is not an array"));
+  }
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const nlohmann::json& cj = configs[i];
+    JsonReader rc(absl::StrCat(path.string(), " configs[", i, "]"));
+    ConfigResult c;
+    rc.Get(cj, "nodes", &c.nodes);
+    rc.Get(cj, "stages", &c.stages);
+    rc.Get(cj, "replicas", &c.replicas);
+    rc.Get(cj, "mode", &c.mode);
+    rc.Get(cj, "batch", &c.batch);
+    rc.Get(cj, "rate", &c.rate);
+    rc.Get(cj, "prompt_len", &c.prompt_len);
+    rc.Get(cj, "output_len", &c.output_len);
+    rc.Get(cj, "requests", &c.requests);
+    rc.Get(cj, "errors", &c.errors);
+    rc.Get(cj, "wall_s", &c.wall_s);
+    rc.Get(cj, "tokens", &c.tokens);
+    rc.Get(cj, "tokens_per_s", &c.tokens_per_s);
+    rc.Get(cj, "requests_per_s", &c.requests_per_s);
+    for (auto [key, p50, p90, p99] :
+         {std::tuple{"ttft_s", &c.ttft_p50, &c.ttft_p90, &c.ttft_p99},
+          std::tuple{"itl_s", &c.itl_p50, &c.itl_p90, &c.itl_p99},
+          std::tuple{"e2e_s", &c.e2e_p50, &c.e2e_p90, &c.e2e_p99}}) {
+      if (const nlohmann::json* q = rc.Object(cj, key)) {
+        rc.Get(*q, "p50", p50);
+        rc.Get(*q, "p90", p90);
+        rc.Get(*q, "p99", p99);
+      }
+    }
+    rc.Get(cj, "speedup", &c.speedup);
+    rc.Get(cj, "efficiency", &c.efficiency);
+    rc.Get(cj, "has_gpu", &c.has_gpu);
+    rc.Get(cj, "energy_j", &c.energy_j);
+    rc.Get(cj, "power_w", &c.power_w);
+    rc.Get(cj, "tokens_per_joule", &c.tokens_per_joule);
+    rc.Get(cj, "peak_gpu_memory_bytes", &c.peak_gpu_memory_bytes);
+    rc.Get(cj, "correct", &c.correct);
+    rc.Get(cj, "mismatches", &c.mismatches);
+    if (const nlohmann::json* st = rc.Object(cj, "stages_time")) {
+      for (const auto& [stage, v] : st->items()) {
+        int index = -1;
+        if (!absl::SimpleAtoi(stage, &index) || index < 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              path.string(), " configs[", i, "]: stage '", stage, "' is not a stage index"));
+        }
+        StageShare& share = c.stage_share[index];
+        rc.Get(v, "compute_s", &share.compute_s);
+        rc.Get(v, "transfer_s", &share.transfer_s);
+        rc.Get(v, "transfer_bytes", &share.bytes);
+      }
+    }
+    if (!rc.status().ok()) return rc.status();
+    r.configs.push_back(std::move(c));
+  }
+  if (o.nodes.empty() || o.prompt_lens.empty() || o.output_lens.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(), ": options need at least one node count, prompt and output "
+                                    "length"));
+  }
+  return r;
+}
 
 absl::Status WriteReport(const SweepResult& r) {
   const fs::path dir = r.options.out;

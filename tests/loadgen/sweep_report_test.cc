@@ -1,0 +1,150 @@
+// A run folder's results.json reads back into the result that wrote it, and every malformed
+// results.json gets an error naming the file and the field.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "loadgen/sweep.h"
+
+namespace tandem::loadgen {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+fs::path TempDir(const std::string& name) {
+  const char* base = std::getenv("TANDEM_TEST_TMPDIR");
+  fs::path dir = fs::path(base != nullptr ? base : fs::temp_directory_path().string()) /
+                 ("sweep_report_test-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+void Write(const fs::path& path, const std::string& text) { std::ofstream(path) << text; }
+
+SweepResult Sample(const fs::path& out) {
+  SweepResult r;
+  r.options.out = out;
+  r.options.nodes = {1, 2};
+  r.options.batch = {4};
+  r.options.prompt_lens = {16};
+  r.options.output_lens = {8};
+  r.options.worker_metrics = {"127.0.0.1:1", "127.0.0.1:2"};
+  r.options.weak_scaling = true;
+  r.all_correct = false;
+  for (int nodes : {1, 2}) {
+    ConfigResult c;
+    c.nodes = c.stages = nodes;
+    c.mode = "closed";
+    c.batch = 4;
+    c.prompt_len = 16;
+    c.output_len = 8;
+    c.requests = 8;
+    c.errors = nodes - 1;
+    c.wall_s = 2.5 / nodes;
+    c.tokens = 64;
+    c.tokens_per_s = 25.6 * nodes;
+    c.ttft_p50 = 0.01 * nodes;
+    c.itl_p99 = 0.003;
+    c.e2e_p90 = 0.2;
+    c.speedup = nodes;
+    c.efficiency = 1;
+    c.has_gpu = true;
+    c.energy_j = 100.5 * nodes;
+    c.power_w = 400;
+    c.tokens_per_joule = 0.64;
+    c.peak_gpu_memory_bytes = 3e9;
+    c.correct = nodes == 1;
+    c.mismatches = nodes - 1;
+    for (int s = 0; s < nodes; ++s) c.stage_share[s] = StageShare{1.5 + s, 0.25, 1e6};
+    r.configs.push_back(c);
+  }
+  return r;
+}
+
+TEST(ReadResultsTest, ReadsBackWhatWriteReportWrote) {
+  const fs::path dir = TempDir("roundtrip");
+  const SweepResult want = Sample(dir);
+  ASSERT_TRUE(WriteReport(want).ok());
+  fs::remove(dir / "summary.md");
+  absl::StatusOr<SweepResult> got = ReadResults(dir);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->options.out, dir);
+  EXPECT_EQ(got->options.nodes, want.options.nodes);
+  EXPECT_EQ(got->options.worker_metrics, want.options.worker_metrics);
+  EXPECT_TRUE(got->options.weak_scaling);
+  EXPECT_FALSE(got->all_correct);
+  ASSERT_EQ(got->configs.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const ConfigResult &a = got->configs[i], &b = want.configs[i];
+    EXPECT_EQ(a.nodes, b.nodes);
+    EXPECT_EQ(a.errors, b.errors);
+    EXPECT_DOUBLE_EQ(a.tokens_per_s, b.tokens_per_s);
+    EXPECT_DOUBLE_EQ(a.ttft_p50, b.ttft_p50);
+    EXPECT_DOUBLE_EQ(a.itl_p99, b.itl_p99);
+    EXPECT_DOUBLE_EQ(a.e2e_p90, b.e2e_p90);
+    EXPECT_DOUBLE_EQ(a.energy_j, b.energy_j);
+    EXPECT_EQ(a.correct, b.correct);
+    EXPECT_EQ(a.mismatches, b.mismatches);
+    ASSERT_EQ(a.stage_share.size(), b.stage_share.size());
+    for (const auto& [stage, share] : b.stage_share) {
+      EXPECT_DOUBLE_EQ(a.stage_share.at(stage).compute_s, share.compute_s);
+      EXPECT_DOUBLE_EQ(a.stage_share.at(stage).bytes, share.bytes);
+    }
+  }
+  // The report made again from it is the same report.
+  ASSERT_TRUE(WriteReport(*got).ok());
+  std::ifstream md(dir / "summary.md");
+  std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("| 2 | 4 | 16 | 8 | 51.2 |"));
+  EXPECT_THAT(text, HasSubstr("NO (1 differ, 1 failed)"));
+}
+
+TEST(ReadResultsTest, EachMalformedFileIsNamed) {
+  const fs::path dir = TempDir("bad");
+  absl::StatusOr<SweepResult> r = ReadResults(dir);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("results.json"));
+
+  Write(dir / "results.json", "{not json");
+  r = ReadResults(dir);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("is not JSON"));
+
+  Write(dir / "results.json", "[1, 2]");
+  EXPECT_THAT(std::string(ReadResults(dir).status().message()), HasSubstr("not a JSON object"));
+
+  // A whole file, then one field at a time broken.
+  const fs::path good = TempDir("good");
+  ASSERT_TRUE(WriteReport(Sample(good)).ok());
+  std::ifstream in(good / "results.json");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  struct Case {
+    std::string from, to, message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"\"options\"", "\"opts\"", "field 'options' is missing"},
+           {"\"configs\"", "\"confs\"", "field 'configs' is missing"},
+           {"\"tokens_per_s\"", "\"tps\"", "configs[0]: field 'tokens_per_s' is missing"},
+           {"\"mode\": \"closed\"", "\"mode\": 7", "field 'mode' has the wrong type"},
+           {"\"ttft_s\"", "\"ttft\"", "field 'ttft_s' is missing or not an object"},
+           {"\"0\": {", "\"first\": {", "stage 'first' is not a stage index"},
+           {"\"nodes\": [", "\"nodes\": [] , \"x\": [", "at least one node count"},
+       }) {
+    std::string t = text;
+    const size_t at = t.find(c.from);
+    ASSERT_NE(at, std::string::npos) << c.from;
+    t.replace(at, c.from.size(), c.to);
+    Write(dir / "results.json", t);
+    r = ReadResults(dir);
+    ASSERT_FALSE(r.ok()) << c.from;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.from;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.message)) << c.from;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::loadgen
