@@ -4,6 +4,8 @@
 //
 // Device memory, all allocated at load time so that no step can run out of memory:
 //   weights_   every tensor of the stage, one arena
+//   norm_fold_ GPT-2 with folded norms: the LayerNorm terms (fp32) of each projection that a norm
+//              is folded into (QKV, MLP-in, LM head; see cuda::LayerNormFold)
 //   kv_        K and V: (layers, 2, max_slots + 1, kv_heads, seq_capacity, head_dim); the extra slot
 //              takes the writes of the padding rows of a decode bucket
 //   work       activations for rows_cap rows: x (residual), xn, qkv, q, attn, mlp, partials and
@@ -60,6 +62,9 @@ struct DeviceLayer {
   const void* b_in = nullptr;         // (intermediate), GPT-2
   const void* w_out = nullptr;        // (hidden, intermediate)
   const void* b_out = nullptr;        // (hidden), GPT-2
+  // GPT-2 with folded norms: wqkv · attn_norm (q_dim + 2 kv_dim) and w_in · mlp_norm
+  // (intermediate), fp32.
+  cuda::LayerNormFold attn_fold, mlp_fold;
 };
 
 // Converts fp32 host tensors to the device type and places them in one device arena.
@@ -118,6 +123,7 @@ class CudaStage final : public Stage {
     size_t seed, sample_index, temperature, top_p, top_k, tokens, positions, slots, gather, total;
   };
 
+  absl::Status ComputeNormFolds();
   absl::Status Validate(const StepDescriptor& step, const Activations& in) const;
   absl::Status Forward(int rows, int samples);
   absl::Status RunDecode(const StepDescriptor& step, const Activations& in, StepOutput& out);
@@ -149,7 +155,7 @@ class CudaStage final : public Stage {
   cuda::Stream stream_;
   cuda::CublasHandle cublas_;
   DeviceBuffer cublas_workspace_;
-  DeviceBuffer weights_, kv_;
+  DeviceBuffer weights_, kv_, norm_fold_;
   DeviceBuffer x_, xn_, qkv_, q_, attn_, mlp_in_, mlp_act_, partials_, attn_counters_;
   DeviceBuffer head_in_, logits_, probs_, tokens_out_;
   DeviceBuffer inputs_;
@@ -163,6 +169,7 @@ class CudaStage final : public Stage {
   const void* final_norm_w_ = nullptr;
   const void* final_norm_b_ = nullptr;
   const void* lm_head_ = nullptr;  // (vocab, hidden)
+  cuda::LayerNormFold head_fold_;  // GPT-2 with folded norms: lm_head · final norm (vocab), fp32
 
   std::map<int, std::unique_ptr<cuda::GraphExec>> graphs_;  // decode bucket -> graph
   std::vector<int> cached_len_;  // per slot: positions [0, len) hold K/V
@@ -270,6 +277,12 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
     }
   }
   w = StageWeights();  // the host copy is no longer needed
+  // GPT-2's LayerNorms folded into the GEMVs need terms of the weights (see LayerNormFold);
+  // RMSNorm needs none.
+  if (opt_.fold_norms && opt_.gemv_max_rows > 0 && c_.arch != Arch::kLlama &&
+      cuda::GemvNormSupported(1, c_.hidden_size)) {
+    RETURN_IF_ERROR(ComputeNormFolds());
+  }
 
   // Working buffers.
   max_bucket_ = NextPow2(max_slots_);
@@ -348,6 +361,36 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
   return absl::OkStatus();
 }
 
+absl::Status CudaStage::ComputeNormFolds() {
+  const int hidden = c_.hidden_size;
+  const int qkv_cols = c_.q_dim() + 2 * c_.kv_dim();
+  const int in_rows = c_.intermediate_size;  // GELU: one row of w_in per output
+  const int vocab = has_head_ ? c_.vocab_size : 0;
+  RETURN_IF_ERROR(norm_fold_.Allocate(
+      (static_cast<size_t>(num_layers_) * (qkv_cols + in_rows) + vocab) * 2 * sizeof(float)));
+  float* next = norm_fold_.as<float>();
+  auto fold = [&](const void* w, const void* norm_w, const void* norm_b, int w_rows,
+                  cuda::LayerNormFold& f) -> absl::Status {
+    float* wg = next;
+    float* wb = next + w_rows;
+    next += 2 * static_cast<size_t>(w_rows);
+    RETURN_IF_ERROR(cuda::ComputeLayerNormFold(opt_.dtype, w, norm_w, norm_b, w_rows, hidden, wg,
+                                               wb, stream_.get()));
+    f.wg = wg;
+    f.wb = wb;
+    return absl::OkStatus();
+  };
+  for (DeviceLayer& L : layers_) {
+    RETURN_IF_ERROR(fold(L.wqkv, L.attn_norm_w, L.attn_norm_b, qkv_cols, L.attn_fold));
+    RETURN_IF_ERROR(fold(L.w_in, L.mlp_norm_w, L.mlp_norm_b, in_rows, L.mlp_fold));
+  }
+  if (has_head_) {
+    RETURN_IF_ERROR(fold(lm_head_, final_norm_w_, final_norm_b_, vocab, head_fold_));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  return absl::OkStatus();
+}
+
 int CudaStage::SplitsFor(int rows) const {
   // Enough blocks to fill the GPU twice; no more splits than tiles of the longest context.
   const int64_t blocks = static_cast<int64_t>(rows) * c_.num_kv_heads;
@@ -369,8 +412,8 @@ absl::Status CudaStage::Forward(int rows, int samples) {
   // and the MLP activation fused into them.
   const bool gemv = rows <= opt_.gemv_max_rows && GemvSupported(rows, hidden) &&
                     GemvSupported(rows, inter) && GemvSupported(rows, c_.q_dim());
-  // ... and with the norms folded into the projections after them, every kernel launched
-  // programmatically (the first one after the step's input copy excepted).
+  // ... optionally with the norms folded into the projections after them, and every kernel
+  // launched programmatically (the first one after the step's input copy excepted).
   const bool fold_norm = opt_.fold_norms && gemv && GemvNormSupported(rows, hidden);
   const bool pdl_ok = opt_.decode_pdl && gemv;
   bool first = true;
@@ -391,7 +434,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
     // Attention block: norm -> qkv -> rope + cache -> attention -> out-proj added into x.
     if (fold_norm) {
       RETURN_IF_ERROR(GemvNorm(t, GemvEpilogue::kStore, llama, x_.get(), nullptr, L.attn_norm_w,
-                               L.attn_norm_b, c_.norm_eps, L.wqkv, L.bqkv, qkv_.get(), rows,
+                               L.attn_fold, c_.norm_eps, L.wqkv, L.bqkv, qkv_.get(), rows,
                                qkv_cols, hidden, s, pdl()));
     } else {
       RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, L.attn_norm_w, L.attn_norm_b,
@@ -433,7 +476,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
       const void* in_bias = llama ? nullptr : L.b_in;
       if (fold_norm) {
         RETURN_IF_ERROR(GemvNorm(t, in_epilogue, llama, x_.get(), nullptr, L.mlp_norm_w,
-                                 L.mlp_norm_b, c_.norm_eps, L.w_in, in_bias, in_out, rows, inter,
+                                 L.mlp_fold, c_.norm_eps, L.w_in, in_bias, in_out, rows, inter,
                                  hidden, s, pdl()));
       } else {
         RETURN_IF_ERROR(Gemv(t, in_epilogue, mlp_x, L.w_in, in_bias, in_out, rows, inter, hidden,
@@ -465,7 +508,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
       if (head_gemv && opt_.fold_norms && pending_bias == nullptr &&
           GemvNormSupported(samples, hidden)) {
         RETURN_IF_ERROR(GemvNorm(t, GemvEpilogue::kF32, llama, x_.get(), gather, final_norm_w_,
-                                 final_norm_b_, c_.norm_eps, lm_head_, nullptr, logits_.get(),
+                                 head_fold_, c_.norm_eps, lm_head_, nullptr, logits_.get(),
                                  samples, c_.vocab_size, hidden, s, pdl()));
       } else {
         RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, final_norm_w_, final_norm_b_,

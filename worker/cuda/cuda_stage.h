@@ -20,15 +20,19 @@ struct CudaOptions {
   // gemv.cu for every projection instead of cuBLAS; 0 uses cuBLAS throughout. At 8 rows cuBLAS
   // was faster on an H100 (docs/performance.md).
   int gemv_max_rows = 4;
-  // Kernel-latency fusions, each the same arithmetic as without it (false: the kernels as
-  // before, for comparison; docs/performance.md has what each one measured):
+  // Kernel-latency fusions (false: the kernels as before, for comparison; docs/performance.md
+  // has what each one measured):
   // - decode_pdl: on GEMV-sized passes every kernel is a programmatic dependent launch (not only
-  //   the GEMVs), so each one's launch overlaps the tail of the one before;
-  // - fold_norms: on GEMV-sized passes the norm in front of the QKV, MLP-in and LM-head
-  //   projections is computed inside the GEMV (at 1, 2 or 4 rows, hidden <= 8192), one kernel
-  //   fewer per norm but a serial norm prologue in every block;
+  //   the GEMVs), so each one's launch overlaps the tail of the one before; the same arithmetic;
+  // - fold_norms: on GEMV-sized passes (1, 2 or 4 rows, hidden <= 8192) there is no norm kernel in
+  //   front of the QKV, MLP-in and LM-head projections: each warp of the GEMV sums the statistics
+  //   of the rows it reads anyway and scales its dot products by them (LayerNorm also with w·g and
+  //   w·b, computed at load time). The normalised rows are never rounded to dtype, so results
+  //   differ from the separate norm by about one rounding of each normalised element (and agree
+  //   less often with HF transformers' greedy tokens, which round there); faster for gpt2 at
+  //   batch 1, slower for openllama-3b;
   // - attention_combine: the attention kernel combines its key splits itself (the last block of a
-  //   head does it) instead of a separate combine kernel.
+  //   head does it) instead of a separate combine kernel; the same arithmetic.
   bool decode_pdl = false;
   bool fold_norms = false;
   bool attention_combine = true;

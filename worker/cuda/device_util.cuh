@@ -48,10 +48,6 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
-// Threads of a norm block (norm.cu). The norm folded into the GEMV (gemv.cu) sums its row
-// statistics in the order such a block does, so that both give the same bits.
-constexpr int kNormBlockThreads = 256;
-
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
 // `scratch` holds 32 floats; the call begins and ends with a barrier so that it can be repeated.
 __device__ __forceinline__ float BlockSum(float v, float* scratch) {

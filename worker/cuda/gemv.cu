@@ -7,11 +7,16 @@
 // in flight; x (a few KB, shared by every warp) comes through L1. fp32 accumulation, a warp
 // reduction, then the epilogue (bias, residual add, GELU, SwiGLU or fp32 logits) in registers.
 //
-// GemvNorm folds the LayerNorm/RMSNorm in front of the QKV, MLP-in and LM-head projections into the
-// same kernel: each block copies the un-normalised rows (M x K, at most 4 x 8192, from L2) into
-// shared memory, sums their statistics, normalises them in place, then runs the product reading x
-// from shared memory. The rows are tiny next to the weights; computing them per block costs a few
-// KB of L2 reads per block and saves a kernel (and its launch latency) per norm.
+// GemvNorm folds the LayerNorm/RMSNorm in front of the QKV, MLP-in and LM-head projections into
+// the product instead of running a norm kernel first. Every warp reads all of x anyway, so it
+// sums each row's statistics (Σx, Σx²) alongside the product, with no shared memory and no
+// barrier, and applies the norm to its dot products afterwards (per row of w, per input row):
+//   RMSNorm:   W·(g ⊙ x·r)           = r · Σ w·g·x                 r = rsqrt(E[x²] + eps)
+//   LayerNorm: W·(g ⊙ (x − μ)·r + b) = r · (Σ w·g·x − μ·wg) + wb   r = rsqrt(E[x²] − μ² + eps)
+// with wg = w·g and wb = w·b precomputed per projection (ComputeLayerNormFold). Every warp sums
+// the statistics in the same order, so the result does not depend on the grid. The normalised x is
+// never rounded to the activation type, which the norm kernel's output is: the two paths differ
+// by about one rounding of each normalised element.
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/device_util.cuh"
 #include "worker/cuda/kernels.h"
@@ -64,140 +69,32 @@ __device__ __forceinline__ int WeightRow(int unit, int r, int n) {
 
 enum class NormKind { kNone, kLayer, kRms };
 
-// Normalises the M rows of x_s (M, k) in place as norm.cu's NormKernel normalises a row: the
-// statistics are summed in that kernel's order (this block's threads stand in for its
-// kNormBlockThreads threads, each taking kNormBlockThreads / blockDim.x of them, with the same
-// warp and cross-warp reductions), then the same per-element formulas. scratch: M * 8 floats.
-template <typename T, int M, bool kRms>
-__device__ __forceinline__ void NormalizeRows(T* x_s, const T* __restrict__ gw,
-                                              const T* __restrict__ gb, int k, float eps,
-                                              float* scratch) {
-  constexpr int kThreads = kWarpsPerBlock * 32;
-  constexpr int kVirtual = kNormBlockThreads;
-  constexpr int kPer = kVirtual / kThreads;        // virtual threads per thread
-  constexpr int kVirtualWarps = kVirtual / 32;
-  static_assert(kVirtual % kThreads == 0 && kVirtualWarps <= 32, "norm thread layout");
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int nvec = k / 8;
-  const Vec8<T>* xv = reinterpret_cast<const Vec8<T>*>(x_s);
-  // Block sums of part[m][i] (virtual thread threadIdx.x + i * kThreads) as BlockSum would give
-  // over kVirtual threads: virtual warp warp + i * kWarpsPerBlock, same lane.
-  auto block_sums = [&](float (&part)[M][kPer], float (&total)[M]) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) part[m][i] = WarpSum(part[m][i]);
-    }
-    __syncthreads();
-    if (lane == 0) {
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-#pragma unroll
-        for (int i = 0; i < kPer; ++i) scratch[m * kVirtualWarps + warp + i * kWarpsPerBlock] = part[m][i];
-      }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      total[m] = WarpSum(lane < kVirtualWarps ? scratch[m * kVirtualWarps + lane] : 0.0f);
-    }
-  };
-  float part[M][kPer], total[M], mean[M], inv[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      float sum = 0.0f;
-      for (int j = threadIdx.x + i * kThreads; j < nvec; j += kVirtual) {
-        const Vec8<T> a = xv[m * nvec + j];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float v = ToF(a.v[e]);
-          sum += kRms ? v * v : v;
-        }
-      }
-      part[m][i] = sum;
-    }
-  }
-  block_sums(part, total);
-  if constexpr (kRms) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      mean[m] = 0.0f;
-      inv[m] = rsqrtf(total[m] / k + eps);
-    }
-  } else {
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      mean[m] = total[m] / k;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        float sq = 0.0f;
-        for (int j = threadIdx.x + i * kThreads; j < nvec; j += kVirtual) {
-          const Vec8<T> a = xv[m * nvec + j];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            const float v = ToF(a.v[e]);
-            sq += (v - mean[m]) * (v - mean[m]);
-          }
-        }
-        part[m][i] = sq;
-      }
-    }
-    block_sums(part, total);
-#pragma unroll
-    for (int m = 0; m < M; ++m) inv[m] = rsqrtf(total[m] / k + eps);
-  }
-  // In place: each thread rewrites the vectors it alone read above.
-  Vec8<T>* xo = reinterpret_cast<Vec8<T>*>(x_s);
-  const Vec8<T>* wv = reinterpret_cast<const Vec8<T>*>(gw);
-  const Vec8<T>* bv = reinterpret_cast<const Vec8<T>*>(gb);
-  for (int j = threadIdx.x; j < nvec; j += kThreads) {
-    const Vec8<T> ww = wv[j];
-    Vec8<T> bb;
-    if constexpr (!kRms) bb = bv[j];
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const Vec8<T> a = xo[m * nvec + j];
-      Vec8<T> res;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float v = ToF(a.v[e]);
-        if constexpr (kRms) {
-          res.v[e] = FromF<T>(RoundTo<T>(v * inv[m]) * ToF(ww.v[e]));
-        } else {
-          res.v[e] = FromF<T>((v - mean[m]) * inv[m] * ToF(ww.v[e]) + ToF(bb.v[e]));
-        }
-      }
-      xo[m * nvec + j] = res;
-    }
-  }
-  __syncthreads();
-}
-
-// N != kNone: x holds the residual rows (gathered through `gather` when given) and is normalised
-// into dynamic shared memory (M * k elements) with nw, nb and eps first.
+// N != kNone: x holds the residual stream; input row m is its row gather[m] (m without gather),
+// normalised on the fly with the norm weight g (k) and eps, and for LayerNorm wg and wb (fp32, one
+// per row of w). N == kNone: x is (M, k) and gather, g, wg, wb and eps are unused.
 template <typename T, int M, int R, GemvEpilogue E, NormKind N>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     GemvKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                void* __restrict__ y, int n, int k, int units, const int32_t* __restrict__ gather,
-               const T* __restrict__ nw, const T* __restrict__ nb, float eps) {
-  extern __shared__ __align__(16) unsigned char gemv_smem[];
+               const T* __restrict__ g, const float* __restrict__ wg, const float* __restrict__ wb,
+               float eps) {
+  constexpr bool kFold = N != NormKind::kNone;
   const int lane = threadIdx.x & 31;
-  const bool active = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5) < units;
-  // Every warp takes part in the norm's barriers; an idle warp of the last block mirrors the last
-  // unit and stores nothing.
-  if constexpr (N == NormKind::kNone) {
-    if (!active) return;
-  }
-  const int unit = min(blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5), units - 1);
+  const int unit = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (unit >= units) return;  // the last block's spare warps
   // Rows past N (the last unit of an odd N with R = 2) read row N - 1 and are not stored.
   const int rows_total = E == GemvEpilogue::kSwiGlu ? 2 * n : n;
   const T* wrow[R];
+  [[maybe_unused]] float fold_wg[R], fold_wb[R];  // LayerNorm: wg and wb of the rows read
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int row = min(WeightRow<E, R>(unit, r, n), rows_total - 1);
     wrow[r] = w + static_cast<size_t>(row) * k;
+    // Derived from the weights at load time, so read before the wait too.
+    if constexpr (N == NormKind::kLayer) {
+      fold_wg[r] = wg[row];
+      fold_wb[r] = wb[row];
+    }
   }
   float acc[R][M];
 #pragma unroll
@@ -205,6 +102,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
   }
+  // This lane's share of each row's Σx (LayerNorm) and Σx² (both norms).
+  [[maybe_unused]] float sum_x[M], sum_xx[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) sum_x[m] = sum_xx[m] = 0.0f;
   constexpr int kStep = 32 * 8;
   constexpr int kStride = kStep * kUnroll;
   // Software pipeline: the weights of the next kUnroll steps are in flight while the current ones
@@ -221,21 +122,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   TANDEM_GEMV_LOAD(lane * 8)
   AllowDependentLaunch();
   WaitForPrerequisites();
-  const T* xs = x;  // the rows multiplied: global x, or the normalised rows in shared memory
-  if constexpr (N != NormKind::kNone) {
-    __shared__ float scratch[M * 8];
-    T* x_s = reinterpret_cast<T*>(gemv_smem);
-    const int nvec = k / 8;
-    // From L2: the rows were written by the kernel this one waited for.
-    for (int i = threadIdx.x; i < M * nvec; i += kWarpsPerBlock * 32) {
-      const int m = i / nvec, j = i % nvec;
-      const int row = gather != nullptr ? gather[m] : m;
-      reinterpret_cast<uint4*>(x_s)[i] =
-          __ldcg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(row) * k) + j);
-    }
-    __syncthreads();
-    NormalizeRows<T, M, N == NormKind::kRms>(x_s, nw, nb, k, eps, scratch);
-    xs = x_s;
+  const T* xrow[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const int row = kFold && gather != nullptr ? gather[m] : m;
+    xrow[m] = x + static_cast<size_t>(row) * k;
   }
   for (int base = lane * 8; base < k; base += kStride) {
     uint4 cur[kUnroll][R];
@@ -254,14 +145,19 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       float wf[R][8];
 #pragma unroll
       for (int r = 0; r < R; ++r) Unpack<T>(cur[u][r], wf[r]);
+      [[maybe_unused]] float gf[8];
+      if constexpr (kFold) Unpack<T>(__ldg(reinterpret_cast<const uint4*>(g + kk)), gf);
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         float xf[8];
-        const uint4* xp = reinterpret_cast<const uint4*>(xs + static_cast<size_t>(m) * k + kk);
-        if constexpr (N == NormKind::kNone) {
-          Unpack<T>(__ldg(xp), xf);
-        } else {
-          Unpack<T>(*xp, xf);
+        Unpack<T>(__ldg(reinterpret_cast<const uint4*>(xrow[m] + kk)), xf);
+        if constexpr (kFold) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            if constexpr (N == NormKind::kLayer) sum_x[m] += xf[i];
+            sum_xx[m] = fmaf(xf[i], xf[i], sum_xx[m]);
+            xf[i] *= gf[i];  // exact: a product of two 2-byte floats fits in a float
+          }
         }
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -277,15 +173,40 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = WarpSum(acc[r][m]);
   }
-  if (!active) return;
+  // The norm of each row, from the whole row's sums (every lane gets them), with eps inside the
+  // root as in norm.cu; the variance as E[x²] − μ², clamped at 0 against rounding.
+  [[maybe_unused]] float mean[M], inv[M];
+  if constexpr (kFold) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float mean_sq = WarpSum(sum_xx[m]) / k;
+      if constexpr (N == NormKind::kRms) {
+        inv[m] = rsqrtf(mean_sq + eps);
+      } else {
+        mean[m] = WarpSum(sum_x[m]) / k;
+        inv[m] = rsqrtf(fmaxf(mean_sq - mean[m] * mean[m], 0.0f) + eps);
+      }
+    }
+  }
+  // The output of weight row r for input row m before the epilogue: the sum, normalised.
+  auto project = [&](float a, int m, int r) {
+    if constexpr (N == NormKind::kRms) {
+      return a * inv[m];
+    } else if constexpr (N == NormKind::kLayer) {
+      return fmaf(inv[m], fmaf(-mean[m], fold_wg[r], a), fold_wb[r]);
+    } else {
+      return a;
+    }
+  };
   // Every lane holds every sum; lane (r', m) stores output (r', m) (one per lane).
   if constexpr (E == GemvEpilogue::kSwiGlu) {
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       if (lane != m) continue;
       // As Hugging Face: both projections rounded, silu(gate) rounded, then the product.
-      const float g = RoundTo<T>(acc[0][m]), up = RoundTo<T>(acc[1][m]);
-      const float s = RoundTo<T>(g / (1.0f + expf(-g)));
+      const float gate = RoundTo<T>(project(acc[0][m], m, 0));
+      const float up = RoundTo<T>(project(acc[1][m], m, 1));
+      const float s = RoundTo<T>(gate / (1.0f + expf(-gate)));
       static_cast<T*>(y)[static_cast<size_t>(m) * n + unit] = FromF<T>(s * up);
     }
   } else {
@@ -295,7 +216,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       for (int m = 0; m < M; ++m) {
         const int col = unit * R + r;
         if (lane != r * M + m || col >= n) continue;
-        float v = acc[r][m];
+        float v = project(acc[r][m], m, r);
         if (bias != nullptr) v += ToF(bias[col]);
         const size_t at = static_cast<size_t>(m) * n + col;
         if constexpr (E == GemvEpilogue::kF32) {
@@ -317,8 +238,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // The folded norm's inputs (unused without one).
 struct NormArgs {
   const int32_t* gather = nullptr;
-  const void* w = nullptr;
-  const void* b = nullptr;
+  const void* g = nullptr;
+  const float* wg = nullptr;
+  const float* wb = nullptr;
   float eps = 0.0f;
 };
 
@@ -327,18 +249,11 @@ cudaError_t Launch(const void* x, const void* w, const void* bias, void* y, int 
                    const NormArgs& norm, cudaStream_t stream, bool pdl) {
   const int units = E == GemvEpilogue::kSwiGlu ? n : (n + R - 1) / R;
   const int blocks = (units + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  const size_t smem = N == NormKind::kNone ? 0 : static_cast<size_t>(M) * k * sizeof(T);
-  auto* kernel = GemvKernel<T, M, R, E, N>;
-  if (smem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
-  }
   // With pdl: start before the previous kernel ends (see WaitForPrerequisites).
-  return LaunchKernel(kernel, dim3(blocks), dim3(kWarpsPerBlock * 32), smem, stream, pdl,
-                      static_cast<const T*>(x), static_cast<const T*>(w),
+  return LaunchKernel(GemvKernel<T, M, R, E, N>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream,
+                      pdl, static_cast<const T*>(x), static_cast<const T*>(w),
                       static_cast<const T*>(bias), y, n, k, units, norm.gather,
-                      static_cast<const T*>(norm.w), static_cast<const T*>(norm.b), norm.eps);
+                      static_cast<const T*>(norm.g), norm.wg, norm.wb, norm.eps);
 }
 
 template <typename T, GemvEpilogue E, NormKind N>
@@ -418,10 +333,23 @@ bool GemvNormSupported(int rows, int in) {
   return (rows == 1 || rows == 2 || rows == 4) && in > 0 && in % 8 == 0 && in <= kGemvNormMaxIn;
 }
 
+absl::Status ComputeLayerNormFold(DType dtype, const void* w, const void* norm_w,
+                                  const void* norm_b, int w_rows, int in, float* wg, float* wb,
+                                  cudaStream_t stream) {
+  if (norm_w == nullptr || norm_b == nullptr || wg == nullptr || wb == nullptr) {
+    return absl::InvalidArgumentError(
+        "a LayerNorm fold needs the norm's weight and bias and two outputs");
+  }
+  // One-row products: wg = g · wᵀ, wb = b · wᵀ, unrounded.
+  absl::Status s = Gemv(dtype, GemvEpilogue::kF32, norm_w, w, nullptr, wg, 1, w_rows, in, stream);
+  if (!s.ok()) return s;
+  return Gemv(dtype, GemvEpilogue::kF32, norm_b, w, nullptr, wb, 1, w_rows, in, stream);
+}
+
 absl::Status GemvNorm(DType dtype, GemvEpilogue epilogue, bool rms, const void* x,
-                      const int32_t* gather, const void* norm_w, const void* norm_b, float eps,
-                      const void* w, const void* bias, void* y, int rows, int out, int in,
-                      cudaStream_t stream, bool pdl) {
+                      const int32_t* gather, const void* norm_w, const LayerNormFold& layer_norm,
+                      float eps, const void* w, const void* bias, void* y, int rows, int out,
+                      int in, cudaStream_t stream, bool pdl) {
   if (!GemvNormSupported(rows, in)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GEMV with a folded norm takes 1, 2 or 4 rows and an input width that is a multiple of 8 "
@@ -432,18 +360,23 @@ absl::Status GemvNorm(DType dtype, GemvEpilogue epilogue, bool rms, const void* 
     return absl::InvalidArgumentError(
         "GEMV with a folded norm does not add into the stream it normalises");
   }
-  if (norm_w == nullptr || (!rms && norm_b == nullptr)) {
-    return absl::InvalidArgumentError(rms ? "RMSNorm needs a weight"
-                                          : "LayerNorm needs a weight and a bias");
-  }
-  if (!Aligned16(x) || !Aligned16(w) || !Aligned16(norm_w) || (!rms && !Aligned16(norm_b))) {
+  if (norm_w == nullptr) {
     return absl::InvalidArgumentError(
-        "GEMV with a folded norm needs 16-byte aligned x, w and norm weights");
+        absl::StrCat(rms ? "RMSNorm" : "LayerNorm", " folded into a GEMV needs the norm weight"));
+  }
+  if (!rms && (layer_norm.wg == nullptr || layer_norm.wb == nullptr)) {
+    return absl::InvalidArgumentError(
+        "LayerNorm folded into a GEMV needs w·g and w·b (ComputeLayerNormFold)");
+  }
+  if (!Aligned16(x) || !Aligned16(w) || !Aligned16(norm_w)) {
+    return absl::InvalidArgumentError(
+        "GEMV with a folded norm needs 16-byte aligned x, w and norm weight");
   }
   NormArgs norm;
   norm.gather = gather;
-  norm.w = norm_w;
-  norm.b = norm_b;
+  norm.g = norm_w;
+  norm.wg = layer_norm.wg;
+  norm.wb = layer_norm.wb;
   norm.eps = eps;
   TANDEM_DISPATCH_HALF(dtype, {
     if (rms) {

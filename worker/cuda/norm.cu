@@ -8,7 +8,7 @@
 namespace tandem::cuda {
 namespace {
 
-constexpr int kNormThreads = kNormBlockThreads;
+constexpr int kNormThreads = 256;
 // Elements a thread keeps in registers: cols <= kNormThreads * 8 * kMaxVecs (16384 with 8).
 constexpr int kMaxVecs = 8;
 

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -198,8 +199,45 @@ TEST_P(CudaStageVsCpu, GraphReplayEqualsDirectLaunches) {
   EXPECT_EQ(a2.logits, b.logits);
 }
 
-// Decode through the fused GEMV kernels (buckets 1, 2 and 4 here) and through cuBLAS with separate
-// bias/activation kernels: the same tokens, logits equal within fp16 rounding.
+// Greedy decode of a stage `a` against a reference stage `b` whose arithmetic differs by
+// rounding: every step's logits within `bound` (RelError), and the same token in every sampled
+// row where b's two best logits are further apart than twice the largest logit difference of the
+// row (so the argmax cannot move). Where the gap is smaller (a near tie) the tokens may part; from
+// then on the two stages decode different tokens, so the later steps are not compared.
+void ExpectSameDecodeUpToNearTies(const Trace& a, const Trace& b, int vocab, double bound) {
+  ASSERT_EQ(a.logits.size(), b.logits.size());
+  ASSERT_EQ(a.tokens.size(), b.tokens.size());
+  for (size_t i = 0; i < b.logits.size(); ++i) {
+    ASSERT_EQ(a.logits[i].size(), b.logits[i].size()) << "step " << i;
+    ASSERT_EQ(a.tokens[i].size(), b.tokens[i].size()) << "step " << i;
+    ASSERT_EQ(b.logits[i].size(), b.tokens[i].size() * vocab) << "step " << i;
+    EXPECT_LE(RelError(a.logits[i], b.logits[i]), bound) << "step " << i;
+    for (size_t r = 0; r < b.tokens[i].size(); ++r) {
+      const float* la = a.logits[i].data() + r * vocab;
+      const float* lb = b.logits[i].data() + r * vocab;
+      double diff = 0, top1 = -INFINITY, top2 = -INFINITY;
+      for (int j = 0; j < vocab; ++j) {
+        diff = std::max(diff, std::fabs(double(la[j]) - lb[j]));
+        if (lb[j] > top1) {
+          top2 = top1;
+          top1 = lb[j];
+        } else if (lb[j] > top2) {
+          top2 = lb[j];
+        }
+      }
+      if (top1 - top2 > 2 * diff) {
+        EXPECT_EQ(a.tokens[i][r], b.tokens[i][r])
+            << "step " << i << ", row " << r << ": top-2 gap " << top1 - top2
+            << ", logits apart by at most " << diff;
+      }
+    }
+    if (a.tokens[i] != b.tokens[i]) return;
+  }
+}
+
+// Decode through the fused GEMV kernels (buckets 1, 2 and 4 here, norms folded) and through
+// cuBLAS with separate norm, bias and activation kernels: logits equal within fp16 rounding, the
+// same tokens but on near ties.
 TEST_P(CudaStageVsCpu, GemvDecodeMatchesCublasDecode) {
   SKIP_WITHOUT_GPU();
   const auto dir = Checkpoint(GetParam());
@@ -212,19 +250,19 @@ TEST_P(CudaStageVsCpu, GemvDecodeMatchesCublasDecode) {
         std::vector<Seq>{{0, Prompt(4, 12, v)}, {1, Prompt(13, 13, v)}},
         std::vector<Seq>{{3, Prompt(6, 14, v)}, {1, Prompt(2, 15, v)}, {0, Prompt(30, 16, v)}}}) {
     Trace a = RunSteps(*gemv, seqs, 10), b = RunSteps(*cublas, seqs, 10);
-    ASSERT_EQ(a.logits.size(), b.logits.size());
-    for (size_t i = 0; i < a.logits.size(); ++i) {
-      EXPECT_LE(RelError(a.logits[i], b.logits[i]), 5e-3) << "step " << i;
-    }
-    EXPECT_EQ(a.tokens, b.tokens);
+    ExpectSameDecodeUpToNearTies(a, b, v, 5e-3);
   }
 }
 
 // The decode fusions (norms folded into the GEMVs, programmatic launches, attention splits
-// combined in the attention kernel) against the unfused kernels: the same arithmetic, so the
-// same tokens and the same logits (the 1e-3 bound leaves room for float noise only), in decode
-// buckets 1, 2 and 4, through graphs and direct launches alike; and a later pipeline stage (no
-// embedding: the folded GEMV is the first kernel after the input copy) agrees too.
+// combined in the attention kernel) against the unfused kernels, in decode buckets 1, 2 and 4,
+// through graphs and direct launches alike; and a later pipeline stage (no embedding: the folded
+// GEMV is the first kernel after the input copy) agrees too. Launches and the combine keep the
+// arithmetic; the folded norm does not round the normalised rows to fp16 as the norm kernel does
+// (at most 2^-11 relative per element, at 2 norms per layer and the final one), which also moves
+// later fp16 roundings. An fp16 emulation of these checkpoints with and without that rounding
+// gives logits apart by up to 1.2e-3 (RelError), hence the 2e-3 bound, and a greedy token that
+// flips on a near tie (top-2 gap 2e-5), hence tokens compared only where the gap is clear.
 TEST_P(CudaStageVsCpu, DecodeFusionsGiveTheSameResultsAsUnfusedKernels) {
   SKIP_WITHOUT_GPU();
   const auto dir = Checkpoint(GetParam());
@@ -232,6 +270,7 @@ TEST_P(CudaStageVsCpu, DecodeFusionsGiveTheSameResultsAsUnfusedKernels) {
   ASSERT_TRUE(probe);
   const int v = probe->config().vocab_size;
   probe.reset();
+  const double bound = 2e-3;
   for (bool graphs : {true, false}) {
     SCOPED_TRACE(graphs ? "graphs" : "direct launches");
     auto fused = MakeCuda(dir, DType::kF16, graphs, 0, -1, 4, true);
@@ -242,12 +281,9 @@ TEST_P(CudaStageVsCpu, DecodeFusionsGiveTheSameResultsAsUnfusedKernels) {
           std::vector<Seq>{{1, Prompt(3, 22, v)}, {0, Prompt(17, 23, v)}},
           std::vector<Seq>{{3, Prompt(6, 24, v)}, {1, Prompt(2, 25, v)}, {0, Prompt(70, 26, v)}},
           std::vector<Seq>{{2, Prompt(1, 27, v)}}}) {
+      SCOPED_TRACE(testing::Message() << seqs.size() << " sequences");
       Trace a = RunSteps(*fused, seqs, 12), b = RunSteps(*plain, seqs, 12);
-      ASSERT_EQ(a.logits.size(), b.logits.size());
-      for (size_t i = 0; i < a.logits.size(); ++i) {
-        EXPECT_LE(RelError(a.logits[i], b.logits[i]), 1e-3) << "step " << i;
-      }
-      EXPECT_EQ(a.tokens, b.tokens);
+      ExpectSameDecodeUpToNearTies(a, b, v, bound);
     }
   }
   // Two stages, fused, against one unfused stage: a single-token prompt is a GEMV-sized pass.
@@ -267,8 +303,8 @@ TEST_P(CudaStageVsCpu, DecodeFusionsGiveTheSameResultsAsUnfusedKernels) {
   ASSERT_TRUE(mid.ok()) << mid.status();
   auto got = second->Step(step, mid->hidden);
   ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_LE(RelError(got->logits, want->logits), 1e-3);
-  EXPECT_EQ(got->tokens, want->tokens);
+  ExpectSameDecodeUpToNearTies(Trace{{got->tokens}, {got->logits}},
+                               Trace{{want->tokens}, {want->logits}}, v, bound);
 }
 
 TEST_P(CudaStageVsCpu, TwoStagesGiveTheSameLogitsAsOne) {
