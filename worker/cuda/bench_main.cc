@@ -11,6 +11,7 @@
 //
 // usage: tandem-bench --model DIR [--batch 1,8,64] [--prompt 128] [--new 128] [--dtype f16]
 //        [--graphs=true] [--gemv_max_rows 4] [--decode_pdl] [--fold_norms] [--attention_combine]
+//        [--batch_invariant]
 //        [--json OUT.json]
 //        | --model DIR [--dtype f16] --dump_logits IN.json OUT.json
 #include <cuda_runtime.h>
@@ -48,6 +49,9 @@ ABSL_FLAG(bool, fold_norms, tandem::CudaOptions{}.fold_norms,
           "fold the norms into the GEMVs of GEMV-sized passes (CudaOptions::fold_norms)");
 ABSL_FLAG(bool, attention_combine, tandem::CudaOptions{}.attention_combine,
           "combine attention key splits in the attention kernel (CudaOptions::attention_combine)");
+ABSL_FLAG(bool, batch_invariant, false,
+          "results independent of the batch: pinned GEMM algorithms, no GEMV, unsplit attention "
+          "(CudaOptions::batch_invariant)");
 ABSL_FLAG(double, kv_memory_fraction, 0.9, "share of free GPU memory for the KV-cache");
 ABSL_FLAG(std::string, json, "", "write the results as JSON to this file");
 ABSL_FLAG(std::string, dump_logits, "",
@@ -103,6 +107,7 @@ void SetFusionFlags(CudaOptions& opt) {
   opt.decode_pdl = absl::GetFlag(FLAGS_decode_pdl);
   opt.fold_norms = absl::GetFlag(FLAGS_fold_norms);
   opt.attention_combine = absl::GetFlag(FLAGS_attention_combine);
+  opt.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
 }
 
 absl::StatusOr<DType> ParseDTypeFlag(const std::string& s) {
@@ -216,12 +221,13 @@ absl::Status Bench() {
   cudaGetDeviceProperties(&prop, 0);
 
   std::printf("model %s (%s, %d layers, hidden %d), %s, prompt %d, new %d, graphs %s, "
-              "gemv_max_rows %d, decode_pdl %s, fold_norms %s, attention_combine %s\n",
+              "gemv_max_rows %d, decode_pdl %s, fold_norms %s, attention_combine %s, "
+              "batch_invariant %s\n",
               model.c_str(), std::string(ArchName(c.arch)).c_str(), c.num_layers, c.hidden_size,
               std::string(DTypeName(dtype)).c_str(), prompt, steps,
               opt.cuda_graphs ? "on" : "off", opt.gemv_max_rows,
               opt.decode_pdl ? "on" : "off", opt.fold_norms ? "on" : "off",
-              opt.attention_combine ? "on" : "off");
+              opt.attention_combine ? "on" : "off", opt.batch_invariant ? "on" : "off");
   std::printf("device %s, copy bandwidth %.0f GB/s (read + write), load %.1f s, GPU memory in use "
               "%.2f GiB\n\n", prop.name, copy_bw / 1e9, load_s, used_gib);
   std::printf("| batch | prefill tok/s | decode ms/step | decode tok/s | end-to-end tok/s | "
@@ -244,6 +250,7 @@ absl::Status Bench() {
     j["decode_pdl"] = opt.decode_pdl;
     j["fold_norms"] = opt.fold_norms;
     j["attention_combine"] = opt.attention_combine;
+    j["batch_invariant"] = opt.batch_invariant;
     j["copy_bandwidth_gb_s"] = copy_bw / 1e9;
     j["gpu_memory_used_bytes"] = total_b - free_b;
     j["weight_bytes_per_step"] = weight_bytes;

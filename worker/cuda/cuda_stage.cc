@@ -131,6 +131,11 @@ class CudaStage final : public Stage {
   absl::Status CopyInput(const Activations& in, int64_t row0, int rows);
   absl::Status Replay(int bucket);
   int SplitsFor(int rows) const;
+  // Decode passes of at most this many rows use the GEMV kernels (none when batch-invariant).
+  int GemvMaxRows() const { return opt_.batch_invariant ? 0 : opt_.gemv_max_rows; }
+  // y (rows, out) = x · wᵀ + beta * y: cuBLAS, or the pinned algorithms when batch-invariant.
+  absl::Status Matmul(const void* x, const void* w, void* y, int rows, int out, int in,
+                      float beta, bool y_f32);
 
   template <typename T>
   T* HostIn(size_t off) { return reinterpret_cast<T*>(host_in_.as<char>() + off); }
@@ -155,6 +160,7 @@ class CudaStage final : public Stage {
   cuda::Stream stream_;
   cuda::CublasHandle cublas_;
   DeviceBuffer cublas_workspace_;
+  std::unique_ptr<cuda::FixedAlgoGemm> fixed_gemm_;  // batch_invariant: every GEMM through it
   DeviceBuffer weights_, kv_, norm_fold_;
   DeviceBuffer x_, xn_, qkv_, q_, attn_, mlp_in_, mlp_act_, partials_, attn_counters_;
   DeviceBuffer head_in_, logits_, probs_, tokens_out_;
@@ -222,6 +228,19 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
   // A workspace of our own, so that graph capture never sees cuBLAS allocate.
   RETURN_IF_ERROR(cublas_workspace_.Allocate(32 << 20));
   CUBLAS_CHECK(cublasSetWorkspace(cublas_.get(), cublas_workspace_.get(), cublas_workspace_.size()));
+  if (opt_.batch_invariant) {
+    ASSIGN_OR_RETURN(fixed_gemm_, cuda::FixedAlgoGemm::Create(stream_.get()));
+    const int inter = c_.intermediate_size;
+    const int in_cols = c_.arch == Arch::kLlama ? 2 * inter : inter;
+    for (auto [out, in] : {std::pair{c_.q_dim() + 2 * c_.kv_dim(), c_.hidden_size},
+                           std::pair{c_.hidden_size, c_.q_dim()}, std::pair{in_cols, c_.hidden_size},
+                           std::pair{c_.hidden_size, inter}}) {
+      RETURN_IF_ERROR(fixed_gemm_->Prepare(opt_.dtype, out, in, false));
+    }
+    if (w.has_head) {
+      RETURN_IF_ERROR(fixed_gemm_->Prepare(opt_.dtype, c_.vocab_size, c_.hidden_size, true));
+    }
+  }
 
   // Weights: one arena.
   const bool share_head = w.has_head && w.has_embedding && c_.tie_word_embeddings;
@@ -391,7 +410,15 @@ absl::Status CudaStage::ComputeNormFolds() {
   return absl::OkStatus();
 }
 
+absl::Status CudaStage::Matmul(const void* x, const void* w, void* y, int rows, int out, int in,
+                              float beta, bool y_f32) {
+  if (fixed_gemm_ != nullptr) return fixed_gemm_->Run(opt_.dtype, x, w, y, rows, out, in, beta, y_f32);
+  return cuda::Gemm(cublas_.get(), opt_.dtype, x, w, y, rows, out, in, beta, y_f32);
+}
+
 int CudaStage::SplitsFor(int rows) const {
+  // Batch-invariant: the keys of a row are never split, whatever the number of rows.
+  if (opt_.batch_invariant) return 1;
   // Enough blocks to fill the GPU twice; no more splits than tiles of the longest context.
   const int64_t blocks = static_cast<int64_t>(rows) * c_.num_kv_heads;
   int splits = static_cast<int>((2 * sm_count_ + blocks - 1) / blocks);
@@ -410,7 +437,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
   const int32_t* slots = DevIn<int32_t>(layout_.slots);
   // Decode-sized passes: every projection through the GEMV kernels, with biases, residual adds
   // and the MLP activation fused into them.
-  const bool gemv = rows <= opt_.gemv_max_rows && GemvSupported(rows, hidden) &&
+  const bool gemv = rows <= GemvMaxRows() && GemvSupported(rows, hidden) &&
                     GemvSupported(rows, inter) && GemvSupported(rows, c_.q_dim());
   // ... optionally with the norms folded into the projections after them, and every kernel
   // launched programmatically (the first one after the step's input copy excepted).
@@ -443,7 +470,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
         RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kStore, xn_.get(), L.wqkv, L.bqkv, qkv_.get(),
                              rows, qkv_cols, hidden, s));
       } else {
-        RETURN_IF_ERROR(Gemm(cublas_.get(), t, xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols,
+        RETURN_IF_ERROR(Matmul(xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols,
                              hidden, 0.0f, false));
       }
     }
@@ -459,7 +486,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
       RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, attn_.get(), L.wo, L.bo, x_.get(), rows,
                            hidden, c_.q_dim(), s));
     } else {
-      RETURN_IF_ERROR(Gemm(cublas_.get(), t, attn_.get(), L.wo, x_.get(), rows, hidden,
+      RETURN_IF_ERROR(Matmul(attn_.get(), L.wo, x_.get(), rows, hidden,
                            c_.q_dim(), 1.0f, false));
     }
     // MLP block: norm (adding the out-proj bias first) -> up -> activation -> down added into x.
@@ -488,7 +515,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
       pending_bias = nullptr;
       continue;
     }
-    RETURN_IF_ERROR(Gemm(cublas_.get(), t, mlp_x, L.w_in, mlp_in_.get(), rows,
+    RETURN_IF_ERROR(Matmul(mlp_x, L.w_in, mlp_in_.get(), rows,
                          llama ? 2 * inter : inter, hidden, 0.0f, false));
     if (llama) {
       RETURN_IF_ERROR(LaunchSwiGlu(t, mlp_in_.get(), mlp_act_.get(), rows, inter, s));
@@ -496,7 +523,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
     } else {
       RETURN_IF_ERROR(LaunchGeluBias(t, mlp_in_.get(), L.b_in, rows, inter, s));
     }
-    RETURN_IF_ERROR(Gemm(cublas_.get(), t, act, L.w_out, x_.get(), rows, hidden, inter, 1.0f,
+    RETURN_IF_ERROR(Matmul(act, L.w_out, x_.get(), rows, hidden, inter, 1.0f,
                          false));
     pending_bias = L.b_out;
   }
@@ -504,7 +531,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
     if (samples > 0) {
       // Final norm of the sampled rows only, LM head into fp32 logits, sampling.
       const int32_t* gather = DevIn<int32_t>(layout_.gather);
-      const bool head_gemv = samples <= opt_.gemv_max_rows && GemvSupported(samples, hidden);
+      const bool head_gemv = samples <= GemvMaxRows() && GemvSupported(samples, hidden);
       if (head_gemv && opt_.fold_norms && pending_bias == nullptr &&
           GemvNormSupported(samples, hidden)) {
         RETURN_IF_ERROR(GemvNorm(t, GemvEpilogue::kF32, llama, x_.get(), gather, final_norm_w_,
@@ -518,7 +545,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
           RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kF32, head_in_.get(), lm_head_, nullptr,
                                logits_.get(), samples, c_.vocab_size, hidden, s));
         } else {
-          RETURN_IF_ERROR(Gemm(cublas_.get(), t, head_in_.get(), lm_head_, logits_.get(), samples,
+          RETURN_IF_ERROR(Matmul(head_in_.get(), lm_head_, logits_.get(), samples,
                                c_.vocab_size, hidden, 0.0f, true));
         }
       }

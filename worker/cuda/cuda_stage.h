@@ -33,6 +33,12 @@ struct CudaOptions {
   //   batch 1, slower for openllama-3b;
   // - attention_combine: the attention kernel combines its key splits itself (the last block of a
   //   head does it) instead of a separate combine kernel; the same arithmetic.
+  // Batch-invariant: a sequence's results do not depend on the other sequences of its batch (or
+  // on how the batch is split into micro-batches and stages), so greedy outputs are the same at
+  // every batch size and node count. Every projection goes through one cuBLASLt algorithm pinned
+  // per shape without split-K (cuda::FixedAlgoGemm), the GEMV kernels are not used, and attention
+  // never splits a row's keys. Slower at small batches (docs/performance.md).
+  bool batch_invariant = false;
   bool decode_pdl = false;
   bool fold_norms = false;
   bool attention_combine = true;

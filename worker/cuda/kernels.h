@@ -8,12 +8,17 @@
 // first kernel after a copy is launched without it.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/dtype.h"
 
 namespace tandem::cuda {
@@ -81,6 +86,36 @@ absl::Status LaunchSwiGlu(DType dtype, const void* gate_up, void* out, int rows,
 // y is `dtype`, or fp32 when y_f32.
 absl::Status Gemm(cublasHandle_t handle, DType dtype, const void* x, const void* w, void* y,
                   int rows, int out, int in, float beta, bool y_f32);
+
+// The same product through cuBLASLt with one algorithm pinned per shape (dtype, out, in, output
+// type), chosen once by Prepare without split-K (and at most 1 KiB of workspace) and checked valid for row
+// counts from 1 to 2048: each output is then summed by one thread block in one order whatever the
+// number of rows, so a row's result does not depend on which other rows share the product (what
+// cublasGemmEx, which picks kernels by size, does not promise). For the batch-invariant mode.
+class FixedAlgoGemm {
+ public:
+  static absl::StatusOr<std::unique_ptr<FixedAlgoGemm>> Create(cudaStream_t stream);
+  ~FixedAlgoGemm();
+  FixedAlgoGemm(const FixedAlgoGemm&) = delete;
+  FixedAlgoGemm& operator=(const FixedAlgoGemm&) = delete;
+
+  // Chooses and pins the algorithm of a shape (idempotent). FAILED_PRECONDITION when cuBLASLt has
+  // none that qualifies.
+  absl::Status Prepare(DType dtype, int out, int in, bool y_f32);
+  // y (rows, out) = x · wᵀ + beta * y on the stream given to Create, with the shape's pinned
+  // algorithm; FAILED_PRECONDITION for a shape not prepared.
+  absl::Status Run(DType dtype, const void* x, const void* w, void* y, int rows, int out, int in,
+                   float beta, bool y_f32);
+
+ private:
+  FixedAlgoGemm() = default;
+  struct Plan;
+  using Key = std::tuple<int, int, int, bool>;
+  cublasLtHandle_t handle_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  void* workspace_ = nullptr;  // 1 KiB: the counters some algorithms use, no reduction buffer
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
 
 // gemv.cu: y (rows, out) = x (rows, in) · wᵀ for decode-sized row counts, w (out, in), with the
 // epilogue fused; bias (out) may be null. Takes rows in {1, 2, 4, 8} and in % 8 == 0 (see

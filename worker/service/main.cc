@@ -39,6 +39,9 @@ ABSL_FLAG(double, kv_memory_fraction, 0.9,
 ABSL_FLAG(std::string, transport, "grpc",
           "activations to the next stage: grpc (host bytes over StageLink) or nccl (cuda backend; "
           "offered when this worker is a pipeline's first stage)");
+ABSL_FLAG(bool, batch_invariant, false,
+          "cuda: results independent of the batch (greedy outputs equal at every batch size and "
+          "node count), slower at small batches");
 ABSL_FLAG(int, recv_timeout_s, 300, "how long a stage waits for its input before failing a step");
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0:0",
           "host:port serving Prometheus /metrics (port 0: any free port, printed; empty: off)");
@@ -87,6 +90,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     options.kv_memory_fraction = static_cast<float>(kv);
+    options.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
     if (options.device < 0) {
       spdlog::error("--gpu: {} (expected a CUDA device index >= 0)", options.device);
       return 2;

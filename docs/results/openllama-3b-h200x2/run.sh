@@ -8,8 +8,10 @@
 # sweep at batch 8 over 1 and 2 nodes, where one stage runs the same two micro-batches of 4 that
 # two stages run. Writes device.txt, the logs, summary.md, microbatch-check.md and sweep.tar.gz
 # (both run folders) to $OUT.
+# Environment: WORKER_FLAGS (extra tandem-worker flags), MICROBATCH_CHECK=0 skips the second part.
 set -u
 cd "$(dirname "$0")/../../.."
+worker_flags=${WORKER_FLAGS:-}
 out=${OUT:-/tmp/tandem-svc-out}
 mkdir -p "$out"
 source scripts/carry-unpack
@@ -36,7 +38,7 @@ start() {  # $1: log suffix; then extra coordinator flags
   for g in 0 1; do
     "$bin/tandem-worker" --coordinator=127.0.0.1:50051 --listen=127.0.0.1:5006$g \
       --backend=cuda --gpu=$g --dtype=f16 --kv_memory_fraction=0.5 --transport=nccl \
-      --metrics_address=127.0.0.1:1947$g >> "$out/worker$g$tag.log" 2>&1 &
+      --metrics_address=127.0.0.1:1947$g $worker_flags >> "$out/worker$g$tag.log" 2>&1 &
     pids+=($!)
   done
   # Both workers registered (CUDA and NVML up) before the sweep sets the topology.
@@ -60,10 +62,12 @@ cp /tmp/run-nccl/summary.md "$out/summary.md" 2>/dev/null
 curl -s 127.0.0.1:19470/metrics > "$out/worker0.metrics" 2>/dev/null
 stop_all
 
-start "-mb2" --micro_batches=2
-sweep 120 --batch=8 --requests=32 --warmup=4 --output_lens=128 --out=/tmp/run-microbatch2
-echo "micro-batch check exit $?" | tee -a "$out/device.txt"
-cp /tmp/run-microbatch2/summary.md "$out/microbatch-check.md" 2>/dev/null
-stop_all
-tar -C /tmp -czf "$out/sweep.tar.gz" run-nccl run-microbatch2
+if [ "${MICROBATCH_CHECK:-1}" != 0 ]; then
+  start "-mb2" --micro_batches=2
+  sweep 120 --batch=8 --requests=32 --warmup=4 --output_lens=128 --out=/tmp/run-microbatch2
+  echo "micro-batch check exit $?" | tee -a "$out/device.txt"
+  cp /tmp/run-microbatch2/summary.md "$out/microbatch-check.md" 2>/dev/null
+  stop_all
+fi
+tar -C /tmp -czf "$out/sweep.tar.gz" run-nccl $(test -d /tmp/run-microbatch2 && echo run-microbatch2)
 echo "total $((SECONDS - t0)) s" | tee -a "$out/device.txt"

@@ -1,0 +1,10 @@
+set terminal pngcairo size 900,600 font 'Sans,10'
+set output 'docs/results/openllama-3b-h200x2-batch-invariant/run-nccl/efficiency_vs_nodes.png'
+set title 'Parallel efficiency'
+set xlabel 'nodes'
+set ylabel 'efficiency'
+set yrange [0:*]
+set grid
+set key bottom left
+set xtics 1
+plot 'docs/results/openllama-3b-h200x2-batch-invariant/run-nccl/plots/by_nodes.dat' index 0 using 1:3 with linespoints lw 2 pt 7 title 'load=1', 'docs/results/openllama-3b-h200x2-batch-invariant/run-nccl/plots/by_nodes.dat' index 1 using 1:3 with linespoints lw 2 pt 7 title 'load=2', 'docs/results/openllama-3b-h200x2-batch-invariant/run-nccl/plots/by_nodes.dat' index 2 using 1:3 with linespoints lw 2 pt 7 title 'load=4', 'docs/results/openllama-3b-h200x2-batch-invariant/run-nccl/plots/by_nodes.dat' index 3 using 1:3 with linespoints lw 2 pt 7 title 'load=8', 'docs/results/openllama-3b-h200x2-batch-invariant/run-nccl/plots/by_nodes.dat' index 4 using 1:3 with linespoints lw 2 pt 7 title 'load=16', 'docs/results/openllama-3b-h200x2-batch-invariant/run-nccl/plots/by_nodes.dat' index 5 using 1:3 with linespoints lw 2 pt 7 title 'load=32', 'docs/results/openllama-3b-h200x2-batch-invariant/run-nccl/plots/by_nodes.dat' index 6 using 1:3 with linespoints lw 2 pt 7 title 'load=64'
