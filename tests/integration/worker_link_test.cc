@@ -53,6 +53,12 @@ TEST(WorkerLinkTest, NcclTransportNeedsTheCudaBackend) {
   EXPECT_THAT(out, HasSubstr("--transport=nccl needs --backend=cuda"));
 }
 
+TEST(WorkerLinkTest, BatchInvariantNeedsTheCudaBackend) {
+  auto [rc, out] = RunWorker({"--backend=cpu", "--batch_invariant"});
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_THAT(out, HasSubstr("--batch_invariant needs --backend=cuda"));
+}
+
 TEST(WorkerLinkTest, UnknownBackendIsRefusedAtStart) {
   auto [rc, out] = RunWorker({"--backend=tpu"});
   EXPECT_EQ(rc, 2) << out;

@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
       spdlog::error("--transport=nccl needs --backend=cuda");
       return 2;
     }
+    if (absl::GetFlag(FLAGS_batch_invariant)) {
+      spdlog::error("--batch_invariant needs --backend=cuda (the cpu backend has no such mode)");
+      return 2;
+    }
     factory = [](const tandem::StageSpec& spec) { return tandem::MakeCpuStage(spec); };
   } else if (backend == "cuda") {
 #ifdef TANDEM_HAVE_CUDA
