@@ -94,12 +94,26 @@ nlohmann::json Json(const SweepResult& r) {
 std::string Markdown(const SweepResult& r) {
   const SweepOptions& o = r.options;
   std::string md = "# tandem sweep\n\n";
+  std::string baseline = absl::StrCat(o.nodes.front(), "-node run");
+  if (!r.configs.empty()) {
+    const ConfigResult& b = r.configs.front();
+    baseline = absl::StrFormat("first configuration: %d node(s), %s %g", b.nodes,
+                               b.mode == "closed" ? "batch" : "rate", Load(b));
+  }
   absl::StrAppend(&md, absl::StrFormat(
       "Mode: %s loop, %s scaling, %d measured requests per configuration (%d warm-up), "
-      "nodes %s as %s.\n\nCorrectness (greedy outputs equal to the %d-node run): **%s**.\n\n",
+      "nodes %s as %s.\n\nCorrectness (greedy outputs equal to those of the %s): **%s**.\n\n",
       o.mode, o.weak_scaling ? "weak" : "strong", o.requests, o.warmup,
-      absl::StrJoin(o.nodes, ","), o.data_parallel ? "replicas" : "pipeline stages",
-      o.nodes.front(), r.all_correct ? "pass" : "FAIL"));
+      absl::StrJoin(o.nodes, ","), o.data_parallel ? "replicas" : "pipeline stages", baseline,
+      r.all_correct ? "pass" : "FAIL"));
+  bool gpu = false;
+  for (const ConfigResult& c : r.configs) gpu |= c.has_gpu;
+  if (!r.all_correct && gpu) {
+    md += "On GPUs in fp16 a sequence's greedy output can depend on which other sequences share "
+          "its forward pass (kernel choice by batch size; near-tied logits flip). Workers started "
+          "with `--batch_invariant` remove that dependence, so that any remaining difference is "
+          "a real one.\n\n";
+  }
   absl::StrAppend(&md, absl::StrFormat(
       "| nodes | %s | prompt | output | tokens/s | req/s | TTFT p50/p90/p99 (ms) | "
       "ITL p50/p90/p99 (ms) | E2E p50/p90/p99 (s) | speedup | efficiency | power (W) | "

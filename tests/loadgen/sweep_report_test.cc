@@ -101,6 +101,8 @@ TEST(ReadResultsTest, ReadsBackWhatWriteReportWrote) {
   std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   EXPECT_THAT(text, HasSubstr("| 2 | 4 | 16 | 8 | 51.2 |"));
   EXPECT_THAT(text, HasSubstr("NO (1 differ, 1 failed)"));
+  EXPECT_THAT(text, HasSubstr("equal to those of the first configuration: 1 node(s), batch 4"));
+  EXPECT_THAT(text, HasSubstr("`--batch_invariant`"));  // a failed check with GPU workers
 }
 
 TEST(ReadResultsTest, EachMalformedFileIsNamed) {
