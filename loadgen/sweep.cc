@@ -400,7 +400,8 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
           c.wall_s = run(c.requests, records, prompt_ids, true);
           poller.Stop();
           const std::vector<std::vector<MetricSample>> after_each = ScrapeEach(o.worker_metrics);
-          const std::vector<MetricSample> before = Flatten(before_each), after = Flatten(after_each);
+          const std::vector<MetricSample> before = Flatten(before_each),
+                                          after = Flatten(after_each);
 
           std::vector<double> ttft, itl, e2e;
           for (size_t i = 0; i < records.size(); ++i) {

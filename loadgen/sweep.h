@@ -87,9 +87,8 @@ double Percentile(std::vector<double> v, double p);
 // tandem_gpu_energy_joules_total, counted once per GPU uuid, over the GPUs of the workers whose
 // tandem_stage_compute_seconds grew (the workers the topology used); over every worker's GPUs
 // when none reports compute time. Nullopt when no worker reports a GPU.
-std::optional<double> GpuEnergyOfActiveWorkers(
-    const std::vector<std::vector<MetricSample>>& before,
-    const std::vector<std::vector<MetricSample>>& after);
+std::optional<double> GpuEnergyOfActiveWorkers(const std::vector<std::vector<MetricSample>>& before,
+                                               const std::vector<std::vector<MetricSample>>& after);
 
 absl::Status ValidateSweepOptions(const SweepOptions& o);
 absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o);

@@ -100,19 +100,22 @@ std::string Markdown(const SweepResult& r) {
     baseline = absl::StrFormat("first configuration: %d node(s), %s %g", b.nodes,
                                b.mode == "closed" ? "batch" : "rate", Load(b));
   }
-  absl::StrAppend(&md, absl::StrFormat(
-      "Mode: %s loop, %s scaling, %d measured requests per configuration (%d warm-up), "
-      "nodes %s as %s.\n\nCorrectness (greedy outputs equal to those of the %s): **%s**.\n\n",
-      o.mode, o.weak_scaling ? "weak" : "strong", o.requests, o.warmup,
-      absl::StrJoin(o.nodes, ","), o.data_parallel ? "replicas" : "pipeline stages", baseline,
-      r.all_correct ? "pass" : "FAIL"));
+  absl::StrAppend(
+      &md,
+      absl::StrFormat(
+          "Mode: %s loop, %s scaling, %d measured requests per configuration (%d warm-up), "
+          "nodes %s as %s.\n\nCorrectness (greedy outputs equal to those of the %s): **%s**.\n\n",
+          o.mode, o.weak_scaling ? "weak" : "strong", o.requests, o.warmup,
+          absl::StrJoin(o.nodes, ","), o.data_parallel ? "replicas" : "pipeline stages", baseline,
+          r.all_correct ? "pass" : "FAIL"));
   bool gpu = false;
   for (const ConfigResult& c : r.configs) gpu |= c.has_gpu;
   if (!r.all_correct && gpu) {
-    md += "On GPUs in fp16 a sequence's greedy output can depend on which other sequences share "
-          "its forward pass (kernel choice by batch size; near-tied logits flip). Workers started "
-          "with `--batch_invariant` remove that dependence, so that any remaining difference is "
-          "a real one.\n\n";
+    md +=
+        "On GPUs in fp16 a sequence's greedy output can depend on which other sequences share "
+        "its forward pass (kernel choice by batch size; near-tied logits flip). Workers started "
+        "with `--batch_invariant` remove that dependence, so that any remaining difference is "
+        "a real one.\n\n";
   }
   absl::StrAppend(&md, absl::StrFormat(
       "| nodes | %s | prompt | output | tokens/s | req/s | TTFT p50/p90/p99 (ms) | "
@@ -269,10 +272,9 @@ absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
     rc.Get(cj, "tokens", &c.tokens);
     rc.Get(cj, "tokens_per_s", &c.tokens_per_s);
     rc.Get(cj, "requests_per_s", &c.requests_per_s);
-    for (auto [key, p50, p90, p99] :
-         {std::tuple{"ttft_s", &c.ttft_p50, &c.ttft_p90, &c.ttft_p99},
-          std::tuple{"itl_s", &c.itl_p50, &c.itl_p90, &c.itl_p99},
-          std::tuple{"e2e_s", &c.e2e_p50, &c.e2e_p90, &c.e2e_p99}}) {
+    for (auto [key, p50, p90, p99] : {std::tuple{"ttft_s", &c.ttft_p50, &c.ttft_p90, &c.ttft_p99},
+                                      std::tuple{"itl_s", &c.itl_p50, &c.itl_p90, &c.itl_p99},
+                                      std::tuple{"e2e_s", &c.e2e_p50, &c.e2e_p90, &c.e2e_p99}}) {
       if (const nlohmann::json* q = rc.Object(cj, key)) {
         rc.Get(*q, "p50", p50);
         rc.Get(*q, "p90", p90);
@@ -306,8 +308,9 @@ absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
   }
   if (o.nodes.empty() || o.prompt_lens.empty() || o.output_lens.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path.string(), ": options need at least one node count, prompt and output "
-                                    "length"));
+        absl::StrCat(path.string(),
+                     ": options need at least one node count, prompt and output "
+                     "length"));
   }
   return r;
 }

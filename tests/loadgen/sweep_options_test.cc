@@ -69,8 +69,9 @@ std::vector<MetricSample> Page(const std::string& uuid, double joules, double co
 
 TEST(GpuEnergyTest, CountsOnlyTheGpusOfWorkersThatComputed) {
   // Worker 0 computed (2 -> 5 s) and used 300 J; worker 1 sat idle and used 80 J.
-  const std::optional<double> j = GpuEnergyOfActiveWorkers(
-      {Page("GPU-a", 1000, 2), Page("GPU-b", 500, 1)}, {Page("GPU-a", 1300, 5), Page("GPU-b", 580, 1)});
+  const std::optional<double> j =
+      GpuEnergyOfActiveWorkers({Page("GPU-a", 1000, 2), Page("GPU-b", 500, 1)},
+                               {Page("GPU-a", 1300, 5), Page("GPU-b", 580, 1)});
   ASSERT_TRUE(j.has_value());
   EXPECT_DOUBLE_EQ(*j, 300);
   // Both computed: both GPUs.

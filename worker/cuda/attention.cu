@@ -78,12 +78,12 @@ __device__ void FinishSplits(const float* part_acc, const float2* part_ml, T* ou
 // of a (row, kv head) combines the splits as the separate combine kernel does.
 template <typename T, bool kFinish>
 __global__ void __launch_bounds__(kThreads)
-AttentionPartialKernel(const T* __restrict__ q, const T* __restrict__ k_cache,
-                       const T* __restrict__ v_cache, const int32_t* __restrict__ positions,
-                       const int32_t* __restrict__ slots, float* __restrict__ part_acc,
-                       float2* __restrict__ part_ml, T* __restrict__ out,
-                       uint32_t* __restrict__ counters, int num_heads, int num_kv_heads,
-                       int head_dim, int seq_capacity, float scale) {
+    AttentionPartialKernel(const T* __restrict__ q, const T* __restrict__ k_cache,
+                           const T* __restrict__ v_cache, const int32_t* __restrict__ positions,
+                           const int32_t* __restrict__ slots, float* __restrict__ part_acc,
+                           float2* __restrict__ part_ml, T* __restrict__ out,
+                           uint32_t* __restrict__ counters, int num_heads, int num_kv_heads,
+                           int head_dim, int seq_capacity, float scale) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   AllowDependentLaunch();  // the out-projection may start prefetching its weights
   const int kvh = blockIdx.x, r = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
@@ -248,11 +248,11 @@ size_t AttentionPartialFloats(int rows, int num_heads, int head_dim, int splits)
   return static_cast<size_t>(rows) * splits * num_heads * (head_dim + 2);
 }
 
-absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache,
-                             const void* v_cache, const int32_t* positions, const int32_t* slots,
-                             float* partials, void* out, int rows, int num_heads,
-                             int num_kv_heads, int head_dim, int seq_capacity, int splits,
-                             cudaStream_t stream, uint32_t* counters, bool pdl) {
+absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache, const void* v_cache,
+                             const int32_t* positions, const int32_t* slots, float* partials,
+                             void* out, int rows, int num_heads, int num_kv_heads, int head_dim,
+                             int seq_capacity, int splits, cudaStream_t stream, uint32_t* counters,
+                             bool pdl) {
   if (rows == 0) return absl::OkStatus();
   const int group = num_heads / num_kv_heads;
   if (group * head_dim > kMaxAttentionGroupWidth || head_dim % 2 != 0 ||
@@ -283,8 +283,8 @@ absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache,
                             seq_capacity, scale));
     if (!finish) {
       CUDA_CHECK(LaunchKernel(AttentionCombineKernel<T>, dim3(num_heads, rows),
-                              dim3(((head_dim + 31) / 32) * 32), 0, stream, pdl, part_acc,
-                              part_ml, static_cast<T*>(out), num_heads, head_dim, splits));
+                              dim3(((head_dim + 31) / 32) * 32), 0, stream, pdl, part_acc, part_ml,
+                              static_cast<T*>(out), num_heads, head_dim, splits));
     }
   });
   CUDA_CHECK_LAUNCH();

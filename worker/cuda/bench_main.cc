@@ -220,14 +220,14 @@ absl::Status Bench() {
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
 
-  std::printf("model %s (%s, %d layers, hidden %d), %s, prompt %d, new %d, graphs %s, "
-              "gemv_max_rows %d, decode_pdl %s, fold_norms %s, attention_combine %s, "
-              "batch_invariant %s\n",
-              model.c_str(), std::string(ArchName(c.arch)).c_str(), c.num_layers, c.hidden_size,
-              std::string(DTypeName(dtype)).c_str(), prompt, steps,
-              opt.cuda_graphs ? "on" : "off", opt.gemv_max_rows,
-              opt.decode_pdl ? "on" : "off", opt.fold_norms ? "on" : "off",
-              opt.attention_combine ? "on" : "off", opt.batch_invariant ? "on" : "off");
+  std::printf(
+      "model %s (%s, %d layers, hidden %d), %s, prompt %d, new %d, graphs %s, "
+      "gemv_max_rows %d, decode_pdl %s, fold_norms %s, attention_combine %s, "
+      "batch_invariant %s\n",
+      model.c_str(), std::string(ArchName(c.arch)).c_str(), c.num_layers, c.hidden_size,
+      std::string(DTypeName(dtype)).c_str(), prompt, steps, opt.cuda_graphs ? "on" : "off",
+      opt.gemv_max_rows, opt.decode_pdl ? "on" : "off", opt.fold_norms ? "on" : "off",
+      opt.attention_combine ? "on" : "off", opt.batch_invariant ? "on" : "off");
   std::printf("device %s, copy bandwidth %.0f GB/s (read + write), load %.1f s, GPU memory in use "
               "%.2f GiB\n\n", prop.name, copy_bw / 1e9, load_s, used_gib);
   std::printf("| batch | prefill tok/s | decode ms/step | decode tok/s | end-to-end tok/s | "

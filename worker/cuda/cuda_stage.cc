@@ -6,7 +6,8 @@
 //   weights_   every tensor of the stage, one arena
 //   norm_fold_ GPT-2 with folded norms: the LayerNorm terms (fp32) of each projection that a norm
 //              is folded into (QKV, MLP-in, LM head; see cuda::LayerNormFold)
-//   kv_        K and V: (layers, 2, max_slots + 1, kv_heads, seq_capacity, head_dim); the extra slot
+//   kv_        K and V: (layers, 2, max_slots + 1, kv_heads, seq_capacity, head_dim); the extra
+//   slot
 //              takes the writes of the padding rows of a decode bucket
 //   work       activations for rows_cap rows: x (residual), xn, qkv, q, attn, mlp, partials and
 //              the attention split counters; logits and sampling for samples_cap rows
@@ -134,8 +135,8 @@ class CudaStage final : public Stage {
   // Decode passes of at most this many rows use the GEMV kernels (none when batch-invariant).
   int GemvMaxRows() const { return opt_.batch_invariant ? 0 : opt_.gemv_max_rows; }
   // y (rows, out) = x · wᵀ + beta * y: cuBLAS, or the pinned algorithms when batch-invariant.
-  absl::Status Matmul(const void* x, const void* w, void* y, int rows, int out, int in,
-                      float beta, bool y_f32);
+  absl::Status Matmul(const void* x, const void* w, void* y, int rows, int out, int in, float beta,
+                      bool y_f32);
 
   template <typename T>
   T* HostIn(size_t off) { return reinterpret_cast<T*>(host_in_.as<char>() + off); }
@@ -233,8 +234,8 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
     const int inter = c_.intermediate_size;
     const int in_cols = c_.arch == Arch::kLlama ? 2 * inter : inter;
     for (auto [out, in] : {std::pair{c_.q_dim() + 2 * c_.kv_dim(), c_.hidden_size},
-                           std::pair{c_.hidden_size, c_.q_dim()}, std::pair{in_cols, c_.hidden_size},
-                           std::pair{c_.hidden_size, inter}}) {
+                           std::pair{c_.hidden_size, c_.q_dim()},
+                           std::pair{in_cols, c_.hidden_size}, std::pair{c_.hidden_size, inter}}) {
       RETURN_IF_ERROR(fixed_gemm_->Prepare(opt_.dtype, out, in, false));
     }
     if (w.has_head) {
@@ -322,8 +323,8 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
       cuda::AttentionPartialFloats(rows_cap_ + 2 * sm_count_, c_.num_heads, c_.head_dim, 1) *
       sizeof(float)));
   // One per (row, kv head): zero between attention launches (the kernel leaves them so).
-  RETURN_IF_ERROR(attn_counters_.Allocate(static_cast<size_t>(rows_cap_) * c_.num_kv_heads *
-                                          sizeof(uint32_t)));
+  RETURN_IF_ERROR(
+      attn_counters_.Allocate(static_cast<size_t>(rows_cap_) * c_.num_kv_heads * sizeof(uint32_t)));
   CUDA_CHECK(cudaMemset(attn_counters_.get(), 0, attn_counters_.size()));
   if (has_head_) {
     RETURN_IF_ERROR(head_in_.Allocate(samples_cap_ * RowBytes(hidden)));
@@ -411,8 +412,9 @@ absl::Status CudaStage::ComputeNormFolds() {
 }
 
 absl::Status CudaStage::Matmul(const void* x, const void* w, void* y, int rows, int out, int in,
-                              float beta, bool y_f32) {
-  if (fixed_gemm_ != nullptr) return fixed_gemm_->Run(opt_.dtype, x, w, y, rows, out, in, beta, y_f32);
+                               float beta, bool y_f32) {
+  if (fixed_gemm_ != nullptr)
+    return fixed_gemm_->Run(opt_.dtype, x, w, y, rows, out, in, beta, y_f32);
   return cuda::Gemm(cublas_.get(), opt_.dtype, x, w, y, rows, out, in, beta, y_f32);
 }
 
@@ -461,21 +463,20 @@ absl::Status CudaStage::Forward(int rows, int samples) {
     // Attention block: norm -> qkv -> rope + cache -> attention -> out-proj added into x.
     if (fold_norm) {
       RETURN_IF_ERROR(GemvNorm(t, GemvEpilogue::kStore, llama, x_.get(), nullptr, L.attn_norm_w,
-                               L.attn_fold, c_.norm_eps, L.wqkv, L.bqkv, qkv_.get(), rows,
-                               qkv_cols, hidden, s, pdl()));
+                               L.attn_fold, c_.norm_eps, L.wqkv, L.bqkv, qkv_.get(), rows, qkv_cols,
+                               hidden, s, pdl()));
     } else {
       RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, L.attn_norm_w, L.attn_norm_b,
                                  nullptr, xn_.get(), rows, hidden, c_.norm_eps, s, pdl()));
       if (gemv) {
-        RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kStore, xn_.get(), L.wqkv, L.bqkv, qkv_.get(),
-                             rows, qkv_cols, hidden, s));
+        RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kStore, xn_.get(), L.wqkv, L.bqkv, qkv_.get(), rows,
+                             qkv_cols, hidden, s));
       } else {
-        RETURN_IF_ERROR(Matmul(xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols,
-                             hidden, 0.0f, false));
+        RETURN_IF_ERROR(Matmul(xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols, hidden, 0.0f, false));
       }
     }
-    RETURN_IF_ERROR(LaunchQkvRopeCache(t, qkv_.get(), gemv ? nullptr : L.bqkv, q_.get(),
-                                       KCache(l), VCache(l), positions, slots, rows, c_.num_heads,
+    RETURN_IF_ERROR(LaunchQkvRopeCache(t, qkv_.get(), gemv ? nullptr : L.bqkv, q_.get(), KCache(l),
+                                       VCache(l), positions, slots, rows, c_.num_heads,
                                        c_.num_kv_heads, c_.head_dim, seq_capacity_, llama,
                                        c_.rope_theta, s, pdl()));
     RETURN_IF_ERROR(LaunchAttention(t, q_.get(), KCache(l), VCache(l), positions, slots,
@@ -486,8 +487,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
       RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, attn_.get(), L.wo, L.bo, x_.get(), rows,
                            hidden, c_.q_dim(), s));
     } else {
-      RETURN_IF_ERROR(Matmul(attn_.get(), L.wo, x_.get(), rows, hidden,
-                           c_.q_dim(), 1.0f, false));
+      RETURN_IF_ERROR(Matmul(attn_.get(), L.wo, x_.get(), rows, hidden, c_.q_dim(), 1.0f, false));
     }
     // MLP block: norm (adding the out-proj bias first) -> up -> activation -> down added into x.
     const void* mlp_x = xn_.get();  // input of the MLP-in projection
@@ -502,12 +502,12 @@ absl::Status CudaStage::Forward(int rows, int samples) {
       void* in_out = llama ? mlp_act_.get() : mlp_in_.get();
       const void* in_bias = llama ? nullptr : L.b_in;
       if (fold_norm) {
-        RETURN_IF_ERROR(GemvNorm(t, in_epilogue, llama, x_.get(), nullptr, L.mlp_norm_w,
-                                 L.mlp_fold, c_.norm_eps, L.w_in, in_bias, in_out, rows, inter,
-                                 hidden, s, pdl()));
+        RETURN_IF_ERROR(GemvNorm(t, in_epilogue, llama, x_.get(), nullptr, L.mlp_norm_w, L.mlp_fold,
+                                 c_.norm_eps, L.w_in, in_bias, in_out, rows, inter, hidden, s,
+                                 pdl()));
       } else {
-        RETURN_IF_ERROR(Gemv(t, in_epilogue, mlp_x, L.w_in, in_bias, in_out, rows, inter, hidden,
-                             s));
+        RETURN_IF_ERROR(
+            Gemv(t, in_epilogue, mlp_x, L.w_in, in_bias, in_out, rows, inter, hidden, s));
       }
       act = in_out;
       RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, act, L.w_out, L.b_out, x_.get(), rows,
@@ -515,16 +515,15 @@ absl::Status CudaStage::Forward(int rows, int samples) {
       pending_bias = nullptr;
       continue;
     }
-    RETURN_IF_ERROR(Matmul(mlp_x, L.w_in, mlp_in_.get(), rows,
-                         llama ? 2 * inter : inter, hidden, 0.0f, false));
+    RETURN_IF_ERROR(
+        Matmul(mlp_x, L.w_in, mlp_in_.get(), rows, llama ? 2 * inter : inter, hidden, 0.0f, false));
     if (llama) {
       RETURN_IF_ERROR(LaunchSwiGlu(t, mlp_in_.get(), mlp_act_.get(), rows, inter, s));
       act = mlp_act_.get();
     } else {
       RETURN_IF_ERROR(LaunchGeluBias(t, mlp_in_.get(), L.b_in, rows, inter, s));
     }
-    RETURN_IF_ERROR(Matmul(act, L.w_out, x_.get(), rows, hidden, inter, 1.0f,
-                         false));
+    RETURN_IF_ERROR(Matmul(act, L.w_out, x_.get(), rows, hidden, inter, 1.0f, false));
     pending_bias = L.b_out;
   }
   if (has_head_) {
@@ -535,18 +534,17 @@ absl::Status CudaStage::Forward(int rows, int samples) {
       if (head_gemv && opt_.fold_norms && pending_bias == nullptr &&
           GemvNormSupported(samples, hidden)) {
         RETURN_IF_ERROR(GemvNorm(t, GemvEpilogue::kF32, llama, x_.get(), gather, final_norm_w_,
-                                 head_fold_, c_.norm_eps, lm_head_, nullptr, logits_.get(),
-                                 samples, c_.vocab_size, hidden, s, pdl()));
+                                 head_fold_, c_.norm_eps, lm_head_, nullptr, logits_.get(), samples,
+                                 c_.vocab_size, hidden, s, pdl()));
       } else {
         RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, final_norm_w_, final_norm_b_,
-                                   gather, head_in_.get(), samples, hidden, c_.norm_eps, s,
-                                   pdl()));
+                                   gather, head_in_.get(), samples, hidden, c_.norm_eps, s, pdl()));
         if (head_gemv) {
           RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kF32, head_in_.get(), lm_head_, nullptr,
                                logits_.get(), samples, c_.vocab_size, hidden, s));
         } else {
-          RETURN_IF_ERROR(Matmul(head_in_.get(), lm_head_, logits_.get(), samples,
-                               c_.vocab_size, hidden, 0.0f, true));
+          RETURN_IF_ERROR(Matmul(head_in_.get(), lm_head_, logits_.get(), samples, c_.vocab_size,
+                                 hidden, 0.0f, true));
         }
       }
       SamplingArrays p{DevIn<float>(layout_.temperature), DevIn<int32_t>(layout_.top_k),

@@ -264,9 +264,12 @@ cudaError_t LaunchForRows(int m, const void* x, const void* w, const void* bias,
   constexpr int R1 = E == GemvEpilogue::kSwiGlu ? 2 : 1;
   constexpr int R2 = 2;
   switch (m) {
-    case 1: return Launch<T, 1, R1, E, N>(x, w, bias, y, n, k, norm, stream, pdl);
-    case 2: return Launch<T, 2, R1, E, N>(x, w, bias, y, n, k, norm, stream, pdl);
-    case 4: return Launch<T, 4, R2, E, N>(x, w, bias, y, n, k, norm, stream, pdl);
+    case 1:
+      return Launch<T, 1, R1, E, N>(x, w, bias, y, n, k, norm, stream, pdl);
+    case 2:
+      return Launch<T, 2, R1, E, N>(x, w, bias, y, n, k, norm, stream, pdl);
+    case 4:
+      return Launch<T, 4, R2, E, N>(x, w, bias, y, n, k, norm, stream, pdl);
     default:
       if constexpr (N == NormKind::kNone) {
         return Launch<T, 8, R2, E, N>(x, w, bias, y, n, k, norm, stream, pdl);
@@ -293,8 +296,7 @@ cudaError_t LaunchEpilogue(GemvEpilogue epilogue, int m, const void* x, const vo
     case GemvEpilogue::kGelu:
       return LaunchForRows<T, GemvEpilogue::kGelu, N>(m, x, w, bias, y, n, k, norm, stream, pdl);
     case GemvEpilogue::kSwiGlu:
-      return LaunchForRows<T, GemvEpilogue::kSwiGlu, N>(m, x, w, bias, y, n, k, norm, stream,
-                                                        pdl);
+      return LaunchForRows<T, GemvEpilogue::kSwiGlu, N>(m, x, w, bias, y, n, k, norm, stream, pdl);
     case GemvEpilogue::kF32:
       return LaunchForRows<T, GemvEpilogue::kF32, N>(m, x, w, bias, y, n, k, norm, stream, pdl);
   }
@@ -353,7 +355,8 @@ absl::Status GemvNorm(DType dtype, GemvEpilogue epilogue, bool rms, const void* 
   if (!GemvNormSupported(rows, in)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GEMV with a folded norm takes 1, 2 or 4 rows and an input width that is a multiple of 8 "
-        "and at most ", kGemvNormMaxIn, ", got rows ", rows, ", in ", in));
+        "and at most ",
+        kGemvNormMaxIn, ", got rows ", rows, ", in ", in));
   }
   if (out < 1) return absl::InvalidArgumentError(absl::StrCat("GEMV output width ", out, " < 1"));
   if (epilogue == GemvEpilogue::kResidual) {
@@ -383,8 +386,8 @@ absl::Status GemvNorm(DType dtype, GemvEpilogue epilogue, bool rms, const void* 
       CUDA_CHECK((LaunchEpilogue<T, NormKind::kRms>(epilogue, rows, x, w, bias, y, out, in, norm,
                                                     stream, pdl)));
     } else {
-      CUDA_CHECK((LaunchEpilogue<T, NormKind::kLayer>(epilogue, rows, x, w, bias, y, out, in,
-                                                      norm, stream, pdl)));
+      CUDA_CHECK((LaunchEpilogue<T, NormKind::kLayer>(epilogue, rows, x, w, bias, y, out, in, norm,
+                                                      stream, pdl)));
     }
   });
   CUDA_CHECK_LAUNCH();

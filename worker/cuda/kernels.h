@@ -63,11 +63,11 @@ absl::Status LaunchQkvRopeCache(DType dtype, const void* qkv, const void* bias, 
 // are combined by a second kernel, or, when `counters` is given (rows * num_kv_heads zeros, left
 // zero after the call), by the last block of each (row, kv head) in the same kernel; with one
 // split that kernel writes `out` directly. The same arithmetic either way.
-absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache,
-                             const void* v_cache, const int32_t* positions, const int32_t* slots,
-                             float* partials, void* out, int rows, int num_heads,
-                             int num_kv_heads, int head_dim, int seq_capacity, int splits,
-                             cudaStream_t stream, uint32_t* counters = nullptr, bool pdl = false);
+absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache, const void* v_cache,
+                             const int32_t* positions, const int32_t* slots, float* partials,
+                             void* out, int rows, int num_heads, int num_kv_heads, int head_dim,
+                             int seq_capacity, int splits, cudaStream_t stream,
+                             uint32_t* counters = nullptr, bool pdl = false);
 // Floats of partials that LaunchAttention needs.
 size_t AttentionPartialFloats(int rows, int num_heads, int head_dim, int splits);
 // Largest num_heads / num_kv_heads * head_dim the attention kernel handles.
@@ -88,10 +88,11 @@ absl::Status Gemm(cublasHandle_t handle, DType dtype, const void* x, const void*
                   int rows, int out, int in, float beta, bool y_f32);
 
 // The same product through cuBLASLt with one algorithm pinned per shape (dtype, out, in, output
-// type), chosen once by Prepare without split-K (and at most 1 KiB of workspace) and checked valid for row
-// counts from 1 to 2048: each output is then summed by one thread block in one order whatever the
-// number of rows, so a row's result does not depend on which other rows share the product (what
-// cublasGemmEx, which picks kernels by size, does not promise). For the batch-invariant mode.
+// type), chosen once by Prepare without split-K (and at most 1 KiB of workspace) and checked valid
+// for row counts from 1 to 2048: each output is then summed by one thread block in one order
+// whatever the number of rows, so a row's result does not depend on which other rows share the
+// product (what cublasGemmEx, which picks kernels by size, does not promise). For the
+// batch-invariant mode.
 class FixedAlgoGemm {
  public:
   static absl::StatusOr<std::unique_ptr<FixedAlgoGemm>> Create(cudaStream_t stream);
@@ -135,10 +136,11 @@ absl::Status Gemv(DType dtype, GemvEpilogue epilogue, const void* x, const void*
 // The same with the norm in front folded in: x rows (gather ? gather[i] : i) of the residual
 // stream (.., in) are normalised inside the product with LaunchNorm's formulas (fp32 statistics,
 // eps inside the root; no pending bias) but without rounding the normalised row to dtype: the
-// result differs from LaunchNorm then Gemv by about one rounding of each normalised element. RMSNorm (rms == true)
-// with norm_w (in); LayerNorm with norm_w and the precomputed `layer_norm` terms of w. Takes rows in
-// {1, 2, 4}, in % 8 == 0, in <= kGemvNormMaxIn (see GemvNormSupported), every epilogue but
-// kResidual (which writes the stream it would normalise); x, w and norm_w 16-byte aligned.
+// result differs from LaunchNorm then Gemv by about one rounding of each normalised element.
+// RMSNorm (rms == true) with norm_w (in); LayerNorm with norm_w and the precomputed `layer_norm`
+// terms of w. Takes rows in {1, 2, 4}, in % 8 == 0, in <= kGemvNormMaxIn (see GemvNormSupported),
+// every epilogue but kResidual (which writes the stream it would normalise); x, w and norm_w
+// 16-byte aligned.
 constexpr int kGemvNormMaxIn = 8192;
 bool GemvNormSupported(int rows, int in);
 // A LayerNorm (weight g, bias b) folded into the projection w (w_rows, in): fp32 (w_rows) each,

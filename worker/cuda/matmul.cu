@@ -6,7 +6,6 @@
 #include <array>
 
 #include "absl/strings/str_cat.h"
-
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/kernels.h"
 
@@ -85,8 +84,10 @@ absl::Status FixedAlgoGemm::Prepare(DType dtype, int out, int in, bool y_f32) {
   const cudaDataType_t t = CudaType(dtype), yt = y_f32 ? CUDA_R_32F : t;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   // Column-major, as Gemm above: A = w read as (in, out) transposed, B = x as (in, rows), C = y
   // as (out, rows).
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, t, in, out, in));
@@ -105,8 +106,8 @@ absl::Status FixedAlgoGemm::Prepare(DType dtype, int out, int in, bool y_f32) {
   }
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS) {
-    return absl::InternalError(absl::StrCat("cublasLtMatmulAlgoGetHeuristic: ",
-                                            cublasGetStatusString(st)));
+    return absl::InternalError(
+        absl::StrCat("cublasLtMatmulAlgoGetHeuristic: ", cublasGetStatusString(st)));
   }
   // The first algorithm that, with its K dimension in one piece (no split-K, so each output is
   // summed by one thread block in one order), is valid at every checked row count without
@@ -122,8 +123,8 @@ absl::Status FixedAlgoGemm::Prepare(DType dtype, int out, int in, bool y_f32) {
       const uint32_t one = 1, none = CUBLASLT_REDUCTION_SCHEME_NONE;
       if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one,
                                                sizeof(one)) != CUBLAS_STATUS_SUCCESS ||
-          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                                               &none, sizeof(none)) != CUBLAS_STATUS_SUCCESS) {
+          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none,
+                                               sizeof(none)) != CUBLAS_STATUS_SUCCESS) {
         absl::StrAppend(&refused, " #", i, ": split-K ", splits, " cannot be turned off;");
         continue;
       }
@@ -132,8 +133,8 @@ absl::Status FixedAlgoGemm::Prepare(DType dtype, int out, int in, bool y_f32) {
     for (int r : kCheckRows) {
       const uint64_t rows = static_cast<uint64_t>(r);  // cuBLASLt's type for a layout's size
       cublasLtMatmulHeuristicResult_t check{};
-      cublasStatus_t cs = cublasLtMatrixLayoutSetAttribute(p->b, CUBLASLT_MATRIX_LAYOUT_COLS,
-                                                           &rows, sizeof(rows));
+      cublasStatus_t cs =
+          cublasLtMatrixLayoutSetAttribute(p->b, CUBLASLT_MATRIX_LAYOUT_COLS, &rows, sizeof(rows));
       if (cs == CUBLAS_STATUS_SUCCESS) {
         cs = cublasLtMatrixLayoutSetAttribute(p->c, CUBLASLT_MATRIX_LAYOUT_COLS, &rows,
                                               sizeof(rows));
@@ -142,8 +143,8 @@ absl::Status FixedAlgoGemm::Prepare(DType dtype, int out, int in, bool y_f32) {
         cs = cublasLtMatmulAlgoCheck(handle_, p->desc, p->a, p->b, p->c, p->c, &algo, &check);
       }
       if (cs != CUBLAS_STATUS_SUCCESS) {
-        why = absl::StrCat(" #", i, " (split-K ", splits, "): ", r, " rows: ",
-                           cublasGetStatusString(cs), ";");
+        why = absl::StrCat(" #", i, " (split-K ", splits, "): ", r,
+                           " rows: ", cublasGetStatusString(cs), ";");
         break;
       }
       if (check.workspaceSize > kWorkspaceBytes) {
@@ -159,9 +160,11 @@ absl::Status FixedAlgoGemm::Prepare(DType dtype, int out, int in, bool y_f32) {
     }
     refused += why;
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "cuBLASLt offers no algorithm without split-K and a workspace of at most 1 KiB that is valid for every row "
-      "count, for a GEMM of out ", out, ", in ", in, " (", count, " candidates:", refused, ")"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("cuBLASLt offers no algorithm without split-K and a workspace of at most 1 KiB "
+                   "that is valid for every row "
+                   "count, for a GEMM of out ",
+                   out, ", in ", in, " (", count, " candidates:", refused, ")"));
 }
 
 absl::Status FixedAlgoGemm::Run(DType dtype, const void* x, const void* w, void* y, int rows,
@@ -169,15 +172,15 @@ absl::Status FixedAlgoGemm::Run(DType dtype, const void* x, const void* w, void*
   if (rows == 0) return absl::OkStatus();
   auto it = plans_.find(Key{static_cast<int>(dtype), out, in, y_f32});
   if (it == plans_.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("no prepared GEMM plan for out ", out, ", in ", in, y_f32 ? " (fp32 out)" : ""));
+    return absl::FailedPreconditionError(absl::StrCat("no prepared GEMM plan for out ", out,
+                                                      ", in ", in, y_f32 ? " (fp32 out)" : ""));
   }
   Plan& p = *it->second;
   const uint64_t cols = static_cast<uint64_t>(rows);  // cuBLASLt's type for a layout's size
-  CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(p.b, CUBLASLT_MATRIX_LAYOUT_COLS, &cols,
-                                                sizeof(cols)));
-  CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(p.c, CUBLASLT_MATRIX_LAYOUT_COLS, &cols,
-                                                sizeof(cols)));
+  CUBLAS_CHECK(
+      cublasLtMatrixLayoutSetAttribute(p.b, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof(cols)));
+  CUBLAS_CHECK(
+      cublasLtMatrixLayoutSetAttribute(p.c, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof(cols)));
   const float alpha = 1.0f;
   CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,
                               &p.algo, workspace_, kWorkspaceBytes, stream_));

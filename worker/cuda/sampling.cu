@@ -284,8 +284,7 @@ SampleKernel(const float* __restrict__ logits, float* __restrict__ probs, Sampli
 }  // namespace
 
 absl::Status LaunchSample(const float* logits, float* probs, SamplingArrays params,
-                          int32_t* tokens_out, int rows, int vocab, cudaStream_t stream,
-                          bool pdl) {
+                          int32_t* tokens_out, int rows, int vocab, cudaStream_t stream, bool pdl) {
   if (rows == 0) return absl::OkStatus();
   CUDA_CHECK(LaunchKernel(SampleKernel, dim3(rows), dim3(kThreads), 0, stream, pdl, logits, probs,
                           params, tokens_out, vocab));

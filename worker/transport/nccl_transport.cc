@@ -175,7 +175,8 @@ absl::Status JoinDataComm(int device, int rank, int world, const ncclUniqueId& i
       const ncclResult_t end = ncclGroupEnd();
       if (g == ncclSuccess) g = end;
     }
-    if (g != ncclSuccess) st = NcclError(g, "connecting the data communicator", __FILE__, __LINE__, comm);
+    if (g != ncclSuccess)
+      st = NcclError(g, "connecting the data communicator", __FILE__, __LINE__, comm);
   }
   if (st.ok()) {
     const cudaError_t e = cudaEventRecord(done.get(), stream.get());
@@ -216,7 +217,7 @@ struct NcclTransport::State {
   NcclTransportOptions opt;
   ncclComm_t root = nullptr;  // the non-blocking communicator every rank joined; aborts and joins
   ncclComm_t data = nullptr;  // the blocking communicator every frame moves on
-  absl::Status broken;  // OK while the communicators are usable; the abort's reason after
+  absl::Status broken;        // OK while the communicators are usable; the abort's reason after
   cuda::Stream comm_stream;  // every ncclSend/ncclRecv, in issue order
   cuda::Stream copy_stream;  // staging copies into send buffers, never behind a waiting send
 
@@ -347,9 +348,9 @@ struct NcclTransport::State {
       slot.in_flight = false;
     }
     if (kHeaderRegion + bytes > slot.frame.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a ", KindName(kind), " frame of ", bytes, " bytes exceeds the send buffer of ",
-          slot.frame.size() - kHeaderRegion, " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat("a ", KindName(kind), " frame of ", bytes,
+                                                     " bytes exceeds the send buffer of ",
+                                                     slot.frame.size() - kHeaderRegion, " bytes"));
     }
     FrameHeader* h = slot.host_header.as<FrameHeader>();
     *h = FrameHeader{kFrameMagic, step_id, rows, cols, kind,

@@ -236,8 +236,8 @@ void CheckAttention(DType t, float tol, int head_dim, int heads, int kv_heads, i
       ASSERT_EQ(cudaMemset(fused.get(), 0xff, rows * q_dim * 2), cudaSuccess);  // NaN
       ASSERT_TRUE(LaunchAttention(t, dq.get(), dk.get(), dv.get(), dpos.as<int32_t>(),
                                   dslot.as<int32_t>(), part.as<float>(), fused.get(), rows, heads,
-                                  kv_heads, head_dim, cap, splits, nullptr,
-                                  counters.as<uint32_t>(), false)
+                                  kv_heads, head_dim, cap, splits, nullptr, counters.as<uint32_t>(),
+                                  false)
                       .ok());
       const std::vector<float> got = Download(t, fused, rows * q_dim);
       for (size_t i = 0; i < got.size(); ++i) {
@@ -513,12 +513,18 @@ struct GemvNormCase {
 TEST_P(KernelTest, GemvWithFoldedNormMatchesNormThenProductOnCpu) {
   SKIP_WITHOUT_GPU();
   const std::vector<GemvNormCase> cases = {
-      {false, GemvEpilogue::kStore, 37, 768, false}, {false, GemvEpilogue::kGelu, 40, 768, false},
-      {false, GemvEpilogue::kSwiGlu, 13, 520, false}, {false, GemvEpilogue::kF32, 33, 768, true},
-      {false, GemvEpilogue::kStore, 21, 520, true},  {false, GemvEpilogue::kF32, 7, 8192, true},
-      {false, GemvEpilogue::kStore, 5, 64, true},    {true, GemvEpilogue::kStore, 37, 3200, false},
-      {true, GemvEpilogue::kGelu, 19, 520, true},    {true, GemvEpilogue::kSwiGlu, 24, 3200, false},
-      {true, GemvEpilogue::kSwiGlu, 6, 64, false},   {true, GemvEpilogue::kF32, 29, 3200, true},
+      {false, GemvEpilogue::kStore, 37, 768, false},
+      {false, GemvEpilogue::kGelu, 40, 768, false},
+      {false, GemvEpilogue::kSwiGlu, 13, 520, false},
+      {false, GemvEpilogue::kF32, 33, 768, true},
+      {false, GemvEpilogue::kStore, 21, 520, true},
+      {false, GemvEpilogue::kF32, 7, 8192, true},
+      {false, GemvEpilogue::kStore, 5, 64, true},
+      {true, GemvEpilogue::kStore, 37, 3200, false},
+      {true, GemvEpilogue::kGelu, 19, 520, true},
+      {true, GemvEpilogue::kSwiGlu, 24, 3200, false},
+      {true, GemvEpilogue::kSwiGlu, 6, 64, false},
+      {true, GemvEpilogue::kF32, 29, 3200, true},
       {true, GemvEpilogue::kStore, 11, 8192, false},
   };
   const float eps = 1e-5f;
@@ -582,14 +588,19 @@ TEST_P(KernelTest, GemvWithFoldedNormMatchesNormThenProductOnCpu) {
           float& out = want[r * n + o];
           switch (c.epilogue) {
             case GemvEpilogue::kStore:
-            case GemvEpilogue::kF32: out = v; break;
-            case GemvEpilogue::kGelu: out = GeluHost(RoundHost(t(), v)); break;
+            case GemvEpilogue::kF32:
+              out = v;
+              break;
+            case GemvEpilogue::kGelu:
+              out = GeluHost(RoundHost(t(), v));
+              break;
             case GemvEpilogue::kSwiGlu: {
               const double gg = RoundHost(t(), dot(o)), u = RoundHost(t(), dot(n + o));
               out = RoundHost(t(), gg / (1.0 + std::exp(-gg))) * u;
               break;
             }
-            case GemvEpilogue::kResidual: break;  // not folded
+            case GemvEpilogue::kResidual:
+              break;  // not folded
           }
         }
       }
@@ -666,8 +677,8 @@ TEST_P(KernelTest, ProgrammaticLaunchChainEqualsPlainLaunches) {
         ASSERT_TRUE(LaunchNorm(t(), rms, src.get(), nullptr, dnw.get(), dnb.get(), nullptr,
                                xn.get(), 1, k, 1e-5f, stream.get(), pdl == 1)
                         .ok());
-        ASSERT_TRUE(Gemv(t(), GemvEpilogue::kStore, xn.get(), dw.get(), nullptr, dst.get(), 1, k,
-                         k, stream.get())
+        ASSERT_TRUE(Gemv(t(), GemvEpilogue::kStore, xn.get(), dw.get(), nullptr, dst.get(), 1, k, k,
+                         stream.get())
                         .ok());
       } else {
         ASSERT_TRUE(GemvNorm(t(), GemvEpilogue::kStore, rms, src.get(), nullptr, dnw.get(), fold,
@@ -758,8 +769,8 @@ TEST(GemvNormTest, RejectsUnsupportedShapesAndMissingNormWeights) {
               HasSubstr("16-byte aligned"));
   EXPECT_THAT(call(GemvEpilogue::kStore, true, 1, 64, buf, {}, buf, 4, DType::kF32),
               HasSubstr("fp16 or bf16"));
-  const absl::Status s = ComputeLayerNormFold(DType::kF16, buf, buf, nullptr, 4, 64, terms, terms,
-                                              nullptr);
+  const absl::Status s =
+      ComputeLayerNormFold(DType::kF16, buf, buf, nullptr, 4, 64, terms, terms, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("bias"));
 }
