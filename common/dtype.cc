@@ -24,6 +24,13 @@ absl::StatusOr<DType> ParseDType(std::string_view name) {
       absl::StrCat("unsupported dtype \"", std::string(name), "\" (supported: F32, F16, BF16)"));
 }
 
+absl::StatusOr<DType> ParseHalfDTypeFlag(std::string_view name, std::string_view flag) {
+  absl::StatusOr<DType> t = ParseTorchDType(name);
+  if (t.ok() && *t != DType::kF32) return *t;
+  return absl::InvalidArgumentError(absl::StrCat(std::string(flag), ": '", std::string(name),
+                                                 "' (expected f16 or bf16)"));
+}
+
 std::string_view TorchDTypeName(DType t) {
   switch (t) {
     case DType::kF32: return "float32";

@@ -20,6 +20,9 @@ absl::StatusOr<DType> ParseDType(std::string_view name);  // safetensors names
 // torch_dtype spelling in config.json: "float32", "float16", "bfloat16".
 std::string_view TorchDTypeName(DType t);
 absl::StatusOr<DType> ParseTorchDType(std::string_view name);
+// A 2-byte activation type as a command-line flag gives it (f16, fp16, float16, half, bf16,
+// bfloat16); INVALID_ARGUMENT "<flag>: '<name>' (expected f16 or bf16)" otherwise.
+absl::StatusOr<DType> ParseHalfDTypeFlag(std::string_view name, std::string_view flag);
 
 // IEEE half <-> float, round to nearest even; handles subnormals, inf and NaN.
 uint16_t FloatToHalf(float f);

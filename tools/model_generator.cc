@@ -159,10 +159,10 @@ absl::Status Positive(int value, const char* flag) {
   return absl::OkStatus();
 }
 
+// torch spellings (f16, float16, ...) or safetensors ones (F16, ...).
 absl::StatusOr<DType> ParseDTypeFlag(std::string_view s) {
-  if (s == "f32" || s == "float32" || s == "F32") return DType::kF32;
-  if (s == "f16" || s == "float16" || s == "F16") return DType::kF16;
-  if (s == "bf16" || s == "bfloat16" || s == "BF16") return DType::kBF16;
+  if (absl::StatusOr<DType> t = ParseTorchDType(s); t.ok()) return t;
+  if (absl::StatusOr<DType> t = ParseDType(s); t.ok()) return t;
   return absl::InvalidArgumentError(
       absl::StrCat("--dtype must be f32, f16 or bf16, got '", std::string(s), "'"));
 }

@@ -44,5 +44,18 @@ TEST(DTypeTest, ParsesSafetensorsAndTorchNames) {
   EXPECT_NE(ParseDType("F8_E4M3").status().message().find("F8_E4M3"), std::string::npos);
 }
 
+TEST(DTypeTest, HalfDTypeFlagTakesTheTwoByteTypesAndNamesTheFlagOtherwise) {
+  EXPECT_EQ(*ParseHalfDTypeFlag("f16", "--dtype"), DType::kF16);
+  EXPECT_EQ(*ParseHalfDTypeFlag("float16", "--dtype"), DType::kF16);
+  EXPECT_EQ(*ParseHalfDTypeFlag("bf16", "--dtype"), DType::kBF16);
+  for (const char* bad : {"f32", "float32", "int8", ""}) {
+    absl::StatusOr<DType> t = ParseHalfDTypeFlag(bad, "--dtype");
+    ASSERT_FALSE(t.ok()) << bad;
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(t.status().message(),
+              std::string("--dtype: '") + bad + "' (expected f16 or bf16)");
+  }
+}
+
 }  // namespace
 }  // namespace tandem

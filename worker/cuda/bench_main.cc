@@ -110,12 +110,6 @@ void SetFusionFlags(CudaOptions& opt) {
   opt.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
 }
 
-absl::StatusOr<DType> ParseDTypeFlag(const std::string& s) {
-  if (s == "f16" || s == "fp16" || s == "float16") return DType::kF16;
-  if (s == "bf16" || s == "bfloat16") return DType::kBF16;
-  return absl::InvalidArgumentError("--dtype must be f16 or bf16, got " + s);
-}
-
 struct BatchResult {
   int batch;
   double prefill_s, prefill_tok_s, decode_ms_step, decode_tok_s, e2e_tok_s, gb_s;
@@ -140,7 +134,7 @@ StepDescriptor PrefillStep(int batch, int prompt, const ModelConfig& c, uint64_t
 absl::Status Bench() {
   const std::string model = absl::GetFlag(FLAGS_model);
   ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model));
-  ASSIGN_OR_RETURN(DType dtype, ParseDTypeFlag(absl::GetFlag(FLAGS_dtype)));
+  ASSIGN_OR_RETURN(DType dtype, ParseHalfDTypeFlag(absl::GetFlag(FLAGS_dtype), "--dtype"));
   std::vector<int> batches;
   for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_batch), ',')) {
     int b = 0;
@@ -289,7 +283,7 @@ absl::Status DumpLogits(const std::string& in_path, const std::string& out_path)
   }
   const std::string model = absl::GetFlag(FLAGS_model);
   ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model));
-  ASSIGN_OR_RETURN(DType dtype, ParseDTypeFlag(absl::GetFlag(FLAGS_dtype)));
+  ASSIGN_OR_RETURN(DType dtype, ParseHalfDTypeFlag(absl::GetFlag(FLAGS_dtype), "--dtype"));
   size_t longest = 1;
   for (const auto& p : prompts) {
     if (p.empty()) return absl::InvalidArgumentError(in_path + ": an empty prompt");

@@ -79,15 +79,13 @@ int main(int argc, char** argv) {
 #ifdef TANDEM_HAVE_CUDA
     tandem::CudaOptions options;
     options.device = absl::GetFlag(FLAGS_gpu);
-    const std::string dtype = absl::GetFlag(FLAGS_dtype);
-    if (dtype == "f16") {
-      options.dtype = tandem::DType::kF16;
-    } else if (dtype == "bf16") {
-      options.dtype = tandem::DType::kBF16;
-    } else {
-      spdlog::error("--dtype: '{}' (expected f16 or bf16)", dtype);
+    absl::StatusOr<tandem::DType> dtype =
+        tandem::ParseHalfDTypeFlag(absl::GetFlag(FLAGS_dtype), "--dtype");
+    if (!dtype.ok()) {
+      spdlog::error("{}", std::string(dtype.status().message()));
       return 2;
     }
+    options.dtype = *dtype;
     const double kv = absl::GetFlag(FLAGS_kv_memory_fraction);
     if (!(kv > 0.0 && kv <= 1.0)) {
       spdlog::error("--kv_memory_fraction: {} (expected a share in (0, 1])", kv);

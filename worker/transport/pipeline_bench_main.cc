@@ -66,12 +66,6 @@ double Ms(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-absl::StatusOr<DType> ParseDTypeFlag(const std::string& s) {
-  if (s == "f16" || s == "fp16" || s == "float16") return DType::kF16;
-  if (s == "bf16" || s == "bfloat16") return DType::kBF16;
-  return absl::InvalidArgumentError("--dtype must be f16 or bf16, got " + s);
-}
-
 absl::StatusOr<std::vector<int>> ParseBatches(const std::string& flag) {
   std::vector<int> batches;
   for (absl::string_view part : absl::StrSplit(flag, ',')) {
@@ -289,7 +283,7 @@ absl::StatusOr<int> Run() {
     return absl::InvalidArgumentError(absl::StrCat("--world ", world, " exceeds the model's ",
                                                    c.num_layers, " layers"));
   }
-  ASSIGN_OR_RETURN(DType dtype, ParseDTypeFlag(absl::GetFlag(FLAGS_dtype)));
+  ASSIGN_OR_RETURN(DType dtype, ParseHalfDTypeFlag(absl::GetFlag(FLAGS_dtype), "--dtype"));
   ASSIGN_OR_RETURN(std::vector<int> batches, ParseBatches(absl::GetFlag(FLAGS_batch)));
   const int prompt = absl::GetFlag(FLAGS_prompt), new_tokens = absl::GetFlag(FLAGS_new_tokens);
   if (prompt < 1 || new_tokens < 1) {
