@@ -27,8 +27,8 @@ absl::StatusOr<DType> ParseDType(std::string_view name) {
 absl::StatusOr<DType> ParseHalfDTypeFlag(std::string_view name, std::string_view flag) {
   absl::StatusOr<DType> t = ParseTorchDType(name);
   if (t.ok() && *t != DType::kF32) return *t;
-  return absl::InvalidArgumentError(absl::StrCat(std::string(flag), ": '", std::string(name),
-                                                 "' (expected f16 or bf16)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(flag), ": '", std::string(name), "' (expected f16 or bf16)"));
 }
 
 std::string_view TorchDTypeName(DType t) {

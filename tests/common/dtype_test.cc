@@ -52,8 +52,7 @@ TEST(DTypeTest, HalfDTypeFlagTakesTheTwoByteTypesAndNamesTheFlagOtherwise) {
     absl::StatusOr<DType> t = ParseHalfDTypeFlag(bad, "--dtype");
     ASSERT_FALSE(t.ok()) << bad;
     EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(t.status().message(),
-              std::string("--dtype: '") + bad + "' (expected f16 or bf16)");
+    EXPECT_EQ(t.status().message(), std::string("--dtype: '") + bad + "' (expected f16 or bf16)");
   }
 }
 
