@@ -9,11 +9,15 @@
 // holds, per prompt, the last-position logits after prefill ("logits"), N greedy tokens and the
 // logits of the decode step that chose the last of them ("final_logits").
 //
+// GEMV sweep: --gemv_sweep times the GEMV kernels alone on the model's decode projections at the
+// --batch row counts (1, 2, 4, 8) for every launch shape (gemv_sweep.h); needs only config.json.
+//
 // usage: tandem-bench --model DIR [--batch 1,8,64] [--prompt 128] [--new 128] [--dtype f16]
 //        [--graphs=true] [--gemv_max_rows 4] [--decode_pdl] [--fold_norms] [--attention_combine]
-//        [--batch_invariant]
+//        [--qkv_cache_epilogue] [--gemv_rows_per_warp 0] [--gemv_k_split 0] [--batch_invariant]
 //        [--json OUT.json]
 //        | --model DIR [--dtype f16] --dump_logits IN.json OUT.json
+//        | --model DIR [--dtype f16] [--batch 1,2,4] --gemv_sweep [--json OUT.json]
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -33,7 +37,9 @@
 #include "common/rng.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage.h"
+#include "worker/cuda/gemv_sweep.h"
 
 ABSL_FLAG(std::string, model, "", "checkpoint folder (config.json + safetensors)");
 ABSL_FLAG(std::string, batch, "1,64", "comma-separated batch sizes");
@@ -49,6 +55,14 @@ ABSL_FLAG(bool, fold_norms, tandem::CudaOptions{}.fold_norms,
           "fold the norms into the GEMVs of GEMV-sized passes (CudaOptions::fold_norms)");
 ABSL_FLAG(bool, attention_combine, tandem::CudaOptions{}.attention_combine,
           "combine attention key splits in the attention kernel (CudaOptions::attention_combine)");
+ABSL_FLAG(bool, qkv_cache_epilogue, tandem::CudaOptions{}.qkv_cache_epilogue,
+          "the QKV GEMV writes q and the KV-cache itself (CudaOptions::qkv_cache_epilogue)");
+ABSL_FLAG(int, gemv_rows_per_warp, 0,
+          "GEMV weight rows per warp, 1 or 2; 0: per shape (CudaOptions::gemv_rows_per_warp)");
+ABSL_FLAG(int, gemv_k_split, 0,
+          "GEMV warps dividing K, 1, 2 or 4; 0: per shape (CudaOptions::gemv_k_split)");
+ABSL_FLAG(bool, gemv_sweep, false,
+          "time the GEMV kernels alone on the model's projections for every launch shape");
 ABSL_FLAG(bool, batch_invariant, false,
           "results independent of the batch: pinned GEMM algorithms, no GEMV, unsplit attention "
           "(CudaOptions::batch_invariant)");
@@ -108,6 +122,9 @@ void SetFusionFlags(CudaOptions& opt) {
   opt.fold_norms = absl::GetFlag(FLAGS_fold_norms);
   opt.attention_combine = absl::GetFlag(FLAGS_attention_combine);
   opt.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  opt.qkv_cache_epilogue = absl::GetFlag(FLAGS_qkv_cache_epilogue);
+  opt.gemv_rows_per_warp = absl::GetFlag(FLAGS_gemv_rows_per_warp);
+  opt.gemv_k_split = absl::GetFlag(FLAGS_gemv_k_split);
 }
 
 struct BatchResult {
@@ -131,10 +148,7 @@ StepDescriptor PrefillStep(int batch, int prompt, const ModelConfig& c, uint64_t
   return step;
 }
 
-absl::Status Bench() {
-  const std::string model = absl::GetFlag(FLAGS_model);
-  ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model));
-  ASSIGN_OR_RETURN(DType dtype, ParseHalfDTypeFlag(absl::GetFlag(FLAGS_dtype), "--dtype"));
+absl::StatusOr<std::vector<int>> BatchSizes() {
   std::vector<int> batches;
   for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_batch), ',')) {
     int b = 0;
@@ -143,6 +157,27 @@ absl::Status Bench() {
     }
     batches.push_back(b);
   }
+  return batches;
+}
+
+absl::Status GemvSweep() {
+  const std::string model = absl::GetFlag(FLAGS_model);
+  ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model));
+  ASSIGN_OR_RETURN(DType dtype, ParseHalfDTypeFlag(absl::GetFlag(FLAGS_dtype), "--dtype"));
+  ASSIGN_OR_RETURN(std::vector<int> rows, BatchSizes());
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("GEMV sweep: model %s (%s, hidden %d), %s, device %s\n\n", model.c_str(),
+              std::string(ArchName(c.arch)).c_str(), c.hidden_size,
+              std::string(DTypeName(dtype)).c_str(), prop.name);
+  return RunGemvSweep(c, dtype, rows, absl::GetFlag(FLAGS_json));
+}
+
+absl::Status Bench() {
+  const std::string model = absl::GetFlag(FLAGS_model);
+  ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model));
+  ASSIGN_OR_RETURN(DType dtype, ParseHalfDTypeFlag(absl::GetFlag(FLAGS_dtype), "--dtype"));
+  ASSIGN_OR_RETURN(std::vector<int> batches, BatchSizes());
   const int prompt = absl::GetFlag(FLAGS_prompt), new_tokens = absl::GetFlag(FLAGS_new_tokens);
   if (prompt < 1 || new_tokens < 1) {
     return absl::InvalidArgumentError("--prompt and --new_tokens must be >= 1");
@@ -217,11 +252,12 @@ absl::Status Bench() {
   std::printf(
       "model %s (%s, %d layers, hidden %d), %s, prompt %d, new %d, graphs %s, "
       "gemv_max_rows %d, decode_pdl %s, fold_norms %s, attention_combine %s, "
-      "batch_invariant %s\n",
+      "qkv_cache_epilogue %s, gemv rows/warp %d, gemv K split %d, batch_invariant %s\n",
       model.c_str(), std::string(ArchName(c.arch)).c_str(), c.num_layers, c.hidden_size,
       std::string(DTypeName(dtype)).c_str(), prompt, steps, opt.cuda_graphs ? "on" : "off",
       opt.gemv_max_rows, opt.decode_pdl ? "on" : "off", opt.fold_norms ? "on" : "off",
-      opt.attention_combine ? "on" : "off", opt.batch_invariant ? "on" : "off");
+      opt.attention_combine ? "on" : "off", opt.qkv_cache_epilogue ? "on" : "off",
+      opt.gemv_rows_per_warp, opt.gemv_k_split, opt.batch_invariant ? "on" : "off");
   std::printf("device %s, copy bandwidth %.0f GB/s (read + write), load %.1f s, GPU memory in use "
               "%.2f GiB\n\n", prop.name, copy_bw / 1e9, load_s, used_gib);
   std::printf("| batch | prefill tok/s | decode ms/step | decode tok/s | end-to-end tok/s | "
@@ -245,6 +281,9 @@ absl::Status Bench() {
     j["fold_norms"] = opt.fold_norms;
     j["attention_combine"] = opt.attention_combine;
     j["batch_invariant"] = opt.batch_invariant;
+    j["qkv_cache_epilogue"] = opt.qkv_cache_epilogue;
+    j["gemv_rows_per_warp"] = opt.gemv_rows_per_warp;
+    j["gemv_k_split"] = opt.gemv_k_split;
     j["copy_bandwidth_gb_s"] = copy_bw / 1e9;
     j["gpu_memory_used_bytes"] = total_b - free_b;
     j["weight_bytes_per_step"] = weight_bytes;
@@ -361,6 +400,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     st = tandem::DumpLogits(dump_in, rest[1]);
+  } else if (absl::GetFlag(FLAGS_gemv_sweep)) {
+    st = tandem::GemvSweep();
   } else {
     st = tandem::Bench();
   }

@@ -195,6 +195,15 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat("kv_memory_fraction must be in (0, 1], got ",
                                                    opt_.kv_memory_fraction));
   }
+  if (opt_.gemv_rows_per_warp < 0 || opt_.gemv_rows_per_warp > 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gemv_rows_per_warp must be 0 (per shape), 1 or 2, got ", opt_.gemv_rows_per_warp));
+  }
+  if (opt_.gemv_k_split != 0 && opt_.gemv_k_split != 1 && opt_.gemv_k_split != 2 &&
+      opt_.gemv_k_split != 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gemv_k_split must be 0 (per shape), 1, 2 or 4, got ", opt_.gemv_k_split));
+  }
   if (spec.max_slots < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_slots must be >= 1, got ", spec.max_slots));
   }
@@ -452,6 +461,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
     return p;
   };
   uint32_t* counters = opt_.attention_combine ? attn_counters_.as<uint32_t>() : nullptr;
+  const GemvTuning tuning{opt_.gemv_rows_per_warp, opt_.gemv_k_split};
   if (has_embedding_) {
     RETURN_IF_ERROR(LaunchEmbedding(t, DevIn<int32_t>(layout_.tokens), positions, tok_embedding_,
                                     pos_embedding_, x_.get(), rows, hidden, s, pdl()));
@@ -468,24 +478,40 @@ absl::Status CudaStage::Forward(int rows, int samples) {
     } else {
       RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, L.attn_norm_w, L.attn_norm_b,
                                  nullptr, xn_.get(), rows, hidden, c_.norm_eps, s, pdl()));
-      if (gemv) {
+      if (gemv && opt_.qkv_cache_epilogue) {
+        QkvCacheArgs cache;
+        cache.q_out = q_.get();
+        cache.k_cache = KCache(l);
+        cache.v_cache = VCache(l);
+        cache.positions = positions;
+        cache.slots = slots;
+        cache.num_heads = c_.num_heads;
+        cache.num_kv_heads = c_.num_kv_heads;
+        cache.head_dim = c_.head_dim;
+        cache.seq_capacity = seq_capacity_;
+        cache.rope = llama;
+        cache.rope_theta = c_.rope_theta;
+        RETURN_IF_ERROR(GemvQkvCache(t, xn_.get(), L.wqkv, L.bqkv, cache, rows, hidden, s, tuning));
+      } else if (gemv) {
         RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kStore, xn_.get(), L.wqkv, L.bqkv, qkv_.get(), rows,
-                             qkv_cols, hidden, s));
+                             qkv_cols, hidden, s, tuning));
       } else {
         RETURN_IF_ERROR(Matmul(xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols, hidden, 0.0f, false));
       }
     }
-    RETURN_IF_ERROR(LaunchQkvRopeCache(t, qkv_.get(), gemv ? nullptr : L.bqkv, q_.get(), KCache(l),
-                                       VCache(l), positions, slots, rows, c_.num_heads,
-                                       c_.num_kv_heads, c_.head_dim, seq_capacity_, llama,
-                                       c_.rope_theta, s, pdl()));
+    if (fold_norm || !gemv || !opt_.qkv_cache_epilogue) {
+      RETURN_IF_ERROR(LaunchQkvRopeCache(t, qkv_.get(), gemv ? nullptr : L.bqkv, q_.get(),
+                                         KCache(l), VCache(l), positions, slots, rows, c_.num_heads,
+                                         c_.num_kv_heads, c_.head_dim, seq_capacity_, llama,
+                                         c_.rope_theta, s, pdl()));
+    }
     RETURN_IF_ERROR(LaunchAttention(t, q_.get(), KCache(l), VCache(l), positions, slots,
                                     partials_.as<float>(), attn_.get(), rows, c_.num_heads,
                                     c_.num_kv_heads, c_.head_dim, seq_capacity_, splits, s,
                                     counters, pdl()));
     if (gemv) {
       RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, attn_.get(), L.wo, L.bo, x_.get(), rows,
-                           hidden, c_.q_dim(), s));
+                           hidden, c_.q_dim(), s, tuning));
     } else {
       RETURN_IF_ERROR(Matmul(attn_.get(), L.wo, x_.get(), rows, hidden, c_.q_dim(), 1.0f, false));
     }
@@ -507,11 +533,11 @@ absl::Status CudaStage::Forward(int rows, int samples) {
                                  pdl()));
       } else {
         RETURN_IF_ERROR(
-            Gemv(t, in_epilogue, mlp_x, L.w_in, in_bias, in_out, rows, inter, hidden, s));
+            Gemv(t, in_epilogue, mlp_x, L.w_in, in_bias, in_out, rows, inter, hidden, s, tuning));
       }
       act = in_out;
       RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, act, L.w_out, L.b_out, x_.get(), rows,
-                           hidden, inter, s));
+                           hidden, inter, s, tuning));
       pending_bias = nullptr;
       continue;
     }
@@ -541,7 +567,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
                                    gather, head_in_.get(), samples, hidden, c_.norm_eps, s, pdl()));
         if (head_gemv) {
           RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kF32, head_in_.get(), lm_head_, nullptr,
-                               logits_.get(), samples, c_.vocab_size, hidden, s));
+                               logits_.get(), samples, c_.vocab_size, hidden, s, tuning));
         } else {
           RETURN_IF_ERROR(Matmul(head_in_.get(), lm_head_, logits_.get(), samples, c_.vocab_size,
                                  hidden, 0.0f, true));

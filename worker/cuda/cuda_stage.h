@@ -42,6 +42,14 @@ struct CudaOptions {
   bool decode_pdl = false;
   bool fold_norms = false;
   bool attention_combine = true;
+  // On GEMV-sized passes the QKV projection writes q and the KV-cache itself, rotary embedding
+  // included (cuda::GemvQkvCache), instead of a separate split/rotate kernel; the same bits.
+  bool qkv_cache_epilogue = true;
+  // GEMV launch shape for every projection of a GEMV-sized pass (cuda::GemvTuning): weight rows
+  // per warp (1 or 2) and warps per row group dividing K (1, 2 or 4); 0 leaves each to the
+  // per-shape choice. For measurements.
+  int gemv_rows_per_warp = 0;
+  int gemv_k_split = 0;
 };
 
 // True when a usable CUDA device is present (tests skip otherwise).

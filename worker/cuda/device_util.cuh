@@ -69,6 +69,31 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
   return WarpMax(v);
 }
 
+// Element offset of (slot, kv_head, pos, 0) in a KV-cache laid out (slots, kv_heads, capacity,
+// head_dim).
+__device__ __forceinline__ size_t KvCacheOffset(int slot, int kv_head, int pos, int num_kv_heads,
+                                                int seq_capacity, int head_dim) {
+  return ((static_cast<size_t>(slot) * num_kv_heads + kv_head) * seq_capacity + pos) * head_dim;
+}
+
+// Rotary embedding of the pair (x1, x2) = (x[i], x[i + head_dim / 2]) of one head at position
+// pos, as Hugging Face Llama's rotate-half form in T: inv_freq and the angle in fp32, cos and sin
+// rounded to T, then q·cos + rotate_half(q)·sin with each product and the sum rounded to T (every
+// operation of that expression is a T tensor there). Every kernel that rotates calls this, so
+// they agree bit for bit.
+template <typename T>
+__device__ __forceinline__ void RotateHalfPair(float& x1, float& x2, int pos, int i, int head_dim,
+                                               float theta) {
+  const float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * i) / head_dim);
+  const float angle = static_cast<float>(pos) * inv_freq;
+  const float c = RoundTo<T>(cosf(angle)), s = RoundTo<T>(sinf(angle));
+  // A product of two 2-byte floats is exact in fp32, so each rounds once, as in T.
+  const float y1 = RoundTo<T>(RoundTo<T>(x1 * c) - RoundTo<T>(x2 * s));
+  const float y2 = RoundTo<T>(RoundTo<T>(x2 * c) + RoundTo<T>(x1 * s));
+  x1 = y1;
+  x2 = y2;
+}
+
 // Programmatic dependent launch (sm_90). A kernel calls AllowDependentLaunch() first thing, so
 // that the next kernel of the stream, when launched with the programmatic-serialization attribute
 // (see LaunchKernel), can start and prefetch its weights while this one runs; that kernel calls

@@ -17,6 +17,7 @@
 // the statistics in the same order, so the result does not depend on the grid. The normalised x is
 // never rounded to the activation type, which the norm kernel's output is: the two paths differ
 // by about one rounding of each normalised element.
+#include "common/status_macros.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/device_util.cuh"
 #include "worker/cuda/kernels.h"
@@ -61,39 +62,70 @@ __device__ __forceinline__ float GeluTanh(float x) {
 
 // Rows of w that warp `unit` reads: R consecutive rows, or for SwiGLU the gate row j and the up
 // row N + j.
-template <GemvEpilogue E, int R>
-__device__ __forceinline__ int WeightRow(int unit, int r, int n) {
-  if constexpr (E == GemvEpilogue::kSwiGlu) return unit + r * n;
-  return unit * R + r;
-}
-
 enum class NormKind { kNone, kLayer, kRms };
 
-// N != kNone: x holds the residual stream; input row m is its row gather[m] (m without gather),
-// normalised on the fly with the norm weight g (k) and eps, and for LayerNorm wg and wb (fp32, one
-// per row of w). N == kNone: x is (M, k) and gather, g, wg, wb and eps are unused.
+// Everything a GEMV launch needs, passed by value.
+struct GemvParams {
+  const void* x;
+  const void* w;
+  const void* bias;
+  void* y;
+  int n;      // output width (of each half for SwiGLU; q_dim + 2 kv_dim for kQkvCache)
+  int k;      // input width
+  int units;  // groups of R weight rows, one per `split` warps
+  int split;  // warps that divide one unit's K between them (1, 2 or 4)
+  // N != kNone: x holds the residual stream; input row m is its row gather[m] (m without
+  // gather), normalised on the fly with the norm weight g (k) and eps, and for LayerNorm wg and
+  // wb (fp32, one per row of w). N == kNone: x is (M, k) and these are unused.
+  const int32_t* gather;
+  const void* g;
+  const float* wg;
+  const float* wb;
+  float eps;
+  QkvCacheArgs cache;  // kQkvCache only
+};
+
+// Rows of w that unit `unit` reads: R consecutive rows; for SwiGLU the gate row j and the up row
+// N + j; for kQkvCache the rotary pair (i, i + head_dim / 2) of one head of the fused QKV.
+template <GemvEpilogue E, int R>
+__device__ __forceinline__ int WeightRow(const GemvParams& p, int unit, int r) {
+  if constexpr (E == GemvEpilogue::kSwiGlu) {
+    return unit + r * p.n;
+  } else if constexpr (E == GemvEpilogue::kQkvCache) {
+    const int half = p.cache.head_dim / 2;
+    return (unit / half) * p.cache.head_dim + unit % half + r * half;
+  } else {
+    return unit * R + r;
+  }
+}
+
 template <typename T, int M, int R, GemvEpilogue E, NormKind N>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    GemvKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
-               void* __restrict__ y, int n, int k, int units, const int32_t* __restrict__ gather,
-               const T* __restrict__ g, const float* __restrict__ wg, const float* __restrict__ wb,
-               float eps) {
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvParams p) {
   constexpr bool kFold = N != NormKind::kNone;
-  const int lane = threadIdx.x & 31;
-  const int unit = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (unit >= units) return;  // the last block's spare warps
+  const T* __restrict__ x = static_cast<const T*>(p.x);
+  const T* __restrict__ w = static_cast<const T*>(p.w);
+  const T* __restrict__ bias = static_cast<const T*>(p.bias);
+  const T* __restrict__ g = static_cast<const T*>(p.g);
+  const int k = p.k, n = p.n, split = p.split;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // This warp's share of its unit's K: the 256-element steps part, part + split, ...
+  const int part = warp % split;
+  int unit = blockIdx.x * (kWarpsPerBlock / split) + warp / split;
+  const bool active = unit < p.units;  // false for the last block's spare warps
+  if (split == 1 && !active) return;
+  unit = min(unit, p.units - 1);  // spare warps of a split unit still reach the barrier below
   // Rows past N (the last unit of an odd N with R = 2) read row N - 1 and are not stored.
   const int rows_total = E == GemvEpilogue::kSwiGlu ? 2 * n : n;
   const T* wrow[R];
   [[maybe_unused]] float fold_wg[R], fold_wb[R];  // LayerNorm: wg and wb of the rows read
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const int row = min(WeightRow<E, R>(unit, r, n), rows_total - 1);
+    const int row = min(WeightRow<E, R>(p, unit, r), rows_total - 1);
     wrow[r] = w + static_cast<size_t>(row) * k;
     // Derived from the weights at load time, so read before the wait too.
     if constexpr (N == NormKind::kLayer) {
-      fold_wg[r] = wg[row];
-      fold_wb[r] = wb[row];
+      fold_wg[r] = p.wg[row];
+      fold_wb[r] = p.wb[row];
     }
   }
   float acc[R][M];
@@ -107,40 +139,42 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
   for (int m = 0; m < M; ++m) sum_x[m] = sum_xx[m] = 0.0f;
   constexpr int kStep = 32 * 8;
-  constexpr int kStride = kStep * kUnroll;
+  const int step = kStep * split;  // from one of this warp's steps to its next
+  const int stride = step * kUnroll;
   // Software pipeline: the weights of the next kUnroll steps are in flight while the current ones
   // are multiplied. The first batch is loaded before waiting for the kernel that writes x (it
   // does not read x), which hides this kernel's start behind the previous one.
   uint4 wv[kUnroll][R];
 #define TANDEM_GEMV_LOAD(base_k)                                                  \
   _Pragma("unroll") for (int u = 0; u < kUnroll; ++u) {                           \
-    const int kk = (base_k) + u * kStep;                                          \
+    const int kk = (base_k) + u * step;                                           \
     _Pragma("unroll") for (int r = 0; r < R; ++r) {                               \
       wv[u][r] = kk < k ? LoadStreaming(wrow[r] + kk) : make_uint4(0, 0, 0, 0);   \
     }                                                                             \
   }
-  TANDEM_GEMV_LOAD(lane * 8)
+  const int first = (part * 32 + lane) * 8;
+  TANDEM_GEMV_LOAD(first)
   AllowDependentLaunch();
   WaitForPrerequisites();
   const T* xrow[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) {
-    const int row = kFold && gather != nullptr ? gather[m] : m;
+    const int row = kFold && p.gather != nullptr ? p.gather[m] : m;
     xrow[m] = x + static_cast<size_t>(row) * k;
   }
-  for (int base = lane * 8; base < k; base += kStride) {
+  for (int base = first; base < k; base += stride) {
     uint4 cur[kUnroll][R];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
       for (int r = 0; r < R; ++r) cur[u][r] = wv[u][r];
     }
-    if (base + kStride < k) {
-      TANDEM_GEMV_LOAD(base + kStride)
+    if (base + stride < k) {
+      TANDEM_GEMV_LOAD(base + stride)
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int kk = base + u * kStep;
+      const int kk = base + u * step;
       if (kk >= k) break;
       float wf[R][8];
 #pragma unroll
@@ -173,6 +207,28 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = WarpSum(acc[r][m]);
   }
+  if (split > 1) {
+    // The unit's first warp adds the other warps' sums to its own, in warp order (the same
+    // order for every launch of the shape).
+    __shared__ float partial[kWarpsPerBlock][R][M];
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) partial[warp][r][m] = acc[r][m];
+      }
+    }
+    __syncthreads();
+    if (part != 0) return;
+    for (int j = 1; j < split; ++j) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] += partial[warp + j][r][m];
+      }
+    }
+  }
+  if (!active) return;
   // The norm of each row, from the whole row's sums (every lane gets them), with eps inside the
   // root as in norm.cu; the variance as E[x²] − μ², clamped at 0 against rounding.
   [[maybe_unused]] float mean[M], inv[M];
@@ -181,10 +237,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (int m = 0; m < M; ++m) {
       const float mean_sq = WarpSum(sum_xx[m]) / k;
       if constexpr (N == NormKind::kRms) {
-        inv[m] = rsqrtf(mean_sq + eps);
+        inv[m] = rsqrtf(mean_sq + p.eps);
       } else {
         mean[m] = WarpSum(sum_x[m]) / k;
-        inv[m] = rsqrtf(fmaxf(mean_sq - mean[m] * mean[m], 0.0f) + eps);
+        inv[m] = rsqrtf(fmaxf(mean_sq - mean[m] * mean[m], 0.0f) + p.eps);
       }
     }
   }
@@ -207,7 +263,40 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       const float gate = RoundTo<T>(project(acc[0][m], m, 0));
       const float up = RoundTo<T>(project(acc[1][m], m, 1));
       const float s = RoundTo<T>(gate / (1.0f + expf(-gate)));
-      static_cast<T*>(y)[static_cast<size_t>(m) * n + unit] = FromF<T>(s * up);
+      static_cast<T*>(p.y)[static_cast<size_t>(m) * n + unit] = FromF<T>(s * up);
+    }
+  } else if constexpr (E == GemvEpilogue::kQkvCache) {
+    // The pair's two outputs with bias, rounded (what the projection stores), then what
+    // LaunchQkvRopeCache does with them: rotated (q and k) and written to q or the cache.
+    const QkvCacheArgs& c = p.cache;
+    const int half = c.head_dim / 2, head = unit / half, i = unit % half;
+    const int col = head * c.head_dim + i;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      if (lane != m) continue;
+      float x1 = acc[0][m], x2 = acc[1][m];
+      if (bias != nullptr) {
+        x1 += ToF(bias[col]);
+        x2 += ToF(bias[col + half]);
+      }
+      x1 = RoundTo<T>(x1);
+      x2 = RoundTo<T>(x2);
+      const int pos = c.positions[m], slot = c.slots[m];
+      T* out;
+      if (head < c.num_heads) {
+        out = static_cast<T*>(c.q_out) + static_cast<size_t>(m) * c.num_heads * c.head_dim +
+              head * c.head_dim;
+      } else {
+        const bool is_k = head < c.num_heads + c.num_kv_heads;
+        const int kv_head = head - c.num_heads - (is_k ? 0 : c.num_kv_heads);
+        out = static_cast<T*>(is_k ? c.k_cache : c.v_cache) +
+              KvCacheOffset(slot, kv_head, pos, c.num_kv_heads, c.seq_capacity, c.head_dim);
+      }
+      if (c.rope && head < c.num_heads + c.num_kv_heads) {
+        RotateHalfPair<T>(x1, x2, pos, i, c.head_dim, c.rope_theta);
+      }
+      out[i] = FromF<T>(x1);
+      out[i + half] = FromF<T>(x2);
     }
   } else {
 #pragma unroll
@@ -220,59 +309,61 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
         if (bias != nullptr) v += ToF(bias[col]);
         const size_t at = static_cast<size_t>(m) * n + col;
         if constexpr (E == GemvEpilogue::kF32) {
-          static_cast<float*>(y)[at] = v;
+          static_cast<float*>(p.y)[at] = v;
         } else if constexpr (E == GemvEpilogue::kStore) {
-          static_cast<T*>(y)[at] = FromF<T>(v);
+          static_cast<T*>(p.y)[at] = FromF<T>(v);
         } else if constexpr (E == GemvEpilogue::kResidual) {
           // The projection's output is rounded before the residual add, as a Linear layer's is.
-          T* out = static_cast<T*>(y);
+          T* out = static_cast<T*>(p.y);
           out[at] = FromF<T>(ToF(out[at]) + RoundTo<T>(v));
         } else {
-          static_cast<T*>(y)[at] = FromF<T>(GeluTanh(RoundTo<T>(v)));
+          static_cast<T*>(p.y)[at] = FromF<T>(GeluTanh(RoundTo<T>(v)));
         }
       }
     }
   }
 }
 
-// The folded norm's inputs (unused without one).
-struct NormArgs {
-  const int32_t* gather = nullptr;
-  const void* g = nullptr;
-  const float* wg = nullptr;
-  const float* wb = nullptr;
-  float eps = 0.0f;
-};
-
 template <typename T, int M, int R, GemvEpilogue E, NormKind N>
-cudaError_t Launch(const void* x, const void* w, const void* bias, void* y, int n, int k,
-                   const NormArgs& norm, cudaStream_t stream, bool pdl) {
-  const int units = E == GemvEpilogue::kSwiGlu ? n : (n + R - 1) / R;
-  const int blocks = (units + kWarpsPerBlock - 1) / kWarpsPerBlock;
+cudaError_t Launch(GemvParams p, cudaStream_t stream, bool pdl) {
+  if constexpr (E == GemvEpilogue::kSwiGlu) {
+    p.units = p.n;
+  } else if constexpr (E == GemvEpilogue::kQkvCache) {
+    p.units = p.n / 2;
+  } else {
+    p.units = (p.n + R - 1) / R;
+  }
+  const int units_per_block = kWarpsPerBlock / p.split;
+  const int blocks = (p.units + units_per_block - 1) / units_per_block;
   // With pdl: start before the previous kernel ends (see WaitForPrerequisites).
   return LaunchKernel(GemvKernel<T, M, R, E, N>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream,
-                      pdl, static_cast<const T*>(x), static_cast<const T*>(w),
-                      static_cast<const T*>(bias), y, n, k, units, norm.gather,
-                      static_cast<const T*>(norm.g), norm.wg, norm.wb, norm.eps);
+                      pdl, p);
 }
 
+// Rows per warp: two halve the x traffic through L1 per weight byte (always at M >= 4, and
+// SwiGLU and kQkvCache read two rows by construction); one gives twice the warps at M <= 2.
 template <typename T, GemvEpilogue E, NormKind N>
-cudaError_t LaunchForRows(int m, const void* x, const void* w, const void* bias, void* y, int n,
-                          int k, const NormArgs& norm, cudaStream_t stream, bool pdl) {
-  // Two weight rows per warp at M >= 4 halve the x traffic through L1 per weight byte; SwiGLU
-  // already reads two rows (gate and up) per warp.
-  constexpr int R1 = E == GemvEpilogue::kSwiGlu ? 2 : 1;
-  constexpr int R2 = 2;
+cudaError_t LaunchForRows(int m, int rows_per_warp, const GemvParams& p, cudaStream_t stream,
+                          bool pdl) {
+  constexpr bool kPaired = E == GemvEpilogue::kSwiGlu || E == GemvEpilogue::kQkvCache;
+  constexpr int R1 = kPaired ? 2 : 1;
+  const bool two = kPaired || rows_per_warp == 2;
   switch (m) {
     case 1:
-      return Launch<T, 1, R1, E, N>(x, w, bias, y, n, k, norm, stream, pdl);
+      if constexpr (N == NormKind::kNone && !kPaired) {
+        if (two) return Launch<T, 1, 2, E, N>(p, stream, pdl);
+      }
+      return Launch<T, 1, R1, E, N>(p, stream, pdl);
     case 2:
-      return Launch<T, 2, R1, E, N>(x, w, bias, y, n, k, norm, stream, pdl);
+      if constexpr (N == NormKind::kNone && !kPaired) {
+        if (two) return Launch<T, 2, 2, E, N>(p, stream, pdl);
+      }
+      return Launch<T, 2, R1, E, N>(p, stream, pdl);
     case 4:
-      return Launch<T, 4, R2, E, N>(x, w, bias, y, n, k, norm, stream, pdl);
+      return Launch<T, 4, 2, E, N>(p, stream, pdl);
     default:
       if constexpr (N == NormKind::kNone) {
-        return Launch<T, 8, R2, E, N>(x, w, bias, y, n, k, norm, stream, pdl);
+        return Launch<T, 8, 2, E, N>(p, stream, pdl);
       } else {
         return cudaErrorInvalidValue;  // refused by GemvNorm before this point
       }
@@ -280,25 +371,29 @@ cudaError_t LaunchForRows(int m, const void* x, const void* w, const void* bias,
 }
 
 template <typename T, NormKind N>
-cudaError_t LaunchEpilogue(GemvEpilogue epilogue, int m, const void* x, const void* w,
-                           const void* bias, void* y, int n, int k, const NormArgs& norm,
+cudaError_t LaunchEpilogue(GemvEpilogue epilogue, int m, int rows_per_warp, const GemvParams& p,
                            cudaStream_t stream, bool pdl) {
   switch (epilogue) {
     case GemvEpilogue::kStore:
-      return LaunchForRows<T, GemvEpilogue::kStore, N>(m, x, w, bias, y, n, k, norm, stream, pdl);
+      return LaunchForRows<T, GemvEpilogue::kStore, N>(m, rows_per_warp, p, stream, pdl);
     case GemvEpilogue::kResidual:
       if constexpr (N == NormKind::kNone) {
-        return LaunchForRows<T, GemvEpilogue::kResidual, N>(m, x, w, bias, y, n, k, norm, stream,
-                                                            pdl);
+        return LaunchForRows<T, GemvEpilogue::kResidual, N>(m, rows_per_warp, p, stream, pdl);
       } else {
         return cudaErrorInvalidValue;  // refused by GemvNorm before this point
       }
     case GemvEpilogue::kGelu:
-      return LaunchForRows<T, GemvEpilogue::kGelu, N>(m, x, w, bias, y, n, k, norm, stream, pdl);
+      return LaunchForRows<T, GemvEpilogue::kGelu, N>(m, rows_per_warp, p, stream, pdl);
     case GemvEpilogue::kSwiGlu:
-      return LaunchForRows<T, GemvEpilogue::kSwiGlu, N>(m, x, w, bias, y, n, k, norm, stream, pdl);
+      return LaunchForRows<T, GemvEpilogue::kSwiGlu, N>(m, rows_per_warp, p, stream, pdl);
     case GemvEpilogue::kF32:
-      return LaunchForRows<T, GemvEpilogue::kF32, N>(m, x, w, bias, y, n, k, norm, stream, pdl);
+      return LaunchForRows<T, GemvEpilogue::kF32, N>(m, rows_per_warp, p, stream, pdl);
+    case GemvEpilogue::kQkvCache:
+      if constexpr (N == NormKind::kNone) {
+        return LaunchForRows<T, GemvEpilogue::kQkvCache, N>(m, rows_per_warp, p, stream, pdl);
+      } else {
+        return cudaErrorInvalidValue;  // refused by GemvNorm before this point
+      }
   }
   return cudaErrorInvalidValue;
 }
@@ -311,8 +406,50 @@ bool GemvSupported(int rows, int in) {
   return (rows == 1 || rows == 2 || rows == 4 || rows == 8) && in > 0 && in % 8 == 0;
 }
 
-absl::Status Gemv(DType dtype, GemvEpilogue epilogue, const void* x, const void* w,
-                  const void* bias, void* y, int rows, int out, int in, cudaStream_t stream) {
+GemvTuning GemvTuningFor(int rows, int out, int in, int sm_count) {
+  // From tandem-bench --gemv_sweep on an H100 (docs/performance.md). About 32 warps of these
+  // kernels are resident per multiprocessor (registers), and which split wins depends on how the
+  // warps fill those slots:
+  //  - a narrow output with a long K (gpt2's MLP down projection: 768 rows of 3,072) is latency
+  //    bound, a few warps walking K one load batch after another: 4 warps per row, all resident;
+  //  - a wide output (QKV, gate/up, LM head: more rows than slots) runs in several waves anyway,
+  //    and smaller warps even out the last one: split 4 (2 from 4 input rows on);
+  //  - in between (openllama-3b's residual projections, 3,200 rows: one wave) a split would add
+  //    a second, mostly empty wave: none.
+  // Each warp keeps at least two 256-element steps of K.
+  GemvTuning t;
+  t.rows_per_warp = rows <= 2 ? 1 : 2;
+  const int64_t units = (out + t.rows_per_warp - 1) / t.rows_per_warp;
+  const int64_t slots = 32LL * sm_count;
+  const int steps = (in + 255) / 256;
+  int split = 1;
+  if (units * 4 <= slots) {
+    split = 4;
+  } else if (units >= slots) {
+    split = rows <= 2 ? 4 : 2;
+  }
+  while (split > 1 && steps < 2 * split) split /= 2;
+  t.k_split = split;
+  return t;
+}
+
+namespace {
+
+// Multiprocessors of the current device, looked up once per device and thread.
+int CurrentSmCount() {
+  thread_local int device = -1, count = 0;
+  int d = 0;
+  if (cudaGetDevice(&d) != cudaSuccess) return 132;
+  if (d != device) {
+    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, d) != cudaSuccess) {
+      count = 132;
+    }
+    device = d;
+  }
+  return count;
+}
+
+absl::Status CheckGemvShape(int rows, int out, int in, const void* x, const void* w) {
   if (!GemvSupported(rows, in)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GEMV takes 1, 2, 4 or 8 rows and an input width that is a multiple of 8, got rows ",
@@ -322,10 +459,82 @@ absl::Status Gemv(DType dtype, GemvEpilogue epilogue, const void* x, const void*
   if (!Aligned16(x) || !Aligned16(w)) {
     return absl::InvalidArgumentError("GEMV needs 16-byte aligned x and w");
   }
+  return absl::OkStatus();
+}
+
+// The tuning to launch with: `tuning`'s fields where set, the shape's choice elsewhere.
+absl::StatusOr<GemvTuning> ResolveTuning(GemvTuning tuning, int rows, int out, int in) {
+  const GemvTuning chosen = GemvTuningFor(rows, out, in, CurrentSmCount());
+  if (tuning.rows_per_warp == 0) tuning.rows_per_warp = chosen.rows_per_warp;
+  if (tuning.k_split == 0) tuning.k_split = chosen.k_split;
+  if (tuning.rows_per_warp != 1 && tuning.rows_per_warp != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GEMV rows per warp must be 1 or 2, got ", tuning.rows_per_warp));
+  }
+  if (tuning.k_split != 1 && tuning.k_split != 2 && tuning.k_split != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GEMV K split must be 1, 2 or 4 warps, got ", tuning.k_split));
+  }
+  return tuning;
+}
+
+}  // namespace
+
+absl::Status Gemv(DType dtype, GemvEpilogue epilogue, const void* x, const void* w,
+                  const void* bias, void* y, int rows, int out, int in, cudaStream_t stream,
+                  GemvTuning tuning) {
+  RETURN_IF_ERROR(CheckGemvShape(rows, out, in, x, w));
+  if (epilogue == GemvEpilogue::kQkvCache) {
+    return absl::InvalidArgumentError("the QKV-into-cache GEMV is GemvQkvCache");
+  }
+  ASSIGN_OR_RETURN(const GemvTuning t, ResolveTuning(tuning, rows, out, in));
+  GemvParams p{};
+  p.x = x;
+  p.w = w;
+  p.bias = bias;
+  p.y = y;
+  p.n = out;
+  p.k = in;
+  p.split = t.k_split;
   // On a stream of our own, always as a programmatic dependent launch.
   TANDEM_DISPATCH_HALF(dtype, {
-    CUDA_CHECK((LaunchEpilogue<T, NormKind::kNone>(epilogue, rows, x, w, bias, y, out, in,
-                                                   NormArgs{}, stream, true)));
+    CUDA_CHECK((LaunchEpilogue<T, NormKind::kNone>(epilogue, rows, t.rows_per_warp, p, stream,
+                                                   true)));
+  });
+  CUDA_CHECK_LAUNCH();
+  return absl::OkStatus();
+}
+
+absl::Status GemvQkvCache(DType dtype, const void* x, const void* w, const void* bias,
+                          const QkvCacheArgs& cache, int rows, int in, cudaStream_t stream,
+                          GemvTuning tuning) {
+  if (cache.head_dim < 2 || cache.head_dim % 2 != 0 || cache.num_heads < 1 ||
+      cache.num_kv_heads < 1 || cache.seq_capacity < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "QKV-into-cache GEMV needs an even head_dim and positive head counts and capacity, got "
+        "head_dim ",
+        cache.head_dim, ", heads ", cache.num_heads, ", kv heads ", cache.num_kv_heads,
+        ", capacity ", cache.seq_capacity));
+  }
+  if (cache.q_out == nullptr || cache.k_cache == nullptr || cache.v_cache == nullptr ||
+      cache.positions == nullptr || cache.slots == nullptr) {
+    return absl::InvalidArgumentError(
+        "QKV-into-cache GEMV needs q_out, both caches, positions and slots");
+  }
+  const int out = (cache.num_heads + 2 * cache.num_kv_heads) * cache.head_dim;
+  RETURN_IF_ERROR(CheckGemvShape(rows, out, in, x, w));
+  ASSIGN_OR_RETURN(const GemvTuning t, ResolveTuning(tuning, rows, out / 2, in));
+  GemvParams p{};
+  p.x = x;
+  p.w = w;
+  p.bias = bias;
+  p.n = out;
+  p.k = in;
+  p.split = t.k_split;
+  p.cache = cache;
+  TANDEM_DISPATCH_HALF(dtype, {
+    CUDA_CHECK((LaunchEpilogue<T, NormKind::kNone>(GemvEpilogue::kQkvCache, rows, 2, p, stream,
+                                                   true)));
   });
   CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
@@ -363,6 +572,9 @@ absl::Status GemvNorm(DType dtype, GemvEpilogue epilogue, bool rms, const void* 
     return absl::InvalidArgumentError(
         "GEMV with a folded norm does not add into the stream it normalises");
   }
+  if (epilogue == GemvEpilogue::kQkvCache) {
+    return absl::InvalidArgumentError("GEMV with a folded norm does not write the KV-cache");
+  }
   if (norm_w == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(rms ? "RMSNorm" : "LayerNorm", " folded into a GEMV needs the norm weight"));
@@ -375,19 +587,24 @@ absl::Status GemvNorm(DType dtype, GemvEpilogue epilogue, bool rms, const void* 
     return absl::InvalidArgumentError(
         "GEMV with a folded norm needs 16-byte aligned x, w and norm weight");
   }
-  NormArgs norm;
-  norm.gather = gather;
-  norm.g = norm_w;
-  norm.wg = layer_norm.wg;
-  norm.wb = layer_norm.wb;
-  norm.eps = eps;
+  GemvParams p{};
+  p.x = x;
+  p.w = w;
+  p.bias = bias;
+  p.y = y;
+  p.n = out;
+  p.k = in;
+  p.split = 1;  // the folded statistics are per warp
+  p.gather = gather;
+  p.g = norm_w;
+  p.wg = layer_norm.wg;
+  p.wb = layer_norm.wb;
+  p.eps = eps;
   TANDEM_DISPATCH_HALF(dtype, {
     if (rms) {
-      CUDA_CHECK((LaunchEpilogue<T, NormKind::kRms>(epilogue, rows, x, w, bias, y, out, in, norm,
-                                                    stream, pdl)));
+      CUDA_CHECK((LaunchEpilogue<T, NormKind::kRms>(epilogue, rows, 1, p, stream, pdl)));
     } else {
-      CUDA_CHECK((LaunchEpilogue<T, NormKind::kLayer>(epilogue, rows, x, w, bias, y, out, in, norm,
-                                                      stream, pdl)));
+      CUDA_CHECK((LaunchEpilogue<T, NormKind::kLayer>(epilogue, rows, 1, p, stream, pdl)));
     }
   });
   CUDA_CHECK_LAUNCH();

@@ -127,11 +127,47 @@ enum class GemvEpilogue {
   kGelu,      // y = gelu_tanh(round(x·wᵀ + bias))
   kSwiGlu,    // w is (2 * out, in), gate rows then up rows: y = silu(gate) * up; no bias
   kF32,       // y (fp32) = x·wᵀ + bias, unrounded (logits)
+  kQkvCache,  // GemvQkvCache only: the fused QKV projection into q and the KV-cache
 };
+// How a GEMV spreads over the GPU. rows_per_warp: weight rows one warp computes (1 or 2; always 2
+// at 4 and 8 input rows, for SwiGLU and for kQkvCache). k_split: warps that divide one group of
+// rows' K between them (1, 2 or 4), adding their sums in warp order. 0: GemvTuningFor's choice.
+// Results depend on k_split (the order of the sum), not on anything else in the tuning.
+struct GemvTuning {
+  int rows_per_warp = 0;
+  int k_split = 0;
+};
+// The choice for a shape: a K split for outputs too narrow to give every multiprocessor enough
+// warps (the residual projections of a decode step).
+GemvTuning GemvTuningFor(int rows, int out, int in, int sm_count);
 // Launched as a programmatic dependent launch on a stream of our own.
 bool GemvSupported(int rows, int in);
 absl::Status Gemv(DType dtype, GemvEpilogue epilogue, const void* x, const void* w,
-                  const void* bias, void* y, int rows, int out, int in, cudaStream_t stream);
+                  const void* bias, void* y, int rows, int out, int in, cudaStream_t stream,
+                  GemvTuning tuning = {});
+
+// Where GemvQkvCache puts the fused QKV projection: as LaunchQkvRopeCache, q rows into q_out
+// (rows, num_heads * head_dim) and k and v into the layer's cache at each row's slot and position,
+// q and k rotated when rope is true.
+struct QkvCacheArgs {
+  void* q_out = nullptr;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  const int32_t* positions = nullptr;
+  const int32_t* slots = nullptr;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;  // even
+  int seq_capacity = 0;
+  bool rope = false;
+  float rope_theta = 10000.0f;
+};
+// Gemv with the QKV split, rotary embedding and cache write as its epilogue: the same bits as
+// Gemv(kStore) with w (q_dim + 2 kv_dim, in) and bias, then LaunchQkvRopeCache without a bias, in
+// one kernel. Each warp computes a rotary pair of rows (i, i + head_dim / 2) of one head.
+absl::Status GemvQkvCache(DType dtype, const void* x, const void* w, const void* bias,
+                          const QkvCacheArgs& cache, int rows, int in, cudaStream_t stream,
+                          GemvTuning tuning = {});
 
 // The same with the norm in front folded in: x rows (gather ? gather[i] : i) of the residual
 // stream (.., in) are normalised inside the product with LaunchNorm's formulas (fp32 statistics,

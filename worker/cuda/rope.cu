@@ -32,7 +32,7 @@ __global__ void QkvRopeCacheKernel(const T* __restrict__ qkv, const T* __restric
     return v;
   };
   auto cache_index = [&](int kvh, int d) {
-    return ((static_cast<size_t>(slot) * num_kv_heads + kvh) * seq_capacity + pos) * head_dim + d;
+    return KvCacheOffset(slot, kvh, pos, num_kv_heads, seq_capacity, head_dim) + d;
   };
   const int q_pairs = num_heads * half, k_pairs = num_kv_heads * half;
   const int w = blockIdx.x * blockDim.x + threadIdx.x;
@@ -42,16 +42,7 @@ __global__ void QkvRopeCacheKernel(const T* __restrict__ qkv, const T* __restric
     const int head = p / half, i = p % half;
     const int base = is_q ? head * head_dim : q_dim + head * head_dim;
     float x1 = load(base + i), x2 = load(base + i + half);
-    if (rope) {
-      // As transformers: inv_freq and the angle in fp32, cos and sin rounded to the activation
-      // type before they multiply.
-      const float inv_freq = 1.0f / powf(rope_theta, static_cast<float>(2 * i) / head_dim);
-      const float angle = static_cast<float>(pos) * inv_freq;
-      const float c = RoundTo<T>(cosf(angle)), s = RoundTo<T>(sinf(angle));
-      const float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
-      x1 = y1;
-      x2 = y2;
-    }
+    if (rope) RotateHalfPair<T>(x1, x2, pos, i, head_dim, rope_theta);
     if (is_q) {
       T* qo = q_out + static_cast<size_t>(r) * q_dim + head * head_dim;
       qo[i] = FromF<T>(x1);

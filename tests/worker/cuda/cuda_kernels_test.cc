@@ -376,16 +376,21 @@ double GeluHost(double x) {
   return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
 }
 
-// Every epilogue of the GEMV kernels at every supported row count, against a CPU reference with
-// the same rounding points. Sizes leave a partial 256-element step of K and an odd output width
-// (a last warp with one valid row of two).
+// Every epilogue of the GEMV kernels at every supported row count and launch shape, against a
+// CPU reference with the same rounding points. Sizes leave a partial 256-element step of K, a
+// warp with no step at all when 4 warps divide K, and an odd output width (a last warp with one
+// valid row of two, a last block with spare warps).
 TEST_P(KernelTest, GemvMatchesReferenceForEveryEpilogueAndRowCount) {
   SKIP_WITHOUT_GPU();
   const int n = 37, k = 520;
+  const GemvTuning tunings[] = {{}, {1, 1}, {2, 1}, {1, 2}, {2, 2}, {1, 4}, {2, 4}};
   for (int m : {1, 2, 4, 8}) {
     for (GemvEpilogue e : {GemvEpilogue::kStore, GemvEpilogue::kResidual, GemvEpilogue::kGelu,
                            GemvEpilogue::kSwiGlu, GemvEpilogue::kF32}) {
-      SCOPED_TRACE(testing::Message() << "rows " << m << ", epilogue " << static_cast<int>(e));
+     for (const GemvTuning& tuning : tunings) {
+      SCOPED_TRACE(testing::Message() << "rows " << m << ", epilogue " << static_cast<int>(e)
+                                      << ", rows/warp " << tuning.rows_per_warp << ", K split "
+                                      << tuning.k_split);
       const bool swiglu = e == GemvEpilogue::kSwiGlu;
       const int wrows = swiglu ? 2 * n : n;
       const uint64_t seed = 100 + 10 * m + static_cast<int>(e);
@@ -405,7 +410,7 @@ TEST_P(KernelTest, GemvMatchesReferenceForEveryEpilogueAndRowCount) {
         dy = Upload(t(), std::vector<float>(m * n, std::nanf("")));
       }
       ASSERT_TRUE(Gemv(t(), e, dx.get(), dw.get(), swiglu ? nullptr : db.get(), dy.get(), m, n,
-                       k, nullptr)
+                       k, nullptr, tuning)
                       .ok());
       std::vector<float> want(m * n);
       for (int r = 0; r < m; ++r) {
@@ -438,6 +443,72 @@ TEST_P(KernelTest, GemvMatchesReferenceForEveryEpilogueAndRowCount) {
         ExpectClose(got, want, 1e-4f, 1e-4f, "gemv fp32");
       } else {
         ExpectClose(Download(t(), dy, m * n), want, 2 * tol(), 1e-2f, "gemv");
+      }
+     }
+    }
+  }
+}
+
+// The QKV GEMV that writes q and the cache itself gives the very bits of the GEMV followed by the
+// split/rotate kernel: grouped-query heads, rows at different slots and positions, with and
+// without bias and rotation, at every row count and K split. The rest of the cache is untouched.
+TEST_P(KernelTest, GemvQkvCacheEqualsGemvThenRopeCache) {
+  SKIP_WITHOUT_GPU();
+  const int heads = 4, kv_heads = 2, hd = 32, cap = 64, slots = 3, k = 1040;
+  const int q_dim = heads * hd, kv_dim = kv_heads * hd, cols = q_dim + 2 * kv_dim;
+  const size_t cache = size_t{slots} * kv_heads * cap * hd;
+  auto w = Quantize(t(), Random(size_t(cols) * k, 70, 0.1f));
+  auto b = Quantize(t(), Random(cols, 71));
+  DeviceBuffer dw = Upload(t(), w), db = Upload(t(), b);
+  const std::vector<int32_t> all_pos = {5, 63, 0, 17, 40, 1, 33, 62};
+  const std::vector<int32_t> all_slot = {1, 0, 2, 2, 1, 0, 0, 2};
+  for (int m : {1, 2, 4, 8}) {
+    const std::vector<int32_t> pos(all_pos.begin(), all_pos.begin() + m);
+    const std::vector<int32_t> slot(all_slot.begin(), all_slot.begin() + m);
+    DeviceBuffer dpos = UploadRaw(pos), dslot = UploadRaw(slot);
+    DeviceBuffer dx = Upload(t(), Quantize(t(), Random(size_t(m) * k, 72 + m)));
+    for (bool rope : {true, false}) {
+      for (bool bias : {true, false}) {
+        for (int split : {1, 2, 4}) {
+          SCOPED_TRACE(testing::Message() << "rows " << m << ", rope " << rope << ", bias "
+                                          << bias << ", K split " << split);
+          const auto background = Quantize(t(), Random(cache, 73));
+          DeviceBuffer qkv, q[2], kc[2] = {Upload(t(), background), Upload(t(), background)},
+                                  vc[2] = {Upload(t(), background), Upload(t(), background)};
+          ASSERT_TRUE(qkv.Allocate(size_t(m) * cols * 2).ok());
+          for (DeviceBuffer& buf : q) ASSERT_TRUE(buf.Allocate(size_t(m) * q_dim * 2).ok());
+          const GemvTuning tuning{0, split};
+          ASSERT_TRUE(Gemv(t(), GemvEpilogue::kStore, dx.get(), dw.get(),
+                           bias ? db.get() : nullptr, qkv.get(), m, cols, k, nullptr, tuning)
+                          .ok());
+          ASSERT_TRUE(LaunchQkvRopeCache(t(), qkv.get(), nullptr, q[0].get(), kc[0].get(),
+                                         vc[0].get(), dpos.as<int32_t>(), dslot.as<int32_t>(), m,
+                                         heads, kv_heads, hd, cap, rope, 10000.0f, nullptr)
+                          .ok());
+          QkvCacheArgs a;
+          a.q_out = q[1].get();
+          a.k_cache = kc[1].get();
+          a.v_cache = vc[1].get();
+          a.positions = dpos.as<int32_t>();
+          a.slots = dslot.as<int32_t>();
+          a.num_heads = heads;
+          a.num_kv_heads = kv_heads;
+          a.head_dim = hd;
+          a.seq_capacity = cap;
+          a.rope = rope;
+          ASSERT_TRUE(GemvQkvCache(t(), dx.get(), dw.get(), bias ? db.get() : nullptr, a, m, k,
+                                   nullptr, tuning)
+                          .ok());
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          auto bytes = [](const DeviceBuffer& d, size_t n) {
+            std::vector<uint16_t> h(n);
+            EXPECT_EQ(cudaMemcpy(h.data(), d.get(), n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+            return h;
+          };
+          EXPECT_EQ(bytes(q[1], size_t(m) * q_dim), bytes(q[0], size_t(m) * q_dim)) << "q";
+          EXPECT_EQ(bytes(kc[1], cache), bytes(kc[0], cache)) << "k cache";
+          EXPECT_EQ(bytes(vc[1], cache), bytes(vc[0], cache)) << "v cache";
+        }
       }
     }
   }
@@ -725,6 +796,83 @@ TEST(GemvTest, RejectsUnsupportedRowCountsAndWidths) {
                 .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(GemvSupported(8, 3200));
+  // Launch shapes the kernels do not have.
+  for (GemvTuning bad : {GemvTuning{3, 0}, GemvTuning{-1, 0}, GemvTuning{0, 3}, GemvTuning{0, 8},
+                         GemvTuning{1, -2}}) {
+    const absl::Status s =
+        Gemv(DType::kF16, GemvEpilogue::kStore, buf, buf, nullptr, buf, 1, 4, 8, nullptr, bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("GEMV")) << s;
+  }
+  EXPECT_EQ(Gemv(DType::kF16, GemvEpilogue::kQkvCache, buf, buf, nullptr, buf, 1, 4, 8, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// The QKV-into-cache GEMV refuses head shapes and missing outputs by name.
+TEST(GemvTest, QkvCacheRejectsBadHeadsAndMissingOutputs) {
+  using ::testing::HasSubstr;
+  alignas(16) static uint16_t buf[4096];
+  alignas(16) static int32_t ints[16];
+  auto good = [&] {
+    QkvCacheArgs a;
+    a.q_out = a.k_cache = a.v_cache = buf;
+    a.positions = a.slots = ints;
+    a.num_heads = 2;
+    a.num_kv_heads = 1;
+    a.head_dim = 8;
+    a.seq_capacity = 4;
+    return a;
+  };
+  auto call = [&](const QkvCacheArgs& a, int rows = 1, int in = 8) {
+    const absl::Status s = GemvQkvCache(DType::kF16, buf, buf, nullptr, a, rows, in, nullptr);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    return std::string(s.message());
+  };
+  QkvCacheArgs a = good();
+  a.head_dim = 7;
+  EXPECT_THAT(call(a), HasSubstr("head_dim 7"));
+  a = good();
+  a.num_kv_heads = 0;
+  EXPECT_THAT(call(a), HasSubstr("kv heads 0"));
+  a = good();
+  a.seq_capacity = 0;
+  EXPECT_THAT(call(a), HasSubstr("capacity 0"));
+  a = good();
+  a.v_cache = nullptr;
+  EXPECT_THAT(call(a), HasSubstr("both caches"));
+  a = good();
+  a.slots = nullptr;
+  EXPECT_THAT(call(a), HasSubstr("slots"));
+  EXPECT_THAT(call(good(), 3), HasSubstr("got rows 3"));
+  EXPECT_THAT(call(good(), 1, 12), HasSubstr("in 12"));
+}
+
+// The per-shape launch choice, as measured on an H100 (132 multiprocessors): K divided between 4
+// warps for narrow outputs with a long K and for outputs wider than the resident warps, never for
+// outputs that fill about one wave; two rows per warp from 4 input rows on.
+TEST(GemvTest, TuningSplitsKWhereTheSweepMeasuredItFaster) {
+  const int sms = 132;
+  EXPECT_EQ(GemvTuningFor(1, 768, 3072, sms).k_split, 4);    // gpt2 MLP down
+  EXPECT_EQ(GemvTuningFor(1, 768, 768, sms).k_split, 1);     // gpt2 out-proj: 3 steps of K
+  EXPECT_EQ(GemvTuningFor(1, 3072, 768, sms).k_split, 1);    // gpt2 MLP up
+  EXPECT_EQ(GemvTuningFor(1, 3200, 3200, sms).k_split, 1);   // openllama-3b out-proj
+  EXPECT_EQ(GemvTuningFor(1, 3200, 8640, sms).k_split, 1);   // openllama-3b down
+  EXPECT_EQ(GemvTuningFor(1, 9600, 3200, sms).k_split, 4);   // openllama-3b QKV
+  EXPECT_EQ(GemvTuningFor(2, 32000, 3200, sms).k_split, 4);  // LM head
+  EXPECT_EQ(GemvTuningFor(4, 9600, 3200, sms).k_split, 2);
+  EXPECT_EQ(GemvTuningFor(1, 3200, 3200, sms).rows_per_warp, 1);
+  EXPECT_EQ(GemvTuningFor(4, 3200, 3200, sms).rows_per_warp, 2);
+  for (int rows : {1, 2, 4, 8}) {
+    for (int out : {8, 768, 3200, 9600, 50257}) {
+      for (int in : {8, 768, 3200, 8640}) {
+        const GemvTuning t = GemvTuningFor(rows, out, in, sms);
+        EXPECT_TRUE(t.k_split == 1 || t.k_split == 2 || t.k_split == 4);
+        EXPECT_TRUE(t.rows_per_warp == 1 || t.rows_per_warp == 2);
+        if (t.k_split > 1) EXPECT_GE((in + 255) / 256, 2 * t.k_split);  // two steps per warp
+      }
+    }
+  }
 }
 
 // Shapes and arguments the folded norm does not take are refused before anything is launched,
