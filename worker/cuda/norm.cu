@@ -11,6 +11,7 @@ namespace {
 constexpr int kNormThreads = 256;
 // Elements a thread keeps in registers: cols <= kNormThreads * 8 * kMaxVecs (16384 with 8).
 constexpr int kMaxVecs = 8;
+constexpr int kPrefetchVecs = 2;  // of the norm weights, loaded at the start
 
 // One block per output row. The row is read once with 16-byte loads into registers (cols % 8 == 0
 // and cols <= 16384, checked by the launcher), so the statistics and the output need no re-read.
@@ -21,11 +22,25 @@ NormKernel(T* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ 
            int cols, float eps) {
   __shared__ float scratch[32];
   AllowDependentLaunch();  // the projection that reads `out` may start prefetching its weights
+  const int nvec = cols / 8;
+  // The norm's own weights first (of rows up to kPrefetchVecs * 2048 wide): no kernel writes
+  // them, and their loads (from DRAM, as the projections stream through L2) then overlap those
+  // of x instead of following the statistics.
+  const Vec8<T>* wv = reinterpret_cast<const Vec8<T>*>(w);
+  const Vec8<T>* bv = reinterpret_cast<const Vec8<T>*>(b);
+  Vec8<T> wreg[kPrefetchVecs], breg[kPrefetchVecs];
+#pragma unroll
+  for (int k = 0; k < kPrefetchVecs; ++k) {
+    const int j = threadIdx.x + k * kNormThreads;
+    if (j < nvec) {
+      wreg[k] = wv[j];
+      if constexpr (!kRms) breg[k] = bv[j];
+    }
+  }
   WaitForPrerequisites();  // x is the previous kernel's output
   const int i = blockIdx.x;
   const int r = gather != nullptr ? gather[i] : i;
   Vec8<T>* xr = reinterpret_cast<Vec8<T>*>(x + static_cast<size_t>(r) * cols);
-  const int nvec = cols / 8;
   float v[kMaxVecs][8];
   float sum = 0.0f;
 #pragma unroll
@@ -65,13 +80,11 @@ NormKernel(T* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ 
     inv = rsqrtf(sq / cols + eps);
   }
   Vec8<T>* o = reinterpret_cast<Vec8<T>*>(out + static_cast<size_t>(i) * cols);
-  const Vec8<T>* wv = reinterpret_cast<const Vec8<T>*>(w);
-  const Vec8<T>* bv = reinterpret_cast<const Vec8<T>*>(b);
 #pragma unroll
   for (int k = 0; k < kMaxVecs; ++k) {
     const int j = threadIdx.x + k * kNormThreads;
     if (j < nvec) {
-      const Vec8<T> ww = wv[j];
+      const Vec8<T> ww = k < kPrefetchVecs ? wreg[k] : wv[j];
       Vec8<T> res;
       if constexpr (kRms) {
         // As Hugging Face's LlamaRMSNorm: the normalised value is rounded to the activation type
@@ -79,7 +92,7 @@ NormKernel(T* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ 
 #pragma unroll
         for (int e = 0; e < 8; ++e) res.v[e] = FromF<T>(RoundTo<T>(v[k][e] * inv) * ToF(ww.v[e]));
       } else {
-        const Vec8<T> bb = bv[j];
+        const Vec8<T> bb = k < kPrefetchVecs ? breg[k] : bv[j];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           res.v[e] = FromF<T>((v[k][e] - mean) * inv * ToF(ww.v[e]) + ToF(bb.v[e]));

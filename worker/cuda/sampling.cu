@@ -29,15 +29,30 @@ __device__ __forceinline__ bool ArgmaxBefore(float av, int ai, float bv, int bi)
   return av > bv || (av == bv && ai < bi);
 }
 
+// Elements a thread loads before comparing any: one row of logits takes a round trip or two to
+// memory instead of one per element (the order of comparisons does not matter, ArgmaxBefore is
+// a total order).
+constexpr int kArgmaxBatch = 16;
+
 __device__ int BlockArgmax(const float* x, int n) {
   __shared__ float sv[32];
   __shared__ int si[32];
   float bv = NAN;
   int bi = INT32_MAX;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    if (ArgmaxBefore(x[i], i, bv, bi)) {
-      bv = x[i];
-      bi = i;
+  for (int base = threadIdx.x; base < n; base += blockDim.x * kArgmaxBatch) {
+    float v[kArgmaxBatch];
+#pragma unroll
+    for (int u = 0; u < kArgmaxBatch; ++u) {
+      const int i = base + u * blockDim.x;
+      v[u] = i < n ? x[i] : NAN;
+    }
+#pragma unroll
+    for (int u = 0; u < kArgmaxBatch; ++u) {
+      const int i = base + u * blockDim.x;
+      if (i < n && ArgmaxBefore(v[u], i, bv, bi)) {
+        bv = v[u];
+        bi = i;
+      }
     }
   }
   for (int o = 16; o > 0; o >>= 1) {

@@ -1090,5 +1090,33 @@ TEST(SamplingKernelTest, GreedyNeverPicksNanAndInfiniteLogitsFallBackToGreedy) {
   EXPECT_EQ(got, (std::vector<int32_t>{0, 7, 5, 0}));
 }
 
+// Greedy rows over a GPT-2-sized vocabulary, which a block reads in several batches of loads:
+// the largest logit wins wherever it lies (first batch, last partial batch), the lower index on
+// a tie across batches, and NaN never; rows of an odd width start at unaligned addresses.
+TEST(SamplingKernelTest, GreedyArgmaxOverALargeVocabularyMatchesTheHostRule) {
+  SKIP_WITHOUT_GPU();
+  const int vocab = 50257;
+  const std::vector<std::pair<int, int>> max_at = {{3, -1}, {50256, -1}, {40000, 20000},
+                                                   {16383, 16384}, {49999, 12}};
+  std::vector<float> logits;
+  std::vector<SamplingParams> params;
+  for (size_t r = 0; r < max_at.size(); ++r) {
+    std::vector<float> row = Random(vocab, 500 + r, 3.0f);
+    for (int i = 7; i < vocab; i += 997) row[i] = std::nanf("");
+    row[max_at[r].first] = 5.0f;
+    if (max_at[r].second >= 0) row[max_at[r].second] = 5.0f;
+    logits.insert(logits.end(), row.begin(), row.end());
+    params.push_back({0.0f, 0, 1.0f, 0});
+  }
+  auto got = DeviceSample(logits, vocab, params, std::vector<uint64_t>(max_at.size(), 0));
+  for (size_t r = 0; r < max_at.size(); ++r) {
+    std::span<const float> row(logits.data() + r * vocab, vocab);
+    const int want = max_at[r].second >= 0 ? std::min(max_at[r].first, max_at[r].second)
+                                           : max_at[r].first;
+    EXPECT_EQ(got[r], want) << "row " << r;
+    EXPECT_EQ(got[r], SampleToken(row, params[r], 0)) << "row " << r;
+  }
+}
+
 }  // namespace
 }  // namespace tandem::cuda
