@@ -26,7 +26,11 @@ namespace tandem::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 4;
-constexpr int kUnroll = 4;  // 256-element steps of K whose weights are loaded together
+// 256-element steps of K whose weights are in flight together per warp (2 KiB). 8 steps for one
+// or two dot products per warp measured faster alone (tandem-bench --gemv_sweep) but slower in
+// the decode step (openllama-3b batch 1 on an H100: 2.896 -> 2.931 ms).
+template <int M, int R>
+constexpr int kUnroll = 4;
 
 // Weights are read once per step: keep them out of L1, which x needs.
 __device__ __forceinline__ uint4 LoadStreaming(const void* p) {
@@ -140,20 +144,22 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
   for (int m = 0; m < M; ++m) sum_x[m] = sum_xx[m] = 0.0f;
   constexpr int kStep = 32 * 8;
   const int step = kStep * split;  // from one of this warp's steps to its next
-  const int stride = step * kUnroll;
-  // Software pipeline: the weights of the next kUnroll steps are in flight while the current ones
-  // are multiplied. The first batch is loaded before waiting for the kernel that writes x (it
-  // does not read x), which hides this kernel's start behind the previous one.
-  uint4 wv[kUnroll][R];
-#define TANDEM_GEMV_LOAD(base_k)                                                  \
-  _Pragma("unroll") for (int u = 0; u < kUnroll; ++u) {                           \
-    const int kk = (base_k) + u * step;                                           \
-    _Pragma("unroll") for (int r = 0; r < R; ++r) {                               \
-      wv[u][r] = kk < k ? LoadStreaming(wrow[r] + kk) : make_uint4(0, 0, 0, 0);   \
-    }                                                                             \
-  }
+  constexpr int U = kUnroll<M, R>;
+  const int stride = step * U;
+  // Software pipeline: wv[u] holds the weights of step u of the current batch; once unpacked it
+  // is refilled with step u of the next batch, so that U steps stay in flight while the current
+  // ones are multiplied. The first batch is loaded before waiting for the kernel that writes x
+  // (it does not read x), which hides this kernel's start behind the previous one.
+  uint4 wv[U][R];
   const int first = (part * 32 + lane) * 8;
-  TANDEM_GEMV_LOAD(first)
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int kk = first + u * step;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      wv[u][r] = kk < k ? LoadStreaming(wrow[r] + kk) : make_uint4(0, 0, 0, 0);
+    }
+  }
   AllowDependentLaunch();
   WaitForPrerequisites();
   const T* xrow[M];
@@ -163,22 +169,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
     xrow[m] = x + static_cast<size_t>(row) * k;
   }
   for (int base = first; base < k; base += stride) {
-    uint4 cur[kUnroll][R];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) cur[u][r] = wv[u][r];
-    }
-    if (base + stride < k) {
-      TANDEM_GEMV_LOAD(base + stride)
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int kk = base + u * step;
       if (kk >= k) break;
       float wf[R][8];
 #pragma unroll
-      for (int r = 0; r < R; ++r) Unpack<T>(cur[u][r], wf[r]);
+      for (int r = 0; r < R; ++r) Unpack<T>(wv[u][r], wf[r]);
+      const int next = kk + stride;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (next < k) wv[u][r] = LoadStreaming(wrow[r] + next);
+      }
       [[maybe_unused]] float gf[8];
       if constexpr (kFold) Unpack<T>(__ldg(reinterpret_cast<const uint4*>(g + kk)), gf);
 #pragma unroll
@@ -201,7 +203,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
       }
     }
   }
-#undef TANDEM_GEMV_LOAD
 #pragma unroll
   for (int r = 0; r < R; ++r) {
 #pragma unroll
