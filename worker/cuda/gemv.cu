@@ -29,7 +29,6 @@ constexpr int kWarpsPerBlock = 4;
 // 256-element steps of K whose weights are in flight together per warp (2 KiB). 8 steps for one
 // or two dot products per warp measured faster alone (tandem-bench --gemv_sweep) but slower in
 // the decode step (openllama-3b batch 1 on an H100: 2.896 -> 2.931 ms).
-template <int M, int R>
 constexpr int kUnroll = 4;
 
 // Weights are read once per step: keep them out of L1, which x needs.
@@ -144,7 +143,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
   for (int m = 0; m < M; ++m) sum_x[m] = sum_xx[m] = 0.0f;
   constexpr int kStep = 32 * 8;
   const int step = kStep * split;  // from one of this warp's steps to its next
-  constexpr int U = kUnroll<M, R>;
+  constexpr int U = kUnroll;
   const int stride = step * U;
   // Software pipeline: wv[u] holds the weights of step u of the current batch; once unpacked it
   // is refilled with step u of the next batch, so that U steps stay in flight while the current
@@ -479,6 +478,21 @@ absl::StatusOr<GemvTuning> ResolveTuning(GemvTuning tuning, int rows, int out, i
   return tuning;
 }
 
+// The product's part of a launch: y (out) = x (in) · wᵀ + bias with K divided between `split`
+// warps; the epilogue's extras are set by the caller.
+GemvParams ProductParams(const void* x, const void* w, const void* bias, void* y, int out, int in,
+                         int split) {
+  GemvParams p{};
+  p.x = x;
+  p.w = w;
+  p.bias = bias;
+  p.y = y;
+  p.n = out;
+  p.k = in;
+  p.split = split;
+  return p;
+}
+
 }  // namespace
 
 absl::Status Gemv(DType dtype, GemvEpilogue epilogue, const void* x, const void* w,
@@ -489,14 +503,7 @@ absl::Status Gemv(DType dtype, GemvEpilogue epilogue, const void* x, const void*
     return absl::InvalidArgumentError("the QKV-into-cache GEMV is GemvQkvCache");
   }
   ASSIGN_OR_RETURN(const GemvTuning t, ResolveTuning(tuning, rows, out, in));
-  GemvParams p{};
-  p.x = x;
-  p.w = w;
-  p.bias = bias;
-  p.y = y;
-  p.n = out;
-  p.k = in;
-  p.split = t.k_split;
+  const GemvParams p = ProductParams(x, w, bias, y, out, in, t.k_split);
   // On a stream of our own, always as a programmatic dependent launch.
   TANDEM_DISPATCH_HALF(dtype, {
     CUDA_CHECK((LaunchEpilogue<T, NormKind::kNone>(epilogue, rows, t.rows_per_warp, p, stream,
@@ -525,13 +532,7 @@ absl::Status GemvQkvCache(DType dtype, const void* x, const void* w, const void*
   const int out = (cache.num_heads + 2 * cache.num_kv_heads) * cache.head_dim;
   RETURN_IF_ERROR(CheckGemvShape(rows, out, in, x, w));
   ASSIGN_OR_RETURN(const GemvTuning t, ResolveTuning(tuning, rows, out / 2, in));
-  GemvParams p{};
-  p.x = x;
-  p.w = w;
-  p.bias = bias;
-  p.n = out;
-  p.k = in;
-  p.split = t.k_split;
+  GemvParams p = ProductParams(x, w, bias, nullptr, out, in, t.k_split);
   p.cache = cache;
   TANDEM_DISPATCH_HALF(dtype, {
     CUDA_CHECK((LaunchEpilogue<T, NormKind::kNone>(GemvEpilogue::kQkvCache, rows, 2, p, stream,
@@ -588,14 +589,7 @@ absl::Status GemvNorm(DType dtype, GemvEpilogue epilogue, bool rms, const void* 
     return absl::InvalidArgumentError(
         "GEMV with a folded norm needs 16-byte aligned x, w and norm weight");
   }
-  GemvParams p{};
-  p.x = x;
-  p.w = w;
-  p.bias = bias;
-  p.y = y;
-  p.n = out;
-  p.k = in;
-  p.split = 1;  // the folded statistics are per warp
+  GemvParams p = ProductParams(x, w, bias, y, out, in, 1);  // the folded statistics are per warp
   p.gather = gather;
   p.g = norm_w;
   p.wg = layer_norm.wg;
