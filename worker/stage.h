@@ -4,10 +4,12 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/model_config.h"
 
@@ -47,6 +49,15 @@ struct Activations {
   DType dtype = DType::kF32;
   Where where = Where::kHost;
   std::shared_ptr<void> data;  // host or device memory, kept alive by whoever holds a copy
+  // Set on device activations that may still be arriving (ActivationTransport::PostRecv), so that
+  // a stage can queue its work behind them before they are there: a stream must wait for `ready`
+  // (a cudaEvent_t of the same device) before it reads `data`, and whoever computes from them must
+  // call `arrival` before trusting (or returning) the result. `arrival` returns the host time at
+  // which the data was seen complete, or the transport's error (the peer silent past the timeout,
+  // another step's frame, cancelled), after which `ready` has completed too, over data to be
+  // discarded. Idempotent; valid as long as the transport that made it.
+  void* ready = nullptr;
+  std::function<absl::StatusOr<absl::Time>()> arrival;
   size_t nbytes() const { return static_cast<size_t>(rows * cols) * DTypeSize(dtype); }
 };
 

@@ -130,6 +130,7 @@ class CudaStage final : public Stage {
   absl::Status RunDecode(const StepDescriptor& step, const Activations& in, StepOutput& out);
   absl::Status RunChunks(const StepDescriptor& step, const Activations& in, StepOutput& out);
   absl::Status CopyInput(const Activations& in, int64_t row0, int rows);
+  absl::Status AwaitInput(const Activations& in);
   absl::Status Replay(int bucket);
   int SplitsFor(int rows) const;
   // Decode passes of at most this many rows use the GEMV kernels (none when batch-invariant).
@@ -591,6 +592,10 @@ absl::Status CudaStage::Validate(const StepDescriptor& step, const Activations& 
   const StepLimits limits{max_slots_, max_seq_len_, c_.vocab_size, c_.hidden_size,
                           has_embedding_};
   RETURN_IF_ERROR(ValidateStep(step, in, limits, cached_len_));
+  if (in.ready != nullptr && in.where != Where::kDevice) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step.id, ": input activations with a ready event must be in device memory"));
+  }
   if (!has_embedding_ && in.where == Where::kDevice && in.dtype != opt_.dtype) {
     return absl::InvalidArgumentError(
         absl::StrCat("step ", step.id, ": input activations in device memory are ",
@@ -600,12 +605,25 @@ absl::Status CudaStage::Validate(const StepDescriptor& step, const Activations& 
   return absl::OkStatus();
 }
 
+// Before the host waits for a step whose input may still be arriving: the transport's verdict on
+// that input. On an error the transfer was aborted, so the stream drains (over data discarded).
+absl::Status CudaStage::AwaitInput(const Activations& in) {
+  if (!in.arrival) return absl::OkStatus();
+  const absl::StatusOr<absl::Time> arrived = in.arrival();
+  if (arrived.ok()) return absl::OkStatus();
+  cudaStreamSynchronize(stream_.get());
+  return arrived.status();
+}
+
 // Rows [row0, row0 + rows) of `in` into x_.
 absl::Status CudaStage::CopyInput(const Activations& in, int64_t row0, int rows) {
   const size_t row_bytes = RowBytes(c_.hidden_size);
   const size_t in_row_bytes = static_cast<size_t>(in.cols) * DTypeSize(in.dtype);
   const char* src = static_cast<const char*>(in.data.get()) + row0 * in_row_bytes;
   if (in.where == Where::kDevice) {
+    if (in.ready != nullptr) {  // still arriving: the step runs once it is there
+      CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), static_cast<cudaEvent_t>(in.ready), 0));
+    }
     CUDA_CHECK(cudaMemcpyAsync(x_.get(), src, rows * row_bytes, cudaMemcpyDeviceToDevice,
                                stream_.get()));
     return absl::OkStatus();
@@ -687,6 +705,7 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
                                  cudaMemcpyDeviceToHost, stream_.get()));
     }
   }
+  RETURN_IF_ERROR(AwaitInput(in));
   CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   if (has_head_) {
     const int32_t* t = host_tokens_.as<int32_t>();
@@ -765,6 +784,7 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
       CUDA_CHECK(cudaMemcpyAsync(out_hidden_.as<char>() + row0 * row_bytes, x_.get(),
                                  rows * row_bytes, cudaMemcpyDeviceToDevice, stream_.get()));
     }
+    RETURN_IF_ERROR(AwaitInput(in));
     CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
     if (has_head_ && samples > 0) {
       const int32_t* t = host_tokens_.as<int32_t>();
@@ -786,7 +806,11 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
 }
 
 absl::StatusOr<StepOutput> CudaStage::Step(const StepDescriptor& step, const Activations& in) {
-  RETURN_IF_ERROR(Validate(step, in));
+  if (absl::Status st = Validate(step, in); !st.ok()) {
+    // A frame posted for this step is still taken, so that the next step's is not taken for it.
+    if (in.arrival) (void)in.arrival();
+    return st;
+  }
   StepOutput out;
   if (step.seqs.empty()) return out;
   CUDA_CHECK(cudaSetDevice(opt_.device));

@@ -20,6 +20,15 @@ class ActivationTransport {
   // once `cancelled()` returns true, DEADLINE_EXCEEDED when the previous stage stays silent.
   virtual absl::StatusOr<Activations> Recv(uint64_t step_id,
                                            const std::function<bool()>& cancelled) = 0;
+  // Posts the receive of step `step_id`'s input of `rows` rows (the step's descriptor has them)
+  // and may return before it arrives, as activations with `ready` and `arrival` set (stage.h), so
+  // that the stage can queue its step behind the transfer instead of waiting for it on the host.
+  // By default the blocking Recv (`rows` unused).
+  virtual absl::StatusOr<Activations> PostRecv(uint64_t step_id, int64_t rows,
+                                               const std::function<bool()>& cancelled) {
+    (void)rows;
+    return Recv(step_id, cancelled);
+  }
 };
 
 }  // namespace tandem

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -225,7 +226,7 @@ struct NcclTransport::State {
   // while the next is staged.
   struct SendSlot {
     cuda::DeviceBuffer frame;
-    cuda::PinnedBuffer host_header;
+    cuda::PinnedBuffer host_header;  // the header, and on the last rank the tokens behind it
     cuda::Event copied, sent;
     bool in_flight = false;
   };
@@ -240,6 +241,9 @@ struct NcclTransport::State {
   // The header region and the inline tokens of a received frame, copied to the host.
   cuda::PinnedBuffer recv_host;
   cuda::Event header_done;
+  // A posted receive's header (PostRecv), per receive buffer, and the end of its copy to the host.
+  cuda::PinnedBuffer posted_header[2];
+  cuda::Event posted_header_done[2];
 
   // A transport that failed to join (or whose close was cut short) leaves nothing joined behind.
   ~State() { Abort(absl::CancelledError("the transport was destroyed")); }
@@ -357,13 +361,22 @@ struct NcclTransport::State {
                      static_cast<uint32_t>(opt.dtype), {0, 0, 0}};
     char* frame = slot.frame.as<char>();
     const cudaStream_t cs = copy_stream.get();
-    if (bytes > 0) {
-      CUDA_CHECK(cudaMemcpyAsync(frame + kHeaderRegion, src, bytes, copy_kind, cs));
+    // Host data that fits behind the header in the slot's pinned buffer (a step's tokens) goes
+    // there and over in one copy, and the caller's memory is free at once; otherwise it is free
+    // once the staging copy is done.
+    const bool pinned =
+        copy_kind == cudaMemcpyHostToDevice && kHeaderRegion + bytes <= slot.host_header.size();
+    if (pinned) {
+      if (bytes > 0) std::memcpy(slot.host_header.as<char>() + kHeaderRegion, src, bytes);
+      CUDA_CHECK(cudaMemcpyAsync(frame, h, kHeaderRegion + bytes, cudaMemcpyHostToDevice, cs));
+    } else {
+      if (bytes > 0) {
+        CUDA_CHECK(cudaMemcpyAsync(frame + kHeaderRegion, src, bytes, copy_kind, cs));
+      }
+      CUDA_CHECK(cudaMemcpyAsync(frame, h, sizeof(FrameHeader), cudaMemcpyHostToDevice, cs));
     }
-    CUDA_CHECK(cudaMemcpyAsync(frame, h, sizeof(FrameHeader), cudaMemcpyHostToDevice, cs));
     CUDA_CHECK(cudaEventRecord(slot.copied.get(), cs));
-    // The caller's memory is free again once the staging copy is done.
-    RETURN_IF_ERROR(Wait(slot.copied.get(), nullptr, "the staging copy"));
+    if (!pinned) RETURN_IF_ERROR(Wait(slot.copied.get(), nullptr, "the staging copy"));
     const cudaStream_t ns = comm_stream.get();
     CUDA_CHECK(cudaStreamWaitEvent(ns, slot.copied.get(), 0));
     const size_t inline_bytes = InlineBytes(kind);
@@ -395,7 +408,13 @@ struct NcclTransport::State {
     CUDA_CHECK(cudaEventRecord(header_done.get(), ns));
     RETURN_IF_ERROR(Wait(header_done.get(), &cancelled,
                          absl::StrCat("step ", step_id, "'s ", KindName(kind), " from rank ", peer)));
-    const FrameHeader h = *recv_host.as<FrameHeader>();
+    return CheckHeader(*recv_host.as<FrameHeader>(), peer, kind, step_id);
+  }
+
+  // `h` if it is the header of step `step_id`'s frame of `kind` from `peer` within this stage's
+  // limits; otherwise DATA_LOSS (the pipeline lost or reordered a message), aborting.
+  absl::StatusOr<FrameHeader> CheckHeader(const FrameHeader& h, int peer, uint32_t kind,
+                                          uint64_t step_id) {
     auto bad = [&](auto&&... parts) {
       return Fail(absl::DataLossError(absl::StrCat("rank ", opt.rank, " expected step ", step_id,
                                                    "'s ", KindName(kind), " from rank ", peer,
@@ -415,6 +434,25 @@ struct NcclTransport::State {
     }
     if (kind == kTokenFrame && h.cols != 1) return bad("a token frame with ", h.cols, " cols");
     return h;
+  }
+
+  // The verdict on the receive posted into buffer `i` for step `step_id` (PostRecv): waits for
+  // its header, then checks it, `rows` included.
+  absl::StatusOr<absl::Time> Arrival(int i, uint64_t step_id, int64_t rows, int peer,
+                                     const std::function<bool()>& cancelled) {
+    RETURN_IF_ERROR(Healthy());
+    CUDA_CHECK(cudaSetDevice(opt.device));
+    RETURN_IF_ERROR(Wait(posted_header_done[i].get(), &cancelled,
+                         absl::StrCat("step ", step_id, "'s activations from rank ", peer)));
+    const absl::Time arrived = absl::Now();
+    ASSIGN_OR_RETURN(const FrameHeader h, CheckHeader(*posted_header[i].as<FrameHeader>(), peer,
+                                                      kActivationFrame, step_id));
+    if (h.rows != rows) {
+      return Fail(absl::DataLossError(absl::StrCat("rank ", opt.rank, " expected step ", step_id,
+                                                   "'s activations of ", rows, " rows from rank ",
+                                                   peer, " but got ", h.rows, " rows")));
+    }
+    return arrived;
   }
 };
 
@@ -480,7 +518,9 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
     const size_t send_bytes = s->last() ? tok_bytes : act_bytes;
     for (State::SendSlot& slot : s->send) {
       RETURN_IF_ERROR(slot.frame.Allocate(send_bytes));
-      RETURN_IF_ERROR(slot.host_header.Allocate(sizeof(FrameHeader)));
+      // The last rank's token frames are staged whole in pinned memory (SendFrame).
+      RETURN_IF_ERROR(slot.host_header.Allocate(s->last() ? kHeaderRegion + kInlineTokenBytes
+                                                          : sizeof(FrameHeader)));
       RETURN_IF_ERROR(slot.copied.Create());
       RETURN_IF_ERROR(slot.sent.Create());
     }
@@ -489,6 +529,8 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
     for (int i = 0; i < 2; ++i) {
       RETURN_IF_ERROR(s->recv_frame[i].Allocate(recv_bytes));
       RETURN_IF_ERROR(s->recv_done[i].Create());
+      RETURN_IF_ERROR(s->posted_header[i].Allocate(sizeof(FrameHeader)));
+      RETURN_IF_ERROR(s->posted_header_done[i].Create());
     }
     RETURN_IF_ERROR(s->recv_host.Allocate(options.rank == 0 ? tok_bytes : kHeaderRegion));
     RETURN_IF_ERROR(s->header_done.Create());
@@ -686,6 +728,59 @@ absl::StatusOr<Activations> NcclTransport::Recv(uint64_t step_id,
   }
   a.data = std::shared_ptr<void>(frame + kHeaderRegion, [](void*) {});
   ++s.recvs;
+  return a;
+}
+
+absl::StatusOr<Activations> NcclTransport::PostRecv(uint64_t step_id, int64_t rows,
+                                                    const std::function<bool()>& cancelled) {
+  State& s = *s_;
+  RETURN_IF_ERROR(s.Healthy());
+  if (s.opt.rank == 0) {
+    return absl::FailedPreconditionError("rank 0 is the first stage and receives no activations");
+  }
+  if (rows < 0 || rows > s.opt.max_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", step_id, ": ", rows,
+                                                   " rows of activations are outside [0, ",
+                                                   s.opt.max_rows, "] (max_rows)"));
+  }
+  if (cancelled && cancelled()) {
+    return absl::CancelledError(absl::StrCat("step ", step_id, ": cancelled before receiving"));
+  }
+  CUDA_CHECK(cudaSetDevice(s.opt.device));
+  const int peer = s.opt.rank - 1;
+  const int i = static_cast<int>(s.recvs % 2);
+  char* frame = s.recv_frame[i].as<char>();
+  Activations a;
+  a.rows = rows;
+  a.cols = s.opt.hidden_size;
+  a.dtype = s.opt.dtype;
+  a.where = Where::kDevice;
+  const size_t bytes = a.nbytes();
+  const cudaStream_t ns = s.comm_stream.get();
+  // The frame's messages as the sender groups them: the first of fixed size, then the rest.
+  NCCL_ISSUE_C(s, ncclGroupStart(), cancelled);
+  ncclResult_t r =
+      ncclRecv(frame, kHeaderRegion + kInlineActivationBytes, ncclUint8, peer, s.data, ns);
+  if (r == ncclSuccess && bytes > kInlineActivationBytes) {
+    r = ncclRecv(frame + kHeaderRegion + kInlineActivationBytes, bytes - kInlineActivationBytes,
+                 ncclUint8, peer, s.data, ns);
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  NCCL_ISSUE_C(s, r, cancelled);
+  NCCL_ISSUE_C(s, end, cancelled);
+  CUDA_CHECK(cudaEventRecord(s.recv_done[i].get(), ns));
+  CUDA_CHECK(cudaMemcpyAsync(s.posted_header[i].get(), frame, sizeof(FrameHeader),
+                             cudaMemcpyDeviceToHost, ns));
+  CUDA_CHECK(cudaEventRecord(s.posted_header_done[i].get(), ns));
+  ++s.recvs;
+  a.data = std::shared_ptr<void>(frame + kHeaderRegion, [](void*) {});
+  a.ready = s.recv_done[i].get();
+  auto verdict = std::make_shared<std::optional<absl::StatusOr<absl::Time>>>();
+  State* state = s_.get();
+  a.arrival = [state, i, step_id, rows, peer, cancelled, verdict]() {
+    if (!verdict->has_value()) *verdict = state->Arrival(i, step_id, rows, peer, cancelled);
+    return **verdict;
+  };
   return a;
 }
 

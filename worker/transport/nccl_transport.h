@@ -15,7 +15,10 @@
 // not told about. A frame's first NCCL message has a fixed size (header region + 64 KiB of
 // activations or 4 KiB of tokens) and holds all of a decode step's payload; only a larger frame
 // (a prefill) sends the rest as a second message, which the receiver posts once it has read the
-// header. A dead or silent peer never hangs a worker: every wait polls a CUDA event and the
+// header. A stage that knows its step's rows beforehand (from the step's descriptor) posts the
+// whole receive at once (PostRecv) and queues its step on the device behind it, so that the step
+// starts when its input lands, without a round trip through the host. A dead or silent peer never
+// hangs a worker: every wait polls a CUDA event and the
 // communicators' async errors against a deadline, and on an error, a timeout or a cancellation in
 // the middle of a transfer both communicators are aborted (ncclCommAbort). An aborted transport
 // answers every later call with FAILED_PRECONDITION; the pipeline is then rebuilt with a new
@@ -83,6 +86,14 @@ class NcclTransport : public ActivationTransport {
   // pipeline lost a message) and aborts the communicator.
   absl::StatusOr<Activations> Recv(uint64_t step_id,
                                    const std::function<bool()>& cancelled) override;
+
+  // Every rank but the first: posts the receive of step `step_id`'s activations of `rows` rows
+  // and returns at once, with `ready` (completes when they are in the buffer) and `arrival` (waits
+  // for them on the host like Recv, then checks the header: another step, shape or row count is
+  // DATA_LOSS; a silent peer DEADLINE_EXCEEDED; both abort, after which `ready` completes). The
+  // buffer is valid until the second receive after this one; `arrival` as long as the transport.
+  absl::StatusOr<Activations> PostRecv(uint64_t step_id, int64_t rows,
+                                       const std::function<bool()>& cancelled) override;
 
   // A pipeline without a coordinator in between (benchmarks, tests): the last rank returns the
   // sampled tokens of a step to the first rank. At most max_rows tokens.

@@ -12,8 +12,9 @@
 //
 // usage, N processes:  tandem-pipeline-bench --model DIR --world N --rank R --id_file PATH
 //                        [--device R] [--batch 1,8,64] [--prompt 128] [--new_tokens 128]
-//                        [--json OUT.json] [--reference SINGLE.json]
+//                        [--json OUT.json] [--reference SINGLE.json] [--post_recv=false]
 //        one process:  tandem-pipeline-bench --model DIR --single [--device 0] [--json OUT.json]
+//                        [--split_local]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -33,6 +34,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "common/model_config.h"
 #include "common/rng.h"
 #include "common/status_macros.h"
@@ -55,6 +57,12 @@ ABSL_FLAG(bool, graphs, true, "replay decode steps from CUDA graphs");
 ABSL_FLAG(double, kv_memory_fraction, 0.5, "share of free GPU memory for the KV-cache");
 ABSL_FLAG(int, timeout_s, 180, "seconds to wait for the id file, joining, and each transfer");
 ABSL_FLAG(std::string, json, "", "write figures and tokens as JSON to this file");
+ABSL_FLAG(bool, split_local, false,
+          "with --single: the model as two stages in this process on the one GPU, the first's "
+          "device output handed to the second (the cost of the split itself, without a hop)");
+ABSL_FLAG(bool, post_recv, true,
+          "stages after the first post each step's receive and queue the step behind it on the "
+          "device (NcclTransport::PostRecv); false: wait for the input on the host first (Recv)");
 ABSL_FLAG(std::string, reference, "",
           "single-stage JSON: rank 0 compares tokens and step times against it");
 
@@ -120,8 +128,14 @@ struct BatchResult {
 // One process's part of the pipeline (or all of it).
 class Runner {
  public:
-  Runner(Stage& stage, NcclTransport* transport, int rank, int world)
-      : stage_(stage), t_(transport), rank_(rank), world_(world) {}
+  Runner(Stage& stage, NcclTransport* transport, int rank, int world, bool post_recv,
+         Stage* second = nullptr)
+      : stage_(stage),
+        t_(transport),
+        rank_(rank),
+        world_(world),
+        post_recv_(post_recv),
+        second_(second) {}
 
   // Runs one step on this rank; rank 0 (or --single) returns the step's tokens.
   absl::StatusOr<std::vector<int32_t>> Step(StepDescriptor& step, BatchResult* r) {
@@ -129,12 +143,29 @@ class Runner {
     const auto none = [] { return false; };
     Activations in;
     auto t0 = Clock::now();
-    if (rank_ > 0) {
+    const absl::Time posted = absl::Now();
+    if (rank_ > 0 && post_recv_) {
+      int64_t rows = 0;
+      for (const SequenceStep& s : step.seqs) rows += s.num_tokens;
+      ASSIGN_OR_RETURN(in, t_->PostRecv(step.id, rows, none));
+    } else if (rank_ > 0) {
       ASSIGN_OR_RETURN(in, t_->Recv(step.id, none));
     }
     auto t1 = Clock::now();
-    ASSIGN_OR_RETURN(StepOutput out, stage_.Step(step, in));
+    absl::StatusOr<StepOutput> stepped = stage_.Step(step, in);
     auto t2 = Clock::now();
+    if (in.arrival) {  // the input's arrival divides waiting from computing
+      ASSIGN_OR_RETURN(const absl::Time arrived, in.arrival());
+      t1 = t0 + absl::ToChronoNanoseconds(arrived - posted);
+    }
+    RETURN_IF_ERROR(stepped.status());
+    StepOutput& out = *stepped;
+    if (second_ != nullptr) {  // --split_local: the second half, on the first's output
+      StepDescriptor rest = step;
+      rest.tokens.clear();
+      ASSIGN_OR_RETURN(out, second_->Step(rest, out.hidden));
+      t2 = Clock::now();
+    }
     std::vector<int32_t> tokens;
     if (world_ == 1) {
       tokens = std::move(out.tokens);
@@ -159,6 +190,8 @@ class Runner {
   Stage& stage_;
   NcclTransport* t_;
   int rank_, world_;
+  bool post_recv_;
+  Stage* second_;
   uint64_t next_id_ = 1;
 };
 
@@ -297,10 +330,12 @@ absl::StatusOr<int> Run() {
     ASSIGN_OR_RETURN(id, ShareUniqueId(rank, absl::GetFlag(FLAGS_id_file), timeout_s));
   }
 
+  const bool split_local = single && absl::GetFlag(FLAGS_split_local);
   StageSpec spec;
   spec.model_dir = model;
   spec.first_layer = c.num_layers * rank / world;
   spec.last_layer = rank == world - 1 ? c.num_layers : c.num_layers * (rank + 1) / world;
+  if (split_local) spec.last_layer = c.num_layers / 2;
   spec.max_slots = max_batch;
   spec.max_seq_len = std::min(c.max_positions, prompt + new_tokens);
   CudaOptions opt;
@@ -310,6 +345,13 @@ absl::StatusOr<int> Run() {
   opt.kv_memory_fraction = static_cast<float>(absl::GetFlag(FLAGS_kv_memory_fraction));
   const auto t_load = Clock::now();
   ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCudaStage(spec, opt));
+  std::unique_ptr<Stage> second;
+  if (split_local) {
+    StageSpec rest = spec;
+    rest.first_layer = spec.last_layer;
+    rest.last_layer = c.num_layers;
+    ASSIGN_OR_RETURN(second, MakeCudaStage(rest, opt));
+  }
   const double load_s = Ms(t_load, Clock::now()) * 1e-3;
 
   std::unique_ptr<NcclTransport> transport;
@@ -329,7 +371,8 @@ absl::StatusOr<int> Run() {
   }
 
   const int steps = std::min(new_tokens, spec.max_seq_len - prompt + 1);
-  Runner runner(*stage, transport.get(), rank, world);
+  Runner runner(*stage, transport.get(), rank, world, absl::GetFlag(FLAGS_post_recv),
+                second.get());
   std::vector<BatchResult> results;
   for (int batch : batches) {
     for (int round = 0; round < 2; ++round) {
@@ -340,12 +383,13 @@ absl::StatusOr<int> Run() {
 
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, device);
-  std::printf("%s: model %s, layers [%d, %d) of %d, %s, prompt %d, new %d, device %d (%s), "
-              "load %.1f s, join %.2f s\n",
-              single ? "single" : absl::StrCat("rank ", rank, "/", world).c_str(), model.c_str(),
-              spec.first_layer, spec.last_layer, c.num_layers,
-              std::string(DTypeName(dtype)).c_str(), prompt, steps, device, prop.name, load_s,
-              join_s);
+  std::printf(
+      "%s: model %s, layers [%d, %d) of %d, %s, prompt %d, new %d, device %d (%s), "
+      "load %.1f s, join %.2f s, input %s\n",
+      single ? "single" : absl::StrCat("rank ", rank, "/", world).c_str(), model.c_str(),
+      spec.first_layer, spec.last_layer, c.num_layers, std::string(DTypeName(dtype)).c_str(),
+      prompt, steps, device, prop.name, load_s, join_s,
+      absl::GetFlag(FLAGS_post_recv) ? "posted (PostRecv)" : "waited for (Recv)");
   std::printf("| batch | prefill ms | decode ms/step | decode tok/s | end-to-end tok/s | "
               "recv ms/step | compute ms/step | send (+ tokens back) ms/step |\n"
               "|---|---|---|---|---|---|---|---|\n");
@@ -368,6 +412,8 @@ absl::StatusOr<int> Run() {
   j["new_tokens"] = steps;
   j["load_seconds"] = load_s;
   j["join_seconds"] = join_s;
+  j["post_recv"] = absl::GetFlag(FLAGS_post_recv);
+  j["split_local"] = split_local;
   for (const BatchResult& r : results) {
     j["results"].push_back({{"batch", r.batch}, {"prefill_ms", r.prefill_ms},
                             {"decode_ms_per_step", r.decode_ms_step},

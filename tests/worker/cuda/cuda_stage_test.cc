@@ -6,10 +6,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/rng.h"
@@ -402,6 +404,112 @@ TEST_P(CudaStageVsCpu, TwoStagesGiveTheSameLogitsAsOne) {
   auto got2 = third->Step(step, in);
   ASSERT_TRUE(got2.ok()) << got2.status();
   EXPECT_EQ(got2->logits, got->logits);
+}
+
+// Input that is still arriving (as NcclTransport::PostRecv hands it over): the stage queues its
+// step behind `ready` on the device and reports `arrival`'s verdict; an error leaves it usable.
+TEST_P(CudaStageVsCpu, InputStillArrivingIsWaitedForOnTheDevice) {
+  SKIP_WITHOUT_GPU();
+  const auto dir = Checkpoint(GetParam());
+  auto first = MakeCuda(dir, DType::kF16, true, 0, 2);
+  auto second = MakeCuda(dir, DType::kF16, true, 2, -1);
+  ASSERT_TRUE(first && second);
+  const int v = first->config().vocab_size;
+  auto prefill = [&](int slot) {
+    StepDescriptor d;
+    d.return_logits = true;
+    SequenceStep s;
+    s.slot = slot;
+    s.num_tokens = 13;
+    d.seqs = {s};
+    d.tokens = Prompt(13, 9, v);
+    return d;
+  };
+  auto decode = [&](int slot) {
+    StepDescriptor d;
+    d.return_logits = true;
+    SequenceStep s;
+    s.slot = slot;
+    s.position = 13;
+    d.seqs = {s};
+    d.tokens = {5};
+    return d;
+  };
+  // What the second stage gives for inputs that are there (slot 0).
+  auto mid = first->Step(prefill(0), Activations{});
+  ASSERT_TRUE(mid.ok()) << mid.status();
+  const int64_t bytes = static_cast<int64_t>(mid->hidden.nbytes());
+  std::vector<char> prefill_in(bytes);
+  ASSERT_EQ(cudaMemcpy(prefill_in.data(), mid->hidden.data.get(), bytes, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  auto want_prefill = second->Step(prefill(0), mid->hidden);
+  ASSERT_TRUE(want_prefill.ok()) << want_prefill.status();
+  auto mid_decode = first->Step(decode(0), Activations{});
+  ASSERT_TRUE(mid_decode.ok()) << mid_decode.status();
+  std::vector<char> decode_in(mid_decode->hidden.nbytes());
+  ASSERT_EQ(cudaMemcpy(decode_in.data(), mid_decode->hidden.data.get(), decode_in.size(),
+                       cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  auto want_decode = second->Step(decode(0), mid_decode->hidden);
+  ASSERT_TRUE(want_decode.ok()) << want_decode.status();
+
+  // The same inputs arriving 100 ms after the step is queued (slot 1): a buffer that holds zeros
+  // until a side stream, after a host sleep, copies them in and records `ready`.
+  cudaStream_t side = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t ready = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), cudaSuccess);
+  void* raw = nullptr;
+  ASSERT_EQ(cudaMalloc(&raw, bytes), cudaSuccess);
+  std::shared_ptr<void> buf(raw, [](void* p) { cudaFree(p); });
+  int asked = 0;
+  auto late = [&](const std::vector<char>& host) {
+    EXPECT_EQ(cudaMemsetAsync(buf.get(), 0, bytes, side), cudaSuccess);
+    EXPECT_EQ(cudaLaunchHostFunc(
+                  side, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); },
+                  nullptr),
+              cudaSuccess);
+    EXPECT_EQ(cudaMemcpyAsync(buf.get(), host.data(), host.size(), cudaMemcpyHostToDevice, side),
+              cudaSuccess);
+    EXPECT_EQ(cudaEventRecord(ready, side), cudaSuccess);
+    const int64_t rows = static_cast<int64_t>(host.size()) / (mid->hidden.cols * 2);
+    Activations a{rows, mid->hidden.cols, DType::kF16, Where::kDevice, buf};
+    a.ready = ready;
+    a.arrival = [ready, &asked]() -> absl::StatusOr<absl::Time> {
+      ++asked;
+      if (cudaEventSynchronize(ready) != cudaSuccess) return absl::InternalError("event failed");
+      return absl::Now();
+    };
+    return a;
+  };
+  auto got_prefill = second->Step(prefill(1), late(prefill_in));
+  ASSERT_TRUE(got_prefill.ok()) << got_prefill.status();
+  EXPECT_EQ(got_prefill->logits, want_prefill->logits);
+  EXPECT_EQ(asked, 1);
+  auto got_decode = second->Step(decode(1), late(decode_in));  // a graph replay
+  ASSERT_TRUE(got_decode.ok()) << got_decode.status();
+  EXPECT_EQ(got_decode->logits, want_decode->logits);
+  EXPECT_EQ(asked, 2);
+
+  // The transport's error is the step's (slot 2), and the stage goes on (slot 3).
+  Activations lost = late(prefill_in);
+  lost.arrival = [] { return absl::StatusOr<absl::Time>(absl::DataLossError("frame of step 7")); };
+  auto failed = second->Step(prefill(2), lost);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kDataLoss) << failed.status();
+  auto after = second->Step(prefill(3), late(prefill_in));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->logits, want_prefill->logits);
+
+  // A step the stage rejects still takes its input, so that the next step's is not taken for it.
+  StepDescriptor bad = prefill(4);
+  bad.seqs[0].slot = 99;
+  asked = 0;
+  EXPECT_EQ(second->Step(bad, late(prefill_in)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(cudaStreamSynchronize(side), cudaSuccess);
+  cudaEventDestroy(ready);
+  cudaStreamDestroy(side);
 }
 
 // Batch-invariant mode: a sequence's logits are bit for bit the same whether it runs alone or

@@ -172,8 +172,10 @@ std::vector<uint16_t> Bytes(const Activations& a) {
 const auto kNever = [] { return false; };
 
 // Rank 0 sends steps of `rows` rows (step s + 1, the third from device memory); rank 1 checks
-// them byte for byte and returns rows[s] tokens, which rank 0 checks.
-void ExchangeAndCheck(Pair& p, const std::vector<int>& rows) {
+// them byte for byte and returns rows[s] tokens, which rank 0 checks. With `posted`, rank 1 posts
+// each receive (PostRecv) and reads the activations as a stage does: on a stream that waits for
+// `ready`, then asks `arrival`.
+void ExchangeAndCheck(Pair& p, const std::vector<int>& rows, bool posted = false) {
   std::thread sender([&] {
     cudaSetDevice(0);
     for (size_t s = 0; s < rows.size(); ++s) {
@@ -192,19 +194,38 @@ void ExchangeAndCheck(Pair& p, const std::vector<int>& rows) {
     }
   });
   cudaSetDevice(1);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   for (size_t s = 0; s < rows.size(); ++s) {
-    auto a = p.last->Recv(s + 1, kNever);
+    auto a = posted ? p.last->PostRecv(s + 1, rows[s], kNever) : p.last->Recv(s + 1, kNever);
     ASSERT_TRUE(a.ok()) << a.status();
     EXPECT_EQ(a->rows, rows[s]);
     EXPECT_EQ(a->cols, 64);
     EXPECT_EQ(a->dtype, DType::kF16);
     EXPECT_EQ(a->where, Where::kDevice);
-    EXPECT_EQ(ToHost(*a), Bytes(HostActivations(s + 1, rows[s]))) << "step " << s + 1;
+    if (posted) {
+      ASSERT_NE(a->ready, nullptr);
+      ASSERT_TRUE(a->arrival);
+      std::vector<uint16_t> h(static_cast<size_t>(a->rows * a->cols));
+      ASSERT_EQ(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(a->ready), 0), cudaSuccess);
+      if (!h.empty()) {
+        ASSERT_EQ(
+            cudaMemcpyAsync(h.data(), a->data.get(), a->nbytes(), cudaMemcpyDeviceToHost, stream),
+            cudaSuccess);
+      }
+      const absl::StatusOr<absl::Time> arrived = a->arrival();
+      ASSERT_TRUE(arrived.ok()) << arrived.status();
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      EXPECT_EQ(h, Bytes(HostActivations(s + 1, rows[s]))) << "step " << s + 1;
+    } else {
+      EXPECT_EQ(ToHost(*a), Bytes(HostActivations(s + 1, rows[s]))) << "step " << s + 1;
+    }
     ASSERT_TRUE(
         p.last->SendTokens(s + 1, std::vector<int32_t>(rows[s], static_cast<int32_t>(s + 100)))
             .ok());
   }
   sender.join();
+  cudaStreamDestroy(stream);
 }
 
 TEST(NcclTransportTest, ActivationsAndTokensArriveIntact) {
@@ -227,12 +248,80 @@ TEST(NcclTransportTest, FramesLargerThanTheFirstMessageArriveIntact) {
   EXPECT_FALSE(p.last->aborted());
 }
 
+TEST(NcclTransportTest, PostedReceivesArriveIntact) {
+  REQUIRE_GPUS(2);
+  {
+    Pair p = Join();
+    ASSERT_TRUE(p.first && p.last);
+    ExchangeAndCheck(p, {16, 1, 7, 0, 3}, /*posted=*/true);
+    EXPECT_FALSE(p.last->aborted());
+  }
+  Pair p = Join(absl::Seconds(20), /*max_rows=*/2048);
+  ASSERT_TRUE(p.first && p.last);
+  ExchangeAndCheck(p, {2048, 512, 513, 1, 1024, 1025, 0, 2047}, /*posted=*/true);
+  EXPECT_FALSE(p.first->aborted());
+  EXPECT_FALSE(p.last->aborted());
+}
+
+// A receive posted for a peer that never sends: `arrival` ends at the timeout, the communicator
+// is aborted, and a stream queued behind `ready` drains instead of hanging.
+TEST(NcclTransportTest, PostedReceiveFromASilentPeerEndsAndFreesTheStream) {
+  REQUIRE_GPUS(2);
+  Pair p = Join(absl::Seconds(2));
+  ASSERT_TRUE(p.first && p.last);
+  cudaSetDevice(1);
+  auto a = p.last->PostRecv(1, 4, kNever);
+  ASSERT_TRUE(a.ok()) << a.status();
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(a->ready), 0), cudaSuccess);
+  const absl::StatusOr<absl::Time> arrived = a->arrival();
+  EXPECT_EQ(arrived.status().code(), absl::StatusCode::kDeadlineExceeded) << arrived.status();
+  EXPECT_EQ(a->arrival().status(), arrived.status());  // remembered
+  EXPECT_TRUE(p.last->aborted());
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaStreamDestroy(stream);
+  EXPECT_EQ(p.last->PostRecv(2, 4, kNever).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The header of a posted receive is checked against the step and the rows the receiver expected.
+TEST(NcclTransportTest, PostedReceiveOfAnotherStepOrRowCountIsDataLoss) {
+  REQUIRE_GPUS(2);
+  {
+    Pair p = Join(absl::Seconds(5));
+    ASSERT_TRUE(p.first && p.last);
+    std::thread sender([&] { EXPECT_TRUE(p.first->Send(1, HostActivations(1, 3)).ok()); });
+    cudaSetDevice(1);
+    auto a = p.last->PostRecv(1, 2, kNever);
+    ASSERT_TRUE(a.ok()) << a.status();
+    const absl::Status st = a->arrival().status();
+    sender.join();
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+    EXPECT_NE(st.message().find("got 3 rows"), absl::string_view::npos) << st;
+    EXPECT_TRUE(p.last->aborted());
+  }
+  Pair p = Join(absl::Seconds(5));
+  ASSERT_TRUE(p.first && p.last);
+  std::thread sender([&] { EXPECT_TRUE(p.first->Send(7, HostActivations(7, 2)).ok()); });
+  cudaSetDevice(1);
+  auto a = p.last->PostRecv(8, 2, kNever);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const absl::Status st = a->arrival().status();
+  sender.join();
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find("step 7"), absl::string_view::npos) << st;
+  EXPECT_TRUE(p.last->aborted());
+}
+
 TEST(NcclTransportTest, WrongDirectionsAndShapesAreRejected) {
   REQUIRE_GPUS(2);
   Pair p = Join();
   ASSERT_TRUE(p.first && p.last);
   EXPECT_EQ(p.last->Send(1, HostActivations(1, 2)).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(p.first->Recv(1, kNever).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p.first->PostRecv(1, 2, kNever).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p.last->PostRecv(1, 17, kNever).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.last->PostRecv(1, -1, kNever).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(p.first->SendTokens(1, {1}).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(p.last->RecvTokens(1, kNever).status().code(), absl::StatusCode::kFailedPrecondition);
   Activations wide = HostActivations(1, 2);
