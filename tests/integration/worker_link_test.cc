@@ -261,6 +261,22 @@ TEST_F(WorkerLinkGrpcTest, Fp32RowsStillArriveAsFp32) {
   EXPECT_EQ(f[1], -4.0f);
 }
 
+// The gRPC link has no device to queue a step on: a posted receive is the blocking one, whole.
+TEST_F(WorkerLinkGrpcTest, PostedReceiveReturnsTheRowsOnArrival) {
+  GrpcTransport send(nullptr, 9, absl::StrCat("127.0.0.1:", port_), absl::Seconds(5));
+  GrpcTransport recv(&inbox_, 9, "", absl::Seconds(5));
+  const std::vector<uint16_t> f16 = {FloatToHalf(0.5f), FloatToHalf(-8.0f)};
+  ASSERT_TRUE(send.Send(5, HostRows(DType::kF16, 1, 2, f16)).ok());
+  ActivationTransport& t = recv;
+  absl::StatusOr<Activations> a = t.PostRecv(5, 1, [] { return false; });
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->where, Where::kHost);
+  EXPECT_EQ(a->ready, nullptr);
+  EXPECT_FALSE(a->arrival);
+  const auto* got = static_cast<const uint16_t*>(a->data.get());
+  EXPECT_EQ(std::vector<uint16_t>(got, got + 2), f16);
+}
+
 TEST_F(WorkerLinkGrpcTest, DeviceActivationsAreRefusedByTheHostLink) {
   GrpcTransport send(nullptr, 9, absl::StrCat("127.0.0.1:", port_), absl::Seconds(5));
   Activations a = HostRows(DType::kF16, 1, 1, {FloatToHalf(1.0f)});
