@@ -395,6 +395,21 @@ struct NcclTransport::State {
     return absl::OkStatus();
   }
 
+  // Before a receive of activations (Recv, PostRecv): a usable transport of a stage that has a
+  // previous one, not cancelled yet; selects the device.
+  absl::Status CanReceiveActivations(uint64_t step_id, const std::function<bool()>& cancelled) {
+    RETURN_IF_ERROR(Healthy());
+    if (opt.rank == 0) {
+      return absl::FailedPreconditionError(
+          "rank 0 is the first stage and receives no activations");
+    }
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(absl::StrCat("step ", step_id, ": cancelled before receiving"));
+    }
+    CUDA_CHECK(cudaSetDevice(opt.device));
+    return absl::OkStatus();
+  }
+
   // Receives the next frame from `peer` into `frame` (a receive buffer) and checks its header
   // against what is expected; `host_bytes` of the frame's first message (at least the header)
   // are copied to recv_host. The payload's rest, past the first message, is left to the caller.
@@ -697,14 +712,7 @@ absl::Status NcclTransport::Send(uint64_t step_id, const Activations& a) {
 absl::StatusOr<Activations> NcclTransport::Recv(uint64_t step_id,
                                                 const std::function<bool()>& cancelled) {
   State& s = *s_;
-  RETURN_IF_ERROR(s.Healthy());
-  if (s.opt.rank == 0) {
-    return absl::FailedPreconditionError("rank 0 is the first stage and receives no activations");
-  }
-  if (cancelled && cancelled()) {
-    return absl::CancelledError(absl::StrCat("step ", step_id, ": cancelled before receiving"));
-  }
-  CUDA_CHECK(cudaSetDevice(s.opt.device));
+  RETURN_IF_ERROR(s.CanReceiveActivations(step_id, cancelled));
   const int peer = s.opt.rank - 1;
   const int i = static_cast<int>(s.recvs % 2);
   char* frame = s.recv_frame[i].as<char>();
@@ -734,19 +742,12 @@ absl::StatusOr<Activations> NcclTransport::Recv(uint64_t step_id,
 absl::StatusOr<Activations> NcclTransport::PostRecv(uint64_t step_id, int64_t rows,
                                                     const std::function<bool()>& cancelled) {
   State& s = *s_;
-  RETURN_IF_ERROR(s.Healthy());
-  if (s.opt.rank == 0) {
-    return absl::FailedPreconditionError("rank 0 is the first stage and receives no activations");
-  }
   if (rows < 0 || rows > s.opt.max_rows) {
     return absl::InvalidArgumentError(absl::StrCat("step ", step_id, ": ", rows,
                                                    " rows of activations are outside [0, ",
                                                    s.opt.max_rows, "] (max_rows)"));
   }
-  if (cancelled && cancelled()) {
-    return absl::CancelledError(absl::StrCat("step ", step_id, ": cancelled before receiving"));
-  }
-  CUDA_CHECK(cudaSetDevice(s.opt.device));
+  RETURN_IF_ERROR(s.CanReceiveActivations(step_id, cancelled));
   const int peer = s.opt.rank - 1;
   const int i = static_cast<int>(s.recvs % 2);
   char* frame = s.recv_frame[i].as<char>();

@@ -110,6 +110,20 @@ Trace RunSteps(Stage& stage, const std::vector<Seq>& seqs, int steps) {
   return t;
 }
 
+// A step of one sequence: `n` tokens from `position` in `slot`.
+StepDescriptor StepOf(int slot, int position, int n, std::vector<int32_t> tokens,
+                      bool return_logits = false) {
+  StepDescriptor d;
+  d.return_logits = return_logits;
+  SequenceStep s;
+  s.slot = slot;
+  s.position = position;
+  s.num_tokens = n;
+  d.seqs = {s};
+  d.tokens = std::move(tokens);
+  return d;
+}
+
 std::unique_ptr<Stage> MakeCudaWith(const std::filesystem::path& dir, const CudaOptions& o,
                                     int first = 0, int last = -1) {
   StageSpec spec;
@@ -415,26 +429,8 @@ TEST_P(CudaStageVsCpu, InputStillArrivingIsWaitedForOnTheDevice) {
   auto second = MakeCuda(dir, DType::kF16, true, 2, -1);
   ASSERT_TRUE(first && second);
   const int v = first->config().vocab_size;
-  auto prefill = [&](int slot) {
-    StepDescriptor d;
-    d.return_logits = true;
-    SequenceStep s;
-    s.slot = slot;
-    s.num_tokens = 13;
-    d.seqs = {s};
-    d.tokens = Prompt(13, 9, v);
-    return d;
-  };
-  auto decode = [&](int slot) {
-    StepDescriptor d;
-    d.return_logits = true;
-    SequenceStep s;
-    s.slot = slot;
-    s.position = 13;
-    d.seqs = {s};
-    d.tokens = {5};
-    return d;
-  };
+  auto prefill = [&](int slot) { return StepOf(slot, 0, 13, Prompt(13, 9, v), true); };
+  auto decode = [](int slot) { return StepOf(slot, 13, 1, {5}, true); };
   // What the second stage gives for inputs that are there (slot 0).
   auto mid = first->Step(prefill(0), Activations{});
   ASSERT_TRUE(mid.ok()) << mid.status();
@@ -624,30 +620,20 @@ TEST(CudaStageTest, BadStepsAreRejectedAndTheStageStaysUsable) {
   SKIP_WITHOUT_GPU();
   auto stage = MakeCuda(Checkpoint("tiny-llama"), DType::kF16, true);
   ASSERT_TRUE(stage);
-  auto step_with = [](int slot, int position, int n, std::vector<int32_t> tokens) {
-    StepDescriptor d;
-    SequenceStep s;
-    s.slot = slot;
-    s.position = position;
-    s.num_tokens = n;
-    d.seqs = {s};
-    d.tokens = std::move(tokens);
-    return d;
-  };
-  EXPECT_EQ(stage->Step(step_with(9, 0, 1, {1}), {}).status().code(),
+  EXPECT_EQ(stage->Step(StepOf(9, 0, 1, {1}), {}).status().code(),
             absl::StatusCode::kInvalidArgument);  // slot
-  EXPECT_EQ(stage->Step(step_with(0, 5, 1, {1}), {}).status().code(),
+  EXPECT_EQ(stage->Step(StepOf(0, 5, 1, {1}), {}).status().code(),
             absl::StatusCode::kInvalidArgument);  // position past the cache
-  EXPECT_EQ(stage->Step(step_with(0, 127, 2, {1, 2}), {}).status().code(),
+  EXPECT_EQ(stage->Step(StepOf(0, 127, 2, {1, 2}), {}).status().code(),
             absl::StatusCode::kInvalidArgument);  // past the context
-  EXPECT_EQ(stage->Step(step_with(0, 0, 1, {100000}), {}).status().code(),
+  EXPECT_EQ(stage->Step(StepOf(0, 0, 1, {100000}), {}).status().code(),
             absl::StatusCode::kInvalidArgument);  // token id
-  EXPECT_EQ(stage->Step(step_with(0, 0, 2, {1}), {}).status().code(),
+  EXPECT_EQ(stage->Step(StepOf(0, 0, 2, {1}), {}).status().code(),
             absl::StatusCode::kInvalidArgument);  // token count
-  StepDescriptor bad_sampling = step_with(0, 0, 1, {1});
+  StepDescriptor bad_sampling = StepOf(0, 0, 1, {1});
   bad_sampling.seqs[0].sampling.top_p = 0.0f;
   EXPECT_EQ(stage->Step(bad_sampling, {}).status().code(), absl::StatusCode::kInvalidArgument);
-  auto ok = stage->Step(step_with(0, 0, 3, {1, 2, 3}), {});
+  auto ok = stage->Step(StepOf(0, 0, 3, {1, 2, 3}), {});
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->tokens.size(), 1u);
 }
