@@ -32,7 +32,7 @@ cluster_free_port() {
   local p
   while true; do
     p=$((20000 + RANDOM % 20000))
-    if ! ss -Htln "sport = :$p" 2>/dev/null | grep -q .; then
+    if [ -z "$(ss -Htln "sport = :$p" 2>/dev/null)" ]; then
       echo "$p"
       return
     fi

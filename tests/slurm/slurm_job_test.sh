@@ -79,7 +79,7 @@ wait_job() {
   local id=$1 limit=$2 t states
   for t in $(seq 1 "$limit"); do
     states=$(scontrol show job "$id" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
-    if [ -n "$states" ] && ! echo "$states" | grep -qE 'PENDING|RUNNING|CONFIGURING|COMPLETING|SUSPENDED'; then
+    if [ -n "$states" ] && ! grep -qE 'PENDING|RUNNING|CONFIGURING|COMPLETING|SUSPENDED' <<<"$states"; then
       echo "$states"
       return 0
     fi
@@ -109,8 +109,8 @@ reference_run() {
   local_pids+=($!)
   local t
   for t in $(seq 1 60); do
-    "$bin_dir/tandem-cli" topology --addr="127.0.0.1:$cport" 2>/dev/null |
-      grep -q '^pipelines {' && break
+    grep -q '^pipelines {' <<<"$("$bin_dir/tandem-cli" topology --addr="127.0.0.1:$cport" 2>/dev/null)" &&
+      break
     sleep 1
   done
   tandem_run_prompts "$out" "127.0.0.1:$cport" || fail "the reference run failed: $out"
@@ -143,7 +143,7 @@ submit() {
 check_completed_run() {
   local states=$1 workers=$2
   echo "job $job_id: $(echo $states)"
-  [ -n "$states" ] && ! echo "$states" | grep -qv '^COMPLETED$' ||
+  [ -n "$states" ] && ! grep -qv '^COMPLETED$' <<<"$states" ||
     fail "job $job_id ended as: $states"
   local id
   for id in $(scontrol show job "$job_id" | sed -n 's/^JobId=\([0-9]*\).*/\1/p'); do
@@ -219,7 +219,7 @@ EOF
     [ -z "$left" ] || fail "processes left $t s after scancel: $left"
     echo "no process left ${t} s after scancel"
     states=$(wait_job "$job_id" 60)
-    echo "$states" | grep -q CANCELLED || fail "job $job_id ended as: $states"
+    grep -q CANCELLED <<<"$states" || fail "job $job_id ended as: $states"
     echo "PASS: job $job_id $(echo $states)"
     ;;
   *) fail "unknown mode $mode" ;;
