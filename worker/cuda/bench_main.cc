@@ -15,11 +15,12 @@
 // usage: tandem-bench --model DIR [--batch 1,8,64] [--prompt 128] [--new 128] [--dtype f16]
 //        [--graphs=true] [--gemv_max_rows 4] [--decode_pdl] [--fold_norms] [--attention_combine]
 //        [--qkv_cache_epilogue] [--gemv_rows_per_warp 0] [--gemv_k_split 0] [--batch_invariant]
-//        [--json OUT.json]
+//        [--profile] [--json OUT.json]
 //        | --model DIR [--dtype f16] --dump_logits IN.json OUT.json
 //        | --model DIR [--dtype f16] [--batch 1,2,4] --gemv_sweep [--json OUT.json]
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -66,6 +67,9 @@ ABSL_FLAG(bool, gemv_sweep, false,
 ABSL_FLAG(bool, batch_invariant, false,
           "results independent of the batch: pinned GEMM algorithms, no GEMV, unsplit attention "
           "(CudaOptions::batch_invariant)");
+ABSL_FLAG(bool, profile, false,
+          "time each decode step on the device too (CudaOptions::profile_decode): device time, "
+          "forward pass, device idle between steps, host time to launch");
 ABSL_FLAG(double, kv_memory_fraction, 0.9, "share of free GPU memory for the KV-cache");
 ABSL_FLAG(std::string, json, "", "write the results as JSON to this file");
 ABSL_FLAG(std::string, dump_logits, "",
@@ -130,6 +134,7 @@ void SetFusionFlags(CudaOptions& opt) {
 struct BatchResult {
   int batch;
   double prefill_s, prefill_tok_s, decode_ms_step, decode_tok_s, e2e_tok_s, gb_s;
+  CudaDecodeProfile profile;  // --profile: the measured decode steps
 };
 
 StepDescriptor PrefillStep(int batch, int prompt, const ModelConfig& c, uint64_t round) {
@@ -194,6 +199,7 @@ absl::Status Bench() {
   opt.gemv_max_rows = absl::GetFlag(FLAGS_gemv_max_rows);
   SetFusionFlags(opt);
   opt.kv_memory_fraction = static_cast<float>(absl::GetFlag(FLAGS_kv_memory_fraction));
+  opt.profile_decode = absl::GetFlag(FLAGS_profile);
   const auto t_load = Clock::now();
   ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCudaStage(spec, opt));
   const double load_s = Seconds(t_load, Clock::now());
@@ -204,13 +210,14 @@ absl::Status Bench() {
   std::vector<BatchResult> results;
   for (int batch : batches) {
     // Round 0 warms up (cuBLAS heuristics, graph capture of the bucket); round 1 is measured.
-    BatchResult r{batch, 0, 0, 0, 0, 0, 0};
+    BatchResult r{batch, 0, 0, 0, 0, 0, 0, {}};
     for (int round = 0; round < 2; ++round) {
       StepDescriptor pre = PrefillStep(batch, prompt, c, round);
       const auto t0 = Clock::now();
       ASSIGN_OR_RETURN(StepOutput out, stage->Step(pre, Activations{}));
       const auto t1 = Clock::now();
       std::vector<int32_t> last = out.tokens;
+      if (opt.profile_decode) RETURN_IF_ERROR(TakeDecodeProfile(*stage).status());
       double kv_bytes = 0;
       const int decode_steps = round == 0 ? std::min(steps - 1, 3) : steps - 1;
       for (int i = 0; i < decode_steps; ++i) {
@@ -239,6 +246,9 @@ absl::Status Bench() {
         r.decode_tok_s = decode_steps > 0 ? batch * decode_steps / decode_s : 0;
         r.e2e_tok_s = batch * steps / Seconds(t0, t2);
         r.gb_s = decode_steps > 0 ? (weight_bytes * decode_steps + kv_bytes) / decode_s / 1e9 : 0;
+        if (opt.profile_decode) {
+          ASSIGN_OR_RETURN(r.profile, TakeDecodeProfile(*stage));
+        }
       }
     }
     results.push_back(r);
@@ -265,6 +275,32 @@ absl::Status Bench() {
   for (const BatchResult& r : results) {
     std::printf("| %d | %.0f | %.3f | %.0f | %.0f | %.0f | %.0f%% |\n", r.batch, r.prefill_tok_s,
                 r.decode_ms_step, r.decode_tok_s, r.e2e_tok_s, r.gb_s, 100 * r.gb_s * 1e9 / copy_bw);
+  }
+  if (opt.profile_decode) {
+    std::printf(
+        "\nPer decode step (--profile): the device's time on the step, of it the forward "
+        "pass, the device idle from the previous step's end, the host's time in Step and "
+        "until the forward pass was queued.\n\n"
+        "| batch | device ms | forward ms | device idle µs | host ms | host to launch µs "
+        "|\n|---|---|---|---|---|---|\n");
+    for (const BatchResult& r : results) {
+      const CudaDecodeProfile& p = r.profile;
+      const double n = std::max<int64_t>(p.steps, 1);
+      std::printf("| %d | %.3f | %.3f | %.1f | %.3f | %.1f |\n", r.batch, p.device_ms / n,
+                  p.forward_ms / n, 1e3 * p.idle_ms / std::max<int64_t>(p.idle_gaps, 1),
+                  p.host_ms / n, 1e3 * p.launched_ms / n);
+    }
+    std::printf(
+        "\nThe forward pass in parts, µs per step: to the first layer's start (graph "
+        "launch, embedding), first layer, a middle layer (mean), last layer, after it "
+        "(norm, LM head, sampling).\n\n| batch | to first layer | first | middle | last "
+        "| after |\n|---|---|---|---|---|---|\n");
+    for (const BatchResult& r : results) {
+      const CudaDecodeProfile& p = r.profile;
+      const double n = std::max<int64_t>(p.steps, 1) * 1e-3;
+      std::printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", r.batch, p.start_ms / n,
+                  p.first_layer_ms / n, p.middle_layers_ms / n, p.last_layer_ms / n, p.head_ms / n);
+    }
   }
   const std::string json_path = absl::GetFlag(FLAGS_json);
   if (!json_path.empty()) {

@@ -20,9 +20,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -117,6 +119,8 @@ class CudaStage final : public Stage {
   absl::Status Load(const StageSpec& spec);
   absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) override;
   const ModelConfig& config() const override { return c_; }
+  bool profiling() const { return opt_.profile_decode; }
+  CudaDecodeProfile TakeProfile() { return std::exchange(profile_, CudaDecodeProfile{}); }
 
  private:
   // Offsets (bytes) of the step inputs inside the host and device blocks.
@@ -132,6 +136,16 @@ class CudaStage final : public Stage {
   absl::Status CopyInput(const Activations& in, int64_t row0, int rows);
   absl::Status AwaitInput(const Activations& in);
   absl::Status Replay(int bucket);
+  // Records `e` on the stream, as a node of the graph when capturing (profile_decode).
+  absl::Status Mark(const cuda::Event& e) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(stream_.get(), &capture));
+    CUDA_CHECK(cudaEventRecordWithFlags(e.get(), stream_.get(),
+                                        capture == cudaStreamCaptureStatusActive
+                                            ? cudaEventRecordExternal
+                                            : cudaEventRecordDefault));
+    return absl::OkStatus();
+  }
   int SplitsFor(int rows) const;
   // Decode passes of at most this many rows use the GEMV kernels (none when batch-invariant).
   int GemvMaxRows() const { return opt_.batch_invariant ? 0 : opt_.gemv_max_rows; }
@@ -180,6 +194,18 @@ class CudaStage final : public Stage {
   cuda::LayerNormFold head_fold_;  // GPT-2 with folded norms: lm_head · final norm (vocab), fp32
 
   std::map<int, std::unique_ptr<cuda::GraphExec>> graphs_;  // decode bucket -> graph
+
+  // CudaOptions::profile_decode: a decode step's start, forward pass start and end, and the ends
+  // of the last two steps (the previous one's is where the idle gap starts).
+  struct ProfileEvents {
+    cuda::Event begin, forward, forward_end, end[2];
+    // Inside the forward pass: the starts of the first, second and last layer, and of the head.
+    cuda::Event layer[3], head;
+    int last = 0;               // end[last]: the previous decode step's end
+    bool after_decode = false;  // the previous step was a decode step
+  };
+  std::unique_ptr<ProfileEvents> prof_;
+  CudaDecodeProfile profile_;
   std::vector<int> cached_len_;  // per slot: positions [0, len) hold K/V
 };
 
@@ -345,6 +371,14 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
     RETURN_IF_ERROR(host_logits_.Allocate(static_cast<size_t>(samples_cap_) * c_.vocab_size * 4));
   }
   if (!has_embedding_) RETURN_IF_ERROR(host_hidden_.Allocate(rows_cap_ * RowBytes(hidden)));
+  if (opt_.profile_decode) {
+    prof_ = std::make_unique<ProfileEvents>();
+    for (cuda::Event* e :
+         {&prof_->begin, &prof_->forward, &prof_->forward_end, &prof_->end[0], &prof_->end[1],
+          &prof_->layer[0], &prof_->layer[1], &prof_->layer[2], &prof_->head}) {
+      RETURN_IF_ERROR(e->Create());
+    }
+  }
   {
     size_t off = 0;
     auto place = [&](size_t bytes) {
@@ -471,6 +505,8 @@ absl::Status CudaStage::Forward(int rows, int samples) {
   const void* pending_bias = nullptr;  // bias of the last projection into x, not yet added
   for (int l = 0; l < num_layers_; ++l) {
     const DeviceLayer& L = layers_[l];
+    if (prof_ && (l <= 1 || l == num_layers_ - 1))
+      RETURN_IF_ERROR(Mark(prof_->layer[std::min(l, 2)]));
     // Attention block: norm -> qkv -> rope + cache -> attention -> out-proj added into x.
     if (fold_norm) {
       RETURN_IF_ERROR(GemvNorm(t, GemvEpilogue::kStore, llama, x_.get(), nullptr, L.attn_norm_w,
@@ -553,6 +589,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
     RETURN_IF_ERROR(Matmul(act, L.w_out, x_.get(), rows, hidden, inter, 1.0f, false));
     pending_bias = L.b_out;
   }
+  if (prof_) RETURN_IF_ERROR(Mark(prof_->head));
   if (has_head_) {
     if (samples > 0) {
       // Final norm of the sampled rows only, LM head into fp32 logits, sampling.
@@ -664,6 +701,8 @@ absl::Status CudaStage::Replay(int bucket) {
 // every row, and replay the bucket's graph.
 absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations& in,
                                   StepOutput& out) {
+  const auto host_begin = std::chrono::steady_clock::now();
+  if (prof_) CUDA_CHECK(cudaEventRecord(prof_->begin.get(), stream_.get()));
   const int n = static_cast<int>(step.seqs.size());
   const int bucket = NextPow2(n);
   int32_t* tokens = HostIn<int32_t>(layout_.tokens);
@@ -691,11 +730,14 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
   CUDA_CHECK(cudaMemcpyAsync(inputs_.get(), host_in_.get(), layout_.total, cudaMemcpyHostToDevice,
                              stream_.get()));
   if (!has_embedding_) RETURN_IF_ERROR(CopyInput(in, 0, n));
+  if (prof_) CUDA_CHECK(cudaEventRecord(prof_->forward.get(), stream_.get()));
   if (opt_.cuda_graphs) {
     RETURN_IF_ERROR(Replay(bucket));
   } else {
     RETURN_IF_ERROR(Forward(bucket, has_head_ ? bucket : 0));
   }
+  const auto host_launched = std::chrono::steady_clock::now();
+  if (prof_) CUDA_CHECK(cudaEventRecord(prof_->forward_end.get(), stream_.get()));
   if (has_head_) {
     CUDA_CHECK(cudaMemcpyAsync(host_tokens_.get(), tokens_out_.get(), n * sizeof(int32_t),
                                cudaMemcpyDeviceToHost, stream_.get()));
@@ -705,8 +747,36 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
                                  cudaMemcpyDeviceToHost, stream_.get()));
     }
   }
+  const int end = prof_ ? 1 - prof_->last : 0;
+  if (prof_) CUDA_CHECK(cudaEventRecord(prof_->end[end].get(), stream_.get()));
   RETURN_IF_ERROR(AwaitInput(in));
   CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  if (prof_) {
+    using Ms = std::chrono::duration<double, std::milli>;
+    const auto elapsed = [](const cuda::Event& a, const cuda::Event& b) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a.get(), b.get());
+      return static_cast<double>(ms);
+    };
+    profile_.steps += 1;
+    profile_.host_ms += Ms(std::chrono::steady_clock::now() - host_begin).count();
+    profile_.launched_ms += Ms(host_launched - host_begin).count();
+    profile_.device_ms += elapsed(prof_->begin, prof_->end[end]);
+    profile_.forward_ms += elapsed(prof_->forward, prof_->forward_end);
+    if (num_layers_ >= 3) {
+      profile_.start_ms += elapsed(prof_->forward, prof_->layer[0]);
+      profile_.first_layer_ms += elapsed(prof_->layer[0], prof_->layer[1]);
+      profile_.middle_layers_ms += elapsed(prof_->layer[1], prof_->layer[2]) / (num_layers_ - 2);
+      profile_.last_layer_ms += elapsed(prof_->layer[2], prof_->head);
+      profile_.head_ms += elapsed(prof_->head, prof_->forward_end);
+    }
+    if (prof_->after_decode) {
+      profile_.idle_ms += elapsed(prof_->end[prof_->last], prof_->begin);
+      profile_.idle_gaps += 1;
+    }
+    prof_->last = end;
+    prof_->after_decode = true;
+  }
   if (has_head_) {
     const int32_t* t = host_tokens_.as<int32_t>();
     const float* lg = host_logits_.as<float>();
@@ -731,6 +801,7 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
 // Any step: its rows in chunks of at most rows_cap_, each through every layer.
 absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations& in,
                                   StepOutput& out) {
+  if (prof_) prof_->after_decode = false;
   int64_t total = 0;
   for (const SequenceStep& s : step.seqs) total += s.num_tokens;
   const size_t row_bytes = RowBytes(c_.hidden_size);
@@ -844,6 +915,15 @@ absl::StatusOr<std::string> CudaDeviceUuid(int device) {
   return absl::StrFormat("GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
                          b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
                          b[12], b[13], b[14], b[15]);
+}
+
+absl::StatusOr<CudaDecodeProfile> TakeDecodeProfile(Stage& stage) {
+  auto* cuda_stage = dynamic_cast<CudaStage*>(&stage);
+  if (cuda_stage == nullptr || !cuda_stage->profiling()) {
+    return absl::FailedPreconditionError(
+        "decode profile: not a CUDA stage made with CudaOptions::profile_decode");
+  }
+  return cuda_stage->TakeProfile();
 }
 
 absl::StatusOr<std::unique_ptr<Stage>> MakeCudaStage(const StageSpec& spec,

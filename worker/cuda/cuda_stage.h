@@ -50,7 +50,29 @@ struct CudaOptions {
   // per-shape choice. For measurements.
   int gemv_rows_per_warp = 0;
   int gemv_k_split = 0;
+  // Records CUDA events around every decode step, for measurements: what the device spends on a
+  // step against what the host spends in Step (TakeDecodeProfile).
+  bool profile_decode = false;
 };
+
+// Summed over the decode steps of a stage made with CudaOptions::profile_decode.
+struct CudaDecodeProfile {
+  int64_t steps = 0;
+  double host_ms = 0;      // in Stage::Step
+  double launched_ms = 0;  // from entering Step until the forward pass is queued
+  double device_ms = 0;    // on the device: from the step's first copy to its last
+  double forward_ms = 0;   // of which the forward pass (layers, head, sampling)
+  double idle_ms = 0;      // device time from the end of one decode step to the next one's start
+  int64_t idle_gaps = 0;   // how many such gaps idle_ms sums (decode steps right after another)
+  // The forward pass in parts (stages of 3 layers or more): from its start to the first layer's
+  // (the graph's launch, the embedding), the first layer, a middle layer (mean), the last layer,
+  // and what follows it (final norm, LM head, sampling).
+  double start_ms = 0, first_layer_ms = 0, middle_layers_ms = 0, last_layer_ms = 0, head_ms = 0;
+};
+
+// The decode profile summed since the last call, and a fresh start; FAILED_PRECONDITION for a
+// stage that is not a CUDA stage made with profile_decode.
+absl::StatusOr<CudaDecodeProfile> TakeDecodeProfile(Stage& stage);
 
 // True when a usable CUDA device is present (tests skip otherwise).
 bool CudaDeviceAvailable();

@@ -376,7 +376,6 @@ struct NcclTransport::State {
       CUDA_CHECK(cudaMemcpyAsync(frame, h, sizeof(FrameHeader), cudaMemcpyHostToDevice, cs));
     }
     CUDA_CHECK(cudaEventRecord(slot.copied.get(), cs));
-    if (!pinned) RETURN_IF_ERROR(Wait(slot.copied.get(), nullptr, "the staging copy"));
     const cudaStream_t ns = comm_stream.get();
     CUDA_CHECK(cudaStreamWaitEvent(ns, slot.copied.get(), 0));
     const size_t inline_bytes = InlineBytes(kind);
@@ -392,6 +391,8 @@ struct NcclTransport::State {
     CUDA_CHECK(cudaEventRecord(slot.sent.get(), ns));
     slot.in_flight = true;
     ++sends;
+    // The send is queued behind the staging copy; the caller's memory is free once that is done.
+    if (!pinned) RETURN_IF_ERROR(Wait(slot.copied.get(), nullptr, "the staging copy"));
     return absl::OkStatus();
   }
 

@@ -15,6 +15,7 @@
 //                        [--json OUT.json] [--reference SINGLE.json] [--post_recv=false]
 //        one process:  tandem-pipeline-bench --model DIR --single [--device 0] [--json OUT.json]
 //                        [--split_local]
+//        either:       [--profile] (each stage's decode steps timed on the device too)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -63,6 +64,8 @@ ABSL_FLAG(bool, split_local, false,
 ABSL_FLAG(bool, post_recv, true,
           "stages after the first post each step's receive and queue the step behind it on the "
           "device (NcclTransport::PostRecv); false: wait for the input on the host first (Recv)");
+ABSL_FLAG(bool, profile, false,
+          "time each decode step of each stage on the device too (CudaOptions::profile_decode)");
 ABSL_FLAG(std::string, reference, "",
           "single-stage JSON: rank 0 compares tokens and step times against it");
 
@@ -122,6 +125,7 @@ struct BatchResult {
   int batch = 0;
   double prefill_ms = 0, decode_ms_step = 0, decode_tok_s = 0, e2e_tok_s = 0;
   double step_ms = 0, send_ms = 0, recv_ms = 0;  // this rank's decode time in each part
+  std::vector<CudaDecodeProfile> profiles;       // --profile: per stage of this process
   std::vector<std::vector<int32_t>> tokens;      // [sequence][generated token]
 };
 
@@ -343,6 +347,7 @@ absl::StatusOr<int> Run() {
   opt.dtype = dtype;
   opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
   opt.kv_memory_fraction = static_cast<float>(absl::GetFlag(FLAGS_kv_memory_fraction));
+  opt.profile_decode = absl::GetFlag(FLAGS_profile);
   const auto t_load = Clock::now();
   ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCudaStage(spec, opt));
   std::unique_ptr<Stage> second;
@@ -377,6 +382,11 @@ absl::StatusOr<int> Run() {
   for (int batch : batches) {
     for (int round = 0; round < 2; ++round) {
       ASSIGN_OR_RETURN(BatchResult r, RunBatch(runner, c, batch, prompt, steps, round, rank));
+      for (Stage* s : {stage.get(), second.get()}) {
+        if (s == nullptr || !opt.profile_decode) continue;
+        ASSIGN_OR_RETURN(CudaDecodeProfile p, TakeDecodeProfile(*s));
+        r.profiles.push_back(p);
+      }
       if (round == 1) results.push_back(std::move(r));
     }
   }
@@ -397,6 +407,39 @@ absl::StatusOr<int> Run() {
     std::printf("| %d | %.2f | %.3f | %.0f | %.0f | %.3f | %.3f | %.3f |\n", r.batch,
                 r.prefill_ms, r.decode_ms_step, r.decode_tok_s, r.e2e_tok_s, r.recv_ms,
                 r.step_ms, r.send_ms);
+  }
+  if (opt.profile_decode) {
+    std::printf(
+        "\nPer decode step and stage (--profile): the device's time on the step (from "
+        "queueing its inputs), of it the forward pass, the device idle between the "
+        "stage's steps, the host's time in Step and until the forward pass was queued.\n\n"
+        "| batch | stage | device ms | forward ms | device idle µs | host ms | "
+        "host to launch µs |\n|---|---|---|---|---|---|---|\n");
+    for (const BatchResult& r : results) {
+      for (size_t i = 0; i < r.profiles.size(); ++i) {
+        const CudaDecodeProfile& p = r.profiles[i];
+        const double n = std::max<int64_t>(p.steps, 1);
+        std::printf("| %d | %zu | %.3f | %.3f | %.1f | %.3f | %.1f |\n", r.batch,
+                    split_local ? i : static_cast<size_t>(rank), p.device_ms / n, p.forward_ms / n,
+                    1e3 * p.idle_ms / std::max<int64_t>(p.idle_gaps, 1), p.host_ms / n,
+                    1e3 * p.launched_ms / n);
+      }
+    }
+    std::printf(
+        "\nThe forward pass in parts, µs per step: to the first layer's start (graph "
+        "launch, embedding), first layer, a middle layer (mean), last layer, after it "
+        "(norm, LM head, sampling).\n\n| batch | stage | to first layer | first | middle "
+        "| last | after |\n|---|---|---|---|---|---|---|\n");
+    for (const BatchResult& r : results) {
+      for (size_t i = 0; i < r.profiles.size(); ++i) {
+        const CudaDecodeProfile& p = r.profiles[i];
+        const double n = std::max<int64_t>(p.steps, 1) * 1e-3;
+        std::printf("| %d | %zu | %.1f | %.1f | %.1f | %.1f | %.1f |\n", r.batch,
+                    split_local ? i : static_cast<size_t>(rank), p.start_ms / n,
+                    p.first_layer_ms / n, p.middle_layers_ms / n, p.last_layer_ms / n,
+                    p.head_ms / n);
+      }
+    }
   }
   std::fflush(stdout);
 
@@ -420,6 +463,20 @@ absl::StatusOr<int> Run() {
                             {"decode_tok_s", r.decode_tok_s}, {"end_to_end_tok_s", r.e2e_tok_s},
                             {"recv_ms_per_step", r.recv_ms}, {"compute_ms_per_step", r.step_ms},
                             {"send_ms_per_step", r.send_ms}, {"tokens", r.tokens}});
+    for (const CudaDecodeProfile& p : r.profiles) {
+      const double n = std::max<int64_t>(p.steps, 1);
+      j["results"].back()["profile"].push_back(
+          {{"device_ms", p.device_ms / n},
+           {"forward_ms", p.forward_ms / n},
+           {"idle_us", 1e3 * p.idle_ms / std::max<int64_t>(p.idle_gaps, 1)},
+           {"host_ms", p.host_ms / n},
+           {"host_to_launch_us", 1e3 * p.launched_ms / n},
+           {"to_first_layer_us", 1e3 * p.start_ms / n},
+           {"first_layer_us", 1e3 * p.first_layer_ms / n},
+           {"middle_layer_us", 1e3 * p.middle_layers_ms / n},
+           {"last_layer_us", 1e3 * p.last_layer_ms / n},
+           {"after_layers_us", 1e3 * p.head_ms / n}});
+    }
   }
   int code = 0;
   const std::string ref = absl::GetFlag(FLAGS_reference);

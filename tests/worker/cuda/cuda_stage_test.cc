@@ -420,6 +420,42 @@ TEST_P(CudaStageVsCpu, TwoStagesGiveTheSameLogitsAsOne) {
   EXPECT_EQ(got2->logits, got->logits);
 }
 
+// The decode profile (CudaOptions::profile_decode) counts the decode steps since it was last
+// taken, splits each one's device time into its parts, and leaves the results as they were.
+TEST_P(CudaStageVsCpu, DecodeProfileCountsStepsAndLeavesTheResults) {
+  SKIP_WITHOUT_GPU();
+  const auto dir = Checkpoint(GetParam());
+  CudaOptions o;
+  auto plain = MakeCudaWith(dir, o);
+  o.profile_decode = true;
+  auto profiled = MakeCudaWith(dir, o);
+  ASSERT_TRUE(plain && profiled);
+  EXPECT_EQ(TakeDecodeProfile(*plain).status().code(), absl::StatusCode::kFailedPrecondition);
+  const int v = plain->config().vocab_size;
+  const std::vector<Seq> seqs = {{0, Prompt(13, 9, v)}, {2, Prompt(7, 4, v)}};
+  const Trace want = RunSteps(*plain, seqs, 5);
+  ASSERT_TRUE(TakeDecodeProfile(*profiled).ok());
+  const Trace got = RunSteps(*profiled, seqs, 5);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.logits, want.logits);
+
+  absl::StatusOr<CudaDecodeProfile> p = TakeDecodeProfile(*profiled);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->steps, 5);      // the prefill is not a decode step
+  EXPECT_EQ(p->idle_gaps, 4);  // between consecutive decode steps
+  EXPECT_GT(p->forward_ms, 0);
+  EXPECT_LE(p->forward_ms, p->device_ms);
+  EXPECT_LE(p->launched_ms, p->host_ms);
+  const double parts = p->start_ms + p->first_layer_ms +
+                       p->middle_layers_ms * (plain->config().num_layers - 2) + p->last_layer_ms +
+                       p->head_ms;
+  EXPECT_NEAR(parts, p->forward_ms, 1e-3 * p->steps + 1e-3 * p->forward_ms);
+  absl::StatusOr<CudaDecodeProfile> again = TakeDecodeProfile(*profiled);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->steps, 0);
+  EXPECT_EQ(again->device_ms, 0);
+}
+
 // Input that is still arriving (as NcclTransport::PostRecv hands it over): the stage queues its
 // step behind `ready` on the device and reports `arrival`'s verdict; an error leaves it usable.
 TEST_P(CudaStageVsCpu, InputStillArrivingIsWaitedForOnTheDevice) {
@@ -607,6 +643,14 @@ TEST(CudaStageTest, RejectsFp32AndBadKvFraction) {
   o.dtype = DType::kF16;
   o.kv_memory_fraction = 0.0f;
   EXPECT_EQ(MakeCudaStage(spec, o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CudaStageTest, DecodeProfileOfAnotherBackendIsAFailedPrecondition) {
+  auto cpu = MakeCpu(Checkpoint("tiny-llama"));
+  ASSERT_TRUE(cpu);
+  const absl::StatusOr<CudaDecodeProfile> p = TakeDecodeProfile(*cpu);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(p.status().message().find("profile_decode"), std::string::npos) << p.status();
 }
 
 TEST(CudaStageTest, MissingCheckpointFailsTheLoad) {
