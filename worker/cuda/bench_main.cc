@@ -40,6 +40,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage.h"
+#include "worker/cuda/decode_profile.h"
 #include "worker/cuda/gemv_sweep.h"
 
 ABSL_FLAG(std::string, model, "", "checkpoint folder (config.json + safetensors)");
@@ -277,30 +278,9 @@ absl::Status Bench() {
                 r.decode_ms_step, r.decode_tok_s, r.e2e_tok_s, r.gb_s, 100 * r.gb_s * 1e9 / copy_bw);
   }
   if (opt.profile_decode) {
-    std::printf(
-        "\nPer decode step (--profile): the device's time on the step, of it the forward "
-        "pass, the device idle from the previous step's end, the host's time in Step and "
-        "until the forward pass was queued.\n\n"
-        "| batch | device ms | forward ms | device idle µs | host ms | host to launch µs "
-        "|\n|---|---|---|---|---|---|\n");
-    for (const BatchResult& r : results) {
-      const CudaDecodeProfile& p = r.profile;
-      const double n = std::max<int64_t>(p.steps, 1);
-      std::printf("| %d | %.3f | %.3f | %.1f | %.3f | %.1f |\n", r.batch, p.device_ms / n,
-                  p.forward_ms / n, 1e3 * p.idle_ms / std::max<int64_t>(p.idle_gaps, 1),
-                  p.host_ms / n, 1e3 * p.launched_ms / n);
-    }
-    std::printf(
-        "\nThe forward pass in parts, µs per step: to the first layer's start (graph "
-        "launch, embedding), first layer, a middle layer (mean), last layer, after it "
-        "(norm, LM head, sampling).\n\n| batch | to first layer | first | middle | last "
-        "| after |\n|---|---|---|---|---|---|\n");
-    for (const BatchResult& r : results) {
-      const CudaDecodeProfile& p = r.profile;
-      const double n = std::max<int64_t>(p.steps, 1) * 1e-3;
-      std::printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", r.batch, p.start_ms / n,
-                  p.first_layer_ms / n, p.middle_layers_ms / n, p.last_layer_ms / n, p.head_ms / n);
-    }
+    std::vector<DecodeProfileRow> rows;
+    for (const BatchResult& r : results) rows.push_back({r.batch, 0, r.profile});
+    std::printf("\n%s", DecodeProfileTable(rows).c_str());
   }
   const std::string json_path = absl::GetFlag(FLAGS_json);
   if (!json_path.empty()) {

@@ -701,7 +701,8 @@ absl::Status CudaStage::Replay(int bucket) {
 // every row, and replay the bucket's graph.
 absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations& in,
                                   StepOutput& out) {
-  const auto host_begin = std::chrono::steady_clock::now();
+  using SteadyClock = std::chrono::steady_clock;
+  const SteadyClock::time_point host_begin = prof_ ? SteadyClock::now() : SteadyClock::time_point{};
   if (prof_) CUDA_CHECK(cudaEventRecord(prof_->begin.get(), stream_.get()));
   const int n = static_cast<int>(step.seqs.size());
   const int bucket = NextPow2(n);
@@ -736,7 +737,8 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
   } else {
     RETURN_IF_ERROR(Forward(bucket, has_head_ ? bucket : 0));
   }
-  const auto host_launched = std::chrono::steady_clock::now();
+  const SteadyClock::time_point host_launched =
+      prof_ ? SteadyClock::now() : SteadyClock::time_point{};
   if (prof_) CUDA_CHECK(cudaEventRecord(prof_->forward_end.get(), stream_.get()));
   if (has_head_) {
     CUDA_CHECK(cudaMemcpyAsync(host_tokens_.get(), tokens_out_.get(), n * sizeof(int32_t),
@@ -759,7 +761,7 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
       return static_cast<double>(ms);
     };
     profile_.steps += 1;
-    profile_.host_ms += Ms(std::chrono::steady_clock::now() - host_begin).count();
+    profile_.host_ms += Ms(SteadyClock::now() - host_begin).count();
     profile_.launched_ms += Ms(host_launched - host_begin).count();
     profile_.device_ms += elapsed(prof_->begin, prof_->end[end]);
     profile_.forward_ms += elapsed(prof_->forward, prof_->forward_end);

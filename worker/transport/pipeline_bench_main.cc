@@ -41,6 +41,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "worker/cuda/cuda_stage.h"
+#include "worker/cuda/decode_profile.h"
 #include "worker/transport/nccl_transport.h"
 
 ABSL_FLAG(std::string, model, "", "checkpoint folder (config.json + safetensors)");
@@ -409,37 +410,13 @@ absl::StatusOr<int> Run() {
                 r.step_ms, r.send_ms);
   }
   if (opt.profile_decode) {
-    std::printf(
-        "\nPer decode step and stage (--profile): the device's time on the step (from "
-        "queueing its inputs), of it the forward pass, the device idle between the "
-        "stage's steps, the host's time in Step and until the forward pass was queued.\n\n"
-        "| batch | stage | device ms | forward ms | device idle µs | host ms | "
-        "host to launch µs |\n|---|---|---|---|---|---|---|\n");
+    std::vector<DecodeProfileRow> rows;
     for (const BatchResult& r : results) {
       for (size_t i = 0; i < r.profiles.size(); ++i) {
-        const CudaDecodeProfile& p = r.profiles[i];
-        const double n = std::max<int64_t>(p.steps, 1);
-        std::printf("| %d | %zu | %.3f | %.3f | %.1f | %.3f | %.1f |\n", r.batch,
-                    split_local ? i : static_cast<size_t>(rank), p.device_ms / n, p.forward_ms / n,
-                    1e3 * p.idle_ms / std::max<int64_t>(p.idle_gaps, 1), p.host_ms / n,
-                    1e3 * p.launched_ms / n);
+        rows.push_back({r.batch, split_local ? static_cast<int>(i) : rank, r.profiles[i]});
       }
     }
-    std::printf(
-        "\nThe forward pass in parts, µs per step: to the first layer's start (graph "
-        "launch, embedding), first layer, a middle layer (mean), last layer, after it "
-        "(norm, LM head, sampling).\n\n| batch | stage | to first layer | first | middle "
-        "| last | after |\n|---|---|---|---|---|---|---|\n");
-    for (const BatchResult& r : results) {
-      for (size_t i = 0; i < r.profiles.size(); ++i) {
-        const CudaDecodeProfile& p = r.profiles[i];
-        const double n = std::max<int64_t>(p.steps, 1) * 1e-3;
-        std::printf("| %d | %zu | %.1f | %.1f | %.1f | %.1f | %.1f |\n", r.batch,
-                    split_local ? i : static_cast<size_t>(rank), p.start_ms / n,
-                    p.first_layer_ms / n, p.middle_layers_ms / n, p.last_layer_ms / n,
-                    p.head_ms / n);
-      }
-    }
+    std::printf("\n%s", DecodeProfileTable(rows).c_str());
   }
   std::fflush(stdout);
 
@@ -464,18 +441,17 @@ absl::StatusOr<int> Run() {
                             {"recv_ms_per_step", r.recv_ms}, {"compute_ms_per_step", r.step_ms},
                             {"send_ms_per_step", r.send_ms}, {"tokens", r.tokens}});
     for (const CudaDecodeProfile& p : r.profiles) {
-      const double n = std::max<int64_t>(p.steps, 1);
-      j["results"].back()["profile"].push_back(
-          {{"device_ms", p.device_ms / n},
-           {"forward_ms", p.forward_ms / n},
-           {"idle_us", 1e3 * p.idle_ms / std::max<int64_t>(p.idle_gaps, 1)},
-           {"host_ms", p.host_ms / n},
-           {"host_to_launch_us", 1e3 * p.launched_ms / n},
-           {"to_first_layer_us", 1e3 * p.start_ms / n},
-           {"first_layer_us", 1e3 * p.first_layer_ms / n},
-           {"middle_layer_us", 1e3 * p.middle_layers_ms / n},
-           {"last_layer_us", 1e3 * p.last_layer_ms / n},
-           {"after_layers_us", 1e3 * p.head_ms / n}});
+      const DecodeStepTimes t = PerStep(p);
+      j["results"].back()["profile"].push_back({{"device_ms", t.device_ms},
+                                                {"forward_ms", t.forward_ms},
+                                                {"idle_us", t.idle_us},
+                                                {"host_ms", t.host_ms},
+                                                {"host_to_launch_us", t.host_to_launch_us},
+                                                {"to_first_layer_us", t.to_first_layer_us},
+                                                {"first_layer_us", t.first_layer_us},
+                                                {"middle_layer_us", t.middle_layer_us},
+                                                {"last_layer_us", t.last_layer_us},
+                                                {"after_layers_us", t.after_layers_us}});
     }
   }
   int code = 0;
