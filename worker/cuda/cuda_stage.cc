@@ -121,6 +121,8 @@ class CudaStage final : public Stage {
   const ModelConfig& config() const override { return c_; }
   bool profiling() const { return opt_.profile_decode; }
   CudaDecodeProfile TakeProfile() { return std::exchange(profile_, CudaDecodeProfile{}); }
+  cudaStream_t stream() const { return stream_.get(); }
+  void set_tail(DecodeTail tail) { tail_ = std::move(tail); }
 
  private:
   // Offsets (bytes) of the step inputs inside the host and device blocks.
@@ -205,6 +207,7 @@ class CudaStage final : public Stage {
     bool after_decode = false;  // the previous step was a decode step
   };
   std::unique_ptr<ProfileEvents> prof_;
+  DecodeTail tail_;
   CudaDecodeProfile profile_;
   std::vector<int> cached_len_;  // per slot: positions [0, len) hold K/V
 };
@@ -740,6 +743,16 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
   const SteadyClock::time_point host_launched =
       prof_ ? SteadyClock::now() : SteadyClock::time_point{};
   if (prof_) CUDA_CHECK(cudaEventRecord(prof_->forward_end.get(), stream_.get()));
+  if (!has_head_) {
+    out.hidden.rows = n;
+    out.hidden.cols = c_.hidden_size;
+    out.hidden.dtype = opt_.dtype;
+    out.hidden.where = Where::kDevice;
+    out.hidden.data = std::shared_ptr<void>(x_.get(), [](void*) {});
+  }
+  const absl::Status tail =
+      tail_ ? tail_(step, out.hidden, has_head_ ? tokens_out_.as<int32_t>() : nullptr)
+            : absl::OkStatus();
   if (has_head_) {
     CUDA_CHECK(cudaMemcpyAsync(host_tokens_.get(), tokens_out_.get(), n * sizeof(int32_t),
                                cudaMemcpyDeviceToHost, stream_.get()));
@@ -753,6 +766,7 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
   if (prof_) CUDA_CHECK(cudaEventRecord(prof_->end[end].get(), stream_.get()));
   RETURN_IF_ERROR(AwaitInput(in));
   CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  RETURN_IF_ERROR(tail);
   if (prof_) {
     using Ms = std::chrono::duration<double, std::milli>;
     const auto elapsed = [](const cuda::Event& a, const cuda::Event& b) {
@@ -790,12 +804,6 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
                           lg + static_cast<size_t>(i + 1) * c_.vocab_size);
       }
     }
-  } else {
-    out.hidden.rows = n;
-    out.hidden.cols = c_.hidden_size;
-    out.hidden.dtype = opt_.dtype;
-    out.hidden.where = Where::kDevice;
-    out.hidden.data = std::shared_ptr<void>(x_.get(), [](void*) {});
   }
   return absl::OkStatus();
 }
@@ -926,6 +934,19 @@ absl::StatusOr<CudaDecodeProfile> TakeDecodeProfile(Stage& stage) {
         "decode profile: not a CUDA stage made with CudaOptions::profile_decode");
   }
   return cuda_stage->TakeProfile();
+}
+
+absl::StatusOr<void*> CudaStageStream(Stage& stage) {
+  auto* cuda_stage = dynamic_cast<CudaStage*>(&stage);
+  if (cuda_stage == nullptr) return absl::InvalidArgumentError("not a CUDA stage");
+  return static_cast<void*>(cuda_stage->stream());
+}
+
+absl::Status SetDecodeTail(Stage& stage, DecodeTail tail) {
+  auto* cuda_stage = dynamic_cast<CudaStage*>(&stage);
+  if (cuda_stage == nullptr) return absl::InvalidArgumentError("not a CUDA stage");
+  cuda_stage->set_tail(std::move(tail));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Stage>> MakeCudaStage(const StageSpec& spec,

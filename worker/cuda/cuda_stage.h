@@ -2,6 +2,7 @@
 // kernels of our own for the rest, decode steps replayed from CUDA graphs.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -73,6 +74,25 @@ struct CudaDecodeProfile {
 // The decode profile summed since the last call, and a fresh start; FAILED_PRECONDITION for a
 // stage that is not a CUDA stage made with profile_decode.
 absl::StatusOr<CudaDecodeProfile> TakeDecodeProfile(Stage& stage);
+
+// The cudaStream_t every step of a CUDA stage runs on (NcclTransportOptions::stream);
+// INVALID_ARGUMENT for a stage of another backend.
+absl::StatusOr<void*> CudaStageStream(Stage& stage);
+
+// Work queued on a CUDA stage's stream right behind each decode step's forward pass, before the
+// stage waits for the step: a transport sharing the stream (NcclTransportOptions::stream) sends
+// the step's output from there, so the send starts when the forward pass ends rather than once
+// the host has seen the step complete. `hidden` is the output of a stage without the LM head
+// (device memory, written in stream order), `device_tokens` that of the last stage (one sampled
+// token per sequence of the step, in order, whether or not the sequence samples; device memory),
+// null otherwise. An error fails the step (after the stage has waited for it) and leaves the
+// stage usable.
+using DecodeTail = std::function<absl::Status(const StepDescriptor& step, const Activations& hidden,
+                                              const int32_t* device_tokens)>;
+
+// Sets (or, with an empty function, clears) the stage's decode tail; INVALID_ARGUMENT for a stage
+// of another backend.
+absl::Status SetDecodeTail(Stage& stage, DecodeTail tail);
 
 // True when a usable CUDA device is present (tests skip otherwise).
 bool CudaDeviceAvailable();

@@ -219,8 +219,14 @@ struct NcclTransport::State {
   ncclComm_t root = nullptr;  // the non-blocking communicator every rank joined; aborts and joins
   ncclComm_t data = nullptr;  // the blocking communicator every frame moves on
   absl::Status broken;        // OK while the communicators are usable; the abort's reason after
-  cuda::Stream comm_stream;  // every ncclSend/ncclRecv, in issue order
+  cuda::Stream comm_stream;   // every ncclSend/ncclRecv, in issue order (unless opt.stream)
   cuda::Stream copy_stream;  // staging copies into send buffers, never behind a waiting send
+  cudaStream_t comm() const {
+    return opt.stream != nullptr ? static_cast<cudaStream_t>(opt.stream) : comm_stream.get();
+  }
+  cudaStream_t copy() const {
+    return opt.stream != nullptr ? static_cast<cudaStream_t>(opt.stream) : copy_stream.get();
+  }
 
   // Two send buffers ([kHeaderRegion][payload]), alternated: a send may wait for the next stage
   // while the next is staged.
@@ -360,7 +366,7 @@ struct NcclTransport::State {
     *h = FrameHeader{kFrameMagic, step_id, rows, cols, kind,
                      static_cast<uint32_t>(opt.dtype), {0, 0, 0}};
     char* frame = slot.frame.as<char>();
-    const cudaStream_t cs = copy_stream.get();
+    const cudaStream_t cs = copy();
     // Host data that fits behind the header in the slot's pinned buffer (a step's tokens) goes
     // there and over in one copy, and the caller's memory is free at once; otherwise it is free
     // once the staging copy is done.
@@ -376,8 +382,8 @@ struct NcclTransport::State {
       CUDA_CHECK(cudaMemcpyAsync(frame, h, sizeof(FrameHeader), cudaMemcpyHostToDevice, cs));
     }
     CUDA_CHECK(cudaEventRecord(slot.copied.get(), cs));
-    const cudaStream_t ns = comm_stream.get();
-    CUDA_CHECK(cudaStreamWaitEvent(ns, slot.copied.get(), 0));
+    const cudaStream_t ns = comm();
+    if (ns != cs) CUDA_CHECK(cudaStreamWaitEvent(ns, slot.copied.get(), 0));
     const size_t inline_bytes = InlineBytes(kind);
     NCCL_ISSUE(*this, ncclGroupStart());
     ncclResult_t r = ncclSend(frame, kHeaderRegion + inline_bytes, ncclUint8, peer, data, ns);
@@ -391,8 +397,10 @@ struct NcclTransport::State {
     CUDA_CHECK(cudaEventRecord(slot.sent.get(), ns));
     slot.in_flight = true;
     ++sends;
-    // The send is queued behind the staging copy; the caller's memory is free once that is done.
-    if (!pinned) RETURN_IF_ERROR(Wait(slot.copied.get(), nullptr, "the staging copy"));
+    // The send is queued behind the staging copy; the caller's memory is free once that is done,
+    // and device memory at once for work queued behind it on a shared stream (opt.stream).
+    const bool ordered = opt.stream != nullptr && copy_kind == cudaMemcpyDeviceToDevice;
+    if (!pinned && !ordered) RETURN_IF_ERROR(Wait(slot.copied.get(), nullptr, "the staging copy"));
     return absl::OkStatus();
   }
 
@@ -416,7 +424,7 @@ struct NcclTransport::State {
   // are copied to recv_host. The payload's rest, past the first message, is left to the caller.
   absl::StatusOr<FrameHeader> RecvFirst(int peer, uint32_t kind, uint64_t step_id, char* frame,
                                         size_t host_bytes, const std::function<bool()>& cancelled) {
-    const cudaStream_t ns = comm_stream.get();
+    const cudaStream_t ns = comm();
     NCCL_ISSUE_C(*this,
                  ncclRecv(frame, kHeaderRegion + InlineBytes(kind), ncclUint8, peer, data, ns),
                  cancelled);
@@ -520,8 +528,10 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
   auto s = std::make_unique<State>();
   s->opt = options;
   CUDA_CHECK(cudaSetDevice(options.device));
-  RETURN_IF_ERROR(s->comm_stream.Create());
-  RETURN_IF_ERROR(s->copy_stream.Create());
+  if (options.stream == nullptr) {
+    RETURN_IF_ERROR(s->comm_stream.Create());
+    RETURN_IF_ERROR(s->copy_stream.Create());
+  }
   // Frame buffers hold the header region and at least a first message's payload.
   const size_t act_bytes =
       kHeaderRegion +
@@ -597,7 +607,7 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
       NCCL_CHECK(ncclGetUniqueId(&data_id));
       CUDA_CHECK(cudaMemcpy(id_dev.get(), &data_id, sizeof(data_id), cudaMemcpyHostToDevice));
     }
-    const cudaStream_t ns = s->comm_stream.get();
+    const cudaStream_t ns = s->comm();
     NCCL_ISSUE(*s, ncclBroadcast(id_dev.get(), id_dev.get(), sizeof(ncclUniqueId), ncclUint8, 0,
                                  s->root, ns));
     CUDA_CHECK(cudaMemcpyAsync(s->recv_host.get(), id_dev.get(), sizeof(ncclUniqueId),
@@ -726,7 +736,7 @@ absl::StatusOr<Activations> NcclTransport::Recv(uint64_t step_id,
   a.where = Where::kDevice;
   const size_t bytes = a.nbytes();
   if (bytes > kInlineActivationBytes) {  // a prefill: the rest in a second message
-    const cudaStream_t ns = s.comm_stream.get();
+    const cudaStream_t ns = s.comm();
     NCCL_ISSUE_C(s,
                  ncclRecv(frame + kHeaderRegion + kInlineActivationBytes,
                           bytes - kInlineActivationBytes, ncclUint8, peer, s.data, ns),
@@ -758,7 +768,7 @@ absl::StatusOr<Activations> NcclTransport::PostRecv(uint64_t step_id, int64_t ro
   a.dtype = s.opt.dtype;
   a.where = Where::kDevice;
   const size_t bytes = a.nbytes();
-  const cudaStream_t ns = s.comm_stream.get();
+  const cudaStream_t ns = s.comm();
   // The frame's messages as the sender groups them: the first of fixed size, then the rest.
   NCCL_ISSUE_C(s, ncclGroupStart(), cancelled);
   ncclResult_t r =
@@ -803,6 +813,27 @@ absl::Status NcclTransport::SendTokens(uint64_t step_id, const std::vector<int32
                      tokens.data(), tokens.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
 }
 
+absl::Status NcclTransport::SendDeviceTokens(uint64_t step_id, const int32_t* device_tokens,
+                                             int64_t count) {
+  State& s = *s_;
+  RETURN_IF_ERROR(s.Healthy());
+  if (!s.last() || s.opt.world < 2) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", s.opt.rank, " of ", s.opt.world,
+        ": only the last stage of a pipeline of 2 or more returns tokens to the first"));
+  }
+  if (count < 0 || count > s.opt.max_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step_id, ": ", count, " tokens are outside [0, max_rows = ", s.opt.max_rows, "]"));
+  }
+  if (count > 0 && device_tokens == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", step_id, ": tokens have no data"));
+  }
+  CUDA_CHECK(cudaSetDevice(s.opt.device));
+  return s.SendFrame(0, kTokenFrame, step_id, count, 1, device_tokens,
+                     static_cast<size_t>(count) * sizeof(int32_t), cudaMemcpyDeviceToDevice);
+}
+
 absl::StatusOr<std::vector<int32_t>> NcclTransport::RecvTokens(
     uint64_t step_id, const std::function<bool()>& cancelled) {
   State& s = *s_;
@@ -826,7 +857,7 @@ absl::StatusOr<std::vector<int32_t>> NcclTransport::RecvTokens(
   if (bytes > kInlineTokenBytes) {  // the rest in a second message
     const size_t rest = bytes - kInlineTokenBytes;
     char* dst = frame + kHeaderRegion + kInlineTokenBytes;
-    const cudaStream_t ns = s.comm_stream.get();
+    const cudaStream_t ns = s.comm();
     NCCL_ISSUE_C(s, ncclRecv(dst, rest, ncclUint8, peer, s.data, ns), cancelled);
     CUDA_CHECK(cudaMemcpyAsync(s.recv_host.as<char>() + kHeaderRegion + kInlineTokenBytes, dst,
                                rest, cudaMemcpyDeviceToHost, ns));

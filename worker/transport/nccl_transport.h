@@ -59,6 +59,12 @@ struct NcclTransportOptions {
   DType dtype = DType::kF16;  // of every activation frame (the stages' dtype)
   int64_t max_rows = 0;       // rows of the largest step (prefill tokens): receive buffers' size
   absl::Duration timeout = absl::Seconds(60);  // for joining and for each wait on the peer
+  // A cudaStream_t of `device` on which every copy and NCCL operation of the transport is queued,
+  // in issue order: the stream of the stage it serves (CudaStageStream), so that the process
+  // launches no kernel on a stream other than its stage's (docs/performance-pipeline.md: kernels
+  // on a second stream slow cuBLAS's GEMMs by ~3% on Hopper). Null: two streams of its own (NCCL
+  // operations on one, staging copies on the other).
+  void* stream = nullptr;
 };
 
 // INVALID_ARGUMENT naming the field when the options cannot describe a pipeline stage.
@@ -75,10 +81,11 @@ class NcclTransport : public ActivationTransport {
   NcclTransport& operator=(const NcclTransport&) = delete;
 
   // Every rank but the last. Copies `activations` (host, or device memory whose writes are
-  // complete as Stage::Step returns them; the options' dtype and hidden size, at most max_rows
-  // rows) into a buffer of its own and returns once the copy is
-  // done, so the caller may overwrite its memory (the next Stage::Step) while the transfer waits
-  // for the next stage; at most two sends are in flight.
+  // complete as Stage::Step returns them, or queued on `stream` when the options give one; the
+  // options' dtype and hidden size, at most max_rows rows) into a buffer of its own and returns
+  // once the copy is done (device memory on a shared stream: once it is queued, as work queued
+  // behind it runs after it), so the caller may overwrite its memory (the next Stage::Step) while
+  // the transfer waits for the next stage; at most two sends are in flight.
   absl::Status Send(uint64_t step_id, const Activations& activations) override;
 
   // Every rank but the first. Returns device activations in a buffer of the transport, valid until
@@ -98,6 +105,10 @@ class NcclTransport : public ActivationTransport {
   // A pipeline without a coordinator in between (benchmarks, tests): the last rank returns the
   // sampled tokens of a step to the first rank. At most max_rows tokens.
   absl::Status SendTokens(uint64_t step_id, const std::vector<int32_t>& tokens);
+  // The same from device memory (a stage's sampled tokens), copied on the device: at once
+  // usable from a DecodeTail (worker/cuda/cuda_stage.h) when the transport shares the stage's
+  // stream; otherwise the tokens' writes must be complete.
+  absl::Status SendDeviceTokens(uint64_t step_id, const int32_t* device_tokens, int64_t count);
   absl::StatusOr<std::vector<int32_t>> RecvTokens(uint64_t step_id,
                                                   const std::function<bool()>& cancelled);
 

@@ -13,6 +13,7 @@
 // usage, N processes:  tandem-pipeline-bench --model DIR --world N --rank R --id_file PATH
 //                        [--device R] [--batch 1,8,64] [--prompt 128] [--new_tokens 128]
 //                        [--json OUT.json] [--reference SINGLE.json] [--post_recv=false]
+//                        [--stage_stream=false] [--device_send=false]
 //        one process:  tandem-pipeline-bench --model DIR --single [--device 0] [--json OUT.json]
 //                        [--split_local]
 //        either:       [--profile] (each stage's decode steps timed on the device too)
@@ -65,6 +66,13 @@ ABSL_FLAG(bool, split_local, false,
 ABSL_FLAG(bool, post_recv, true,
           "stages after the first post each step's receive and queue the step behind it on the "
           "device (NcclTransport::PostRecv); false: wait for the input on the host first (Recv)");
+ABSL_FLAG(bool, stage_stream, true,
+          "queue the transport's copies and NCCL operations on the stage's own stream "
+          "(NcclTransportOptions::stream); false: on streams of the transport's own");
+ABSL_FLAG(bool, device_send, true,
+          "with --stage_stream: each decode step's send (activations, or the last stage's tokens) "
+          "is queued behind its forward pass on the device (SetDecodeTail); false: sent once the "
+          "host has seen the step finish");
 ABSL_FLAG(bool, profile, false,
           "time each decode step of each stage on the device too (CudaOptions::profile_decode)");
 ABSL_FLAG(std::string, reference, "",
@@ -157,6 +165,7 @@ class Runner {
       ASSIGN_OR_RETURN(in, t_->Recv(step.id, none));
     }
     auto t1 = Clock::now();
+    sent_ = false;
     absl::StatusOr<StepOutput> stepped = stage_.Step(step, in);
     auto t2 = Clock::now();
     if (in.arrival) {  // the input's arrival divides waiting from computing
@@ -174,6 +183,8 @@ class Runner {
     std::vector<int32_t> tokens;
     if (world_ == 1) {
       tokens = std::move(out.tokens);
+    } else if (sent_) {
+      // sent by the decode tail
     } else if (rank_ < world_ - 1) {
       RETURN_IF_ERROR(t_->Send(step.id, out.hidden));
     } else {
@@ -191,6 +202,26 @@ class Runner {
     return tokens;
   }
 
+  // --device_send: the stage's decode steps send their output from the device.
+  absl::Status SendFromDevice() {
+    return SetDecodeTail(stage_,
+                         [this](const StepDescriptor& step, const Activations& hidden,
+                                const int32_t* device_tokens) -> absl::Status {
+                           if (rank_ < world_ - 1) {
+                             RETURN_IF_ERROR(t_->Send(step.id, hidden));
+                           } else {
+                             for (const SequenceStep& s : step.seqs) {
+                               if (!s.sample)
+                                 return absl::OkStatus();  // the host sends the sampled ones
+                             }
+                             RETURN_IF_ERROR(t_->SendDeviceTokens(
+                                 step.id, device_tokens, static_cast<int64_t>(step.seqs.size())));
+                           }
+                           sent_ = true;
+                           return absl::OkStatus();
+                         });
+  }
+
  private:
   Stage& stage_;
   NcclTransport* t_;
@@ -198,6 +229,7 @@ class Runner {
   bool post_recv_;
   Stage* second_;
   uint64_t next_id_ = 1;
+  bool sent_ = false;  // this step's output was sent by the decode tail
 };
 
 absl::StatusOr<BatchResult> RunBatch(Runner& runner, const ModelConfig& c, int batch, int prompt,
@@ -371,6 +403,9 @@ absl::StatusOr<int> Run() {
     to.dtype = dtype;
     to.max_rows = static_cast<int64_t>(max_batch) * prompt;
     to.timeout = absl::Seconds(timeout_s);
+    if (absl::GetFlag(FLAGS_stage_stream)) {
+      ASSIGN_OR_RETURN(to.stream, CudaStageStream(*stage));
+    }
     const auto t_join = Clock::now();
     ASSIGN_OR_RETURN(transport, NcclTransport::Create(to, id));
     join_s = Ms(t_join, Clock::now()) * 1e-3;
@@ -379,6 +414,10 @@ absl::StatusOr<int> Run() {
   const int steps = std::min(new_tokens, spec.max_seq_len - prompt + 1);
   Runner runner(*stage, transport.get(), rank, world, absl::GetFlag(FLAGS_post_recv),
                 second.get());
+  // Sending from behind the forward pass needs the transport on the stage's stream.
+  const bool stage_stream = world > 1 && absl::GetFlag(FLAGS_stage_stream);
+  const bool device_send = stage_stream && absl::GetFlag(FLAGS_device_send);
+  if (device_send) RETURN_IF_ERROR(runner.SendFromDevice());
   std::vector<BatchResult> results;
   for (int batch : batches) {
     for (int round = 0; round < 2; ++round) {
@@ -396,11 +435,13 @@ absl::StatusOr<int> Run() {
   cudaGetDeviceProperties(&prop, device);
   std::printf(
       "%s: model %s, layers [%d, %d) of %d, %s, prompt %d, new %d, device %d (%s), "
-      "load %.1f s, join %.2f s, input %s\n",
+      "load %.1f s, join %.2f s, input %s, transport on %s, decode output sent %s\n",
       single ? "single" : absl::StrCat("rank ", rank, "/", world).c_str(), model.c_str(),
       spec.first_layer, spec.last_layer, c.num_layers, std::string(DTypeName(dtype)).c_str(),
       prompt, steps, device, prop.name, load_s, join_s,
-      absl::GetFlag(FLAGS_post_recv) ? "posted (PostRecv)" : "waited for (Recv)");
+      absl::GetFlag(FLAGS_post_recv) ? "posted (PostRecv)" : "waited for (Recv)",
+      stage_stream ? "the stage's stream" : "streams of its own",
+      device_send ? "from behind the forward pass" : "after the host saw the step");
   std::printf("| batch | prefill ms | decode ms/step | decode tok/s | end-to-end tok/s | "
               "recv ms/step | compute ms/step | send (+ tokens back) ms/step |\n"
               "|---|---|---|---|---|---|---|---|\n");
@@ -433,6 +474,8 @@ absl::StatusOr<int> Run() {
   j["load_seconds"] = load_s;
   j["join_seconds"] = join_s;
   j["post_recv"] = absl::GetFlag(FLAGS_post_recv);
+  j["stage_stream"] = stage_stream;
+  j["device_send"] = device_send;
   j["split_local"] = split_local;
   for (const BatchResult& r : results) {
     j["results"].push_back({{"batch", r.batch}, {"prefill_ms", r.prefill_ms},

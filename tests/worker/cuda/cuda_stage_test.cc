@@ -456,6 +456,101 @@ TEST_P(CudaStageVsCpu, DecodeProfileCountsStepsAndLeavesTheResults) {
   EXPECT_EQ(again->device_ms, 0);
 }
 
+// A decode tail (SetDecodeTail) runs once per decode step, after the forward pass is queued and
+// before the stage waits: work it queues on the stage's stream (CudaStageStream) sees the step's
+// output, hidden rows on a first stage and every sequence's token on the last; an error it
+// returns fails the step and leaves the stage usable; prefill steps do not call it.
+TEST_P(CudaStageVsCpu, DecodeTailSeesTheStepsOutputOnTheStream) {
+  SKIP_WITHOUT_GPU();
+  const auto dir = Checkpoint(GetParam());
+  auto whole = MakeCuda(dir, DType::kF16, true);
+  auto first = MakeCuda(dir, DType::kF16, true, 0, 2);
+  auto plain = MakeCuda(dir, DType::kF16, true);
+  ASSERT_TRUE(whole && first && plain);
+  const int v = whole->config().vocab_size;
+  const int hidden = whole->config().hidden_size;
+  const std::vector<Seq> seqs = {{0, Prompt(13, 9, v)}, {2, Prompt(7, 4, v)}};
+
+  int32_t* tokens_seen = nullptr;  // pinned, written by the stream
+  uint16_t* hidden_seen = nullptr;
+  ASSERT_EQ(cudaMallocHost(&tokens_seen, 4 * sizeof(int32_t)), cudaSuccess);
+  ASSERT_EQ(cudaMallocHost(&hidden_seen, 2 * hidden * sizeof(uint16_t)), cudaSuccess);
+  absl::StatusOr<void*> stream = CudaStageStream(*whole);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  int calls = 0;
+  uint64_t last_id = 0;
+  ASSERT_TRUE(SetDecodeTail(*whole,
+                            [&](const StepDescriptor& step, const Activations& h,
+                                const int32_t* device_tokens) -> absl::Status {
+                              ++calls;
+                              last_id = step.id;
+                              EXPECT_EQ(h.data, nullptr);  // the last stage has no hidden output
+                              EXPECT_NE(device_tokens, nullptr);
+                              const cudaError_t e = cudaMemcpyAsync(
+                                  tokens_seen, device_tokens, step.seqs.size() * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(*stream));
+                              return e == cudaSuccess ? absl::OkStatus()
+                                                      : absl::InternalError("copy");
+                            })
+                  .ok());
+  const Trace want = RunSteps(*plain, seqs, 4);
+  const Trace got = RunSteps(*whole, seqs, 4);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(calls, 4);  // the decode steps, not the prefill
+  EXPECT_EQ(last_id, 4u);
+  ASSERT_EQ(got.tokens.back().size(), 2u);
+  EXPECT_EQ(std::vector<int32_t>(tokens_seen, tokens_seen + 2), got.tokens.back());
+
+  // A failing tail fails its step; without the tail the next steps give the same tokens.
+  ASSERT_TRUE(SetDecodeTail(*whole, [](const StepDescriptor&, const Activations&, const int32_t*) {
+                return absl::UnavailableError("gone");
+              }).ok());
+  StepDescriptor d = StepOf(0, 13, 1, {want.tokens[0][0]});
+  d.seqs.push_back(d.seqs[0]);
+  d.seqs[1].slot = 2;
+  d.seqs[1].position = 7;
+  d.tokens.push_back(want.tokens[0][1]);
+  EXPECT_EQ(whole->Step(d, Activations{}).status().code(), absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(SetDecodeTail(*whole, nullptr).ok());
+  const Trace again = RunSteps(*whole, seqs, 4);
+  EXPECT_EQ(again.tokens, want.tokens);
+
+  // A first stage's tail sees its hidden rows (device memory, in stream order).
+  absl::StatusOr<void*> first_stream = CudaStageStream(*first);
+  ASSERT_TRUE(first_stream.ok());
+  ASSERT_TRUE(SetDecodeTail(*first,
+                            [&](const StepDescriptor& step, const Activations& h,
+                                const int32_t* device_tokens) -> absl::Status {
+                              EXPECT_EQ(device_tokens, nullptr);
+                              EXPECT_EQ(h.where, Where::kDevice);
+                              EXPECT_EQ(h.rows, static_cast<int64_t>(step.seqs.size()));
+                              EXPECT_EQ(h.cols, hidden);
+                              const cudaError_t e = cudaMemcpyAsync(
+                                  hidden_seen, h.data.get(), h.nbytes(), cudaMemcpyDeviceToHost,
+                                  static_cast<cudaStream_t>(*first_stream));
+                              return e == cudaSuccess ? absl::OkStatus()
+                                                      : absl::InternalError("copy");
+                            })
+                  .ok());
+  StepDescriptor pre;
+  for (const Seq& q : seqs) {
+    SequenceStep ss;
+    ss.slot = q.slot;
+    ss.num_tokens = static_cast<int>(q.prompt.size());
+    pre.seqs.push_back(ss);
+    pre.tokens.insert(pre.tokens.end(), q.prompt.begin(), q.prompt.end());
+  }
+  ASSERT_TRUE(first->Step(pre, Activations{}).ok());
+  auto out = first->Step(d, Activations{});
+  ASSERT_TRUE(out.ok()) << out.status();
+  std::vector<uint16_t> h(2 * hidden);
+  ASSERT_EQ(cudaMemcpy(h.data(), out->hidden.data.get(), h.size() * 2, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(std::vector<uint16_t>(hidden_seen, hidden_seen + 2 * hidden), h);
+  cudaFreeHost(tokens_seen);
+  cudaFreeHost(hidden_seen);
+}
+
 // Input that is still arriving (as NcclTransport::PostRecv hands it over): the stage queues its
 // step behind `ready` on the device and reports `arrival`'s verdict; an error leaves it usable.
 TEST_P(CudaStageVsCpu, InputStillArrivingIsWaitedForOnTheDevice) {
@@ -651,6 +746,13 @@ TEST(CudaStageTest, DecodeProfileOfAnotherBackendIsAFailedPrecondition) {
   const absl::StatusOr<CudaDecodeProfile> p = TakeDecodeProfile(*cpu);
   EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(p.status().message().find("profile_decode"), std::string::npos) << p.status();
+}
+
+TEST(CudaStageTest, StreamAndTailOfAnotherBackendAreInvalidArguments) {
+  auto cpu = MakeCpu(Checkpoint("tiny-llama"));
+  ASSERT_TRUE(cpu);
+  EXPECT_EQ(CudaStageStream(*cpu).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetDecodeTail(*cpu, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CudaStageTest, MissingCheckpointFailsTheLoad) {

@@ -121,7 +121,8 @@ struct Pair {
     t.join();
   }
 };
-Pair Join(absl::Duration timeout = absl::Seconds(20), int64_t max_rows = 16) {
+Pair Join(absl::Duration timeout = absl::Seconds(20), int64_t max_rows = 16,
+          cudaStream_t first_stream = nullptr, cudaStream_t last_stream = nullptr) {
   Pair p;
   absl::StatusOr<std::string> id = MakeNcclUniqueId();
   EXPECT_TRUE(id.ok()) << id.status();
@@ -130,6 +131,8 @@ Pair Join(absl::Duration timeout = absl::Seconds(20), int64_t max_rows = 16) {
   NcclTransportOptions oa = Options(0, 2), ob = Options(1, 2);
   oa.timeout = ob.timeout = timeout;
   oa.max_rows = ob.max_rows = max_rows;
+  oa.stream = first_stream;
+  ob.stream = last_stream;
   std::thread ta([&] { a = NcclTransport::Create(oa, *id); });
   std::thread tb([&] { b = NcclTransport::Create(ob, *id); });
   ta.join();
@@ -313,6 +316,76 @@ TEST(NcclTransportTest, PostedReceiveOfAnotherStepOrRowCountIsDataLoss) {
   EXPECT_TRUE(p.last->aborted());
 }
 
+// A transport on a stream of the caller's (NcclTransportOptions::stream, as a stage shares its
+// own): Send and SendDeviceTokens take device data that work queued earlier on that stream is
+// still to write (here: behind a host function that sleeps), and what arrives is what that work
+// wrote, not what the memory held when the call returned.
+TEST(NcclTransportTest, OnTheCallersStreamSendsWhatWorkQueuedBeforeItWrites) {
+  REQUIRE_GPUS(2);
+  cudaStream_t s0 = nullptr, s1 = nullptr;
+  cudaSetDevice(0);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking), cudaSuccess);
+  cudaSetDevice(1);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+  const auto sleep = [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); };
+  {
+    Pair p = Join(absl::Seconds(20), 16, s0, s1);
+    ASSERT_TRUE(p.first && p.last);
+    std::thread sender([&] {
+      cudaSetDevice(0);
+      void* d = nullptr;
+      void* pinned = nullptr;
+      ASSERT_EQ(cudaMalloc(&d, 16 * 64 * 2), cudaSuccess);
+      ASSERT_EQ(cudaMallocHost(&pinned, 16 * 64 * 2), cudaSuccess);
+      for (uint64_t step = 1; step <= 3; ++step) {
+        const int rows = static_cast<int>(step) * 3;
+        Activations a = HostActivations(step, rows);
+        ASSERT_EQ(cudaMemset(d, 0, 16 * 64 * 2), cudaSuccess);
+        std::memcpy(pinned, a.data.get(), a.nbytes());
+        ASSERT_EQ(cudaLaunchHostFunc(s0, sleep, nullptr), cudaSuccess);
+        ASSERT_EQ(cudaMemcpyAsync(d, pinned, a.nbytes(), cudaMemcpyHostToDevice, s0), cudaSuccess);
+        a.data = std::shared_ptr<void>(d, [](void*) {});
+        a.where = Where::kDevice;
+        ASSERT_TRUE(p.first->Send(step, a).ok());
+        auto tokens = p.first->RecvTokens(step, kNever);
+        ASSERT_TRUE(tokens.ok()) << tokens.status();
+        std::vector<int32_t> want(rows);
+        for (int i = 0; i < rows; ++i) want[i] = static_cast<int32_t>(step * 100 + i);
+        EXPECT_EQ(*tokens, want) << "step " << step;
+      }
+      cudaFreeHost(pinned);
+      cudaFree(d);
+    });
+    cudaSetDevice(1);
+    int32_t* d = nullptr;
+    int32_t* pinned = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, 16 * sizeof(int32_t)), cudaSuccess);
+    ASSERT_EQ(cudaMallocHost(&pinned, 16 * sizeof(int32_t)), cudaSuccess);
+    for (uint64_t step = 1; step <= 3; ++step) {
+      const int rows = static_cast<int>(step) * 3;
+      auto a = p.last->PostRecv(step, rows, kNever);
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(a->arrival().ok());
+      ASSERT_EQ(cudaStreamSynchronize(s1), cudaSuccess);
+      EXPECT_EQ(ToHost(*a), Bytes(HostActivations(step, rows))) << "step " << step;
+      ASSERT_EQ(cudaMemset(d, 0, 16 * sizeof(int32_t)), cudaSuccess);
+      for (int i = 0; i < rows; ++i) pinned[i] = static_cast<int32_t>(step * 100 + i);
+      ASSERT_EQ(cudaLaunchHostFunc(s1, sleep, nullptr), cudaSuccess);
+      ASSERT_EQ(cudaMemcpyAsync(d, pinned, rows * sizeof(int32_t), cudaMemcpyHostToDevice, s1),
+                cudaSuccess);
+      ASSERT_TRUE(p.last->SendDeviceTokens(step, d, rows).ok());
+      ASSERT_EQ(cudaStreamSynchronize(s1), cudaSuccess);
+    }
+    sender.join();
+    EXPECT_FALSE(p.first->aborted());
+    EXPECT_FALSE(p.last->aborted());
+    cudaFreeHost(pinned);
+    cudaFree(d);
+  }
+  cudaStreamDestroy(s0);
+  cudaStreamDestroy(s1);
+}
+
 TEST(NcclTransportTest, WrongDirectionsAndShapesAreRejected) {
   REQUIRE_GPUS(2);
   Pair p = Join();
@@ -336,6 +409,17 @@ TEST(NcclTransportTest, WrongDirectionsAndShapesAreRejected) {
   EXPECT_EQ(p.first->Send(1, empty).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(p.last->SendTokens(1, std::vector<int32_t>(17, 0)).code(),
             absl::StatusCode::kInvalidArgument);
+  int32_t* device_tokens = nullptr;
+  cudaSetDevice(1);
+  ASSERT_EQ(cudaMalloc(&device_tokens, 17 * sizeof(int32_t)), cudaSuccess);
+  EXPECT_EQ(p.first->SendDeviceTokens(1, device_tokens, 1).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p.last->SendDeviceTokens(1, device_tokens, 17).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.last->SendDeviceTokens(1, device_tokens, -1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.last->SendDeviceTokens(1, nullptr, 2).code(), absl::StatusCode::kInvalidArgument);
+  cudaFree(device_tokens);
   // None of these touched the communicator.
   EXPECT_FALSE(p.first->aborted());
   EXPECT_FALSE(p.last->aborted());

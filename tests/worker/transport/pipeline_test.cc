@@ -1,6 +1,8 @@
 // A tiny Llama split into two stage processes on two GPUs (tandem-pipeline-bench, NCCL between
 // them) generates exactly the tokens of the whole model in one process, over the GPUs' direct
-// link and over NCCL's socket transport (the stand-in for two hosts). Skipped without 2 GPUs.
+// link and over NCCL's socket transport (the stand-in for two hosts), with the transport on each
+// stage's stream sending from behind the forward pass (the default) and on streams of its own.
+// Skipped without 2 GPUs.
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -64,14 +66,23 @@ std::string Slurp(const std::filesystem::path& p) {
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
-class TwoStagePipelineTest : public ::testing::TestWithParam<bool> {};
+enum class Link { kDirect, kSocket, kDirectOwnStreams };
+
+class TwoStagePipelineTest : public ::testing::TestWithParam<Link> {};
 
 TEST_P(TwoStagePipelineTest, GivesTheTokensOfOneStage) {
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
   if (gpus < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << gpus;
-  const bool socket = GetParam();
-  const std::filesystem::path dir = TmpDir() / (socket ? "pipeline_socket" : "pipeline_p2p");
+  const bool socket = GetParam() == Link::kSocket;
+  const std::vector<std::string> streams =
+      GetParam() == Link::kDirectOwnStreams
+          ? std::vector<std::string>{"--stage_stream=false", "--device_send=false"}
+          : std::vector<std::string>{};
+  const std::filesystem::path dir =
+      TmpDir() / (socket                        ? "pipeline_socket"
+                  : GetParam() == Link::kDirect ? "pipeline_p2p"
+                                                : "pipeline_p2p_streams");
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const std::filesystem::path model = TmpDir() / "pipeline_tiny_llama";
@@ -88,6 +99,7 @@ TEST_P(TwoStagePipelineTest, GivesTheTokensOfOneStage) {
   auto args = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = {bench};
     a.insert(a.end(), common.begin(), common.end());
+    a.insert(a.end(), streams.begin(), streams.end());
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
@@ -127,8 +139,13 @@ TEST_P(TwoStagePipelineTest, GivesTheTokensOfOneStage) {
   EXPECT_TRUE(r0_json["tokens_identical"].get<bool>());
 }
 
-INSTANTIATE_TEST_SUITE_P(Links, TwoStagePipelineTest, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "Socket" : "Direct"; });
+INSTANTIATE_TEST_SUITE_P(Links, TwoStagePipelineTest,
+                         ::testing::Values(Link::kDirect, Link::kSocket, Link::kDirectOwnStreams),
+                         [](const auto& info) {
+                           return info.param == Link::kSocket   ? "Socket"
+                                  : info.param == Link::kDirect ? "Direct"
+                                                                : "DirectOwnStreams";
+                         });
 
 }  // namespace
 }  // namespace tandem
