@@ -210,13 +210,18 @@ TEST_P(KernelTest, RopeRotatesQueryAndKeyAndFillsCacheSlot) {
 // With `in_kernel_combine` the splits are combined by the attention kernel itself (twice in a
 // row, so that the second launch sees the counters the first one reset), and the output must have
 // the very bits of the two-kernel path.
+// `copies` > 1 repeats the five rows (more than 8 rows take the kernel's one-load-at-a-time path).
 void CheckAttention(DType t, float tol, int head_dim, int heads, int kv_heads, int splits,
-                    bool in_kernel_combine = false) {
+                    bool in_kernel_combine = false, int copies = 1) {
   const int slots = 3, cap = 320;
   const size_t cache = size_t{slots} * kv_heads * cap * head_dim;
   auto kc = Quantize(t, Random(cache, 10));
   auto vc = Quantize(t, Random(cache, 11));
-  std::vector<int32_t> pos = {0, 63, 64, 299, 130}, slot = {0, 2, 1, 2, 0};
+  std::vector<int32_t> pos, slot;
+  for (int c = 0; c < copies; ++c) {
+    pos.insert(pos.end(), {0, 63, 64, 299, 130});
+    slot.insert(slot.end(), {0, 2, 1, 2, 0});
+  }
   const int rows = static_cast<int>(pos.size()), q_dim = heads * head_dim;
   auto q = Quantize(t, Random(rows * q_dim, 12, 2.0f));
   DeviceBuffer dk = Upload(t, kc), dv = Upload(t, vc), dq = Upload(t, q);
@@ -303,6 +308,12 @@ TEST_P(KernelTest, AttentionCombinedInKernelManySplitsEqualsTwoKernels) {
   SKIP_WITHOUT_GPU();
   CheckAttention(t(), tol(), 64, 8, 2, 5, true);  // row 0 leaves splits 1-4 empty
   CheckAttention(t(), tol(), 100, 4, 4, 3, true);
+}
+
+TEST_P(KernelTest, AttentionOfManyRowsMatchesTheReference) {
+  SKIP_WITHOUT_GPU();
+  CheckAttention(t(), tol(), 100, 4, 4, 3, false, 3);
+  CheckAttention(t(), tol(), 64, 8, 2, 5, true, 2);
 }
 
 TEST_P(KernelTest, AttentionRejectsGroupWiderThanKernel) {
