@@ -123,6 +123,7 @@ class CudaStage final : public Stage {
   CudaDecodeProfile TakeProfile() { return std::exchange(profile_, CudaDecodeProfile{}); }
   cudaStream_t stream() const { return stream_.get(); }
   void set_tail(DecodeTail tail) { tail_ = std::move(tail); }
+  void set_watch(std::function<absl::Status()> watch) { watch_ = std::move(watch); }
 
  private:
   // Offsets (bytes) of the step inputs inside the host and device blocks.
@@ -138,6 +139,8 @@ class CudaStage final : public Stage {
   absl::Status CopyInput(const Activations& in, int64_t row0, int rows);
   absl::Status AwaitInput(const Activations& in);
   absl::Status Replay(int bucket);
+  // Waits for the stream: in the driver, or polling watch_ where one is set.
+  absl::Status Drain();
   // Records `e` on the stream, as a node of the graph when capturing (profile_decode).
   absl::Status Mark(const cuda::Event& e) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -208,6 +211,7 @@ class CudaStage final : public Stage {
   };
   std::unique_ptr<ProfileEvents> prof_;
   DecodeTail tail_;
+  std::function<absl::Status()> watch_;  // SetStreamWatch
   CudaDecodeProfile profile_;
   std::vector<int> cached_len_;  // per slot: positions [0, len) hold K/V
 };
@@ -655,6 +659,31 @@ absl::Status CudaStage::AwaitInput(const Activations& in) {
   return arrived.status();
 }
 
+absl::Status CudaStage::Drain() {
+  if (!watch_) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    return absl::OkStatus();
+  }
+  using SteadyClock = std::chrono::steady_clock;
+  absl::Status failed;
+  SteadyClock::time_point next = SteadyClock::now() + std::chrono::milliseconds(1);
+  SteadyClock::time_point give_up = SteadyClock::time_point::max();
+  for (uint64_t i = 0;; ++i) {
+    const cudaError_t q = cudaStreamQuery(stream_.get());
+    if (q == cudaSuccess) return failed;
+    if (q != cudaErrorNotReady) return cuda::CudaError(q, "cudaStreamQuery", __FILE__, __LINE__);
+    if ((i & 63) != 0) continue;
+    const SteadyClock::time_point now = SteadyClock::now();
+    if (!failed.ok()) {
+      if (now > give_up) return failed;  // the stream stays busy; the stage is not usable
+    } else if (now >= next) {
+      failed = watch_();
+      next = now + std::chrono::milliseconds(1);
+      if (!failed.ok()) give_up = now + std::chrono::seconds(10);
+    }
+  }
+}
+
 // Rows [row0, row0 + rows) of `in` into x_.
 absl::Status CudaStage::CopyInput(const Activations& in, int64_t row0, int rows) {
   const size_t row_bytes = RowBytes(c_.hidden_size);
@@ -765,7 +794,7 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
   const int end = prof_ ? 1 - prof_->last : 0;
   if (prof_) CUDA_CHECK(cudaEventRecord(prof_->end[end].get(), stream_.get()));
   RETURN_IF_ERROR(AwaitInput(in));
-  CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  RETURN_IF_ERROR(Drain());
   RETURN_IF_ERROR(tail);
   if (prof_) {
     using Ms = std::chrono::duration<double, std::milli>;
@@ -866,7 +895,7 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
                                  rows * row_bytes, cudaMemcpyDeviceToDevice, stream_.get()));
     }
     RETURN_IF_ERROR(AwaitInput(in));
-    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    RETURN_IF_ERROR(Drain());
     if (has_head_ && samples > 0) {
       const int32_t* t = host_tokens_.as<int32_t>();
       out.tokens.insert(out.tokens.end(), t, t + samples);
@@ -940,6 +969,13 @@ absl::StatusOr<void*> CudaStageStream(Stage& stage) {
   auto* cuda_stage = dynamic_cast<CudaStage*>(&stage);
   if (cuda_stage == nullptr) return absl::InvalidArgumentError("not a CUDA stage");
   return static_cast<void*>(cuda_stage->stream());
+}
+
+absl::Status SetStreamWatch(Stage& stage, std::function<absl::Status()> watch) {
+  auto* cuda_stage = dynamic_cast<CudaStage*>(&stage);
+  if (cuda_stage == nullptr) return absl::InvalidArgumentError("not a CUDA stage");
+  cuda_stage->set_watch(std::move(watch));
+  return absl::OkStatus();
 }
 
 absl::Status SetDecodeTail(Stage& stage, DecodeTail tail) {

@@ -94,6 +94,13 @@ using DecodeTail = std::function<absl::Status(const StepDescriptor& step, const 
 // of another backend.
 absl::Status SetDecodeTail(Stage& stage, DecodeTail tail);
 
+// Has the stage's waits for its stream poll `watch` (about every millisecond) instead of blocking
+// in the driver, for a transport that shares the stream (NcclTransport::Watch): an error from it
+// fails the step once the stream has drained (the watch having aborted what kept it busy), or
+// after 10 s more if it does not drain. An empty function restores the plain wait. The watch must
+// stay callable while set. INVALID_ARGUMENT for a stage of another backend.
+absl::Status SetStreamWatch(Stage& stage, std::function<absl::Status()> watch);
+
 // True when a usable CUDA device is present (tests skip otherwise).
 bool CudaDeviceAvailable();
 

@@ -103,6 +103,19 @@ int main(int argc, char** argv) {
     link_options.to_host = [device = options.device](const tandem::Activations& a) {
       return tandem::CopyActivationsToHost(a, device);
     };
+    // One stream per worker: the transport's copies and NCCL kernels go on the stage's stream
+    // (kernels on a second stream slow cuBLAS's GEMMs by ~3% on Hopper,
+    // docs/performance-pipeline.md), and the stage's waits watch the sends, so that one the next
+    // stage never takes ends in an abort at the timeout instead of a wait without end.
+    link_options.bind_nccl = [](tandem::Stage& stage,
+                                tandem::ActivationTransport& t) -> absl::Status {
+      auto* nccl = dynamic_cast<tandem::NcclTransport*>(&t);
+      if (nccl == nullptr) return absl::OkStatus();
+      absl::StatusOr<void*> stream = tandem::CudaStageStream(stage);
+      if (!stream.ok()) return stream.status();
+      if (absl::Status st = nccl->UseStream(*stream); !st.ok()) return st;
+      return tandem::SetStreamWatch(stage, [nccl] { return nccl->Watch(); });
+    };
     link_options.make_nccl_id = [] { return tandem::MakeNcclUniqueId(); };
     link_options.join_nccl = [options, recv_timeout = absl::GetFlag(FLAGS_recv_timeout_s)](
                                  const tandem::NcclJoin& j)

@@ -143,6 +143,14 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext*, const v1::AssignSt
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         std::string(stage.status().message()));
   }
+  if (nccl != nullptr && link_.bind_nccl) {
+    if (absl::Status st = link_.bind_nccl(**stage, *nccl); !st.ok()) {
+      spdlog::error("assignment {}: NCCL: {}", req->assignment_id(), st.ToString());
+      return grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrCat("NCCL link of stage ", req->stage(), ": ", std::string(st.message())));
+    }
+  }
   auto a = std::make_shared<Assignment>();
   a->id = req->assignment_id();
   a->stage = req->stage();

@@ -46,6 +46,10 @@ struct LinkOptions {
   std::function<absl::StatusOr<std::unique_ptr<ActivationTransport>>(const NcclJoin&)> join_nccl;
   // Copies device activations to the host for the gRPC link; empty: stages output host ones.
   std::function<absl::StatusOr<Activations>(const Activations&)> to_host;
+  // Called once an assignment has both its stage and its NCCL transport (the transport is made
+  // first and destroyed first): main.cc puts the transport's work on the stage's stream and has
+  // the stage's waits watch the transport's sends. Empty: nothing.
+  std::function<absl::Status(Stage&, ActivationTransport&)> bind_nccl;
 };
 
 class WorkerService final : public v1::Worker::Service {

@@ -235,6 +235,8 @@ struct NcclTransport::State {
     cuda::PinnedBuffer host_header;  // the header, and on the last rank the tokens behind it
     cuda::Event copied, sent;
     bool in_flight = false;
+    Clock::time_point queued;  // when the send was queued
+    uint64_t step_id = 0;
   };
   SendSlot send[2];
   uint64_t sends = 0;
@@ -396,6 +398,8 @@ struct NcclTransport::State {
     NCCL_ISSUE(*this, end);
     CUDA_CHECK(cudaEventRecord(slot.sent.get(), ns));
     slot.in_flight = true;
+    slot.queued = Clock::now();
+    slot.step_id = step_id;
     ++sends;
     // The send is queued behind the staging copy; the caller's memory is free once that is done,
     // and device memory at once for work queued behind it on a shared stream (opt.stream).
@@ -867,6 +871,41 @@ absl::StatusOr<std::vector<int32_t>> NcclTransport::RecvTokens(
   }
   if (bytes > 0) std::memcpy(tokens.data(), host, bytes);
   return tokens;
+}
+
+absl::Status NcclTransport::UseStream(void* stream) {
+  State& s = *s_;
+  RETURN_IF_ERROR(s.Healthy());
+  if (s.sends > 0 || s.recvs > 0) {
+    return absl::FailedPreconditionError(
+        "NCCL transport: the stream can change only before the first frame");
+  }
+  s.opt.stream = stream;
+  return absl::OkStatus();
+}
+
+absl::Status NcclTransport::Watch() {
+  State& s = *s_;
+  RETURN_IF_ERROR(s.Healthy());
+  const int peer = s.last() ? 0 : s.opt.rank + 1;
+  for (State::SendSlot& slot : s.send) {
+    if (!slot.in_flight) continue;
+    const cudaError_t q = cudaEventQuery(slot.sent.get());
+    if (q == cudaSuccess) continue;
+    if (q != cudaErrorNotReady)
+      return s.Fail(cuda::CudaError(q, "cudaEventQuery", __FILE__, __LINE__));
+    if (Clock::now() - slot.queued > ToChrono(s.opt.timeout)) {
+      return s.Fail(absl::DeadlineExceededError(absl::StrCat(
+          "rank ", s.opt.rank, "'s frame of step ", slot.step_id, " was not taken by rank ", peer,
+          " within ", absl::FormatDuration(s.opt.timeout), "; the peer stage is silent or gone")));
+    }
+  }
+  for (ncclComm_t comm : {s.data, s.root}) {
+    if (absl::Status st = s.CommError(comm, absl::StrCat("rank ", peer)); !st.ok()) {
+      return s.Fail(std::move(st));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void NcclTransport::Abort(const absl::Status& reason) { s_->Abort(reason); }

@@ -112,6 +112,17 @@ class NcclTransport : public ActivationTransport {
   absl::StatusOr<std::vector<int32_t>> RecvTokens(uint64_t step_id,
                                                   const std::function<bool()>& cancelled);
 
+  // Moves every later copy and NCCL operation onto `stream` (a cudaStream_t of the options'
+  // device, which must outlive the transport), as NcclTransportOptions::stream does for a
+  // transport made before its stage. FAILED_PRECONDITION once a frame has moved.
+  absl::Status UseStream(void* stream);
+
+  // For a stage waiting on a stream it shares with this transport: OK while every queued send
+  // has completed or is younger than the timeout and the communicators report no error;
+  // otherwise aborts both communicators (which ends the transport's kernels, so that the stream
+  // drains) and returns why: DEADLINE_EXCEEDED for a send the next stage never took.
+  absl::Status Watch();
+
   // Aborts both communicators (idempotent); later calls return FAILED_PRECONDITION.
   void Abort(const absl::Status& reason);
   bool aborted() const;

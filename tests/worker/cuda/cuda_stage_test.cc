@@ -551,6 +551,57 @@ TEST_P(CudaStageVsCpu, DecodeTailSeesTheStepsOutputOnTheStream) {
   cudaFreeHost(hidden_seen);
 }
 
+// With a stream watch (SetStreamWatch) the stage polls it while waiting for its stream: an OK
+// watch leaves the results as they were; an error fails the step once the stream has drained,
+// and the stage stays usable. The stream is kept busy by a host function sleeping behind each
+// decode step's forward pass (queued from a decode tail, so that the stage is waiting for it).
+TEST_P(CudaStageVsCpu, StreamWatchIsPolledAndItsErrorFailsTheStep) {
+  SKIP_WITHOUT_GPU();
+  const auto dir = Checkpoint(GetParam());
+  auto plain = MakeCuda(dir, DType::kF16, true);
+  auto watched = MakeCuda(dir, DType::kF16, true);
+  ASSERT_TRUE(plain && watched);
+  const int v = plain->config().vocab_size;
+  const std::vector<Seq> seqs = {{0, Prompt(13, 9, v)}, {2, Prompt(7, 4, v)}};
+  absl::StatusOr<void*> stream = CudaStageStream(*watched);
+  ASSERT_TRUE(stream.ok());
+  ASSERT_TRUE(SetDecodeTail(
+                  *watched,
+                  [&](const StepDescriptor&, const Activations&, const int32_t*) -> absl::Status {
+                    const auto sleep = [](void*) {
+                      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                    };
+                    return cudaLaunchHostFunc(static_cast<cudaStream_t>(*stream), sleep, nullptr) ==
+                                   cudaSuccess
+                               ? absl::OkStatus()
+                               : absl::InternalError("cudaLaunchHostFunc");
+                  })
+                  .ok());
+  int calls = 0;
+  absl::Status verdict;
+  ASSERT_TRUE(SetStreamWatch(*watched, [&] {
+                ++calls;
+                return verdict;
+              }).ok());
+  const Trace want = RunSteps(*plain, seqs, 3);
+  const Trace got = RunSteps(*watched, seqs, 3);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.logits, want.logits);
+  EXPECT_GE(calls, 3);  // each decode step waited 20 ms behind its sleep
+
+  verdict = absl::UnavailableError("the next stage is gone");
+  StepDescriptor d = StepOf(0, 16, 1, {want.tokens[3][0]});
+  d.seqs.push_back(d.seqs[0]);
+  d.seqs[1].slot = 2;
+  d.seqs[1].position = 10;
+  d.tokens.push_back(want.tokens[3][1]);
+  const absl::StatusOr<StepOutput> failed = watched->Step(d, Activations{});
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
+  ASSERT_TRUE(SetStreamWatch(*watched, nullptr).ok());
+  ASSERT_TRUE(SetDecodeTail(*watched, nullptr).ok());
+  EXPECT_EQ(RunSteps(*watched, seqs, 3).tokens, want.tokens);
+}
+
 // Input that is still arriving (as NcclTransport::PostRecv hands it over): the stage queues its
 // step behind `ready` on the device and reports `arrival`'s verdict; an error leaves it usable.
 TEST_P(CudaStageVsCpu, InputStillArrivingIsWaitedForOnTheDevice) {
@@ -753,6 +804,7 @@ TEST(CudaStageTest, StreamAndTailOfAnotherBackendAreInvalidArguments) {
   ASSERT_TRUE(cpu);
   EXPECT_EQ(CudaStageStream(*cpu).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(SetDecodeTail(*cpu, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetStreamWatch(*cpu, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CudaStageTest, MissingCheckpointFailsTheLoad) {

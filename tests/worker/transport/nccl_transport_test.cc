@@ -386,6 +386,66 @@ TEST(NcclTransportTest, OnTheCallersStreamSendsWhatWorkQueuedBeforeItWrites) {
   cudaStreamDestroy(s1);
 }
 
+// A stage waiting on the stream it shares with its transport polls Watch: a send the next stage
+// never takes (here: rank 1 receives nothing, so the frames fill NCCL's buffers and a send stays
+// queued) ends in DEADLINE_EXCEEDED and an abort at the timeout, after which the stream drains;
+// while the sends complete, Watch is OK. UseStream is refused once a frame has moved.
+TEST(NcclTransportTest, WatchEndsASendThePeerNeverTakes) {
+  REQUIRE_GPUS(2);
+  cudaStream_t s0 = nullptr;
+  cudaSetDevice(0);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking), cudaSuccess);
+  {
+    Pair p = Join(absl::Seconds(3), /*max_rows=*/2048);
+    ASSERT_TRUE(p.first && p.last);
+    cudaSetDevice(0);
+    ASSERT_TRUE(p.first->UseStream(s0).ok());
+    void* d = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, 2048 * 64 * 2), cudaSuccess);
+    Activations a = HostActivations(1, 2048);  // 256 KiB frames: two messages each
+    a.data = std::shared_ptr<void>(d, [](void*) {});
+    a.where = Where::kDevice;
+    cudaEvent_t marker = nullptr;
+    ASSERT_EQ(cudaEventCreate(&marker), cudaSuccess);
+    bool stuck = false;
+    for (uint64_t step = 1; step <= 400 && !stuck; ++step) {
+      ASSERT_TRUE(p.first->Send(step, a).ok()) << "step " << step;
+      ASSERT_EQ(cudaEventRecord(marker, s0), cudaSuccess);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+      while (cudaEventQuery(marker) == cudaErrorNotReady) {
+        if (std::chrono::steady_clock::now() > until) {
+          stuck = true;
+          break;
+        }
+      }
+      if (!stuck) EXPECT_TRUE(p.first->Watch().ok()) << "step " << step;
+    }
+    ASSERT_TRUE(stuck) << "400 frames of 256 KiB all went out without a receiver";
+    EXPECT_EQ(p.first->UseStream(s0).code(), absl::StatusCode::kFailedPrecondition);
+    absl::Status watched;
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (watched.ok() && std::chrono::steady_clock::now() < limit) {
+      watched = p.first->Watch();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(watched.code(), absl::StatusCode::kDeadlineExceeded) << watched;
+    EXPECT_NE(watched.message().find("not taken by rank 1"), absl::string_view::npos) << watched;
+    EXPECT_TRUE(p.first->aborted());
+    EXPECT_EQ(p.first->Watch().code(), absl::StatusCode::kFailedPrecondition);
+    // The abort ended the kernel: the stream drains.
+    const auto drain = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (cudaEventQuery(marker) == cudaErrorNotReady &&
+           std::chrono::steady_clock::now() < drain) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(cudaEventQuery(marker), cudaSuccess);
+    cudaEventDestroy(marker);
+    cudaFree(d);
+    p.last->Abort(absl::CancelledError("test over"));
+  }
+  cudaStreamDestroy(s0);
+}
+
 TEST(NcclTransportTest, WrongDirectionsAndShapesAreRejected) {
   REQUIRE_GPUS(2);
   Pair p = Join();
