@@ -4,6 +4,7 @@
 #include "worker/cuda/cuda_stage.h"
 
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -35,6 +36,8 @@ std::filesystem::path TmpDir() {
   return env != nullptr ? std::filesystem::path(env) : std::filesystem::path(TANDEM_TEST_TMPDIR);
 }
 
+// Written aside and renamed into place, as tests running at once (ctest -j) may ask for the same
+// checkpoint: a reader never sees one half written.
 std::filesystem::path Checkpoint(const std::string& preset) {
   const std::filesystem::path dir = TmpDir() / ("cuda_stage_" + preset);
   if (!std::filesystem::exists(dir / "config.json")) {
@@ -42,7 +45,13 @@ std::filesystem::path Checkpoint(const std::string& preset) {
     EXPECT_TRUE(c.ok()) << c.status();
     GeneratorOptions o;
     o.seed = 7;
-    EXPECT_TRUE(WriteRandomCheckpoint(*c, o, dir).ok());
+    const std::filesystem::path tmp =
+        TmpDir() / ("cuda_stage_" + preset + ".tmp" + std::to_string(getpid()));
+    std::filesystem::remove_all(tmp);
+    EXPECT_TRUE(WriteRandomCheckpoint(*c, o, tmp).ok());
+    std::error_code ec;
+    std::filesystem::rename(tmp, dir, ec);  // fails where another test got there first
+    if (ec) std::filesystem::remove_all(tmp);
   }
   return dir;
 }
