@@ -965,22 +965,27 @@ absl::StatusOr<CudaDecodeProfile> TakeDecodeProfile(Stage& stage) {
   return cuda_stage->TakeProfile();
 }
 
-absl::StatusOr<void*> CudaStageStream(Stage& stage) {
+namespace {
+absl::StatusOr<CudaStage*> AsCudaStage(Stage& stage) {
   auto* cuda_stage = dynamic_cast<CudaStage*>(&stage);
   if (cuda_stage == nullptr) return absl::InvalidArgumentError("not a CUDA stage");
+  return cuda_stage;
+}
+}  // namespace
+
+absl::StatusOr<void*> CudaStageStream(Stage& stage) {
+  ASSIGN_OR_RETURN(CudaStage * cuda_stage, AsCudaStage(stage));
   return static_cast<void*>(cuda_stage->stream());
 }
 
 absl::Status SetStreamWatch(Stage& stage, std::function<absl::Status()> watch) {
-  auto* cuda_stage = dynamic_cast<CudaStage*>(&stage);
-  if (cuda_stage == nullptr) return absl::InvalidArgumentError("not a CUDA stage");
+  ASSIGN_OR_RETURN(CudaStage * cuda_stage, AsCudaStage(stage));
   cuda_stage->set_watch(std::move(watch));
   return absl::OkStatus();
 }
 
 absl::Status SetDecodeTail(Stage& stage, DecodeTail tail) {
-  auto* cuda_stage = dynamic_cast<CudaStage*>(&stage);
-  if (cuda_stage == nullptr) return absl::InvalidArgumentError("not a CUDA stage");
+  ASSIGN_OR_RETURN(CudaStage * cuda_stage, AsCudaStage(stage));
   cuda_stage->set_tail(std::move(tail));
   return absl::OkStatus();
 }

@@ -408,6 +408,27 @@ struct NcclTransport::State {
     return absl::OkStatus();
   }
 
+  // The last rank's frame of a step's `count` tokens (host or device memory, `kind`) to rank 0.
+  absl::Status SendTokenFrame(uint64_t step_id, const int32_t* tokens, int64_t count,
+                              cudaMemcpyKind kind) {
+    RETURN_IF_ERROR(Healthy());
+    if (!last() || opt.world < 2) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", opt.rank, " of ", opt.world,
+          ": only the last stage of a pipeline of 2 or more returns tokens to the first"));
+    }
+    if (count < 0 || count > opt.max_rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", step_id, ": ", count, " tokens are outside [0, max_rows = ", opt.max_rows, "]"));
+    }
+    if (count > 0 && tokens == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", step_id, ": tokens have no data"));
+    }
+    CUDA_CHECK(cudaSetDevice(opt.device));
+    return SendFrame(0, kTokenFrame, step_id, count, 1, tokens,
+                     static_cast<size_t>(count) * sizeof(int32_t), kind);
+  }
+
   // Before a receive of activations (Recv, PostRecv): a usable transport of a stage that has a
   // previous one, not cancelled yet; selects the device.
   absl::Status CanReceiveActivations(uint64_t step_id, const std::function<bool()>& cancelled) {
@@ -801,41 +822,13 @@ absl::StatusOr<Activations> NcclTransport::PostRecv(uint64_t step_id, int64_t ro
 }
 
 absl::Status NcclTransport::SendTokens(uint64_t step_id, const std::vector<int32_t>& tokens) {
-  State& s = *s_;
-  RETURN_IF_ERROR(s.Healthy());
-  if (!s.last() || s.opt.world < 2) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", s.opt.rank, " of ", s.opt.world,
-        ": only the last stage of a pipeline of 2 or more returns tokens to the first"));
-  }
-  if (static_cast<int64_t>(tokens.size()) > s.opt.max_rows) {
-    return absl::InvalidArgumentError(absl::StrCat("step ", step_id, ": ", tokens.size(),
-                                                   " tokens exceed max_rows = ", s.opt.max_rows));
-  }
-  CUDA_CHECK(cudaSetDevice(s.opt.device));
-  return s.SendFrame(0, kTokenFrame, step_id, static_cast<int64_t>(tokens.size()), 1,
-                     tokens.data(), tokens.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
+  return s_->SendTokenFrame(step_id, tokens.data(), static_cast<int64_t>(tokens.size()),
+                            cudaMemcpyHostToDevice);
 }
 
 absl::Status NcclTransport::SendDeviceTokens(uint64_t step_id, const int32_t* device_tokens,
                                              int64_t count) {
-  State& s = *s_;
-  RETURN_IF_ERROR(s.Healthy());
-  if (!s.last() || s.opt.world < 2) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", s.opt.rank, " of ", s.opt.world,
-        ": only the last stage of a pipeline of 2 or more returns tokens to the first"));
-  }
-  if (count < 0 || count > s.opt.max_rows) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step ", step_id, ": ", count, " tokens are outside [0, max_rows = ", s.opt.max_rows, "]"));
-  }
-  if (count > 0 && device_tokens == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("step ", step_id, ": tokens have no data"));
-  }
-  CUDA_CHECK(cudaSetDevice(s.opt.device));
-  return s.SendFrame(0, kTokenFrame, step_id, count, 1, device_tokens,
-                     static_cast<size_t>(count) * sizeof(int32_t), cudaMemcpyDeviceToDevice);
+  return s_->SendTokenFrame(step_id, device_tokens, count, cudaMemcpyDeviceToDevice);
 }
 
 absl::StatusOr<std::vector<int32_t>> NcclTransport::RecvTokens(

@@ -82,10 +82,9 @@ struct Trace {
   std::vector<std::vector<int32_t>> tokens;  // per step
   std::vector<std::vector<float>> logits;    // per step
 };
-Trace RunSteps(Stage& stage, const std::vector<Seq>& seqs, int steps) {
-  Trace t;
+// The prefill of every sequence in one step.
+StepDescriptor PrefillStep(const std::vector<Seq>& seqs) {
   StepDescriptor pre;
-  pre.return_logits = true;
   for (const Seq& s : seqs) {
     SequenceStep ss;
     ss.slot = s.slot;
@@ -93,23 +92,36 @@ Trace RunSteps(Stage& stage, const std::vector<Seq>& seqs, int steps) {
     pre.seqs.push_back(ss);
     pre.tokens.insert(pre.tokens.end(), s.prompt.begin(), s.prompt.end());
   }
+  return pre;
+}
+
+// Decode step i (from 0) after that prefill: one token per sequence, `tokens` in their order.
+StepDescriptor DecodeStep(const std::vector<Seq>& seqs, int i, std::vector<int32_t> tokens) {
+  StepDescriptor d;
+  d.id = i + 1;
+  for (const Seq& s : seqs) {
+    SequenceStep ss;
+    ss.slot = s.slot;
+    ss.position = static_cast<int>(s.prompt.size()) + i;
+    ss.sample_index = i + 1;
+    d.seqs.push_back(ss);
+  }
+  d.tokens = std::move(tokens);
+  return d;
+}
+
+Trace RunSteps(Stage& stage, const std::vector<Seq>& seqs, int steps) {
+  Trace t;
+  StepDescriptor pre = PrefillStep(seqs);
+  pre.return_logits = true;
   auto out = stage.Step(pre, Activations{});
   EXPECT_TRUE(out.ok()) << out.status();
   if (!out.ok()) return t;
   t.tokens.push_back(out->tokens);
   t.logits.push_back(out->logits);
   for (int i = 0; i < steps; ++i) {
-    StepDescriptor d;
-    d.id = i + 1;
+    StepDescriptor d = DecodeStep(seqs, i, t.tokens.back());
     d.return_logits = true;
-    for (size_t j = 0; j < seqs.size(); ++j) {
-      SequenceStep ss;
-      ss.slot = seqs[j].slot;
-      ss.position = static_cast<int>(seqs[j].prompt.size()) + i;
-      ss.sample_index = i + 1;
-      d.seqs.push_back(ss);
-    }
-    d.tokens = t.tokens.back();
     auto o = stage.Step(d, Activations{});
     EXPECT_TRUE(o.ok()) << o.status();
     if (!o.ok()) return t;
@@ -514,11 +526,7 @@ TEST_P(CudaStageVsCpu, DecodeTailSeesTheStepsOutputOnTheStream) {
   ASSERT_TRUE(SetDecodeTail(*whole, [](const StepDescriptor&, const Activations&, const int32_t*) {
                 return absl::UnavailableError("gone");
               }).ok());
-  StepDescriptor d = StepOf(0, 13, 1, {want.tokens[0][0]});
-  d.seqs.push_back(d.seqs[0]);
-  d.seqs[1].slot = 2;
-  d.seqs[1].position = 7;
-  d.tokens.push_back(want.tokens[0][1]);
+  const StepDescriptor d = DecodeStep(seqs, 0, want.tokens[0]);
   EXPECT_EQ(whole->Step(d, Activations{}).status().code(), absl::StatusCode::kUnavailable);
   ASSERT_TRUE(SetDecodeTail(*whole, nullptr).ok());
   const Trace again = RunSteps(*whole, seqs, 4);
@@ -541,15 +549,7 @@ TEST_P(CudaStageVsCpu, DecodeTailSeesTheStepsOutputOnTheStream) {
                                                       : absl::InternalError("copy");
                             })
                   .ok());
-  StepDescriptor pre;
-  for (const Seq& q : seqs) {
-    SequenceStep ss;
-    ss.slot = q.slot;
-    ss.num_tokens = static_cast<int>(q.prompt.size());
-    pre.seqs.push_back(ss);
-    pre.tokens.insert(pre.tokens.end(), q.prompt.begin(), q.prompt.end());
-  }
-  ASSERT_TRUE(first->Step(pre, Activations{}).ok());
+  ASSERT_TRUE(first->Step(PrefillStep(seqs), Activations{}).ok());
   auto out = first->Step(d, Activations{});
   ASSERT_TRUE(out.ok()) << out.status();
   std::vector<uint16_t> h(2 * hidden);
@@ -599,12 +599,8 @@ TEST_P(CudaStageVsCpu, StreamWatchIsPolledAndItsErrorFailsTheStep) {
   EXPECT_GE(calls, 3);  // each decode step waited 20 ms behind its sleep
 
   verdict = absl::UnavailableError("the next stage is gone");
-  StepDescriptor d = StepOf(0, 16, 1, {want.tokens[3][0]});
-  d.seqs.push_back(d.seqs[0]);
-  d.seqs[1].slot = 2;
-  d.seqs[1].position = 10;
-  d.tokens.push_back(want.tokens[3][1]);
-  const absl::StatusOr<StepOutput> failed = watched->Step(d, Activations{});
+  const absl::StatusOr<StepOutput> failed =
+      watched->Step(DecodeStep(seqs, 3, want.tokens[3]), Activations{});
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
   ASSERT_TRUE(SetStreamWatch(*watched, nullptr).ok());
   ASSERT_TRUE(SetDecodeTail(*watched, nullptr).ok());
