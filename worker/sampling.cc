@@ -25,7 +25,59 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
     return absl::InvalidArgumentError(
         absl::StrCat("sampling.top_p must be in (0, 1], got ", p.top_p));
   }
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.min_p must be in [0, 1], got ", p.min_p));
+  }
+  if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.presence_penalty must be in [-2, 2], got ", p.presence_penalty));
+  }
+  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.frequency_penalty must be in [-2, 2], got ", p.frequency_penalty));
+  }
+  if (!(p.repetition_penalty > 0.0f && p.repetition_penalty <= 100.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling.repetition_penalty must be in (0, 100] (1: off), got ", p.repetition_penalty));
+  }
   return absl::OkStatus();
+}
+
+void ApplyPenalties(std::span<float> logits, const SamplingParams& params,
+                    std::span<const SeenToken> seen) {
+  const float rp = params.repetition_penalty;
+  for (const SeenToken& t : seen) {
+    if (t.id < 0 || static_cast<size_t>(t.id) >= logits.size()) continue;
+    float& x = logits[t.id];
+    if (rp != 1.0f && (t.output_count > 0 || t.in_prompt)) x = x > 0.0f ? x / rp : x * rp;
+    x -= params.frequency_penalty * static_cast<float>(t.output_count);
+    if (t.output_count > 0) x -= params.presence_penalty;
+  }
+}
+
+TokenLogprob ComputeLogprob(std::span<const float> logits, int32_t token, int top_n) {
+  const size_t n = logits.size();
+  auto value = [&](size_t i) { return std::isnan(logits[i]) ? -INFINITY : logits[i]; };
+  float max_x = -INFINITY;
+  for (size_t i = 0; i < n; ++i) max_x = std::max(max_x, value(i));
+  // log(sum exp(x - max)) in fp32; with no finite maximum every logprob is -inf or NaN anyway.
+  float sum = 0.0f;
+  for (size_t i = 0; i < n; ++i) sum += std::exp(value(i) - max_x);
+  const float lse = max_x + std::log(sum);
+  TokenLogprob out;
+  out.token = token;
+  out.logprob = value(static_cast<size_t>(token)) - lse;
+  const size_t k = std::min(n, static_cast<size_t>(std::max(top_n, 0)));
+  if (k == 0) return out;
+  std::vector<int32_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+    const float va = value(a), vb = value(b);
+    return va > vb || (va == vb && a < b);
+  });
+  for (size_t j = 0; j < k; ++j) out.top.emplace_back(order[j], value(order[j]) - lse);
+  return out;
 }
 
 namespace {
@@ -92,7 +144,16 @@ int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
     }
   }
 
-  // e. inverse-CDF draw over the kept candidates.
+  // e. min-p against the first candidate, the most likely; the sorted order makes the kept set
+  // a prefix again.
+  if (params.min_p > 0.0f) {
+    const float floor_p = params.min_p * prob[order[0]];
+    size_t j = 1;
+    while (j < keep && prob[order[j]] >= floor_p) ++j;
+    keep = j;
+  }
+
+  // f. inverse-CDF draw over the kept candidates.
   float total = 0.0f;
   for (size_t j = 0; j < keep; ++j) total += prob[order[j]];
   const float target = UniformFloat(params.seed, sample_index) * total;

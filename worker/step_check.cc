@@ -38,6 +38,28 @@ absl::Status ValidateStep(const StepDescriptor& step, const Activations& in,
     if (absl::Status st = ValidateSamplingParams(s.sampling); !st.ok()) {
       return error("sequence ", i, ": ", st.message());
     }
+    for (const SeenToken& t : s.seen) {
+      if (t.id < 0 || t.id >= limits.vocab_size || t.output_count < 0) {
+        return error("sequence ", i, ": seen token ", t.id, " (count ", t.output_count,
+                     ") is outside the vocabulary [0, ", limits.vocab_size,
+                     ") or counted below 0");
+      }
+    }
+    if (s.logprobs < -1 || s.logprobs > kMaxTopLogprobs) {
+      return error("sequence ", i, ": logprobs must be -1 (none) or in [0, ", kMaxTopLogprobs,
+                   "], got ", s.logprobs);
+    }
+    if (s.prompt_logprobs < -1 || s.prompt_logprobs > kMaxTopLogprobs) {
+      return error("sequence ", i, ": prompt_logprobs must be -1 (none) or in [0, ",
+                   kMaxTopLogprobs, "], got ", s.prompt_logprobs);
+    }
+    if (s.prompt_logprobs >= 0 && step.tokens.empty()) {
+      return error("sequence ", i, ": prompt_logprobs needs the step's tokens");
+    }
+    if (s.next_prompt_token >= limits.vocab_size) {
+      return error("sequence ", i, ": next_prompt_token ", s.next_prompt_token,
+                   " is outside the vocabulary [0, ", limits.vocab_size, ")");
+    }
     total += s.num_tokens;
   }
   if ((limits.reads_tokens || !step.tokens.empty()) &&

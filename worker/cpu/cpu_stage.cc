@@ -212,6 +212,10 @@ class CpuStage final : public Stage {
       out.hidden.data = std::shared_ptr<void>(buf, buf->data());
       return out;
     }
+    for (int i = 0; i < static_cast<int>(step.seqs.size()); ++i) {
+      if (step.seqs[i].wants_logprobs()) out.logprobs.push_back({.seq = i});
+    }
+    PromptLogprobs(step, x, out);
     Head(step, x, out);
     return out;
   }
@@ -277,12 +281,60 @@ class CpuStage final : public Stage {
     std::vector<float> logits(static_cast<size_t>(sampled) * vocab);  // (sampled, vocab)
     Linear(normed.data(), sampled, hidden, w_.lm_head, {}, vocab, logits.data());
     int j = 0;
-    for (const SequenceStep& s : step.seqs) {
+    std::vector<float> penalised;
+    for (int i = 0; i < static_cast<int>(step.seqs.size()); ++i) {
+      const SequenceStep& s = step.seqs[i];
       if (!s.sample) continue;
       std::span<const float> row(logits.data() + static_cast<size_t>(j++) * vocab, vocab);
-      out.tokens.push_back(SampleToken(row, s.sampling, s.sample_index));
+      int32_t token;
+      if (s.sampling.has_penalties()) {
+        penalised.assign(row.begin(), row.end());
+        ApplyPenalties(penalised, s.sampling, s.seen);
+        token = SampleToken(penalised, s.sampling, s.sample_index);
+      } else {
+        token = SampleToken(row, s.sampling, s.sample_index);
+      }
+      out.tokens.push_back(token);
+      if (s.logprobs >= 0) {
+        SequenceLogprobs& l = LogprobsOf(out, i);
+        l.has_sampled = true;
+        l.sampled = ComputeLogprob(row, token, s.logprobs);
+      }
     }
     if (step.return_logits) out.logits = std::move(logits);
+  }
+
+  // The entry of sequence `i` in out.logprobs (made for each sequence that asks, in order).
+  static SequenceLogprobs& LogprobsOf(StepOutput& out, int i) {
+    return *std::find_if(out.logprobs.begin(), out.logprobs.end(),
+                         [i](const SequenceLogprobs& l) { return l.seq == i; });
+  }
+
+  // Prompt logprobs: every row of a sequence that asks is scored against the token after it
+  // (the next row's, or next_prompt_token after the last); the row that samples is not.
+  void PromptLogprobs(const StepDescriptor& step, const std::vector<float>& x, StepOutput& out) {
+    const int hidden = c_.hidden_size, vocab = c_.vocab_size;
+    for (int i = 0, r0 = 0; i < static_cast<int>(step.seqs.size()); ++i) {
+      const SequenceStep& s = step.seqs[i];
+      const int first = r0;
+      r0 += s.num_tokens;
+      if (s.prompt_logprobs < 0) continue;
+      const int rows = s.num_tokens - (s.sample || s.next_prompt_token < 0 ? 1 : 0);
+      SequenceLogprobs& l = LogprobsOf(out, i);
+      if (rows <= 0) continue;
+      const size_t n = static_cast<size_t>(rows) * hidden;
+      std::vector<float> normed(n);
+      Norm(c_.arch, x.data() + static_cast<size_t>(first) * hidden, rows, hidden,
+           w_.final_norm_w, w_.final_norm_b, c_.norm_eps, normed.data());
+      std::vector<float> logits(static_cast<size_t>(rows) * vocab);  // (rows, vocab)
+      Linear(normed.data(), rows, hidden, w_.lm_head, {}, vocab, logits.data());
+      for (int t = 0; t < rows; ++t) {
+        const int32_t next = t + 1 < s.num_tokens ? step.tokens[first + t + 1]
+                                                  : s.next_prompt_token;
+        std::span<const float> row(logits.data() + static_cast<size_t>(t) * vocab, vocab);
+        l.prompt.push_back(ComputeLogprob(row, next, s.prompt_logprobs));
+      }
+    }
   }
 
   // Everything is checked before anything is written, so a rejected step leaves no trace.

@@ -25,6 +25,16 @@ v1::StepResult ErrorResult(uint64_t step, const absl::Status& s) {
   return r;
 }
 
+void ToProto(const TokenLogprob& in, v1::TokenLogprob& out) {
+  out.set_token_id(in.token);
+  out.set_logprob(in.logprob);
+  for (const auto& [token, logprob] : in.top) {
+    v1::TopLogprob* t = out.add_top_logprobs();
+    t->set_token_id(token);
+    t->set_logprob(logprob);
+  }
+}
+
 StepDescriptor ToDescriptor(const v1::StepRequest& req) {
   StepDescriptor d;
   d.id = req.step_id();
@@ -34,9 +44,27 @@ StepDescriptor ToDescriptor(const v1::StepRequest& req) {
     q.position = s.position();
     q.num_tokens = s.num_tokens();
     q.sample = s.sample();
-    q.sampling = {.temperature = s.temperature(), .top_k = s.top_k(), .top_p = s.top_p(),
-                  .seed = s.seed()};
+    q.sampling = {.temperature = s.temperature(),
+                  .top_k = s.top_k(),
+                  .top_p = s.top_p(),
+                  .seed = s.seed(),
+                  .min_p = s.min_p(),
+                  .presence_penalty = s.presence_penalty(),
+                  .frequency_penalty = s.frequency_penalty(),
+                  .repetition_penalty =
+                      s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty()};
     q.sample_index = s.sample_index();
+    const int seen = std::min({s.seen_token_ids_size(), s.seen_output_counts_size(),
+                               s.seen_in_prompt_size()});
+    q.seen.reserve(seen);
+    for (int k = 0; k < seen; ++k) {
+      q.seen.push_back({.id = s.seen_token_ids(k),
+                        .output_count = s.seen_output_counts(k),
+                        .in_prompt = s.seen_in_prompt(k)});
+    }
+    q.logprobs = s.logprobs() ? s.top_logprobs() : -1;
+    q.prompt_logprobs = s.prompt_logprobs() ? s.prompt_top_logprobs() : -1;
+    q.next_prompt_token = s.next_prompt_token();
     d.seqs.push_back(q);
   }
   d.tokens.assign(req.tokens().begin(), req.tokens().end());
@@ -226,6 +254,12 @@ v1::StepResult WorkerService::RunStep(Assignment& a, const v1::StepRequest& req,
     }
   } else {
     r.mutable_tokens()->Assign(out->tokens.begin(), out->tokens.end());
+    for (const SequenceLogprobs& l : out->logprobs) {
+      v1::SequenceLogprobs* m = r.add_logprobs();
+      m->set_seq(l.seq);
+      if (l.has_sampled) ToProto(l.sampled, *m->mutable_sampled());
+      for (const TokenLogprob& p : l.prompt) ToProto(p, *m->add_prompt());
+    }
   }
   return r;
 }
