@@ -1,0 +1,147 @@
+// Following a submitted request, and the text a client may see of it.
+#include "coordinator/request_stream.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "common/metrics.h"
+
+namespace tandem {
+namespace {
+
+// How often a waiting front end looks at its client.
+constexpr absl::Duration kPoll = absl::Milliseconds(20);
+
+}  // namespace
+
+absl::StatusOr<RequestState::Snapshot> FollowRequest(Coordinator& c,
+                                                     const std::shared_ptr<RequestState>& r,
+                                                     absl::Time deadline,
+                                                     const ClientGone& client_gone,
+                                                     const OnProgress& on_progress) {
+  if (r->request().timeout != absl::InfiniteDuration()) {
+    deadline = std::min(deadline, r->arrival() + r->request().timeout);
+  }
+  size_t seen = 0;
+  while (true) {
+    RequestState::Snapshot s = r->Wait(seen, std::min(deadline, absl::Now() + kPoll));
+    if (s.tokens.size() > seen || s.done) {
+      seen = s.tokens.size();
+      if (!on_progress(s)) {
+        c.Cancel(r, absl::CancelledError("the client stopped reading"));
+        return absl::CancelledError("the client stopped reading");
+      }
+    }
+    if (s.done) {
+      if (!s.status.ok()) return s.status;
+      return s;
+    }
+    if (client_gone()) {
+      c.Cancel(r, absl::CancelledError("cancelled by the client"));
+      return absl::CancelledError("cancelled by the client");
+    }
+    if (absl::Now() >= deadline) {
+      const absl::Status why = absl::DeadlineExceededError(absl::StrFormat(
+          "request %s: deadline exceeded after %d generated tokens", r->request().request_id,
+          s.tokens.size()));
+      c.Cancel(r, why);
+      return why;
+    }
+  }
+}
+
+void RecordRejected(Coordinator& c, const absl::Status& why) {
+  if (c.metrics() != nullptr) c.metrics()->CountRequest(why);
+}
+
+void RecordEnd(Coordinator& c, const RequestState& r, const absl::Status& outcome) {
+  if (c.metrics() == nullptr) return;
+  c.metrics()->CountRequest(outcome);
+  c.metrics()->request_duration.Observe(absl::ToDoubleSeconds(absl::Now() - r.arrival()));
+}
+
+size_t CompleteUtf8Prefix(std::string_view text) {
+  const size_t n = text.size();
+  size_t i = n;
+  int back = 0;
+  while (i > 0 && back < 4) {
+    const unsigned char c = static_cast<unsigned char>(text[i - 1]);
+    if ((c & 0xC0) != 0x80) {
+      const int len = (c & 0x80) == 0 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 :
+                      (c & 0xF8) == 0xF0 ? 4 : 1;
+      return (n - (i - 1) >= static_cast<size_t>(len)) ? n : i - 1;
+    }
+    --i;
+    ++back;
+  }
+  return n;
+}
+
+std::string SanitizeUtf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  size_t i = 0;
+  while (i < text.size()) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    int len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      len = 1;
+      cp = c;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    }
+    bool ok = len > 0 && i + len <= text.size();
+    for (int k = 1; ok && k < len; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(text[i + k]);
+      ok = (cc & 0xC0) == 0x80;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8 either.
+    static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+    ok = ok && cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    if (ok) {
+      out.append(text.substr(i, len));
+      i += len;
+    } else {
+      out.append("\xEF\xBF\xBD");
+      ++i;
+    }
+  }
+  return out;
+}
+
+size_t ShowablePrefix(std::string_view text, const std::vector<std::string>& stops) {
+  size_t n = CompleteUtf8Prefix(text);
+  for (const std::string& stop : stops) {
+    for (size_t k = std::min(stop.size() - 1, n); k > 0; --k) {
+      if (text.compare(n - k, k, stop, 0, k) == 0) {
+        n -= k;
+        break;
+      }
+    }
+  }
+  return n;
+}
+
+std::string TextStream::Next(std::span<const int32_t> tokens, bool done, int text_limit) {
+  if (tokenizer_ == nullptr) return "";
+  absl::StatusOr<std::string> text = tokenizer_->Decode(tokens);
+  if (!text.ok()) return "";
+  size_t show = done ? text->size() : ShowablePrefix(*text, stops_);
+  if (done && text_limit >= 0) show = std::min<size_t>(show, text_limit);
+  if (show <= sent_) return "";
+  std::string piece = SanitizeUtf8(std::string_view(*text).substr(sent_, show - sent_));
+  sent_ = show;
+  shown_ += piece;
+  return piece;
+}
+
+}  // namespace tandem

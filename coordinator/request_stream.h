@@ -1,0 +1,69 @@
+// What every front end (gRPC, OpenAI HTTP) does with a generation after it passed validation:
+// submit it, follow it until it ends (watching the client and the deadline, cancelling the request
+// and so freeing its KV slot when either gives up), and turn its tokens into text a client may see
+// while generation goes on (whole UTF-8 characters only, never a prefix of a stop string).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/tokenizer.h"
+#include "coordinator/coordinator.h"
+
+namespace tandem {
+
+// How the front end's client is doing, asked every few milliseconds while a request waits.
+using ClientGone = std::function<bool()>;
+// Called whenever a request has new tokens or has ended; false: the client stopped reading.
+using OnProgress = std::function<bool(const RequestState::Snapshot&)>;
+
+// Follows a submitted request until it ends. Returns its final snapshot, or the error it ended
+// with, or CANCELLED (the client went away or stopped reading) or DEADLINE_EXCEEDED (`deadline`,
+// or the request's own timeout, passed); in those two cases the request is cancelled first.
+absl::StatusOr<RequestState::Snapshot> FollowRequest(Coordinator& c,
+                                                     const std::shared_ptr<RequestState>& r,
+                                                     absl::Time deadline,
+                                                     const ClientGone& client_gone,
+                                                     const OnProgress& on_progress);
+
+// Counts a request refused before it was submitted (invalid, queue full, no pipeline).
+void RecordRejected(Coordinator& c, const absl::Status& why);
+// Records a submitted request's outcome and duration.
+void RecordEnd(Coordinator& c, const RequestState& r, const absl::Status& outcome);
+
+// Bytes of `text` that end on a whole UTF-8 character (a token may end inside one).
+size_t CompleteUtf8Prefix(std::string_view text);
+// `text` with every byte that is not part of a well-formed UTF-8 character replaced by U+FFFD
+// (random or partial token sequences decode to arbitrary bytes; proto and JSON strings are UTF-8).
+std::string SanitizeUtf8(std::string_view text);
+// Bytes of `text` that can be shown while generation goes on: whole characters, minus a tail that
+// could be the start of one of `stops`.
+size_t ShowablePrefix(std::string_view text, const std::vector<std::string>& stops);
+
+// The text of one generation, handed out in pieces as its tokens arrive.
+class TextStream {
+ public:
+  // `tokenizer` may be null: no text at all.
+  TextStream(const Tokenizer* tokenizer, std::vector<std::string> stops)
+      : tokenizer_(tokenizer), stops_(std::move(stops)) {}
+  // The text of `tokens` not handed out before that may be shown now; with `done`, all of it up
+  // to `text_limit` bytes (-1: no limit; a stop string ended the generation there).
+  std::string Next(std::span<const int32_t> tokens, bool done, int text_limit);
+  // Everything handed out so far.
+  const std::string& shown() const { return shown_; }
+
+ private:
+  const Tokenizer* tokenizer_;
+  const std::vector<std::string> stops_;
+  size_t sent_ = 0;  // bytes of the decoded text handed out
+  std::string shown_;
+};
+
+}  // namespace tandem
