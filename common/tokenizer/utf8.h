@@ -1,0 +1,32 @@
+// UTF-8 helpers the tokenizer's parts share: decoding one code point, appending one, and turning
+// arbitrary bytes into well-formed UTF-8 the way Hugging Face's callers see them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace tandem::tokenizer {
+
+constexpr char32_t kInvalidCodePoint = 0xFFFFFFFF;
+constexpr char32_t kReplacementCharacter = 0xFFFD;
+
+// Decodes one well-formed UTF-8 sequence (Unicode's Table 3-7) at the start of `s`, which is not
+// empty. Returns the code point and its length in bytes, or kInvalidCodePoint and the length of
+// the maximal ill-formed prefix (at least 1) for bytes that do not start a well-formed sequence.
+std::pair<char32_t, int> DecodeUtf8(std::string_view s);
+
+void AppendUtf8(char32_t cp, std::string& out);
+
+// `s` with every maximal ill-formed subsequence replaced by U+FFFD (Unicode's "best practice",
+// which WHATWG's TextDecoder, Node's Buffer and Rust's from_utf8_lossy follow).
+std::string ToValidUtf8(std::string_view s);
+
+// True when `s` is well-formed UTF-8.
+bool IsValidUtf8(std::string_view s);
+
+// Number of code points of well-formed UTF-8 `s`.
+size_t CountCodePoints(std::string_view s);
+
+}  // namespace tandem::tokenizer
