@@ -359,6 +359,13 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::filesyst
       absl::StrCat(dir.string(), ": neither ", kSingleFile, " nor ", kIndexFile, " exists"));
 }
 
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> out;
+  out.reserve(shard_of_.size());
+  for (const auto& [name, file] : shard_of_) out.push_back(name);
+  return out;
+}
+
 absl::StatusOr<TensorView> Checkpoint::tensor(const std::string& name) {
   auto it = shard_of_.find(name);
   if (it == shard_of_.end()) {

@@ -61,6 +61,8 @@ class Checkpoint {
   const ModelConfig& config() const { return config_; }
   const std::filesystem::path& dir() const { return dir_; }
   bool contains(const std::string& name) const { return shard_of_.count(name) > 0; }
+  // Every tensor of the checkpoint, sorted.
+  std::vector<std::string> names() const;
   absl::StatusOr<TensorView> tensor(const std::string& name);
   // The tensor as floats, after checking that its shape is `shape` exactly (error names both).
   absl::StatusOr<std::vector<float>> ReadFloat(const std::string& name,

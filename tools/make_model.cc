@@ -31,6 +31,10 @@ ABSL_FLAG(std::optional<float>, rope_theta, std::nullopt, "override: RoPE base (
 ABSL_FLAG(bool, tie_word_embeddings, false,
           "override: LM head shares the token embedding (Llama; GPT-2 is always tied); "
           "unless given, the preset decides");
+ABSL_FLAG(std::optional<int>, sliding_window, std::nullopt,
+          "override: attention window in positions, 0 for none (Mistral, Qwen2)");
+ABSL_FLAG(std::optional<int>, max_window_layers, std::nullopt,
+          "override: first layer the window applies to (Qwen2)");
 ABSL_FLAG(int64_t, max_shard_mb, 0,
           "> 0: split the weights into shards of at most this many MiB plus an index");
 
@@ -84,6 +88,8 @@ int main(int argc, char** argv) {
   o.norm_eps = absl::GetFlag(FLAGS_norm_eps);
   o.rope_theta = absl::GetFlag(FLAGS_rope_theta);
   if (tie_given) o.tie_word_embeddings = absl::GetFlag(FLAGS_tie_word_embeddings);
+  o.sliding_window = absl::GetFlag(FLAGS_sliding_window);
+  o.max_window_layers = absl::GetFlag(FLAGS_max_window_layers);
   o.dtype = absl::GetFlag(FLAGS_dtype);
   auto config = tandem::ApplyOverrides(*base, o);
   if (!config.ok()) {

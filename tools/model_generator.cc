@@ -85,6 +85,65 @@ ModelConfig Llama(int vocab, int hidden, int inter, int layers, int heads, int k
   return c;
 }
 
+// The Llama-architecture families in their real shapes: bf16 as published, the special ids of
+// their tokenizers.
+ModelConfig Llama3(int vocab, int hidden, int inter, int layers, int heads, int kv_heads,
+                   bool tied, float rope_factor) {
+  ModelConfig c = Llama(vocab, hidden, inter, layers, heads, kv_heads, 131072, 1e-5f);
+  c.rope_theta = 500000.0f;
+  c.rope_scaling = {RopeScaling::Type::kLlama3, rope_factor, 1.0f, 4.0f, 8192};
+  c.tie_word_embeddings = tied;
+  c.bos_token_id = 128000;
+  c.eos_token_id = 128001;
+  c.dtype = DType::kBF16;
+  return c;
+}
+
+ModelConfig Mistral7b() {
+  ModelConfig c = Llama(32000, 4096, 14336, 32, 32, 8, 32768, 1e-5f);
+  c.model_type = "mistral";
+  c.sliding_window = 4096;
+  c.dtype = DType::kBF16;
+  return c;
+}
+
+ModelConfig Qwen25_7b() {
+  ModelConfig c = Llama(152064, 3584, 18944, 28, 28, 4, 131072, 1e-6f);
+  c.model_type = "qwen2";
+  c.rope_theta = 1000000.0f;
+  c.qkv_bias = true;
+  c.bos_token_id = 151643;
+  c.eos_token_id = 151643;
+  c.dtype = DType::kBF16;
+  return c;
+}
+
+// Tiny members of the families, each with what sets it apart where the tests see it:
+// tiny-llama3: Llama 3.1's rope scaling with a base and head size for which its three bands
+// (kept, ramped, divided) all hold frequencies; tiny-mistral: a sliding window shorter than
+// the test prompts; tiny-qwen2: q/k/v biases and a tied head.
+ModelConfig TinyLlama3() {
+  ModelConfig c = TinyLlama(false);
+  c.rope_theta = 500000.0f;
+  c.rope_scaling = {RopeScaling::Type::kLlama3, 8.0f, 1.0f, 4.0f, 8192};
+  return c;
+}
+
+ModelConfig TinyMistral() {
+  ModelConfig c = TinyLlama(false);
+  c.model_type = "mistral";
+  c.sliding_window = 16;
+  return c;
+}
+
+ModelConfig TinyQwen2() {
+  ModelConfig c = TinyLlama(true);
+  c.model_type = "qwen2";
+  c.rope_theta = 1000000.0f;
+  c.qkv_bias = true;
+  return c;
+}
+
 struct Preset {
   const char* name;
   ModelConfig (*make)();
@@ -95,6 +154,9 @@ const std::vector<Preset>& Presets() {
       {"tiny-gpt2", [] { return TinyGpt2(); }},
       {"tiny-llama", [] { return TinyLlama(false); }},
       {"tiny-llama-tied", [] { return TinyLlama(true); }},
+      {"tiny-llama3", [] { return TinyLlama3(); }},
+      {"tiny-mistral", [] { return TinyMistral(); }},
+      {"tiny-qwen2", [] { return TinyQwen2(); }},
       {"gpt2",
        [] {
          ModelConfig c;
@@ -117,6 +179,10 @@ const std::vector<Preset>& Presets() {
       {"openllama-3b", [] { return Llama(32000, 3200, 8640, 26, 32, 32, 2048, 1e-6f); }},
       {"llama2-7b", [] { return Llama(32000, 4096, 11008, 32, 32, 32, 4096, 1e-5f); }},
       {"llama2-13b", [] { return Llama(32000, 5120, 13824, 40, 40, 40, 4096, 1e-5f); }},
+      {"llama3.2-1b", [] { return Llama3(128256, 2048, 8192, 16, 32, 8, true, 32.0f); }},
+      {"llama3.1-8b", [] { return Llama3(128256, 4096, 14336, 32, 32, 8, false, 8.0f); }},
+      {"mistral-7b", [] { return Mistral7b(); }},
+      {"qwen2.5-7b", [] { return Qwen25_7b(); }},
   };
   return presets;
 }
@@ -269,6 +335,7 @@ absl::StatusOr<ModelConfig> PresetConfig(std::string_view name) {
     if (name == p.name) {
       ModelConfig c = p.make();
       c.head_dim = c.hidden_size / c.num_heads;
+      if (c.arch == Arch::kGpt2) c.model_type = "gpt2";
       return c;
     }
   }
@@ -315,10 +382,38 @@ absl::StatusOr<ModelConfig> ApplyOverrides(ModelConfig c, const ModelOverrides& 
     c.rope_theta = *o.rope_theta;
   }
   if (o.tie_word_embeddings) c.tie_word_embeddings = *o.tie_word_embeddings;
+  if (o.sliding_window) {
+    if (c.model_type != "mistral" && c.model_type != "qwen2") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--sliding_window applies only to Mistral and Qwen2 models, not ", c.model_type));
+    }
+    if (*o.sliding_window < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--sliding_window must be 0 (none) or positive, got ", *o.sliding_window));
+    }
+    c.sliding_window = *o.sliding_window;
+  }
+  if (o.max_window_layers) {
+    if (c.model_type != "qwen2") {
+      return absl::InvalidArgumentError("--max_window_layers applies only to Qwen2 models");
+    }
+    if (*o.max_window_layers < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--max_window_layers must not be negative, got ", *o.max_window_layers));
+    }
+    c.windowed_layers.clear();
+  }
   if (o.dtype) {
     ASSIGN_OR_RETURN(c.dtype, ParseDTypeFlag(*o.dtype));
   }
   if (c.num_heads > 0) c.head_dim = c.hidden_size / c.num_heads;
+  // Qwen2 windows layers [max_window_layers, num_layers), once the layer count is known.
+  if (o.max_window_layers && c.num_layers > 0) {
+    c.windowed_layers.assign(c.num_layers, false);
+    for (int l = std::min(*o.max_window_layers, c.num_layers); l < c.num_layers; ++l) {
+      c.windowed_layers[l] = true;
+    }
+  }
   RETURN_IF_ERROR(ValidateGeneratorConfig(c));
   return c;
 }
@@ -427,15 +522,19 @@ std::vector<TensorSpec> CheckpointTensors(const ModelConfig& c) {
     return t;
   }
 
-  // Llama: nn.Linear stores weights as (out, in).
+  // Llama, Mistral, Qwen2: nn.Linear stores weights as (out, in), a bias after its weight.
   const int64_t q = c.q_dim(), kv = c.kv_dim();
   matrix("model.embed_tokens.weight", {vocab, h});
   for (int i = 0; i < c.num_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     matrix(p + "self_attn.q_proj.weight", {q, h});
+    if (c.qkv_bias) bias(p + "self_attn.q_proj.bias", q);
     matrix(p + "self_attn.k_proj.weight", {kv, h});
+    if (c.qkv_bias) bias(p + "self_attn.k_proj.bias", kv);
     matrix(p + "self_attn.v_proj.weight", {kv, h});
+    if (c.qkv_bias) bias(p + "self_attn.v_proj.bias", kv);
     matrix(p + "self_attn.o_proj.weight", {h, q});
+    if (c.o_bias) bias(p + "self_attn.o_proj.bias", h);
     matrix(p + "mlp.gate_proj.weight", {inter, h});
     matrix(p + "mlp.up_proj.weight", {inter, h});
     matrix(p + "mlp.down_proj.weight", {h, inter});

@@ -15,9 +15,12 @@
 
 namespace tandem {
 
-// Named shapes: tiny-gpt2, tiny-llama (GQA, untied head), tiny-llama-tied, gpt2 (124M),
-// tinyllama-1b (GQA), openllama-3b, llama2-7b, llama2-13b. dtype defaults to F32 for tiny presets
-// and F16 for the rest.
+// Named shapes: tiny-gpt2, tiny-llama (GQA, untied head), tiny-llama-tied, tiny-llama3 (Llama 3.1
+// rope scaling), tiny-mistral (sliding window 16), tiny-qwen2 (q/k/v biases, tied head), gpt2
+// (124M), tinyllama-1b (GQA), openllama-3b, llama2-7b, llama2-13b, and with the config fields of
+// the published checkpoints llama3.2-1b, llama3.1-8b, mistral-7b (v0.1) and qwen2.5-7b. dtype
+// defaults to F32 for tiny presets, BF16 for the Llama 3, Mistral and Qwen2.5 shapes (as
+// published) and F16 for the rest.
 absl::StatusOr<ModelConfig> PresetConfig(std::string_view name);
 std::vector<std::string> PresetNames();
 
@@ -34,6 +37,8 @@ struct ModelOverrides {
   std::optional<float> norm_eps;
   std::optional<float> rope_theta;
   std::optional<bool> tie_word_embeddings;
+  std::optional<int> sliding_window;     // Mistral, Qwen2; 0: none
+  std::optional<int> max_window_layers;  // Qwen2: the window applies from this layer on
   std::optional<std::string> dtype;  // "f32", "f16", "bf16"
 };
 

@@ -1,46 +1,64 @@
-// Reads one stage's tensors from a Hugging Face checkpoint into the engine's layout.
+// Finds one stage's tensors in a Hugging Face checkpoint, in the engine's layout, and reads them as
+// fp32 for the CPU backend.
 //
 // Names, with or without the "transformer." (GPT-2) / "model." (Llama) prefix:
 //   GPT-2: wte, wpe, h.{i}.ln_1, h.{i}.attn.c_attn (hidden, 3 * hidden), h.{i}.attn.c_proj,
 //          h.{i}.ln_2, h.{i}.mlp.c_fc (hidden, inter), h.{i}.mlp.c_proj (inter, hidden), ln_f.
 //          Conv1D stores (in, out); every matrix is transposed to (out, in) here.
-//   Llama: embed_tokens, layers.{i}.input_layernorm, layers.{i}.self_attn.{q,k,v,o}_proj,
-//          layers.{i}.post_attention_layernorm, layers.{i}.mlp.{gate,up,down}_proj, norm.
+//   Llama, Mistral, Qwen2: embed_tokens, layers.{i}.input_layernorm,
+//          layers.{i}.self_attn.{q,k,v,o}_proj (.weight, and .bias where the config has biases:
+//          q, k, v for Qwen2, all four for Llama's attention_bias), layers.{i}.post_attention_layernorm,
+//          layers.{i}.mlp.{gate,up,down}_proj, norm.
 //   Both:  lm_head.weight (never prefixed), or the token embedding when the head is tied.
 // GPT-2's attn.bias / attn.masked_bias are causal-mask buffers, not weights, and are never read.
 #include "worker/weights.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <set>
 #include <string>
+#include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 
 namespace tandem {
 namespace {
 
 // Resolves a tensor name given without its architecture prefix to the spelling the checkpoint
-// uses, and reads it as floats of exactly `shape`.
+// uses, and finds it after checking that its shape is exactly `shape`.
 class TensorReader {
  public:
   TensorReader(Checkpoint& ckpt, std::string prefix) : ckpt_(ckpt), prefix_(std::move(prefix)) {}
 
-  absl::StatusOr<std::vector<float>> Read(const std::string& name,
-                                          const std::vector<int64_t>& shape) {
+  absl::StatusOr<TensorSource> Read(const std::string& name, const std::vector<int64_t>& shape) {
     ASSIGN_OR_RETURN(std::string found, Resolve(name));
-    return ckpt_.ReadFloat(found, shape);
+    read_.insert(found);
+    ASSIGN_OR_RETURN(TensorView view, ckpt_.tensor(found));
+    if (view.shape != shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", found, "' in ", ckpt_.dir().string(), ": expected shape [",
+          absl::StrJoin(shape, ", "), "], found [", absl::StrJoin(view.shape, ", "), "]"));
+    }
+    TensorSource src;
+    src.parts.push_back(std::move(view));
+    return src;
   }
 
-  // A Conv1D weight stored (in, out), returned as (out, in).
-  absl::StatusOr<std::vector<float>> ReadTransposed(const std::string& name, int64_t in,
-                                                    int64_t out) {
-    ASSIGN_OR_RETURN(std::vector<float> stored, Read(name, {in, out}));
-    std::vector<float> t(stored.size());
-    for (int64_t i = 0; i < in; ++i) {
-      for (int64_t o = 0; o < out; ++o) t[o * in + i] = stored[i * out + o];
-    }
-    return t;
+  // Every tensor read so far, as the checkpoint spells it.
+  const std::set<std::string>& read() const { return read_; }
+
+  // A Conv1D weight stored (in, out), to be held as (out, in).
+  absl::StatusOr<TensorSource> ReadTransposed(const std::string& name, int64_t in, int64_t out) {
+    ASSIGN_OR_RETURN(TensorSource src, Read(name, {in, out}));
+    src.transposed = true;
+    return src;
   }
 
  private:
@@ -54,12 +72,15 @@ class TensorReader {
 
   Checkpoint& ckpt_;
   std::string prefix_;
+  std::set<std::string> read_;
 };
 
-absl::StatusOr<LayerWeights> LoadGpt2Layer(TensorReader& r, const ModelConfig& c, int i) {
+using LayerSources = LayerWeightsOf<TensorSource>;
+
+absl::StatusOr<LayerSources> LoadGpt2Layer(TensorReader& r, const ModelConfig& c, int i) {
   const int64_t h = c.hidden_size, inter = c.intermediate_size;
   const std::string p = absl::StrCat("h.", i, ".");
-  LayerWeights l;
+  LayerSources l;
   ASSIGN_OR_RETURN(l.attn_norm_w, r.Read(p + "ln_1.weight", {h}));
   ASSIGN_OR_RETURN(l.attn_norm_b, r.Read(p + "ln_1.bias", {h}));
   // c_attn is (h, 3h) with q, k, v column blocks: transposed, they become q, k, v row blocks.
@@ -77,37 +98,84 @@ absl::StatusOr<LayerWeights> LoadGpt2Layer(TensorReader& r, const ModelConfig& c
 }
 
 // Appends `rows` to `dst`: stacking row-major (out, in) matrices that share `in`.
-void AppendRows(std::vector<float>& dst, const std::vector<float>& rows) {
-  dst.insert(dst.end(), rows.begin(), rows.end());
+void AppendRows(TensorSource& dst, const TensorSource& rows) {
+  dst.parts.insert(dst.parts.end(), rows.parts.begin(), rows.parts.end());
 }
 
-absl::StatusOr<LayerWeights> LoadLlamaLayer(TensorReader& r, const ModelConfig& c, int i) {
+absl::StatusOr<LayerSources> LoadLlamaLayer(TensorReader& r, const ModelConfig& c, int i) {
   const int64_t h = c.hidden_size, inter = c.intermediate_size;
   const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
   const std::string p = absl::StrCat("layers.", i, ".");
-  LayerWeights l;
+  LayerSources l;
   ASSIGN_OR_RETURN(l.attn_norm_w, r.Read(p + "input_layernorm.weight", {h}));
-  ASSIGN_OR_RETURN(std::vector<float> wq, r.Read(p + "self_attn.q_proj.weight", {q_dim, h}));
-  ASSIGN_OR_RETURN(std::vector<float> wk, r.Read(p + "self_attn.k_proj.weight", {kv_dim, h}));
-  ASSIGN_OR_RETURN(std::vector<float> wv, r.Read(p + "self_attn.v_proj.weight", {kv_dim, h}));
-  l.wqkv.reserve(wq.size() + wk.size() + wv.size());
+  ASSIGN_OR_RETURN(TensorSource wq, r.Read(p + "self_attn.q_proj.weight", {q_dim, h}));
+  ASSIGN_OR_RETURN(TensorSource wk, r.Read(p + "self_attn.k_proj.weight", {kv_dim, h}));
+  ASSIGN_OR_RETURN(TensorSource wv, r.Read(p + "self_attn.v_proj.weight", {kv_dim, h}));
   AppendRows(l.wqkv, wq);
   AppendRows(l.wqkv, wk);
   AppendRows(l.wqkv, wv);
+  if (c.qkv_bias) {
+    for (auto [name, n] : {std::pair{"q_proj", q_dim}, {"k_proj", kv_dim}, {"v_proj", kv_dim}}) {
+      ASSIGN_OR_RETURN(TensorSource b, r.Read(p + "self_attn." + name + ".bias", {n}));
+      AppendRows(l.bqkv, b);
+    }
+  }
   ASSIGN_OR_RETURN(l.wo, r.Read(p + "self_attn.o_proj.weight", {h, q_dim}));
+  if (c.o_bias) {
+    ASSIGN_OR_RETURN(l.bo, r.Read(p + "self_attn.o_proj.bias", {h}));
+  }
   ASSIGN_OR_RETURN(l.mlp_norm_w, r.Read(p + "post_attention_layernorm.weight", {h}));
-  ASSIGN_OR_RETURN(std::vector<float> gate, r.Read(p + "mlp.gate_proj.weight", {inter, h}));
-  ASSIGN_OR_RETURN(std::vector<float> up, r.Read(p + "mlp.up_proj.weight", {inter, h}));
-  l.w_in.reserve(gate.size() + up.size());
+  ASSIGN_OR_RETURN(TensorSource gate, r.Read(p + "mlp.gate_proj.weight", {inter, h}));
+  ASSIGN_OR_RETURN(TensorSource up, r.Read(p + "mlp.up_proj.weight", {inter, h}));
   AppendRows(l.w_in, gate);
   AppendRows(l.w_in, up);
   ASSIGN_OR_RETURN(l.w_out, r.Read(p + "mlp.down_proj.weight", {h, inter}));
   return l;
 }
 
+// Refuses a checkpoint holding a tensor that the model as configured never reads (a bias under a
+// config that says none, a layer beyond num_layers), which would otherwise be silently ignored:
+// every tensor of the stage's layers must have been read, and every tensor outside the layers
+// must be one of the model's own. Buffers that transformers recomputes are allowed.
+absl::Status CheckNoUnusedTensors(const Checkpoint& ckpt, const std::set<std::string>& read,
+                                  int first_layer, int last_layer) {
+  const bool gpt2 = ckpt.config().arch == Arch::kGpt2;
+  const absl::string_view prefix = gpt2 ? "transformer." : "model.";
+  const absl::string_view layers = gpt2 ? "h." : "layers.";
+  const std::set<absl::string_view> globals =
+      gpt2 ? std::set<absl::string_view>{"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias",
+                                        "lm_head.weight"}
+           : std::set<absl::string_view>{"embed_tokens.weight", "norm.weight", "lm_head.weight"};
+  for (const std::string& name : ckpt.names()) {
+    if (read.count(name) > 0) continue;
+    absl::string_view n = name;
+    absl::ConsumePrefix(&n, prefix);
+    const bool buffer =
+        gpt2 ? absl::EndsWith(n, ".attn.bias") || absl::EndsWith(n, ".attn.masked_bias")
+             : absl::EndsWith(n, ".rotary_emb.inv_freq");
+    if (buffer) continue;
+    if (absl::ConsumePrefix(&n, layers)) {
+      int layer = -1;
+      const size_t dot = n.find('.');
+      if (dot != absl::string_view::npos && absl::SimpleAtoi(n.substr(0, dot), &layer) &&
+          layer >= 0 && layer < ckpt.config().num_layers &&
+          (layer < first_layer || layer >= last_layer)) {
+        continue;  // another stage's
+      }
+    } else if (globals.count(n) > 0) {
+      continue;
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", ckpt.dir().string(), " has tensor '", name,
+        "' that the model as config.json describes does not use (model_type ",
+        ckpt.config().model_type, "; a bias needs attention_bias or the model type that has it)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::StatusOr<StageWeights> LoadStageWeights(Checkpoint& ckpt, int first_layer, int last_layer) {
+absl::StatusOr<StageSources> FindStageWeights(Checkpoint& ckpt, int first_layer, int last_layer) {
   const ModelConfig& c = ckpt.config();
   if (first_layer < 0 || last_layer > c.num_layers || first_layer >= last_layer) {
     return absl::InvalidArgumentError(
@@ -120,7 +188,7 @@ absl::StatusOr<StageWeights> LoadStageWeights(Checkpoint& ckpt, int first_layer,
   const int64_t h = c.hidden_size, vocab = c.vocab_size;
   const std::string tok_name = gpt2 ? "wte.weight" : "embed_tokens.weight";
 
-  StageWeights w;
+  StageSources w;
   w.first_layer = first_layer;
   w.last_layer = last_layer;
   w.has_embedding = first_layer == 0;
@@ -134,7 +202,7 @@ absl::StatusOr<StageWeights> LoadStageWeights(Checkpoint& ckpt, int first_layer,
   }
   w.layers.reserve(last_layer - first_layer);
   for (int i = first_layer; i < last_layer; ++i) {
-    ASSIGN_OR_RETURN(LayerWeights l, gpt2 ? LoadGpt2Layer(r, c, i) : LoadLlamaLayer(r, c, i));
+    ASSIGN_OR_RETURN(LayerSources l, gpt2 ? LoadGpt2Layer(r, c, i) : LoadLlamaLayer(r, c, i));
     w.layers.push_back(std::move(l));
   }
   if (w.has_head) {
@@ -154,6 +222,90 @@ absl::StatusOr<StageWeights> LoadStageWeights(Checkpoint& ckpt, int first_layer,
       ASSIGN_OR_RETURN(w.lm_head, r.Read("lm_head.weight", {vocab, h}));
     }
   }
+  RETURN_IF_ERROR(CheckNoUnusedTensors(ckpt, r.read(), first_layer, last_layer));
+  return w;
+}
+
+int64_t TensorSource::numel() const {
+  int64_t n = 0;
+  for (const TensorView& part : parts) n += part.numel();
+  return n;
+}
+
+void SourceToFloat(const TensorSource& src, float* dst) {
+  for (const TensorView& part : src.parts) {
+    const size_t n = static_cast<size_t>(part.numel());
+    if (src.transposed) {
+      // Stored (in, out), held (out, in).
+      const int64_t in = part.shape[0], out = part.shape[1];
+      std::vector<float> stored(n);
+      ToFloat(part.dtype, part.data.data(), n, stored.data());
+      for (int64_t i = 0; i < in; ++i) {
+        for (int64_t o = 0; o < out; ++o) dst[o * in + i] = stored[i * out + o];
+      }
+    } else {
+      ToFloat(part.dtype, part.data.data(), n, dst);
+    }
+    dst += n;
+  }
+}
+
+namespace {
+
+// Runs fn(0) ... fn(n - 1) on up to 16 threads, each taking the next index as it finishes one.
+template <typename Fn>
+void ParallelFor(size_t n, const Fn& fn) {
+  const size_t threads = std::min<size_t>({n, 16, std::max(1u, std::thread::hardware_concurrency())});
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < n; i = next++) fn(i);
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& th : pool) th.join();
+}
+
+}  // namespace
+
+absl::StatusOr<StageWeights> LoadStageWeights(Checkpoint& ckpt, int first_layer, int last_layer) {
+  ASSIGN_OR_RETURN(StageSources sources, FindStageWeights(ckpt, first_layer, last_layer));
+  // Conversion is memory-bound at a few GB/s per core; a 3B model is ~13 GB of fp32, so both the
+  // allocation (first touch of every page) and the conversion are spread over the cores, in
+  // pieces of at most 4 Mi elements (one piece for a transposed tensor).
+  std::vector<std::pair<const TensorSource*, std::vector<float>*>> tensors;
+  StageWeights w;
+  ForEachTensor(sources, w, [&](const TensorSource& src, std::vector<float>& dst) {
+    if (!src.empty()) tensors.emplace_back(&src, &dst);
+  });
+  ParallelFor(tensors.size(), [&](size_t i) {
+    tensors[i].second->resize(static_cast<size_t>(tensors[i].first->numel()));
+  });
+  struct Piece {
+    TensorSource src;  // one part, or one element range of it
+    float* dst;
+  };
+  constexpr int64_t kPieceElements = int64_t{1} << 22;
+  std::vector<Piece> pieces;
+  for (const auto& [src, dst] : tensors) {
+    float* out = dst->data();
+    for (const TensorView& part : src->parts) {
+      const int64_t n = part.numel();
+      const int64_t step = src->transposed ? std::max<int64_t>(n, 1) : kPieceElements;
+      const size_t elem = DTypeSize(part.dtype);
+      for (int64_t b = 0; b < n; b += step) {
+        const int64_t e = std::min(n, b + step);
+        TensorView v = part;
+        if (!src->transposed) {
+          v.shape = {e - b};
+          v.data = part.data.subspan(static_cast<size_t>(b) * elem, static_cast<size_t>(e - b) * elem);
+        }
+        pieces.push_back({TensorSource{{std::move(v)}, src->transposed}, out + b});
+      }
+      out += n;
+    }
+  }
+  ParallelFor(pieces.size(), [&](size_t i) { SourceToFloat(pieces[i].src, pieces[i].dst); });
   return w;
 }
 

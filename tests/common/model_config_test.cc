@@ -107,6 +107,121 @@ TEST(ModelConfigTest, BadConfigsGetErrorsNamingTheProblem) {
   }
 }
 
+TEST(ModelConfigTest, Llama31RopeScalingIsRead) {
+  std::string j = kLlama;
+  j.replace(j.find("\"rope_theta\": 10000.0"), 21,
+            R"("rope_theta": 500000.0, "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+               "rope_type": "llama3"})");
+  auto c = ParseModelConfig(j, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FLOAT_EQ(c->rope_theta, 500000.0f);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_FLOAT_EQ(c->rope_scaling.factor, 8.0f);
+  EXPECT_FLOAT_EQ(c->rope_scaling.low_freq_factor, 1.0f);
+  EXPECT_FLOAT_EQ(c->rope_scaling.high_freq_factor, 4.0f);
+  EXPECT_EQ(c->rope_scaling.original_max_positions, 8192);
+  // transformers 5 spells it rope_parameters, rope_theta inside; "type" is the older key.
+  std::string k = kLlama;
+  k.replace(k.find("\"rope_theta\": 10000.0"), 21,
+            R"("rope_parameters": {"type": "linear", "factor": 2.0, "rope_theta": 1e6})");
+  auto linear = ParseModelConfig(k, "config.json");
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  EXPECT_EQ(linear->rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_FLOAT_EQ(linear->rope_scaling.factor, 2.0f);
+  EXPECT_FLOAT_EQ(linear->rope_theta, 1e6f);
+}
+
+TEST(ModelConfigTest, MistralWindowIsReadAndNullMeansNone) {
+  std::string j = kLlama;
+  j.replace(j.find("\"llama\""), 7, "\"mistral\"");
+  auto absent = ParseModelConfig(j, "config.json");
+  ASSERT_TRUE(absent.ok()) << absent.status();
+  EXPECT_EQ(absent->model_type, "mistral");
+  EXPECT_EQ(absent->attention_window(0), 4096);  // MistralConfig's default
+  auto given = ParseModelConfig(j.substr(0, j.size() - 1) + R"(, "sliding_window": 32})", "c");
+  ASSERT_TRUE(given.ok()) << given.status();
+  EXPECT_EQ(given->attention_window(25), 32);
+  auto none = ParseModelConfig(j.substr(0, j.size() - 1) + R"(, "sliding_window": null})", "c");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->attention_window(0), 0);
+}
+
+// Qwen2: q/k/v biases always; the window only with use_sliding_window, on the layers from
+// max_window_layers on or those layer_types names sliding.
+TEST(ModelConfigTest, Qwen2BiasesAndWindowedLayers) {
+  std::string j = kLlama;
+  j.replace(j.find("\"llama\""), 7, "\"qwen2\"");
+  auto with = [&](const std::string& extra) {
+    return ParseModelConfig(j.substr(0, j.size() - 1) + ", " + extra + "}", "config.json");
+  };
+  auto off = with(R"("use_sliding_window": false, "sliding_window": 131072,
+                     "max_window_layers": 20)");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_TRUE(off->qkv_bias);
+  EXPECT_FALSE(off->o_bias);
+  for (int l = 0; l < 26; ++l) EXPECT_EQ(off->attention_window(l), 0) << l;
+  auto on = with(R"("use_sliding_window": true, "sliding_window": 64, "max_window_layers": 20)");
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_EQ(on->attention_window(19), 0);
+  EXPECT_EQ(on->attention_window(20), 64);
+  EXPECT_EQ(on->attention_window(25), 64);
+  std::string types = R"("use_sliding_window": true, "sliding_window": 64, "layer_types": [)";
+  for (int l = 0; l < 26; ++l) {
+    types += std::string(l ? ", " : "") + (l % 2 ? "\"sliding_attention\"" : "\"full_attention\"");
+  }
+  auto listed = with(types + "]");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->attention_window(0), 0);
+  EXPECT_EQ(listed->attention_window(1), 64);
+}
+
+TEST(ModelConfigTest, ExplicitHeadDimAndGpt2ScalingFlagsAreRead) {
+  std::string j = kLlama;
+  auto hd = ParseModelConfig(j.substr(0, j.size() - 1) + R"(, "head_dim": 128})", "c");
+  ASSERT_TRUE(hd.ok()) << hd.status();
+  EXPECT_EQ(hd->head_dim, 128);
+  EXPECT_EQ(hd->q_dim(), 4096);
+  std::string g = kGpt2;
+  g = g.substr(0, g.size() - 1) +
+      R"(, "scale_attn_weights": false, "scale_attn_by_inverse_layer_idx": true,
+          "reorder_and_upcast_attn": true})";
+  auto gpt2 = ParseModelConfig(g, "c");
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status();
+  EXPECT_FLOAT_EQ(gpt2->attention_scale(0), 1.0f);
+  EXPECT_FLOAT_EQ(gpt2->attention_scale(3), 0.25f);
+  auto plain = ParseModelConfig(kGpt2, "c");
+  EXPECT_FLOAT_EQ(plain->attention_scale(5), 0.125f);  // 1 / sqrt(64)
+}
+
+// Fields that change the math in ways not implemented are refused, naming the field.
+TEST(ModelConfigTest, UnimplementedMathIsRefusedNamingTheField) {
+  auto add = [](std::string base, const std::string& extra) {
+    return base.substr(0, base.size() - 1) + ", " + extra + "}";
+  };
+  std::string mistral = kLlama;
+  mistral.replace(mistral.find("\"llama\""), 7, "\"mistral\"");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {add(kLlama, R"("mlp_bias": true)"), "mlp_bias"},
+      {add(kLlama, R"("rope_scaling": {"rope_type": "dynamic", "factor": 2.0})"), "dynamic"},
+      {add(kLlama, R"("rope_scaling": {"type": "yarn", "factor": 4.0})"), "yarn"},
+      {add(kLlama, R"("partial_rotary_factor": 0.5)"), "partial_rotary_factor"},
+      {add(kLlama, R"("hidden_act": "gelu")"), "hidden_act"},
+      {add(kGpt2, R"("add_cross_attention": true)"), "add_cross_attention"},
+      {add(mistral, R"("layer_types": ["full_attention"])"), "layer_types"},
+  };
+  for (const auto& [json, field] : cases) {
+    auto c = ParseModelConfig(json, "/m/config.json");
+    ASSERT_FALSE(c.ok()) << field;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented) << c.status();
+    EXPECT_NE(c.status().message().find(field), std::string::npos) << c.status();
+  }
+  // Llama's attention_bias is implemented: q, k, v and o biases.
+  auto bias = ParseModelConfig(add(kLlama, R"("attention_bias": true)"), "c");
+  ASSERT_TRUE(bias.ok()) << bias.status();
+  EXPECT_TRUE(bias->qkv_bias && bias->o_bias);
+}
+
 TEST(ModelConfigTest, MissingFileIsNotFound) {
   auto c = LoadModelConfig("/nonexistent/model");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);

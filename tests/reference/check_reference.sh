@@ -6,11 +6,12 @@
 set -euo pipefail
 make_model=$1 reference_test=$2 src=$3 work=$4
 mkdir -p "$work"
-grep -v '^#' "$src/models.txt" | while read -r name preset seed; do
+grep -v '^#' "$src/models.txt" | while read -r name preset seed flags; do
   fixture="$src/fixtures/hf_${name}.json"
   [ -f "$fixture" ] || { echo "missing fixture $fixture"; exit 1; }
   rm -rf "${work:?}/$name"
-  "$make_model" --preset "$preset" --seed "$seed" --out "$work/$name" >/dev/null
+  # shellcheck disable=SC2086  # $flags: tandem-make-model overrides, one word each
+  "$make_model" --preset "$preset" --seed "$seed" $flags --out "$work/$name" >/dev/null
   want=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["sha256"]["model.safetensors"])' "$fixture")
   got=$(sha256sum "$work/$name/model.safetensors" | cut -d' ' -f1)
   if [ "$want" != "$got" ]; then

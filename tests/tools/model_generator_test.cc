@@ -297,7 +297,8 @@ TEST(ModelGeneratorTest, LargeTensorsAreChunkedWithoutChangingValues) {
 }
 
 TEST(ModelGeneratorTest, ConfigJsonRoundTripsThroughLoadModelConfig) {
-  for (const std::string preset : {"tiny-gpt2", "tiny-llama", "tiny-llama-tied"}) {
+  for (const std::string preset :
+       {"tiny-gpt2", "tiny-llama", "tiny-llama-tied", "tiny-llama3", "tiny-mistral", "tiny-qwen2"}) {
     fs::path dir = TestDir("config_" + preset);
     const ModelConfig c = Preset(preset);
     Write(c, dir, 1);
@@ -320,7 +321,129 @@ TEST(ModelGeneratorTest, ConfigJsonRoundTripsThroughLoadModelConfig) {
     if (c.arch == Arch::kLlama) {
       EXPECT_FLOAT_EQ(back->rope_theta, c.rope_theta) << preset;
     }
+    EXPECT_EQ(back->model_type, c.model_type) << preset;
+    EXPECT_EQ(back->rope_scaling.type, c.rope_scaling.type) << preset;
+    EXPECT_FLOAT_EQ(back->rope_scaling.factor, c.rope_scaling.factor) << preset;
+    EXPECT_EQ(back->rope_scaling.original_max_positions, c.rope_scaling.original_max_positions)
+        << preset;
+    EXPECT_EQ(back->qkv_bias, c.qkv_bias) << preset;
+    EXPECT_EQ(back->o_bias, c.o_bias) << preset;
+    EXPECT_EQ(back->sliding_window, c.sliding_window) << preset;
+    for (int l = 0; l < c.num_layers; ++l) {
+      EXPECT_EQ(back->attention_window(l), c.attention_window(l)) << preset << " layer " << l;
+    }
   }
+}
+
+// The config.json of the new families' presets holds the fields, names and values of the
+// published checkpoints' config.json.
+TEST(ModelGeneratorTest, NewFamilyPresetsWriteThePublishedConfigFields) {
+  auto config = [](const std::string& preset) {
+    return nlohmann::json::parse(ModelConfigToJson(Preset(preset)));
+  };
+  const nlohmann::json l31 = config("llama3.1-8b");
+  EXPECT_EQ(l31["architectures"], nlohmann::json({"LlamaForCausalLM"}));
+  EXPECT_EQ(l31["model_type"], "llama");
+  EXPECT_EQ(l31["vocab_size"], 128256);
+  EXPECT_EQ(l31["hidden_size"], 4096);
+  EXPECT_EQ(l31["intermediate_size"], 14336);
+  EXPECT_EQ(l31["num_hidden_layers"], 32);
+  EXPECT_EQ(l31["num_key_value_heads"], 8);
+  EXPECT_EQ(l31["rope_theta"], 500000.0);
+  EXPECT_EQ(l31["max_position_embeddings"], 131072);
+  EXPECT_EQ(l31["rope_scaling"],
+            nlohmann::json::parse(R"({"factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+              "rope_type": "llama3"})"));
+  EXPECT_EQ(l31["tie_word_embeddings"], false);
+  EXPECT_EQ(l31["attention_bias"], false);
+  EXPECT_EQ(l31["torch_dtype"], "bfloat16");
+  const nlohmann::json l32 = config("llama3.2-1b");
+  EXPECT_EQ(l32["hidden_size"], 2048);
+  EXPECT_EQ(l32["intermediate_size"], 8192);
+  EXPECT_EQ(l32["num_hidden_layers"], 16);
+  EXPECT_EQ(l32["num_attention_heads"], 32);
+  EXPECT_EQ(l32["head_dim"], 64);
+  EXPECT_EQ(l32["tie_word_embeddings"], true);
+  EXPECT_EQ(l32["rope_scaling"]["factor"], 32.0);
+  const nlohmann::json m = config("mistral-7b");
+  EXPECT_EQ(m["architectures"], nlohmann::json({"MistralForCausalLM"}));
+  EXPECT_EQ(m["model_type"], "mistral");
+  EXPECT_EQ(m["sliding_window"], 4096);
+  EXPECT_EQ(m["num_hidden_layers"], 32);
+  EXPECT_EQ(m["num_key_value_heads"], 8);
+  EXPECT_EQ(m["intermediate_size"], 14336);
+  EXPECT_EQ(m["vocab_size"], 32000);
+  EXPECT_EQ(m["rope_theta"], 10000.0);
+  EXPECT_FALSE(m.contains("head_dim"));  // 4096 / 32, not spelled out in v0.1's config
+  EXPECT_FALSE(m.contains("rope_scaling"));
+  const nlohmann::json q = config("qwen2.5-7b");
+  EXPECT_EQ(q["architectures"], nlohmann::json({"Qwen2ForCausalLM"}));
+  EXPECT_EQ(q["model_type"], "qwen2");
+  EXPECT_EQ(q["hidden_size"], 3584);
+  EXPECT_EQ(q["num_hidden_layers"], 28);
+  EXPECT_EQ(q["num_attention_heads"], 28);
+  EXPECT_EQ(q["num_key_value_heads"], 4);
+  EXPECT_EQ(q["intermediate_size"], 18944);
+  EXPECT_EQ(q["vocab_size"], 152064);
+  EXPECT_EQ(q["rope_theta"], 1000000.0);
+  EXPECT_EQ(q["use_sliding_window"], false);
+  EXPECT_EQ(q["sliding_window"], 131072);
+  EXPECT_EQ(q["max_window_layers"], 28);
+  EXPECT_EQ(q["tie_word_embeddings"], false);
+  EXPECT_FALSE(q.contains("attention_bias"));  // Qwen2 always has q/k/v biases
+}
+
+// Qwen2: a bias after each of q_proj, k_proj and v_proj, none on o_proj; tied: no lm_head.
+TEST(ModelGeneratorTest, QwenHasQkvBiasesAndLlamaWithAttentionBiasAlsoOnO) {
+  std::map<std::string, std::vector<int64_t>> names;
+  for (const TensorSpec& t : CheckpointTensors(Preset("qwen2.5-7b"))) names[t.name] = t.shape;
+  EXPECT_EQ(names["model.layers.27.self_attn.q_proj.bias"], std::vector<int64_t>{3584});
+  EXPECT_EQ(names["model.layers.27.self_attn.k_proj.bias"], std::vector<int64_t>{512});
+  EXPECT_EQ(names["model.layers.0.self_attn.v_proj.bias"], std::vector<int64_t>{512});
+  EXPECT_EQ(names.count("model.layers.0.self_attn.o_proj.bias"), 0u);
+  EXPECT_EQ(names["lm_head.weight"], (std::vector<int64_t>{152064, 3584}));
+  EXPECT_EQ(names.size(), 1u + 28u * 12u + 2u);
+
+  fs::path dir = TestDir("qwen2_tiny");
+  Write(Preset("tiny-qwen2"), dir, 1);
+  Shapes want = ExpectedLlama(512, 64, 160, 4, 4, 2, /*tied=*/true);
+  for (int i = 0; i < 4; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".self_attn.";
+    want[p + "q_proj.bias"] = {64};
+    want[p + "k_proj.bias"] = {32};
+    want[p + "v_proj.bias"] = {32};
+  }
+  ExpectExactly(dir, want, DType::kF32);
+
+  ModelConfig biased = Preset("tiny-llama");
+  biased.qkv_bias = biased.o_bias = true;
+  std::set<std::string> llama;
+  for (const TensorSpec& t : CheckpointTensors(biased)) llama.insert(t.name);
+  EXPECT_EQ(llama.count("model.layers.3.self_attn.o_proj.bias"), 1u);
+  EXPECT_EQ(llama.count("model.layers.3.self_attn.k_proj.bias"), 1u);
+}
+
+// --sliding_window and --max_window_layers: Qwen2's window on the layers from max_window_layers
+// on, written as use_sliding_window / sliding_window / max_window_layers.
+TEST(ModelGeneratorTest, QwenWindowOverridesWindowTheLastLayers) {
+  ModelOverrides o;
+  o.sliding_window = 24;
+  o.max_window_layers = 2;
+  auto c = ApplyOverrides(Preset("tiny-qwen2"), o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->attention_window(1), 0);
+  EXPECT_EQ(c->attention_window(2), 24);
+  EXPECT_EQ(c->attention_window(3), 24);
+  const nlohmann::json j = nlohmann::json::parse(ModelConfigToJson(*c));
+  EXPECT_EQ(j["use_sliding_window"], true);
+  EXPECT_EQ(j["sliding_window"], 24);
+  EXPECT_EQ(j["max_window_layers"], 2);
+  ModelOverrides none;
+  none.sliding_window = 0;
+  auto m = ApplyOverrides(Preset("tiny-mistral"), none);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(nlohmann::json::parse(ModelConfigToJson(*m))["sliding_window"].is_null());
 }
 
 TEST(ModelGeneratorTest, ShardedCheckpointIsReadableAndMatchesSingleFile) {
@@ -378,8 +501,10 @@ TEST(ModelGeneratorTest, RewritingWithoutShardsRemovesStaleShards) {
 
 TEST(ModelGeneratorTest, PresetsHaveTheirPublishedShapes) {
   EXPECT_THAT(PresetNames(),
-              ElementsAre("tiny-gpt2", "tiny-llama", "tiny-llama-tied", "gpt2", "tinyllama-1b",
-                          "openllama-3b", "llama2-7b", "llama2-13b"));
+              ElementsAre("tiny-gpt2", "tiny-llama", "tiny-llama-tied", "tiny-llama3",
+                          "tiny-mistral", "tiny-qwen2", "gpt2", "tinyllama-1b", "openllama-3b",
+                          "llama2-7b", "llama2-13b", "llama3.2-1b", "llama3.1-8b", "mistral-7b",
+                          "qwen2.5-7b"));
   const ModelConfig o = Preset("openllama-3b");
   EXPECT_EQ(o.arch, Arch::kLlama);
   EXPECT_EQ(o.vocab_size, 32000);
@@ -497,6 +622,14 @@ TEST(ModelGeneratorTest, BadOverridesNameTheFlag) {
       "tiny-gpt2", [](ModelOverrides& o) { o.rope_theta = 1e4f; }, "--rope_theta");
   add(
       "tiny-llama", [](ModelOverrides& o) { o.dtype = "f64"; }, "--dtype");
+  add(
+      "tiny-llama", [](ModelOverrides& o) { o.sliding_window = 8; }, "--sliding_window");
+  add(
+      "tiny-mistral", [](ModelOverrides& o) { o.sliding_window = -2; }, "--sliding_window");
+  add(
+      "tiny-mistral", [](ModelOverrides& o) { o.max_window_layers = 1; }, "--max_window_layers");
+  add(
+      "tiny-qwen2", [](ModelOverrides& o) { o.max_window_layers = -1; }, "--max_window_layers");
   add(
       "tiny-llama", [](ModelOverrides& o) { o.hidden_size = 12; }, "--hidden_size");  // hd 3
   add(

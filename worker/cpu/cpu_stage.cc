@@ -4,8 +4,8 @@
 // every projection is one cblas_sgemm over all rows. Attention runs per sequence and head over
 // that sequence's KV-cache slot, which holds K and V of every position written so far:
 //   k_cache_, v_cache_: [max_slots][layers of this stage][max_seq_len][kv_dim]
-// Architectures differ only in data: which norm, bias or not, learned positions or RoPE, which
-// MLP activation.
+// Architectures differ only in data: which norm, bias or not, learned positions or RoPE (and its
+// frequencies), which MLP activation, the attention's scale and sliding window.
 //
 // A slot's cache is valid up to the last position written; a step may start a sequence at any
 // position up to that (0 starts a new sequence in the slot), never past it. Steps are validated
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/rope.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "worker/sampling.h"
@@ -95,18 +96,20 @@ float GeluTanh(float x) {
 
 float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
-// Softmax of row[0, n) in place; row[n, width) (the causally masked future) set to 0.
-void MaskedSoftmax(float* row, int n, int width) {
-  float max = row[0];
-  for (int j = 1; j < n; ++j) max = std::max(max, row[j]);
+// Softmax of row[begin, end) in place; the rest of row[0, width) (positions before a sliding
+// window, and the causally masked future) set to 0.
+void MaskedSoftmax(float* row, int begin, int end, int width) {
+  float max = row[begin];
+  for (int j = begin + 1; j < end; ++j) max = std::max(max, row[j]);
   float sum = 0.0f;
-  for (int j = 0; j < n; ++j) {
+  for (int j = begin; j < end; ++j) {
     row[j] = std::exp(row[j] - max);
     sum += row[j];
   }
   const float inv = 1.0f / sum;
-  for (int j = 0; j < n; ++j) row[j] *= inv;
-  std::fill(row + n, row + width, 0.0f);
+  for (int j = begin; j < end; ++j) row[j] *= inv;
+  std::fill(row, row + begin, 0.0f);
+  std::fill(row + end, row + width, 0.0f);
 }
 
 class CpuStage final : public Stage {
@@ -119,13 +122,8 @@ class CpuStage final : public Stage {
         max_seq_len_(max_seq_len),
         k_cache_(std::move(k_cache)),
         v_cache_(std::move(v_cache)),
-        cached_len_(max_slots, 0) {
-    // inv_freq_i = theta^(-2i / head_dim), computed in fp32 as transformers does.
-    for (int i = 0; i < c_.head_dim / 2; ++i) {
-      inv_freq_.push_back(1.0f / std::pow(c_.rope_theta, static_cast<float>(2 * i) /
-                                                             static_cast<float>(c_.head_dim)));
-    }
-  }
+        cached_len_(max_slots, 0),
+        inv_freq_(RopeInverseFrequencies(c_)) {}
 
   const ModelConfig& config() const override { return c_; }
 
@@ -181,7 +179,7 @@ class CpuStage final : public Stage {
       for (int i = 0, r0 = 0; i < static_cast<int>(step.seqs.size()); ++i) {
         const SequenceStep& s = step.seqs[i];
         StoreKv(s, l, qkv.data() + static_cast<size_t>(r0) * qkv_dim, qkv_dim);
-        Attend(s, l, qkv.data() + static_cast<size_t>(r0) * qkv_dim, qkv_dim,
+        Attend(s, l, w_.first_layer + l, qkv.data() + static_cast<size_t>(r0) * qkv_dim, qkv_dim,
                attn.data() + static_cast<size_t>(r0) * q_dim);
         r0 += s.num_tokens;
       }
@@ -213,7 +211,9 @@ class CpuStage final : public Stage {
       return out;
     }
     for (int i = 0; i < static_cast<int>(step.seqs.size()); ++i) {
-      if (step.seqs[i].wants_logprobs()) out.logprobs.push_back({.seq = i});
+      if (!step.seqs[i].wants_logprobs()) continue;
+      out.logprobs.emplace_back();
+      out.logprobs.back().seq = i;
     }
     PromptLogprobs(step, x, out);
     Head(step, x, out);
@@ -238,23 +238,30 @@ class CpuStage final : public Stage {
   }
 
   // Causal attention of the sequence's num_tokens queries over its cached positions
-  // [0, position + num_tokens). q: (num_tokens, qkv_dim) rows; out: (num_tokens, q_dim) rows.
-  void Attend(const SequenceStep& s, int layer, const float* q, int qkv_dim, float* out) {
+  // [0, position + num_tokens), narrowed to the model layer's sliding window where it has one.
+  // `layer` indexes this stage's cache, `model_layer` the model. q: (num_tokens, qkv_dim) rows;
+  // out: (num_tokens, q_dim) rows.
+  void Attend(const SequenceStep& s, int layer, int model_layer, const float* q, int qkv_dim,
+              float* out) {
     const int n = s.num_tokens, ctx = s.position + n, hd = c_.head_dim;
     const int kv_dim = c_.kv_dim(), q_dim = c_.q_dim();
     const int group = c_.num_heads / c_.num_kv_heads;  // query heads per KV head
     const float* k = k_cache_.get() + CacheOffset(s.slot, layer, 0);
     const float* v = v_cache_.get() + CacheOffset(s.slot, layer, 0);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const float scale = c_.attention_scale(model_layer);
+    const int window = c_.attention_window(model_layer);
     std::vector<float> scores(static_cast<size_t>(n) * ctx);  // (n, ctx)
     for (int head = 0; head < c_.num_heads; ++head) {
       const int kv_head = head / group;
       // scores = scale · q_head (n, hd) · K_kv_head (ctx, hd)ᵀ
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, ctx, hd, scale, q + head * hd,
                   qkv_dim, k + kv_head * hd, kv_dim, 0.0f, scores.data(), ctx);
-      // Query t sits at position + t and sees positions [0, position + t].
+      // Query t sits at position + t and sees positions [0, position + t], or with a window the
+      // last `window` of them.
       for (int t = 0; t < n; ++t) {
-        MaskedSoftmax(scores.data() + static_cast<size_t>(t) * ctx, s.position + t + 1, ctx);
+        const int end = s.position + t + 1;
+        const int begin = window > 0 ? std::max(0, end - window) : 0;
+        MaskedSoftmax(scores.data() + static_cast<size_t>(t) * ctx, begin, end, ctx);
       }
       // out_head (n, hd) = P (n, ctx) · V_kv_head (ctx, hd)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, ctx, 1.0f, scores.data(), ctx,

@@ -88,16 +88,20 @@ __global__ void __launch_bounds__(kThreads)
                            const int32_t* __restrict__ slots, float* __restrict__ part_acc,
                            float2* __restrict__ part_ml, T* __restrict__ out,
                            uint32_t* __restrict__ counters, int num_heads, int num_kv_heads,
-                           int head_dim, int seq_capacity, float scale) {
+                           int head_dim, int seq_capacity, float scale, int window) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   AllowDependentLaunch();  // the out-projection may start prefetching its weights
   const int kvh = blockIdx.x, r = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int group = num_heads / num_kv_heads;
   const int width = group * head_dim;  // outputs of this block
+  // Keys [lo, ctx) are visible; the splits cover them from the tile that holds lo, so that tiles
+  // stay aligned and only the first tile of the first split holds keys to mask.
   const int ctx = positions[r] + 1;
-  int chunk = (ctx + splits - 1) / splits;
+  const int lo = window > 0 ? max(0, ctx - window) : 0;
+  const int first = lo / kTile * kTile;
+  int chunk = (ctx - first + splits - 1) / splits;
   chunk = (chunk + kTile - 1) / kTile * kTile;
-  const int begin = split * chunk;
+  const int begin = first + split * chunk;
   const int end = min(ctx, begin + chunk);
   WaitForPrerequisites();  // q and this row's cache entry come from the previous kernel
 
@@ -195,7 +199,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int d = 0; d < head_dim; d += 2) {
         s += qg[d] * ToF(kr[d]) + qg[d + 1] * ToF(kr[d + 1]);
       }
-      p_s[g * kTile + j] = s;
+      p_s[g * kTile + j] = t0 + j < lo ? -INFINITY : s;  // before the window
     }
     __syncthreads();
     // Online softmax per head: one warp per head.
@@ -284,8 +288,8 @@ size_t AttentionPartialFloats(int rows, int num_heads, int head_dim, int splits)
 absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache, const void* v_cache,
                              const int32_t* positions, const int32_t* slots, float* partials,
                              void* out, int rows, int num_heads, int num_kv_heads, int head_dim,
-                             int seq_capacity, int splits, cudaStream_t stream, uint32_t* counters,
-                             bool pdl) {
+                             int seq_capacity, int splits, const AttentionParams& params,
+                             cudaStream_t stream, uint32_t* counters, bool pdl) {
   if (rows == 0) return absl::OkStatus();
   const int group = num_heads / num_kv_heads;
   if (group * head_dim > kMaxAttentionGroupWidth || head_dim % 2 != 0 ||
@@ -295,7 +299,11 @@ absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache, co
         " must be <= ", kMaxAttentionGroupWidth, ", head_dim even, seq capacity ", seq_capacity,
         " a multiple of ", kKvSeqAlign, ", splits ", splits, " >= 1)"));
   }
-  const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
+  if (params.window < 0 || !(params.scale > 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("attention: window ", params.window,
+                                                   " must be >= 0 and scale ", params.scale,
+                                                   " positive"));
+  }
   float* part_acc = partials;
   float2* part_ml = reinterpret_cast<float2*>(
       partials + PartialAccFloats(rows, num_heads, head_dim, splits));
@@ -317,7 +325,7 @@ absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache, co
                             static_cast<const T*>(q), static_cast<const T*>(k_cache),
                             static_cast<const T*>(v_cache), positions, slots, part_acc, part_ml,
                             static_cast<T*>(out), counters, num_heads, num_kv_heads, head_dim,
-                            seq_capacity, scale));
+                            seq_capacity, params.scale, params.window));
     if (!finish) {
       CUDA_CHECK(LaunchKernel(AttentionCombineKernel<T>, dim3(num_heads, rows),
                               dim3(((head_dim + 31) / 32) * 32), 0, stream, pdl, part_acc, part_ml,

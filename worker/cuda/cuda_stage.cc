@@ -23,22 +23,60 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <span>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/rope.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/kernels.h"
+#include "worker/cuda/prefill_attention.h"
+#include "worker/cuda/weight_upload.h"
 #include "worker/sampling.h"
 #include "worker/step_check.h"
 #include "worker/weights.h"
 
 namespace tandem {
 namespace {
+
+// A sequence whose token the device's sampler does not draw by the whole rule.
+bool NeedsHostRule(const SequenceStep& s) {
+  return s.sample && (s.sampling.has_penalties() || s.sampling.min_p > 0.0f || s.logprobs >= 0);
+}
+
+// The host rule (worker/sampling.h) for the sampled sequences that need it, over out.logits
+// ([sampled, vocab] fp32, the LM head's raw output): their tokens are drawn again with the
+// penalties and min_p, and their logprobs taken from the raw rows.
+void ApplyHostRule(const StepDescriptor& step, int vocab, StepOutput& out) {
+  std::vector<float> penalised;
+  for (int i = 0, j = 0; i < static_cast<int>(step.seqs.size()); ++i) {
+    const SequenceStep& s = step.seqs[i];
+    if (!s.sample) continue;
+    const int row_index = j++;
+    if (!NeedsHostRule(s)) continue;
+    std::span<const float> row(out.logits.data() + static_cast<size_t>(row_index) * vocab, vocab);
+    int32_t& token = out.tokens[row_index];
+    if (s.sampling.has_penalties()) {
+      penalised.assign(row.begin(), row.end());
+      ApplyPenalties(penalised, s.sampling, s.seen);
+      token = SampleToken(penalised, s.sampling, s.sample_index);
+    } else if (s.sampling.min_p > 0.0f) {
+      token = SampleToken(row, s.sampling, s.sample_index);
+    }
+    if (s.logprobs >= 0) {
+      SequenceLogprobs l;
+      l.seq = i;
+      l.has_sampled = true;
+      l.sampled = ComputeLogprob(row, token, s.logprobs);
+      out.logprobs.push_back(std::move(l));
+    }
+  }
+}
 
 using cuda::DeviceBuffer;
 using cuda::PinnedBuffer;
@@ -68,44 +106,6 @@ struct DeviceLayer {
   // GPT-2 with folded norms: wqkv · attn_norm (q_dim + 2 kv_dim) and w_in · mlp_norm
   // (intermediate), fp32.
   cuda::LayerNormFold attn_fold, mlp_fold;
-};
-
-// Converts fp32 host tensors to the device type and places them in one device arena.
-class WeightUploader {
- public:
-  WeightUploader(DType dtype, char* base) : dtype_(dtype), base_(base) {}
-  static size_t Aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-  absl::StatusOr<const void*> Upload(const std::vector<float>& v) {
-    if (v.empty()) return nullptr;
-    const size_t bytes = v.size() * DTypeSize(dtype_);
-    host_.resize(v.size());
-    // The conversion of a 3B model is billions of elements: spread it over the cores.
-    const size_t n = v.size();
-    const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-    if (n < (1u << 20) || threads == 1) {
-      FromFloat(dtype_, v.data(), n, host_.data());
-    } else {
-      std::vector<std::thread> pool;
-      const size_t per = (n + threads - 1) / threads;
-      for (unsigned t = 0; t < threads; ++t) {
-        const size_t b = t * per, e = std::min(n, b + per);
-        if (b >= e) break;
-        pool.emplace_back([&, b, e] { FromFloat(dtype_, v.data() + b, e - b, host_.data() + b); });
-      }
-      for (auto& th : pool) th.join();
-    }
-    void* dst = base_ + offset_;
-    CUDA_CHECK(cudaMemcpy(dst, host_.data(), bytes, cudaMemcpyHostToDevice));
-    offset_ += Aligned(bytes);
-    return static_cast<const void*>(dst);
-  }
-
- private:
-  DType dtype_;
-  char* base_;
-  size_t offset_ = 0;
-  std::vector<uint16_t> host_;
 };
 
 class CudaStage final : public Stage {
@@ -173,9 +173,13 @@ class CudaStage final : public Stage {
   const ModelConfig c_;
   const CudaOptions opt_;
   bool has_embedding_ = false, has_head_ = false;
+  int first_layer_ = 0;  // of the model: attention's scale and window are per model layer
   int num_layers_ = 0;
   int max_slots_ = 0, max_seq_len_ = 0, seq_capacity_ = 0;
   int rows_cap_ = 0, samples_cap_ = 0, max_bucket_ = 0, sm_count_ = 0;
+  // The next forward pass's rows are prompt runs (several rows per sequence): attention through
+  // the tensor-core prefill kernel. Set per chunk by RunChunks; never for decode steps.
+  bool prefill_attention_ = false;
   size_t kv_layer_bytes_ = 0;
 
   cuda::Stream stream_;
@@ -183,6 +187,7 @@ class CudaStage final : public Stage {
   DeviceBuffer cublas_workspace_;
   std::unique_ptr<cuda::FixedAlgoGemm> fixed_gemm_;  // batch_invariant: every GEMM through it
   DeviceBuffer weights_, kv_, norm_fold_;
+  DeviceBuffer inv_freq_;  // (head_dim / 2) fp32 rotary inverse frequencies (Llama)
   DeviceBuffer x_, xn_, qkv_, q_, attn_, mlp_in_, mlp_act_, partials_, attn_counters_;
   DeviceBuffer head_in_, logits_, probs_, tokens_out_;
   DeviceBuffer inputs_;
@@ -261,9 +266,10 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
   }
 
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(spec.model_dir));
-  ASSIGN_OR_RETURN(StageWeights w, LoadStageWeights(*ckpt, spec.first_layer, last));
+  ASSIGN_OR_RETURN(StageSources w, FindStageWeights(*ckpt, spec.first_layer, last));
   has_embedding_ = w.has_embedding;
   has_head_ = w.has_head;
+  first_layer_ = w.first_layer;
   num_layers_ = static_cast<int>(w.layers.size());
 
   RETURN_IF_ERROR(stream_.Create());
@@ -286,60 +292,39 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
     }
   }
 
-  // Weights: one arena.
+  // Weights: one arena, copied from the mapped checkpoint in their stored dtype.
   const bool share_head = w.has_head && w.has_embedding && c_.tie_word_embeddings;
-  size_t total = 0;
-  auto add = [&](const std::vector<float>& v) {
-    total += WeightUploader::Aligned(v.size() * DTypeSize(opt_.dtype));
-  };
-  add(w.tok_embedding);
-  add(w.pos_embedding);
-  for (const LayerWeights& l : w.layers) {
-    for (const auto* v : {&l.attn_norm_w, &l.attn_norm_b, &l.wqkv, &l.bqkv, &l.wo, &l.bo,
-                          &l.mlp_norm_w, &l.mlp_norm_b, &l.w_in, &l.b_in, &l.w_out, &l.b_out}) {
-      add(*v);
-    }
+  ASSIGN_OR_RETURN(cuda::DeviceWeights uploaded,
+                   cuda::UploadStageWeights(w, opt_.dtype, share_head));
+  weights_ = std::move(uploaded.arena);
+  const StageWeightsOf<const void*>& d = uploaded.tensors;
+  tok_embedding_ = d.tok_embedding;
+  pos_embedding_ = d.pos_embedding;
+  for (const LayerWeightsOf<const void*>& l : d.layers) {
+    DeviceLayer dl;
+    dl.attn_norm_w = l.attn_norm_w;
+    dl.attn_norm_b = l.attn_norm_b;
+    dl.wqkv = l.wqkv;
+    dl.bqkv = l.bqkv;
+    dl.wo = l.wo;
+    dl.bo = l.bo;
+    dl.mlp_norm_w = l.mlp_norm_w;
+    dl.mlp_norm_b = l.mlp_norm_b;
+    dl.w_in = l.w_in;
+    dl.b_in = l.b_in;
+    dl.w_out = l.w_out;
+    dl.b_out = l.b_out;
+    layers_.push_back(dl);
   }
-  add(w.final_norm_w);
-  add(w.final_norm_b);
-  if (!share_head) add(w.lm_head);
-  size_t free_bytes = 0, total_bytes = 0;
-  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  if (total > free_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "weights of layers [", w.first_layer, ", ", w.last_layer, ") need ", total,
-        " bytes of GPU memory; ", free_bytes, " of ", total_bytes, " bytes are free"));
+  final_norm_w_ = d.final_norm_w;
+  final_norm_b_ = d.final_norm_b;
+  lm_head_ = d.lm_head;
+  if (c_.arch == Arch::kLlama) {
+    const std::vector<float> inv_freq = RopeInverseFrequencies(c_);
+    RETURN_IF_ERROR(inv_freq_.Allocate(inv_freq.size() * sizeof(float)));
+    CUDA_CHECK(cudaMemcpy(inv_freq_.get(), inv_freq.data(), inv_freq.size() * sizeof(float),
+                          cudaMemcpyHostToDevice));
   }
-  RETURN_IF_ERROR(weights_.Allocate(total));
-  {
-    WeightUploader up(opt_.dtype, weights_.as<char>());
-    ASSIGN_OR_RETURN(tok_embedding_, up.Upload(w.tok_embedding));
-    ASSIGN_OR_RETURN(pos_embedding_, up.Upload(w.pos_embedding));
-    for (const LayerWeights& l : w.layers) {
-      DeviceLayer d;
-      ASSIGN_OR_RETURN(d.attn_norm_w, up.Upload(l.attn_norm_w));
-      ASSIGN_OR_RETURN(d.attn_norm_b, up.Upload(l.attn_norm_b));
-      ASSIGN_OR_RETURN(d.wqkv, up.Upload(l.wqkv));
-      ASSIGN_OR_RETURN(d.bqkv, up.Upload(l.bqkv));
-      ASSIGN_OR_RETURN(d.wo, up.Upload(l.wo));
-      ASSIGN_OR_RETURN(d.bo, up.Upload(l.bo));
-      ASSIGN_OR_RETURN(d.mlp_norm_w, up.Upload(l.mlp_norm_w));
-      ASSIGN_OR_RETURN(d.mlp_norm_b, up.Upload(l.mlp_norm_b));
-      ASSIGN_OR_RETURN(d.w_in, up.Upload(l.w_in));
-      ASSIGN_OR_RETURN(d.b_in, up.Upload(l.b_in));
-      ASSIGN_OR_RETURN(d.w_out, up.Upload(l.w_out));
-      ASSIGN_OR_RETURN(d.b_out, up.Upload(l.b_out));
-      layers_.push_back(d);
-    }
-    ASSIGN_OR_RETURN(final_norm_w_, up.Upload(w.final_norm_w));
-    ASSIGN_OR_RETURN(final_norm_b_, up.Upload(w.final_norm_b));
-    if (share_head) {
-      lm_head_ = tok_embedding_;
-    } else {
-      ASSIGN_OR_RETURN(lm_head_, up.Upload(w.lm_head));
-    }
-  }
-  w = StageWeights();  // the host copy is no longer needed
   // GPT-2's LayerNorms folded into the GEMVs need terms of the weights (see LayerNormFold);
   // RMSNorm needs none.
   if (opt_.fold_norms && opt_.gemv_max_rows > 0 && c_.arch != Arch::kLlama &&
@@ -349,7 +334,7 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
 
   // Working buffers.
   max_bucket_ = NextPow2(max_slots_);
-  rows_cap_ = std::max(max_bucket_, kMinRowsCap);
+  rows_cap_ = std::max({max_bucket_, kMinRowsCap, opt_.prefill_rows});
   samples_cap_ = max_bucket_;
   const int hidden = c_.hidden_size, inter = c_.intermediate_size;
   const int qkv_cols = c_.q_dim() + 2 * c_.kv_dim();
@@ -414,6 +399,7 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
   kv_layer_bytes_ = static_cast<size_t>(max_slots_ + 1) * c_.num_kv_heads * seq_capacity_ *
                     c_.head_dim * DTypeSize(opt_.dtype);
   const size_t kv_bytes = 2 * kv_layer_bytes_ * std::max(num_layers_, 1);
+  size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   const size_t budget = static_cast<size_t>(static_cast<double>(free_bytes) * opt_.kv_memory_fraction);
   if (kv_bytes > budget) {
@@ -488,6 +474,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
   const int qkv_cols = c_.q_dim() + 2 * c_.kv_dim();
   const int32_t* positions = DevIn<int32_t>(layout_.positions);
   const int32_t* slots = DevIn<int32_t>(layout_.slots);
+  const float* inv_freq = llama ? inv_freq_.as<float>() : nullptr;  // null: no rotation
   // Decode-sized passes: every projection through the GEMV kernels, with biases, residual adds
   // and the MLP activation fused into them.
   const bool gemv = rows <= GemvMaxRows() && GemvSupported(rows, hidden) &&
@@ -533,8 +520,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
         cache.num_kv_heads = c_.num_kv_heads;
         cache.head_dim = c_.head_dim;
         cache.seq_capacity = seq_capacity_;
-        cache.rope = llama;
-        cache.rope_theta = c_.rope_theta;
+        cache.inv_freq = inv_freq;
         RETURN_IF_ERROR(GemvQkvCache(t, xn_.get(), L.wqkv, L.bqkv, cache, rows, hidden, s, tuning));
       } else if (gemv) {
         RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kStore, xn_.get(), L.wqkv, L.bqkv, qkv_.get(), rows,
@@ -546,13 +532,21 @@ absl::Status CudaStage::Forward(int rows, int samples) {
     if (fold_norm || !gemv || !opt_.qkv_cache_epilogue) {
       RETURN_IF_ERROR(LaunchQkvRopeCache(t, qkv_.get(), gemv ? nullptr : L.bqkv, q_.get(),
                                          KCache(l), VCache(l), positions, slots, rows, c_.num_heads,
-                                         c_.num_kv_heads, c_.head_dim, seq_capacity_, llama,
-                                         c_.rope_theta, s, pdl()));
+                                         c_.num_kv_heads, c_.head_dim, seq_capacity_, inv_freq, s,
+                                         pdl()));
     }
-    RETURN_IF_ERROR(LaunchAttention(t, q_.get(), KCache(l), VCache(l), positions, slots,
-                                    partials_.as<float>(), attn_.get(), rows, c_.num_heads,
-                                    c_.num_kv_heads, c_.head_dim, seq_capacity_, splits, s,
-                                    counters, pdl()));
+    const AttentionParams attention{c_.attention_scale(first_layer_ + l),
+                                    c_.attention_window(first_layer_ + l)};
+    if (prefill_attention_) {
+      RETURN_IF_ERROR(LaunchPrefillAttention(t, q_.get(), KCache(l), VCache(l), positions, slots,
+                                             attn_.get(), rows, c_.num_heads, c_.num_kv_heads,
+                                             c_.head_dim, seq_capacity_, attention, s, pdl()));
+    } else {
+      RETURN_IF_ERROR(LaunchAttention(t, q_.get(), KCache(l), VCache(l), positions, slots,
+                                      partials_.as<float>(), attn_.get(), rows, c_.num_heads,
+                                      c_.num_kv_heads, c_.head_dim, seq_capacity_, splits,
+                                      attention, s, counters, pdl()));
+    }
     if (gemv) {
       RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, attn_.get(), L.wo, L.bo, x_.get(), rows,
                            hidden, c_.q_dim(), s, tuning));
@@ -636,6 +630,14 @@ absl::Status CudaStage::Validate(const StepDescriptor& step, const Activations& 
   const StepLimits limits{max_slots_, max_seq_len_, c_.vocab_size, c_.hidden_size,
                           has_embedding_};
   RETURN_IF_ERROR(ValidateStep(step, in, limits, cached_len_));
+  for (size_t i = 0; has_head_ && i < step.seqs.size(); ++i) {
+    if (step.seqs[i].prompt_logprobs >= 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          "step ", step.id, ": sequence ", i,
+          ": prompt_logprobs are not computed by the CUDA backend (its head scores only the "
+          "sampled rows)"));
+    }
+  }
   if (in.ready != nullptr && in.where != Where::kDevice) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step ", step.id, ": input activations with a ready event must be in device memory"));
@@ -738,6 +740,7 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
   if (prof_) CUDA_CHECK(cudaEventRecord(prof_->begin.get(), stream_.get()));
   const int n = static_cast<int>(step.seqs.size());
   const int bucket = NextPow2(n);
+  prefill_attention_ = false;
   int32_t* tokens = HostIn<int32_t>(layout_.tokens);
   int32_t* positions = HostIn<int32_t>(layout_.positions);
   int32_t* slots = HostIn<int32_t>(layout_.slots);
@@ -857,9 +860,10 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
     int32_t* positions = HostIn<int32_t>(layout_.positions);
     int32_t* slots = HostIn<int32_t>(layout_.slots);
     std::vector<int> sampled_seqs;  // sequences sampled in this chunk
-    int samples = 0;
+    int samples = 0, chunk_seqs = 0;
     for (int r = 0; r < rows; ++r) {
       const SequenceStep& s = step.seqs[seq];
+      if (tok == 0 || r == 0) ++chunk_seqs;
       tokens[r] = has_embedding_ ? step.tokens[row0 + r] : 0;
       positions[r] = s.position + tok;
       slots[r] = s.slot;
@@ -880,6 +884,10 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
     CUDA_CHECK(cudaMemcpyAsync(inputs_.get(), host_in_.get(), layout_.total,
                                cudaMemcpyHostToDevice, stream_.get()));
     if (!has_embedding_) RETURN_IF_ERROR(CopyInput(in, row0, rows));
+    // Prompt runs of 8 rows or more on average; batch-invariant mode keeps the one-row kernel,
+    // whose arithmetic decode steps share.
+    prefill_attention_ = !opt_.batch_invariant && rows >= 8 * chunk_seqs &&
+                         cuda::PrefillAttentionSupported(c_.head_dim);
     RETURN_IF_ERROR(Forward(rows, samples));
     if (has_head_ && samples > 0) {
       CUDA_CHECK(cudaMemcpyAsync(host_tokens_.get(), tokens_out_.get(), samples * sizeof(int32_t),
@@ -926,12 +934,27 @@ absl::StatusOr<StepOutput> CudaStage::Step(const StepDescriptor& step, const Act
   CUDA_CHECK(cudaSetDevice(opt_.device));
   const bool decode = std::all_of(step.seqs.begin(), step.seqs.end(),
                                   [](const SequenceStep& s) { return s.num_tokens == 1; });
+  // Sequences with min_p, a penalty or logprobs take the host rule over the sampled rows' fp32
+  // logits, copied back only in steps that hold one; every other step runs as it would.
+  const bool host_rule = has_head_ && std::any_of(step.seqs.begin(), step.seqs.end(),
+                                                  NeedsHostRule);
+  StepDescriptor with_logits;
+  const StepDescriptor* run = &step;
+  if (host_rule && !step.return_logits) {
+    with_logits = step;
+    with_logits.return_logits = true;
+    run = &with_logits;
+  }
   if (decode) {
-    RETURN_IF_ERROR(RunDecode(step, in, out));
+    RETURN_IF_ERROR(RunDecode(*run, in, out));
   } else {
-    RETURN_IF_ERROR(RunChunks(step, in, out));
+    RETURN_IF_ERROR(RunChunks(*run, in, out));
   }
   for (const SequenceStep& s : step.seqs) cached_len_[s.slot] = s.position + s.num_tokens;
+  if (host_rule) {
+    ApplyHostRule(step, c_.vocab_size, out);
+    if (!step.return_logits) out.logits.clear();
+  }
   return out;
 }
 

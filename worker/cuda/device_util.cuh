@@ -77,14 +77,12 @@ __device__ __forceinline__ size_t KvCacheOffset(int slot, int kv_head, int pos, 
 }
 
 // Rotary embedding of the pair (x1, x2) = (x[i], x[i + head_dim / 2]) of one head at position
-// pos, as Hugging Face Llama's rotate-half form in T: inv_freq and the angle in fp32, cos and sin
-// rounded to T, then q·cos + rotate_half(q)·sin with each product and the sum rounded to T (every
-// operation of that expression is a T tensor there). Every kernel that rotates calls this, so
-// they agree bit for bit.
+// pos, as Hugging Face Llama's rotate-half form in T: the angle pos * inv_freq (the pair's inverse
+// frequency, from the host) in fp32, cos and sin rounded to T, then q·cos + rotate_half(q)·sin
+// with each product and the sum rounded to T (every operation of that expression is a T tensor
+// there). Every kernel that rotates calls this, so they agree bit for bit.
 template <typename T>
-__device__ __forceinline__ void RotateHalfPair(float& x1, float& x2, int pos, int i, int head_dim,
-                                               float theta) {
-  const float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * i) / head_dim);
+__device__ __forceinline__ void RotateHalfPair(float& x1, float& x2, int pos, float inv_freq) {
   const float angle = static_cast<float>(pos) * inv_freq;
   const float c = RoundTo<T>(cosf(angle)), s = RoundTo<T>(sinf(angle));
   // A product of two 2-byte floats is exact in fp32, so each rounds once, as in T.

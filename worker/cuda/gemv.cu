@@ -292,8 +292,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
         out = static_cast<T*>(is_k ? c.k_cache : c.v_cache) +
               KvCacheOffset(slot, kv_head, pos, c.num_kv_heads, c.seq_capacity, c.head_dim);
       }
-      if (c.rope && head < c.num_heads + c.num_kv_heads) {
-        RotateHalfPair<T>(x1, x2, pos, i, c.head_dim, c.rope_theta);
+      if (c.inv_freq != nullptr && head < c.num_heads + c.num_kv_heads) {
+        RotateHalfPair<T>(x1, x2, pos, c.inv_freq[i]);
       }
       out[i] = FromF<T>(x1);
       out[i + half] = FromF<T>(x2);

@@ -50,14 +50,27 @@ absl::Status LaunchAddBias(DType dtype, void* x, const void* bias, int rows, int
 
 // rope.cu: splits qkv (rows, q_dim + 2 kv_dim) into q_out (rows, q_dim) and the layer's cache,
 // adding bias (q_dim + 2 kv_dim) when given and rotating q and k (rotate-half form, as Hugging Face
-// Llama) when rope is true. Cache layout: (slots, kv_heads, seq_capacity, head_dim).
+// Llama) when inv_freq is given: inv_freq (head_dim / 2) fp32, the rotary inverse frequencies
+// computed on the host from the config (RopeInverseFrequencies, scaling included); the pair
+// (i, i + head_dim / 2) at position p turns by p * inv_freq[i]. Cache layout:
+// (slots, kv_heads, seq_capacity, head_dim).
 absl::Status LaunchQkvRopeCache(DType dtype, const void* qkv, const void* bias, void* q_out,
                                 void* k_cache, void* v_cache, const int32_t* positions,
                                 const int32_t* slots, int rows, int num_heads, int num_kv_heads,
-                                int head_dim, int seq_capacity, bool rope, float rope_theta,
+                                int head_dim, int seq_capacity, const float* inv_freq,
                                 cudaStream_t stream, bool pdl = false);
 
-// attention.cu: causal attention of each row's query over keys [0, positions[r]] of its slot.
+// What a query sees and how its scores are scaled, per layer (ModelConfig::attention_scale and
+// attention_window).
+struct AttentionParams {
+  float scale = 0.0f;  // scores = (q · k) * scale; usually 1 / sqrt(head_dim)
+  // > 0: sliding window, a query at position p sees the keys at [max(0, p - window + 1), p]
+  // only (its own and the window - 1 before it, as Hugging Face Mistral); 0: all of [0, p].
+  int window = 0;
+};
+
+// attention.cu: causal attention of each row's query over keys [0, positions[r]] of its slot
+// (the last params.window of them when a window is set), scores scaled by params.scale.
 // q (rows, num_heads * head_dim), out (rows, num_heads * head_dim). The keys are split over
 // `splits` blocks per (row, kv head); partials (rows * splits * num_heads * (head_dim + 2) floats)
 // are combined by a second kernel, or, when `counters` is given (rows * num_kv_heads zeros, left
@@ -66,8 +79,8 @@ absl::Status LaunchQkvRopeCache(DType dtype, const void* qkv, const void* bias, 
 absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache, const void* v_cache,
                              const int32_t* positions, const int32_t* slots, float* partials,
                              void* out, int rows, int num_heads, int num_kv_heads, int head_dim,
-                             int seq_capacity, int splits, cudaStream_t stream,
-                             uint32_t* counters = nullptr, bool pdl = false);
+                             int seq_capacity, int splits, const AttentionParams& params,
+                             cudaStream_t stream, uint32_t* counters = nullptr, bool pdl = false);
 // Floats of partials that LaunchAttention needs.
 size_t AttentionPartialFloats(int rows, int num_heads, int head_dim, int splits);
 // Largest num_heads / num_kv_heads * head_dim the attention kernel handles.
@@ -148,7 +161,7 @@ absl::Status Gemv(DType dtype, GemvEpilogue epilogue, const void* x, const void*
 
 // Where GemvQkvCache puts the fused QKV projection: as LaunchQkvRopeCache, q rows into q_out
 // (rows, num_heads * head_dim) and k and v into the layer's cache at each row's slot and position,
-// q and k rotated when rope is true.
+// q and k rotated when inv_freq is given.
 struct QkvCacheArgs {
   void* q_out = nullptr;
   void* k_cache = nullptr;
@@ -159,8 +172,7 @@ struct QkvCacheArgs {
   int num_kv_heads = 0;
   int head_dim = 0;  // even
   int seq_capacity = 0;
-  bool rope = false;
-  float rope_theta = 10000.0f;
+  const float* inv_freq = nullptr;  // (head_dim / 2) rotary inverse frequencies; null: no rotation
 };
 // Gemv with the QKV split, rotary embedding and cache write as its epilogue: the same bits as
 // Gemv(kStore) with w (q_dim + 2 kv_dim, in) and bias, then LaunchQkvRopeCache without a bias, in

@@ -1,5 +1,6 @@
 // Splits the fused QKV projection into the query buffer and the layer's KV-cache, adding the QKV
-// bias (GPT-2) and applying rotary position embeddings (Llama, Hugging Face's rotate-half form).
+// bias (GPT-2, Qwen2) and applying rotary position embeddings (Llama, Hugging Face's rotate-half
+// form).
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/device_util.cuh"
 #include "worker/cuda/kernels.h"
@@ -10,14 +11,14 @@ namespace {
 // grid (rows, blocks over the work items): num_heads * half query pairs, num_kv_heads * half key
 // pairs, kv_dim value elements; one item per thread, so that a decode step's single row still
 // spreads over many multiprocessors. A pair (i, i + half) of one head rotates by angle
-// pos * theta^(-2i/d).
+// pos * inv_freq[i].
 template <typename T>
 __global__ void QkvRopeCacheKernel(const T* __restrict__ qkv, const T* __restrict__ bias,
                                    T* __restrict__ q_out, T* __restrict__ k_cache,
                                    T* __restrict__ v_cache, const int32_t* __restrict__ positions,
                                    const int32_t* __restrict__ slots, int num_heads,
-                                   int num_kv_heads, int head_dim, int seq_capacity, bool rope,
-                                   float rope_theta) {
+                                   int num_kv_heads, int head_dim, int seq_capacity,
+                                   const float* __restrict__ inv_freq) {
   AllowDependentLaunch();  // attention may start; it waits for the cache writes below
   WaitForPrerequisites();  // qkv is the previous kernel's output
   const int r = blockIdx.y;
@@ -42,7 +43,7 @@ __global__ void QkvRopeCacheKernel(const T* __restrict__ qkv, const T* __restric
     const int head = p / half, i = p % half;
     const int base = is_q ? head * head_dim : q_dim + head * head_dim;
     float x1 = load(base + i), x2 = load(base + i + half);
-    if (rope) RotateHalfPair<T>(x1, x2, pos, i, head_dim, rope_theta);
+    if (inv_freq != nullptr) RotateHalfPair<T>(x1, x2, pos, inv_freq[i]);
     if (is_q) {
       T* qo = q_out + static_cast<size_t>(r) * q_dim + head * head_dim;
       qo[i] = FromF<T>(x1);
@@ -62,7 +63,7 @@ __global__ void QkvRopeCacheKernel(const T* __restrict__ qkv, const T* __restric
 absl::Status LaunchQkvRopeCache(DType dtype, const void* qkv, const void* bias, void* q_out,
                                 void* k_cache, void* v_cache, const int32_t* positions,
                                 const int32_t* slots, int rows, int num_heads, int num_kv_heads,
-                                int head_dim, int seq_capacity, bool rope, float rope_theta,
+                                int head_dim, int seq_capacity, const float* inv_freq,
                                 cudaStream_t stream, bool pdl) {
   if (rows == 0) return absl::OkStatus();
   if (head_dim % 2 != 0) return absl::InvalidArgumentError("head_dim must be even");
@@ -73,7 +74,7 @@ absl::Status LaunchQkvRopeCache(DType dtype, const void* qkv, const void* bias, 
                             static_cast<const T*>(qkv), static_cast<const T*>(bias),
                             static_cast<T*>(q_out), static_cast<T*>(k_cache),
                             static_cast<T*>(v_cache), positions, slots, num_heads, num_kv_heads,
-                            head_dim, seq_capacity, rope, rope_theta));
+                            head_dim, seq_capacity, inv_freq));
   });
   CUDA_CHECK_LAUNCH();
   return absl::OkStatus();

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <tuple>
@@ -35,11 +36,26 @@ std::filesystem::path ModelsRoot() {
 }
 
 // Writes the preset's random checkpoint (seeded) on first use in this process.
-std::filesystem::path ModelDir(const std::string& preset) {
-  const std::filesystem::path dir = ModelsRoot() / preset;
+// A preset's checkpoint, or one of two variants: tiny-qwen2-window (the window of 24 on layers 2
+// and 3 only, Qwen2's max_window_layers) and tiny-gpt2-scaled (scores not divided by
+// sqrt(head_dim) but by the layer index + 1).
+std::filesystem::path ModelDir(const std::string& name) {
+  const std::filesystem::path dir = ModelsRoot() / name;
   if (!std::filesystem::exists(dir / "config.json")) {
-    auto config = PresetConfig(preset);
+    const bool qwen_window = name == "tiny-qwen2-window", gpt2_scaled = name == "tiny-gpt2-scaled";
+    auto config = PresetConfig(qwen_window ? "tiny-qwen2" : gpt2_scaled ? "tiny-gpt2" : name);
     EXPECT_TRUE(config.ok()) << config.status();
+    if (qwen_window) {
+      ModelOverrides o;
+      o.sliding_window = 24;
+      o.max_window_layers = 2;
+      config = ApplyOverrides(*config, o);
+      EXPECT_TRUE(config.ok()) << config.status();
+    }
+    if (gpt2_scaled) {
+      config->scale_attn_weights = false;
+      config->scale_attn_by_inverse_layer_idx = true;
+    }
     GeneratorOptions options;
     options.seed = 20240611;
     absl::Status st = WriteRandomCheckpoint(*config, options, dir);
@@ -233,26 +249,37 @@ class NaiveModel {
     return y;
   }
 
-  // Causal softmax attention for every position; q[t] has num_heads heads, k/v num_kv_heads.
-  std::vector<Vec> Attention(const std::vector<Vec>& q, const std::vector<Vec>& k,
+  // Causal softmax attention of layer l for every position; q[t] has num_heads heads, k/v
+  // num_kv_heads. The config's knobs written out from transformers' definitions: GPT-2 divides
+  // the scores by sqrt(head_dim) when scale_attn_weights and by l + 1 when
+  // scale_attn_by_inverse_layer_idx; a sliding window W lets query t see key j iff t - W < j.
+  std::vector<Vec> Attention(int l, const std::vector<Vec>& q, const std::vector<Vec>& k,
                              const std::vector<Vec>& v) const {
     const int n = static_cast<int>(q.size()), d = c_.head_dim;
     const int rep = c_.num_heads / c_.num_kv_heads;
+    double divisor = c_.scale_attn_weights ? std::sqrt(static_cast<double>(d)) : 1.0;
+    if (c_.scale_attn_by_inverse_layer_idx) divisor *= l + 1;
+    int window = 0;
+    if (c_.model_type == "mistral") window = c_.sliding_window;
+    if (c_.model_type == "qwen2" && !c_.windowed_layers.empty() && c_.windowed_layers[l]) {
+      window = c_.sliding_window;
+    }
     std::vector<Vec> out(n, Vec(c_.q_dim(), 0.0));
     for (int t = 0; t < n; ++t) {
       for (int h = 0; h < c_.num_heads; ++h) {
         const int kh = h / rep;
-        Vec s(t + 1);
+        Vec s(t + 1, 0.0);
+        const int first = window > 0 ? std::max(0, t - window + 1) : 0;
         double max = -1e300;
-        for (int j = 0; j <= t; ++j) {
+        for (int j = first; j <= t; ++j) {
           double dot = 0.0;
           for (int i = 0; i < d; ++i) dot += q[t][h * d + i] * k[j][kh * d + i];
-          s[j] = dot / std::sqrt(static_cast<double>(d));
+          s[j] = dot / divisor;
           max = std::max(max, s[j]);
         }
         double sum = 0.0;
-        for (double& e : s) sum += (e = std::exp(e - max));
-        for (int j = 0; j <= t; ++j) {
+        for (int j = first; j <= t; ++j) sum += (s[j] = std::exp(s[j] - max));
+        for (int j = first; j <= t; ++j) {
           for (int i = 0; i < d; ++i) out[t][h * d + i] += s[j] / sum * v[j][kh * d + i];
         }
       }
@@ -272,7 +299,7 @@ class NaiveModel {
       k.emplace_back(qkv.begin() + hid, qkv.begin() + 2 * hid);
       v.emplace_back(qkv.begin() + 2 * hid, qkv.end());
     }
-    const std::vector<Vec> a = Attention(q, k, v);
+    const std::vector<Vec> a = Attention(l, q, k, v);
     for (size_t t = 0; t < x.size(); ++t) {
       x[t] = Add(x[t],
                  Add(MulInOut(a[t], T(p + "attn.c_proj.weight"), hid), T(p + "attn.c_proj.bias")));
@@ -286,6 +313,23 @@ class NaiveModel {
     }
   }
 
+  // Frequency f of the rotation in double: theta^(-2f/d), and with Llama 3.1's scaling as Meta's
+  // apply_scaling writes it (wavelength 2 pi / freq below original / high_freq_factor: kept;
+  // above original / low_freq_factor: divided by factor; between: (1 - s) freq / factor +
+  // s freq with s = (original / wavelength - low) / (high - low)); linear: divided by factor.
+  double Frequency(int f) const {
+    const double freq = std::pow(static_cast<double>(c_.rope_theta), -2.0 * f / c_.head_dim);
+    const RopeScaling& rs = c_.rope_scaling;
+    if (rs.type == RopeScaling::Type::kLinear) return freq / rs.factor;
+    if (rs.type != RopeScaling::Type::kLlama3) return freq;
+    const double wavelen = 2 * M_PI / freq, old = rs.original_max_positions;
+    if (wavelen < old / rs.high_freq_factor) return freq;
+    if (wavelen > old / rs.low_freq_factor) return freq / rs.factor;
+    const double smooth =
+        (old / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+    return (1 - smooth) * freq / rs.factor + smooth * freq;
+  }
+
   // Rotary embedding as transformers writes it: x·cos + rotate_half(x)·sin, per head, with
   // rotate_half(x) = [-x2, x1] and the frequencies repeated over both halves.
   Vec Rope(const Vec& x, int heads, int pos) const {
@@ -295,7 +339,7 @@ class NaiveModel {
       const double* xh = x.data() + h * d;
       for (int i = 0; i < d; ++i) {
         const int f = i % half;
-        const double angle = pos * std::pow(static_cast<double>(c_.rope_theta), -2.0 * f / d);
+        const double angle = pos * Frequency(f);
         const double rotated = i < half ? -xh[i + half] : xh[i - half];
         y[h * d + i] = xh[i] * std::cos(angle) + rotated * std::sin(angle);
       }
@@ -307,17 +351,21 @@ class NaiveModel {
     const std::string p = "layers." + std::to_string(l) + ".";
     const int hid = c_.hidden_size, inter = c_.intermediate_size;
     std::vector<Vec> q, k, v;
+    // Biases where the checkpoint has them (Qwen2: q, k, v; Llama attention_bias: all four).
+    auto proj = [&](const std::string& name, const Vec& in, int out) {
+      Vec y = MulOutIn(in, T(p + "self_attn." + name + ".weight"), out);
+      const std::string bias = "model." + p + "self_attn." + name + ".bias";
+      return ckpt_->contains(bias) ? Add(y, T(p + "self_attn." + name + ".bias")) : y;
+    };
     for (size_t t = 0; t < x.size(); ++t) {
       const Vec h = RmsNorm(x[t], T(p + "input_layernorm.weight"));
-      q.push_back(Rope(MulOutIn(h, T(p + "self_attn.q_proj.weight"), c_.q_dim()), c_.num_heads,
-                       static_cast<int>(t)));
-      k.push_back(Rope(MulOutIn(h, T(p + "self_attn.k_proj.weight"), c_.kv_dim()), c_.num_kv_heads,
-                       static_cast<int>(t)));
-      v.push_back(MulOutIn(h, T(p + "self_attn.v_proj.weight"), c_.kv_dim()));
+      q.push_back(Rope(proj("q_proj", h, c_.q_dim()), c_.num_heads, static_cast<int>(t)));
+      k.push_back(Rope(proj("k_proj", h, c_.kv_dim()), c_.num_kv_heads, static_cast<int>(t)));
+      v.push_back(proj("v_proj", h, c_.kv_dim()));
     }
-    const std::vector<Vec> a = Attention(q, k, v);
+    const std::vector<Vec> a = Attention(l, q, k, v);
     for (size_t t = 0; t < x.size(); ++t) {
-      x[t] = Add(x[t], MulOutIn(a[t], T(p + "self_attn.o_proj.weight"), hid));
+      x[t] = Add(x[t], proj("o_proj", a[t], hid));
       const Vec h = RmsNorm(x[t], T(p + "post_attention_layernorm.weight"));
       const Vec gate = MulOutIn(h, T(p + "mlp.gate_proj.weight"), inter);
       Vec up = MulOutIn(h, T(p + "mlp.up_proj.weight"), inter);
@@ -433,7 +481,8 @@ TEST_P(CpuStageTest, MatchesANaiveForwardPassInDouble) {
   const int v = vocab();
   NaiveModel naive(dir());
   Pipeline p = MakePipeline(dir(), {});
-  std::vector<std::vector<int32_t>> history = {Prompt(7, 8, v), Prompt(3, 9, v)};
+  // 30 tokens: past the sliding windows of the tiny Mistral (16) and Qwen2 (24) checkpoints.
+  std::vector<std::vector<int32_t>> history = {Prompt(30, 8, v), Prompt(3, 9, v)};
   std::vector<Seq> seqs = {{0, 0, history[0]}, {1, 0, history[1]}};
   for (int step = 0; step < 4; ++step) {
     const StepOutput out = RunPipeline(p, MakeStep(seqs));
@@ -540,7 +589,9 @@ TEST_P(CpuStageTest, NonLastStageReturnsHostFp32HiddenStates) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyPresets, CpuStageTest,
-                         ::testing::Values("tiny-gpt2", "tiny-llama", "tiny-llama-tied"),
+                         ::testing::Values("tiny-gpt2", "tiny-llama", "tiny-llama-tied",
+                                           "tiny-llama3", "tiny-mistral", "tiny-qwen2",
+                                           "tiny-qwen2-window", "tiny-gpt2-scaled"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');
@@ -725,6 +776,33 @@ TEST_F(CpuStageErrorTest, CheckpointMissingATensorOrWithAWrongShapeIsRejected) {
   EXPECT_EQ(shape.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(shape.message(), AllOf(HasSubstr("model.layers.1.mlp.down_proj.weight"),
                                      HasSubstr("[64, 160]"), HasSubstr("[160, 64]")));
+}
+
+// Biases under a config that says none (a Qwen2 checkpoint relabelled llama): refused naming the
+// first unused tensor rather than served without them.
+TEST(CpuStageFamilyTest, TensorsTheConfigDoesNotUseAreRefusedByName) {
+  const std::filesystem::path qwen = ModelDir("tiny-qwen2");
+  const std::filesystem::path relabelled = ModelsRoot() / "qwen2-as-llama";
+  std::filesystem::create_directories(relabelled);
+  std::filesystem::copy_file(qwen / "model.safetensors", relabelled / "model.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  auto config = LoadModelConfig(qwen);
+  ASSERT_TRUE(config.ok()) << config.status();
+  config->model_type = "llama";
+  config->qkv_bias = false;
+  {
+    std::ofstream out(relabelled / "config.json");
+    out << ModelConfigToJson(*config);
+  }
+  StageSpec spec;
+  spec.model_dir = relabelled;
+  const absl::Status st = MakeCpuStage(spec).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(st.message(), HasSubstr("'model.layers.0.self_attn.k_proj.bias'")) << st;
+  // A later stage checks its own layers: layers 2-3 name their first bias.
+  spec.first_layer = 2;
+  const absl::Status later = MakeCpuStage(spec).status();
+  EXPECT_THAT(later.message(), HasSubstr("'model.layers.2.self_attn.k_proj.bias'")) << later;
 }
 
 }  // namespace

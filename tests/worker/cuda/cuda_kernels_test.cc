@@ -180,12 +180,19 @@ TEST_P(KernelTest, RopeRotatesQueryAndKeyAndFillsCacheSlot) {
   cudaMemset(v.get(), 0, cache * 2);
   std::vector<int32_t> pos = {5, 100}, slot = {1, 0};
   DeviceBuffer dpos = UploadRaw(pos), dslot = UploadRaw(slot);
+  // Frequencies from the host, as the stage passes them: here scaled unevenly (llama3-like), so
+  // that a kernel using any other frequency than inv_freq[i] for pair i fails.
+  std::vector<float> inv_freq(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) {
+    inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / hd) / (i % 3 == 0 ? 8.0 : 1.0));
+  }
+  DeviceBuffer dfreq = UploadRaw(inv_freq);
   ASSERT_TRUE(LaunchQkvRopeCache(t(), dqkv.get(), nullptr, q.get(), k.get(), v.get(),
                                  dpos.as<int32_t>(), dslot.as<int32_t>(), rows, heads, kv_heads,
-                                 hd, cap, true, 10000.0f, nullptr).ok());
+                                 hd, cap, dfreq.as<float>(), nullptr).ok());
   auto rot = [&](const float* x, int p, float* y) {
     for (int i = 0; i < hd / 2; ++i) {
-      const double f = p / std::pow(10000.0, 2.0 * i / hd);
+      const double f = p * double(inv_freq[i]);
       const double c = std::cos(f), s = std::sin(f);
       y[i] = x[i] * c - x[i + hd / 2] * s;
       y[i + hd / 2] = x[i + hd / 2] * c + x[i] * s;
@@ -211,8 +218,11 @@ TEST_P(KernelTest, RopeRotatesQueryAndKeyAndFillsCacheSlot) {
 // row, so that the second launch sees the counters the first one reset), and the output must have
 // the very bits of the two-kernel path.
 // `copies` > 1 repeats the five rows (more than 8 rows take the kernel's one-load-at-a-time path).
+// `window` > 0: a sliding window (keys [pos - window + 1, pos]); `scale` 0: 1 / sqrt(head_dim).
 void CheckAttention(DType t, float tol, int head_dim, int heads, int kv_heads, int splits,
-                    bool in_kernel_combine = false, int copies = 1) {
+                    bool in_kernel_combine = false, int copies = 1, int window = 0,
+                    float scale = 0.0f) {
+  const AttentionParams params{scale > 0 ? scale : 1.0f / std::sqrt(float(head_dim)), window};
   const int slots = 3, cap = 320;
   const size_t cache = size_t{slots} * kv_heads * cap * head_dim;
   auto kc = Quantize(t, Random(cache, 10));
@@ -230,7 +240,7 @@ void CheckAttention(DType t, float tol, int head_dim, int heads, int kv_heads, i
   ASSERT_TRUE(out.Allocate(rows * q_dim * 2).ok());
   ASSERT_TRUE(LaunchAttention(t, dq.get(), dk.get(), dv.get(), dpos.as<int32_t>(),
                               dslot.as<int32_t>(), part.as<float>(), out.get(), rows, heads,
-                              kv_heads, head_dim, cap, splits, nullptr).ok());
+                              kv_heads, head_dim, cap, splits, params, nullptr).ok());
   if (in_kernel_combine) {
     const std::vector<float> two_kernels = Download(t, out, rows * q_dim);
     DeviceBuffer counters, fused;
@@ -241,8 +251,8 @@ void CheckAttention(DType t, float tol, int head_dim, int heads, int kv_heads, i
       ASSERT_EQ(cudaMemset(fused.get(), 0xff, rows * q_dim * 2), cudaSuccess);  // NaN
       ASSERT_TRUE(LaunchAttention(t, dq.get(), dk.get(), dv.get(), dpos.as<int32_t>(),
                                   dslot.as<int32_t>(), part.as<float>(), fused.get(), rows, heads,
-                                  kv_heads, head_dim, cap, splits, nullptr, counters.as<uint32_t>(),
-                                  false)
+                                  kv_heads, head_dim, cap, splits, params, nullptr,
+                                  counters.as<uint32_t>(), false)
                       .ok());
       const std::vector<float> got = Download(t, fused, rows * q_dim);
       for (size_t i = 0; i < got.size(); ++i) {
@@ -261,20 +271,22 @@ void CheckAttention(DType t, float tol, int head_dim, int heads, int kv_heads, i
     for (int h = 0; h < heads; ++h) {
       const int kvh = h / group;
       const float* qh = &q[r * q_dim + h * head_dim];
-      std::vector<double> s(pos[r] + 1);
+      // Keys [lo, pos]: the query's own and the window - 1 before it.
+      const int lo = window > 0 ? std::max(0, pos[r] - window + 1) : 0;
+      std::vector<double> s(pos[r] + 1, 0.0);
       double mx = -1e30;
-      for (int j = 0; j <= pos[r]; ++j) {
+      for (int j = lo; j <= pos[r]; ++j) {
         const float* kr = &kc[((size_t(slot[r]) * kv_heads + kvh) * cap + j) * head_dim];
         double dot = 0;
         for (int d = 0; d < head_dim; ++d) dot += double(qh[d]) * kr[d];
-        s[j] = dot / std::sqrt(double(head_dim));
+        s[j] = dot * params.scale;
         mx = std::max(mx, s[j]);
       }
       double sum = 0;
-      for (double& e : s) sum += (e = std::exp(e - mx));
+      for (int j = lo; j <= pos[r]; ++j) sum += (s[j] = std::exp(s[j] - mx));
       for (int d = 0; d < head_dim; ++d) {
         double o = 0;
-        for (int j = 0; j <= pos[r]; ++j) {
+        for (int j = lo; j <= pos[r]; ++j) {
           o += s[j] * vc[((size_t(slot[r]) * kv_heads + kvh) * cap + j) * head_dim + d];
         }
         want[r * q_dim + h * head_dim + d] = o / sum;
@@ -316,10 +328,38 @@ TEST_P(KernelTest, AttentionOfManyRowsMatchesTheReference) {
   CheckAttention(t(), tol(), 64, 8, 2, 5, true, 2);
 }
 
+// Mistral's sliding window: rows at positions 0, 63, 64, 299 and 130 against windows that cut
+// inside the first tile, on a tile boundary and beyond every row's context; in one split and in
+// several, with the splits combined either way. A window off by one key fails the comparison.
+TEST_P(KernelTest, AttentionSlidingWindowSeesOnlyTheLastWindowKeys) {
+  SKIP_WITHOUT_GPU();
+  for (int window : {1, 2, 17, 64, 65, 200, 1000}) {
+    SCOPED_TRACE(testing::Message() << "window " << window);
+    CheckAttention(t(), tol(), 64, 8, 2, 1, false, 1, window);
+    CheckAttention(t(), tol(), 64, 8, 2, 5, true, 1, window);
+    CheckAttention(t(), tol(), 100, 4, 4, 3, false, 3, window);
+  }
+}
+
+// GPT-2's scale_attn_weights false / scale_attn_by_inverse_layer_idx: the scale is the caller's.
+TEST_P(KernelTest, AttentionScalesScoresByTheGivenFactor) {
+  SKIP_WITHOUT_GPU();
+  CheckAttention(t(), tol(), 64, 8, 2, 5, true, 1, 0, 1.0f / 3.0f);
+  CheckAttention(t(), tol(), 64, 8, 2, 1, false, 1, 30, 0.05f);
+}
+
 TEST_P(KernelTest, AttentionRejectsGroupWiderThanKernel) {
   SKIP_WITHOUT_GPU();
   EXPECT_FALSE(LaunchAttention(t(), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                               1, 32, 1, 128, 64, 1, nullptr).ok());
+                               1, 32, 1, 128, 64, 1, AttentionParams{0.1f, 0}, nullptr).ok());
+}
+
+TEST_P(KernelTest, AttentionRejectsNegativeWindowAndNonPositiveScale) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_FALSE(LaunchAttention(t(), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                               1, 8, 2, 64, 64, 1, AttentionParams{0.1f, -1}, nullptr).ok());
+  EXPECT_FALSE(LaunchAttention(t(), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                               1, 8, 2, 64, 64, 1, AttentionParams{0.0f, 0}, nullptr).ok());
 }
 
 TEST_P(KernelTest, GeluTanhWithBias) {
@@ -471,6 +511,9 @@ TEST_P(KernelTest, GemvQkvCacheEqualsGemvThenRopeCache) {
   auto w = Quantize(t(), Random(size_t(cols) * k, 70, 0.1f));
   auto b = Quantize(t(), Random(cols, 71));
   DeviceBuffer dw = Upload(t(), w), db = Upload(t(), b);
+  std::vector<float> inv_freq(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) inv_freq[i] = static_cast<float>(std::pow(5e5, -2.0 * i / hd));
+  DeviceBuffer dfreq = UploadRaw(inv_freq);
   const std::vector<int32_t> all_pos = {5, 63, 0, 17, 40, 1, 33, 62};
   const std::vector<int32_t> all_slot = {1, 0, 2, 2, 1, 0, 0, 2};
   for (int m : {1, 2, 4, 8}) {
@@ -494,7 +537,8 @@ TEST_P(KernelTest, GemvQkvCacheEqualsGemvThenRopeCache) {
                           .ok());
           ASSERT_TRUE(LaunchQkvRopeCache(t(), qkv.get(), nullptr, q[0].get(), kc[0].get(),
                                          vc[0].get(), dpos.as<int32_t>(), dslot.as<int32_t>(), m,
-                                         heads, kv_heads, hd, cap, rope, 10000.0f, nullptr)
+                                         heads, kv_heads, hd, cap,
+                                         rope ? dfreq.as<float>() : nullptr, nullptr)
                           .ok());
           QkvCacheArgs a;
           a.q_out = q[1].get();
@@ -506,7 +550,7 @@ TEST_P(KernelTest, GemvQkvCacheEqualsGemvThenRopeCache) {
           a.num_kv_heads = kv_heads;
           a.head_dim = hd;
           a.seq_capacity = cap;
-          a.rope = rope;
+          a.inv_freq = rope ? dfreq.as<float>() : nullptr;
           ASSERT_TRUE(GemvQkvCache(t(), dx.get(), dw.get(), bias ? db.get() : nullptr, a, m, k,
                                    nullptr, tuning)
                           .ok());

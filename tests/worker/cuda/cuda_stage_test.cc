@@ -763,7 +763,10 @@ TEST_P(CudaStageVsCpu, BatchInvariantModeGivesASequenceTheSameBitsInAnyBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, CudaStageVsCpu,
-                         ::testing::Values("tiny-gpt2", "tiny-llama", "tiny-llama-tied"),
+                         // The new families: llama3 rope scaling, a sliding window of 16
+                         // (shorter than the prompts), q/k/v biases with a tied head.
+                         ::testing::Values("tiny-gpt2", "tiny-llama", "tiny-llama-tied",
+                                           "tiny-llama3", "tiny-mistral", "tiny-qwen2"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n) ch = ch == '-' ? '_' : ch;
@@ -866,7 +869,9 @@ TEST(CudaStageTest, LongPrefillRunsInChunksLikeShortOnes) {
   spec.model_dir = dir;
   spec.max_slots = 8;
   spec.max_seq_len = 256;
-  auto gpu = MakeCudaStage(spec, CudaOptions{});
+  CudaOptions options;
+  options.prefill_rows = 1024;
+  auto gpu = MakeCudaStage(spec, options);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   auto cpu = MakeCpuStage(spec);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
