@@ -195,6 +195,11 @@ absl::StatusOr<std::unique_ptr<Backend>> LoadTokenizerJson(const std::filesystem
     ASSIGN_OR_RETURN(tok->added, AddedVocabulary::FromJson(*a, file, tok->normalizer.get()));
   }
   for (const AddedToken& t : tok->added.tokens()) {
+    if (const std::string* other = tok->model->IdToToken(t.id); other != nullptr && *other != t.content) {
+      return absl::InvalidArgumentError(absl::StrCat(file, ": id ", t.id, " is token ",
+                                                     Quote(*other), " in the vocabulary but added token ",
+                                                     Quote(t.content)));
+    }
     if (auto id = tok->model->TokenToId(t.content); id.has_value() && *id != t.id) {
       return absl::InvalidArgumentError(absl::StrCat(file, ": added token ", Quote(t.content),
                                                      " has id ", t.id,

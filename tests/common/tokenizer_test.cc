@@ -95,8 +95,13 @@ nlohmann::json TokenizerJson(const std::vector<Merge>& merges) {
   for (const auto& [text, id] : v.ids) vocab[text] = id;
   nlohmann::json merge_list = nlohmann::json::array();
   for (const auto& [l, r] : merges) merge_list.push_back(Spell(l) + " " + Spell(r));
+  // GPT-2's tokenizer.json sections: byte-level pre-tokenizer with GPT-2's pattern and decoder.
+  const nlohmann::json byte_level = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
   return {{"version", "1.0"},
           {"added_tokens", nlohmann::json::array()},
+          {"pre_tokenizer", byte_level},
+          {"decoder", byte_level},
           {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merge_list}}}};
 }
 
@@ -108,8 +113,16 @@ std::unique_ptr<Tokenizer> LoadJson(const nlohmann::json& json) {
   return tok.ok() ? std::move(tok).value() : nullptr;
 }
 
+// GPT-2's own files (vocab.json + merges.txt) for `merges`: GPT-2's encoder's semantics.
 std::unique_ptr<Tokenizer> Load(const std::vector<Merge>& merges) {
-  return LoadJson(TokenizerJson(merges));
+  const fs::path dir = TestDir();
+  WriteText(dir / "vocab.json", nlohmann::json(MakeVocab(merges).ids).dump());
+  std::string merges_txt = "#version: 0.2\n";
+  for (const auto& [l, r] : merges) merges_txt += Spell(l) + " " + Spell(r) + "\n";
+  WriteText(dir / "merges.txt", merges_txt);
+  auto tok = Tokenizer::FromVocabAndMerges(dir / "vocab.json", dir / "merges.txt");
+  EXPECT_TRUE(tok.ok()) << tok.status();
+  return tok.ok() ? std::move(tok).value() : nullptr;
 }
 
 // The bytes of each token Encode produces, to show where tokens begin and end.
@@ -476,10 +489,14 @@ TEST(TokenizerBadFiles, MissingModel) {
   ExpectBadTokenizerJson(json, "no \"model\" object");
 }
 
-TEST(TokenizerBadFiles, ModelNotBpe) {
+TEST(TokenizerBadFiles, ModelNotBpeIsRefusedByName) {
   nlohmann::json json = TokenizerJson({});
   json["model"]["type"] = "WordPiece";
-  ExpectBadTokenizerJson(json, "model.type is \"WordPiece\"");
+  const fs::path path = TestDir() / "tokenizer.json";
+  WriteText(path, json.dump());
+  auto tok = Tokenizer::FromTokenizerJson(path);
+  EXPECT_EQ(tok.status().code(), absl::StatusCode::kUnimplemented) << tok.status();
+  EXPECT_THAT(tok.status().message(), HasSubstr("model type \"WordPiece\" is not supported"));
 }
 
 TEST(TokenizerBadFiles, MissingOrMistypedVocab) {
@@ -527,7 +544,7 @@ TEST(TokenizerBadFiles, MergeMakingATokenNotInTheVocabulary) {
 TEST(TokenizerBadFiles, DuplicateIds) {
   nlohmann::json json = TokenizerJson({{"a", "b"}});
   json["model"]["vocab"]["ab"] = 97;  // the id of "a"
-  ExpectBadTokenizerJson(json, "both have id 97");
+  ExpectBadTokenizerJson(json, "share id 97");
 }
 
 TEST(TokenizerBadFiles, IdsThatAreNotNonNegativeIntegers) {
@@ -540,25 +557,36 @@ TEST(TokenizerBadFiles, IdsThatAreNotNonNegativeIntegers) {
   }
 }
 
+// GPT-2's own files hold every byte and spell every token in the byte alphabet (a tokenizer.json
+// need not: Hugging Face's BPE takes any vocabulary).
+void ExpectBadGptTwoVocab(const std::map<std::string, int>& vocab, const std::string& what) {
+  const fs::path dir = TestDir();
+  WriteText(dir / "vocab.json", nlohmann::json(vocab).dump());
+  WriteText(dir / "merges.txt", "#version: 0.2\n");
+  auto tok = Tokenizer::FromVocabAndMerges(dir / "vocab.json", dir / "merges.txt");
+  EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument) << tok.status();
+  EXPECT_THAT(tok.status().message(), AllOf(HasSubstr("vocab.json"), HasSubstr(what)));
+}
+
 TEST(TokenizerBadFiles, MissingByteToken) {
-  nlohmann::json json = TokenizerJson({});
-  json["model"]["vocab"].erase(Spell("\n"));
-  ExpectBadTokenizerJson(json, "no token for byte 0x0A");
+  Vocab v = MakeVocab({});
+  v.ids.erase(Spell("\n"));
+  ExpectBadGptTwoVocab(v.ids, "no token for byte 0x0A");
 }
 
 TEST(TokenizerBadFiles, TokenOutsideTheByteAlphabet) {
-  nlohmann::json json = TokenizerJson({});
-  json["model"]["vocab"]["\xE2\x96\x81the"] = 256;  // SentencePiece's "▁the"
-  ExpectBadTokenizerJson(json, "has character U+2581, which is not in GPT-2's byte alphabet");
+  Vocab v = MakeVocab({});
+  v.ids["\xE2\x96\x81the"] = 256;  // SentencePiece's "▁the"
+  ExpectBadGptTwoVocab(v.ids, "has character U+2581, which is not in GPT-2's byte alphabet");
 }
 
 TEST(TokenizerBadFiles, MalformedAddedTokens) {
   const nlohmann::json base = TokenizerJson({{"a", "b"}});
   nlohmann::json json = base;
   json["added_tokens"] = {{{"content", "<s>"}}};
-  ExpectBadTokenizerJson(json, "added_tokens[0] needs an integer \"id\"");
+  ExpectBadTokenizerJson(json, "added_tokens[0]: no \"id\" integer");
   json["added_tokens"] = {{{"id", "x"}, {"content", "<s>"}}};
-  ExpectBadTokenizerJson(json, "added_tokens[0] has id \"x\", which is not an integer");
+  ExpectBadTokenizerJson(json, "added_tokens[0].id must be an integer, got \"x\"");
   json["added_tokens"] = {{{"id", 300}, {"content", ""}}};
   ExpectBadTokenizerJson(json, "added_tokens[0] has empty content");
   json["added_tokens"] = {{{"id", 300}, {"content", "<s>"}}, {{"id", 300}, {"content", "</s>"}}};
