@@ -51,6 +51,9 @@ struct CudaOptions {
   // per-shape choice. For measurements.
   int gemv_rows_per_warp = 0;
   int gemv_k_split = 0;
+  // Rows of one forward pass for prompts (at least 1024 and the largest decode bucket): longer
+  // steps run in chunks of this many rows. Larger chunks give the projections larger GEMMs.
+  int prefill_rows = 8192;
   // Records CUDA events around every decode step, for measurements: what the device spends on a
   // step against what the host spends in Step (TakeDecodeProfile).
   bool profile_decode = false;

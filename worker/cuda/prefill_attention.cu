@@ -1,0 +1,397 @@
+// Prefill attention on tensor cores: many query rows per sequence attend causally to the KV-cache
+// (the cached prefix and the rows themselves, which LaunchQkvRopeCache has already written), in the
+// manner of FlashAttention-2. A block takes 64 consecutive query rows of one head; each of its 4
+// warps owns 16 rows. K and V tiles of 64 keys stream through shared memory with cp.async, two
+// stages deep; scores S = Q·Kᵀ and the output O += P·V are mma.sync m16n8k16 products (fp16/bf16
+// inputs, fp32 accumulation) with an online softmax in between, so scores never leave registers.
+//
+// Rows are the forward pass's rows: each has its own slot and position. A run of rows with one
+// slot and consecutive positions is a segment (one sequence's chunk); a block whose 64 rows span
+// several segments runs its key loop once per segment, each time writing only that segment's rows.
+// head_dim is padded to a multiple of 16 in shared memory with zeros.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cfloat>
+#include <climits>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "worker/cuda/cuda_check.h"
+#include "worker/cuda/device_util.cuh"
+#include "worker/cuda/prefill_attention.h"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kRows = 64;      // query rows per block
+constexpr int kKeys = 64;      // keys per shared-memory tile
+constexpr int kWarps = 4;      // 16 query rows each
+constexpr int kThreads = kWarps * 32;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Padded head_dim for a head_dim (a multiple of 16), 0 when none is compiled.
+__host__ __device__ constexpr int PaddedDim(int head_dim) {
+  return head_dim <= 64 ? 64 : head_dim <= 80 ? 80 : head_dim <= 96 ? 96 : head_dim <= 112 ? 112
+                                                                            : head_dim <= 128 ? 128
+                                                                                              : 0;
+}
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+template <int kBytes>
+__device__ __forceinline__ void CpAsync(void* dst, const void* src) {
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddr(dst)), "l"(src));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
+                 "n"(kBytes));
+  }
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+
+// d (16x8 fp32) += a (16x16, row) · b (16x8, col).
+template <typename T>
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats as one register of two T (lower address: a).
+template <typename T>
+__device__ __forceinline__ uint32_t Pack(float a, float b) {
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+// Copies `rows` rows of head_dim elements (global row stride `src_stride` elements) into shared
+// rows of kStride elements with kVec-byte cp.async copies; rows >= valid are left alone.
+template <typename T, int kStride, int kVec>
+__device__ __forceinline__ void LoadRows(T* dst, const T* src, size_t src_stride, int valid,
+                                         int head_dim) {
+  constexpr int kElems = kVec / 2;
+  const int per_row = head_dim / kElems;
+  for (int i = threadIdx.x; i < kKeys * per_row; i += kThreads) {
+    const int row = i / per_row, c = (i % per_row) * kElems;
+    if (row < valid) CpAsync<kVec>(dst + row * kStride + c, src + row * src_stride + c);
+  }
+}
+
+// grid (num_heads, ceil(rows / kRows)); kD: padded head_dim; kVec: bytes per cp.async.
+template <typename T, int kD, int kVec>
+__global__ void __launch_bounds__(kThreads)
+    PrefillAttentionKernel(const T* __restrict__ q, const T* __restrict__ k_cache,
+                           const T* __restrict__ v_cache, const int32_t* __restrict__ positions,
+                           const int32_t* __restrict__ slots, T* __restrict__ out, int rows,
+                           int num_heads, int num_kv_heads, int head_dim, int seq_capacity,
+                           float scale, int window) {
+  constexpr int kStride = kD + 8;  // 16-byte row padding: ldmatrix rows fall in distinct banks
+  constexpr int kTileElems = kKeys * kStride;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* q_s = reinterpret_cast<T*>(smem_raw);  // (kRows, kStride)
+  T* kv_s = q_s + kTileElems;               // 2 stages of K then V, (kKeys, kStride) each
+  __shared__ int pos_s[kRows], slot_s[kRows];
+
+  AllowDependentLaunch();
+  const int h = blockIdx.x;
+  // Later row tiles see more keys: they start first.
+  const int row0 = (gridDim.y - 1 - blockIdx.y) * kRows;
+  const int n_rows = min(kRows, rows - row0);
+  const int kvh = h / (num_heads / num_kv_heads);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, tq = lane & 3;  // mma fragment row group and column pair
+
+  // Zero every padding column and the rows past the last, so that the products see zeros.
+  for (int i = threadIdx.x; i < 5 * kKeys; i += kThreads) {
+    T* row = q_s + i * kStride;
+    const bool q_row_missing = i < kRows && i >= n_rows;
+    for (int c = q_row_missing ? 0 : head_dim; c < kStride; ++c) row[c] = FromF<T>(0.0f);
+  }
+  WaitForPrerequisites();  // q and the cache rows come from the previous kernel
+  for (int i = threadIdx.x; i < kRows; i += kThreads) {
+    pos_s[i] = i < n_rows ? positions[row0 + i] : -1;
+    slot_s[i] = i < n_rows ? slots[row0 + i] : -1;
+  }
+  const size_t q_stride = static_cast<size_t>(num_heads) * head_dim;
+  LoadRows<T, kStride, kVec>(q_s, q + row0 * q_stride + static_cast<size_t>(h) * head_dim,
+                             q_stride, n_rows, head_dim);
+  CpAsyncCommit();
+  CpAsyncWait<0>();
+  __syncthreads();
+
+  // Q fragments of this warp's 16 rows: kD / 16 k-steps of 4 registers.
+  uint32_t qf[kD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, c = kk * 16 + (lane >> 4) * 8;
+    LdMatrixX4(qf[kk], q_s + r * kStride + c);
+  }
+  const float scale2 = scale * kLog2e;  // scores in log2 units
+  const int my_row[2] = {warp * 16 + g, warp * 16 + g + 8};
+
+  // Segments of the tile, one after the other.
+  for (int seg0 = 0; seg0 < n_rows;) {
+    const int slot = slot_s[seg0];
+    int seg1 = seg0 + 1;
+    while (seg1 < n_rows && slot_s[seg1] == slot && pos_s[seg1] == pos_s[seg1 - 1] + 1) ++seg1;
+    const int first_pos = pos_s[seg0], last_pos = pos_s[seg1 - 1];
+    const int key_lo = window > 0 ? max(0, first_pos - window + 1) : 0;
+    const int tile_lo = key_lo / kKeys * kKeys;
+    const int n_tiles = (last_pos - tile_lo) / kKeys + 1;
+
+    // This thread's two rows: position (keys <= pos visible) and first visible key; -1 / INT_MAX
+    // for rows outside the segment.
+    int row_pos[2], row_lo[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const bool in = my_row[i] >= seg0 && my_row[i] < seg1;
+      row_pos[i] = in ? pos_s[my_row[i]] : -1;
+      row_lo[i] = in && window > 0 ? pos_s[my_row[i]] - window + 1 : 0;
+    }
+    // This warp's rows in the segment: the keys they may see.
+    int warp_hi = max(row_pos[0], row_pos[1]);
+    int warp_lo = min(row_pos[0] >= 0 ? row_lo[0] : INT_MAX, row_pos[1] >= 0 ? row_lo[1] : INT_MAX);
+    for (int o = 16; o > 0; o >>= 1) {
+      warp_hi = max(warp_hi, __shfl_xor_sync(0xffffffffu, warp_hi, o));
+      warp_lo = min(warp_lo, __shfl_xor_sync(0xffffffffu, warp_lo, o));
+    }
+
+    float o_acc[kD / 8][4];
+#pragma unroll
+    for (int nb = 0; nb < kD / 8; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o_acc[nb][e] = 0.0f;
+    }
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    const size_t head_base =
+        (static_cast<size_t>(slot) * num_kv_heads + kvh) * seq_capacity * head_dim;
+    auto load_tile = [&](int it) {
+      const int t0 = tile_lo + it * kKeys;
+      T* ks = kv_s + (it & 1) * 2 * kTileElems;
+      const size_t off = head_base + static_cast<size_t>(t0) * head_dim;
+      LoadRows<T, kStride, kVec>(ks, k_cache + off, head_dim, kKeys, head_dim);
+      LoadRows<T, kStride, kVec>(ks + kTileElems, v_cache + off, head_dim, kKeys, head_dim);
+      CpAsyncCommit();
+    };
+    load_tile(0);
+    for (int it = 0; it < n_tiles; ++it) {
+      if (it + 1 < n_tiles) {
+        load_tile(it + 1);
+        CpAsyncWait<1>();
+      } else {
+        CpAsyncWait<0>();
+      }
+      __syncthreads();
+      const int t0 = tile_lo + it * kKeys;
+      const T* ks = kv_s + (it & 1) * 2 * kTileElems;
+      const T* vs = ks + kTileElems;
+      if (warp_hi >= t0 && warp_lo < t0 + kKeys) {
+        // S (16 x 64) = Q · Kᵀ: 8 key blocks of 8.
+        float s[kKeys / 8][4];
+#pragma unroll
+        for (int nb = 0; nb < kKeys / 8; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[nb][e] = 0.0f;
+        }
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; ++kk) {
+#pragma unroll
+          for (int nb = 0; nb < kKeys / 8; nb += 2) {
+            uint32_t b[4];
+            const int key = nb * 8 + (lane & 7) + (lane >> 4) * 8;
+            const int c = kk * 16 + ((lane >> 3) & 1) * 8;
+            LdMatrixX4(b, ks + key * kStride + c);
+            Mma<T>(s[nb], qf[kk], b[0], b[1]);
+            Mma<T>(s[nb + 1], qf[kk], b[2], b[3]);
+          }
+        }
+        // Mask, then the online softmax of each of the two rows.
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nb = 0; nb < kKeys / 8; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = e >> 1, key = t0 + nb * 8 + tq * 2 + (e & 1);
+            const bool visible = key <= row_pos[i] && key >= row_lo[i];
+            s[nb][e] = visible ? s[nb][e] * scale2 : -INFINITY;
+            mx[i] = fmaxf(mx[i], s[nb][e]);
+          }
+        }
+        float corr[2], base[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+          const float m_new = fmaxf(m[i], mx[i]);
+          base[i] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet
+          corr[i] = exp2f(m[i] - base[i]);
+          m[i] = m_new;
+          l[i] *= corr[i];
+        }
+#pragma unroll
+        for (int nb = 0; nb < kD / 8; ++nb) {
+          o_acc[nb][0] *= corr[0];
+          o_acc[nb][1] *= corr[0];
+          o_acc[nb][2] *= corr[1];
+          o_acc[nb][3] *= corr[1];
+        }
+        // P as A fragments (16 x 64 keys: 4 k-steps), then O += P · V.
+        uint32_t pf[kKeys / 16][4];
+#pragma unroll
+        for (int nb = 0; nb < kKeys / 8; ++nb) {
+          float p[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) p[e] = exp2f(s[nb][e] - base[e >> 1]);
+          l[0] += p[0] + p[1];
+          l[1] += p[2] + p[3];
+          pf[nb / 2][(nb & 1) * 2] = Pack<T>(p[0], p[1]);
+          pf[nb / 2][(nb & 1) * 2 + 1] = Pack<T>(p[2], p[3]);
+        }
+#pragma unroll
+        for (int kk = 0; kk < kKeys / 16; ++kk) {
+#pragma unroll
+          for (int nb = 0; nb < kD / 8; nb += 2) {
+            uint32_t b[4];
+            const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            const int c = nb * 8 + (lane >> 4) * 8;
+            LdMatrixX4Trans(b, vs + key * kStride + c);
+            Mma<T>(o_acc[nb], pf[kk], b[0], b[1]);
+            Mma<T>(o_acc[nb + 1], pf[kk], b[2], b[3]);
+          }
+        }
+      }
+      __syncthreads();  // the stage is free for the load two tiles on
+    }
+
+    // Row sums over the quad, then this segment's rows out.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (row_pos[i] < 0) continue;
+      const float inv = 1.0f / l[i];
+      T* o = out + (row0 + my_row[i]) * q_stride + static_cast<size_t>(h) * head_dim;
+#pragma unroll
+      for (int nb = 0; nb < kD / 8; ++nb) {
+        const int c = nb * 8 + tq * 2;
+        if (c < head_dim) {
+          *reinterpret_cast<uint32_t*>(o + c) =
+              Pack<T>(o_acc[nb][2 * i] * inv, o_acc[nb][2 * i + 1] * inv);
+        }
+      }
+    }
+    seg0 = seg1;
+  }
+}
+
+template <typename T, int kD, int kVec>
+absl::Status Launch(const void* q, const void* k_cache, const void* v_cache,
+                    const int32_t* positions, const int32_t* slots, void* out, int rows,
+                    int num_heads, int num_kv_heads, int head_dim, int seq_capacity,
+                    const AttentionParams& params, cudaStream_t stream, bool pdl) {
+  constexpr size_t kSmem = 5 * kKeys * (kD + 8) * sizeof(T);  // Q, and K and V twice
+  auto* kernel = PrefillAttentionKernel<T, kD, kVec>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(kSmem)));
+  const dim3 grid(num_heads, (rows + kRows - 1) / kRows);
+  CUDA_CHECK(LaunchKernel(kernel, grid, dim3(kThreads), kSmem, stream, pdl,
+                          static_cast<const T*>(q), static_cast<const T*>(k_cache),
+                          static_cast<const T*>(v_cache), positions, slots, static_cast<T*>(out),
+                          rows, num_heads, num_kv_heads, head_dim, seq_capacity, params.scale,
+                          params.window));
+  CUDA_CHECK_LAUNCH();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool PrefillAttentionSupported(int head_dim) {
+  const int d = PaddedDim(head_dim);
+  return head_dim > 0 && d > 0 && (head_dim % 8 == 0 || (d == 112 && head_dim % 4 == 0));
+}
+
+absl::Status LaunchPrefillAttention(DType dtype, const void* q, const void* k_cache,
+                                    const void* v_cache, const int32_t* positions,
+                                    const int32_t* slots, void* out, int rows, int num_heads,
+                                    int num_kv_heads, int head_dim, int seq_capacity,
+                                    const AttentionParams& params, cudaStream_t stream, bool pdl) {
+  if (rows == 0) return absl::OkStatus();
+  if (!PrefillAttentionSupported(head_dim) || num_kv_heads <= 0 ||
+      num_heads % num_kv_heads != 0 || seq_capacity % kKeys != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill attention: unsupported shape (head_dim ", head_dim,
+                     " must be a multiple of 8 up to 128, or 100 or 108; heads ", num_heads,
+                     " a multiple of kv heads ", num_kv_heads, "; seq capacity ", seq_capacity,
+                     " a multiple of ", kKeys, ")"));
+  }
+  if (params.window < 0 || !(params.scale > 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill attention: window ", params.window,
+                                                   " must be >= 0 and scale ", params.scale,
+                                                   " positive"));
+  }
+  const int d = PaddedDim(head_dim);
+  TANDEM_DISPATCH_HALF(dtype, {
+    switch (d) {
+      case 64:
+        return Launch<T, 64, 16>(q, k_cache, v_cache, positions, slots, out, rows, num_heads,
+                                 num_kv_heads, head_dim, seq_capacity, params, stream, pdl);
+      case 80:
+        return Launch<T, 80, 16>(q, k_cache, v_cache, positions, slots, out, rows, num_heads,
+                                 num_kv_heads, head_dim, seq_capacity, params, stream, pdl);
+      case 96:
+        return Launch<T, 96, 16>(q, k_cache, v_cache, positions, slots, out, rows, num_heads,
+                                 num_kv_heads, head_dim, seq_capacity, params, stream, pdl);
+      case 112:
+        if (head_dim % 8 == 0) {
+          return Launch<T, 112, 16>(q, k_cache, v_cache, positions, slots, out, rows, num_heads,
+                                    num_kv_heads, head_dim, seq_capacity, params, stream, pdl);
+        }
+        return Launch<T, 112, 8>(q, k_cache, v_cache, positions, slots, out, rows, num_heads,
+                                 num_kv_heads, head_dim, seq_capacity, params, stream, pdl);
+      default:
+        return Launch<T, 128, 16>(q, k_cache, v_cache, positions, slots, out, rows, num_heads,
+                                  num_kv_heads, head_dim, seq_capacity, params, stream, pdl);
+    }
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::cuda
