@@ -117,8 +117,10 @@ absl::StatusOr<Value> FilterTrim(const Value& v, const CallArgs& a) {
 }
 
 absl::StatusOr<Value> FilterToJson(const Value& v, const CallArgs& a) {
+  // transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False).
   JsonOptions options;
-  Value indent = Arg(a, 0, "indent", Value::None());
+  options.ensure_ascii = Truthy(Arg(a, 0, "ensure_ascii", Value(false)));
+  Value indent = Arg(a, 1, "indent", Value::None());
   if (indent.is_int()) {
     options.indent = static_cast<int>(indent.as_int());
   } else if (indent.is_string()) {
@@ -126,17 +128,13 @@ absl::StatusOr<Value> FilterToJson(const Value& v, const CallArgs& a) {
     options.indent = 0;
   }
   if (options.indent >= 0) options.item_separator = ",";
-  Value separators = Arg(a, 1, "separators", Value::None());
+  Value separators = Arg(a, 2, "separators", Value::None());
   if (separators.is_sequence() && separators.items().size() == 2 &&
       separators.items()[0].is_string() && separators.items()[1].is_string()) {
     options.item_separator = separators.items()[0].as_string();
     options.key_separator = separators.items()[1].as_string();
   }
-  options.sort_keys = Truthy(Arg(a, 2, "sort_keys", Value(false)));
-  if (const Value* ensure_ascii = a.Get(99, "ensure_ascii");
-      ensure_ascii != nullptr && Truthy(*ensure_ascii)) {
-    return TypeError("tojson(ensure_ascii=True) is not supported");
-  }
+  options.sort_keys = Truthy(Arg(a, 3, "sort_keys", Value(false)));
   ASSIGN_OR_RETURN(std::string json, ToJson(v, options));
   return Value(std::move(json));
 }
@@ -234,8 +232,8 @@ absl::StatusOr<Value> FilterMap(const Value& v, const CallArgs& a) {
   if (!Truthy(v)) return Value::List({});
   ASSIGN_OR_RETURN(ValueList items, Iterate(v));
   ValueList out;
-  if (const Value* attribute = a.Get(99, "attribute")) {
-    const Value* fallback = a.Get(99, "default");
+  if (const Value* attribute = a.Keyword("attribute")) {
+    const Value* fallback = a.Keyword("default");
     for (const Value& item : items) {
       Value mapped = AttributePath(item, ToString(*attribute));
       out.push_back(mapped.is_undefined() && fallback ? *fallback : mapped);
@@ -694,7 +692,7 @@ absl::StatusOr<Value> FormatString(const std::string& format, const CallArgs& a)
       } else if (absl::SimpleAtoi(field, &index)) {
         value = index < a.positional.size() ? &a.positional[index] : nullptr;
       } else {
-        value = a.Get(SIZE_MAX, field);
+        value = a.Keyword(field);
       }
       if (value == nullptr) return TypeError(absl::StrCat("format field {", field, "} is missing"));
       out += ToString(*value);

@@ -37,6 +37,13 @@ void Dict::Set(Value key, Value value) {
   entries.emplace_back(std::move(key), std::move(value));
 }
 
+const Value* CallArgs::Keyword(std::string_view name) const {
+  for (const auto& [key, value] : keyword) {
+    if (key == name) return &value;
+  }
+  return nullptr;
+}
+
 const Value* CallArgs::Get(size_t index, std::string_view name) const {
   for (const auto& [key, value] : keyword) {
     if (key == name) return &value;
@@ -333,9 +340,11 @@ absl::StatusOr<int> Compare(const Value& a, const Value& b) {
 
 namespace {
 
-void JsonString(std::string_view s, std::string& out) {
+// json.dumps's string: control characters escaped; with ensure_ascii everything outside
+// printable ASCII too, as \uXXXX (UTF-16 surrogate pairs above U+FFFF).
+void JsonString(std::string_view s, bool ensure_ascii, std::string& out) {
   out += '"';
-  for (unsigned char c : s) {
+  for (char32_t c : Decode(s)) {
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -345,20 +354,24 @@ void JsonString(std::string_view s, std::string& out) {
       case '\b': out += "\\b"; break;
       case '\f': out += "\\f"; break;
       default:
-        if (c < 0x20) {
-          out += absl::StrFormat("\\u%04x", c);
+        if (c < 0x20 || (ensure_ascii && c >= 0x7F && c < 0x10000)) {
+          out += absl::StrFormat("\\u%04x", static_cast<unsigned>(c));
+        } else if (ensure_ascii && c >= 0x10000) {
+          char32_t v = c - 0x10000;
+          out += absl::StrFormat("\\u%04x\\u%04x", static_cast<unsigned>(0xD800 + (v >> 10)),
+                                 static_cast<unsigned>(0xDC00 + (v & 0x3FF)));
         } else {
-          out += static_cast<char>(c);
+          out += Encode(std::u32string(1, c));
         }
     }
   }
   out += '"';
 }
 
-absl::Status JsonKey(const Value& key, std::string& out) {
+absl::Status JsonKey(const Value& key, bool ensure_ascii, std::string& out) {
   switch (key.kind()) {
     case Value::Kind::kString:
-      JsonString(key.as_string(), out);
+      JsonString(key.as_string(), ensure_ascii, out);
       return absl::OkStatus();
     case Value::Kind::kBool:
       out += key.as_bool() ? "\"true\"" : "\"false\"";
@@ -409,7 +422,7 @@ absl::Status JsonValue(const Value& value, const JsonOptions& options, int level
       return absl::OkStatus();
     }
     case Value::Kind::kString:
-      JsonString(value.as_string(), out);
+      JsonString(value.as_string(), options.ensure_ascii, out);
       return absl::OkStatus();
     case Value::Kind::kList:
     case Value::Kind::kTuple: {
@@ -451,7 +464,7 @@ absl::Status JsonValue(const Value& value, const JsonOptions& options, int level
         if (!first) out += options.item_separator;
         first = false;
         newline(level + 1);
-        RETURN_IF_ERROR(JsonKey(entry->first, out));
+        RETURN_IF_ERROR(JsonKey(entry->first, options.ensure_ascii, out));
         out += options.key_separator;
         RETURN_IF_ERROR(JsonValue(entry->second, options, level + 1, out));
       }

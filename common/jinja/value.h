@@ -36,6 +36,8 @@ struct CallArgs {
 
   // The argument named `name` or at position `index` (keyword first), or nullptr.
   const Value* Get(size_t index, std::string_view name) const;
+  // The argument given as `name=...`, or nullptr.
+  const Value* Keyword(std::string_view name) const;
 };
 
 using Function = std::function<absl::StatusOr<Value>(const CallArgs&)>;
@@ -129,6 +131,7 @@ struct JsonOptions {
   std::string item_separator = ", ";
   std::string key_separator = ": ";
   bool sort_keys = false;
+  bool ensure_ascii = false;  // non-ASCII characters as \uXXXX escapes
 };
 absl::StatusOr<std::string> ToJson(const Value& value, const JsonOptions& options);
 

@@ -255,6 +255,10 @@ TEST(ChatTemplateTest, ToJsonAsTransformersDefinesIt) {
             R"({"a":[1,2]})");
   EXPECT_EQ(Render("{{ t | tojson(sort_keys=true) }}", R"({"t": {"b": 1, "a": "\n\u0001"}})"),
             R"({"a": "\n\u0001", "b": 1})");
+  // Positional arguments in transformers' order: ensure_ascii, indent, separators, sort_keys.
+  EXPECT_EQ(Render("{{ t | tojson(ensure_ascii=true) }}|{{ t | tojson(false, 1) }}",
+                   R"({"t": {"k": "é😀\u007f"}})"),
+            "{\"k\": \"\\u00e9\\ud83d\\ude00\\u007f\"}|{\n \"k\": \"é😀\x7f\"\n}");
 }
 
 TEST(ChatTemplateTest, UndefinedFollowsJinja2) {
