@@ -2,6 +2,7 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -25,6 +26,12 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
+TokenLogprob FromProto(const v1::TokenLogprob& in) {
+  TokenLogprob out{.token = in.token_id(), .logprob = in.logprob(), .top = {}};
+  for (const v1::TopLogprob& t : in.top_logprobs()) out.top.emplace_back(t.token_id(), t.logprob());
+  return out;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -44,11 +51,18 @@ void RequestState::Admitted(absl::Time t) {
   s_.admitted = t;
 }
 
-void RequestState::Append(int32_t token, absl::Time t) {
+void RequestState::Append(int32_t token, absl::Time t, TokenLogprob* logprob) {
   absl::MutexLock lock(&mu_);
   if (s_.done) return;
   if (s_.tokens.empty()) s_.first_token = t;
   s_.tokens.push_back(token);
+  if (logprob != nullptr) s_.logprobs.push_back(std::move(*logprob));
+}
+
+void RequestState::AppendPromptLogprobs(std::vector<TokenLogprob> logprobs) {
+  absl::MutexLock lock(&mu_);
+  if (s_.done) return;
+  for (TokenLogprob& l : logprobs) s_.prompt_logprobs.push_back(std::move(l));
 }
 
 void RequestState::Finish(absl::Status status, v1::FinishReason finish, int text_limit,
@@ -207,6 +221,15 @@ absl::StatusOr<std::shared_ptr<RequestState>> Coordinator::Submit(ValidatedReque
 void Coordinator::Cancel(const std::shared_ptr<RequestState>& request, const absl::Status& why) {
   absl::MutexLock lock(&mu_);
   auto w = std::find(waiting_.begin(), waiting_.end(), request);
+  if (request.prompt_logprobs >= 0) {
+    // The CUDA backend's head scores only the rows it samples.
+    for (const auto& [id, w] : workers_) {
+      if (w.state == v1::WORKER_STATE_SERVING && w.backend == "cuda") {
+        return absl::UnimplementedError(
+            "sampling.prompt_logprobs: not computed by CUDA workers, which serve this model");
+      }
+    }
+  }
   if (w != waiting_.end()) {
     waiting_.erase(w);
     request->Finish(why, v1::FINISH_REASON_UNSPECIFIED, -1, absl::Now());
@@ -247,6 +270,10 @@ void Coordinator::Admit() {
     seqs_.emplace(seq->id, std::move(seq));
   }
 }
+    const SamplingParams& sp = req->request().sampling;
+    if (sp.repetition_penalty != 1.0f) {
+      for (int32_t t : seq->pending) seq->seen[t].second = true;
+    }
 
 void Coordinator::FormSteps(
     Pipeline& p, std::vector<std::pair<std::shared_ptr<PipelineLink>, v1::StepRequest>>& out) {
@@ -292,6 +319,28 @@ void Coordinator::FormSteps(
     --free;
   }
 }
+      ss->set_min_p(sp.min_p);
+      ss->set_presence_penalty(sp.presence_penalty);
+      ss->set_frequency_penalty(sp.frequency_penalty);
+      ss->set_repetition_penalty(sp.repetition_penalty);
+      if (sample && sp.has_penalties()) {
+        for (const auto& [token, seen] : s.seen) {
+          ss->add_seen_token_ids(token);
+          ss->add_seen_output_counts(seen.first);
+          ss->add_seen_in_prompt(seen.second);
+        }
+      }
+      const ValidatedRequest& rq = s.request->request();
+      if (sample && rq.logprobs >= 0) {
+        ss->set_logprobs(true);
+        ss->set_top_logprobs(rq.logprobs);
+      }
+      // Prompt logprobs score the prompt as it is fed, chunk by chunk, before the first token.
+      if (s.generated == 0 && rq.prompt_logprobs >= 0) {
+        ss->set_prompt_logprobs(true);
+        ss->set_prompt_top_logprobs(rq.prompt_logprobs);
+        ss->set_next_prompt_token(sample ? -1 : s.pending[nt]);
+      }
 
 void Coordinator::OnStepResult(int pipeline, uint64_t assignment, int stage,
                                const v1::StepResult& r) {
@@ -323,7 +372,8 @@ void Coordinator::OnStepResult(int pipeline, uint64_t assignment, int stage,
     return;
   }
   int k = 0;
-  for (const StepEntry& e : entries) {
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const StepEntry& e = entries[i];
     const int32_t token = e.sample ? r.tokens(k++) : -1;
     auto sit = seqs_.find(e.seq);
     if (sit == seqs_.end()) continue;  // cancelled while the step ran
@@ -332,21 +382,36 @@ void Coordinator::OnStepResult(int pipeline, uint64_t assignment, int stage,
     s.position += e.num_tokens;
     s.pending.erase(s.pending.begin(), s.pending.begin() + e.num_tokens);
     if (!e.sample) continue;
+  // The logprobs of entry i, if its sequence asked for any.
+  std::vector<const v1::SequenceLogprobs*> logprobs(entries.size(), nullptr);
+  for (const v1::SequenceLogprobs& l : r.logprobs()) {
+    if (l.seq() >= 0 && l.seq() < static_cast<int>(entries.size())) logprobs[l.seq()] = &l;
+  }
     if (token < 0 || token >= limits_.vocab_size) {
       FailPipeline(pipeline, absl::InternalError(absl::StrFormat(
                                  "pipeline %d: sampled token %d outside the vocabulary", pipeline,
                                  token)));
       return;
     }
-    AppendToken(s, token);
+    std::optional<TokenLogprob> logprob;
+    if (logprobs[i] != nullptr && logprobs[i]->has_sampled()) {
+      logprob = FromProto(logprobs[i]->sampled());
+    }
+    AppendToken(s, token, logprob ? &*logprob : nullptr);
   }
   wake_scheduler_ = true;
+    if (logprobs[i] != nullptr && logprobs[i]->prompt_size() > 0) {
+      std::vector<TokenLogprob> prompt;
+      for (const v1::TokenLogprob& p : logprobs[i]->prompt()) prompt.push_back(FromProto(p));
+      s.request->AppendPromptLogprobs(std::move(prompt));
+    }
 }
 
-void Coordinator::AppendToken(Sequence& seq, int32_t token) {
+void Coordinator::AppendToken(Sequence& seq, int32_t token, TokenLogprob* logprob) {
   const ValidatedRequest& r = seq.request->request();
   ++seq.generated;
-  seq.request->Append(token, absl::Now());
+  if (r.sampling.has_penalties()) ++seq.seen[token].first;
+  seq.request->Append(token, absl::Now(), logprob);
   if (metrics_ != nullptr) {
     const absl::Time now = absl::Now();
     metrics_->generated_tokens.Increment();

@@ -52,6 +52,8 @@ class RequestState {
   struct Snapshot {
     std::vector<int32_t> tokens;  // every generated token so far
     bool done = false;
+    std::vector<TokenLogprob> logprobs;         // with request().logprobs >= 0: one per token
+    std::vector<TokenLogprob> prompt_logprobs;  // with request().prompt_logprobs >= 0
     absl::Status status;  // when done
     v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
     int text_limit = -1;  // when a stop string ended it: bytes of decoded text to keep
@@ -63,7 +65,9 @@ class RequestState {
 
   // Coordinator side.
   void Admitted(absl::Time t);
-  void Append(int32_t token, absl::Time t);
+  // `logprob`: the token's, when the request asked for logprobs.
+  void Append(int32_t token, absl::Time t, TokenLogprob* logprob = nullptr);
+  void AppendPromptLogprobs(std::vector<TokenLogprob> logprobs);
   // First call wins; later ones are ignored.
   void Finish(absl::Status status, v1::FinishReason finish, int text_limit, absl::Time t);
   size_t num_tokens();
@@ -132,6 +136,9 @@ class Coordinator {
     bool in_flight = false;
     absl::Time last_token = absl::InfinitePast();  // for the inter-token latency
   };
+    // With a penalty set: every distinct token of the sequence the penalties look at (the prompt
+    // only for repetition_penalty) -> {times generated, in the prompt}.
+    absl::flat_hash_map<int32_t, std::pair<int32_t, bool>> seen;
   struct StepEntry {
     uint64_t seq = 0;
     int num_tokens = 0;
@@ -163,7 +170,8 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnStepResult(int pipeline, uint64_t assignment, int stage, const v1::StepResult& r);
   void OnLinkBroken(int pipeline, uint64_t assignment, int stage, const absl::Status& s);
-  void AppendToken(Sequence& seq, int32_t token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AppendToken(Sequence& seq, int32_t token, TokenLogprob* logprob)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndSequence(uint64_t seq_id, absl::Status status, v1::FinishReason finish,
                    int text_limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailPipeline(int pipeline, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

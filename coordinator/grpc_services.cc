@@ -5,89 +5,20 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
-#include "common/metrics.h"
+#include "coordinator/request_group.h"
+#include "coordinator/request_stream.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem {
 namespace {
 
-// How often a waiting handler looks at its client's cancellation.
-constexpr absl::Duration kPoll = absl::Milliseconds(20);
-
-// Bytes of `text` that end on a whole UTF-8 character (a token may end inside one).
-size_t CompleteUtf8Prefix(const std::string& text) {
-  size_t n = text.size();
-  size_t i = n;
-  int back = 0;
-  while (i > 0 && back < 4) {
-    const unsigned char c = static_cast<unsigned char>(text[i - 1]);
-    if ((c & 0xC0) != 0x80) {
-      int len = (c & 0x80) == 0 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 :
-                (c & 0xF8) == 0xF0 ? 4 : 1;
-      return (n - (i - 1) >= static_cast<size_t>(len)) ? n : i - 1;
-    }
-    --i;
-    ++back;
-  }
-  return n;
-}
-
-// `text` with every byte that is not part of a well-formed UTF-8 character replaced by U+FFFD
-// (random or partial token sequences decode to arbitrary bytes; proto strings must be UTF-8).
-std::string SanitizeUtf8(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  size_t i = 0;
-  while (i < text.size()) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    int len = 0;
-    uint32_t cp = 0;
-    if (c < 0x80) {
-      len = 1;
-      cp = c;
-    } else if ((c & 0xE0) == 0xC0) {
-      len = 2;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4;
-      cp = c & 0x07;
-    }
-    bool ok = len > 0 && i + len <= text.size();
-    for (int k = 1; ok && k < len; ++k) {
-      const unsigned char cc = static_cast<unsigned char>(text[i + k]);
-      ok = (cc & 0xC0) == 0x80;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8 either.
-    static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
-    ok = ok && cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
-    if (ok) {
-      out.append(text.substr(i, len));
-      i += len;
-    } else {
-      out.append("\xEF\xBF\xBD");
-      ++i;
-    }
-  }
-  return out;
-}
-
-// Bytes of `text` that can be shown while generation goes on: whole characters, minus a tail that
-// could be the start of a stop string.
-size_t ShowablePrefix(const std::string& text, const std::vector<std::string>& stops) {
-  size_t n = CompleteUtf8Prefix(text);
-  for (const std::string& stop : stops) {
-    for (size_t k = std::min(stop.size() - 1, n); k > 0; --k) {
-      if (text.compare(n - k, k, stop, 0, k) == 0) {
-        n -= k;
-        break;
-      }
-    }
-  }
-  return n;
+// Follows a request's sequences for a gRPC call: its deadline and its cancellation.
+absl::StatusOr<std::vector<RequestState::Snapshot>> Follow(
+    Coordinator& c, grpc::ServerContext* ctx,
+    const std::vector<std::shared_ptr<RequestState>>& choices,
+    const OnChoiceProgress& on_progress) {
+  return FollowChoices(c, choices, absl::FromChrono(ctx->deadline()),
+                       [ctx] { return ctx->IsCancelled(); }, on_progress);
 }
 
 double Seconds(absl::Time from, absl::Time to) {
@@ -95,64 +26,46 @@ double Seconds(absl::Time from, absl::Time to) {
   return absl::ToDoubleSeconds(to - from);
 }
 
-void FillSummary(const RequestState& r, const RequestState::Snapshot& s, v1::Usage* usage,
+// Usage over every sequence; timings from the first admission and first token to the last end.
+void FillSummary(const std::vector<std::shared_ptr<RequestState>>& choices,
+                 const std::vector<RequestState::Snapshot>& snaps, v1::Usage* usage,
                  v1::Timings* timings) {
-  usage->set_prompt_tokens(static_cast<int>(r.request().prompt.size()));
-  usage->set_completion_tokens(static_cast<int>(s.tokens.size()));
-  timings->set_queue_seconds(Seconds(r.arrival(), s.admitted));
-  timings->set_time_to_first_token_seconds(Seconds(r.arrival(), s.first_token));
-  timings->set_total_seconds(Seconds(r.arrival(), s.finished));
+  const ChoicesUsage u = CountUsage(choices, snaps);
+  usage->set_prompt_tokens(u.prompt_tokens);
+  usage->set_completion_tokens(u.completion_tokens);
+  const absl::Time arrival = choices[0]->arrival();
+  absl::Time admitted = absl::InfiniteFuture(), first = absl::InfiniteFuture();
+  absl::Time finished = absl::InfinitePast();
+  for (const RequestState::Snapshot& s : snaps) {
+    if (s.admitted != absl::InfinitePast()) admitted = std::min(admitted, s.admitted);
+    if (s.first_token != absl::InfinitePast()) first = std::min(first, s.first_token);
+    finished = std::max(finished, s.finished);
+  }
+  auto seen = [](absl::Time t) { return t == absl::InfiniteFuture() ? absl::InfinitePast() : t; };
+  timings->set_queue_seconds(Seconds(arrival, seen(admitted)));
+  timings->set_time_to_first_token_seconds(Seconds(arrival, seen(first)));
+  timings->set_total_seconds(Seconds(arrival, finished));
 }
 
-// Waits on a submitted request; calls `on_progress(snapshot)` whenever tokens arrive. Returns the
-// final snapshot, or an error when the client went away or the deadline passed (the request is
-// then cancelled, which frees its slot).
-template <typename F>
-absl::StatusOr<RequestState::Snapshot> Follow(Coordinator& c, grpc::ServerContext* ctx,
-                                              const std::shared_ptr<RequestState>& r,
-                                              F on_progress) {
-  absl::Time deadline = absl::FromChrono(ctx->deadline());
-  if (r->request().timeout != absl::InfiniteDuration()) {
-    deadline = std::min(deadline, r->arrival() + r->request().timeout);
-  }
-  size_t seen = 0;
-  while (true) {
-    RequestState::Snapshot s = r->Wait(seen, std::min(deadline, absl::Now() + kPoll));
-    if (s.tokens.size() > seen || s.done) {
-      seen = s.tokens.size();
-      if (!on_progress(s)) {
-        c.Cancel(r, absl::CancelledError("the client stopped reading"));
-        return absl::CancelledError("the client stopped reading");
-      }
-    }
-    if (s.done) {
-      if (!s.status.ok()) return s.status;
-      return s;
-    }
-    if (ctx->IsCancelled()) {
-      c.Cancel(r, absl::CancelledError("cancelled by the client"));
-      return absl::CancelledError("cancelled by the client");
-    }
-    if (absl::Now() >= deadline) {
-      const absl::Status why = absl::DeadlineExceededError(absl::StrFormat(
-          "request %s: deadline exceeded after %d generated tokens", r->request().request_id,
-          s.tokens.size()));
-      c.Cancel(r, why);
-      return why;
-    }
+void ToProto(const TokenLogprob& in, v1::TokenLogprob* out) {
+  out->set_token_id(in.token);
+  out->set_logprob(in.logprob);
+  for (const auto& [token, logprob] : in.top) {
+    v1::TopLogprob* t = out->add_top_logprobs();
+    t->set_token_id(token);
+    t->set_logprob(logprob);
   }
 }
 
-// Records a request that ended after it was submitted: its outcome and its duration.
-void RecordEnd(Coordinator& c, const RequestState& r, const absl::Status& outcome) {
-  if (c.metrics() == nullptr) return;
-  c.metrics()->CountRequest(outcome);
-  c.metrics()->request_duration.Observe(absl::ToDoubleSeconds(absl::Now() - r.arrival()));
+// logprobs[from, to) into `out` (fewer when the request asked for none).
+void AddLogprobs(const std::vector<TokenLogprob>& logprobs, size_t from, size_t to,
+                 google::protobuf::RepeatedPtrField<v1::TokenLogprob>* out) {
+  for (size_t i = from; i < std::min(to, logprobs.size()); ++i) ToProto(logprobs[i], out->Add());
 }
 
 // Counts a request refused before it was submitted (invalid, or the queue is full).
 grpc::Status Rejected(Coordinator& c, const absl::Status& why) {
-  if (c.metrics() != nullptr) c.metrics()->CountRequest(why);
+  RecordRejected(c, why);
   return ToGrpcStatus(why);
 }
 
@@ -167,23 +80,35 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* ctx, const v1::Gene
                                         v1::GenerateResponse* resp) {
   absl::StatusOr<ValidatedRequest> v = ValidateRequest(*req, c_.limits(), c_.tokenizer());
   if (!v.ok()) return Rejected(c_, v.status());
-  absl::StatusOr<std::shared_ptr<RequestState>> r = c_.Submit(*std::move(v));
+  absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> r = SubmitChoices(c_, *std::move(v));
   if (!r.ok()) return Rejected(c_, r.status());
-  absl::StatusOr<RequestState::Snapshot> s =
-      Follow(c_, ctx, *r, [](const RequestState::Snapshot&) { return true; });
-  RecordEnd(c_, **r, s.status());
+  absl::StatusOr<std::vector<RequestState::Snapshot>> s =
+      Follow(c_, ctx, *r, [](int, const RequestState::Snapshot&) { return true; });
+  RecordEnd(c_, *(*r)[0], s.status());
   if (!s.ok()) return ToGrpcStatus(s.status());
-  resp->set_request_id((*r)->request().request_id);
-  resp->mutable_token_ids()->Assign(s->tokens.begin(), s->tokens.end());
-  if (c_.tokenizer() != nullptr) {
-    absl::StatusOr<std::string> text = c_.tokenizer()->Decode(s->tokens);
-    if (text.ok()) {
-      if (s->text_limit >= 0) text->resize(std::min<size_t>(text->size(), s->text_limit));
-      resp->set_text(SanitizeUtf8(*text));
+  resp->set_request_id((*r)[0]->request().request_id);
+  for (size_t i = 0; i < s->size(); ++i) {
+    const RequestState::Snapshot& snap = (*s)[i];
+    v1::Choice* choice = resp->add_choices();
+    choice->set_index(static_cast<int>(i));
+    choice->mutable_token_ids()->Assign(snap.tokens.begin(), snap.tokens.end());
+    if (c_.tokenizer() != nullptr) {
+      absl::StatusOr<std::string> text = c_.tokenizer()->Decode(snap.tokens);
+      if (text.ok()) {
+        if (snap.text_limit >= 0) text->resize(std::min<size_t>(text->size(), snap.text_limit));
+        choice->set_text(SanitizeUtf8(*text));
+      }
     }
+    choice->set_finish_reason(snap.finish);
+    AddLogprobs(snap.logprobs, 0, snap.logprobs.size(), choice->mutable_logprobs());
   }
-  resp->set_finish_reason(s->finish);
-  FillSummary(**r, *s, resp->mutable_usage(), resp->mutable_timings());
+  const v1::Choice& first = resp->choices(0);
+  *resp->mutable_token_ids() = first.token_ids();
+  resp->set_text(first.text());
+  resp->set_finish_reason(first.finish_reason());
+  const std::vector<TokenLogprob>& prompt = (*s)[0].prompt_logprobs;
+  AddLogprobs(prompt, 0, prompt.size(), resp->mutable_prompt_logprobs());
+  FillSummary(*r, *s, resp->mutable_usage(), resp->mutable_timings());
   return grpc::Status::OK;
 }
 
@@ -192,38 +117,44 @@ grpc::Status InferenceService::GenerateStream(
     grpc::ServerWriter<v1::GenerateStreamResponse>* writer) {
   absl::StatusOr<ValidatedRequest> v = ValidateRequest(*req, c_.limits(), c_.tokenizer());
   if (!v.ok()) return Rejected(c_, v.status());
-  absl::StatusOr<std::shared_ptr<RequestState>> r = c_.Submit(*std::move(v));
+  absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> r = SubmitChoices(c_, *std::move(v));
   if (!r.ok()) return Rejected(c_, r.status());
-  const RequestState& rs = **r;
-  const Tokenizer* tok = c_.tokenizer();
-  size_t sent_tokens = 0;
-  size_t sent_text = 0;
-  auto on_progress = [&](const RequestState::Snapshot& s) {
+  const std::vector<std::shared_ptr<RequestState>>& choices = *r;
+  const std::string& request_id = choices[0]->request().request_id;
+  const size_t n = choices.size();
+  std::vector<TextStream> texts;
+  for (const auto& c : choices) texts.emplace_back(c_.tokenizer(), c->request().stop_strings);
+  std::vector<size_t> sent_tokens(n, 0);
+  bool sent_prompt = false;
+  // Calls are serialized by FollowChoices.
+  auto on_progress = [&](int i, const RequestState::Snapshot& s) {
+    if (s.done && !s.status.ok()) return true;  // the error goes in the call's status
     v1::GenerateStreamResponse msg;
-    msg.set_request_id(rs.request().request_id);
-    for (size_t i = sent_tokens; i < s.tokens.size(); ++i) msg.add_token_ids(s.tokens[i]);
-    sent_tokens = s.tokens.size();
-    if (tok != nullptr) {
-      absl::StatusOr<std::string> text = tok->Decode(s.tokens);
-      if (text.ok()) {
-        size_t show = s.done ? text->size() : ShowablePrefix(*text, rs.request().stop_strings);
-        if (s.done && s.text_limit >= 0) show = std::min<size_t>(show, s.text_limit);
-        if (show > sent_text) {
-          msg.set_text(SanitizeUtf8(std::string_view(*text).substr(sent_text, show - sent_text)));
-          sent_text = show;
-        }
-      }
+    msg.set_request_id(request_id);
+    msg.set_index(i);
+    for (size_t k = sent_tokens[i]; k < s.tokens.size(); ++k) msg.add_token_ids(s.tokens[k]);
+    AddLogprobs(s.logprobs, sent_tokens[i], s.tokens.size(), msg.mutable_logprobs());
+    sent_tokens[i] = s.tokens.size();
+    if (i == 0 && !sent_prompt) {
+      AddLogprobs(s.prompt_logprobs, 0, s.prompt_logprobs.size(), msg.mutable_prompt_logprobs());
+      sent_prompt = true;
     }
-    if (s.done && s.status.ok()) {
+    msg.set_text(texts[i].Next(s.tokens, s.done, s.text_limit));
+    if (s.done) {
       msg.set_finish_reason(s.finish);
-      FillSummary(rs, s, msg.mutable_usage(), msg.mutable_timings());
-    } else if (s.done) {
-      return true;  // the error goes in the call's status
+      // One sequence: its last message is the stream's and carries the summary.
+      if (n == 1) FillSummary(choices, {s}, msg.mutable_usage(), msg.mutable_timings());
     }
     return writer->Write(msg);
   };
-  absl::StatusOr<RequestState::Snapshot> s = Follow(c_, ctx, *r, on_progress);
-  RecordEnd(c_, rs, s.status());
+  absl::StatusOr<std::vector<RequestState::Snapshot>> s = Follow(c_, ctx, choices, on_progress);
+  RecordEnd(c_, *choices[0], s.status());
+  if (s.ok() && n > 1) {
+    v1::GenerateStreamResponse last;
+    last.set_request_id(request_id);
+    FillSummary(choices, *s, last.mutable_usage(), last.mutable_timings());
+    writer->Write(last);
+  }
   return ToGrpcStatus(s.status());
 }
 
@@ -236,7 +167,7 @@ grpc::Status InferenceService::GetModelInfo(grpc::ServerContext*, const v1::GetM
   resp->set_hidden_size(m.hidden_size);
   resp->set_num_layers(m.num_layers);
   resp->set_context_length(c_.limits().context_length);
-  resp->set_eos_token_id(m.eos_token_id);
+  resp->set_eos_token_id(c_.limits().eos_token_id);
   resp->set_has_tokenizer(c_.tokenizer() != nullptr);
   return grpc::Status::OK;
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
+#include "worker/sampling.h"
 
 namespace tandem {
 
@@ -59,8 +60,56 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& requ
     return absl::InvalidArgumentError(
         absl::StrFormat("sampling.top_p: must be in (0, 1], got %g", top_p));
   }
-  out.sampling = {.temperature = s.temperature(), .top_k = s.top_k(), .top_p = top_p,
-                  .seed = s.seed()};
+  if (!(s.min_p() >= 0.0f && s.min_p() <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sampling.min_p: must be in [0, 1] (0: off), got %g", s.min_p()));
+  }
+  if (!(s.presence_penalty() >= -2.0f && s.presence_penalty() <= 2.0f)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sampling.presence_penalty: must be in [-2, 2] (0: off), got %g", s.presence_penalty()));
+  }
+  if (!(s.frequency_penalty() >= -2.0f && s.frequency_penalty() <= 2.0f)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sampling.frequency_penalty: must be in [-2, 2] (0: off), got %g",
+        s.frequency_penalty()));
+  }
+  const float repetition = s.has_repetition_penalty() ? s.repetition_penalty() : 1.0f;
+  if (!(repetition > 0.0f && repetition <= 100.0f)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sampling.repetition_penalty: must be in (0, 100] (1: off), got %g", repetition));
+  }
+  if (s.n() < 0 || s.n() > kMaxChoices) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sampling.n: must be in [1, %d] (0: 1), got %d", kMaxChoices, s.n()));
+  }
+  if (s.top_logprobs() < 0 || s.top_logprobs() > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sampling.top_logprobs: must be in [0, %d], got %d", kMaxTopLogprobs, s.top_logprobs()));
+  }
+  if (s.top_logprobs() > 0 && !s.logprobs()) {
+    return absl::InvalidArgumentError("sampling.top_logprobs: needs sampling.logprobs set");
+  }
+  if (s.prompt_top_logprobs() < 0 || s.prompt_top_logprobs() > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sampling.prompt_top_logprobs: must be in [0, %d], got %d",
+                        kMaxTopLogprobs, s.prompt_top_logprobs()));
+  }
+  if (s.prompt_top_logprobs() > 0 && !s.prompt_logprobs()) {
+    return absl::InvalidArgumentError(
+        "sampling.prompt_top_logprobs: needs sampling.prompt_logprobs set");
+  }
+  out.sampling = {.temperature = s.temperature(),
+                  .top_k = s.top_k(),
+                  .top_p = top_p,
+                  .seed = s.seed(),
+                  .min_p = s.min_p(),
+                  .presence_penalty = s.presence_penalty(),
+                  .frequency_penalty = s.frequency_penalty(),
+                  .repetition_penalty = repetition};
+  if (s.has_seed()) out.seed = s.seed();
+  out.n = std::max(1, s.n());
+  out.logprobs = s.logprobs() ? s.top_logprobs() : -1;
+  out.prompt_logprobs = s.prompt_logprobs() ? s.prompt_top_logprobs() : -1;
 
   if (request.has_max_new_tokens()) {
     const int n = request.max_new_tokens();

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,7 +24,11 @@ struct ModelLimits {
 struct ValidatedRequest {
   std::string request_id;
   std::vector<int32_t> prompt;  // token ids, 1 .. context_length of them
-  SamplingParams sampling;
+  SamplingParams sampling;  // sampling.seed: the request's, when `seed` is set
+  std::optional<uint64_t> seed;  // unset: each sequence samples with a fresh random seed
+  int n = 1;                     // sequences to generate, 1 .. kMaxChoices
+  int logprobs = -1;         // -1: none; k in [0, 20]: each token's logprob and k alternatives
+  int prompt_logprobs = -1;  // -1: none; k in [0, 20]: the prompt's, with k alternatives
   int max_new_tokens = 0;  // 1 .. context_length
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop_strings;
@@ -37,6 +42,9 @@ inline constexpr int kDefaultMaxNewTokens = 256;
 // `tokenizer` may be null (a checkpoint without one): text prompts and stop strings are then
 // rejected.
 absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& request,
+// The most sequences one request may ask for (sampling.n).
+inline constexpr int kMaxChoices = 16;
+
                                                  const ModelLimits& limits,
                                                  const Tokenizer* tokenizer);
 

@@ -3,6 +3,7 @@
 //   tandem-cli info | topology | workers | set-topology --stages S --replicas R
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,15 @@ ABSL_FLAG(int, max_new_tokens, 32, "tokens to generate at most");
 ABSL_FLAG(double, temperature, 0.0, "0: greedy");
 ABSL_FLAG(int, top_k, 0, "0: no limit");
 ABSL_FLAG(double, top_p, 1.0, "(0, 1]");
-ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
+ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
+          "sampling seed (unset: a fresh one per call)");
+ABSL_FLAG(double, min_p, 0.0, "[0, 1]; 0: off");
+ABSL_FLAG(double, presence_penalty, 0.0, "[-2, 2]; 0: off");
+ABSL_FLAG(double, frequency_penalty, 0.0, "[-2, 2]; 0: off");
+ABSL_FLAG(double, repetition_penalty, 1.0, "(0, 100]; 1: off");
+ABSL_FLAG(int, n, 1, "sequences to generate (without --stream)");
+ABSL_FLAG(int, logprobs, -1,
+          "-1: none; K in [0, 20]: print each generated token's logprob and K alternatives");
 ABSL_FLAG(std::vector<std::string>, stop, {}, "stop strings, comma-separated");
 ABSL_FLAG(bool, ignore_eos, false, "keep generating past end-of-sequence");
 ABSL_FLAG(bool, show_ids, false, "also print the generated token ids");
@@ -79,7 +88,21 @@ int Generate(const std::shared_ptr<grpc::Channel>& channel) {
   req.mutable_sampling()->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
   req.mutable_sampling()->set_top_k(absl::GetFlag(FLAGS_top_k));
   req.mutable_sampling()->set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
-  req.mutable_sampling()->set_seed(absl::GetFlag(FLAGS_seed));
+  tandem::v1::SamplingParams* sampling = req.mutable_sampling();
+  if (const std::optional<uint64_t> seed = absl::GetFlag(FLAGS_seed)) sampling->set_seed(*seed);
+  sampling->set_min_p(static_cast<float>(absl::GetFlag(FLAGS_min_p)));
+  sampling->set_presence_penalty(static_cast<float>(absl::GetFlag(FLAGS_presence_penalty)));
+  sampling->set_frequency_penalty(static_cast<float>(absl::GetFlag(FLAGS_frequency_penalty)));
+  sampling->set_repetition_penalty(static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty)));
+  sampling->set_n(absl::GetFlag(FLAGS_n));
+  if (absl::GetFlag(FLAGS_stream) && absl::GetFlag(FLAGS_n) > 1) {
+    std::fprintf(stderr, "error: --n above 1 prints whole sequences: leave out --stream\n");
+    return 2;
+  }
+  if (const int k = absl::GetFlag(FLAGS_logprobs); k >= 0) {
+    sampling->set_logprobs(true);
+    sampling->set_top_logprobs(k);
+  }
   for (const std::string& s : absl::GetFlag(FLAGS_stop)) req.add_stop(s);
   req.set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
   req.set_timeout_ms(absl::GetFlag(FLAGS_timeout_ms));
@@ -110,7 +133,17 @@ int Generate(const std::shared_ptr<grpc::Channel>& channel) {
     tandem::v1::GenerateResponse resp;
     grpc::Status s = stub->Generate(&ctx, req, &resp);
     if (!s.ok()) return Fail(s);
-    std::printf("%s\n", resp.text().c_str());
+    for (const tandem::v1::Choice& c : resp.choices()) {
+      if (resp.choices_size() > 1) std::printf("[%d] ", c.index());
+      std::printf("%s\n", c.text().c_str());
+      for (const tandem::v1::TokenLogprob& l : c.logprobs()) {
+        std::fprintf(stderr, "token %d logprob %.4f", l.token_id(), l.logprob());
+        for (const tandem::v1::TopLogprob& t : l.top_logprobs()) {
+          std::fprintf(stderr, "  %d:%.4f", t.token_id(), t.logprob());
+        }
+        std::fprintf(stderr, "\n");
+      }
+    }
     ids.assign(resp.token_ids().begin(), resp.token_ids().end());
     finish = resp.finish_reason();
     usage = resp.usage();

@@ -1,5 +1,8 @@
 #include "coordinator/request_validation.h"
 
+#include <limits>
+#include <optional>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -139,6 +142,101 @@ TEST(RequestValidationTest, BadStopTokenIdsAndStopStringsAreNamed) {
   r = Good();
   r.add_stop("end");  // no tokenizer to match text with
   ExpectInvalid(r, "stop");
+}
+
+TEST(RequestValidationTest, SamplingControlsKeepTheirValuesAndDefaultsAreNeutral) {
+  v1::GenerateRequest r = Good();
+  absl::StatusOr<ValidatedRequest> plain = ValidateRequest(r, kLimits, nullptr);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->seed.has_value());
+  EXPECT_EQ(plain->n, 1);
+  EXPECT_EQ(plain->logprobs, -1);
+  EXPECT_EQ(plain->prompt_logprobs, -1);
+  EXPECT_FALSE(plain->sampling.has_penalties());
+  EXPECT_EQ(plain->sampling.min_p, 0.0f);
+
+  v1::SamplingParams* s = r.mutable_sampling();
+  s->set_seed(0);
+  s->set_min_p(0.1f);
+  s->set_presence_penalty(-1.5f);
+  s->set_frequency_penalty(0.5f);
+  s->set_repetition_penalty(1.2f);
+  s->set_n(3);
+  s->set_logprobs(true);
+  s->set_top_logprobs(20);
+  s->set_prompt_logprobs(true);
+  absl::StatusOr<ValidatedRequest> v = ValidateRequest(r, kLimits, nullptr);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->seed, std::optional<uint64_t>(0));
+  EXPECT_FLOAT_EQ(v->sampling.min_p, 0.1f);
+  EXPECT_FLOAT_EQ(v->sampling.presence_penalty, -1.5f);
+  EXPECT_FLOAT_EQ(v->sampling.frequency_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(v->sampling.repetition_penalty, 1.2f);
+  EXPECT_EQ(v->n, 3);
+  EXPECT_EQ(v->logprobs, 20);
+  EXPECT_EQ(v->prompt_logprobs, 0);
+}
+
+TEST(RequestValidationTest, RejectsEachOutOfRangeSamplingControlNamingIt) {
+  static constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    std::string field;
+    void (*set)(v1::SamplingParams&);
+  };
+  const std::vector<Case> cases = {
+      {"sampling.min_p", [](v1::SamplingParams& s) { s.set_min_p(-0.01f); }},
+      {"sampling.min_p", [](v1::SamplingParams& s) { s.set_min_p(1.01f); }},
+      {"sampling.min_p", [](v1::SamplingParams& s) { s.set_min_p(nan); }},
+      {"sampling.presence_penalty", [](v1::SamplingParams& s) { s.set_presence_penalty(2.1f); }},
+      {"sampling.presence_penalty", [](v1::SamplingParams& s) { s.set_presence_penalty(nan); }},
+      {"sampling.frequency_penalty",
+       [](v1::SamplingParams& s) { s.set_frequency_penalty(-2.1f); }},
+      {"sampling.repetition_penalty",
+       [](v1::SamplingParams& s) { s.set_repetition_penalty(0.0f); }},
+      {"sampling.repetition_penalty",
+       [](v1::SamplingParams& s) { s.set_repetition_penalty(-1.0f); }},
+      {"sampling.repetition_penalty",
+       [](v1::SamplingParams& s) { s.set_repetition_penalty(101.0f); }},
+      {"sampling.n", [](v1::SamplingParams& s) { s.set_n(-1); }},
+      {"sampling.n", [](v1::SamplingParams& s) { s.set_n(kMaxChoices + 1); }},
+      {"sampling.top_logprobs", [](v1::SamplingParams& s) {
+         s.set_logprobs(true);
+         s.set_top_logprobs(21);
+       }},
+      {"sampling.top_logprobs", [](v1::SamplingParams& s) {
+         s.set_logprobs(true);
+         s.set_top_logprobs(-1);
+       }},
+      {"sampling.top_logprobs", [](v1::SamplingParams& s) { s.set_top_logprobs(2); }},
+      {"sampling.prompt_top_logprobs", [](v1::SamplingParams& s) {
+         s.set_prompt_logprobs(true);
+         s.set_prompt_top_logprobs(21);
+       }},
+      {"sampling.prompt_top_logprobs",
+       [](v1::SamplingParams& s) { s.set_prompt_top_logprobs(1); }},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest r = Good();
+    c.set(*r.mutable_sampling());
+    ExpectInvalid(r, c.field);
+  }
+}
+
+TEST(RequestValidationTest, EveryEosIdStopsUnlessEosIsIgnored) {
+  ModelLimits limits = kLimits;
+  limits.eos_token_id = 98;
+  limits.eos_token_ids = {98, 99};  // generation_config.json's list
+  v1::GenerateRequest r = Good();
+  absl::StatusOr<ValidatedRequest> v = ValidateRequest(r, limits, nullptr);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_TRUE(IsEos(*v, 98));
+  EXPECT_TRUE(IsEos(*v, 99));
+  EXPECT_FALSE(IsEos(*v, 97));
+  r.set_ignore_eos(true);
+  v = ValidateRequest(r, limits, nullptr);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_FALSE(IsEos(*v, 98));
+  EXPECT_FALSE(IsEos(*v, 99));
 }
 
 }  // namespace
