@@ -26,7 +26,9 @@ std::string NormalizeNewlines(std::string_view source) {
   return out;
 }
 
-int CountNewlines(std::string_view s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+int CountNewlines(std::string_view s) {
+  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
+}
 
 bool IsNameStart(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
 bool IsNameChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
@@ -60,17 +62,38 @@ absl::StatusOr<std::string> Unescape(std::string_view body, int line) {
       return value;
     };
     switch (e) {
-      case '\n': break;
-      case '\\': out += '\\'; break;
-      case '\'': out += '\''; break;
-      case '"': out += '"'; break;
-      case 'a': out += '\a'; break;
-      case 'b': out += '\b'; break;
-      case 'f': out += '\f'; break;
-      case 'n': out += '\n'; break;
-      case 'r': out += '\r'; break;
-      case 't': out += '\t'; break;
-      case 'v': out += '\v'; break;
+      case '\n':
+        break;
+      case '\\':
+        out += '\\';
+        break;
+      case '\'':
+        out += '\'';
+        break;
+      case '"':
+        out += '"';
+        break;
+      case 'a':
+        out += '\a';
+        break;
+      case 'b':
+        out += '\b';
+        break;
+      case 'f':
+        out += '\f';
+        break;
+      case 'n':
+        out += '\n';
+        break;
+      case 'r':
+        out += '\r';
+        break;
+      case 't':
+        out += '\t';
+        break;
+      case 'v':
+        out += '\v';
+        break;
       case 'x':
       case 'u':
       case 'U': {
@@ -257,7 +280,8 @@ class Lexer {
           balance.push_back(op == "(" ? ')' : (op == "[" ? ']' : '}'));
         } else if (op == ")" || op == "]" || op == "}") {
           if (balance.empty() || balance.back() != op[0]) {
-            return absl::InvalidArgumentError(absl::StrFormat("line %d: unexpected '%s'", line_, op));
+            return absl::InvalidArgumentError(
+                absl::StrFormat("line %d: unexpected '%s'", line_, op));
           }
           balance.pop_back();
         }
@@ -270,8 +294,8 @@ class Lexer {
   // Integers (decimal, 0x, 0o, 0b, with `_` separators) and floats (fraction and/or exponent).
   void LexNumber(std::string_view rest) {
     auto digits = [&](size_t n, auto is_digit) {
-      while (n < rest.size() &&
-             (is_digit(rest[n]) || (rest[n] == '_' && n + 1 < rest.size() && is_digit(rest[n + 1])))) {
+      while (n < rest.size() && (is_digit(rest[n]) || (rest[n] == '_' && n + 1 < rest.size() &&
+                                                       is_digit(rest[n + 1])))) {
         ++n;
       }
       return n;
@@ -325,8 +349,6 @@ class Lexer {
 
 }  // namespace
 
-absl::StatusOr<std::vector<Token>> Tokenize(std::string_view source) {
-  return Lexer(source).Run();
-}
+absl::StatusOr<std::vector<Token>> Tokenize(std::string_view source) { return Lexer(source).Run(); }
 
 }  // namespace tandem::jinja

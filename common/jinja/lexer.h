@@ -23,7 +23,8 @@ struct Token {
     kString,   // `text` holds the unescaped value
     kInteger,  // `text` holds the digits, underscores removed
     kFloat,
-    kOperator,  // `text` holds the operator: + - * / // % ** ~ == != < <= > >= = . : | , ( ) [ ] { }
+    kOperator,  // `text` holds the operator: + - * / // % ** ~ == != < <= > >= = . : | , ( ) [ ] {
+                // }
     kEnd,       // end of the template
   };
   Kind kind;

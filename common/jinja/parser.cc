@@ -4,8 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/jinja/builtins.h"
+#include "common/jinja/filters.h"
 #include "common/jinja/lexer.h"
+#include "common/jinja/tests.h"
 #include "common/status_macros.h"
 
 namespace tandem::jinja {
@@ -54,15 +55,23 @@ class Parser {
 
   static std::string Describe(const Token& token) {
     switch (token.kind) {
-      case TK::kName: return absl::StrCat("'", token.text, "'");
-      case TK::kOperator: return absl::StrCat("'", token.text, "'");
-      case TK::kString: return "a string";
+      case TK::kName:
+        return absl::StrCat("'", token.text, "'");
+      case TK::kOperator:
+        return absl::StrCat("'", token.text, "'");
+      case TK::kString:
+        return "a string";
       case TK::kInteger:
-      case TK::kFloat: return "a number";
-      case TK::kVariableEnd: return "'}}'";
-      case TK::kBlockEnd: return "'%}'";
-      case TK::kEnd: return "the end of the template";
-      default: return "text";
+      case TK::kFloat:
+        return "a number";
+      case TK::kVariableEnd:
+        return "'}}'";
+      case TK::kBlockEnd:
+        return "'%}'";
+      case TK::kEnd:
+        return "the end of the template";
+      default:
+        return "text";
     }
   }
 
@@ -110,7 +119,8 @@ class Parser {
             for (const std::string& end : ends) {
               if (end.rfind("end", 0) == 0) closing = end;
             }
-            return Error(absl::StrCat("unexpected end of template; expected '{% ", closing, " %}'"));
+            return Error(
+                absl::StrCat("unexpected end of template; expected '{% ", closing, " %}'"));
           }
           return body;
         case TK::kData: {
@@ -284,8 +294,8 @@ class Parser {
       RETURN_IF_ERROR(ExpectBlockEnd());
       return node;
     }
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "line %d: the '{%% %s %%}' statement is not supported", line, keyword));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("line %d: the '{%% %s %%}' statement is not supported", line, keyword));
   }
 
   // Loop and assignment targets: `name` or `a, b`.
@@ -522,8 +532,9 @@ class Parser {
     if (token.kind == TK::kInteger || token.kind == TK::kFloat) {
       ExprPtr node = MakeExpr(Expr::Kind::kConst, line);
       try {
-        node->constant = token.kind == TK::kInteger ? Value(static_cast<int64_t>(std::stoll(token.text)))
-                                                    : Value(std::stod(token.text));
+        node->constant = token.kind == TK::kInteger
+                             ? Value(static_cast<int64_t>(std::stoll(token.text)))
+                             : Value(std::stod(token.text));
       } catch (const std::exception&) {
         return Error(absl::StrCat("number out of range: ", token.text));
       }

@@ -7,7 +7,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/jinja/builtins.h"
+#include "common/jinja/filters.h"
+#include "common/jinja/objects.h"
+#include "common/jinja/tests.h"
 #include "common/status_macros.h"
 
 namespace tandem::jinja {
@@ -82,7 +84,8 @@ class Renderer {
           ASSIGN_OR_RETURN(Value condition, Eval(*node.conditions[i], scope));
           if (Truthy(condition)) return Exec(node.bodies[i], scope, out);
         }
-        if (node.bodies.size() > node.conditions.size()) return Exec(node.bodies.back(), scope, out);
+        if (node.bodies.size() > node.conditions.size())
+          return Exec(node.bodies.back(), scope, out);
         return Flow::kNormal;
       case Node::Kind::kFor:
         RETURN_IF_ERROR(ExecFor(node, scope, out));
@@ -144,8 +147,8 @@ class Renderer {
       return absl::InvalidArgumentError(
           parts.size() > targets.size()
               ? absl::StrFormat("too many values to unpack (expected %d)", targets.size())
-              : absl::StrFormat("not enough values to unpack (expected %d, got %d)",
-                                targets.size(), parts.size()));
+              : absl::StrFormat("not enough values to unpack (expected %d, got %d)", targets.size(),
+                                parts.size()));
     }
     for (size_t i = 0; i < targets.size(); ++i) scope.Set(targets[i], parts[i]);
     return absl::OkStatus();
@@ -205,38 +208,39 @@ class Renderer {
   Value MakeMacro(const Node& node, Scope& defined_in) {
     const Node* macro = &node;
     Scope* parent = &defined_in;
-    return Value::Callable(node.text, [this, macro, parent](const CallArgs& args)
-                                          -> absl::StatusOr<Value> {
-      if (args.positional.size() > macro->params.size()) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "macro '%s' takes not more than %d argument(s)", macro->text, macro->params.size()));
-      }
-      Scope call_scope{parent, {}};
-      for (const auto& [key, value] : args.keyword) {
-        bool known = false;
-        for (const MacroParam& param : macro->params) known = known || param.name == key;
-        if (!known) {
-          return absl::InvalidArgumentError(
-              absl::StrFormat("macro '%s' takes no keyword argument '%s'", macro->text, key));
-        }
-      }
-      for (size_t i = 0; i < macro->params.size(); ++i) {
-        const MacroParam& param = macro->params[i];
-        const Value* given = args.Get(i, param.name);
-        if (given != nullptr) {
-          call_scope.Set(param.name, *given);
-        } else if (param.default_value) {
-          ASSIGN_OR_RETURN(Value fallback, Eval(*param.default_value, call_scope));
-          call_scope.Set(param.name, std::move(fallback));
-        } else {
-          call_scope.Set(param.name, Value::Undefined(absl::StrFormat(
-                                         "parameter '%s' was not provided", param.name)));
-        }
-      }
-      std::string text;
-      RETURN_IF_ERROR(Exec(macro->bodies[0], call_scope, text).status());
-      return Value(std::move(text));
-    });
+    return Value::Callable(
+        node.text, [this, macro, parent](const CallArgs& args) -> absl::StatusOr<Value> {
+          if (args.positional.size() > macro->params.size()) {
+            return absl::InvalidArgumentError(
+                absl::StrFormat("macro '%s' takes not more than %d argument(s)", macro->text,
+                                macro->params.size()));
+          }
+          Scope call_scope{parent, {}};
+          for (const auto& [key, value] : args.keyword) {
+            bool known = false;
+            for (const MacroParam& param : macro->params) known = known || param.name == key;
+            if (!known) {
+              return absl::InvalidArgumentError(
+                  absl::StrFormat("macro '%s' takes no keyword argument '%s'", macro->text, key));
+            }
+          }
+          for (size_t i = 0; i < macro->params.size(); ++i) {
+            const MacroParam& param = macro->params[i];
+            const Value* given = args.Get(i, param.name);
+            if (given != nullptr) {
+              call_scope.Set(param.name, *given);
+            } else if (param.default_value) {
+              ASSIGN_OR_RETURN(Value fallback, Eval(*param.default_value, call_scope));
+              call_scope.Set(param.name, std::move(fallback));
+            } else {
+              call_scope.Set(param.name, Value::Undefined(absl::StrFormat(
+                                             "parameter '%s' was not provided", param.name)));
+            }
+          }
+          std::string text;
+          RETURN_IF_ERROR(Exec(macro->bodies[0], call_scope, text).status());
+          return Value(std::move(text));
+        });
   }
 
   const Value* Lookup(std::string_view name, const Scope& scope) {
@@ -364,9 +368,9 @@ class Renderer {
         ASSIGN_OR_RETURN(Value operand, Eval(*expr.args[0], scope));
         if (operand.is_undefined()) return absl::InvalidArgumentError(operand.hint());
         if (!operand.is_number()) {
-          return absl::InvalidArgumentError(absl::StrFormat(
-              "bad operand type for unary %s: '%s'", expr.kind == Expr::Kind::kNeg ? "-" : "+",
-              operand.TypeName()));
+          return absl::InvalidArgumentError(
+              absl::StrFormat("bad operand type for unary %s: '%s'",
+                              expr.kind == Expr::Kind::kNeg ? "-" : "+", operand.TypeName()));
         }
         if (expr.kind == Expr::Kind::kPos) {
           return operand.is_float() ? operand : Value(operand.as_int());
@@ -403,7 +407,8 @@ class Renderer {
         ASSIGN_OR_RETURN(Value test, Eval(*expr.args[0], scope));
         if (Truthy(test)) return Eval(*expr.args[1], scope);
         if (expr.args[2]) return Eval(*expr.args[2], scope);
-        return Value::Undefined("the inline if-expression evaluated to false and no else section was defined.");
+        return Value::Undefined(
+            "the inline if-expression evaluated to false and no else section was defined.");
       }
     }
     return absl::InternalError("unknown expression");

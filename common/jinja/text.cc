@@ -40,9 +40,24 @@ std::string Encode(std::u32string_view text) {
 bool IsSpace(char32_t c) {
   // Python's whitespace: bidirectional types WS, B, S plus the Zs category.
   switch (c) {
-    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D: case 0x1C: case 0x1D: case 0x1E:
-    case 0x1F: case 0x20: case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029:
-    case 0x202F: case 0x205F: case 0x3000:
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x1C:
+    case 0x1D:
+    case 0x1E:
+    case 0x1F:
+    case 0x20:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
       return true;
     default:
       return c >= 0x2000 && c <= 0x200A;
@@ -199,8 +214,8 @@ std::string Replace(std::string_view s, std::string_view from, std::string_view 
 namespace {
 
 std::string CaseMap(std::string_view s, bool upper) {
-  icu::UnicodeString text = icu::UnicodeString::fromUTF8(
-      icu::StringPiece(s.data(), static_cast<int32_t>(s.size())));
+  icu::UnicodeString text =
+      icu::UnicodeString::fromUTF8(icu::StringPiece(s.data(), static_cast<int32_t>(s.size())));
   if (upper) {
     text.toUpper(icu::Locale::getRoot());
   } else {
@@ -213,15 +228,14 @@ std::string CaseMap(std::string_view s, bool upper) {
 
 std::string TitleOne(char32_t c) {
   icu::UnicodeString text(static_cast<UChar32>(c));
-  text.toTitle(nullptr, icu::Locale::getRoot(), U_TITLECASE_NO_LOWERCASE | U_TITLECASE_NO_BREAK_ADJUSTMENT);
+  text.toTitle(nullptr, icu::Locale::getRoot(),
+               U_TITLECASE_NO_LOWERCASE | U_TITLECASE_NO_BREAK_ADJUSTMENT);
   std::string out;
   text.toUTF8String(out);
   return out;
 }
 
-bool IsCased(char32_t c) {
-  return u_isULowercase(c) || u_isUUppercase(c) || u_istitle(c);
-}
+bool IsCased(char32_t c) { return u_isULowercase(c) || u_isUUppercase(c) || u_istitle(c); }
 
 }  // namespace
 
@@ -268,10 +282,10 @@ std::string StringRepr(std::string_view s) {
     } else {
       // Python escapes what str.isprintable() rejects: other/separator categories except ' '.
       int8_t type = u_charType(static_cast<UChar32>(c));
-      bool printable = !(type == U_CONTROL_CHAR || type == U_FORMAT_CHAR ||
-                         type == U_SURROGATE || type == U_PRIVATE_USE_CHAR ||
-                         type == U_UNASSIGNED || type == U_LINE_SEPARATOR ||
-                         type == U_PARAGRAPH_SEPARATOR || type == U_SPACE_SEPARATOR);
+      bool printable =
+          !(type == U_CONTROL_CHAR || type == U_FORMAT_CHAR || type == U_SURROGATE ||
+            type == U_PRIVATE_USE_CHAR || type == U_UNASSIGNED || type == U_LINE_SEPARATOR ||
+            type == U_PARAGRAPH_SEPARATOR || type == U_SPACE_SEPARATOR);
       if (printable) {
         out += Encode(std::u32string(1, c));
       } else if (c <= 0xFF) {

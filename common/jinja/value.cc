@@ -142,17 +142,28 @@ Value Value::FromJson(const nlohmann::ordered_json& json) {
 
 std::string Value::TypeName() const {
   switch (kind_) {
-    case Kind::kUndefined: return "Undefined";
-    case Kind::kNone: return "NoneType";
-    case Kind::kBool: return "bool";
-    case Kind::kInt: return "int";
-    case Kind::kFloat: return "float";
-    case Kind::kString: return "str";
-    case Kind::kList: return "list";
-    case Kind::kTuple: return "tuple";
-    case Kind::kDict: return "dict";
-    case Kind::kNamespace: return "Namespace";
-    case Kind::kCallable: return "function";
+    case Kind::kUndefined:
+      return "Undefined";
+    case Kind::kNone:
+      return "NoneType";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "str";
+    case Kind::kList:
+      return "list";
+    case Kind::kTuple:
+      return "tuple";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kNamespace:
+      return "Namespace";
+    case Kind::kCallable:
+      return "function";
   }
   return "object";
 }
@@ -346,13 +357,27 @@ void JsonString(std::string_view s, bool ensure_ascii, std::string& out) {
   out += '"';
   for (char32_t c : Decode(s)) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20 || (ensure_ascii && c >= 0x7F && c < 0x10000)) {
           out += absl::StrFormat("\\u%04x", static_cast<unsigned>(c));
@@ -384,8 +409,8 @@ absl::Status JsonKey(const Value& key, bool ensure_ascii, std::string& out) {
       out += "\"" + ToString(key) + "\"";
       return absl::OkStatus();
     default:
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "keys must be str, int, float, bool or None, not %s", key.TypeName()));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("keys must be str, int, float, bool or None, not %s", key.TypeName()));
   }
 }
 
@@ -396,8 +421,8 @@ absl::Status JsonValue(const Value& value, const JsonOptions& options, int level
     if (!indented) return;
     out += '\n';
     for (int i = 0; i < depth; ++i) {
-      out += options.indent_string.empty() ? std::string(options.indent, ' ')
-                                           : options.indent_string;
+      out +=
+          options.indent_string.empty() ? std::string(options.indent, ' ') : options.indent_string;
     }
   };
   switch (value.kind()) {

@@ -44,8 +44,19 @@ using Function = std::function<absl::StatusOr<Value>(const CallArgs&)>;
 
 class Value {
  public:
-  enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kTuple, kDict,
-                    kNamespace, kCallable };
+  enum class Kind {
+    kUndefined,
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kList,
+    kTuple,
+    kDict,
+    kNamespace,
+    kCallable
+  };
 
   // Undefined; `hint` is the message Jinja2 gives when it is used where a value is required.
   Value() = default;
@@ -93,7 +104,8 @@ class Value {
   const std::string& hint() const { return string_; }
   // The shared object behind a namespace or callable: two such values are equal when it is one.
   const void* identity() const {
-    return dict_ ? static_cast<const void*>(dict_.get()) : static_cast<const void*>(function_.get());
+    return dict_ ? static_cast<const void*>(dict_.get())
+                 : static_cast<const void*>(function_.get());
   }
 
   // Python's type name as Jinja2 writes it in errors ("dict object", "str object").

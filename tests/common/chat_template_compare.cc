@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
   }
   std::map<std::string, absl::StatusOr<tandem::ChatTemplate>> templates;
   for (const auto& [id, source] : input["templates"].items()) {
-    absl::StatusOr<tandem::ChatTemplate> parsed = tandem::ChatTemplate::Parse(source.get<std::string>());
+    absl::StatusOr<tandem::ChatTemplate> parsed =
+        tandem::ChatTemplate::Parse(source.get<std::string>());
     if (parsed.ok()) {
       parsed->SetClock([] {
         std::tm t{};
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
       results.push_back({{"ok", false}, {"error", std::string(text.status().message())}});
     }
   }
-  std::ofstream(argv[2]) << results.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  std::ofstream(argv[2]) << results.dump(-1, ' ', false,
+                                         nlohmann::ordered_json::error_handler_t::replace);
   return 0;
 }

@@ -100,9 +100,9 @@ TEST(ChatTemplateTest, ForLoopVariables) {
             "b=1;a=2;");
   EXPECT_EQ(Render("{% for k in d %}{{ k }}{% endfor %}", R"({"d": {"x": 1, "y": 2}})"), "xy");
   EXPECT_EQ(Render("{% for c in 'héé' %}[{{ c }}]{% endfor %}"), "[h][é][é]");
-  EXPECT_EQ(Render("{% for x in xs %}{{ loop.cycle('a', 'b') }}{% endfor %}",
-                   R"({"xs": [1, 2, 3]})"),
-            "aba");
+  EXPECT_EQ(
+      Render("{% for x in xs %}{{ loop.cycle('a', 'b') }}{% endfor %}", R"({"xs": [1, 2, 3]})"),
+      "aba");
   EXPECT_EQ(Render("{% for i in range(3) %}{{ i }}{% endfor %}{% for i in range(5, 1, -2) %}"
                    "{{ i }}{% endfor %}"),
             "01253");
@@ -147,9 +147,10 @@ TEST(ChatTemplateTest, AttributesSubscriptsAndSlices) {
   const std::string context =
       R"({"m": {"role": "user", "content": "hello", "items": 3}, "xs": [1, 2, 3, 4]})";
   EXPECT_EQ(Render("{{ m.role }} {{ m['content'] }} {{ m.missing }}|", context), "user hello |");
-  EXPECT_EQ(Render("{{ xs[0] }} {{ xs[-1] }} {{ xs[1:3] }} {{ xs[::-1] }} {{ xs[::2] }} {{ xs[9] }}|",
-                   context),
-            "1 4 [2, 3] [4, 3, 2, 1] [1, 3] |");
+  EXPECT_EQ(
+      Render("{{ xs[0] }} {{ xs[-1] }} {{ xs[1:3] }} {{ xs[::-1] }} {{ xs[::2] }} {{ xs[9] }}|",
+             context),
+      "1 4 [2, 3] [4, 3, 2, 1] [1, 3] |");
   EXPECT_EQ(Render("{{ m.content[1:] }} {{ m.content[::-1] }} {{ m.content[-2:] }}", context),
             "ello olleh lo");
   EXPECT_EQ(Render("{{ 'héllo'[1] }}{{ 'héllo'[:2] }}"), "éhé");
@@ -162,18 +163,20 @@ TEST(ChatTemplateTest, AttributesSubscriptsAndSlices) {
 }
 
 TEST(ChatTemplateTest, Comparisons) {
-  EXPECT_EQ(Render("{{ 1 < 2 < 3 }} {{ 1 == 1.0 }} {{ 'a' != 'b' }} {{ 'b' >= 'a' }} {{ true == 1 }}"),
-            "True True True True True");
+  EXPECT_EQ(
+      Render("{{ 1 < 2 < 3 }} {{ 1 == 1.0 }} {{ 'a' != 'b' }} {{ 'b' >= 'a' }} {{ true == 1 }}"),
+      "True True True True True");
   EXPECT_EQ(Render("{{ 'ell' in 'hello' }} {{ 2 in [1, 2] }} {{ 'k' in {'k': 1} }} "
                    "{{ 3 not in [1] }} {{ not 'x' in 'y' }}"),
             "True True True True True");
-  EXPECT_EQ(Render("{{ [1, 2] == [1, 2] }} {{ {'a': 1} == {'a': 1} }} {{ x == none }}",
-                   R"({"x": null})"),
-            "True True True");
+  EXPECT_EQ(
+      Render("{{ [1, 2] == [1, 2] }} {{ {'a': 1} == {'a': 1} }} {{ x == none }}", R"({"x": null})"),
+      "True True True");
 }
 
 TEST(ChatTemplateTest, Tests) {
-  const std::string context = R"({"s": "x", "n": null, "d": {}, "l": [], "i": 3, "f": 1.5, "b": true})";
+  const std::string context =
+      R"({"s": "x", "n": null, "d": {}, "l": [], "i": 3, "f": 1.5, "b": true})";
   EXPECT_EQ(Render("{{ s is defined }}{{ u is defined }}{{ u is undefined }}{{ n is none }}"
                    "{{ s is string }}{{ d is mapping }}{{ l is mapping }}",
                    context),
@@ -200,7 +203,8 @@ TEST(ChatTemplateTest, StringMethods) {
   EXPECT_EQ(Render("{{ 'a b  c'.split() }} {{ 'a,b,,c'.split(',') }} {{ 'a,b,c'.split(',', 1) }} "
                    "{{ 'a,b,c'.rsplit(',', 1) }}"),
             "['a', 'b', 'c'] ['a', 'b', '', 'c'] ['a', 'b,c'] ['a,b', 'c']");
-  EXPECT_EQ(Render("{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith('bc') }}{{ 'abc'.startswith(('x', 'a')) }}"),
+  EXPECT_EQ(Render("{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith('bc') }}{{ "
+                   "'abc'.startswith(('x', 'a')) }}"),
             "TrueTrueTrue");
   EXPECT_EQ(Render("{{ 'aBc'.upper() }} {{ 'aBc'.lower() }} {{ 'hello wORLD'.title() }} "
                    "{{ 'hello World'.capitalize() }} {{ 'a-a'.replace('a', 'b') }}"),
@@ -211,34 +215,45 @@ TEST(ChatTemplateTest, StringMethods) {
 }
 
 TEST(ChatTemplateTest, Filters) {
-  EXPECT_EQ(Render("[{{ '  x  ' | trim }}][{{ 'xx' | length }}][{{ [1, 2] | count }}][{{ 'aB' | upper }}]"
-                   "[{{ 'aB' | lower }}][{{ 'hello wORLD' | title }}][{{ 'hELLO' | capitalize }}]"),
-            "[x][2][2][AB][ab][Hello World][Hello]");
-  EXPECT_EQ(Render("{{ 'a-b-c' | replace('-', '+') }} {{ ['a', 'b'] | join(', ') }} {{ [1, 2] | join }}"),
-            "a+b+c a, b 12");
-  EXPECT_EQ(Render("{{ [3, 1, 2] | first }}{{ [3, 1, 2] | last }}{{ [3, 1, 2] | sort }}"
-                   "{{ [3, 1, 2] | sort(reverse=true) }}{{ [1, 2] | reverse | list }}{{ 'ab' | reverse }}"),
-            "32[1, 2, 3][3, 2, 1][2, 1]ba");
-  EXPECT_EQ(Render("{{ u | default('d') }} {{ '' | default('d') }} {{ '' | d('d', true) }}"), "d  d");
-  EXPECT_EQ(Render("{{ 'ab' | list }} {{ {'a': 1} | items | list }} {{ [1, 1, 2, 'A', 'a'] | unique | list }}"),
+  EXPECT_EQ(
+      Render("[{{ '  x  ' | trim }}][{{ 'xx' | length }}][{{ [1, 2] | count }}][{{ 'aB' | upper }}]"
+             "[{{ 'aB' | lower }}][{{ 'hello wORLD' | title }}][{{ 'hELLO' | capitalize }}]"),
+      "[x][2][2][AB][ab][Hello World][Hello]");
+  EXPECT_EQ(
+      Render("{{ 'a-b-c' | replace('-', '+') }} {{ ['a', 'b'] | join(', ') }} {{ [1, 2] | join }}"),
+      "a+b+c a, b 12");
+  EXPECT_EQ(
+      Render(
+          "{{ [3, 1, 2] | first }}{{ [3, 1, 2] | last }}{{ [3, 1, 2] | sort }}"
+          "{{ [3, 1, 2] | sort(reverse=true) }}{{ [1, 2] | reverse | list }}{{ 'ab' | reverse }}"),
+      "32[1, 2, 3][3, 2, 1][2, 1]ba");
+  EXPECT_EQ(Render("{{ u | default('d') }} {{ '' | default('d') }} {{ '' | d('d', true) }}"),
+            "d  d");
+  EXPECT_EQ(Render("{{ 'ab' | list }} {{ {'a': 1} | items | list }} {{ [1, 1, 2, 'A', 'a'] | "
+                   "unique | list }}"),
             "['a', 'b'] [('a', 1)] [1, 2, 'A']");
   const std::string people =
       R"({"p": [{"name": "a", "age": 3, "ok": true}, {"name": "b", "age": 1, "ok": false}]})";
-  EXPECT_EQ(Render("{{ p | map(attribute='name') | join(',') }} {{ p | selectattr('ok') | list | length }} "
-                   "{{ p | rejectattr('ok') | map(attribute='name') | first }} "
-                   "{{ p | selectattr('age', 'equalto', 1) | map(attribute='name') | list }} "
-                   "{{ p | sort(attribute='age') | map(attribute='name') | join }} {{ p | sum(attribute='age') }}",
-                   people),
-            "a,b 1 b ['b'] ba 4");
+  EXPECT_EQ(
+      Render(
+          "{{ p | map(attribute='name') | join(',') }} {{ p | selectattr('ok') | list | length }} "
+          "{{ p | rejectattr('ok') | map(attribute='name') | first }} "
+          "{{ p | selectattr('age', 'equalto', 1) | map(attribute='name') | list }} "
+          "{{ p | sort(attribute='age') | map(attribute='name') | join }} {{ p | "
+          "sum(attribute='age') }}",
+          people),
+      "a,b 1 b ['b'] ba 4");
   EXPECT_EQ(Render("{{ [1, 2, 3] | select('odd') | list }} {{ [1, 2, 3] | reject('odd') | list }} "
                    "{{ ['1', '2'] | map('int') | sum }}"),
             "[1, 3] [2] 3");
-  EXPECT_EQ(Render("{{ 1 | string }}{{ '42' | int }}{{ 'x' | int }}{{ '2.5' | float }}{{ 3 | float }}"
-                   "{{ -3 | abs }}{{ 2.5 | round }}{{ 3.14159 | round(2) }}{{ 7 | round }}"),
-            "14202.53.032.03.147");
+  EXPECT_EQ(
+      Render("{{ 1 | string }}{{ '42' | int }}{{ 'x' | int }}{{ '2.5' | float }}{{ 3 | float }}"
+             "{{ -3 | abs }}{{ 2.5 | round }}{{ 3.14159 | round(2) }}{{ 7 | round }}"),
+      "14202.53.032.03.147");
   EXPECT_EQ(Render("{{ 'a\\nb\\n\\nc' | indent(2) }}|{{ 'a\\nb' | indent(2, true) }}"),
             "a\n  b\n\n  c|  a\n  b");
-  EXPECT_EQ(Render("{{ '<a>' | safe }} {{ '<a & \"b\">' | e }}"), "<a> &lt;a &amp; &#34;b&#34;&gt;");
+  EXPECT_EQ(Render("{{ '<a>' | safe }} {{ '<a & \"b\">' | e }}"),
+            "<a> &lt;a &amp; &#34;b&#34;&gt;");
   EXPECT_EQ(Render("{{ {'b': 1, 'a': 2} | dictsort }} {{ [1, 2, 3] | batch(2) | list }} "
                    "{{ 'one two, three' | wordcount }}"),
             "[('a', 2), ('b', 1)] [[1, 2], [3]] 3");
@@ -247,8 +262,9 @@ TEST(ChatTemplateTest, Filters) {
 TEST(ChatTemplateTest, ToJsonAsTransformersDefinesIt) {
   const std::string context =
       R"({"t": {"name": "f", "desc": "héllo \"q\" <b>", "n": [1, 2.5, 1e-07, true, null], "e": {}}})";
-  EXPECT_EQ(Render("{{ t | tojson }}", context),
-            R"({"name": "f", "desc": "héllo \"q\" <b>", "n": [1, 2.5, 1e-07, true, null], "e": {}})");
+  EXPECT_EQ(
+      Render("{{ t | tojson }}", context),
+      R"({"name": "f", "desc": "héllo \"q\" <b>", "n": [1, 2.5, 1e-07, true, null], "e": {}})");
   EXPECT_EQ(Render("{{ t | tojson(indent=2) }}", R"({"t": {"a": [1, {}], "b": []}})"),
             "{\n  \"a\": [\n    1,\n    {}\n  ],\n  \"b\": []\n}");
   EXPECT_EQ(Render("{{ t | tojson(separators=(',', ':')) }}", R"({"t": {"a": [1, 2]}})"),
@@ -276,7 +292,8 @@ TEST(ChatTemplateTest, UndefinedFollowsJinja2) {
 
 TEST(ChatTemplateTest, RaiseExceptionMessageComesBackAsIs) {
   absl::Status status = RenderStatus(
-      "{% if messages[0].role != 'user' %}{{ raise_exception('Roles must alternate!') }}{% endif %}",
+      "{% if messages[0].role != 'user' %}{{ raise_exception('Roles must alternate!') }}{% endif "
+      "%}",
       R"({"messages": [{"role": "assistant"}]})");
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(), "Roles must alternate!");
@@ -290,8 +307,7 @@ TEST(ChatTemplateTest, TypeErrorsAreInvalidArgument) {
               HasSubstr("'NoneType' object is not iterable"));
   EXPECT_THAT(RenderStatus("{{ 1 // 0 }}").message(), HasSubstr("division or modulo by zero"));
   EXPECT_THAT(RenderStatus("{{ [1] < 'a' }}").message(), HasSubstr("'<' not supported"));
-  EXPECT_THAT(RenderStatus("{{ xs.append(1) }}", R"({"xs": []})").message(),
-              HasSubstr("unsafe"));
+  EXPECT_THAT(RenderStatus("{{ xs.append(1) }}", R"({"xs": []})").message(), HasSubstr("unsafe"));
 }
 
 TEST(ChatTemplateTest, StrftimeNowUsesTheClock) {
@@ -350,7 +366,8 @@ TEST(ChatTemplateTest, SortedJsonContextRendersLikeOrdered) {
 TEST(ChatTemplateTest, ChatMlTemplate) {
   const char* source =
       "{%- for message in messages %}\n"
-      "    {{- '<|im_start|>' + message.role + '\\n' + message.content | trim + '<|im_end|>\\n' }}\n"
+      "    {{- '<|im_start|>' + message.role + '\\n' + message.content | trim + '<|im_end|>\\n' "
+      "}}\n"
       "{%- endfor %}\n"
       "{%- if add_generation_prompt %}\n"
       "    {{- '<|im_start|>assistant\\n' }}\n"
