@@ -22,7 +22,7 @@ namespace tandem::cuda {
 namespace {
 
 // A run of rows of one slot at consecutive positions [start, start + len).
-struct Run {
+struct RowRun {
   int slot, start, len;
 };
 
@@ -52,12 +52,12 @@ DeviceBuffer Upload(const std::vector<E>& v) {
 class PrefillAttentionTest : public ::testing::TestWithParam<std::tuple<DType, int, int>> {
  protected:
   // Runs the kernel over `runs` and compares every output with the reference.
-  void Check(const std::vector<Run>& runs, int window) {
+  void Check(const std::vector<RowRun>& runs, int window) {
     const auto [t, head_dim, group] = GetParam();
     const int kv_heads = 2, heads = kv_heads * group, slots = 3, capacity = 320;
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     std::vector<int32_t> pos, slot;
-    for (const Run& r : runs) {
+    for (const RowRun& r : runs) {
       for (int i = 0; i < r.len; ++i) {
         pos.push_back(r.start + i);
         slot.push_back(r.slot);
@@ -153,7 +153,8 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple(DType::kF16, 128, 4), std::make_tuple(DType::kBF16, 64, 4),
                       std::make_tuple(DType::kBF16, 128, 1)),
     [](const auto& info) {
-      return absl::StrCat(DTypeName(std::get<0>(info.param)), "_d", std::get<1>(info.param),
+      return absl::StrCat(std::string(DTypeName(std::get<0>(info.param))), "_d",
+                          std::get<1>(info.param),
                           "_g", std::get<2>(info.param));
     });
 
