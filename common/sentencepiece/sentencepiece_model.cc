@@ -1,49 +1,46 @@
-// Forwards to sentencepiece::SentencePieceProcessor (see sentencepiece_model.h for why this file
-// stands apart).
-#include "common/tokenizer/sentencepiece_model.h"
-
+// libtandem_sentencepiece: SentencePieceModel over sentencepiece::SentencePieceProcessor (see
+// common/tokenizer/sentencepiece_model.h for why this is a library of its own).
 #include <sentencepiece_processor.h>
 
-namespace tandem::tokenizer {
+#include "common/tokenizer/sentencepiece_model.h"
 
-struct SentencePieceModel::Impl {
+namespace tandem::tokenizer {
+namespace {
+
+class Processor : public SentencePieceModel {
+ public:
   sentencepiece::SentencePieceProcessor sp;
+
+  std::vector<int> Encode(std::string_view text) const override {
+    std::vector<int> ids;
+    if (!sp.Encode(text, &ids).ok()) ids.clear();
+    return ids;
+  }
+  bool Decode(const std::vector<int>& ids, std::string& text, std::string& error) const override {
+    if (const auto status = sp.Decode(ids, &text); !status.ok()) {
+      error = status.ToString();
+      return false;
+    }
+    return true;
+  }
+  int PieceToId(std::string_view piece) const override { return sp.PieceToId(piece); }
+  std::string IdToPiece(int id) const override { return sp.IdToPiece(id); }
+  bool IsControl(int id) const override { return sp.IsControl(id); }
+  int size() const override { return sp.GetPieceSize(); }
+  int bos_id() const override { return sp.bos_id(); }
+  int eos_id() const override { return sp.eos_id(); }
+  int unk_id() const override { return sp.unk_id(); }
 };
 
-SentencePieceModel::SentencePieceModel() : impl_(std::make_unique<Impl>()) {}
-SentencePieceModel::~SentencePieceModel() = default;
+}  // namespace
+}  // namespace tandem::tokenizer
 
-std::unique_ptr<SentencePieceModel> SentencePieceModel::Load(const std::string& path,
-                                                             std::string& error) {
-  std::unique_ptr<SentencePieceModel> m(new SentencePieceModel());
-  if (const auto status = m->impl_->sp.Load(path); !status.ok()) {
-    error = status.ToString();
+extern "C" tandem::tokenizer::SentencePieceModel* TandemLoadSentencePiece(const std::string* path,
+                                                                           std::string* error) {
+  auto p = std::make_unique<tandem::tokenizer::Processor>();
+  if (const auto status = p->sp.Load(*path); !status.ok()) {
+    *error = status.ToString();
     return nullptr;
   }
-  return m;
+  return p.release();
 }
-
-std::vector<int> SentencePieceModel::Encode(std::string_view text) const {
-  std::vector<int> ids;
-  if (!impl_->sp.Encode(text, &ids).ok()) ids.clear();
-  return ids;
-}
-
-bool SentencePieceModel::Decode(const std::vector<int>& ids, std::string& text,
-                                std::string& error) const {
-  if (const auto status = impl_->sp.Decode(ids, &text); !status.ok()) {
-    error = status.ToString();
-    return false;
-  }
-  return true;
-}
-
-int SentencePieceModel::PieceToId(std::string_view piece) const { return impl_->sp.PieceToId(piece); }
-std::string SentencePieceModel::IdToPiece(int id) const { return impl_->sp.IdToPiece(id); }
-bool SentencePieceModel::IsControl(int id) const { return impl_->sp.IsControl(id); }
-int SentencePieceModel::size() const { return impl_->sp.GetPieceSize(); }
-int SentencePieceModel::bos_id() const { return impl_->sp.bos_id(); }
-int SentencePieceModel::eos_id() const { return impl_->sp.eos_id(); }
-int SentencePieceModel::unk_id() const { return impl_->sp.unk_id(); }
-
-}  // namespace tandem::tokenizer
