@@ -156,7 +156,8 @@ absl::Status ParseRope(const json& j, const std::string& source, ModelConfig& c)
     c.rope_scaling.type = RopeScaling::Type::kLinear;
   } else if (type == "llama3") {
     c.rope_scaling.type = RopeScaling::Type::kLlama3;
-    ASSIGN_OR_RETURN(c.rope_scaling.low_freq_factor, FloatField(rope, "low_freq_factor", where, -1));
+    ASSIGN_OR_RETURN(c.rope_scaling.low_freq_factor,
+                     FloatField(rope, "low_freq_factor", where, -1));
     ASSIGN_OR_RETURN(c.rope_scaling.high_freq_factor,
                      FloatField(rope, "high_freq_factor", where, -1));
     ASSIGN_OR_RETURN(c.rope_scaling.original_max_positions,

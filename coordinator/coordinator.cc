@@ -96,14 +96,24 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
   c->limits_.context_length = config.max_seq_len > 0
                                   ? std::min(config.max_seq_len, model->max_positions)
                                   : model->max_positions;
-  c->limits_.eos_token_id = model->eos_token_id;
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromDir(config.model_dir);
   if (tok.ok()) {
     c->tokenizer_ = std::move(*tok);
-  } else {
+  } else if (tok.status().code() == absl::StatusCode::kNotFound) {
     spdlog::warn("no tokenizer in {} ({}); only token_ids prompts will be accepted",
                  config.model_dir.string(), tok.status().ToString());
+  } else {
+    // A tokenizer that would split text differently from the model's own is worse than none.
+    spdlog::error("the tokenizer in {} cannot be used: {}; only token_ids prompts will be "
+                  "accepted",
+                  config.model_dir.string(), tok.status().ToString());
   }
+  absl::StatusOr<TextConfig> text = LoadTextConfig(config.model_dir, *model, c->tokenizer_.get());
+  if (!text.ok()) return text.status();
+  c->text_config_ = std::move(*text);
+  c->limits_.eos_token_ids = c->text_config_.eos_token_ids;
+  c->limits_.eos_token_id =
+      c->limits_.eos_token_ids.empty() ? model->eos_token_id : c->limits_.eos_token_ids.front();
   if (config.stages > model->num_layers) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "config: stages (%d) exceeds the model's %d layers", config.stages, model->num_layers));
@@ -424,7 +434,7 @@ void Coordinator::AppendToken(Sequence& seq, int32_t token, TokenLogprob* logpro
   }
   v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
   int text_limit = -1;
-  if (r.eos_token_id >= 0 && token == r.eos_token_id) {
+  if (IsEos(r, token)) {
     finish = v1::FINISH_REASON_EOS;
   } else if (std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token) !=
              r.stop_token_ids.end()) {

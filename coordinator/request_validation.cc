@@ -39,6 +39,14 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& requ
     if (out.prompt.empty()) {
       return absl::InvalidArgumentError("prompt: encodes to no tokens");
     }
+    // A tokenizer may know more ids than the model embeds (added tokens past the embedding).
+    for (size_t i = 0; i < out.prompt.size(); ++i) {
+      if (out.prompt[i] < 0 || out.prompt[i] >= limits.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "prompt: token %d is id %d, outside the model's vocabulary [0, %d)", i,
+            out.prompt[i], limits.vocab_size));
+      }
+    }
   }
   if (static_cast<int>(out.prompt.size()) > context) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -141,6 +149,7 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& requ
     out.stop_strings.push_back(request.stop(i));
   }
   out.eos_token_id = request.ignore_eos() ? -1 : limits.eos_token_id;
+  if (!request.ignore_eos()) out.eos_token_ids = limits.eos_token_ids;
   if (request.timeout_ms() > 0) out.timeout = absl::Milliseconds(request.timeout_ms());
   return out;
 }

@@ -2,6 +2,7 @@
 // scheduler's plain form. Every rejection is INVALID_ARGUMENT naming the field.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <optional>
@@ -19,6 +20,7 @@ struct ModelLimits {
   int vocab_size = 0;
   int context_length = 0;  // positions in the KV-cache
   int eos_token_id = -1;   // -1: none
+  std::vector<int32_t> eos_token_ids;  // every id generation stops at (eos_token_id among them)
 };
 
 struct ValidatedRequest {
@@ -33,11 +35,20 @@ struct ValidatedRequest {
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop_strings;
   int32_t eos_token_id = -1;  // -1: none or ignored
+  std::vector<int32_t> eos_token_ids;  // all EOS ids (empty when ignored); eos_token_id is one
   absl::Duration timeout = absl::InfiniteDuration();
 };
 
 // Generations without max_new_tokens stop at this many tokens or the end of the context.
 inline constexpr int kDefaultMaxNewTokens = 256;
+
+// Whether generating `token` ends the request with finish reason EOS: it is one of the
+// model's EOS ids (generation_config.json may list several) and the request does not ignore EOS.
+inline bool IsEos(const ValidatedRequest& request, int32_t token) {
+  return (request.eos_token_id >= 0 && token == request.eos_token_id) ||
+         std::find(request.eos_token_ids.begin(), request.eos_token_ids.end(), token) !=
+             request.eos_token_ids.end();
+}
 
 // `tokenizer` may be null (a checkpoint without one): text prompts and stop strings are then
 // rejected.

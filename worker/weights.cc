@@ -7,8 +7,8 @@
 //          Conv1D stores (in, out); every matrix is transposed to (out, in) here.
 //   Llama, Mistral, Qwen2: embed_tokens, layers.{i}.input_layernorm,
 //          layers.{i}.self_attn.{q,k,v,o}_proj (.weight, and .bias where the config has biases:
-//          q, k, v for Qwen2, all four for Llama's attention_bias), layers.{i}.post_attention_layernorm,
-//          layers.{i}.mlp.{gate,up,down}_proj, norm.
+//          q, k, v for Qwen2, all four for Llama's attention_bias),
+//          layers.{i}.post_attention_layernorm, layers.{i}.mlp.{gate,up,down}_proj, norm.
 //   Both:  lm_head.weight (never prefixed), or the token embedding when the head is tied.
 // GPT-2's attn.bias / attn.masked_bias are causal-mask buffers, not weights, and are never read.
 #include "worker/weights.h"

@@ -29,7 +29,8 @@ TEST(RopeTest, DefaultIsThetaToTheMinusTwoIOverD) {
   const std::vector<float> f = RopeInverseFrequencies(Config(100, 10000.0f));
   ASSERT_EQ(f.size(), 50u);
   for (int i = 0; i < 50; ++i) {
-    EXPECT_NEAR(f[i], std::pow(10000.0, -2.0 * i / 100), 2e-6 * std::pow(10000.0, -2.0 * i / 100));
+    const double want = std::pow(10000.0, -2.0 * i / 100);
+    EXPECT_NEAR(f[i], want, 2e-6 * want) << i;
   }
 }
 

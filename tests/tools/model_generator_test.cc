@@ -298,7 +298,8 @@ TEST(ModelGeneratorTest, LargeTensorsAreChunkedWithoutChangingValues) {
 
 TEST(ModelGeneratorTest, ConfigJsonRoundTripsThroughLoadModelConfig) {
   for (const std::string preset :
-       {"tiny-gpt2", "tiny-llama", "tiny-llama-tied", "tiny-llama3", "tiny-mistral", "tiny-qwen2"}) {
+       {"tiny-gpt2", "tiny-llama", "tiny-llama-tied", "tiny-llama3", "tiny-mistral",
+        "tiny-qwen2"}) {
     fs::path dir = TestDir("config_" + preset);
     const ModelConfig c = Preset(preset);
     Write(c, dir, 1);
