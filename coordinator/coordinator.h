@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/model_config.h"
+#include "common/text_config.h"
 #include "common/tokenizer.h"
 #include "coordinator/config.h"
 #include "coordinator/kv_slots.h"
@@ -96,6 +97,8 @@ class Coordinator {
   const ModelConfig& model() const { return model_; }
   const ModelLimits& limits() const { return limits_; }
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  // BOS/EOS, chat template and length limit from the model folder's JSON files.
+  const TextConfig& text_config() const { return text_config_; }
 
   // Inference. Submit: RESOURCE_EXHAUSTED when the waiting queue is full, UNAVAILABLE when no
   // pipeline serves and none is being built.
@@ -192,6 +195,7 @@ class Coordinator {
   ModelConfig model_;
   ModelLimits limits_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  TextConfig text_config_;
 
   absl::Mutex plan_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex mu_;

@@ -169,6 +169,12 @@ grpc::Status InferenceService::GetModelInfo(grpc::ServerContext*, const v1::GetM
   resp->set_context_length(c_.limits().context_length);
   resp->set_eos_token_id(c_.limits().eos_token_id);
   resp->set_has_tokenizer(c_.tokenizer() != nullptr);
+  const TextConfig& text = c_.text_config();
+  resp->set_bos_token_id(text.bos_token_id.value_or(-1));
+  for (int32_t id : text.eos_token_ids) resp->add_eos_token_ids(id);
+  resp->set_add_bos_token(text.add_bos_token);
+  resp->set_has_chat_template(!text.chat_template.empty());
+  resp->set_max_length(text.max_length.value_or(0));
   return grpc::Status::OK;
 }
 
