@@ -221,6 +221,15 @@ absl::StatusOr<std::shared_ptr<RequestState>> Coordinator::Submit(ValidatedReque
   if (pipelines_.empty() && !planning_ && !replan_needed_) {
     return absl::UnavailableError("no pipeline is serving: no (or too few) workers are up");
   }
+  if (request.prompt_logprobs >= 0) {
+    // The CUDA backend's head scores only the rows it samples.
+    for (const auto& [id, w] : workers_) {
+      if (w.state == v1::WORKER_STATE_SERVING && w.backend == "cuda") {
+        return absl::UnimplementedError(
+            "sampling.prompt_logprobs: not computed by CUDA workers, which serve this model");
+      }
+    }
+  }
   if (request.request_id.empty()) request.request_id = absl::StrCat("req-", next_seq_id_);
   auto state = std::make_shared<RequestState>(std::move(request), absl::Now());
   waiting_.push_back(state);
@@ -231,15 +240,6 @@ absl::StatusOr<std::shared_ptr<RequestState>> Coordinator::Submit(ValidatedReque
 void Coordinator::Cancel(const std::shared_ptr<RequestState>& request, const absl::Status& why) {
   absl::MutexLock lock(&mu_);
   auto w = std::find(waiting_.begin(), waiting_.end(), request);
-  if (request.prompt_logprobs >= 0) {
-    // The CUDA backend's head scores only the rows it samples.
-    for (const auto& [id, w] : workers_) {
-      if (w.state == v1::WORKER_STATE_SERVING && w.backend == "cuda") {
-        return absl::UnimplementedError(
-            "sampling.prompt_logprobs: not computed by CUDA workers, which serve this model");
-      }
-    }
-  }
   if (w != waiting_.end()) {
     waiting_.erase(w);
     request->Finish(why, v1::FINISH_REASON_UNSPECIFIED, -1, absl::Now());
@@ -270,6 +270,10 @@ void Coordinator::Admit() {
     seq->pipeline = best->id;
     seq->slot = *best->slots.Allocate();
     seq->pending = req->request().prompt;
+    const SamplingParams& sp = req->request().sampling;
+    if (sp.repetition_penalty != 1.0f) {
+      for (int32_t t : seq->pending) seq->seen[t].second = true;
+    }
     best->running.push_back(seq->id);
     seq_of_request_[req.get()] = seq->id;
     req->Admitted(now);
@@ -280,10 +284,6 @@ void Coordinator::Admit() {
     seqs_.emplace(seq->id, std::move(seq));
   }
 }
-    const SamplingParams& sp = req->request().sampling;
-    if (sp.repetition_penalty != 1.0f) {
-      for (int32_t t : seq->pending) seq->seen[t].second = true;
-    }
 
 void Coordinator::FormSteps(
     Pipeline& p, std::vector<std::pair<std::shared_ptr<PipelineLink>, v1::StepRequest>>& out) {
@@ -319,16 +319,6 @@ void Coordinator::FormSteps(
       ss->set_top_p(sp.top_p);
       ss->set_seed(sp.seed);
       ss->set_sample_index(static_cast<uint64_t>(s.generated));
-      for (int t = 0; t < nt; ++t) step.add_tokens(s.pending[t]);
-      s.in_flight = true;
-      entries.push_back({s.id, nt, sample});
-    }
-    p.inflight.emplace(step.step_id(), std::move(entries));
-    if (metrics_ != nullptr) metrics_->batch_size.Observe(n);
-    out.emplace_back(p.link, std::move(step));
-    --free;
-  }
-}
       ss->set_min_p(sp.min_p);
       ss->set_presence_penalty(sp.presence_penalty);
       ss->set_frequency_penalty(sp.frequency_penalty);
@@ -351,6 +341,16 @@ void Coordinator::FormSteps(
         ss->set_prompt_top_logprobs(rq.prompt_logprobs);
         ss->set_next_prompt_token(sample ? -1 : s.pending[nt]);
       }
+      for (int t = 0; t < nt; ++t) step.add_tokens(s.pending[t]);
+      s.in_flight = true;
+      entries.push_back({s.id, nt, sample});
+    }
+    p.inflight.emplace(step.step_id(), std::move(entries));
+    if (metrics_ != nullptr) metrics_->batch_size.Observe(n);
+    out.emplace_back(p.link, std::move(step));
+    --free;
+  }
+}
 
 void Coordinator::OnStepResult(int pipeline, uint64_t assignment, int stage,
                                const v1::StepResult& r) {
@@ -381,6 +381,11 @@ void Coordinator::OnStepResult(int pipeline, uint64_t assignment, int stage,
                                r.step_id(), r.tokens_size(), sampled)));
     return;
   }
+  // The logprobs of entry i, if its sequence asked for any.
+  std::vector<const v1::SequenceLogprobs*> logprobs(entries.size(), nullptr);
+  for (const v1::SequenceLogprobs& l : r.logprobs()) {
+    if (l.seq() >= 0 && l.seq() < static_cast<int>(entries.size())) logprobs[l.seq()] = &l;
+  }
   int k = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     const StepEntry& e = entries[i];
@@ -391,12 +396,12 @@ void Coordinator::OnStepResult(int pipeline, uint64_t assignment, int stage,
     s.in_flight = false;
     s.position += e.num_tokens;
     s.pending.erase(s.pending.begin(), s.pending.begin() + e.num_tokens);
+    if (logprobs[i] != nullptr && logprobs[i]->prompt_size() > 0) {
+      std::vector<TokenLogprob> prompt;
+      for (const v1::TokenLogprob& p : logprobs[i]->prompt()) prompt.push_back(FromProto(p));
+      s.request->AppendPromptLogprobs(std::move(prompt));
+    }
     if (!e.sample) continue;
-  // The logprobs of entry i, if its sequence asked for any.
-  std::vector<const v1::SequenceLogprobs*> logprobs(entries.size(), nullptr);
-  for (const v1::SequenceLogprobs& l : r.logprobs()) {
-    if (l.seq() >= 0 && l.seq() < static_cast<int>(entries.size())) logprobs[l.seq()] = &l;
-  }
     if (token < 0 || token >= limits_.vocab_size) {
       FailPipeline(pipeline, absl::InternalError(absl::StrFormat(
                                  "pipeline %d: sampled token %d outside the vocabulary", pipeline,
@@ -410,11 +415,6 @@ void Coordinator::OnStepResult(int pipeline, uint64_t assignment, int stage,
     AppendToken(s, token, logprob ? &*logprob : nullptr);
   }
   wake_scheduler_ = true;
-    if (logprobs[i] != nullptr && logprobs[i]->prompt_size() > 0) {
-      std::vector<TokenLogprob> prompt;
-      for (const v1::TokenLogprob& p : logprobs[i]->prompt()) prompt.push_back(FromProto(p));
-      s.request->AppendPromptLogprobs(std::move(prompt));
-    }
 }
 
 void Coordinator::AppendToken(Sequence& seq, int32_t token, TokenLogprob* logprob) {

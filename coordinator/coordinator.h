@@ -52,9 +52,9 @@ class RequestState {
 
   struct Snapshot {
     std::vector<int32_t> tokens;  // every generated token so far
-    bool done = false;
     std::vector<TokenLogprob> logprobs;         // with request().logprobs >= 0: one per token
     std::vector<TokenLogprob> prompt_logprobs;  // with request().prompt_logprobs >= 0
+    bool done = false;
     absl::Status status;  // when done
     v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
     int text_limit = -1;  // when a stop string ended it: bytes of decoded text to keep
@@ -136,12 +136,12 @@ class Coordinator {
     int position = 0;               // tokens already in the KV-cache
     std::vector<int32_t> pending;   // tokens to feed: the prompt (rest), then the newest token
     int generated = 0;
-    bool in_flight = false;
-    absl::Time last_token = absl::InfinitePast();  // for the inter-token latency
-  };
     // With a penalty set: every distinct token of the sequence the penalties look at (the prompt
     // only for repetition_penalty) -> {times generated, in the prompt}.
     absl::flat_hash_map<int32_t, std::pair<int32_t, bool>> seen;
+    bool in_flight = false;
+    absl::Time last_token = absl::InfinitePast();  // for the inter-token latency
+  };
   struct StepEntry {
     uint64_t seq = 0;
     int num_tokens = 0;

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <string>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -39,6 +39,9 @@ struct ValidatedRequest {
   absl::Duration timeout = absl::InfiniteDuration();
 };
 
+// The most sequences one request may ask for (sampling.n).
+inline constexpr int kMaxChoices = 16;
+
 // Generations without max_new_tokens stop at this many tokens or the end of the context.
 inline constexpr int kDefaultMaxNewTokens = 256;
 
@@ -53,9 +56,6 @@ inline bool IsEos(const ValidatedRequest& request, int32_t token) {
 // `tokenizer` may be null (a checkpoint without one): text prompts and stop strings are then
 // rejected.
 absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& request,
-// The most sequences one request may ask for (sampling.n).
-inline constexpr int kMaxChoices = 16;
-
                                                  const ModelLimits& limits,
                                                  const Tokenizer* tokenizer);
 

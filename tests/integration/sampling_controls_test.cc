@@ -68,8 +68,9 @@ class SamplingControlsTest : public ::testing::Test {
       for (int32_t t : kPrompt) seen[t] = {.id = t, .output_count = 0, .in_prompt = true};
     }
     StepDescriptor d;
-    d.seqs = {{.slot = 0, .position = 0, .num_tokens = static_cast<int>(kPrompt.size()),
-               .sample = true, .sampling = sampling, .sample_index = 0}};
+    d.seqs.resize(1);
+    d.seqs[0].num_tokens = static_cast<int>(kPrompt.size());
+    d.seqs[0].sampling = sampling;
     d.tokens = kPrompt;
     std::vector<int32_t> out;
     while (static_cast<int>(out.size()) < max_new_tokens) {
@@ -95,8 +96,8 @@ class SamplingControlsTest : public ::testing::Test {
   // The raw logits after `prefix`, from the single-process engine.
   static std::vector<float> LogitsAfter(const std::vector<int32_t>& prefix) {
     StepDescriptor d;
-    d.seqs = {{.slot = 0, .position = 0, .num_tokens = static_cast<int>(prefix.size()),
-               .sample = true}};
+    d.seqs.resize(1);
+    d.seqs[0].num_tokens = static_cast<int>(prefix.size());
     d.tokens = prefix;
     d.return_logits = true;
     absl::StatusOr<StepOutput> o = Engine().Step(d, Activations{});
