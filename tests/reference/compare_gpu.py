@@ -17,7 +17,10 @@ reference itself agree on these checkpoints.
 Prints one line per prompt and a summary; --json writes everything.
 
 usage: compare_gpu.py --model DIR --bench PATH/tandem-bench [--dtype float16|bfloat16]
-                      [--prompts 20] [--steps 32] [--max_rel 1e-2] [--hf_self] [--json OUT.json]
+                      [--prompts 20] [--steps 32] [--lengths 2048,8192] [--max_rel 1e-2]
+                      [--hf_self] [--json OUT.json]
+--lengths: prompt lengths to cycle through instead of the built-in 1..500 (long prefills: the
+tensor-core prefill attention and its chunks of the forward pass).
 exit status: 0 when every prompt is within --max_rel and every token agrees, 1 otherwise (the
 HF-against-HF figures are reported, never judged).
 """
@@ -35,10 +38,10 @@ from transformers import AutoModelForCausalLM
 LENGTHS = [1, 2, 3, 5, 8, 12, 17, 24, 33, 46, 64, 90, 128, 160, 200, 256, 300, 360, 430, 500]
 
 
-def make_prompts(count, vocab, max_positions, steps):
+def make_prompts(count, vocab, max_positions, steps, lengths=LENGTHS):
     prompts = []
     for i in range(count):
-        n = min(LENGTHS[i % len(LENGTHS)], max_positions - steps)
+        n = min(lengths[i % len(lengths)], max_positions - steps)
         g = torch.Generator().manual_seed(1000 + i)
         prompts.append(torch.randint(0, vocab, (n,), generator=g).tolist())
     return prompts
@@ -100,6 +103,8 @@ def main():
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--max_rel", type=float, default=1e-2)
+    ap.add_argument("--lengths", default="",
+                    help="comma-separated prompt lengths (default: 1 to 500 tokens)")
     ap.add_argument("--hf_self", action="store_true")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -107,7 +112,8 @@ def main():
     cfg = json.load(open(os.path.join(args.model, "config.json")))
     vocab = cfg["vocab_size"]
     max_pos = cfg.get("n_positions", cfg.get("max_position_embeddings", 2048))
-    prompts = make_prompts(args.prompts, vocab, max_pos, args.steps)
+    lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else LENGTHS
+    prompts = make_prompts(args.prompts, vocab, max_pos, args.steps, lengths)
     name = os.path.basename(os.path.normpath(args.model))
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,9 +1,12 @@
 // tandem-bench: the CUDA engine's own speed, one stage in-process, no service.
 //
-// Benchmark: for each batch size, prefill `--prompt` tokens per sequence, then decode `--new`
-// tokens greedily; prints prefill tokens/s, decode ms/step and tokens/s, the bytes a decode step
-// reads (weights + KV-cache) per second against the measured device-to-device copy bandwidth, and
-// the GPU memory in use. Markdown on stdout, JSON with --json.
+// Benchmark: for each prompt length of `--prompt` (a list: one stage loaded per length, its
+// KV-cache sized for it) and each batch size, prefill that many tokens per sequence, then decode
+// `--new_tokens` tokens greedily; prints the time to first token (the prefill step, median of 3)
+// and prefill tokens/s, decode ms/step and tokens/s, the bytes a decode step reads (weights +
+// KV-cache) per second against the measured device-to-device copy bandwidth, and the GPU memory
+// in use. A prompt + new tokens beyond the model's context is refused. Markdown on stdout, JSON
+// with --json.
 //
 // Logit dump: --dump_logits IN.json OUT.json, IN = {"prompts": [[ids...], ...], "steps": N}; OUT
 // holds, per prompt, the last-position logits after prefill ("logits"), N greedy tokens and the
@@ -12,7 +15,7 @@
 // GEMV sweep: --gemv_sweep times the GEMV kernels alone on the model's decode projections at the
 // --batch row counts (1, 2, 4, 8) for every launch shape (gemv_sweep.h); needs only config.json.
 //
-// usage: tandem-bench --model DIR [--batch 1,8,64] [--prompt 128] [--new 128] [--dtype f16]
+// usage: tandem-bench --model DIR [--batch 1,8,64] [--prompt 128,2048] [--new_tokens 128] [--dtype f16]
 //        [--graphs=true] [--gemv_max_rows 4] [--decode_pdl] [--fold_norms] [--attention_combine]
 //        [--qkv_cache_epilogue] [--gemv_rows_per_warp 0] [--gemv_k_split 0] [--batch_invariant]
 //        [--profile] [--json OUT.json]
@@ -45,7 +48,7 @@
 
 ABSL_FLAG(std::string, model, "", "checkpoint folder (config.json + safetensors)");
 ABSL_FLAG(std::string, batch, "1,64", "comma-separated batch sizes");
-ABSL_FLAG(int, prompt, 128, "prompt tokens per sequence");
+ABSL_FLAG(std::string, prompt, "128", "comma-separated prompt lengths (tokens per sequence)");
 ABSL_FLAG(int, new_tokens, 128, "generated tokens per sequence (the first comes from prefill)");
 ABSL_FLAG(std::string, dtype, "f16", "f16 or bf16");
 ABSL_FLAG(bool, graphs, true, "replay decode steps from CUDA graphs");
@@ -133,7 +136,7 @@ void SetFusionFlags(CudaOptions& opt) {
 }
 
 struct BatchResult {
-  int batch;
+  int batch, prompt;
   double prefill_s, prefill_tok_s, decode_ms_step, decode_tok_s, e2e_tok_s, gb_s;
   CudaDecodeProfile profile;  // --profile: the measured decode steps
 };
@@ -166,6 +169,18 @@ absl::StatusOr<std::vector<int>> BatchSizes() {
   return batches;
 }
 
+absl::StatusOr<std::vector<int>> PromptLengths() {
+  std::vector<int> prompts;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_prompt), ',')) {
+    int p = 0;
+    if (!absl::SimpleAtoi(part, &p) || p < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--prompt: bad prompt length '", part, "'"));
+    }
+    prompts.push_back(p);
+  }
+  return prompts;
+}
+
 absl::Status GemvSweep() {
   const std::string model = absl::GetFlag(FLAGS_model);
   ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model));
@@ -184,14 +199,21 @@ absl::Status Bench() {
   ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model));
   ASSIGN_OR_RETURN(DType dtype, ParseHalfDTypeFlag(absl::GetFlag(FLAGS_dtype), "--dtype"));
   ASSIGN_OR_RETURN(std::vector<int> batches, BatchSizes());
-  const int prompt = absl::GetFlag(FLAGS_prompt), new_tokens = absl::GetFlag(FLAGS_new_tokens);
-  if (prompt < 1 || new_tokens < 1) {
-    return absl::InvalidArgumentError("--prompt and --new_tokens must be >= 1");
+  ASSIGN_OR_RETURN(std::vector<int> prompts, PromptLengths());
+  const int new_tokens = absl::GetFlag(FLAGS_new_tokens);
+  if (new_tokens < 1) return absl::InvalidArgumentError("--new_tokens must be >= 1");
+  // The prompt and every new token but the last (which is never fed back) take a position.
+  for (int prompt : prompts) {
+    if (prompt + new_tokens - 1 > c.max_positions) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--prompt %d with --new_tokens %d needs %d positions, beyond the model's context of %d "
+          "(max_position_embeddings in %s/config.json)",
+          prompt, new_tokens, prompt + new_tokens - 1, c.max_positions, model));
+    }
   }
   StageSpec spec;
   spec.model_dir = model;
   spec.max_slots = *std::max_element(batches.begin(), batches.end());
-  spec.max_seq_len = std::min(c.max_positions, prompt + new_tokens);
   CudaOptions opt;
   opt.dtype = dtype;
   opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
@@ -199,58 +221,74 @@ absl::Status Bench() {
   SetFusionFlags(opt);
   opt.kv_memory_fraction = static_cast<float>(absl::GetFlag(FLAGS_kv_memory_fraction));
   opt.profile_decode = absl::GetFlag(FLAGS_profile);
-  const auto t_load = Clock::now();
-  ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCudaStage(spec, opt));
-  const double load_s = Seconds(t_load, Clock::now());
-  const int steps = std::min(new_tokens, spec.max_seq_len - prompt + 1);
-
+  const int steps = new_tokens;
   const double weight_bytes = WeightBytesPerStep(c, DTypeSize(dtype));
   const double kv_token_bytes = 2.0 * c.num_layers * c.kv_dim() * DTypeSize(dtype);
   std::vector<BatchResult> results;
-  for (int batch : batches) {
-    // Round 0 warms up (cuBLAS heuristics, graph capture of the bucket); round 1 is measured.
-    BatchResult r{batch, 0, 0, 0, 0, 0, 0, {}};
-    for (int round = 0; round < 2; ++round) {
-      StepDescriptor pre = PrefillStep(batch, prompt, c, round);
-      const auto t0 = Clock::now();
-      ASSIGN_OR_RETURN(StepOutput out, stage->Step(pre, Activations{}));
-      const auto t1 = Clock::now();
-      std::vector<int32_t> last = out.tokens;
-      if (opt.profile_decode) RETURN_IF_ERROR(TakeDecodeProfile(*stage).status());
-      double kv_bytes = 0;
-      const int decode_steps = round == 0 ? std::min(steps - 1, 3) : steps - 1;
-      for (int i = 0; i < decode_steps; ++i) {
-        StepDescriptor step;
-        step.id = i + 1;
-        for (int b = 0; b < batch; ++b) {
-          SequenceStep s;
-          s.slot = b;
-          s.position = prompt + i;
-          s.num_tokens = 1;
-          s.sample_index = i + 1;
-          step.seqs.push_back(s);
-          kv_bytes += (prompt + i + 1) * kv_token_bytes;
+  double load_s = 0;
+  std::unique_ptr<Stage> stage;
+  for (int prompt : prompts) {
+    // One stage per prompt length, its KV-cache sized for prompt + new tokens.
+    stage.reset();
+    spec.max_seq_len = prompt + new_tokens - 1;
+    const auto t_load = Clock::now();
+    ASSIGN_OR_RETURN(stage, MakeCudaStage(spec, opt));
+    load_s = Seconds(t_load, Clock::now());
+    for (int batch : batches) {
+      // Round 0 warms up (cuBLAS heuristics, graph capture of the bucket); round 1 is measured.
+      BatchResult r{batch, prompt, 0, 0, 0, 0, 0, 0, {}};
+      for (int round = 0; round < 2; ++round) {
+        StepDescriptor pre = PrefillStep(batch, prompt, c, round);
+        // The prefill step three times (it rewrites the same positions), timed by its median.
+        std::vector<double> prefill_s;
+        StepOutput out;
+        auto t0 = Clock::now(), t1 = t0;
+        for (int rep = 0; rep < (round == 1 ? 3 : 1); ++rep) {
+          t0 = Clock::now();
+          ASSIGN_OR_RETURN(out, stage->Step(pre, Activations{}));
+          t1 = Clock::now();
+          prefill_s.push_back(Seconds(t0, t1));
         }
-        step.tokens = last;
-        ASSIGN_OR_RETURN(StepOutput o, stage->Step(step, Activations{}));
-        last = std::move(o.tokens);
-      }
-      const auto t2 = Clock::now();
-      if (round == 1) {
-        r.prefill_s = Seconds(t0, t1);
-        r.prefill_tok_s = batch * prompt / r.prefill_s;
-        const double decode_s = Seconds(t1, t2);
-        const int n = std::max(decode_steps, 1);
-        r.decode_ms_step = decode_s / n * 1e3;
-        r.decode_tok_s = decode_steps > 0 ? batch * decode_steps / decode_s : 0;
-        r.e2e_tok_s = batch * steps / Seconds(t0, t2);
-        r.gb_s = decode_steps > 0 ? (weight_bytes * decode_steps + kv_bytes) / decode_s / 1e9 : 0;
-        if (opt.profile_decode) {
-          ASSIGN_OR_RETURN(r.profile, TakeDecodeProfile(*stage));
+        std::sort(prefill_s.begin(), prefill_s.end());
+        std::vector<int32_t> last = out.tokens;
+        if (opt.profile_decode) RETURN_IF_ERROR(TakeDecodeProfile(*stage).status());
+        double kv_bytes = 0;
+        const int decode_steps = round == 0 ? std::min(steps - 1, 3) : steps - 1;
+        for (int i = 0; i < decode_steps; ++i) {
+          StepDescriptor step;
+          step.id = i + 1;
+          for (int b = 0; b < batch; ++b) {
+            SequenceStep s;
+            s.slot = b;
+            s.position = prompt + i;
+            s.num_tokens = 1;
+            s.sample_index = i + 1;
+            step.seqs.push_back(s);
+            kv_bytes += (prompt + i + 1) * kv_token_bytes;
+          }
+          step.tokens = last;
+          ASSIGN_OR_RETURN(StepOutput o, stage->Step(step, Activations{}));
+          last = std::move(o.tokens);
+        }
+        const auto t2 = Clock::now();
+        if (round == 1) {
+          r.prefill_s = prefill_s[prefill_s.size() / 2];
+          r.prefill_tok_s = batch * prompt / r.prefill_s;
+          const double decode_s = Seconds(t1, t2);
+          const int n = std::max(decode_steps, 1);
+          r.decode_ms_step = decode_s / n * 1e3;
+          r.decode_tok_s = decode_steps > 0 ? batch * decode_steps / decode_s : 0;
+          r.e2e_tok_s = batch * steps / Seconds(t0, t2);
+          r.gb_s = decode_steps > 0
+                       ? (weight_bytes * decode_steps + kv_bytes) / decode_s / 1e9
+                       : 0;
+          if (opt.profile_decode) {
+            ASSIGN_OR_RETURN(r.profile, TakeDecodeProfile(*stage));
+          }
         }
       }
+      results.push_back(r);
     }
-    results.push_back(r);
   }
   size_t free_b = 0, total_b = 0;
   cudaMemGetInfo(&free_b, &total_b);
@@ -270,11 +308,12 @@ absl::Status Bench() {
   cudaGetDeviceProperties(&prop, 0);
 
   std::printf(
-      "model %s (%s, %d layers, hidden %d), %s, prompt %d, new %d, graphs %s, "
+      "model %s (%s, %d layers, hidden %d), %s, prompt %s, new %d, graphs %s, "
       "gemv_max_rows %d, decode_pdl %s, fold_norms %s, attention_combine %s, "
       "qkv_cache_epilogue %s, gemv rows/warp %d, gemv K split %d, batch_invariant %s\n",
       model.c_str(), std::string(ArchName(c.arch)).c_str(), c.num_layers, c.hidden_size,
-      std::string(DTypeName(dtype)).c_str(), prompt, steps, opt.cuda_graphs ? "on" : "off",
+      std::string(DTypeName(dtype)).c_str(), absl::GetFlag(FLAGS_prompt).c_str(), steps,
+      opt.cuda_graphs ? "on" : "off",
       opt.gemv_max_rows, opt.decode_pdl ? "on" : "off", opt.fold_norms ? "on" : "off",
       opt.attention_combine ? "on" : "off", opt.qkv_cache_epilogue ? "on" : "off",
       opt.gemv_rows_per_warp, opt.gemv_k_split, opt.batch_invariant ? "on" : "off");
@@ -283,10 +322,12 @@ absl::Status Bench() {
       "%.2f GiB\n\n",
       prop.name, *copy_bw / 1e9, after_free ? "; after freeing the stage, reads low" : "", load_s,
       used_gib);
-  std::printf("| batch | prefill tok/s | decode ms/step | decode tok/s | end-to-end tok/s | "
-              "decode GB/s | %% of copy bw |\n|---|---|---|---|---|---|---|\n");
+  std::printf("| batch | prompt | TTFT (prefill ms) | prefill tok/s | decode ms/step | "
+              "decode tok/s | end-to-end tok/s | decode GB/s | %% of copy bw |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
   for (const BatchResult& r : results) {
-    std::printf("| %d | %.0f | %.3f | %.0f | %.0f | %.0f | %.0f%% |\n", r.batch, r.prefill_tok_s,
+    std::printf("| %d | %d | %.2f | %.0f | %.3f | %.0f | %.0f | %.0f | %.0f%% |\n", r.batch,
+                r.prompt, r.prefill_s * 1e3, r.prefill_tok_s,
                 r.decode_ms_step, r.decode_tok_s, r.e2e_tok_s, r.gb_s,
                 100 * r.gb_s * 1e9 / *copy_bw);
   }
@@ -302,7 +343,8 @@ absl::Status Bench() {
     j["arch"] = std::string(ArchName(c.arch));
     j["dtype"] = std::string(DTypeName(dtype));
     j["device"] = prop.name;
-    j["prompt"] = prompt;
+    j["prompt"] = prompts.front();
+    j["prompts"] = prompts;
     j["new_tokens"] = steps;
     j["cuda_graphs"] = opt.cuda_graphs;
     j["gemv_max_rows"] = opt.gemv_max_rows;
@@ -319,7 +361,8 @@ absl::Status Bench() {
     j["weight_bytes_per_step"] = weight_bytes;
     j["load_seconds"] = load_s;
     for (const BatchResult& r : results) {
-      j["results"].push_back({{"batch", r.batch}, {"prefill_seconds", r.prefill_s},
+      j["results"].push_back({{"batch", r.batch}, {"prompt", r.prompt},
+                              {"prefill_seconds", r.prefill_s}, {"ttft_ms", r.prefill_s * 1e3},
                               {"prefill_tok_s", r.prefill_tok_s},
                               {"decode_ms_per_step", r.decode_ms_step},
                               {"decode_tok_s", r.decode_tok_s}, {"end_to_end_tok_s", r.e2e_tok_s},
