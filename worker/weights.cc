@@ -255,7 +255,8 @@ namespace {
 // Runs fn(0) ... fn(n - 1) on up to 16 threads, each taking the next index as it finishes one.
 template <typename Fn>
 void ParallelFor(size_t n, const Fn& fn) {
-  const size_t threads = std::min<size_t>({n, 16, std::max(1u, std::thread::hardware_concurrency())});
+  const size_t threads =
+      std::min<size_t>({n, 16, std::max(1u, std::thread::hardware_concurrency())});
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i = next++; i < n; i = next++) fn(i);
@@ -270,9 +271,13 @@ void ParallelFor(size_t n, const Fn& fn) {
 
 absl::StatusOr<StageWeights> LoadStageWeights(Checkpoint& ckpt, int first_layer, int last_layer) {
   ASSIGN_OR_RETURN(StageSources sources, FindStageWeights(ckpt, first_layer, last_layer));
+  return ReadStageWeights(sources);
+}
+
+StageWeights ReadStageWeights(const StageSources& sources, int64_t piece_elements) {
   // Conversion is memory-bound at a few GB/s per core; a 3B model is ~13 GB of fp32, so both the
   // allocation (first touch of every page) and the conversion are spread over the cores, in
-  // pieces of at most 4 Mi elements (one piece for a transposed tensor).
+  // pieces of at most `piece_elements` (one piece for a transposed tensor).
   std::vector<std::pair<const TensorSource*, std::vector<float>*>> tensors;
   StageWeights w;
   ForEachTensor(sources, w, [&](const TensorSource& src, std::vector<float>& dst) {
@@ -285,20 +290,21 @@ absl::StatusOr<StageWeights> LoadStageWeights(Checkpoint& ckpt, int first_layer,
     TensorSource src;  // one part, or one element range of it
     float* dst;
   };
-  constexpr int64_t kPieceElements = int64_t{1} << 22;
   std::vector<Piece> pieces;
   for (const auto& [src, dst] : tensors) {
     float* out = dst->data();
     for (const TensorView& part : src->parts) {
       const int64_t n = part.numel();
-      const int64_t step = src->transposed ? std::max<int64_t>(n, 1) : kPieceElements;
+      const int64_t step =
+          src->transposed ? std::max<int64_t>(n, 1) : std::max<int64_t>(piece_elements, 1);
       const size_t elem = DTypeSize(part.dtype);
       for (int64_t b = 0; b < n; b += step) {
         const int64_t e = std::min(n, b + step);
         TensorView v = part;
         if (!src->transposed) {
           v.shape = {e - b};
-          v.data = part.data.subspan(static_cast<size_t>(b) * elem, static_cast<size_t>(e - b) * elem);
+          v.data = part.data.subspan(static_cast<size_t>(b) * elem,
+                                     static_cast<size_t>(e - b) * elem);
         }
         pieces.push_back({TensorSource{{std::move(v)}, src->transposed}, out + b});
       }

@@ -103,8 +103,13 @@ using StageSources = StageWeightsOf<TensorSource>;
 // checkpoint that the model as configured would not use.
 absl::StatusOr<StageSources> FindStageWeights(Checkpoint& ckpt, int first_layer, int last_layer);
 
-// FindStageWeights, then every tensor converted to fp32 in the engine's layout (several threads).
+// FindStageWeights, then ReadStageWeights.
 absl::StatusOr<StageWeights> LoadStageWeights(Checkpoint& ckpt, int first_layer, int last_layer);
+
+// Every tensor of `sources` as fp32 in the engine's layout, converted on several threads in
+// pieces of at most `piece_elements`.
+StageWeights ReadStageWeights(const StageSources& sources,
+                              int64_t piece_elements = int64_t{1} << 22);
 
 // The source's values as fp32 (numel of them) into `dst`, in the engine's layout.
 void SourceToFloat(const TensorSource& src, float* dst);

@@ -122,8 +122,10 @@ TensorMap LlamaTensors(const ModelConfig& c, const std::string& prefix, bool wit
 
 class LoadStageWeightsTest : public ::testing::Test {
  protected:
-  // Writes config.json and model.safetensors into a fresh folder and opens it.
-  std::unique_ptr<Checkpoint> Write(const ModelConfig& c, const TensorMap& tensors) {
+  // Writes config.json and model.safetensors into a fresh folder and opens it; tensors are F32
+  // unless `dtypes` names them (their values then rounded to that dtype).
+  std::unique_ptr<Checkpoint> Write(const ModelConfig& c, const TensorMap& tensors,
+                                    const std::map<std::string, DType>& dtypes = {}) {
     const std::filesystem::path dir =
         std::filesystem::path(TANDEM_TEST_TMPDIR) / "weights_test" /
         ::testing::UnitTest::GetInstance()->current_test_info()->name();
@@ -132,8 +134,11 @@ class LoadStageWeightsTest : public ::testing::Test {
     std::ofstream(dir / "config.json") << ModelConfigToJson(c);
     std::vector<TensorToWrite> out;
     for (const auto& [name, t] : tensors) {
-      TensorToWrite w{name, DType::kF32, t.shape, std::vector<std::byte>(t.values.size() * 4)};
-      std::memcpy(w.bytes.data(), t.values.data(), w.bytes.size());
+      const auto d = dtypes.find(name);
+      const DType dtype = d == dtypes.end() ? DType::kF32 : d->second;
+      TensorToWrite w{name, dtype, t.shape,
+                      std::vector<std::byte>(t.values.size() * DTypeSize(dtype))};
+      FromFloat(dtype, t.values.data(), t.values.size(), w.bytes.data());
       out.push_back(std::move(w));
     }
     EXPECT_TRUE(WriteSafetensors(dir / "model.safetensors", out).ok());
@@ -228,6 +233,77 @@ TEST_F(LoadStageWeightsTest, LlamaStacksQkvAndGateUpRows) {
   EXPECT_EQ(w->final_norm_w, t.at("model.norm.weight").values);
   EXPECT_EQ(w->lm_head, t.at("lm_head.weight").values);
   EXPECT_NE(w->lm_head, w->tok_embedding);
+}
+
+// Values as a checkpoint stored in `dtype` holds them.
+std::vector<float> Rounded(DType dtype, const std::vector<float>& v) {
+  std::vector<uint16_t> stored(v.size());
+  FromFloat(dtype, v.data(), v.size(), stored.data());
+  std::vector<float> out(v.size());
+  ToFloat(dtype, stored.data(), v.size(), out.data());
+  return out;
+}
+
+TEST_F(LoadStageWeightsTest, PartsKeepTheirStoredDtypeAndReadAsTheirValues) {
+  const ModelConfig c = LlamaConfig(/*tied=*/false);
+  const TensorMap t = LlamaTensors(c, "model.", /*with_lm_head=*/true);
+  std::map<std::string, DType> dtypes;
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    dtypes[p + "self_attn.q_proj.weight"] = DType::kF16;
+    dtypes[p + "self_attn.k_proj.weight"] = DType::kBF16;
+    dtypes[p + "mlp.down_proj.weight"] = DType::kBF16;
+  }
+  auto ckpt = Write(c, t, dtypes);
+  auto sources = FindStageWeights(*ckpt, 0, c.num_layers);
+  ASSERT_TRUE(sources.ok()) << sources.status();
+  const TensorSource& qkv = sources->layers[1].wqkv;
+  ASSERT_EQ(qkv.parts.size(), 3u);
+  EXPECT_EQ(qkv.parts[0].name, "model.layers.1.self_attn.q_proj.weight");
+  EXPECT_EQ(qkv.parts[0].dtype, DType::kF16);
+  EXPECT_EQ(qkv.parts[1].dtype, DType::kBF16);
+  EXPECT_EQ(qkv.parts[2].name, "model.layers.1.self_attn.v_proj.weight");
+  EXPECT_EQ(qkv.parts[2].dtype, DType::kF32);
+  EXPECT_FALSE(qkv.transposed);
+  EXPECT_EQ(qkv.numel(), static_cast<int64_t>(c.q_dim() + 2 * c.kv_dim()) * c.hidden_size);
+
+  auto w = LoadStageWeights(*ckpt, 0, c.num_layers);
+  ASSERT_TRUE(w.ok()) << w.status();
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    const std::vector<float> q = Rounded(DType::kF16, t.at(p + "self_attn.q_proj.weight").values);
+    const std::vector<float> k = Rounded(DType::kBF16, t.at(p + "self_attn.k_proj.weight").values);
+    EXPECT_EQ(w->layers[i].wqkv, Concat({&q, &k, &t.at(p + "self_attn.v_proj.weight").values}));
+    EXPECT_EQ(w->layers[i].w_out, Rounded(DType::kBF16, t.at(p + "mlp.down_proj.weight").values));
+  }
+}
+
+TEST_F(LoadStageWeightsTest, SmallConversionPiecesReadTheSame) {
+  const ModelConfig c = LlamaConfig(/*tied=*/false);
+  const TensorMap t = LlamaTensors(c, "model.", /*with_lm_head=*/true);
+  auto ckpt = Write(c, t, {{"model.layers.0.self_attn.k_proj.weight", DType::kBF16}});
+  auto sources = FindStageWeights(*ckpt, 0, c.num_layers);
+  ASSERT_TRUE(sources.ok()) << sources.status();
+  const StageWeights whole = ReadStageWeights(*sources);
+  const StageWeights pieces = ReadStageWeights(*sources, /*piece_elements=*/5);
+  EXPECT_EQ(pieces.tok_embedding, whole.tok_embedding);
+  EXPECT_EQ(pieces.lm_head, whole.lm_head);
+  for (int i = 0; i < c.num_layers; ++i) {
+    EXPECT_EQ(pieces.layers[i].wqkv, whole.layers[i].wqkv) << "layer " << i;
+    EXPECT_EQ(pieces.layers[i].w_in, whole.layers[i].w_in) << "layer " << i;
+    EXPECT_EQ(pieces.layers[i].w_out, whole.layers[i].w_out) << "layer " << i;
+  }
+}
+
+TEST_F(LoadStageWeightsTest, Gpt2ConvSourcesAreMarkedTransposed) {
+  const ModelConfig c = Gpt2Config();
+  auto ckpt = Write(c, Gpt2Tensors(c, "transformer."));
+  auto sources = FindStageWeights(*ckpt, 0, 1);
+  ASSERT_TRUE(sources.ok()) << sources.status();
+  EXPECT_TRUE(sources->layers[0].wqkv.transposed);
+  EXPECT_TRUE(sources->layers[0].w_out.transposed);
+  EXPECT_FALSE(sources->layers[0].bqkv.transposed);
+  EXPECT_FALSE(sources->tok_embedding.transposed);
 }
 
 TEST_F(LoadStageWeightsTest, LlamaNamesWithoutModelPrefixLoadTheSame) {

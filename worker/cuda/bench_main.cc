@@ -12,6 +12,9 @@
 // holds, per prompt, the last-position logits after prefill ("logits"), N greedy tokens and the
 // logits of the decode step that chose the last of them ("final_logits").
 //
+// CPU load: --cpu_load loads the whole model with the CPU backend (fp32 on the host) instead and
+// prints only that load time, for comparison with the CUDA backend's "load".
+//
 // GEMV sweep: --gemv_sweep times the GEMV kernels alone on the model's decode projections at the
 // --batch row counts (1, 2, 4, 8) for every launch shape (gemv_sweep.h); needs only config.json.
 //
@@ -21,6 +24,7 @@
 //        [--profile] [--json OUT.json]
 //        | --model DIR [--dtype f16] --dump_logits IN.json OUT.json
 //        | --model DIR [--dtype f16] [--batch 1,2,4] --gemv_sweep [--json OUT.json]
+//        | --model DIR --cpu_load
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -41,6 +45,7 @@
 #include "common/rng.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "worker/cpu/cpu_stage.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage.h"
 #include "worker/cuda/decode_profile.h"
@@ -74,6 +79,8 @@ ABSL_FLAG(bool, batch_invariant, false,
 ABSL_FLAG(bool, profile, false,
           "time each decode step on the device too (CudaOptions::profile_decode): device time, "
           "forward pass, device idle between steps, host time to launch");
+ABSL_FLAG(bool, cpu_load, false,
+          "load the model with the CPU backend instead and print only its load time");
 ABSL_FLAG(double, kv_memory_fraction, 0.9, "share of free GPU memory for the KV-cache");
 ABSL_FLAG(std::string, json, "", "write the results as JSON to this file");
 ABSL_FLAG(std::string, dump_logits, "",
@@ -456,6 +463,18 @@ absl::Status DumpLogits(const std::string& in_path, const std::string& out_path)
   return absl::OkStatus();
 }
 
+absl::Status CpuLoad() {
+  StageSpec spec;
+  spec.model_dir = absl::GetFlag(FLAGS_model);
+  spec.max_slots = 1;
+  spec.max_seq_len = 16;  // a small KV-cache: the time is the weights'
+  const auto t0 = Clock::now();
+  ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCpuStage(spec));
+  std::printf("CPU backend load %.2f s (%s)\n", Seconds(t0, Clock::now()),
+              spec.model_dir.string().c_str());
+  return absl::OkStatus();
+}
+
 }  // namespace
 }  // namespace tandem
 
@@ -473,6 +492,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     st = tandem::DumpLogits(dump_in, rest[1]);
+  } else if (absl::GetFlag(FLAGS_cpu_load)) {
+    st = tandem::CpuLoad();
   } else if (absl::GetFlag(FLAGS_gemv_sweep)) {
     st = tandem::GemvSweep();
   } else {
