@@ -119,13 +119,14 @@ ModelConfig Qwen25_7b() {
 }
 
 // Tiny members of the families, each with what sets it apart where the tests see it:
-// tiny-llama3: Llama 3.1's rope scaling with a base and head size for which its three bands
-// (kept, ramped, divided) all hold frequencies; tiny-mistral: a sliding window shorter than
-// the test prompts; tiny-qwen2: q/k/v biases and a tied head.
+// tiny-llama3: Llama 3.1's rope scaling with the original context cut to 64, so that at the test
+// prompts' positions its three bands all turn (wavelength 6.3 kept, 32 ramped, 166 and up
+// divided by 8); tiny-mistral: a sliding window shorter than the test prompts; tiny-qwen2: q/k/v
+// biases and a tied head.
 ModelConfig TinyLlama3() {
   ModelConfig c = TinyLlama(false);
   c.rope_theta = 500000.0f;
-  c.rope_scaling = {RopeScaling::Type::kLlama3, 8.0f, 1.0f, 4.0f, 8192};
+  c.rope_scaling = {RopeScaling::Type::kLlama3, 8.0f, 1.0f, 4.0f, 64};
   return c;
 }
 
