@@ -1,9 +1,9 @@
 // Regular expressions as tokenizer.json writes them (Oniguruma syntax, which Hugging Face's
 // tokenizers compiles), run by ICU's regex engine, and literal patterns.
 //
-// The translation is small and strict: `\s`/`\S` become Unicode's White_Space property (what
-// Oniguruma means by them; ICU's own `\s` lacks U+000B and U+0085), and any escape whose meaning
-// differs between the two engines, or that is not known to agree, is refused with its name.
+// The translation is small and strict: `\s`/`\S` are spelled as Unicode's White_Space property
+// (what Oniguruma means by them, and what ICU's own `\s` matches too), and any escape whose
+// meaning differs between the two engines, or that is not known to agree, is refused by name.
 #pragma once
 
 #include <memory>

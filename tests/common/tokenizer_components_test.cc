@@ -130,7 +130,7 @@ TEST(TokenizerPreTokenizer, Llama3PatternMatchesOniguruma) {
       {"invert", false}};
   EXPECT_THAT(PreTokenize(llama3, "12345 (hello"), ElementsAre("123", "45", " (", "hello"));
   EXPECT_THAT(PreTokenize(llama3, "IT'S it's"), ElementsAre("IT", "'S", " it", "'s"));
-  // \s is White_Space: U+0085 is a space here (ICU's own \s would not say so).
+  // \s is White_Space: U+0085 is a space here, as in Oniguruma.
   EXPECT_THAT(PreTokenize(llama3, "a\xC2\x85\xC2\x85" "b"), ElementsAre("a", "\xC2\x85", "\xC2\x85" "b"));
   EXPECT_THAT(PreTokenize(llama3, "x   y\n\n z"), ElementsAre("x", "  ", " y", "\n\n", " z"));
 }
