@@ -36,6 +36,9 @@ absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(std::string_view yaml_t
       else if (key == "heartbeat_interval_ms") c.heartbeat_interval_ms = v.as<int>();
       else if (key == "heartbeat_timeout_ms") c.heartbeat_timeout_ms = v.as<int>();
       else if (key == "drain_timeout_s") c.drain_timeout_s = v.as<double>();
+      else if (key == "http_listen") c.http_listen = v.as<std::string>();
+      else if (key == "http_threads") c.http_threads = v.as<int>();
+      else if (key == "served_model_name") c.served_model_name = v.as<std::string>();
       else {
         return absl::InvalidArgumentError(
             absl::StrFormat("%s: unknown setting '%s'", source, key));
@@ -83,7 +86,8 @@ absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
                               {"prefill_chunk", c.prefill_chunk, 1},
                               {"heartbeat_interval_ms", c.heartbeat_interval_ms, 10},
                               {"heartbeat_timeout_ms", c.heartbeat_timeout_ms, 50},
-                              {"drain_timeout_s", c.drain_timeout_s, 0}}) {
+                              {"drain_timeout_s", c.drain_timeout_s, 0},
+                              {"http_threads", c.http_threads, 0}}) {
     if (absl::Status s = at_least(name, v, min); !s.ok()) return s;
   }
   if (c.heartbeat_timeout_ms <= c.heartbeat_interval_ms) {

@@ -24,6 +24,9 @@ struct CoordinatorConfig {
   int heartbeat_interval_ms = 200;        // told to workers when they register
   int heartbeat_timeout_ms = 1000;        // a silent worker is down after this
   double drain_timeout_s = 60;            // topology change: wait this long for running requests
+  std::string http_listen;                // OpenAI-compatible HTTP API host:port; empty: off
+  int http_threads = 0;                   // its connection threads; 0: slots + waiting + 8
+  std::string served_model_name;          // the model's id in that API; empty: model_dir's name
 };
 
 // Parses YAML text; `source` names the file in errors. Unknown keys are errors (a typo should not

@@ -434,7 +434,9 @@ void Coordinator::AppendToken(Sequence& seq, int32_t token, TokenLogprob* logpro
   }
   v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
   int text_limit = -1;
-  if (IsEos(r, token)) {
+  if (seq.generated <= r.min_tokens) {
+    // min_tokens: neither EOS nor a stop condition ends the sequence yet.
+  } else if (IsEos(r, token)) {
     finish = v1::FINISH_REASON_EOS;
   } else if (std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token) !=
              r.stop_token_ids.end()) {

@@ -1,4 +1,5 @@
-// tandem-coordinator: serves Inference, Admin, Registry, health and reflection on one port.
+// tandem-coordinator: serves Inference, Admin, Registry, health and reflection on one port, and
+// with --http_listen the OpenAI-compatible HTTP API on another.
 // Settings come from --config (YAML) and are overridden by the flags given on the command line.
 #include <csignal>
 #include <optional>
@@ -10,6 +11,7 @@
 #include "coordinator/config.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/grpc_services.h"
+#include "coordinator/openai/http_api.h"
 #include "common/metrics.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -30,6 +32,12 @@ ABSL_FLAG(std::optional<int>, prefill_chunk, std::nullopt, "prompt tokens per se
 ABSL_FLAG(std::optional<int>, heartbeat_interval_ms, std::nullopt, "worker heartbeat period");
 ABSL_FLAG(std::optional<int>, heartbeat_timeout_ms, std::nullopt, "silence before a worker is down");
 ABSL_FLAG(std::optional<double>, drain_timeout_s, std::nullopt, "topology change drain limit");
+ABSL_FLAG(std::optional<std::string>, http_listen, std::nullopt,
+          "host:port of the OpenAI-compatible HTTP API (port 0: any free port; unset: off)");
+ABSL_FLAG(std::optional<int>, http_threads, std::nullopt,
+          "HTTP connection threads (0: running slots + waiting queue + 8)");
+ABSL_FLAG(std::optional<std::string>, served_model_name, std::nullopt,
+          "the model's id in the HTTP API (default: the name of --model_dir)");
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
           "host:port serving Prometheus /metrics (port 0: any free port; empty: off)");
 
@@ -67,6 +75,9 @@ int main(int argc, char** argv) {
   if (auto v = absl::GetFlag(FLAGS_heartbeat_interval_ms)) config.heartbeat_interval_ms = *v;
   if (auto v = absl::GetFlag(FLAGS_heartbeat_timeout_ms)) config.heartbeat_timeout_ms = *v;
   if (auto v = absl::GetFlag(FLAGS_drain_timeout_s)) config.drain_timeout_s = *v;
+  if (auto v = absl::GetFlag(FLAGS_http_listen)) config.http_listen = *v;
+  if (auto v = absl::GetFlag(FLAGS_http_threads)) config.http_threads = *v;
+  if (auto v = absl::GetFlag(FLAGS_served_model_name)) config.served_model_name = *v;
 
   absl::StatusOr<std::unique_ptr<tandem::Coordinator>> coordinator =
       tandem::Coordinator::Create(config);
@@ -108,6 +119,19 @@ int main(int argc, char** argv) {
     return 1;
   }
   (*coordinator)->Start();
+  // A client that leaves mid-stream must fail the write, not kill the process.
+  std::signal(SIGPIPE, SIG_IGN);
+  std::unique_ptr<tandem::openai::HttpServer> http;
+  if (!config.http_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<tandem::openai::HttpServer>> h =
+        tandem::openai::StartHttpApi(**coordinator);
+    if (!h.ok()) {
+      spdlog::error("{}", h.status().ToString());
+      return 1;
+    }
+    http = *std::move(h);
+    std::printf("tandem-coordinator http on port %d\n", http->port());
+  }
   // The bound port on stdout (one line) lets scripts and tests use --listen=127.0.0.1:0.
   std::printf("tandem-coordinator listening on port %d\n", port);
   std::fflush(stdout);
@@ -119,6 +143,7 @@ int main(int argc, char** argv) {
   while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   spdlog::info("shutting down");
   (*coordinator)->Shutdown();
+  http.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;
 }

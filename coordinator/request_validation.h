@@ -35,6 +35,9 @@ struct ValidatedRequest {
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop_strings;
   int32_t eos_token_id = -1;  // -1: none or ignored
+  // EOS and stop tokens/strings end the sequence only after this many generated tokens (they are
+  // still sampled and kept before that; vLLM masks them instead).
+  int min_tokens = 0;
   std::vector<int32_t> eos_token_ids;  // all EOS ids (empty when ignored); eos_token_id is one
   absl::Duration timeout = absl::InfiniteDuration();
 };

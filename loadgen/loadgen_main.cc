@@ -15,7 +15,12 @@
 #include "absl/time/time.h"
 #include "loadgen/sweep.h"
 
-ABSL_FLAG(std::string, addr, "127.0.0.1:50051", "the coordinator's host:port");
+ABSL_FLAG(std::string, addr, "127.0.0.1:50051",
+          "the coordinator's host:port (--api openai: the server's http://host:port)");
+ABSL_FLAG(std::string, api, "grpc", "grpc (tandem's API) or openai (any OpenAI-compatible server)");
+ABSL_FLAG(std::string, model, "", "--api openai: the model to name (default: the first listed)");
+ABSL_FLAG(std::string, admin, "",
+          "--api openai: tandem's gRPC host:port, for --nodes and the vocabulary");
 ABSL_FLAG(std::vector<std::string>, worker_metrics, {},
           "the workers' /metrics host:port, comma-separated (energy, stage times, GPU memory)");
 ABSL_FLAG(std::vector<std::string>, nodes, {"1"}, "node counts, comma-separated; the first is "
@@ -88,6 +93,9 @@ int main(int argc, char** argv) {
   }
   tandem::loadgen::SweepOptions o;
   o.coordinator = absl::GetFlag(FLAGS_addr);
+  o.api = absl::GetFlag(FLAGS_api);
+  o.model = absl::GetFlag(FLAGS_model);
+  o.admin = absl::GetFlag(FLAGS_admin);
   o.worker_metrics = absl::GetFlag(FLAGS_worker_metrics);
   if (!ParseList("nodes", absl::GetFlag(FLAGS_nodes), &o.nodes) ||
       !ParseList("batch", absl::GetFlag(FLAGS_batch), &o.batch) ||

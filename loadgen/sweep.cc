@@ -11,13 +11,13 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/metrics.h"
-#include "grpcpp/grpcpp.h"
-#include "proto/tandem.grpc.pb.h"
+#include "loadgen/load_client.h"
 
 namespace tandem::loadgen {
 namespace {
@@ -42,99 +42,6 @@ std::vector<int32_t> MakePrompt(uint64_t seed, int index, int len, int vocab) {
   }
   return ids;
 }
-
-struct RequestRecord {
-  bool ok = false;
-  std::string error;
-  std::vector<int32_t> tokens;
-  double ttft = 0;
-  double e2e = 0;
-  std::vector<double> gaps;  // between consecutive token messages, per token
-};
-
-class Client {
- public:
-  Client(const std::string& address, double timeout_s) : timeout_s_(timeout_s) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(64 << 20);
-    channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-    inference_ = v1::Inference::NewStub(channel_);
-    admin_ = v1::Admin::NewStub(channel_);
-  }
-
-  absl::StatusOr<v1::ModelInfo> Info() {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    ctx.set_wait_for_ready(true);
-    v1::ModelInfo info;
-    grpc::Status s = inference_->GetModelInfo(&ctx, {}, &info);
-    if (!s.ok()) return absl::UnavailableError(absl::StrCat("GetModelInfo: ", s.error_message()));
-    return info;
-  }
-
-  // Sets stages x replicas and waits until exactly that serves.
-  absl::Status SetTopology(int stages, int replicas) {
-    const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(300);
-    std::string last;
-    while (std::chrono::system_clock::now() < deadline) {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(deadline);
-      v1::SetTopologyRequest req;
-      req.set_stages(stages);
-      req.set_replicas(replicas);
-      v1::Topology t;
-      grpc::Status s = admin_->SetTopology(&ctx, req, &t);
-      if (s.ok()) {
-        bool ok = t.pipelines_size() == replicas;
-        for (const auto& p : t.pipelines()) ok &= p.stages_size() == stages;
-        if (ok) return absl::OkStatus();
-      }
-      last = s.error_message();
-      // Workers may still be registering: FAILED_PRECONDITION until enough are up.
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-    return absl::UnavailableError(absl::StrFormat("SetTopology %d stages x %d replicas: %s",
-                                                  stages, replicas, last));
-  }
-
-  RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len) {
-    RequestRecord rec;
-    v1::GenerateRequest req;
-    req.mutable_token_ids()->Assign(prompt.begin(), prompt.end());
-    req.set_max_new_tokens(output_len);
-    req.set_ignore_eos(true);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(
-                                        static_cast<int64_t>(timeout_s_ * 1000)));
-    const auto t0 = Clock::now();
-    auto last = t0;
-    auto reader = inference_->GenerateStream(&ctx, req);
-    v1::GenerateStreamResponse msg;
-    while (reader->Read(&msg)) {
-      const auto now = Clock::now();
-      const int n = msg.token_ids_size();
-      if (n == 0) continue;
-      if (rec.tokens.empty()) {
-        rec.ttft = Since(t0, now);
-      } else {
-        for (int k = 0; k < n; ++k) rec.gaps.push_back(Since(last, now) / n);
-      }
-      last = now;
-      rec.tokens.insert(rec.tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
-    }
-    grpc::Status s = reader->Finish();
-    rec.e2e = Since(t0, Clock::now());
-    rec.ok = s.ok();
-    if (!s.ok()) rec.error = s.error_message();
-    return rec;
-  }
-
- private:
-  const double timeout_s_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Inference::Stub> inference_;
-  std::unique_ptr<v1::Admin::Stub> admin_;
-};
 
 // All workers' samples; a worker that cannot be read contributes none.
 // Each worker's samples, in `workers` order (empty where the scrape failed).
@@ -268,6 +175,20 @@ std::optional<double> GpuEnergyOfActiveWorkers(
 }
 
 absl::Status ValidateSweepOptions(const SweepOptions& o) {
+  if (o.api != "grpc" && o.api != "openai") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--api: '", o.api, "' is neither grpc nor openai"));
+  }
+  if (o.api == "openai" && !absl::StartsWith(o.coordinator, "http://")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--addr: '", o.coordinator, "' must be http://host:port with --api openai"));
+  }
+  if (o.api == "openai" && o.admin.empty() &&
+      std::any_of(o.nodes.begin(), o.nodes.end(), [](int n) { return n != 1; })) {
+    return absl::InvalidArgumentError(
+        "--nodes: an OpenAI server cannot be re-partitioned without tandem's gRPC Admin; give "
+        "--admin HOST:PORT or --nodes 1");
+  }
   if (o.nodes.empty()) return absl::InvalidArgumentError("--nodes: empty");
   for (int n : o.nodes) {
     if (n < 1) return absl::InvalidArgumentError(absl::StrCat("--nodes: ", n, " is < 1"));
@@ -302,15 +223,17 @@ absl::Status ValidateSweepOptions(const SweepOptions& o) {
 
 absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
   if (absl::Status s = ValidateSweepOptions(o); !s.ok()) return s;
-  Client client(o.coordinator, o.request_timeout_s);
-  absl::StatusOr<v1::ModelInfo> info = client.Info();
+  std::unique_ptr<LoadClient> client =
+      o.api == "openai" ? NewOpenAiClient(o.coordinator, o.model, o.admin, o.request_timeout_s)
+                        : NewGrpcClient(o.coordinator, o.request_timeout_s);
+  absl::StatusOr<ServedModel> info = client->Info();
   if (!info.ok()) return info.status();
   for (int p : o.prompt_lens) {
     for (int g : o.output_lens) {
-      if (p + g > info->context_length()) {
+      if (p + g > info->context_length) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "--prompt_lens/--output_lens: %d + %d exceeds the model's context of %d", p, g,
-            info->context_length()));
+            info->context_length));
       }
     }
   }
@@ -318,7 +241,7 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
   result.options = o;
   Progress progress(o.progress);
   // Reference outputs of the first node count, by (prompt_len, output_len, prompt index).
-  std::map<std::tuple<int, int, int>, std::vector<int32_t>> baseline;
+  std::map<std::tuple<int, int, int>, std::string> baseline;
   const std::vector<double> loads =
       o.mode == "closed" ? std::vector<double>(o.batch.begin(), o.batch.end()) : o.rates;
   const int total = static_cast<int>(o.nodes.size() * loads.size() * o.prompt_lens.size() *
@@ -327,7 +250,7 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
   for (int nodes : o.nodes) {
     const int stages = o.data_parallel ? 1 : nodes;
     const int replicas = o.data_parallel ? nodes : 1;
-    if (absl::Status s = client.SetTopology(stages, replicas); !s.ok()) return s;
+    if (absl::Status s = client->SetTopology(stages, replicas); !s.ok()) return s;
     for (int prompt_len : o.prompt_lens) {
       for (int output_len : o.output_lens) {
         for (double load : loads) {
@@ -357,8 +280,8 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
             auto one = [&](int i) {
               const int pid = i % o.prompt_pool;
               prompt_ids[i] = pid;
-              records[i] = client.Generate(
-                  MakePrompt(o.seed, pid, prompt_len, info->vocab_size()), output_len);
+              records[i] = client->Generate(
+                  MakePrompt(o.seed, pid, prompt_len, info->vocab_size), output_len);
               done.fetch_add(1);
             };
             std::vector<std::thread> threads;
@@ -410,15 +333,15 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
               ++c.errors;
               continue;
             }
-            c.tokens += static_cast<double>(r.tokens.size());
+            c.tokens += r.num_tokens;
             ttft.push_back(r.ttft);
             e2e.push_back(r.e2e);
             itl.insert(itl.end(), r.gaps.begin(), r.gaps.end());
             const auto key = std::make_tuple(prompt_len, output_len, prompt_ids[i]);
             auto it = baseline.find(key);
             if (it == baseline.end()) {
-              if (nodes == o.nodes.front()) baseline.emplace(key, r.tokens);
-            } else if (it->second != r.tokens) {
+              if (nodes == o.nodes.front()) baseline.emplace(key, r.output);
+            } else if (it->second != r.output) {
               ++c.mismatches;
             }
           }

@@ -1,4 +1,5 @@
-// tandem-loadgen sweep: a scaling study of a running deployment. For every node count (through
+// tandem-loadgen sweep: a scaling study of a running deployment, driven through tandem's gRPC API
+// or any OpenAI-compatible HTTP API (load_client.h). For every node count (through
 // Admin.SetTopology, so one allocation sweeps 1..N), prompt/output length and load level (closed-
 // loop concurrency or open-loop Poisson rate) it warms up, measures, scrapes the workers' /metrics
 // before and after (energy, compute and transfer seconds) and while running (power, memory), and
@@ -18,7 +19,14 @@
 namespace tandem::loadgen {
 
 struct SweepOptions {
+  // "grpc": tandem's gRPC API at `coordinator` (host:port). "openai": an OpenAI-compatible HTTP
+  // server at `coordinator` (http://host:port), tandem's or another's.
+  std::string api = "grpc";
   std::string coordinator = "127.0.0.1:50051";
+  std::string model;  // openai: the model to name; "": the first the server lists
+  // openai: tandem's gRPC address, for --nodes (Admin.SetTopology) and the vocabulary; "": none,
+  // and then only --nodes 1 (the server as it runs) can be measured.
+  std::string admin;
   std::vector<std::string> worker_metrics;  // host:port of each worker's /metrics
   std::vector<int> nodes = {1};             // workers per configuration
   bool data_parallel = false;               // nodes as replicas x 1 stage (default: stages)

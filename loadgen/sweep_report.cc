@@ -59,7 +59,8 @@ std::string Csv(const SweepResult& r) {
 nlohmann::json Json(const SweepResult& r) {
   const SweepOptions& o = r.options;
   nlohmann::json j;
-  j["options"] = {{"coordinator", o.coordinator}, {"worker_metrics", o.worker_metrics},
+  j["options"] = {{"api", o.api}, {"coordinator", o.coordinator},
+                  {"worker_metrics", o.worker_metrics},
                   {"nodes", o.nodes}, {"data_parallel", o.data_parallel}, {"mode", o.mode},
                   {"batch", o.batch}, {"rates", o.rates}, {"prompt_lens", o.prompt_lens},
                   {"output_lens", o.output_lens}, {"requests", o.requests},

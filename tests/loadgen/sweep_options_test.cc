@@ -19,6 +19,16 @@ TEST(SweepOptionsTest, DefaultsWithAnOutputFolderAreValid) {
   EXPECT_TRUE(ValidateSweepOptions(Good()).ok());
 }
 
+TEST(SweepOptionsTest, AnOpenAiServerIsSweptOverNodesOnlyThroughTandemsAdmin) {
+  SweepOptions o = Good();
+  o.api = "openai";
+  o.coordinator = "http://127.0.0.1:8000";
+  EXPECT_TRUE(ValidateSweepOptions(o).ok());
+  o.nodes = {1, 2};
+  o.admin = "127.0.0.1:50051";
+  EXPECT_TRUE(ValidateSweepOptions(o).ok());
+}
+
 TEST(SweepOptionsTest, EachBadFieldIsNamed) {
   struct Case {
     const char* field;
@@ -41,6 +51,13 @@ TEST(SweepOptionsTest, EachBadFieldIsNamed) {
       {"--warmup", [](SweepOptions& o) { o.warmup = -1; }},
       {"--prompt_pool", [](SweepOptions& o) { o.prompt_pool = 0; }},
       {"--out", [](SweepOptions& o) { o.out.clear(); }},
+      {"--api", [](SweepOptions& o) { o.api = "rest"; }},
+      {"--addr", [](SweepOptions& o) { o.api = "openai"; }},
+      {"--nodes", [](SweepOptions& o) {
+         o.api = "openai";
+         o.coordinator = "http://127.0.0.1:8000";
+         o.nodes = {1, 2};
+       }},
   };
   for (const Case& c : cases) {
     SweepOptions o = Good();

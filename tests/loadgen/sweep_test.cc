@@ -100,6 +100,51 @@ TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
   fs::remove_all(dir);
 }
 
+// The same sweep through the OpenAI-compatible HTTP API (--api openai), with the nodes set through
+// tandem's gRPC Admin: the same tables, every output the same as the first node count's.
+TEST(SweepTest, OpenAiApiSweepWritesTheSameTables) {
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / absl::StrFormat("sweep-openai-%d", getpid());
+  fs::remove_all(dir);
+  absl::StatusOr<ModelConfig> config = PresetConfig("tiny-gpt2");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(WriteRandomCheckpoint(*config, GeneratorOptions{.seed = 3}, dir / "model").ok());
+  absl::StatusOr<std::unique_ptr<Cluster>> cluster =
+      Cluster::Start({.model_dir = dir / "model", .workers = 2, .stages = 1, .replicas = 1,
+                      .coordinator_flags = {"--metrics_address=", "--http_listen=127.0.0.1:0"}});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::smatch m;
+  const std::string logs = (*cluster)->Logs();
+  ASSERT_TRUE(std::regex_search(logs, m, std::regex("tandem-coordinator http on port ([0-9]+)")))
+      << logs;
+  const fs::path run = dir / "run";
+  const std::string cmd = absl::StrCat(
+      TANDEM_LOADGEN_BIN, " sweep --api=openai --addr=http://127.0.0.1:", m[1].str(),
+      " --admin=", (*cluster)->address(),
+      " --nodes=1,2 --batch=1,4 --requests=8 --warmup=2 --prompt_lens=12 --output_lens=10"
+      " --progress=false --out=",
+      run.string(), " > ", (dir / "loadgen.log").string(), " 2>&1");
+  const int rc = std::system(cmd.c_str());
+  ASSERT_EQ(rc, 0) << ReadFile(dir / "loadgen.log") << (*cluster)->Logs();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(ReadFile(run / "results.json"));
+  } catch (const nlohmann::json::exception& e) {
+    FAIL() << e.what();
+  }
+  EXPECT_EQ(j["options"]["api"], "openai");
+  EXPECT_TRUE(j["all_correct"].get<bool>());
+  ASSERT_EQ(j["configs"].size(), 4u);
+  for (const auto& c : j["configs"]) {
+    EXPECT_EQ(c["errors"].get<int>(), 0) << c.dump();
+    EXPECT_EQ(c["tokens"].get<double>(), 8 * 10) << c.dump();
+    EXPECT_GT(c["ttft_s"]["p50"].get<double>(), 0) << c.dump();
+    EXPECT_GT(c["itl_s"]["p50"].get<double>(), 0) << c.dump();
+  }
+  cluster->reset();
+  fs::remove_all(dir);
+}
+
 TEST(SweepTest, UnreachableCoordinatorFailsWithANamedError) {
   const fs::path dir = fs::path(::testing::TempDir()) / absl::StrFormat("sweep-bad-%d", getpid());
   fs::create_directories(dir);

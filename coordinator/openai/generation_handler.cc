@@ -1,0 +1,312 @@
+// From an HTTP body to the coordinator and back: parse, tokenize, validate every prompt, submit
+// all or none, then answer whole or as a stream of chunks.
+#include "coordinator/openai/generation_handler.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <memory>
+#include <span>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "coordinator/openai/api_error.h"
+#include "coordinator/openai/response_format.h"
+#include "coordinator/request_group.h"
+#include "coordinator/request_stream.h"
+#include "coordinator/request_validation.h"
+
+namespace tandem::openai {
+namespace {
+
+using nlohmann::json;
+
+// A request's choices, submitted: prompt p's sequence j is choice p * n + j.
+struct Submitted {
+  ApiRequest api;
+  ResponseHead head;
+  std::vector<std::shared_ptr<RequestState>> choices;
+  std::vector<std::string> echo;  // per prompt: its text, with echo
+  int prompt_tokens = 0;          // every prompt once
+};
+
+std::string NewId(std::string_view prefix) {
+  static std::atomic<uint64_t> counter{0};
+  const uint64_t n = counter.fetch_add(1) + 1;
+  return absl::StrFormat("%s-%x%06x", prefix, FreshSeed() & 0xffffffffu, n);
+}
+
+// Tokenizes every prompt, checks each against the model and submits all of them (or none).
+absl::StatusOr<Submitted> Submit(Coordinator& c, ApiRequest api,
+                                 const std::vector<std::vector<int32_t>>& ids) {
+  Submitted out;
+  std::vector<ValidatedRequest> validated;
+  for (size_t p = 0; p < ids.size(); ++p) {
+    const std::string param = api.endpoint == Endpoint::kChat ? "messages"
+                              : ids.size() == 1               ? "prompt"
+                                                              : absl::StrCat("prompt[", p, "]");
+    absl::StatusOr<ValidatedRequest> v =
+        ValidateRequest(PromptRequest(api, ids[p]), c.limits(), c.tokenizer());
+    if (!v.ok()) return ToApiError(v.status(), api.endpoint, param);
+    v->min_tokens = api.min_tokens;
+    out.prompt_tokens += static_cast<int>(ids[p].size());
+    validated.push_back(*std::move(v));
+  }
+  for (ValidatedRequest& v : validated) {
+    absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> group =
+        SubmitChoices(c, std::move(v));
+    if (!group.ok()) {
+      for (const auto& earlier : out.choices) c.Cancel(earlier, group.status());
+      return group.status();
+    }
+    out.choices.insert(out.choices.end(), group->begin(), group->end());
+  }
+  out.api = std::move(api);
+  return out;
+}
+
+// The prompts of a request as token ids, with the text of each for echo.
+absl::StatusOr<std::vector<std::vector<int32_t>>> PromptIds(
+    const ApiRequest& api, const Tokenizer* tokenizer, const ChatRenderer& render_chat,
+    std::vector<std::string>& texts) {
+  std::vector<std::vector<int32_t>> ids;
+  if (api.endpoint == Endpoint::kChat) {
+    if (!render_chat) {
+      return InvalidField("messages", "this model has no tokenizer, so it cannot chat");
+    }
+    absl::StatusOr<std::string> text = render_chat(api);
+    if (!text.ok()) return text.status();
+    // The rendered text carries the template's BOS already: no special tokens are added.
+    ids.push_back(tokenizer->Encode(*text, /*add_special_tokens=*/false));
+    if (ids.back().empty()) return InvalidField("messages", "the conversation renders to no tokens");
+    texts.push_back(*std::move(text));
+    return ids;
+  }
+  for (size_t p = 0; p < api.prompts.size(); ++p) {
+    const PromptInput& prompt = api.prompts[p];
+    if (prompt.is_tokens) {
+      ids.push_back(prompt.token_ids);
+      std::string text;
+      if (api.echo && tokenizer != nullptr) {
+        absl::StatusOr<std::string> decoded = tokenizer->Decode(prompt.token_ids);
+        if (decoded.ok()) text = SanitizeUtf8(*decoded);
+      }
+      texts.push_back(std::move(text));
+      continue;
+    }
+    if (tokenizer == nullptr) {
+      return InvalidField(api.prompts.size() == 1 ? "prompt" : absl::StrCat("prompt[", p, "]"),
+                          "this model has no tokenizer; give token ids");
+    }
+    ids.push_back(tokenizer->Encode(prompt.text));
+    texts.push_back(prompt.text);
+  }
+  return ids;
+}
+
+json LogprobsOf(const Submitted& s, const Tokenizer* tokenizer,
+                std::span<const TokenLogprob> logprobs, size_t offset) {
+  if (!s.api.logprobs.has_value()) return nullptr;
+  const std::vector<TokenLogprob> lp(logprobs.begin(), logprobs.end());
+  return s.api.endpoint == Endpoint::kChat ? ChatLogprobs(tokenizer, lp)
+                                           : CompletionLogprobs(tokenizer, lp, offset);
+}
+
+void Answer(Coordinator& c, Submitted& s, httplib::Response& res) {
+  absl::StatusOr<std::vector<RequestState::Snapshot>> snaps = FollowChoices(
+      c, s.choices, absl::InfiniteFuture(), [] { return false; },
+      [](int, const RequestState::Snapshot&) { return true; });
+  for (const auto& r : s.choices) RecordEnd(c, *r, snaps.status());
+  if (!snaps.ok()) {
+    SetError(res, snaps.status());
+    return;
+  }
+  const Tokenizer* tokenizer = c.tokenizer();
+  std::vector<ChoiceResult> results;
+  std::vector<json> logprobs;
+  int completion_tokens = 0;
+  for (size_t i = 0; i < snaps->size(); ++i) {
+    const RequestState::Snapshot& snap = (*snaps)[i];
+    TextStream text(tokenizer, s.choices[i]->request().stop_strings);
+    const std::string prefix = s.api.echo ? s.echo[i / s.api.n] : "";
+    ChoiceResult r;
+    r.index = static_cast<int>(i);
+    r.text = prefix + text.Next(snap.tokens, true, snap.text_limit);
+    r.finish = snap.finish;
+    logprobs.push_back(LogprobsOf(s, tokenizer, snap.logprobs, prefix.size()));
+    completion_tokens += static_cast<int>(snap.tokens.size());
+    results.push_back(std::move(r));
+  }
+  const UsageCounts usage{s.prompt_tokens, completion_tokens};
+  const json body = s.api.endpoint == Endpoint::kChat
+                        ? ChatResponse(s.head, results, logprobs, usage)
+                        : CompletionResponse(s.head, results, logprobs, usage);
+  res.status = 200;
+  res.set_content(JsonText(body), "application/json");
+}
+
+// One streamed request: its chunks, written in order from FollowChoices' serialized callbacks.
+class Stream {
+ public:
+  Stream(Coordinator& c, Submitted s) : c_(c), s_(std::move(s)) {
+    for (const auto& r : s_.choices) {
+      texts_.emplace_back(c_.tokenizer(), r->request().stop_strings);
+    }
+    sent_.assign(s_.choices.size(), 0);
+    offsets_.assign(s_.choices.size(), 0);
+  }
+
+  // Runs the whole stream; false when the client went away.
+  bool Run(httplib::DataSink& sink) {
+    sink_ = &sink;
+    const bool chat = s_.api.endpoint == Endpoint::kChat;
+    for (size_t i = 0; i < s_.choices.size(); ++i) {
+      const int index = static_cast<int>(i);
+      if (chat) {
+        if (!Write(ChatChunk(s_.head, index, {{"role", "assistant"}, {"content", ""}}, nullptr,
+                             v1::FINISH_REASON_UNSPECIFIED, s_.api.include_usage))) {
+          return Abandon();
+        }
+      } else if (s_.api.echo) {
+        const std::string& prompt = s_.echo[i / s_.api.n];
+        offsets_[i] = prompt.size();
+        if (!Write(CompletionChunk(s_.head, index, prompt, nullptr, v1::FINISH_REASON_UNSPECIFIED,
+                                   s_.api.include_usage))) {
+          return Abandon();
+        }
+      }
+    }
+    absl::StatusOr<std::vector<RequestState::Snapshot>> snaps = FollowChoices(
+        c_, s_.choices, absl::InfiniteFuture(),
+        [this] { return gone_ || (sink_->is_writable && !sink_->is_writable()); },
+        [this](int i, const RequestState::Snapshot& snap) { return Progress(i, snap); });
+    for (const auto& r : s_.choices) RecordEnd(c_, *r, snaps.status());
+    if (!snaps.ok()) {
+      if (gone_ || snaps.status().code() == absl::StatusCode::kCancelled) return false;
+      // Headers are sent: the error goes in the stream, as vLLM does.
+      if (!Write(ErrorBody(snaps.status()))) return false;
+    } else if (s_.api.include_usage) {
+      int completion_tokens = 0;
+      for (const auto& snap : *snaps) completion_tokens += static_cast<int>(snap.tokens.size());
+      if (!Write(UsageChunk(s_.head, chat ? "chat.completion.chunk" : "text_completion",
+                            {s_.prompt_tokens, completion_tokens}))) {
+        return false;
+      }
+    }
+    if (!sink.write(kSseDone.data(), kSseDone.size())) return false;
+    sink.done();
+    return true;
+  }
+
+  // Called when the stream ends, however it ended: a request still running is cancelled.
+  void Release() {
+    for (const auto& r : s_.choices) c_.Cancel(r, absl::CancelledError("the client went away"));
+  }
+
+ private:
+  bool Abandon() {
+    Release();
+    return false;
+  }
+
+  bool Write(const json& event) {
+    if (gone_) return false;
+    const std::string text = SseEvent(event);
+    if (!sink_->write(text.data(), text.size())) gone_ = true;
+    return !gone_;
+  }
+
+  // One chunk per new token; the last token's chunk carries the finish reason (chat: a chunk of
+  // its own with an empty delta, as OpenAI sends it).
+  bool Progress(int i, const RequestState::Snapshot& snap) {
+    if (snap.done && !snap.status.ok()) return true;  // written after FollowChoices returns
+    const bool chat = s_.api.endpoint == Endpoint::kChat;
+    const Tokenizer* tokenizer = c_.tokenizer();
+    const size_t count = snap.tokens.size();
+    for (size_t k = sent_[i] + 1; k <= count; ++k) {
+      const bool last = snap.done && k == count;
+      const std::span<const int32_t> tokens(snap.tokens.data(), k);
+      const std::string piece = texts_[i].Next(tokens, last, snap.text_limit);
+      json logprobs = nullptr;
+      if (s_.api.logprobs.has_value() && k <= snap.logprobs.size()) {
+        logprobs = LogprobsOf(s_, tokenizer, std::span(snap.logprobs).subspan(k - 1, 1),
+                              offsets_[i]);
+      }
+      offsets_[i] += piece.size();
+      const v1::FinishReason finish = last ? snap.finish : v1::FINISH_REASON_UNSPECIFIED;
+      const bool ok = chat ? Write(ChatChunk(s_.head, i, {{"content", piece}}, logprobs,
+                                             v1::FINISH_REASON_UNSPECIFIED, s_.api.include_usage))
+                           : Write(CompletionChunk(s_.head, i, piece, logprobs, finish,
+                                                   s_.api.include_usage));
+      if (!ok) return false;
+    }
+    sent_[i] = count;
+    if (snap.done && (chat || count == 0)) {
+      const bool ok = chat ? Write(ChatChunk(s_.head, i, json::object(), nullptr, snap.finish,
+                                             s_.api.include_usage))
+                           : Write(CompletionChunk(s_.head, i, "", nullptr, snap.finish,
+                                                   s_.api.include_usage));
+      if (!ok) return false;
+    }
+    return true;
+  }
+
+  Coordinator& c_;
+  Submitted s_;
+  std::vector<TextStream> texts_;
+  std::vector<size_t> sent_;     // tokens streamed, per choice
+  std::vector<size_t> offsets_;  // bytes of text streamed, per choice (completions' text_offset)
+  httplib::DataSink* sink_ = nullptr;
+  bool gone_ = false;
+};
+
+}  // namespace
+
+void SetError(httplib::Response& res, const absl::Status& status) {
+  res.status = HttpStatusOf(status);
+  res.set_content(JsonText(ErrorBody(status)), "application/json");
+}
+
+void GenerationHandler::Handle(Endpoint endpoint, const httplib::Request& req,
+                               httplib::Response& res) const {
+  absl::StatusOr<ApiRequest> api =
+      endpoint == Endpoint::kChat ? ParseChatRequest(req.body) : ParseCompletionRequest(req.body);
+  if (!api.ok()) {
+    RecordRejected(c_, api.status());
+    return SetError(res, api.status());
+  }
+  if (!api->model.empty() && api->model != model_name_) {
+    const absl::Status s = absl::NotFoundError(absl::StrFormat(
+        "model: '%s' is not served here; this server serves '%s'", api->model, model_name_));
+    RecordRejected(c_, s);
+    return SetError(res, s);
+  }
+  std::vector<std::string> texts;
+  absl::StatusOr<std::vector<std::vector<int32_t>>> ids =
+      PromptIds(*api, c_.tokenizer(), render_chat_, texts);
+  if (!ids.ok()) {
+    RecordRejected(c_, ids.status());
+    return SetError(res, ids.status());
+  }
+  absl::StatusOr<Submitted> s = Submit(c_, *std::move(api), *ids);
+  if (!s.ok()) {
+    RecordRejected(c_, s.status());
+    return SetError(res, s.status());
+  }
+  s->echo = std::move(texts);
+  s->head = {.id = NewId(endpoint == Endpoint::kChat ? "chatcmpl" : "cmpl"),
+             .created = absl::ToUnixSeconds(absl::Now()),
+             .model = model_name_};
+  if (!s->api.stream) return Answer(c_, *s, res);
+
+  auto stream = std::make_shared<Stream>(c_, *std::move(s));
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [stream](size_t, httplib::DataSink& sink) { return stream->Run(sink); },
+      [stream](bool) { stream->Release(); });
+}
+
+}  // namespace tandem::openai

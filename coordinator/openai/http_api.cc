@@ -1,0 +1,31 @@
+// The HTTP API's settings from the coordinator's config.
+#include "coordinator/openai/http_api.h"
+
+#include "coordinator/openai/chat_prompt.h"
+#include "spdlog/spdlog.h"
+
+namespace tandem::openai {
+
+std::string ServedModelName(const CoordinatorConfig& config) {
+  if (!config.served_model_name.empty()) return config.served_model_name;
+  std::filesystem::path dir = config.model_dir;
+  if (!dir.has_filename()) dir = dir.parent_path();  // "models/gpt2/"
+  return dir.filename().string();
+}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(Coordinator& c) {
+  const CoordinatorConfig& config = c.config();
+  HttpServerOptions options{.listen = config.http_listen,
+                            .model_name = ServedModelName(config),
+                            .threads = config.http_threads};
+  ChatRenderer render_chat;
+  if (c.tokenizer() != nullptr) {
+    absl::Status chat_status;
+    render_chat = MakeChatRenderer(c.text_config(), &chat_status);
+    if (!chat_status.ok()) spdlog::warn("http: chat requests refused: {}", chat_status.ToString());
+  }
+  spdlog::info("http: serving {} as '{}'", config.model_dir.string(), options.model_name);
+  return HttpServer::Start(c, options, std::move(render_chat));
+}
+
+}  // namespace tandem::openai

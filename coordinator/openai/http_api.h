@@ -1,0 +1,20 @@
+// Starting the OpenAI-compatible HTTP API the way the coordinator's config asks: its address,
+// its connection threads, the model's name, and the model's chat template.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/openai/http_server.h"
+
+namespace tandem::openai {
+
+// The model's id in the API: served_model_name, else the last part of model_dir.
+std::string ServedModelName(const CoordinatorConfig& config);
+
+// Serves config().http_listen. A model without a usable chat template is logged and served
+// without chat (chat requests get 400 saying so; completions work).
+absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(Coordinator& c);
+
+}  // namespace tandem::openai

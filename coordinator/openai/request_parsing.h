@@ -1,0 +1,64 @@
+// The bodies of POST /v1/completions and /v1/chat/completions read into one plain request: every
+// field checked for its type and range here, each error an InvalidField naming the field as the
+// client wrote it (api_error.h). Fields OpenAI or vLLM define that tandem does not do are refused;
+// unknown fields are ignored, as OpenAI does. What the model itself limits (vocabulary, context)
+// is checked afterwards by ValidateRequest, whose errors ToApiError renames to these fields.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "proto/tandem.pb.h"
+
+namespace tandem::openai {
+
+enum class Endpoint { kCompletions, kChat };
+
+// One prompt of a completion request: text, or token ids.
+struct PromptInput {
+  std::string text;
+  std::vector<int32_t> token_ids;
+  bool is_tokens = false;
+};
+
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;                // "" when the client named none
+  std::vector<PromptInput> prompts;  // completions: one per prompt, each gets n choices
+  nlohmann::json messages;          // chat: [{role, content: string|null, ...}], text parts joined
+  nlohmann::json tools;             // chat: as given, for the template; null when absent
+  nlohmann::json template_kwargs;   // chat: chat_template_kwargs, an object (may be empty)
+  bool add_generation_prompt = true;  // chat
+  int n = 1;                          // choices per prompt
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool echo = false;           // completions: the prompt's text before each choice's
+  // Logprobs of generated tokens: completions' `logprobs: k` or chat's logprobs with top_logprobs
+  // k give top = k; no logprobs: nullopt.
+  std::optional<int> logprobs;
+  int min_tokens = 0;  // EOS and stop conditions do not end a choice before this many tokens
+  std::optional<uint64_t> seed;  // choice i samples with seed + i; unset: fresh seeds
+  // Everything but the prompt: sampling, max_new_tokens, stop, stop_token_ids, ignore_eos.
+  v1::GenerateRequest generation;
+};
+
+// Defaults as OpenAI documents them: temperature 1, top_p 1, n 1, completions' max_tokens 16
+// (chat: up to the end of the context, at most kDefaultMaxNewTokens).
+absl::StatusOr<ApiRequest> ParseCompletionRequest(absl::string_view body);
+absl::StatusOr<ApiRequest> ParseChatRequest(absl::string_view body);
+
+// The coordinator's request for one prompt (token ids; text prompts are tokenized by the
+// caller), with sampling.n = n (the coordinator seeds choice i with seed + i).
+v1::GenerateRequest PromptRequest(const ApiRequest& request, const std::vector<int32_t>& prompt);
+
+// ValidateRequest's error (named by the proto's fields) named by the API's fields instead; the
+// prompt's errors are named `prompt_param` ("prompt", "prompt[2]", "messages").
+absl::Status ToApiError(const absl::Status& status, Endpoint endpoint,
+                        absl::string_view prompt_param);
+
+}  // namespace tandem::openai

@@ -1,0 +1,156 @@
+// OpenAI's response JSON, field by field as its API reference gives them.
+#include "coordinator/openai/response_format.h"
+
+#include <span>
+
+#include "coordinator/request_stream.h"
+
+namespace tandem::openai {
+namespace {
+
+using nlohmann::json;
+
+// A token's text, raw (it may be part of a UTF-8 character).
+std::string TokenBytes(const Tokenizer* tokenizer, int32_t id) {
+  if (tokenizer == nullptr) return "";
+  absl::StatusOr<std::string> text = tokenizer->Decode(std::span<const int32_t>(&id, 1));
+  return text.ok() ? *text : "";
+}
+
+json BytesJson(std::string_view bytes) {
+  json out = json::array();
+  for (char c : bytes) out.push_back(static_cast<unsigned char>(c));
+  return out;
+}
+
+json Head(const ResponseHead& head, std::string_view object) {
+  return {{"id", head.id}, {"object", object}, {"created", head.created}, {"model", head.model}};
+}
+
+}  // namespace
+
+json FinishReasonJson(v1::FinishReason finish) {
+  switch (finish) {
+    case v1::FINISH_REASON_LENGTH: return "length";
+    case v1::FINISH_REASON_STOP:
+    case v1::FINISH_REASON_EOS: return "stop";
+    default: return nullptr;
+  }
+}
+
+json UsageJson(const UsageCounts& usage) {
+  return {{"prompt_tokens", usage.prompt_tokens},
+          {"completion_tokens", usage.completion_tokens},
+          {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
+}
+
+json CompletionLogprobs(const Tokenizer* tokenizer, const std::vector<TokenLogprob>& logprobs,
+                        size_t offset) {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
+       text_offset = json::array();
+  for (const TokenLogprob& lp : logprobs) {
+    const std::string text = SanitizeUtf8(TokenBytes(tokenizer, lp.token));
+    tokens.push_back(text);
+    token_logprobs.push_back(lp.logprob);
+    json alternatives = json::object();
+    for (const auto& [id, logprob] : lp.top) {
+      alternatives[SanitizeUtf8(TokenBytes(tokenizer, id))] = logprob;
+    }
+    top.push_back(std::move(alternatives));
+    text_offset.push_back(offset);
+    offset += text.size();
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"top_logprobs", std::move(top)},
+          {"text_offset", std::move(text_offset)}};
+}
+
+json ChatLogprobs(const Tokenizer* tokenizer, const std::vector<TokenLogprob>& logprobs) {
+  json content = json::array();
+  for (const TokenLogprob& lp : logprobs) {
+    const std::string bytes = TokenBytes(tokenizer, lp.token);
+    json top = json::array();
+    for (const auto& [id, logprob] : lp.top) {
+      const std::string alt = TokenBytes(tokenizer, id);
+      top.push_back(
+          {{"token", SanitizeUtf8(alt)}, {"logprob", logprob}, {"bytes", BytesJson(alt)}});
+    }
+    content.push_back({{"token", SanitizeUtf8(bytes)},
+                       {"logprob", lp.logprob},
+                       {"bytes", BytesJson(bytes)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}};
+}
+
+json CompletionResponse(const ResponseHead& head, const std::vector<ChoiceResult>& choices,
+                        const std::vector<json>& logprobs, const UsageCounts& usage) {
+  json out = Head(head, "text_completion");
+  json list = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceResult& c = choices[i];
+    list.push_back({{"index", c.index},
+                    {"text", c.text},
+                    {"logprobs", i < logprobs.size() ? logprobs[i] : json()},
+                    {"finish_reason", FinishReasonJson(c.finish)}});
+  }
+  out["choices"] = std::move(list);
+  out["usage"] = UsageJson(usage);
+  return out;
+}
+
+json ChatResponse(const ResponseHead& head, const std::vector<ChoiceResult>& choices,
+                  const std::vector<json>& logprobs, const UsageCounts& usage) {
+  json out = Head(head, "chat.completion");
+  json list = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceResult& c = choices[i];
+    list.push_back({{"index", c.index},
+                    {"message", {{"role", "assistant"}, {"content", c.text}}},
+                    {"logprobs", i < logprobs.size() ? logprobs[i] : json()},
+                    {"finish_reason", FinishReasonJson(c.finish)}});
+  }
+  out["choices"] = std::move(list);
+  out["usage"] = UsageJson(usage);
+  return out;
+}
+
+json CompletionChunk(const ResponseHead& head, int index, std::string_view text,
+                     const json& logprobs, v1::FinishReason finish, bool with_usage) {
+  json out = Head(head, "text_completion");
+  out["choices"] = json::array({{{"index", index},
+                                 {"text", text},
+                                 {"logprobs", logprobs},
+                                 {"finish_reason", FinishReasonJson(finish)}}});
+  if (with_usage) out["usage"] = nullptr;
+  return out;
+}
+
+json ChatChunk(const ResponseHead& head, int index, const json& delta, const json& logprobs,
+               v1::FinishReason finish, bool with_usage) {
+  json out = Head(head, "chat.completion.chunk");
+  out["choices"] = json::array({{{"index", index},
+                                 {"delta", delta},
+                                 {"logprobs", logprobs},
+                                 {"finish_reason", FinishReasonJson(finish)}}});
+  if (with_usage) out["usage"] = nullptr;
+  return out;
+}
+
+json UsageChunk(const ResponseHead& head, std::string_view object, const UsageCounts& usage) {
+  json out = Head(head, object);
+  out["choices"] = json::array();
+  out["usage"] = UsageJson(usage);
+  return out;
+}
+
+std::string JsonText(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string SseEvent(const json& event) {
+  return "data: " + JsonText(event) + "\n\n";
+}
+
+}  // namespace tandem::openai

@@ -1,0 +1,78 @@
+// OpenAI's response shapes, as JSON: whole completions and chat completions, their streaming
+// chunks, and the framing of server-sent events (`data: {...}\n\n`, ending with `data: [DONE]`).
+// Text is UTF-8 already (request_stream.h's TextStream); token strings of logprobs may be
+// partial characters and are sanitized here (chat's `bytes` keeps their raw bytes).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "proto/tandem.pb.h"
+#include "worker/stage.h"
+
+namespace tandem::openai {
+
+// What every response and chunk of one request shares.
+struct ResponseHead {
+  std::string id;       // "cmpl-..." or "chatcmpl-..."
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+};
+
+// One finished choice.
+struct ChoiceResult {
+  int index = 0;
+  std::string text;
+  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+  std::vector<TokenLogprob> logprobs;  // with logprobs asked for: one per generated token
+};
+
+struct UsageCounts {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+
+// "stop" (EOS, a stop token or a stop string), "length", or null while generating.
+nlohmann::json FinishReasonJson(v1::FinishReason finish);
+nlohmann::json UsageJson(const UsageCounts& usage);
+
+// Logprobs in completions' shape: {tokens, token_logprobs, top_logprobs: [{token: logprob}],
+// text_offset}; `offset` is where the first token's text starts in the choice's text.
+nlohmann::json CompletionLogprobs(const Tokenizer* tokenizer,
+                                  const std::vector<TokenLogprob>& logprobs, size_t offset);
+// Logprobs in chat's shape: {content: [{token, logprob, bytes, top_logprobs: [...]}]}.
+nlohmann::json ChatLogprobs(const Tokenizer* tokenizer, const std::vector<TokenLogprob>& logprobs);
+
+// `logprobs`: with logprobs asked for, the JSON of each choice's (CompletionLogprobs or
+// ChatLogprobs, by choice); else null.
+nlohmann::json CompletionResponse(const ResponseHead& head, const std::vector<ChoiceResult>& choices,
+                                  const std::vector<nlohmann::json>& logprobs,
+                                  const UsageCounts& usage);
+nlohmann::json ChatResponse(const ResponseHead& head, const std::vector<ChoiceResult>& choices,
+                            const std::vector<nlohmann::json>& logprobs, const UsageCounts& usage);
+
+// One streamed piece of choice `index`. `finish`: set on its last piece. `with_usage`: the
+// stream asked for usage, so every chunk carries "usage": null until the last.
+nlohmann::json CompletionChunk(const ResponseHead& head, int index, std::string_view text,
+                               const nlohmann::json& logprobs,
+                               v1::FinishReason finish, bool with_usage);
+// `delta`: {"role": "assistant", "content": ""} first, then {"content": "..."}, {} at the end.
+nlohmann::json ChatChunk(const ResponseHead& head, int index, const nlohmann::json& delta,
+                         const nlohmann::json& logprobs, v1::FinishReason finish,
+                         bool with_usage);
+// The stream's last chunk when it asked for usage: no choices, the usage.
+nlohmann::json UsageChunk(const ResponseHead& head, std::string_view object,
+                          const UsageCounts& usage);
+
+// `data: <json>\n\n`; JSON text is written with invalid UTF-8 replaced, never thrown on.
+std::string SseEvent(const nlohmann::json& event);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+// A JSON body, with invalid UTF-8 replaced.
+std::string JsonText(const nlohmann::json& value);
+
+}  // namespace tandem::openai

@@ -1,0 +1,113 @@
+// The sweep's client of tandem's gRPC API: GetModelInfo, Admin.SetTopology, GenerateStream.
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_format.h"
+#include "grpcpp/grpcpp.h"
+#include "loadgen/load_client.h"
+#include "proto/tandem.grpc.pb.h"
+
+namespace tandem::loadgen {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0, Clock::time_point t) {
+  return std::chrono::duration<double>(t - t0).count();
+}
+
+class GrpcClient final : public LoadClient {
+ public:
+  GrpcClient(const std::string& address, double timeout_s) : timeout_s_(timeout_s) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    inference_ = v1::Inference::NewStub(channel_);
+    admin_ = v1::Admin::NewStub(channel_);
+  }
+
+  absl::StatusOr<ServedModel> Info() override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    ctx.set_wait_for_ready(true);
+    v1::ModelInfo info;
+    grpc::Status s = inference_->GetModelInfo(&ctx, {}, &info);
+    if (!s.ok()) return absl::UnavailableError(absl::StrCat("GetModelInfo: ", s.error_message()));
+    return ServedModel{.vocab_size = info.vocab_size(), .context_length = info.context_length()};
+  }
+
+  absl::Status SetTopology(int stages, int replicas) override {
+    const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(300);
+    std::string last;
+    while (std::chrono::system_clock::now() < deadline) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline);
+      v1::SetTopologyRequest req;
+      req.set_stages(stages);
+      req.set_replicas(replicas);
+      v1::Topology t;
+      grpc::Status s = admin_->SetTopology(&ctx, req, &t);
+      if (s.ok()) {
+        bool ok = t.pipelines_size() == replicas;
+        for (const auto& p : t.pipelines()) ok &= p.stages_size() == stages;
+        if (ok) return absl::OkStatus();
+      }
+      last = s.error_message();
+      // Workers may still be registering: FAILED_PRECONDITION until enough are up.
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return absl::UnavailableError(absl::StrFormat("SetTopology %d stages x %d replicas: %s",
+                                                  stages, replicas, last));
+  }
+
+  RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len) override {
+    RequestRecord rec;
+    v1::GenerateRequest req;
+    req.mutable_token_ids()->Assign(prompt.begin(), prompt.end());
+    req.set_max_new_tokens(output_len);
+    req.set_ignore_eos(true);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(
+                                        static_cast<int64_t>(timeout_s_ * 1000)));
+    const auto t0 = Clock::now();
+    auto last = t0;
+    auto reader = inference_->GenerateStream(&ctx, req);
+    v1::GenerateStreamResponse msg;
+    std::vector<int32_t> tokens;
+    while (reader->Read(&msg)) {
+      const auto now = Clock::now();
+      const int n = msg.token_ids_size();
+      if (n == 0) continue;
+      if (tokens.empty()) {
+        rec.ttft = Since(t0, now);
+      } else {
+        for (int k = 0; k < n; ++k) rec.gaps.push_back(Since(last, now) / n);
+      }
+      last = now;
+      tokens.insert(tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+    }
+    grpc::Status s = reader->Finish();
+    rec.e2e = Since(t0, Clock::now());
+    rec.ok = s.ok();
+    if (!s.ok()) rec.error = s.error_message();
+    rec.num_tokens = static_cast<int>(tokens.size());
+    rec.output = absl::StrJoin(tokens, ",");
+    return rec;
+  }
+
+ private:
+  const double timeout_s_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Inference::Stub> inference_;
+  std::unique_ptr<v1::Admin::Stub> admin_;
+};
+
+}  // namespace
+
+std::unique_ptr<LoadClient> NewGrpcClient(const std::string& address, double timeout_s) {
+  return std::make_unique<GrpcClient>(address, timeout_s);
+}
+
+}  // namespace tandem::loadgen

@@ -1,0 +1,51 @@
+// What a sweep needs of the service it loads: the model's limits, a topology change, and one
+// streamed generation measured as it arrives. Two implementations: tandem's gRPC API (sweep.cc)
+// and any OpenAI-compatible HTTP server (openai_client.cc).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tandem::loadgen {
+
+struct ServedModel {
+  int vocab_size = 0;      // token ids of the generated prompts are below this
+  int context_length = 0;  // prompt + output must fit
+};
+
+struct RequestRecord {
+  bool ok = false;
+  std::string error;
+  int num_tokens = 0;         // generated
+  std::string output;         // what the correctness check compares (token ids or text)
+  double ttft = 0;            // seconds from sending to the first token
+  double e2e = 0;             // seconds from sending to the end
+  std::vector<double> gaps;   // between consecutive tokens, seconds (a message of k tokens: k)
+};
+
+class LoadClient {
+ public:
+  virtual ~LoadClient() = default;
+  virtual absl::StatusOr<ServedModel> Info() = 0;
+  // Sets stages x replicas and waits until exactly that serves.
+  virtual absl::Status SetTopology(int stages, int replicas) = 0;
+  // Generates `output_len` tokens (EOS ignored) after the token-id `prompt`, streamed.
+  virtual RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len) = 0;
+};
+
+// tandem's gRPC API at host:port.
+std::unique_ptr<LoadClient> NewGrpcClient(const std::string& address, double timeout_s);
+
+// An OpenAI-compatible server at http://host:port: streamed /v1/completions with token-id
+// prompts, ignore_eos (vLLM's and tandem's extension) and stream_options.include_usage. `model`:
+// the model to name ("": the first /v1/models lists). `admin`: tandem's gRPC address for topology
+// changes and the vocabulary ("": none; only the topology that serves can be measured).
+std::unique_ptr<LoadClient> NewOpenAiClient(const std::string& base_url, const std::string& model,
+                                            const std::string& admin, double timeout_s);
+
+}  // namespace tandem::loadgen

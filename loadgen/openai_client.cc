@@ -1,0 +1,174 @@
+// The sweep's client of an OpenAI-compatible server: streamed /v1/completions read as
+// server-sent events, each chunk with text or not counted as one token (as OpenAI, vLLM and
+// tandem send them), the count checked against the usage the stream ends with.
+#include <httplib.h>
+
+#include <chrono>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "loadgen/load_client.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::loadgen {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+double Since(Clock::time_point t0, Clock::time_point t) {
+  return std::chrono::duration<double>(t - t0).count();
+}
+
+// Prompt ids stay below this when the server says nothing of its vocabulary.
+constexpr int kForeignVocab = 1000;
+
+class OpenAiClient final : public LoadClient {
+ public:
+  OpenAiClient(std::string base_url, std::string model, std::unique_ptr<LoadClient> admin,
+               double timeout_s)
+      : base_url_(std::move(base_url)), model_(std::move(model)), admin_(std::move(admin)),
+        timeout_s_(timeout_s) {}
+
+  absl::StatusOr<ServedModel> Info() override {
+    httplib::Client http(base_url_);
+    http.set_connection_timeout(10);
+    http.set_read_timeout(10);
+    httplib::Result res = http.Get("/v1/models");
+    if (!res) {
+      return absl::UnavailableError(absl::StrCat(base_url_, "/v1/models: ",
+                                                 httplib::to_string(res.error())));
+    }
+    if (res->status != 200) {
+      return absl::UnavailableError(
+          absl::StrCat(base_url_, "/v1/models: HTTP ", res->status, ": ", res->body));
+    }
+    json models = json::parse(res->body, nullptr, false);
+    if (models.is_discarded() || !models.contains("data") || !models["data"].is_array() ||
+        models["data"].empty()) {
+      return absl::UnavailableError(absl::StrCat(base_url_, "/v1/models: no models listed"));
+    }
+    const json* entry = &models["data"][0];
+    for (const json& m : models["data"]) {
+      if (m.value("id", "") == model_) entry = &m;
+    }
+    if (model_.empty()) model_ = entry->value("id", "");
+    ServedModel out;
+    out.context_length = entry->value("max_model_len", 0);
+    out.vocab_size = entry->value("vocab_size", 0);
+    if (admin_ != nullptr) {
+      absl::StatusOr<ServedModel> grpc = admin_->Info();
+      if (!grpc.ok()) return grpc.status();
+      out = *grpc;
+    }
+    if (out.vocab_size <= 0) out.vocab_size = kForeignVocab;
+    if (out.context_length <= 0) out.context_length = 1 << 30;  // the server will say
+    return out;
+  }
+
+  absl::Status SetTopology(int stages, int replicas) override {
+    if (admin_ != nullptr) return admin_->SetTopology(stages, replicas);
+    if (stages == 1 && replicas == 1) return absl::OkStatus();  // what serves is measured
+    return absl::FailedPreconditionError(
+        "--nodes above 1 needs tandem's gRPC Admin (--admin HOST:PORT) to re-partition");
+  }
+
+  RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len) override {
+    RequestRecord rec;
+    httplib::Client http(base_url_);
+    const auto timeout = static_cast<time_t>(timeout_s_ + 1);
+    http.set_connection_timeout(10);
+    http.set_read_timeout(timeout);
+    http.set_write_timeout(timeout);
+    const json body = {{"model", model_},
+                       {"prompt", prompt},
+                       {"max_tokens", output_len},
+                       {"ignore_eos", true},
+                       {"temperature", 0},
+                       {"stream", true},
+                       {"stream_options", {{"include_usage", true}}}};
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.set_header("Content-Type", "application/json");
+    req.set_header("Accept", "text/event-stream");
+    req.body = body.dump();
+    std::string buffer;
+    int chunks = 0;
+    int usage_tokens = -1;
+    std::string error;
+    const auto t0 = Clock::now();
+    auto last = t0;
+    // One event at a time from the bytes received so far.
+    auto take_events = [&] {
+      size_t end;
+      while ((end = buffer.find("\n\n")) != std::string::npos) {
+        std::string event = buffer.substr(0, end);
+        buffer.erase(0, end + 2);
+        absl::string_view data(event);
+        if (!absl::ConsumePrefix(&data, "data: ")) continue;  // comments, other fields
+        if (data == "[DONE]") continue;
+        const json chunk = json::parse(data.begin(), data.end(), nullptr, false);
+        if (chunk.is_discarded()) {
+          error = absl::StrCat("not JSON: ", event);
+          continue;
+        }
+        if (chunk.contains("error")) error = chunk["error"].dump();
+        if (chunk.contains("usage") && chunk["usage"].is_object()) {
+          usage_tokens = chunk["usage"].value("completion_tokens", -1);
+        }
+        if (!chunk.contains("choices") || !chunk["choices"].is_array()) continue;
+        for (const json& c : chunk["choices"]) {
+          const auto now = Clock::now();
+          if (chunks == 0) {
+            rec.ttft = Since(t0, now);
+          } else {
+            rec.gaps.push_back(Since(last, now));
+          }
+          last = now;
+          ++chunks;
+          if (c.contains("text") && c["text"].is_string()) rec.output += c["text"];
+        }
+      }
+    };
+    req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+      buffer.append(data, len);
+      take_events();
+      return true;
+    };
+    httplib::Response res;
+    httplib::Error err = httplib::Error::Success;
+    const bool sent = http.send(req, res, err);
+    rec.e2e = Since(t0, Clock::now());
+    if (!sent) {
+      rec.error = httplib::to_string(err);
+      return rec;
+    }
+    if (res.status != 200) {
+      rec.error = absl::StrCat("HTTP ", res.status, ": ", buffer);
+      return rec;
+    }
+    rec.num_tokens = usage_tokens >= 0 ? usage_tokens : chunks;
+    rec.ok = error.empty();
+    rec.error = error;
+    return rec;
+  }
+
+ private:
+  const std::string base_url_;
+  std::string model_;
+  const std::unique_ptr<LoadClient> admin_;
+  const double timeout_s_;
+};
+
+}  // namespace
+
+std::unique_ptr<LoadClient> NewOpenAiClient(const std::string& base_url, const std::string& model,
+                                            const std::string& admin, double timeout_s) {
+  return std::make_unique<OpenAiClient>(
+      base_url, model, admin.empty() ? nullptr : NewGrpcClient(admin, timeout_s), timeout_s);
+}
+
+}  // namespace tandem::loadgen

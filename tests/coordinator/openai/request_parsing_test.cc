@@ -1,0 +1,276 @@
+// The OpenAI API's request bodies: every refusal with its HTTP status and the field it names, the
+// defaults, and what the coordinator's request becomes.
+#include "coordinator/openai/request_parsing.h"
+
+#include <string>
+
+#include "coordinator/openai/api_error.h"
+#include "coordinator/request_validation.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem::openai {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Refusal {
+  std::string body;
+  std::string param;  // "" : no field
+};
+
+// Every invalid completion body: each is a 400 naming `param`.
+const Refusal kCompletionRefusals[] = {
+    {R"(not json)", ""},
+    {R"([1, 2])", ""},
+    {R"({})", "prompt"},
+    {R"({"prompt": 3})", "prompt"},
+    {R"({"prompt": ""})", "prompt"},
+    {R"({"prompt": []})", "prompt"},
+    {R"({"prompt": ["a", 3]})", "prompt[1]"},
+    {R"({"prompt": ["a", ""]})", "prompt[1]"},
+    {R"({"prompt": [1, "a"]})", "prompt[1]"},
+    {R"({"prompt": [1, 2.5]})", "prompt[1]"},
+    {R"({"prompt": [[1], []]})", "prompt[1]"},
+    {R"({"prompt": [[1], [4294967296]]})", "prompt[1][0]"},
+    {R"({"prompt": "a", "model": 3})", "model"},
+    {R"({"prompt": "a", "n": 0})", "n"},
+    {R"({"prompt": "a", "n": 17})", "n"},
+    {R"({"prompt": "a", "n": 1.5})", "n"},
+    {R"({"prompt": ["a","b","c","d","e","f","g","h","i"], "n": 16})", "n"},
+    {R"({"prompt": "a", "stream": "yes"})", "stream"},
+    {R"({"prompt": "a", "stream_options": {"include_usage": true}})", "stream_options"},
+    {R"({"prompt": "a", "stream": true, "stream_options": 1})", "stream_options"},
+    {R"({"prompt": "a", "stream": true, "stream_options": {"include_usage": 1}})",
+     "stream_options.include_usage"},
+    {R"({"prompt": "a", "user": 7})", "user"},
+    {R"({"prompt": "a", "temperature": -0.1})", "temperature"},
+    {R"({"prompt": "a", "temperature": 2.5})", "temperature"},
+    {R"({"prompt": "a", "temperature": "hot"})", "temperature"},
+    {R"({"prompt": "a", "top_p": 0})", "top_p"},
+    {R"({"prompt": "a", "top_p": 1.5})", "top_p"},
+    {R"({"prompt": "a", "top_k": -2})", "top_k"},
+    {R"({"prompt": "a", "top_k": 2.5})", "top_k"},
+    {R"({"prompt": "a", "min_p": 1.5})", "min_p"},
+    {R"({"prompt": "a", "presence_penalty": 2.5})", "presence_penalty"},
+    {R"({"prompt": "a", "frequency_penalty": -3})", "frequency_penalty"},
+    {R"({"prompt": "a", "repetition_penalty": 0})", "repetition_penalty"},
+    {R"({"prompt": "a", "repetition_penalty": 101})", "repetition_penalty"},
+    {R"({"prompt": "a", "seed": "x"})", "seed"},
+    {R"({"prompt": "a", "seed": 1e30})", "seed"},
+    {R"({"prompt": "a", "max_tokens": 0})", "max_tokens"},
+    {R"({"prompt": "a", "max_tokens": "10"})", "max_tokens"},
+    {R"({"prompt": "a", "max_completion_tokens": -1})", "max_completion_tokens"},
+    {R"({"prompt": "a", "stop": 3})", "stop"},
+    {R"({"prompt": "a", "stop": ""})", "stop"},
+    {R"({"prompt": "a", "stop": ["x", ""]})", "stop[1]"},
+    {R"({"prompt": "a", "stop": ["x", 1]})", "stop[1]"},
+    {R"({"prompt": "a", "stop_token_ids": 3})", "stop_token_ids"},
+    {R"({"prompt": "a", "stop_token_ids": [1, "x"]})", "stop_token_ids[1]"},
+    {R"({"prompt": "a", "ignore_eos": 1})", "ignore_eos"},
+    {R"({"prompt": "a", "min_tokens": -1})", "min_tokens"},
+    {R"({"prompt": "a", "min_tokens": 5, "max_tokens": 4})", "min_tokens"},
+    {R"({"prompt": "a", "timeout": 0})", "timeout"},
+    {R"({"prompt": "a", "timeout": "1s"})", "timeout"},
+    {R"({"prompt": "a", "logit_bias": {"1": 5}})", "logit_bias"},
+    {R"({"prompt": "a", "best_of": 3})", "best_of"},
+    {R"({"prompt": "a", "response_format": {"type": "json_object"}})", "response_format"},
+    {R"({"prompt": "a", "logprobs": 21})", "logprobs"},
+    {R"({"prompt": "a", "logprobs": true})", "logprobs"},
+    {R"({"prompt": "a", "echo": "yes"})", "echo"},
+    {R"({"prompt": "a", "echo": true, "logprobs": 1})", "echo"},
+    {R"({"prompt": "a", "suffix": "b"})", "suffix"},
+};
+
+TEST(ParseCompletionRequest, RefusesEveryInvalidFieldWith400NamingIt) {
+  for (const Refusal& r : kCompletionRefusals) {
+    SCOPED_TRACE(r.body);
+    absl::StatusOr<ApiRequest> got = ParseCompletionRequest(r.body);
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(HttpStatusOf(got.status()), 400);
+    EXPECT_EQ(ParamOf(got.status()), r.param);
+    if (!r.param.empty()) EXPECT_THAT(std::string(got.status().message()), HasSubstr(r.param));
+    const nlohmann::json body = ErrorBody(got.status());
+    EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+    EXPECT_EQ(body["error"]["code"], 400);
+    if (r.param.empty()) {
+      EXPECT_TRUE(body["error"]["param"].is_null());
+    } else {
+      EXPECT_EQ(body["error"]["param"], r.param);
+    }
+  }
+}
+
+const Refusal kChatRefusals[] = {
+    {R"({})", "messages"},
+    {R"({"messages": {}})", "messages"},
+    {R"({"messages": []})", "messages"},
+    {R"({"messages": [3]})", "messages[0]"},
+    {R"({"messages": [{"content": "hi"}]})", "messages[0].role"},
+    {R"({"messages": [{"role": "robot", "content": "hi"}]})", "messages[0].role"},
+    {R"({"messages": [{"role": "user"}]})", "messages[0].content"},
+    {R"({"messages": [{"role": "user", "content": 5}]})", "messages[0].content"},
+    {R"({"messages": [{"role": "user", "content": [5]}]})", "messages[0].content[0]"},
+    {R"({"messages": [{"role": "user", "content": [{"text": "a"}]}]})",
+     "messages[0].content[0].type"},
+    {R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
+     "messages[0].content[0].type"},
+    {R"({"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]})",
+     "messages[0].content[0].text"},
+    {R"({"messages": [{"role": "user", "content": "a"}], "tools": {}})", "tools"},
+    {R"({"messages": [{"role": "user", "content": "a"}], "add_generation_prompt": 1})",
+     "add_generation_prompt"},
+    {R"({"messages": [{"role": "user", "content": "a"}], "chat_template_kwargs": []})",
+     "chat_template_kwargs"},
+    {R"({"messages": [{"role": "user", "content": "a"}], "logprobs": 1})", "logprobs"},
+    {R"({"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2})", "top_logprobs"},
+    {R"({"messages": [{"role": "user", "content": "a"}], "logprobs": true, "top_logprobs": 21})",
+     "top_logprobs"},
+    {R"({"messages": [{"role": "user", "content": "a"}], "temperature": 3})", "temperature"},
+};
+
+TEST(ParseChatRequest, RefusesEveryInvalidFieldWith400NamingIt) {
+  for (const Refusal& r : kChatRefusals) {
+    SCOPED_TRACE(r.body);
+    absl::StatusOr<ApiRequest> got = ParseChatRequest(r.body);
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(HttpStatusOf(got.status()), 400);
+    EXPECT_EQ(ParamOf(got.status()), r.param);
+  }
+}
+
+TEST(ParseCompletionRequest, DefaultsAreOpenAIs) {
+  absl::StatusOr<ApiRequest> r = ParseCompletionRequest(R"({"prompt": "hi", "unknown": [1]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->n, 1);
+  EXPECT_FALSE(r->stream);
+  EXPECT_FALSE(r->seed.has_value());
+  EXPECT_FALSE(r->logprobs.has_value());
+  EXPECT_EQ(r->generation.sampling().temperature(), 1.0f);
+  EXPECT_FALSE(r->generation.sampling().has_top_p());
+  EXPECT_EQ(r->generation.max_new_tokens(), 16);
+  ASSERT_EQ(r->prompts.size(), 1u);
+  EXPECT_EQ(r->prompts[0].text, "hi");
+  // Nulls are absent fields, as OpenAI's clients send them.
+  r = ParseCompletionRequest(R"({"prompt": "hi", "temperature": null, "stop": null})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generation.sampling().temperature(), 1.0f);
+}
+
+TEST(ParseCompletionRequest, ReadsEveryPromptForm) {
+  absl::StatusOr<ApiRequest> r = ParseCompletionRequest(R"({"prompt": ["a", "b"]})");
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->prompts.size(), 2u);
+  EXPECT_EQ(r->prompts[1].text, "b");
+  r = ParseCompletionRequest(R"({"prompt": [5, 6, 7]})");
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->prompts.size(), 1u);
+  EXPECT_TRUE(r->prompts[0].is_tokens);
+  EXPECT_EQ(r->prompts[0].token_ids, (std::vector<int32_t>{5, 6, 7}));
+  r = ParseCompletionRequest(R"({"prompt": [[5], [6, 7]]})");
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->prompts.size(), 2u);
+  EXPECT_EQ(r->prompts[1].token_ids, (std::vector<int32_t>{6, 7}));
+}
+
+TEST(PromptRequest, CarriesEverySamplingField) {
+  absl::StatusOr<ApiRequest> r = ParseCompletionRequest(R"({
+      "prompt": "x", "n": 3, "seed": 42, "temperature": 0.5, "top_p": 0.9, "top_k": 7,
+      "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+      "repetition_penalty": 1.2, "max_completion_tokens": 9, "max_tokens": 5,
+      "stop": "END", "stop_token_ids": [3], "ignore_eos": true, "logprobs": 2,
+      "min_tokens": 4, "timeout": 1.5})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->min_tokens, 4);
+  const v1::GenerateRequest g = PromptRequest(*r, {1, 2});
+  EXPECT_EQ(g.token_ids_size(), 2);
+  EXPECT_EQ(g.sampling().n(), 3);
+  EXPECT_EQ(g.sampling().seed(), 42u);
+  EXPECT_FLOAT_EQ(g.sampling().temperature(), 0.5f);
+  EXPECT_FLOAT_EQ(g.sampling().top_p(), 0.9f);
+  EXPECT_EQ(g.sampling().top_k(), 7);
+  EXPECT_FLOAT_EQ(g.sampling().min_p(), 0.1f);
+  EXPECT_FLOAT_EQ(g.sampling().presence_penalty(), 0.5f);
+  EXPECT_FLOAT_EQ(g.sampling().frequency_penalty(), -0.5f);
+  EXPECT_FLOAT_EQ(g.sampling().repetition_penalty(), 1.2f);
+  EXPECT_TRUE(g.sampling().logprobs());
+  EXPECT_EQ(g.sampling().top_logprobs(), 2);
+  EXPECT_EQ(g.max_new_tokens(), 9);  // max_completion_tokens wins over max_tokens
+  ASSERT_EQ(g.stop_size(), 1);
+  EXPECT_EQ(g.stop(0), "END");
+  EXPECT_EQ(g.stop_token_ids(0), 3);
+  EXPECT_TRUE(g.ignore_eos());
+  EXPECT_EQ(g.timeout_ms(), 1500u);
+  // vLLM's top_k -1 is no limit.
+  r = ParseCompletionRequest(R"({"prompt": "x", "top_k": -1})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(PromptRequest(*r, {1}).sampling().top_k(), 0);
+}
+
+TEST(ParseChatRequest, JoinsTextPartsAndKeepsTheRest) {
+  absl::StatusOr<ApiRequest> r = ParseChatRequest(R"({
+      "messages": [{"role": "system", "content": "be brief"},
+                   {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                {"type": "text", "text": "b"}]},
+                   {"role": "assistant", "tool_calls": []}],
+      "logprobs": true, "top_logprobs": 3, "add_generation_prompt": false,
+      "tools": [{"type": "function"}]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->messages[1]["content"], "a\nb");
+  EXPECT_TRUE(r->messages[2]["content"].is_null());
+  EXPECT_EQ(r->logprobs, 3);
+  EXPECT_FALSE(r->add_generation_prompt);
+  EXPECT_EQ(r->tools.size(), 1u);
+  EXPECT_FALSE(r->generation.has_max_new_tokens());  // chat: up to the context
+  r = ParseChatRequest(R"({"messages": [{"role": "user", "content": "a"}], "logprobs": true})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->logprobs, 0);
+}
+
+// What the model limits is checked by ValidateRequest; its errors name the API's fields.
+TEST(ToApiError, NamesTheApisFieldsForTheModelsLimits) {
+  ModelLimits limits{.vocab_size = 100, .context_length = 32, .eos_token_id = 0};
+  struct Case {
+    std::string body;
+    std::vector<int32_t> prompt;
+    std::string param;
+  } cases[] = {
+      {R"({"prompt": "x"})", std::vector<int32_t>(40, 1), "prompt"},
+      {R"({"prompt": "x"})", {1, 200}, "prompt"},
+      {R"({"prompt": "x", "max_tokens": 33})", {1}, "max_tokens"},
+      {R"({"prompt": "x", "stop_token_ids": [100]})", {1}, "stop_token_ids"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.body);
+    absl::StatusOr<ApiRequest> r = ParseCompletionRequest(c.body);
+    ASSERT_TRUE(r.ok());
+    absl::StatusOr<ValidatedRequest> v = ValidateRequest(PromptRequest(*r, c.prompt), limits,
+                                                         nullptr);
+    ASSERT_FALSE(v.ok());
+    const absl::Status api = ToApiError(v.status(), Endpoint::kCompletions, "prompt");
+    EXPECT_EQ(HttpStatusOf(api), 400);
+    EXPECT_EQ(ParamOf(api), c.param) << api;
+    EXPECT_THAT(std::string(api.message()), HasSubstr(c.param));
+  }
+  // Chat prompts are the rendered messages.
+  absl::StatusOr<ApiRequest> r = ParseChatRequest(R"({"messages": [{"role":"user","content":"a"}]})");
+  ASSERT_TRUE(r.ok());
+  absl::StatusOr<ValidatedRequest> v =
+      ValidateRequest(PromptRequest(*r, std::vector<int32_t>(40, 1)), limits, nullptr);
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(ParamOf(ToApiError(v.status(), Endpoint::kChat, "messages")), "messages");
+}
+
+TEST(HttpStatusOf, MapsEveryOutcomeInOnePlace) {
+  EXPECT_EQ(HttpStatusOf(absl::InvalidArgumentError("x")), 400);
+  EXPECT_EQ(HttpStatusOf(absl::NotFoundError("x")), 404);
+  EXPECT_EQ(HttpStatusOf(absl::ResourceExhaustedError("x")), 429);
+  EXPECT_EQ(HttpStatusOf(absl::UnavailableError("x")), 503);
+  EXPECT_EQ(HttpStatusOf(absl::DeadlineExceededError("x")), 504);
+  EXPECT_EQ(HttpStatusOf(absl::InternalError("x")), 500);
+  EXPECT_EQ(ErrorBody(absl::ResourceExhaustedError("full"))["error"]["type"], "rate_limit_error");
+  EXPECT_EQ(ErrorBody(absl::ResourceExhaustedError("full"))["error"]["message"], "full");
+}
+
+}  // namespace
+}  // namespace tandem::openai

