@@ -1,7 +1,7 @@
 // Metric families (prometheus-cpp) and the /metrics endpoint (cpp-httplib).
 #include "common/metrics.h"
 
-#include <httplib.h>
+#include "common/httplib.h"
 #include <sys/socket.h>
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 // The sweep's client of an OpenAI-compatible server: streamed /v1/completions read as
 // server-sent events, each chunk with text or not counted as one token (as OpenAI, vLLM and
 // tandem send them), the count checked against the usage the stream ends with.
-#include <httplib.h>
+#include "common/httplib.h"
 
 #include <chrono>
 

@@ -327,10 +327,12 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
                                           after = Flatten(after_each);
 
           std::vector<double> ttft, itl, e2e;
+          std::set<std::string> error_kinds;  // a few distinct messages, so failures say why
           for (size_t i = 0; i < records.size(); ++i) {
             const RequestRecord& r = records[i];
             if (!r.ok) {
               ++c.errors;
+              if (error_kinds.size() < 3) error_kinds.insert(r.error);
               continue;
             }
             c.tokens += r.num_tokens;
@@ -344,6 +346,10 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
             } else if (it->second != r.output) {
               ++c.mismatches;
             }
+          }
+          for (const std::string& e : error_kinds) {
+            std::fprintf(stderr, "%s: %d of %d requests failed, e.g.: %s\n", label.c_str(),
+                         c.errors, c.requests, e.c_str());
           }
           c.correct = c.mismatches == 0 && c.errors == 0;
           c.tokens_per_s = c.wall_s > 0 ? c.tokens / c.wall_s : 0;

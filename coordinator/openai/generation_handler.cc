@@ -2,7 +2,7 @@
 // all or none, then answer whole or as a stream of chunks.
 #include "coordinator/openai/generation_handler.h"
 
-#include <httplib.h>
+#include "common/httplib.h"
 
 #include <atomic>
 #include <memory>

@@ -1,7 +1,7 @@
 // Routes, the connection pool, and the small endpoints (models, tokenize, health, version).
 #include "coordinator/openai/http_server.h"
 
-#include <httplib.h>
+#include "common/httplib.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"

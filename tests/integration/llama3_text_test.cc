@@ -3,7 +3,8 @@
 // next to random weights of a small Llama-3-shaped model (vocabulary 128256). The LM head is set
 // so that greedy decoding always picks an EOS id: row 128001 is +100 and row 128009 is -100 along
 // the one dimension the final norm keeps, so which one wins follows the sign of that dimension.
-// Shows: GetModelInfo reports the text settings (both EOS ids) and a text prompt gets BOS first.
+// Shows: GetModelInfo reports the text settings (both EOS ids), a text prompt gets BOS first, and
+// generation stops at whichever of the two EOS ids comes.
 // Usage (from llama3_text_test.sh): llama3_text_test <folder with the Llama-3 tokenizer files>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 
 #include "absl/strings/str_format.h"
 #include "common/tokenizer.h"
@@ -154,6 +156,35 @@ TEST_F(Llama3TextTest, TextPromptGetsBosFirst) {
   // Logprobs are given for prompt tokens 1..: the first of them is "Hello", so BOS came first.
   ASSERT_GE(resp.prompt_logprobs_size(), 1);
   EXPECT_EQ(resp.prompt_logprobs(0).token_id(), 9906);
+}
+
+// Greedy picks 128001 for some prompts and 128009 for others (the sign of one hidden dimension);
+// with ignore_eos the pick shows which, without it the request ends there with finish reason EOS.
+TEST_F(Llama3TextTest, StopsAtEitherEosId) {
+  ASSERT_NE(cluster_, nullptr);
+  std::set<int32_t> picked;
+  for (int32_t first = 1000; first < 1032; ++first) {
+    v1::GenerateRequest req;
+    req.add_token_ids(kBos);
+    req.add_token_ids(first);
+    req.add_token_ids(first * 7 % 5000 + 200);
+    req.set_max_new_tokens(1);
+    req.set_ignore_eos(true);
+    const v1::GenerateResponse seen = Generate(req);
+    ASSERT_EQ(seen.token_ids_size(), 1);
+    const int32_t token = seen.token_ids(0);
+    ASSERT_TRUE(token == kEndOfText || token == kEndOfTurn) << token;
+    EXPECT_EQ(seen.finish_reason(), v1::FINISH_REASON_LENGTH);
+    picked.insert(token);
+
+    req.set_ignore_eos(false);
+    req.set_max_new_tokens(8);
+    const v1::GenerateResponse stopped = Generate(req);
+    EXPECT_EQ(stopped.finish_reason(), v1::FINISH_REASON_EOS) << "prompt token " << first;
+    EXPECT_EQ(stopped.usage().completion_tokens(), 1) << "prompt token " << first;
+  }
+  // Both ids were the greedy pick for some prompt, so both were tested as the stopping one.
+  EXPECT_THAT(picked, ElementsAre(kEndOfText, kEndOfTurn));
 }
 
 }  // namespace

@@ -8,8 +8,12 @@ decoding greedily with the KV-cache exactly as tests/reference/hf_reference.py d
 device, so that no logits file of a 50k vocabulary needs to leave it:
   - prefill logits: relative error ||ours - hf|| / ||hf|| (HF's logits as float32)
   - final logits (the decode step that chose the last token), when the tokens agree up to there
+  - the largest absolute logit error, max |ours - hf| over the vocabulary, of the same logits
   - greedy tokens: identical for every step; at the first step that differs, HF's top-2 gap and
-    HF's margin between its token and ours, so a near-tie is told apart from a bug.
+    HF's margin between its token and ours, so a near-tie is told apart from a bug. The rule
+    judged: identical greedy tokens wherever HF's own top-2 gap is larger than the measured
+    logits error (the largest absolute logit error over every prompt); a divergence at a gap
+    within it is a near-tie that two fp16 implementations may break either way.
 With --hf_self, HF is also compared with itself: the same checkpoint loaded a second time with
 attn_implementation="eager" (HF's other valid fp16 attention path) decodes the same prompts, and
 the same measures are printed for HF-eager against HF-sdpa: how often two fp16 paths of the
@@ -21,8 +25,9 @@ usage: compare_gpu.py --model DIR --bench PATH/tandem-bench [--dtype float16|bfl
                       [--hf_self] [--json OUT.json]
 --lengths: prompt lengths to cycle through instead of the built-in 1..500 (long prefills: the
 tensor-core prefill attention and its chunks of the forward pass).
-exit status: 0 when every prompt is within --max_rel and every token agrees, 1 otherwise (the
-HF-against-HF figures are reported, never judged).
+exit status: 0 when every prompt is within --max_rel and every greedy divergence is at a near-tie
+(HF's top-2 gap at most the measured logits error), 1 otherwise (the HF-against-HF figures are
+reported, never judged).
 """
 import argparse
 import json
@@ -49,6 +54,10 @@ def make_prompts(count, vocab, max_positions, steps, lengths=LENGTHS):
 
 def rel_err(ours, ref):
     return ((ours - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def abs_err(ours, ref):
+    return (ours - ref).abs().max().item()
 
 
 def hf_greedy(model, prompt, steps):
@@ -136,9 +145,11 @@ def main():
             prefill, step_logits, tokens = hf_greedy(model, prompt, args.steps)
             reference.append((prefill, step_logits, tokens))
             mine = r["tokens"]
+            ours_prefill = torch.tensor(r["logits"], device="cuda")
             row = {
                 "prompt_len": len(prompt),
-                "prefill_rel_err": rel_err(torch.tensor(r["logits"], device="cuda"), prefill),
+                "prefill_rel_err": rel_err(ours_prefill, prefill),
+                "prefill_max_abs_err": abs_err(ours_prefill, prefill),
                 "tokens_equal": mine == tokens,
                 "steps": len(tokens),
             }
@@ -146,8 +157,9 @@ def main():
             if first is None and len(mine) != len(tokens):
                 first = min(len(mine), len(tokens))
             if first is None:
-                row["final_rel_err"] = rel_err(
-                    torch.tensor(r["final_logits"], device="cuda"), step_logits[-1])
+                ours_final = torch.tensor(r["final_logits"], device="cuda")
+                row["final_rel_err"] = rel_err(ours_final, step_logits[-1])
+                row["final_max_abs_err"] = abs_err(ours_final, step_logits[-1])
             elif first < len(step_logits) and first < len(mine):
                 lg = step_logits[first]
                 top2 = torch.topk(lg, 2).values
@@ -175,15 +187,23 @@ def main():
     finals = [r["final_rel_err"] for r in rows if "final_rel_err" in r]
     worst_final = max(finals) if finals else float("nan")
     equal = sum(r["tokens_equal"] for r in rows)
-    ok = worst_prefill <= args.max_rel and equal == len(rows) and \
-        all(f <= args.max_rel for f in finals)
+    # The measured logits error: the largest absolute logit error of any compared logits.
+    logits_err = max(max(r["prefill_max_abs_err"], r.get("final_max_abs_err", 0.0)) for r in rows)
+    diverged = [r for r in rows if not r["tokens_equal"]]
+    # A divergence without HF's gap (lengths differ past the last step) counts as a real one.
+    real = [r for r in diverged if not r.get("hf_top2_gap", float("inf")) <= logits_err]
+    gaps = [r["hf_top2_gap"] for r in diverged if "hf_top2_gap" in r]
+    ok = worst_prefill <= args.max_rel and not real and all(f <= args.max_rel for f in finals)
     print("SUMMARY %s %s: %d prompts x %d steps, worst prefill rel err %.2e, worst final rel err "
-          "%.2e, greedy tokens identical on %d/%d prompts -> %s" % (
-              name, args.dtype, len(rows), args.steps, worst_prefill, worst_final, equal,
-              len(rows), "PASS" if ok else "FAIL"), flush=True)
+          "%.2e, measured logits error (max abs) %.4g, greedy tokens identical on %d/%d prompts, "
+          "HF top-2 gaps at the first differences %s, %d of them above the logits error -> %s" % (
+              name, args.dtype, len(rows), args.steps, worst_prefill, worst_final, logits_err,
+              equal, len(rows), "[" + ", ".join("%.4g" % g for g in gaps) + "]", len(real),
+              "PASS" if ok else "FAIL"), flush=True)
     result = {"model": name, "dtype": args.dtype, "torch": torch.__version__,
               "transformers": __import__("transformers").__version__,
-              "steps": args.steps, "max_rel": args.max_rel, "pass": ok, "prompts": rows}
+              "steps": args.steps, "max_rel": args.max_rel, "logits_max_abs_err": logits_err,
+              "divergences_above_logits_err": len(real), "pass": ok, "prompts": rows}
     if args.hf_self:
         del model
         torch.cuda.empty_cache()
