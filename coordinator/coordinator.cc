@@ -16,14 +16,15 @@ constexpr int kMaxMessageBytes = 512 << 20;
 // A stage may load gigabytes from disk before it answers AssignStage.
 constexpr absl::Duration kAssignTimeout = absl::Seconds(300);
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address,
+                                                const ClientAuth& auth) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   // A dead worker should fail calls fast rather than wait for a reconnect.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return MakeChannel(address, auth, args);
 }
 
 TokenLogprob FromProto(const v1::TokenLogprob& in) {
@@ -772,7 +773,7 @@ int64_t Coordinator::RegisterWorker(const std::string& address, const std::strin
   w.id = next_worker_id_++;
   w.address = address;
   w.backend = backend;
-  w.channel = MakeChannel(address);
+  w.channel = MakeWorkerChannel(address, worker_auth_);
   w.last_heartbeat = absl::Now();
   spdlog::info("worker {} registered: {} ({})", w.id, address, backend);
   const int64_t id = w.id;

@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/model_config.h"
+#include "common/security/credentials.h"
 #include "common/text_config.h"
 #include "common/tokenizer.h"
 #include "coordinator/config.h"
@@ -89,6 +90,9 @@ class Coordinator {
   // Where to record metrics (common/metrics.h); null: nowhere. Set before Start().
   void set_metrics(CoordinatorMetrics* metrics) { metrics_ = metrics; }
   CoordinatorMetrics* metrics() const { return metrics_; }
+  // How to reach the workers: TLS and the cluster secret (default: plain, no key). Set before
+  // Start().
+  void set_worker_auth(ClientAuth auth) { worker_auth_ = std::move(auth); }
 
   void Start();
   void Shutdown();  // stops the threads, fails what is left with UNAVAILABLE, closes streams
@@ -220,6 +224,7 @@ class Coordinator {
 
   std::vector<std::thread> threads_;
   CoordinatorMetrics* metrics_ = nullptr;
+  ClientAuth worker_auth_;
 };
 
 }  // namespace tandem

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "coordinator/peer_address.h"
 #include "coordinator/request_group.h"
 #include "coordinator/request_stream.h"
 #include "spdlog/spdlog.h"
@@ -78,6 +79,7 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
 
 grpc::Status InferenceService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                                         v1::GenerateResponse* resp) {
+  if (grpc::Status a = CheckCaller(*ctx, access_); !a.ok()) return a;
   absl::StatusOr<ValidatedRequest> v = ValidateRequest(*req, c_.limits(), c_.tokenizer());
   if (!v.ok()) return Rejected(c_, v.status());
   absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> r = SubmitChoices(c_, *std::move(v));
@@ -115,6 +117,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* ctx, const v1::Gene
 grpc::Status InferenceService::GenerateStream(
     grpc::ServerContext* ctx, const v1::GenerateRequest* req,
     grpc::ServerWriter<v1::GenerateStreamResponse>* writer) {
+  if (grpc::Status a = CheckCaller(*ctx, access_); !a.ok()) return a;
   absl::StatusOr<ValidatedRequest> v = ValidateRequest(*req, c_.limits(), c_.tokenizer());
   if (!v.ok()) return Rejected(c_, v.status());
   absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> r = SubmitChoices(c_, *std::move(v));
@@ -158,8 +161,9 @@ grpc::Status InferenceService::GenerateStream(
   return ToGrpcStatus(s.status());
 }
 
-grpc::Status InferenceService::GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*,
-                                            v1::ModelInfo* resp) {
+grpc::Status InferenceService::GetModelInfo(grpc::ServerContext* ctx,
+                                            const v1::GetModelInfoRequest*, v1::ModelInfo* resp) {
+  if (grpc::Status a = CheckCaller(*ctx, access_); !a.ok()) return a;
   const ModelConfig& m = c_.model();
   resp->set_model_dir(c_.config().model_dir.string());
   resp->set_architecture(std::string(ArchName(m.arch)));
@@ -178,46 +182,58 @@ grpc::Status InferenceService::GetModelInfo(grpc::ServerContext*, const v1::GetM
   return grpc::Status::OK;
 }
 
-grpc::Status AdminService::GetTopology(grpc::ServerContext*, const v1::GetTopologyRequest*,
+grpc::Status AdminService::GetTopology(grpc::ServerContext* ctx, const v1::GetTopologyRequest*,
                                        v1::Topology* resp) {
+  if (grpc::Status a = CheckCaller(*ctx, access_); !a.ok()) return a;
   *resp = c_.GetTopology();
   return grpc::Status::OK;
 }
 
-grpc::Status AdminService::SetTopology(grpc::ServerContext*, const v1::SetTopologyRequest* req,
-                                       v1::Topology* resp) {
+grpc::Status AdminService::SetTopology(grpc::ServerContext* ctx,
+                                       const v1::SetTopologyRequest* req, v1::Topology* resp) {
+  if (grpc::Status a = CheckCaller(*ctx, access_); !a.ok()) return a;
   absl::StatusOr<v1::Topology> t = c_.SetTopology(req->stages(), req->replicas());
   if (!t.ok()) return ToGrpcStatus(t.status());
   *resp = *std::move(t);
   return grpc::Status::OK;
 }
 
-grpc::Status AdminService::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+grpc::Status AdminService::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
                                        v1::ListWorkersResponse* resp) {
+  if (grpc::Status a = CheckCaller(*ctx, access_); !a.ok()) return a;
   for (v1::WorkerInfo& w : c_.ListWorkers()) *resp->add_workers() = std::move(w);
   return grpc::Status::OK;
 }
 
-grpc::Status AdminService::Drain(grpc::ServerContext*, const v1::DrainRequest* req,
+grpc::Status AdminService::Drain(grpc::ServerContext* ctx, const v1::DrainRequest* req,
                                  v1::Topology* resp) {
+  if (grpc::Status a = CheckCaller(*ctx, access_); !a.ok()) return a;
   absl::StatusOr<v1::Topology> t = c_.Drain(req->worker_id());
   if (!t.ok()) return ToGrpcStatus(t.status());
   *resp = *std::move(t);
   return grpc::Status::OK;
 }
 
-grpc::Status RegistryService::Register(grpc::ServerContext*, const v1::RegisterRequest* req,
+grpc::Status RegistryService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                                        v1::RegisterResponse* resp) {
+  if (grpc::Status a = CheckCaller(*ctx, access_); !a.ok()) return a;
   if (req->address().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "address: empty");
+  }
+  if (!trust_addresses_) {
+    if (absl::Status st = CheckAddressMatchesPeer(req->address(), ctx->peer()); !st.ok()) {
+      spdlog::warn("registration refused: {}", st.ToString());
+      return ToGrpcStatus(st);
+    }
   }
   resp->set_worker_id(c_.RegisterWorker(req->address(), req->backend()));
   resp->set_heartbeat_interval_ms(c_.config().heartbeat_interval_ms);
   return grpc::Status::OK;
 }
 
-grpc::Status RegistryService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+grpc::Status RegistryService::Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
                                         v1::HeartbeatResponse* resp) {
+  if (grpc::Status a = CheckCaller(*ctx, access_); !a.ok()) return a;
   resp->set_known(c_.Heartbeat(req->worker_id()));
   return grpc::Status::OK;
 }

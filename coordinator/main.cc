@@ -1,6 +1,8 @@
 // tandem-coordinator: serves Inference, Admin, Registry, health and reflection on one port, and
 // with --http_listen the OpenAI-compatible HTTP API on another.
 // Settings come from --config (YAML) and are overridden by the flags given on the command line.
+// Keys and TLS come from flags (keys also from the environment) only: they do not belong in a
+// config file that is copied around.
 #include <csignal>
 #include <optional>
 #include <string>
@@ -13,6 +15,8 @@
 #include "coordinator/grpc_services.h"
 #include "coordinator/openai/http_api.h"
 #include "common/metrics.h"
+#include "common/security/credentials.h"
+#include "common/security/tls_flags.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -38,8 +42,22 @@ ABSL_FLAG(std::optional<int>, http_threads, std::nullopt,
           "HTTP connection threads (0: running slots + waiting queue + 8)");
 ABSL_FLAG(std::optional<std::string>, served_model_name, std::nullopt,
           "the model's id in the HTTP API (default: the name of --model_dir)");
-ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
-          "host:port serving Prometheus /metrics (port 0: any free port; empty: off)");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
+          "host:port serving Prometheus /metrics (0.0.0.0:PORT: every interface; port 0: any free "
+          "port; empty: off)");
+ABSL_FLAG(std::string, api_key, "",
+          "key that Inference callers (and the HTTP API) present as 'authorization: Bearer KEY' "
+          "(env TANDEM_API_KEY; empty: no key needed)");
+ABSL_FLAG(std::string, admin_key, "",
+          "key that Admin callers present as 'authorization: Bearer KEY' (env TANDEM_ADMIN_KEY; "
+          "empty: the --api_key)");
+ABSL_FLAG(std::string, cluster_secret, "",
+          "secret shared with the workers: they present it to Registry, the coordinator to them "
+          "(env TANDEM_CLUSTER_SECRET; empty: none; with --tls_ca, workers also need a "
+          "certificate the CA signed)");
+ABSL_FLAG(bool, trust_worker_addresses, false,
+          "accept a worker's registered address even where it is not the caller's own (NAT, "
+          "proxies)");
 
 namespace {
 
@@ -100,15 +118,38 @@ int main(int argc, char** argv) {
       spdlog::error("--metrics_address: {}; serving without metrics", m.status().ToString());
     }
   }
-  tandem::InferenceService inference(**coordinator);
-  tandem::AdminService admin(**coordinator);
-  tandem::RegistryService registry(**coordinator);
+  const tandem::TlsFiles tls = tandem::TlsFilesFromFlags();
+  const std::string api_key = tandem::FlagOrEnv(absl::GetFlag(FLAGS_api_key), "TANDEM_API_KEY");
+  std::string admin_key = tandem::FlagOrEnv(absl::GetFlag(FLAGS_admin_key), "TANDEM_ADMIN_KEY");
+  if (admin_key.empty()) admin_key = api_key;
+  const std::string cluster_secret =
+      tandem::FlagOrEnv(absl::GetFlag(FLAGS_cluster_secret), "TANDEM_CLUSTER_SECRET");
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server_credentials =
+      tandem::MakeServerCredentials(tls, tandem::ClientCerts::kVerifyIfPresented);
+  absl::StatusOr<tandem::ClientAuth> worker_auth = tandem::MakeClientAuth(tls, cluster_secret);
+  if (!server_credentials.ok() || !worker_auth.ok()) {
+    spdlog::error("{}", (server_credentials.ok() ? worker_auth.status()
+                                                 : server_credentials.status()).ToString());
+    return 2;
+  }
+  (*coordinator)->set_worker_auth(*std::move(worker_auth));
+  tandem::InferenceService inference(**coordinator, {.key = api_key, .key_name = "api key"});
+  tandem::AdminService admin(**coordinator, {.key = admin_key, .key_name = "admin key"});
+  tandem::RegistryService registry(
+      **coordinator,
+      {.key = cluster_secret, .require_client_cert = !tls.ca.empty(), .key_name = "cluster secret"},
+      absl::GetFlag(FLAGS_trust_worker_addresses));
+  if (api_key.empty()) spdlog::warn("no --api_key: Inference is open to every caller");
+  if (cluster_secret.empty() && tls.ca.empty()) {
+    spdlog::warn("no --cluster_secret or --tls_ca: any process that reaches the port can "
+                 "register as a worker");
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(config.listen, *server_credentials, &port);
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.RegisterService(&inference);
   builder.RegisterService(&admin);
@@ -124,7 +165,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<tandem::openai::HttpServer> http;
   if (!config.http_listen.empty()) {
     absl::StatusOr<std::unique_ptr<tandem::openai::HttpServer>> h =
-        tandem::openai::StartHttpApi(**coordinator);
+        tandem::openai::StartHttpApi(**coordinator, api_key);
     if (!h.ok()) {
       spdlog::error("{}", h.status().ToString());
       return 1;

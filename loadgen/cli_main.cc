@@ -12,6 +12,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/security/credentials.h"
+#include "common/security/tls_flags.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem.grpc.pb.h"
 
@@ -38,6 +40,10 @@ ABSL_FLAG(bool, show_ids, false, "also print the generated token ids");
 ABSL_FLAG(int, timeout_ms, 0, "request deadline (0: none)");
 ABSL_FLAG(int, stages, 1, "set-topology: stages per replica");
 ABSL_FLAG(int, replicas, 1, "set-topology: replicas");
+ABSL_FLAG(std::string, api_key, "", "key for generate and info (env TANDEM_API_KEY)");
+ABSL_FLAG(std::string, admin_key, "",
+          "key for topology, workers and set-topology (env TANDEM_ADMIN_KEY; empty: the "
+          "--api_key)");
 
 namespace {
 
@@ -173,9 +179,22 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = args[1];
-  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_addr), grpc::InsecureChannelCredentials());
+  const std::string api_key = tandem::FlagOrEnv(absl::GetFlag(FLAGS_api_key), "TANDEM_API_KEY");
+  std::string admin_key = tandem::FlagOrEnv(absl::GetFlag(FLAGS_admin_key), "TANDEM_ADMIN_KEY");
+  if (admin_key.empty()) admin_key = api_key;
+  const tandem::TlsFiles tls = tandem::TlsFilesFromFlags();
+  absl::StatusOr<tandem::ClientAuth> inference_auth = tandem::MakeClientAuth(tls, api_key);
+  absl::StatusOr<tandem::ClientAuth> admin_auth = tandem::MakeClientAuth(tls, admin_key);
+  if (!inference_auth.ok() || !admin_auth.ok()) {
+    std::fprintf(stderr, "error: %s\n",
+                 std::string((inference_auth.ok() ? admin_auth : inference_auth).status().message())
+                     .c_str());
+    return 2;
+  }
+  auto channel = tandem::MakeChannel(absl::GetFlag(FLAGS_addr), *inference_auth);
   if (command == "generate") return Generate(channel);
-  auto admin = tandem::v1::Admin::NewStub(channel);
+  auto admin =
+      tandem::v1::Admin::NewStub(tandem::MakeChannel(absl::GetFlag(FLAGS_addr), *admin_auth));
   grpc::ClientContext ctx;
   grpc::Status s;
   std::string out;

@@ -20,12 +20,14 @@ double Since(Clock::time_point t0, Clock::time_point t) {
 
 class GrpcClient final : public LoadClient {
  public:
-  GrpcClient(const std::string& address, double timeout_s) : timeout_s_(timeout_s) {
+  GrpcClient(const std::string& address, double timeout_s, const ClientAuth& inference,
+             const ClientAuth& admin)
+      : timeout_s_(timeout_s) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
-    channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-    inference_ = v1::Inference::NewStub(channel_);
-    admin_ = v1::Admin::NewStub(channel_);
+    // One channel per key: each carries its own bearer token.
+    inference_ = v1::Inference::NewStub(MakeChannel(address, inference, args));
+    admin_ = v1::Admin::NewStub(MakeChannel(address, admin, args));
   }
 
   absl::StatusOr<ServedModel> Info() override {
@@ -99,15 +101,15 @@ class GrpcClient final : public LoadClient {
 
  private:
   const double timeout_s_;
-  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Inference::Stub> inference_;
   std::unique_ptr<v1::Admin::Stub> admin_;
 };
 
 }  // namespace
 
-std::unique_ptr<LoadClient> NewGrpcClient(const std::string& address, double timeout_s) {
-  return std::make_unique<GrpcClient>(address, timeout_s);
+std::unique_ptr<LoadClient> NewGrpcClient(const std::string& address, double timeout_s,
+                                          const ClientAuth& inference, const ClientAuth& admin) {
+  return std::make_unique<GrpcClient>(address, timeout_s, inference, admin);
 }
 
 }  // namespace tandem::loadgen

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/security/credentials.h"
 
 namespace tandem::loadgen {
 
@@ -38,14 +39,20 @@ class LoadClient {
   virtual RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len) = 0;
 };
 
-// tandem's gRPC API at host:port.
-std::unique_ptr<LoadClient> NewGrpcClient(const std::string& address, double timeout_s);
+// tandem's gRPC API at host:port; `inference` (TLS and the api key) for Inference calls, `admin`
+// (TLS and the admin key) for Admin calls.
+std::unique_ptr<LoadClient> NewGrpcClient(const std::string& address, double timeout_s,
+                                          const ClientAuth& inference = {},
+                                          const ClientAuth& admin = {});
 
 // An OpenAI-compatible server at http://host:port: streamed /v1/completions with token-id
 // prompts, ignore_eos (vLLM's and tandem's extension) and stream_options.include_usage. `model`:
 // the model to name ("": the first /v1/models lists). `admin`: tandem's gRPC address for topology
 // changes and the vocabulary ("": none; only the topology that serves can be measured).
+// `inference.key`: the api key sent as the Bearer token; both auths also reach the gRPC admin.
 std::unique_ptr<LoadClient> NewOpenAiClient(const std::string& base_url, const std::string& model,
-                                            const std::string& admin, double timeout_s);
+                                            const std::string& admin, double timeout_s,
+                                            const ClientAuth& inference = {},
+                                            const ClientAuth& admin_auth = {});
 
 }  // namespace tandem::loadgen

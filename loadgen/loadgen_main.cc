@@ -13,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/security/credentials.h"
+#include "common/security/tls_flags.h"
 #include "loadgen/sweep.h"
 
 ABSL_FLAG(std::string, addr, "127.0.0.1:50051",
@@ -40,6 +42,10 @@ ABSL_FLAG(uint64_t, seed, 1, "prompt seed");
 ABSL_FLAG(double, request_timeout_s, 300, "deadline of one request");
 ABSL_FLAG(std::string, out, "", "run folder (default: runs/sweep-YYYYmmdd-HHMMSS)");
 ABSL_FLAG(bool, progress, true, "show a progress line on stderr");
+ABSL_FLAG(std::string, api_key, "",
+          "key for Inference (and the OpenAI API's Bearer token) (env TANDEM_API_KEY)");
+ABSL_FLAG(std::string, admin_key, "",
+          "key for Admin, for --nodes (env TANDEM_ADMIN_KEY; empty: the --api_key)");
 
 namespace {
 
@@ -125,6 +131,21 @@ int main(int argc, char** argv) {
   o.request_timeout_s = absl::GetFlag(FLAGS_request_timeout_s);
   o.progress = absl::GetFlag(FLAGS_progress);
   o.out = absl::GetFlag(FLAGS_out);
+  {
+    const std::string api_key = tandem::FlagOrEnv(absl::GetFlag(FLAGS_api_key), "TANDEM_API_KEY");
+    std::string admin_key = tandem::FlagOrEnv(absl::GetFlag(FLAGS_admin_key), "TANDEM_ADMIN_KEY");
+    if (admin_key.empty()) admin_key = api_key;
+    const tandem::TlsFiles tls = tandem::TlsFilesFromFlags();
+    absl::StatusOr<tandem::ClientAuth> inference = tandem::MakeClientAuth(tls, api_key);
+    absl::StatusOr<tandem::ClientAuth> admin = tandem::MakeClientAuth(tls, admin_key);
+    if (!inference.ok() || !admin.ok()) {
+      std::fprintf(stderr, "error: %s\n",
+                   std::string((inference.ok() ? admin : inference).status().message()).c_str());
+      return 2;
+    }
+    o.inference_auth = *std::move(inference);
+    o.admin_auth = *std::move(admin);
+  }
   if (o.out.empty()) {
     o.out = absl::StrCat("runs/sweep-",
                          absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()));

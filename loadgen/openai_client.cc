@@ -28,12 +28,13 @@ constexpr int kForeignVocab = 1000;
 class OpenAiClient final : public LoadClient {
  public:
   OpenAiClient(std::string base_url, std::string model, std::unique_ptr<LoadClient> admin,
-               double timeout_s)
+               double timeout_s, std::string api_key)
       : base_url_(std::move(base_url)), model_(std::move(model)), admin_(std::move(admin)),
-        timeout_s_(timeout_s) {}
+        timeout_s_(timeout_s), api_key_(std::move(api_key)) {}
 
   absl::StatusOr<ServedModel> Info() override {
     httplib::Client http(base_url_);
+    if (!api_key_.empty()) http.set_bearer_token_auth(api_key_);
     http.set_connection_timeout(10);
     http.set_read_timeout(10);
     httplib::Result res = http.Get("/v1/models");
@@ -78,6 +79,7 @@ class OpenAiClient final : public LoadClient {
   RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len) override {
     RequestRecord rec;
     httplib::Client http(base_url_);
+    if (!api_key_.empty()) http.set_bearer_token_auth(api_key_);
     const auto timeout = static_cast<time_t>(timeout_s_ + 1);
     http.set_connection_timeout(10);
     http.set_read_timeout(timeout);
@@ -161,14 +163,19 @@ class OpenAiClient final : public LoadClient {
   std::string model_;
   const std::unique_ptr<LoadClient> admin_;
   const double timeout_s_;
+  const std::string api_key_;  // the Bearer token; empty: none
 };
 
 }  // namespace
 
 std::unique_ptr<LoadClient> NewOpenAiClient(const std::string& base_url, const std::string& model,
-                                            const std::string& admin, double timeout_s) {
+                                            const std::string& admin, double timeout_s,
+                                            const ClientAuth& inference,
+                                            const ClientAuth& admin_auth) {
   return std::make_unique<OpenAiClient>(
-      base_url, model, admin.empty() ? nullptr : NewGrpcClient(admin, timeout_s), timeout_s);
+      base_url, model,
+      admin.empty() ? nullptr : NewGrpcClient(admin, timeout_s, inference, admin_auth), timeout_s,
+      inference.key);
 }
 
 }  // namespace tandem::loadgen

@@ -224,8 +224,10 @@ absl::Status ValidateSweepOptions(const SweepOptions& o) {
 absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
   if (absl::Status s = ValidateSweepOptions(o); !s.ok()) return s;
   std::unique_ptr<LoadClient> client =
-      o.api == "openai" ? NewOpenAiClient(o.coordinator, o.model, o.admin, o.request_timeout_s)
-                        : NewGrpcClient(o.coordinator, o.request_timeout_s);
+      o.api == "openai"
+          ? NewOpenAiClient(o.coordinator, o.model, o.admin, o.request_timeout_s,
+                            o.inference_auth, o.admin_auth)
+          : NewGrpcClient(o.coordinator, o.request_timeout_s, o.inference_auth, o.admin_auth);
   absl::StatusOr<ServedModel> info = client->Info();
   if (!info.ok()) return info.status();
   for (int p : o.prompt_lens) {

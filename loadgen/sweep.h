@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
+#include "common/security/credentials.h"
 
 namespace tandem::loadgen {
 
@@ -43,6 +44,9 @@ struct SweepOptions {
   double request_timeout_s = 300;
   std::filesystem::path out;  // the run folder
   bool progress = true;       // the one-line progress display on stderr
+  // TLS and the api key (Inference; the OpenAI API's Bearer token), TLS and the admin key (Admin).
+  ClientAuth inference_auth;
+  ClientAuth admin_auth;
 };
 
 struct StageShare {

@@ -13,11 +13,13 @@ std::string ServedModelName(const CoordinatorConfig& config) {
   return dir.filename().string();
 }
 
-absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(Coordinator& c) {
+absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(Coordinator& c,
+                                                         const std::string& api_key) {
   const CoordinatorConfig& config = c.config();
   HttpServerOptions options{.listen = config.http_listen,
                             .model_name = ServedModelName(config),
-                            .threads = config.http_threads};
+                            .threads = config.http_threads,
+                            .api_key = api_key};
   ChatRenderer render_chat;
   if (c.tokenizer() != nullptr) {
     absl::Status chat_status;

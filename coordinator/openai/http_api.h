@@ -14,7 +14,9 @@ namespace tandem::openai {
 std::string ServedModelName(const CoordinatorConfig& config);
 
 // Serves config().http_listen. A model without a usable chat template is logged and served
-// without chat (chat requests get 400 saying so; completions work).
-absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(Coordinator& c);
+// without chat (chat requests get 400 saying so; completions work). `api_key`: what callers
+// present as `Authorization: Bearer <key>` (empty: no key needed).
+absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(Coordinator& c,
+                                                         const std::string& api_key = "");
 
 }  // namespace tandem::openai

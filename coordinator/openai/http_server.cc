@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/security/credentials.h"
 #include "coordinator/openai/api_error.h"
 #include "coordinator/openai/response_format.h"
 #include "coordinator/request_stream.h"
@@ -143,6 +144,21 @@ HttpServer::~HttpServer() {
 
 void HttpServer::Route() {
   httplib::Server& h = *http_;
+  if (!options_.api_key.empty()) {
+    // Before routing, so that no endpoint can forget the key. /health and /version stay open
+    // for load balancers (as vLLM's do).
+    h.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (req.path == "/health" || req.path == "/version") {
+        return httplib::Server::HandlerResponse::Unhandled;
+      }
+      const CallerPolicy policy{.key = options_.api_key, .key_name = "api key"};
+      absl::Status s = CheckBearer(req.get_header_value("Authorization"), policy);
+      if (s.ok()) return httplib::Server::HandlerResponse::Unhandled;
+      SetError(res, s);
+      res.set_header("WWW-Authenticate", "Bearer");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  }
   h.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     generation_.Handle(Endpoint::kCompletions, req, res);
   });

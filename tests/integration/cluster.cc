@@ -109,19 +109,21 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o)
   if (!port.ok()) return port.status();
   c->address_ = absl::StrCat("127.0.0.1:", *port);
   for (int i = 0; i < o.workers; ++i) {
-    absl::StatusOr<std::unique_ptr<Process>> w = Process::Start(
-        {TANDEM_WORKER_BIN, absl::StrCat("--coordinator=", c->address_), "--listen=127.0.0.1:0",
-         "--recv_timeout_s=30"},
-        c->dir_ / absl::StrFormat("worker-%d.log", i));
+    std::vector<std::string> worker_argv = {TANDEM_WORKER_BIN,
+                                            absl::StrCat("--coordinator=", c->address_),
+                                            "--listen=127.0.0.1:0", "--recv_timeout_s=30"};
+    worker_argv.insert(worker_argv.end(), o.worker_flags.begin(), o.worker_flags.end());
+    absl::StatusOr<std::unique_ptr<Process>> w =
+        Process::Start(worker_argv, c->dir_ / absl::StrFormat("worker-%d.log", i));
     if (!w.ok()) return w.status();
     c->workers_.push_back(*std::move(w));
     absl::StatusOr<int> wp = c->workers_.back()->WaitForPort();
     if (!wp.ok()) return wp.status();
     c->worker_ports_.push_back(*wp);
   }
-  c->channel_ = grpc::CreateChannel(c->address_, grpc::InsecureChannelCredentials());
+  c->channel_ = MakeChannel(c->address_, o.inference_auth);
   c->inference_ = v1::Inference::NewStub(c->channel_);
-  c->admin_ = v1::Admin::NewStub(c->channel_);
+  c->admin_ = v1::Admin::NewStub(MakeChannel(c->address_, o.admin_auth));
   if (absl::Status s = c->WaitForTopology(o.replicas, o.stages); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(s.message(), "\n", c->Logs()));
   }

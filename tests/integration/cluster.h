@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/security/credentials.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem.grpc.pb.h"
 
@@ -47,6 +48,11 @@ struct ClusterOptions {
   int stages = 1;
   int replicas = 1;
   std::vector<std::string> coordinator_flags;  // extra --flag=value
+  std::vector<std::string> worker_flags;       // extra --flag=value of every worker
+  // How the test's stubs reach the coordinator: inference() and channel() with the first,
+  // admin() with the second (TLS, keys; default: plain, no key).
+  ClientAuth inference_auth;
+  ClientAuth admin_auth;
 };
 
 class Cluster {

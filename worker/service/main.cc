@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/metrics.h"
 #include "common/nvml.h"
+#include "common/security/credentials.h"
+#include "common/security/tls_flags.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -28,7 +31,9 @@
 #endif
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "the coordinator's host:port");
-ABSL_FLAG(std::string, listen, "0.0.0.0:0", "host:port to serve on (port 0: any free port)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "host:port to serve on (0.0.0.0:PORT: every interface, needed when the coordinator or "
+          "other workers run elsewhere; port 0: any free port)");
 ABSL_FLAG(std::string, advertise_host, "127.0.0.1",
           "host name the coordinator and the other workers use to reach this worker");
 ABSL_FLAG(std::string, backend, "cpu", "compute backend: cpu or cuda (CUDA builds)");
@@ -43,8 +48,14 @@ ABSL_FLAG(bool, batch_invariant, false,
           "cuda: results independent of the batch (greedy outputs equal at every batch size and "
           "node count), slower at small batches");
 ABSL_FLAG(int, recv_timeout_s, 300, "how long a stage waits for its input before failing a step");
-ABSL_FLAG(std::string, metrics_address, "0.0.0.0:0",
-          "host:port serving Prometheus /metrics (port 0: any free port, printed; empty: off)");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1:0",
+          "host:port serving Prometheus /metrics (0.0.0.0:PORT: every interface; port 0: any free "
+          "port, printed; empty: off)");
+ABSL_FLAG(std::string, cluster_secret, "",
+          "secret shared with the coordinator and the other workers, presented on every call "
+          "between them and required of every caller (env TANDEM_CLUSTER_SECRET; empty: none)");
+ABSL_FLAG(std::string, model_root, "",
+          "folder that every checkpoint the coordinator assigns must lie in (empty: anywhere)");
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -142,11 +153,33 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // Cluster members only: the secret on every call, and with --tls_ca a certificate the CA signed
+  // (the TLS handshake refuses clients without one).
+  const tandem::TlsFiles tls = tandem::TlsFilesFromFlags();
+  const std::string cluster_secret =
+      tandem::FlagOrEnv(absl::GetFlag(FLAGS_cluster_secret), "TANDEM_CLUSTER_SECRET");
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server_credentials =
+      tandem::MakeServerCredentials(tls, tandem::ClientCerts::kRequired);
+  absl::StatusOr<tandem::ClientAuth> cluster_auth = tandem::MakeClientAuth(tls, cluster_secret);
+  if (!server_credentials.ok() || !cluster_auth.ok()) {
+    spdlog::error("{}", (server_credentials.ok() ? cluster_auth.status()
+                                                 : server_credentials.status()).ToString());
+    return 2;
+  }
+  const tandem::CallerPolicy callers{.key = cluster_secret, .key_name = "cluster secret"};
+  if (const std::string root = absl::GetFlag(FLAGS_model_root);
+      !root.empty() && !std::filesystem::is_directory(root)) {
+    spdlog::error("--model_root: '{}' is not a folder", root);
+    return 2;
+  }
+  link_options.peer_auth = *cluster_auth;
+
   tandem::ActivationInbox inbox;
   tandem::WorkerService worker(factory, inbox,
                                absl::Seconds(absl::GetFlag(FLAGS_recv_timeout_s)),
                                std::move(link_options));
-  tandem::StageLinkService link(inbox);
+  worker.set_access(callers, absl::GetFlag(FLAGS_model_root));
+  tandem::StageLinkService link(inbox, callers);
   // Metrics are an aid, not a requirement: a taken port is logged and the worker runs on. GPU
   // readings appear where NVML is present.
   auto registry = std::make_shared<prometheus::Registry>();
@@ -193,7 +226,7 @@ int main(int argc, char** argv) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *server_credentials, &port);
   builder.SetMaxReceiveMessageSize(-1);
   builder.SetMaxSendMessageSize(-1);
   builder.RegisterService(&worker);
@@ -211,7 +244,8 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   {
-    tandem::Registrar registrar(absl::GetFlag(FLAGS_coordinator), address, backend);
+    tandem::Registrar registrar(absl::GetFlag(FLAGS_coordinator), address, backend,
+                                *std::move(cluster_auth));
     while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   spdlog::info("shutting down");

@@ -11,6 +11,7 @@
 #include "common/metrics.h"
 #include "common/model_config.h"
 #include "spdlog/spdlog.h"
+#include "worker/model_root.h"
 
 namespace tandem {
 namespace {
@@ -80,8 +81,10 @@ WorkerService::WorkerService(StageFactory factory, ActivationInbox& inbox,
       recv_timeout_(recv_timeout),
       link_(std::move(link)) {}
 
-grpc::Status WorkerService::PrepareLink(grpc::ServerContext*, const v1::PrepareLinkRequest* req,
+grpc::Status WorkerService::PrepareLink(grpc::ServerContext* ctx,
+                                        const v1::PrepareLinkRequest* req,
                                         v1::PrepareLinkResponse* resp) {
+  if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
   if (link_.transport != "nccl" || req->num_stages() < 2) {
     resp->set_transport("grpc");
     return grpc::Status::OK;
@@ -101,8 +104,10 @@ grpc::Status WorkerService::PrepareLink(grpc::ServerContext*, const v1::PrepareL
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::AssignStage(grpc::ServerContext*, const v1::AssignStageRequest* req,
+grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
+                                        const v1::AssignStageRequest* req,
                                         v1::AssignStageResponse* resp) {
+  if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
   absl::MutexLock assign(&assign_mu_);
   const absl::Time t0 = absl::Now();
   if (req->num_stages() < 1 || req->stage() < 0 || req->stage() >= req->num_stages()) {
@@ -124,8 +129,12 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext*, const v1::AssignSt
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "transport nccl: this worker has no NCCL (a CUDA build with --backend=cuda)");
   }
+  absl::StatusOr<std::filesystem::path> model_dir = ResolveModelDir(model_root_, req->model_dir());
+  if (!model_dir.ok()) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, std::string(model_dir.status().message()));
+  }
   StageSpec spec;
-  spec.model_dir = req->model_dir();
+  spec.model_dir = *model_dir;
   spec.first_layer = req->first_layer();
   spec.last_layer = req->last_layer();
   spec.max_slots = req->max_slots();
@@ -190,7 +199,8 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext*, const v1::AssignSt
     a->host_link = false;
   } else {
     a->transport = std::make_unique<GrpcTransport>(a->stage > 0 ? &inbox_ : nullptr, a->id,
-                                                   req->next_address(), recv_timeout_);
+                                                   req->next_address(), recv_timeout_,
+                                                   link_.peer_auth);
   }
   {
     absl::MutexLock lock(&mu_);
@@ -266,6 +276,7 @@ v1::StepResult WorkerService::RunStep(Assignment& a, const v1::StepRequest& req,
 
 grpc::Status WorkerService::Steps(
     grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::StepResult, v1::StepRequest>* stream) {
+  if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
   // This handler thread reads; the executor runs steps in arrival order and writes results, so a
   // long step never stops the coordinator from queueing the next ones.
   absl::Mutex mu;
@@ -341,10 +352,12 @@ grpc::Status WorkerService::Steps(
 
 // ---------------------------------------------------------------------------------------------
 
-Registrar::Registrar(std::string coordinator, std::string advertise_address, std::string backend)
+Registrar::Registrar(std::string coordinator, std::string advertise_address, std::string backend,
+                     ClientAuth auth)
     : coordinator_(std::move(coordinator)),
       address_(std::move(advertise_address)),
-      backend_(std::move(backend)) {
+      backend_(std::move(backend)),
+      auth_(std::move(auth)) {
   thread_ = std::thread([this] {
     NameThread("registrar");
     Loop();
@@ -357,8 +370,7 @@ Registrar::~Registrar() {
 }
 
 void Registrar::Loop() {
-  auto stub = v1::Registry::NewStub(
-      grpc::CreateChannel(coordinator_, grpc::InsecureChannelCredentials()));
+  auto stub = v1::Registry::NewStub(MakeChannel(coordinator_, auth_));
   int64_t id = -1;
   absl::Duration interval = absl::Milliseconds(200);
   bool warned = false;

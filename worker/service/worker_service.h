@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -15,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/security/credentials.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem.grpc.pb.h"
 #include "worker/stage.h"
@@ -50,6 +52,8 @@ struct LinkOptions {
   // first and destroyed first): main.cc puts the transport's work on the stage's stream and has
   // the stage's waits watch the transport's sends. Empty: nothing.
   std::function<absl::Status(Stage&, ActivationTransport&)> bind_nccl;
+  // How the gRPC link reaches the next stage's StageLink: TLS and the cluster secret.
+  ClientAuth peer_auth;
 };
 
 class WorkerService final : public v1::Worker::Service {
@@ -58,6 +62,12 @@ class WorkerService final : public v1::Worker::Service {
                 LinkOptions link = {});
   // Where to record stage timings (common/metrics.h); null: nowhere. Set before serving.
   void set_metrics(WorkerMetrics* metrics) { metrics_ = metrics; }
+  // Who may call this worker (the cluster secret) and the folder that every assigned checkpoint
+  // must lie in (empty: anywhere; worker/model_root.h). Set before serving.
+  void set_access(CallerPolicy callers, std::filesystem::path model_root) {
+    callers_ = std::move(callers);
+    model_root_ = std::move(model_root);
+  }
 
   grpc::Status AssignStage(grpc::ServerContext* ctx, const v1::AssignStageRequest* req,
                            v1::AssignStageResponse* resp) override;
@@ -90,18 +100,23 @@ class WorkerService final : public v1::Worker::Service {
   absl::Mutex mu_;
   std::shared_ptr<Assignment> current_ ABSL_GUARDED_BY(mu_);
   WorkerMetrics* metrics_ = nullptr;
+  CallerPolicy callers_;
+  std::filesystem::path model_root_;
 };
 
 // Registers `advertise_address` with the coordinator and heartbeats until stopped; registers again
 // whenever the coordinator forgets the worker.
 class Registrar {
  public:
-  Registrar(std::string coordinator, std::string advertise_address, std::string backend);
+  // `auth`: TLS and the cluster secret for the coordinator's Registry.
+  Registrar(std::string coordinator, std::string advertise_address, std::string backend,
+            ClientAuth auth = {});
   ~Registrar();  // stops and joins
 
  private:
   void Loop();
   const std::string coordinator_, address_, backend_;
+  const ClientAuth auth_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

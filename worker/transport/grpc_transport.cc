@@ -53,9 +53,10 @@ absl::StatusOr<Activations> ActivationInbox::Take(uint64_t assignment, uint64_t 
   }
 }
 
-grpc::Status StageLinkService::Activations(grpc::ServerContext*,
+grpc::Status StageLinkService::Activations(grpc::ServerContext* ctx,
                                            grpc::ServerReader<v1::ActivationsMessage>* reader,
                                            v1::ActivationsAck*) {
+  if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
   v1::ActivationsMessage msg;
   while (reader->Read(&msg)) {
     const int64_t rows = msg.rows(), cols = msg.cols();
@@ -92,11 +93,13 @@ grpc::Status StageLinkService::Activations(grpc::ServerContext*,
 }
 
 GrpcTransport::GrpcTransport(ActivationInbox* inbox, uint64_t assignment,
-                             std::string next_address, absl::Duration recv_timeout)
+                             std::string next_address, absl::Duration recv_timeout,
+                             ClientAuth auth)
     : inbox_(inbox),
       assignment_(assignment),
       next_address_(std::move(next_address)),
-      recv_timeout_(recv_timeout) {}
+      recv_timeout_(recv_timeout),
+      auth_(std::move(auth)) {}
 
 GrpcTransport::~GrpcTransport() {
   if (writer_) {
@@ -119,8 +122,7 @@ absl::Status GrpcTransport::Send(uint64_t step_id, const Activations& a) {
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(-1);
     args.SetMaxReceiveMessageSize(-1);
-    stub_ = v1::StageLink::NewStub(
-        grpc::CreateCustomChannel(next_address_, grpc::InsecureChannelCredentials(), args));
+    stub_ = v1::StageLink::NewStub(MakeChannel(next_address_, auth_, args));
     context_ = std::make_unique<grpc::ClientContext>();
     writer_ = stub_->Activations(context_.get(), &ack_);
   }

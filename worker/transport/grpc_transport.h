@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/security/credentials.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem.grpc.pb.h"
 #include "worker/transport/activation_transport.h"
@@ -35,21 +36,25 @@ class ActivationInbox {
 
 class StageLinkService final : public v1::StageLink::Service {
  public:
-  explicit StageLinkService(ActivationInbox& inbox) : inbox_(inbox) {}
+  // `callers`: who may send activations (the cluster secret); default: anyone.
+  explicit StageLinkService(ActivationInbox& inbox, CallerPolicy callers = {})
+      : inbox_(inbox), callers_(std::move(callers)) {}
   grpc::Status Activations(grpc::ServerContext* ctx,
                            grpc::ServerReader<v1::ActivationsMessage>* reader,
                            v1::ActivationsAck* ack) override;
 
  private:
   ActivationInbox& inbox_;
+  const CallerPolicy callers_;
 };
 
 class GrpcTransport final : public ActivationTransport {
  public:
   // `inbox` feeds Recv (null on the first stage); `next_address` is the next stage's worker
   // (empty on the last stage). `recv_timeout` bounds how long Recv waits for a silent neighbour.
+  // `auth`: TLS and the cluster secret for the next stage's StageLink.
   GrpcTransport(ActivationInbox* inbox, uint64_t assignment, std::string next_address,
-                absl::Duration recv_timeout);
+                absl::Duration recv_timeout, ClientAuth auth = {});
   ~GrpcTransport() override;
 
   absl::Status Send(uint64_t step_id, const Activations& activations) override;
@@ -61,6 +66,7 @@ class GrpcTransport final : public ActivationTransport {
   const uint64_t assignment_;
   const std::string next_address_;
   const absl::Duration recv_timeout_;
+  const ClientAuth auth_;
   // The stream to the next stage, opened on the first Send. Only the step loop sends.
   std::unique_ptr<v1::StageLink::Stub> stub_;
   std::unique_ptr<grpc::ClientContext> context_;
