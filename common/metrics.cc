@@ -58,12 +58,6 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   server->registry_ = std::move(registry);
   server->http_ = std::make_unique<httplib::Server>();
   server->http_->new_task_queue = [] { return new httplib::ThreadPool(2); };
-  // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which would let two servers share a
-  // port instead of reporting the second as unavailable.
-  server->http_->set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
   server->http_->Get("/metrics", [reg = server->registry_](const httplib::Request&,
                                                            httplib::Response& res) {
     res.set_content(prometheus::TextSerializer().Serialize(reg->Collect()),
@@ -73,8 +67,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);  // [::1]:9464
   }
-  const int bound = port == 0 ? server->http_->bind_to_any_port(host)
-                              : (server->http_->bind_to_port(host, port) ? port : -1);
+  const int bound = BindHttpServer(*server->http_, host, port);
   if (bound <= 0) {
     return absl::UnavailableError(absl::StrCat("metrics address '", address,
                                                "': cannot serve: the address cannot be bound"));

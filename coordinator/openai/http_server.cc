@@ -111,18 +111,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Coordinator& c,
   server->http_ = std::make_unique<httplib::Server>();
   const int threads = options.threads > 0 ? options.threads : DefaultHttpThreads(c.config());
   server->http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  // SO_REUSEADDR only (httplib's default adds SO_REUSEPORT, which would hide a taken port).
-  server->http_->set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
   server->Route();
   std::string host = address.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
-  const int bound = port == 0 ? server->http_->bind_to_any_port(host)
-                              : (server->http_->bind_to_port(host, port) ? port : -1);
+  const int bound = BindHttpServer(*server->http_, host, port);
   if (bound <= 0) {
     return absl::UnavailableError(
         absl::StrCat("http_listen '", address, "': the address cannot be bound"));
