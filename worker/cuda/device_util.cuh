@@ -81,15 +81,27 @@ __device__ __forceinline__ size_t KvCacheOffset(int slot, int kv_head, int pos, 
 // frequency, from the host) in fp32, cos and sin rounded to T, then q·cos + rotate_half(q)·sin
 // with each product and the sum rounded to T (every operation of that expression is a T tensor
 // there). Every kernel that rotates calls this, so they agree bit for bit.
+// RotaryCosSin gives the pair's cos and sin (rounded to T), RotateHalfPairBy turns by them; a
+// kernel that rotates many heads at one position computes the former once per pair index.
 template <typename T>
-__device__ __forceinline__ void RotateHalfPair(float& x1, float& x2, int pos, float inv_freq) {
+__device__ __forceinline__ void RotaryCosSin(int pos, float inv_freq, float& c, float& s) {
   const float angle = static_cast<float>(pos) * inv_freq;
-  const float c = RoundTo<T>(cosf(angle)), s = RoundTo<T>(sinf(angle));
+  c = RoundTo<T>(cosf(angle));
+  s = RoundTo<T>(sinf(angle));
+}
+template <typename T>
+__device__ __forceinline__ void RotateHalfPairBy(float& x1, float& x2, float c, float s) {
   // A product of two 2-byte floats is exact in fp32, so each rounds once, as in T.
   const float y1 = RoundTo<T>(RoundTo<T>(x1 * c) - RoundTo<T>(x2 * s));
   const float y2 = RoundTo<T>(RoundTo<T>(x2 * c) + RoundTo<T>(x1 * s));
   x1 = y1;
   x2 = y2;
+}
+template <typename T>
+__device__ __forceinline__ void RotateHalfPair(float& x1, float& x2, int pos, float inv_freq) {
+  float c, s;
+  RotaryCosSin<T>(pos, inv_freq, c, s);
+  RotateHalfPairBy<T>(x1, x2, c, s);
 }
 
 // Programmatic dependent launch (sm_90). A kernel calls AllowDependentLaunch() first thing, so

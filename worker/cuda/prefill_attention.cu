@@ -98,16 +98,39 @@ __device__ __forceinline__ uint32_t Pack(float a, float b) {
   }
 }
 
-// Copies `rows` rows of head_dim elements (global row stride `src_stride` elements) into shared
-// rows of kStride elements with kVec-byte cp.async copies; rows >= valid are left alone.
+// A thread's share of copying 64 rows of head_dim elements as kVec-byte pieces: pieces
+// threadIdx.x, + kThreads, ... of the rows' per_row each, walked without a division per piece
+// (the divisions by a head_dim known only at run time cost more than the copies).
+struct RowWalk {
+  int per_row;      // pieces per row
+  int row0, c0;     // this thread's first piece
+  int drow, dc;     // kThreads pieces on: drow rows and dc pieces
+  __device__ RowWalk(int head_dim, int elems_per_piece) {
+    per_row = head_dim / elems_per_piece;
+    row0 = threadIdx.x / per_row;
+    c0 = threadIdx.x % per_row;
+    drow = kThreads / per_row;
+    dc = kThreads % per_row;
+  }
+};
+
+// Copies 64 rows of head_dim elements (global row stride `src_stride` elements) into shared rows
+// of kStride elements with kVec-byte cp.async copies; rows >= valid are left alone.
 template <typename T, int kStride, int kVec>
 __device__ __forceinline__ void LoadRows(T* dst, const T* src, size_t src_stride, int valid,
-                                         int head_dim) {
+                                         const RowWalk& w) {
   constexpr int kElems = kVec / 2;
-  const int per_row = head_dim / kElems;
-  for (int i = threadIdx.x; i < kKeys * per_row; i += kThreads) {
-    const int row = i / per_row, c = (i % per_row) * kElems;
-    if (row < valid) CpAsync<kVec>(dst + row * kStride + c, src + row * src_stride + c);
+  int row = w.row0, c = w.c0;
+  while (row < kKeys) {
+    if (row < valid) {
+      CpAsync<kVec>(dst + row * kStride + c * kElems, src + row * src_stride + c * kElems);
+    }
+    row += w.drow;
+    c += w.dc;
+    if (c >= w.per_row) {
+      c -= w.per_row;
+      ++row;
+    }
   }
 }
 
@@ -147,8 +170,9 @@ __global__ void __launch_bounds__(kThreads)
     slot_s[i] = i < n_rows ? slots[row0 + i] : -1;
   }
   const size_t q_stride = static_cast<size_t>(num_heads) * head_dim;
+  const RowWalk walk(head_dim, kVec / 2);
   LoadRows<T, kStride, kVec>(q_s, q + row0 * q_stride + static_cast<size_t>(h) * head_dim,
-                             q_stride, n_rows, head_dim);
+                             q_stride, n_rows, walk);
   CpAsyncCommit();
   CpAsyncWait<0>();
   __syncthreads();
@@ -182,12 +206,22 @@ __global__ void __launch_bounds__(kThreads)
       row_pos[i] = in ? pos_s[my_row[i]] : -1;
       row_lo[i] = in && window > 0 ? pos_s[my_row[i]] - window + 1 : 0;
     }
-    // This warp's rows in the segment: the keys they may see.
-    int warp_hi = max(row_pos[0], row_pos[1]);
-    int warp_lo = min(row_pos[0] >= 0 ? row_lo[0] : INT_MAX, row_pos[1] >= 0 ? row_lo[1] : INT_MAX);
+    // This warp's rows in the segment: the keys they may see (from warp_lo to warp_hi), and the
+    // keys all of them see (from all_lo to all_hi), where tiles need no mask.
+    int warp_hi = max(row_pos[0], row_pos[1]), warp_lo = INT_MAX;
+    int all_hi = INT_MAX, all_lo = INT_MIN;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (row_pos[i] < 0) continue;
+      warp_lo = min(warp_lo, row_lo[i]);
+      all_hi = min(all_hi, row_pos[i]);
+      all_lo = max(all_lo, row_lo[i]);
+    }
     for (int o = 16; o > 0; o >>= 1) {
       warp_hi = max(warp_hi, __shfl_xor_sync(0xffffffffu, warp_hi, o));
       warp_lo = min(warp_lo, __shfl_xor_sync(0xffffffffu, warp_lo, o));
+      all_hi = min(all_hi, __shfl_xor_sync(0xffffffffu, all_hi, o));
+      all_lo = max(all_lo, __shfl_xor_sync(0xffffffffu, all_lo, o));
     }
 
     float o_acc[kD / 8][4];
@@ -204,8 +238,8 @@ __global__ void __launch_bounds__(kThreads)
       const int t0 = tile_lo + it * kKeys;
       T* ks = kv_s + (it & 1) * 2 * kTileElems;
       const size_t off = head_base + static_cast<size_t>(t0) * head_dim;
-      LoadRows<T, kStride, kVec>(ks, k_cache + off, head_dim, kKeys, head_dim);
-      LoadRows<T, kStride, kVec>(ks + kTileElems, v_cache + off, head_dim, kKeys, head_dim);
+      LoadRows<T, kStride, kVec>(ks, k_cache + off, head_dim, kKeys, walk);
+      LoadRows<T, kStride, kVec>(ks + kTileElems, v_cache + off, head_dim, kKeys, walk);
       CpAsyncCommit();
     };
     load_tile(0);
@@ -240,16 +274,28 @@ __global__ void __launch_bounds__(kThreads)
             Mma<T>(s[nb + 1], qf[kk], b[2], b[3]);
           }
         }
-        // Mask, then the online softmax of each of the two rows.
+        // Mask (only where some key of the tile is hidden from some row of the warp), then the
+        // online softmax of each of the two rows.
         float mx[2] = {-INFINITY, -INFINITY};
+        if (t0 + kKeys - 1 <= all_hi && t0 >= all_lo) {
 #pragma unroll
-        for (int nb = 0; nb < kKeys / 8; ++nb) {
+          for (int nb = 0; nb < kKeys / 8; ++nb) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = e >> 1, key = t0 + nb * 8 + tq * 2 + (e & 1);
-            const bool visible = key <= row_pos[i] && key >= row_lo[i];
-            s[nb][e] = visible ? s[nb][e] * scale2 : -INFINITY;
-            mx[i] = fmaxf(mx[i], s[nb][e]);
+            for (int e = 0; e < 4; ++e) {
+              s[nb][e] *= scale2;
+              mx[e >> 1] = fmaxf(mx[e >> 1], s[nb][e]);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int nb = 0; nb < kKeys / 8; ++nb) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int i = e >> 1, key = t0 + nb * 8 + tq * 2 + (e & 1);
+              const bool visible = key <= row_pos[i] && key >= row_lo[i];
+              s[nb][e] = visible ? s[nb][e] * scale2 : -INFINITY;
+              mx[i] = fmaxf(mx[i], s[nb][e]);
+            }
           }
         }
         float corr[2], base[2];

@@ -1,7 +1,11 @@
 // Splits the fused QKV projection into the query buffer and the layer's KV-cache, adding the QKV
 // bias (GPT-2, Qwen2) and applying rotary position embeddings (Llama, Hugging Face's rotate-half
-// form).
+// form). Two kernels with the same arithmetic per element: one spreading a few rows' elements over
+// many blocks (decode), one taking a row per block with vector loads and each pair index's cos and
+// sin computed once per row (prefill).
 #include <algorithm>
+#include <cstdint>
+#include <initializer_list>
 
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/device_util.cuh"
@@ -63,6 +67,102 @@ __global__ void QkvRopeCacheKernel(const T* __restrict__ qkv, const T* __restric
   }
 }
 
+// V consecutive elements of T in one load or store.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) VecN {
+  T v[V];
+};
+
+constexpr int kRowThreads = 256;
+constexpr int kMaxRowHalf = 256;  // head_dim / 2 the row kernel keeps cos and sin of
+// From this many rows on, the row kernel; below, a block per row would leave most of the GPU idle.
+constexpr int kRowKernelMinRows = 128;
+
+// grid (row blocks): block b takes rows b, b + gridDim.x, ...; per row, V-element vectors: the
+// rotary items (num_heads + num_kv_heads heads, whose columns are contiguous in qkv, times
+// head_dim / 2 / V: elements [i, i + V) with their partners [i + half, i + half + V)), then the
+// value items (kv_dim / V). half % V == 0, and every pointer aligned to V elements.
+template <typename T, int V>
+__global__ void __launch_bounds__(kRowThreads)
+    QkvRopeCacheRowsKernel(const T* __restrict__ qkv, const T* __restrict__ bias,
+                           T* __restrict__ q_out, T* __restrict__ k_cache, T* __restrict__ v_cache,
+                           const int32_t* __restrict__ positions,
+                           const int32_t* __restrict__ slots, int rows, int num_heads,
+                           int num_kv_heads, int head_dim, int seq_capacity,
+                           const float* __restrict__ inv_freq) {
+  using Vec = VecN<T, V>;
+  __shared__ float cos_s[kMaxRowHalf], sin_s[kMaxRowHalf];
+  AllowDependentLaunch();
+  WaitForPrerequisites();
+  const int q_dim = num_heads * head_dim, kv_dim = num_kv_heads * head_dim;
+  const int half = head_dim / 2, half_vecs = half / V;
+  const int rot_items = (num_heads + num_kv_heads) * half_vecs, items = rot_items + kv_dim / V;
+  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int pos = positions[r], slot = slots[r];
+    if (inv_freq != nullptr) {
+      for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        RotaryCosSin<T>(pos, inv_freq[i], cos_s[i], sin_s[i]);
+      }
+      __syncthreads();
+    }
+    const T* in = qkv + static_cast<size_t>(r) * (q_dim + 2 * kv_dim);
+    for (int w = threadIdx.x; w < items; w += blockDim.x) {
+      if (w < rot_items) {
+        const int head = w / half_vecs, i0 = (w - head * half_vecs) * V;
+        const int c1 = head * head_dim + i0;  // column of x1; x2 is half further
+        Vec a = *reinterpret_cast<const Vec*>(in + c1);
+        Vec b = *reinterpret_cast<const Vec*>(in + c1 + half);
+        Vec ba, bb;
+        if (bias != nullptr) {
+          ba = *reinterpret_cast<const Vec*>(bias + c1);
+          bb = *reinterpret_cast<const Vec*>(bias + c1 + half);
+        }
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          float x1 = ToF(a.v[j]), x2 = ToF(b.v[j]);
+          // The projection's output with its bias is what Hugging Face rounds and then uses.
+          if (bias != nullptr) {
+            x1 = RoundTo<T>(x1 + ToF(ba.v[j]));
+            x2 = RoundTo<T>(x2 + ToF(bb.v[j]));
+          }
+          if (inv_freq != nullptr) RotateHalfPairBy<T>(x1, x2, cos_s[i0 + j], sin_s[i0 + j]);
+          a.v[j] = FromF<T>(x1);
+          b.v[j] = FromF<T>(x2);
+        }
+        T* dst = head < num_heads
+                     ? q_out + static_cast<size_t>(r) * q_dim + head * head_dim
+                     : k_cache + KvCacheOffset(slot, head - num_heads, pos, num_kv_heads,
+                                               seq_capacity, head_dim);
+        *reinterpret_cast<Vec*>(dst + i0) = a;
+        *reinterpret_cast<Vec*>(dst + i0 + half) = b;
+      } else {
+        const int c = (w - rot_items) * V, kvh = c / head_dim;
+        Vec x = *reinterpret_cast<const Vec*>(in + q_dim + kv_dim + c);
+        if (bias != nullptr) {
+          const Vec bx = *reinterpret_cast<const Vec*>(bias + q_dim + kv_dim + c);
+#pragma unroll
+          for (int j = 0; j < V; ++j) x.v[j] = FromF<T>(ToF(x.v[j]) + ToF(bx.v[j]));
+        }
+        *reinterpret_cast<Vec*>(
+            v_cache + KvCacheOffset(slot, kvh, pos, num_kv_heads, seq_capacity, head_dim) + c -
+            kvh * head_dim) = x;
+      }
+    }
+    __syncthreads();  // cos_s and sin_s are the next row's
+  }
+}
+
+// Elements per vector of the row kernel: the widest of 8, 4, 2, 1 that divides head_dim / 2 and to
+// whose size every pointer is aligned.
+int RowVector(int half, std::initializer_list<const void*> ptrs) {
+  for (int v : {8, 4, 2}) {
+    bool ok = half % v == 0;
+    for (const void* p : ptrs) ok = ok && reinterpret_cast<uintptr_t>(p) % (2 * v) == 0;
+    if (ok) return v;
+  }
+  return 1;
+}
+
 }  // namespace
 
 absl::Status LaunchQkvRopeCache(DType dtype, const void* qkv, const void* bias, void* q_out,
@@ -72,6 +172,24 @@ absl::Status LaunchQkvRopeCache(DType dtype, const void* qkv, const void* bias, 
                                 cudaStream_t stream, bool pdl) {
   if (rows == 0) return absl::OkStatus();
   if (head_dim % 2 != 0) return absl::InvalidArgumentError("head_dim must be even");
+  const int half = head_dim / 2;
+  if (rows >= kRowKernelMinRows && half <= kMaxRowHalf) {
+    const int v = RowVector(half, {qkv, bias, q_out, k_cache, v_cache});
+    const dim3 grid(std::min(rows, 65535));
+    TANDEM_DISPATCH_HALF(dtype, {
+      auto* kernel = v == 8   ? QkvRopeCacheRowsKernel<T, 8>
+                     : v == 4 ? QkvRopeCacheRowsKernel<T, 4>
+                     : v == 2 ? QkvRopeCacheRowsKernel<T, 2>
+                              : QkvRopeCacheRowsKernel<T, 1>;
+      CUDA_CHECK(LaunchKernel(kernel, grid, dim3(kRowThreads), 0, stream, pdl,
+                              static_cast<const T*>(qkv), static_cast<const T*>(bias),
+                              static_cast<T*>(q_out), static_cast<T*>(k_cache),
+                              static_cast<T*>(v_cache), positions, slots, rows, num_heads,
+                              num_kv_heads, head_dim, seq_capacity, inv_freq));
+    });
+    CUDA_CHECK_LAUNCH();
+    return absl::OkStatus();
+  }
   TANDEM_DISPATCH_HALF(dtype, {
     const int items = num_heads * head_dim / 2 + num_kv_heads * head_dim / 2 + num_kv_heads * head_dim;
     constexpr int kMaxRowGroups = 256;

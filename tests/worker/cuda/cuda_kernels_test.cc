@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/rng.h"
@@ -213,6 +214,122 @@ TEST_P(KernelTest, RopeRotatesQueryAndKeyAndFillsCacheSlot) {
   ExpectClose(Download(t(), v, cache), want_v, 0, 0, "v cache");
 }
 
+// A prefill's many rows take the row kernel (vector loads, cos and sin once per row), a few rows
+// the element kernel: for every vector width (head_dim 6, 8, 100, 128: 1, 4, 2 and 8 elements),
+// with and without the QKV bias and the rotation, the many-row launch must write the very bits of
+// one-row launches, into the same cache entries and nowhere else, and match the CPU reference.
+TEST_P(KernelTest, RopeOfManyRowsEqualsRowByRowForEveryVectorWidth) {
+  SKIP_WITHOUT_GPU();
+  const int rows = 300, heads = 4, kv_heads = 2, cap = 128, slots = 3;
+  for (int hd : {6, 8, 100, 128}) {
+    for (bool with_bias : {false, true}) {
+      for (bool rotate : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "head_dim " << hd << " bias " << with_bias
+                                        << " rotate " << rotate);
+        const int q_dim = heads * hd, kv_dim = kv_heads * hd, cols = q_dim + 2 * kv_dim;
+        auto qkv = Quantize(t(), Random(size_t{rows} * cols, 21));
+        auto bias = Quantize(t(), Random(cols, 22, 0.5f));
+        std::vector<int32_t> pos(rows), slot(rows);
+        for (int r = 0; r < rows; ++r) {
+          slot[r] = r % slots;
+          pos[r] = 7 + r / slots;
+        }
+        std::vector<float> inv_freq(hd / 2);
+        for (int i = 0; i < hd / 2; ++i) {
+          inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / hd) / (i % 3 ? 1.0 : 8.0));
+        }
+        DeviceBuffer dqkv = Upload(t(), qkv), dbias = Upload(t(), bias);
+        DeviceBuffer dpos = UploadRaw(pos), dslot = UploadRaw(slot), dfreq = UploadRaw(inv_freq);
+        const size_t cache = size_t{slots} * kv_heads * cap * hd;
+        DeviceBuffer q[2], k[2], v[2];
+        for (int i = 0; i < 2; ++i) {
+          ASSERT_TRUE(q[i].Allocate(size_t{rows} * q_dim * 2).ok());
+          ASSERT_TRUE(k[i].Allocate(cache * 2).ok());
+          ASSERT_TRUE(v[i].Allocate(cache * 2).ok());
+          ASSERT_EQ(cudaMemset(k[i].get(), 0x11, cache * 2), cudaSuccess);
+          ASSERT_EQ(cudaMemset(v[i].get(), 0x22, cache * 2), cudaSuccess);
+        }
+        const void* b = with_bias ? dbias.get() : nullptr;
+        const float* f = rotate ? dfreq.as<float>() : nullptr;
+        ASSERT_TRUE(LaunchQkvRopeCache(t(), dqkv.get(), b, q[0].get(), k[0].get(), v[0].get(),
+                                       dpos.as<int32_t>(), dslot.as<int32_t>(), rows, heads,
+                                       kv_heads, hd, cap, f, nullptr)
+                        .ok());
+        for (int r = 0; r < rows; ++r) {
+          ASSERT_TRUE(LaunchQkvRopeCache(t(), dqkv.as<char>() + size_t(r) * cols * 2, b,
+                                         q[1].as<char>() + size_t(r) * q_dim * 2, k[1].get(),
+                                         v[1].get(), dpos.as<int32_t>() + r,
+                                         dslot.as<int32_t>() + r, 1, heads, kv_heads, hd, cap, f,
+                                         nullptr)
+                          .ok());
+        }
+        auto bits = [&](const DeviceBuffer& d, size_t n) {
+          std::vector<uint16_t> h(n);
+          EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          EXPECT_EQ(cudaMemcpy(h.data(), d.get(), n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+          return h;
+        };
+        EXPECT_EQ(bits(q[0], size_t(rows) * q_dim), bits(q[1], size_t(rows) * q_dim)) << "q";
+        EXPECT_EQ(bits(k[0], cache), bits(k[1], cache)) << "k cache";
+        EXPECT_EQ(bits(v[0], cache), bits(v[1], cache)) << "v cache";
+        // The reference, on a sample of rows: the biased input rounded, then rotated in double.
+        // The kernel rounds cos, sin, both products and their sum to T (unit roundoff u), so a
+        // rotated pair may be off by a few u times |x1| + |x2|, however much the sum cancels.
+        const std::vector<float> got_q = Download(t(), q[0], size_t(rows) * q_dim);
+        const std::vector<float> got_k = Download(t(), k[0], cache);
+        const std::vector<float> got_v = Download(t(), v[0], cache);
+        std::vector<float> want_q, want_k, want_v, have_q, have_k, have_v, bound_q, bound_k;
+        const double u = t() == DType::kF16 ? 1.0 / 2048 : 1.0 / 256;
+        for (int r = 0; r < rows; r += 37) {
+          std::vector<float> x(qkv.begin() + size_t(r) * cols, qkv.begin() + size_t(r + 1) * cols);
+          if (with_bias) {
+            for (int c = 0; c < cols; ++c) x[c] += bias[c];
+            x = Quantize(t(), x);
+          }
+          for (int h = 0; h < heads + kv_heads; ++h) {
+            const float* in = &x[h * hd];
+            for (int i = 0; i < hd / 2; ++i) {
+              const double a = rotate ? pos[r] * double(inv_freq[i]) : 0.0;
+              const double y1 = in[i] * std::cos(a) - in[i + hd / 2] * std::sin(a);
+              const double y2 = in[i + hd / 2] * std::cos(a) + in[i] * std::sin(a);
+              const size_t at = h < heads ? size_t(r) * q_dim + h * hd
+                                          : ((size_t(slot[r]) * kv_heads + h - heads) * cap +
+                                             pos[r]) * hd;
+              auto& want = h < heads ? want_q : want_k;
+              auto& have = h < heads ? have_q : have_k;
+              auto& bound = h < heads ? bound_q : bound_k;
+              const float b = 6 * u * (std::fabs(in[i]) + std::fabs(in[i + hd / 2])) + 1e-6;
+              bound.insert(bound.end(), {b, b});
+              const auto& got = h < heads ? got_q : got_k;
+              want.insert(want.end(), {float(y1), float(y2)});
+              have.insert(have.end(), {got[at + i], got[at + i + hd / 2]});
+            }
+          }
+          for (int h = 0; h < kv_heads; ++h) {
+            const size_t at = ((size_t(slot[r]) * kv_heads + h) * cap + pos[r]) * hd;
+            for (int d = 0; d < hd; ++d) {
+              want_v.push_back(x[q_dim + kv_dim + h * hd + d]);
+              have_v.push_back(got_v[at + d]);
+            }
+          }
+        }
+        for (auto [have, want, bound, what] :
+             {std::tuple{&have_q, &want_q, &bound_q, "q"}, {&have_k, &want_k, &bound_k, "k"}}) {
+          int bad = 0;
+          for (size_t i = 0; i < have->size(); ++i) {
+            if (!(std::fabs((*have)[i] - (*want)[i]) <= (*bound)[i]) && ++bad <= 5) {
+              ADD_FAILURE() << what << "[" << i << "]: got " << (*have)[i] << ", want "
+                            << (*want)[i] << " within " << (*bound)[i];
+            }
+          }
+          EXPECT_EQ(bad, 0) << what;
+        }
+        ExpectClose(have_v, want_v, 0, 0, "v cache");
+      }
+    }
+  }
+}
+
 // Causal attention over a filled cache for rows of different lengths and slots, GQA heads.
 // With `in_kernel_combine` the splits are combined by the attention kernel itself (twice in a
 // row, so that the second launch sees the counters the first one reset), and the output must have
@@ -377,21 +494,25 @@ TEST_P(KernelTest, GeluTanhWithBias) {
   ExpectClose(Download(t(), dh, rows * cols), want, 3 * tol(), 3e-3f, "gelu");
 }
 
+// Widths that are a multiple of 8 take the 16-byte kernel (one row per block row, 1,104 columns:
+// more than one block of columns), others the element kernel.
 TEST_P(KernelTest, SwiGluGateTimesUp) {
   SKIP_WITHOUT_GPU();
-  const int rows = 2, cols = 24;
-  auto gu = Quantize(t(), Random(rows * 2 * cols, 15, 4.0f));
-  DeviceBuffer dgu = Upload(t(), gu), out;
-  ASSERT_TRUE(out.Allocate(rows * cols * 2).ok());
-  ASSERT_TRUE(LaunchSwiGlu(t(), dgu.get(), out.get(), rows, cols, nullptr).ok());
-  std::vector<float> want(rows * cols);
-  for (int r = 0; r < rows; ++r) {
-    for (int c = 0; c < cols; ++c) {
-      const double g = gu[r * 2 * cols + c], u = gu[r * 2 * cols + cols + c];
-      want[r * cols + c] = g / (1 + std::exp(-g)) * u;
+  for (auto [rows, cols] : {std::pair{2, 24}, std::pair{3, 20}, std::pair{70, 1104}}) {
+    SCOPED_TRACE(testing::Message() << rows << " x " << cols);
+    auto gu = Quantize(t(), Random(size_t(rows) * 2 * cols, 15, 4.0f));
+    DeviceBuffer dgu = Upload(t(), gu), out;
+    ASSERT_TRUE(out.Allocate(size_t(rows) * cols * 2).ok());
+    ASSERT_TRUE(LaunchSwiGlu(t(), dgu.get(), out.get(), rows, cols, nullptr).ok());
+    std::vector<float> want(size_t(rows) * cols);
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < cols; ++c) {
+        const double g = gu[size_t(r) * 2 * cols + c], u = gu[size_t(r) * 2 * cols + cols + c];
+        want[size_t(r) * cols + c] = g / (1 + std::exp(-g)) * u;
+      }
     }
+    ExpectClose(Download(t(), out, size_t(rows) * cols), want, 3 * tol(), 3e-3f, "swiglu");
   }
-  ExpectClose(Download(t(), out, rows * cols), want, 3 * tol(), 3e-3f, "swiglu");
 }
 
 TEST_P(KernelTest, GemmAccumulatesIntoOutputAndWritesFp32) {

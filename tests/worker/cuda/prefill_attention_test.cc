@@ -146,10 +146,18 @@ TEST_P(PrefillAttentionTest, SlidingWindowSeesOnlyTheLastWindowKeys) {
   Check({{1, 100, 120}, {2, 0, 45}}, 50);
 }
 
+TEST_P(PrefillAttentionTest, LongPromptWithWindowHasUnmaskedTilesBetweenMaskedOnes) {
+  SKIP_WITHOUT_GPU();
+  // Rows from 192 on see 150 keys: tiles wholly inside every row's window (no mask) lie between a
+  // tile cut by the window's start and one cut by the causal edge.
+  Check({{0, 0, 300}, {2, 10, 70}}, 150);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, PrefillAttentionTest,
     ::testing::Values(std::make_tuple(DType::kF16, 64, 1), std::make_tuple(DType::kF16, 80, 4),
                       std::make_tuple(DType::kF16, 96, 2), std::make_tuple(DType::kF16, 100, 1),
+                      std::make_tuple(DType::kF16, 108, 2),
                       std::make_tuple(DType::kF16, 128, 4), std::make_tuple(DType::kBF16, 64, 4),
                       std::make_tuple(DType::kBF16, 128, 1)),
     [](const auto& info) {
