@@ -45,6 +45,7 @@
 #include "common/rng.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "worker/context_fit.h"
 #include "worker/cpu/cpu_stage.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage.h"
@@ -209,14 +210,8 @@ absl::Status Bench() {
   ASSIGN_OR_RETURN(std::vector<int> prompts, PromptLengths());
   const int new_tokens = absl::GetFlag(FLAGS_new_tokens);
   if (new_tokens < 1) return absl::InvalidArgumentError("--new_tokens must be >= 1");
-  // The prompt and every new token but the last (which is never fed back) take a position.
   for (int prompt : prompts) {
-    if (prompt + new_tokens - 1 > c.max_positions) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "--prompt %d with --new_tokens %d needs %d positions, beyond the model's context of %d "
-          "(max_position_embeddings in %s/config.json)",
-          prompt, new_tokens, prompt + new_tokens - 1, c.max_positions, model));
-    }
+    RETURN_IF_ERROR(CheckPromptFitsContext(prompt, new_tokens, c.max_positions, model));
   }
   StageSpec spec;
   spec.model_dir = model;
