@@ -74,6 +74,20 @@ std::vector<std::string> TlsFlags(const Pki& p) {
           "--tls_ca=" + p.ca.string()};
 }
 
+// TLS that trusts `ca` and presents no certificate of its own.
+TlsFiles TrustOnly(const fs::path& ca) {
+  TlsFiles tls;
+  tls.ca = ca.string();
+  return tls;
+}
+
+// A plain channel's credentials with `key`.
+ClientAuth KeyOnly(const std::string& key) {
+  ClientAuth auth;
+  auth.key = key;
+  return auth;
+}
+
 ClientAuth Auth(const TlsFiles& tls, const std::string& key) {
   absl::StatusOr<ClientAuth> a = MakeClientAuth(tls, key);
   EXPECT_TRUE(a.ok()) << a.status();
@@ -159,13 +173,13 @@ class KeysTest : public SecurityTest {
                                "--http_listen=127.0.0.1:0"},
          .worker_flags = {absl::StrCat("--cluster_secret=", kSecret),
                           "--model_root=" + ModelRoot().string()},
-         .inference_auth = {.key = kApiKey},
-         .admin_auth = {.key = kAdminKey}});
+         .inference_auth = KeyOnly(kApiKey),
+         .admin_auth = KeyOnly(kAdminKey)});
     ASSERT_TRUE(c.ok()) << c.status();
     cluster_ = *std::move(c);
   }
   std::shared_ptr<grpc::Channel> Plain(const std::string& key, const std::string& address = "") {
-    return MakeChannel(address.empty() ? cluster_->address() : address, {.key = key});
+    return MakeChannel(address.empty() ? cluster_->address() : address, KeyOnly(key));
   }
   std::string WorkerAddress() const {
     return absl::StrCat("127.0.0.1:", cluster_->worker_port(0));
@@ -328,7 +342,7 @@ class TlsTest : public SecurityTest {
     ASSERT_TRUE(rogue.ok()) << rogue.status();
     pki_ = *pki;
     rogue_ = *rogue;
-    const ClientAuth client = Auth({.ca = pki_.ca.string()}, "");
+    const ClientAuth client = Auth(TrustOnly(pki_.ca), "");
     absl::StatusOr<std::unique_ptr<Cluster>> c =
         Cluster::Start({.model_dir = ModelDir(),
                         .coordinator_flags = TlsFlags(pki_),
@@ -352,7 +366,7 @@ TEST_F(TlsTest, ServesOverTls) { EXPECT_TRUE(Generate(cluster_->channel()).ok())
 
 TEST_F(TlsTest, AClientThatTrustsAnotherCaIsRefused) {
   grpc::Status s =
-      Generate(MakeChannel(cluster_->address(), Auth({.ca = rogue_.ca.string()}, "")));
+      Generate(MakeChannel(cluster_->address(), Auth(TrustOnly(rogue_.ca), "")));
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
 }
 
@@ -364,7 +378,7 @@ TEST_F(TlsTest, APlaintextClientIsRefused) {
 TEST_F(TlsTest, RegistryNeedsACertificateTheClusterCaSigned) {
   // No client certificate: TLS connects (clients of Inference have none), Registry refuses.
   grpc::Status none =
-      Register(MakeChannel(cluster_->address(), Auth({.ca = pki_.ca.string()}, "")),
+      Register(MakeChannel(cluster_->address(), Auth(TrustOnly(pki_.ca), "")),
                "127.0.0.1:1");
   EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED) << none.error_message();
   EXPECT_THAT(none.error_message(), HasSubstr("certificate"));
@@ -378,7 +392,7 @@ TEST_F(TlsTest, RegistryNeedsACertificateTheClusterCaSigned) {
 }
 
 TEST_F(TlsTest, TheWorkerAcceptsOnlyCertificatesTheClusterCaSigned) {
-  for (const TlsFiles& tls : {TlsFiles{.ca = pki_.ca.string()}, Member(rogue_, pki_.ca)}) {
+  for (const TlsFiles& tls : {TrustOnly(pki_.ca), Member(rogue_, pki_.ca)}) {
     grpc::Status s = Assign(MakeChannel(WorkerAddress(), Auth(tls, "")), ModelDir().string());
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE)
         << "cert '" << tls.cert << "': " << s.error_message();
