@@ -23,8 +23,9 @@ tandem_defaults() {
   : "${MODEL_SEED:=1}"
   : "${REPLICAS:=1}"
   : "${RUN_DIR:=${SLURM_SUBMIT_DIR:-$PWD}/runs/${SLURM_JOB_ID:-local}}"
+  : "${SECURE:=1}"                    # 1: TLS and keys made for this job (tandem_make_credentials)
   export MODE BACKEND COORD_PORT WORKER_BASE_PORT COORD_METRICS_PORT WORKER_METRICS_BASE_PORT
-  export READY_TIMEOUT STOP_GRACE MAX_NEW_TOKENS MODEL_PRESET MODEL_SEED REPLICAS RUN_DIR
+  export READY_TIMEOUT STOP_GRACE MAX_NEW_TOKENS MODEL_PRESET MODEL_SEED REPLICAS RUN_DIR SECURE
 }
 
 tandem_log() { echo "[tandem $(date +%H:%M:%S)] $*" >&2; }
@@ -134,6 +135,63 @@ tandem_prepare_model() {
   fi
   MODEL_DIR=$(cd "$MODEL_DIR" && pwd)
   export MODEL_DIR
+}
+
+# Closes the job's service (SECURE=1, the default): a CA made for this job signs one certificate
+# for every member (the job's node names and addresses, localhost), so the coordinator and the
+# workers talk mutual TLS, and random keys guard the services: TANDEM_API_KEY (Inference),
+# TANDEM_ADMIN_KEY (Admin), TANDEM_CLUSTER_SECRET (Registry, Worker, StageLink). Keys set at
+# submission are kept. Every tandem program of the job reads the TLS files and the keys from the
+# environment (TANDEM_TLS_CA, TANDEM_TLS_CERT, TANDEM_TLS_KEY and the keys; srun passes it on), so
+# nothing secret appears on a command line. RUN_DIR/tls (mode 700) keeps the certificates and
+# keys.env, which a client outside the job sources. The CA's key is deleted once it has signed.
+tandem_make_credentials() {
+  if [ "$SECURE" != 1 ]; then
+    tandem_log "SECURE=$SECURE: no TLS and no keys; whoever reaches the ports can use the service"
+    return 0
+  fi
+  command -v openssl >/dev/null 2>&1 ||
+    tandem_die "SECURE=1 needs openssl where the batch script runs (or submit with SECURE=0)"
+  tandem_has_flag tandem-coordinator tls_cert ||
+    tandem_die "$TANDEM_BIN_DIR/tandem-coordinator has no --tls_cert; SECURE=0 runs it open"
+  local dir="$RUN_DIR/tls" san="DNS:localhost,IP:127.0.0.1" n kv names
+  (umask 077 && mkdir -p "$dir") && chmod 700 "$dir" || tandem_die "cannot make $dir"
+  names=("${TANDEM_COORD_NODE:-}" "${TANDEM_COORD_HOST:-}" "$(hostname)"
+         "$(hostname -f 2>/dev/null)")
+  for kv in ${TANDEM_WORKER_ADDRS:-}; do names+=("${kv%%=*}" "${kv#*=}"); done
+  for n in $(printf '%s\n' "${names[@]}" |
+             grep -v -e '^$' -e '^localhost$' -e '^127\.0\.0\.1$' | sort -u); do
+    if [[ $n =~ ^[0-9.]+$ || $n == *:* ]]; then san+=",IP:$n"; else san+=",DNS:$n"; fi
+  done
+  local ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+  printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n' \
+    "$san" >"$dir/member.ext"
+  if ! (umask 077 &&
+        openssl req -x509 "${ec[@]}" -days 30 -subj "/CN=tandem job ${SLURM_JOB_ID:-local} CA" \
+          -keyout "$dir/ca.key" -out "$dir/ca.pem" \
+          -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign &&
+        openssl req "${ec[@]}" -subj "/CN=tandem job ${SLURM_JOB_ID:-local} member" \
+          -keyout "$dir/member.key" -out "$dir/member.csr" &&
+        openssl x509 -req -in "$dir/member.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" \
+          -CAcreateserial -days 30 -out "$dir/member.pem" -extfile "$dir/member.ext") \
+       >"$RUN_DIR/logs/openssl.log" 2>&1; then
+    tandem_die "openssl could not make the job's certificates: $(tail -3 "$RUN_DIR/logs/openssl.log")"
+  fi
+  rm -f "$dir/ca.key" "$dir/member.csr" "$dir/ca.srl"
+  export TANDEM_TLS_CA="$dir/ca.pem" TANDEM_TLS_CERT="$dir/member.pem"
+  export TANDEM_TLS_KEY="$dir/member.key"
+  : "${TANDEM_API_KEY:=$(openssl rand -hex 24)}"
+  : "${TANDEM_ADMIN_KEY:=$(openssl rand -hex 24)}"
+  : "${TANDEM_CLUSTER_SECRET:=$(openssl rand -hex 32)}"
+  export TANDEM_API_KEY TANDEM_ADMIN_KEY TANDEM_CLUSTER_SECRET
+  (umask 077 && {
+    local v
+    for v in TANDEM_TLS_CA TANDEM_API_KEY TANDEM_ADMIN_KEY; do
+      printf 'export %s=%q\n' "$v" "${!v}"
+    done
+  } >"$dir/keys.env")
+  tandem_log "closed: mutual TLS (CA $dir/ca.pem, names $san) and keys;" \
+    "clients: source $dir/keys.env"
 }
 
 # ------------------------------------------------------------------------------------------------
@@ -264,6 +322,9 @@ tandem_worker_task() {
   host=${host:-$(hostname)}
   local args=(--coordinator="$TANDEM_COORD_ADDR" --listen="0.0.0.0:${port}"
               --advertise_host="${host}" --backend="$BACKEND")
+  # A closed job's workers load nothing but its checkpoint.
+  [ "${SECURE:-0}" = 1 ] && tandem_has_flag tandem-worker model_root &&
+    args+=(--model_root="$MODEL_DIR")
   if [ "$BACKEND" = cuda ]; then
     # One GPU per worker: by index where the worker takes one, else by narrowing the devices it
     # sees to the local rank's entry of what Slurm granted.

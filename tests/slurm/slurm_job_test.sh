@@ -208,6 +208,14 @@ for t in targets:
 print("%d /metrics targets answer" % len(targets))
 EOF
       fail "the job's Prometheus targets do not all answer"
+    # The job runs closed (SECURE=1, the default): a client without its CA and keys is refused,
+    # one that sources RUN_DIR/tls/keys.env is served.
+    coord=$(sed -n 's/^coordinator //p' "$work/run/endpoints.txt")
+    ! "$bin_dir/tandem-cli" topology --addr="$coord" >/dev/null 2>&1 ||
+      fail "a client without the job's CA and admin key was served"
+    (source "$work/run/tls/keys.env" && "$bin_dir/tandem-cli" topology --addr="$coord" >/dev/null) ||
+      fail "a client with the job's $work/run/tls/keys.env was refused"
+    echo "closed: refused without the job's keys, served with keys.env"
     echo "scancel $job_id"
     scancel "$job_id"
     left=""
