@@ -11,7 +11,8 @@
 namespace tandem {
 
 struct CoordinatorConfig {
-  std::string listen = "0.0.0.0:50051";  // Inference, Admin, Registry and health on one port
+  // Inference, Admin, Registry and health on one port; loopback unless told otherwise.
+  std::string listen = "127.0.0.1:50051";
   std::filesystem::path model_dir;        // HF folder every worker can read at the same path
   int stages = 1;                         // pipeline stages per replica
   int replicas = 1;                       // data-parallel pipelines
