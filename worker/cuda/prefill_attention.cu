@@ -1,12 +1,14 @@
 // Prefill attention on tensor cores: many query rows per sequence attend causally to the KV-cache
 // (the cached prefix and the rows themselves, which LaunchQkvRopeCache has already written), in the
-// manner of FlashAttention-2. A block takes 64 consecutive query rows of one head; each of its 4
-// warps owns 16 rows. K and V tiles of 64 keys stream through shared memory with cp.async, two
-// stages deep; scores S = Q·Kᵀ and the output O += P·V are mma.sync m16n8k16 products (fp16/bf16
-// inputs, fp32 accumulation) with an online softmax in between, so scores never leave registers.
+// manner of FlashAttention-2. A block takes 128 consecutive query rows of one head; each of its 4
+// warps owns 32 rows (two m16 tiles, so that every K and V fragment read from shared memory feeds
+// two products: shared-memory bandwidth, not the tensor cores, bounds a warp of 16 rows on an
+// H100). K and V tiles of 64 keys stream through shared memory with cp.async, two stages deep;
+// scores S = Q·Kᵀ and the output O += P·V are mma.sync m16n8k16 products (fp16/bf16 inputs, fp32
+// accumulation) with an online softmax in between, so scores never leave registers.
 //
 // Rows are the forward pass's rows: each has its own slot and position. A run of rows with one
-// slot and consecutive positions is a segment (one sequence's chunk); a block whose 64 rows span
+// slot and consecutive positions is a segment (one sequence's chunk); a block whose 128 rows span
 // several segments runs its key loop once per segment, each time writing only that segment's rows.
 // head_dim is padded to a multiple of 16 in shared memory with zeros.
 #include <cuda_bf16.h>
@@ -24,9 +26,11 @@
 namespace tandem::cuda {
 namespace {
 
-constexpr int kRows = 64;      // query rows per block
+constexpr int kRows = 128;     // query rows per block
 constexpr int kKeys = 64;      // keys per shared-memory tile
-constexpr int kWarps = 4;      // 16 query rows each
+constexpr int kWarps = 4;      // kWarpRows query rows each
+constexpr int kWarpRows = kRows / kWarps;
+constexpr int kMt = kWarpRows / 16;  // m16 tiles per warp
 constexpr int kThreads = kWarps * 32;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -98,7 +102,7 @@ __device__ __forceinline__ uint32_t Pack(float a, float b) {
   }
 }
 
-// A thread's share of copying 64 rows of head_dim elements as kVec-byte pieces: pieces
+// A thread's share of copying rows of head_dim elements as kVec-byte pieces: pieces
 // threadIdx.x, + kThreads, ... of the rows' per_row each, walked without a division per piece
 // (the divisions by a head_dim known only at run time cost more than the copies).
 struct RowWalk {
@@ -114,14 +118,14 @@ struct RowWalk {
   }
 };
 
-// Copies 64 rows of head_dim elements (global row stride `src_stride` elements) into shared rows
+// Copies kN rows of head_dim elements (global row stride `src_stride` elements) into shared rows
 // of kStride elements with kVec-byte cp.async copies; rows >= valid are left alone.
-template <typename T, int kStride, int kVec>
+template <typename T, int kStride, int kVec, int kN>
 __device__ __forceinline__ void LoadRows(T* dst, const T* src, size_t src_stride, int valid,
                                          const RowWalk& w) {
   constexpr int kElems = kVec / 2;
   int row = w.row0, c = w.c0;
-  while (row < kKeys) {
+  while (row < kN) {
     if (row < valid) {
       CpAsync<kVec>(dst + row * kStride + c * kElems, src + row * src_stride + c * kElems);
     }
@@ -146,7 +150,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kTileElems = kKeys * kStride;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* q_s = reinterpret_cast<T*>(smem_raw);  // (kRows, kStride)
-  T* kv_s = q_s + kTileElems;               // 2 stages of K then V, (kKeys, kStride) each
+  T* kv_s = q_s + kRows * kStride;          // 2 stages of K then V, (kKeys, kStride) each
   __shared__ int pos_s[kRows], slot_s[kRows];
 
   AllowDependentLaunch();
@@ -159,7 +163,7 @@ __global__ void __launch_bounds__(kThreads)
   const int g = lane >> 2, tq = lane & 3;  // mma fragment row group and column pair
 
   // Zero every padding column and the rows past the last, so that the products see zeros.
-  for (int i = threadIdx.x; i < 5 * kKeys; i += kThreads) {
+  for (int i = threadIdx.x; i < kRows + 4 * kKeys; i += kThreads) {
     T* row = q_s + i * kStride;
     const bool q_row_missing = i < kRows && i >= n_rows;
     for (int c = q_row_missing ? 0 : head_dim; c < kStride; ++c) row[c] = FromF<T>(0.0f);
@@ -171,21 +175,23 @@ __global__ void __launch_bounds__(kThreads)
   }
   const size_t q_stride = static_cast<size_t>(num_heads) * head_dim;
   const RowWalk walk(head_dim, kVec / 2);
-  LoadRows<T, kStride, kVec>(q_s, q + row0 * q_stride + static_cast<size_t>(h) * head_dim,
-                             q_stride, n_rows, walk);
+  LoadRows<T, kStride, kVec, kRows>(q_s, q + row0 * q_stride + static_cast<size_t>(h) * head_dim,
+                                    q_stride, n_rows, walk);
   CpAsyncCommit();
   CpAsyncWait<0>();
   __syncthreads();
 
-  // Q fragments of this warp's 16 rows: kD / 16 k-steps of 4 registers.
-  uint32_t qf[kD / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) {
-    const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, c = kk * 16 + (lane >> 4) * 8;
-    LdMatrixX4(qf[kk], q_s + r * kStride + c);
-  }
   const float scale2 = scale * kLog2e;  // scores in log2 units
-  const int my_row[2] = {warp * 16 + g, warp * 16 + g + 8};
+  // This thread's rows: m-tile mt (16 rows) of the warp's kMt, fragment rows g and g + 8.
+  int my_row[kMt][2];
+#pragma unroll
+  for (int mt = 0; mt < kMt; ++mt) {
+    my_row[mt][0] = warp * kWarpRows + mt * 16 + g;
+    my_row[mt][1] = my_row[mt][0] + 8;
+  }
+  // Where this lane's ldmatrix reads its Q rows of m-tile 0 (m-tile mt: 16 * mt rows on).
+  const T* q_frag = q_s + (warp * kWarpRows + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride +
+                    (lane >> 4) * 8;
 
   // Segments of the tile, one after the other.
   for (int seg0 = 0; seg0 < n_rows;) {
@@ -197,25 +203,26 @@ __global__ void __launch_bounds__(kThreads)
     const int tile_lo = key_lo / kKeys * kKeys;
     const int n_tiles = (last_pos - tile_lo) / kKeys + 1;
 
-    // This thread's two rows: position (keys <= pos visible) and first visible key; -1 / INT_MAX
-    // for rows outside the segment.
-    int row_pos[2], row_lo[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const bool in = my_row[i] >= seg0 && my_row[i] < seg1;
-      row_pos[i] = in ? pos_s[my_row[i]] : -1;
-      row_lo[i] = in && window > 0 ? pos_s[my_row[i]] - window + 1 : 0;
-    }
+    // This thread's rows: position (keys <= pos visible) and first visible key; -1 / 0 for rows
+    // outside the segment.
+    int row_pos[kMt][2], row_lo[kMt][2];
     // This warp's rows in the segment: the keys they may see (from warp_lo to warp_hi), and the
     // keys all of them see (from all_lo to all_hi), where tiles need no mask.
-    int warp_hi = max(row_pos[0], row_pos[1]), warp_lo = INT_MAX;
-    int all_hi = INT_MAX, all_lo = INT_MIN;
+    int warp_hi = -1, warp_lo = INT_MAX, all_hi = INT_MAX, all_lo = INT_MIN;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      if (row_pos[i] < 0) continue;
-      warp_lo = min(warp_lo, row_lo[i]);
-      all_hi = min(all_hi, row_pos[i]);
-      all_lo = max(all_lo, row_lo[i]);
+    for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = my_row[mt][i];
+        const bool in = r >= seg0 && r < seg1;
+        row_pos[mt][i] = in ? pos_s[r] : -1;
+        row_lo[mt][i] = in && window > 0 ? pos_s[r] - window + 1 : 0;
+        if (!in) continue;
+        warp_hi = max(warp_hi, row_pos[mt][i]);
+        warp_lo = min(warp_lo, row_lo[mt][i]);
+        all_hi = min(all_hi, row_pos[mt][i]);
+        all_lo = max(all_lo, row_lo[mt][i]);
+      }
     }
     for (int o = 16; o > 0; o >>= 1) {
       warp_hi = max(warp_hi, __shfl_xor_sync(0xffffffffu, warp_hi, o));
@@ -224,13 +231,21 @@ __global__ void __launch_bounds__(kThreads)
       all_lo = max(all_lo, __shfl_xor_sync(0xffffffffu, all_lo, o));
     }
 
-    float o_acc[kD / 8][4];
+    float o_acc[kMt][kD / 8][4];
 #pragma unroll
-    for (int nb = 0; nb < kD / 8; ++nb) {
+    for (int mt = 0; mt < kMt; ++mt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o_acc[nb][e] = 0.0f;
+      for (int nb = 0; nb < kD / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o_acc[mt][nb][e] = 0.0f;
+      }
     }
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float m[kMt][2], l[kMt][2];
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt) {
+      m[mt][0] = m[mt][1] = -INFINITY;
+      l[mt][0] = l[mt][1] = 0.0f;
+    }
 
     const size_t head_base =
         (static_cast<size_t>(slot) * num_kv_heads + kvh) * seq_capacity * head_dim;
@@ -238,8 +253,8 @@ __global__ void __launch_bounds__(kThreads)
       const int t0 = tile_lo + it * kKeys;
       T* ks = kv_s + (it & 1) * 2 * kTileElems;
       const size_t off = head_base + static_cast<size_t>(t0) * head_dim;
-      LoadRows<T, kStride, kVec>(ks, k_cache + off, head_dim, kKeys, walk);
-      LoadRows<T, kStride, kVec>(ks + kTileElems, v_cache + off, head_dim, kKeys, walk);
+      LoadRows<T, kStride, kVec, kKeys>(ks, k_cache + off, head_dim, kKeys, walk);
+      LoadRows<T, kStride, kVec, kKeys>(ks + kTileElems, v_cache + off, head_dim, kKeys, walk);
       CpAsyncCommit();
     };
     load_tile(0);
@@ -255,89 +270,110 @@ __global__ void __launch_bounds__(kThreads)
       const T* ks = kv_s + (it & 1) * 2 * kTileElems;
       const T* vs = ks + kTileElems;
       if (warp_hi >= t0 && warp_lo < t0 + kKeys) {
-        // S (16 x 64) = Q · Kᵀ: 8 key blocks of 8.
-        float s[kKeys / 8][4];
+        // S (kMt x 16 rows x 64 keys) = Q · Kᵀ: each K fragment serves every m-tile; the Q
+        // fragments are read from shared memory again per tile (registers hold O and S).
+        float s[kMt][kKeys / 8][4];
 #pragma unroll
-        for (int nb = 0; nb < kKeys / 8; ++nb) {
+        for (int mt = 0; mt < kMt; ++mt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[nb][e] = 0.0f;
+          for (int nb = 0; nb < kKeys / 8; ++nb) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][nb][e] = 0.0f;
+          }
         }
 #pragma unroll
         for (int kk = 0; kk < kD / 16; ++kk) {
+          uint32_t qa[kMt][4];
+#pragma unroll
+          for (int mt = 0; mt < kMt; ++mt) LdMatrixX4(qa[mt], q_frag + mt * 16 * kStride + kk * 16);
 #pragma unroll
           for (int nb = 0; nb < kKeys / 8; nb += 2) {
             uint32_t b[4];
             const int key = nb * 8 + (lane & 7) + (lane >> 4) * 8;
             const int c = kk * 16 + ((lane >> 3) & 1) * 8;
             LdMatrixX4(b, ks + key * kStride + c);
-            Mma<T>(s[nb], qf[kk], b[0], b[1]);
-            Mma<T>(s[nb + 1], qf[kk], b[2], b[3]);
+#pragma unroll
+            for (int mt = 0; mt < kMt; ++mt) {
+              Mma<T>(s[mt][nb], qa[mt], b[0], b[1]);
+              Mma<T>(s[mt][nb + 1], qa[mt], b[2], b[3]);
+            }
           }
         }
         // Mask (only where some key of the tile is hidden from some row of the warp), then the
-        // online softmax of each of the two rows.
-        float mx[2] = {-INFINITY, -INFINITY};
-        if (t0 + kKeys - 1 <= all_hi && t0 >= all_lo) {
+        // online softmax of each row; S turns into P in place.
+        const bool unmasked = t0 + kKeys - 1 <= all_hi && t0 >= all_lo;
+#pragma unroll
+        for (int mt = 0; mt < kMt; ++mt) {
+          float mx[2] = {-INFINITY, -INFINITY};
+          if (unmasked) {
+#pragma unroll
+            for (int nb = 0; nb < kKeys / 8; ++nb) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                s[mt][nb][e] *= scale2;
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][nb][e]);
+              }
+            }
+          } else {
+#pragma unroll
+            for (int nb = 0; nb < kKeys / 8; ++nb) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int i = e >> 1, key = t0 + nb * 8 + tq * 2 + (e & 1);
+                const bool visible = key <= row_pos[mt][i] && key >= row_lo[mt][i];
+                s[mt][nb][e] = visible ? s[mt][nb][e] * scale2 : -INFINITY;
+                mx[i] = fmaxf(mx[i], s[mt][nb][e]);
+              }
+            }
+          }
+          float corr[2], base[2];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            const float m_new = fmaxf(m[mt][i], mx[i]);
+            base[i] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet
+            corr[i] = exp2f(m[mt][i] - base[i]);
+            m[mt][i] = m_new;
+            l[mt][i] *= corr[i];
+          }
+#pragma unroll
+          for (int nb = 0; nb < kD / 8; ++nb) {
+            o_acc[mt][nb][0] *= corr[0];
+            o_acc[mt][nb][1] *= corr[0];
+            o_acc[mt][nb][2] *= corr[1];
+            o_acc[mt][nb][3] *= corr[1];
+          }
 #pragma unroll
           for (int nb = 0; nb < kKeys / 8; ++nb) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              s[nb][e] *= scale2;
-              mx[e >> 1] = fmaxf(mx[e >> 1], s[nb][e]);
-            }
-          }
-        } else {
-#pragma unroll
-          for (int nb = 0; nb < kKeys / 8; ++nb) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int i = e >> 1, key = t0 + nb * 8 + tq * 2 + (e & 1);
-              const bool visible = key <= row_pos[i] && key >= row_lo[i];
-              s[nb][e] = visible ? s[nb][e] * scale2 : -INFINITY;
-              mx[i] = fmaxf(mx[i], s[nb][e]);
-            }
+            for (int e = 0; e < 4; ++e) s[mt][nb][e] = exp2f(s[mt][nb][e] - base[e >> 1]);
+            l[mt][0] += s[mt][nb][0] + s[mt][nb][1];
+            l[mt][1] += s[mt][nb][2] + s[mt][nb][3];
           }
         }
-        float corr[2], base[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-          const float m_new = fmaxf(m[i], mx[i]);
-          base[i] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet
-          corr[i] = exp2f(m[i] - base[i]);
-          m[i] = m_new;
-          l[i] *= corr[i];
-        }
-#pragma unroll
-        for (int nb = 0; nb < kD / 8; ++nb) {
-          o_acc[nb][0] *= corr[0];
-          o_acc[nb][1] *= corr[0];
-          o_acc[nb][2] *= corr[1];
-          o_acc[nb][3] *= corr[1];
-        }
-        // P as A fragments (16 x 64 keys: 4 k-steps), then O += P · V.
-        uint32_t pf[kKeys / 16][4];
-#pragma unroll
-        for (int nb = 0; nb < kKeys / 8; ++nb) {
-          float p[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) p[e] = exp2f(s[nb][e] - base[e >> 1]);
-          l[0] += p[0] + p[1];
-          l[1] += p[2] + p[3];
-          pf[nb / 2][(nb & 1) * 2] = Pack<T>(p[0], p[1]);
-          pf[nb / 2][(nb & 1) * 2 + 1] = Pack<T>(p[2], p[3]);
-        }
+        // O += P · V: per 16 keys, P of every m-tile as A fragments; each V fragment serves all.
 #pragma unroll
         for (int kk = 0; kk < kKeys / 16; ++kk) {
+          uint32_t pa[kMt][4];
+#pragma unroll
+          for (int mt = 0; mt < kMt; ++mt) {
+            pa[mt][0] = Pack<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            pa[mt][1] = Pack<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            pa[mt][2] = Pack<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            pa[mt][3] = Pack<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+          }
 #pragma unroll
           for (int nb = 0; nb < kD / 8; nb += 2) {
             uint32_t b[4];
             const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
             const int c = nb * 8 + (lane >> 4) * 8;
             LdMatrixX4Trans(b, vs + key * kStride + c);
-            Mma<T>(o_acc[nb], pf[kk], b[0], b[1]);
-            Mma<T>(o_acc[nb + 1], pf[kk], b[2], b[3]);
+#pragma unroll
+            for (int mt = 0; mt < kMt; ++mt) {
+              Mma<T>(o_acc[mt][nb], pa[mt], b[0], b[1]);
+              Mma<T>(o_acc[mt][nb + 1], pa[mt], b[2], b[3]);
+            }
           }
         }
       }
@@ -346,21 +382,22 @@ __global__ void __launch_bounds__(kThreads)
 
     // Row sums over the quad, then this segment's rows out.
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    }
+    for (int mt = 0; mt < kMt; ++mt) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      if (row_pos[i] < 0) continue;
-      const float inv = 1.0f / l[i];
-      T* o = out + (row0 + my_row[i]) * q_stride + static_cast<size_t>(h) * head_dim;
+      for (int i = 0; i < 2; ++i) {
+        float li = l[mt][i];
+        li += __shfl_xor_sync(0xffffffffu, li, 1);
+        li += __shfl_xor_sync(0xffffffffu, li, 2);
+        if (row_pos[mt][i] < 0) continue;
+        const float inv = 1.0f / li;
+        T* o = out + (row0 + my_row[mt][i]) * q_stride + static_cast<size_t>(h) * head_dim;
 #pragma unroll
-      for (int nb = 0; nb < kD / 8; ++nb) {
-        const int c = nb * 8 + tq * 2;
-        if (c < head_dim) {
-          *reinterpret_cast<uint32_t*>(o + c) =
-              Pack<T>(o_acc[nb][2 * i] * inv, o_acc[nb][2 * i + 1] * inv);
+        for (int nb = 0; nb < kD / 8; ++nb) {
+          const int c = nb * 8 + tq * 2;
+          if (c < head_dim) {
+            *reinterpret_cast<uint32_t*>(o + c) =
+                Pack<T>(o_acc[mt][nb][2 * i] * inv, o_acc[mt][nb][2 * i + 1] * inv);
+          }
         }
       }
     }
@@ -373,7 +410,7 @@ absl::Status Launch(const void* q, const void* k_cache, const void* v_cache,
                     const int32_t* positions, const int32_t* slots, void* out, int rows,
                     int num_heads, int num_kv_heads, int head_dim, int seq_capacity,
                     const AttentionParams& params, cudaStream_t stream, bool pdl) {
-  constexpr size_t kSmem = 5 * kKeys * (kD + 8) * sizeof(T);  // Q, and K and V twice
+  constexpr size_t kSmem = (kRows + 4 * kKeys) * (kD + 8) * sizeof(T);  // Q, and K and V twice
   auto* kernel = PrefillAttentionKernel<T, kD, kVec>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kSmem)));

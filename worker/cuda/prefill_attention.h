@@ -22,7 +22,7 @@ bool PrefillAttentionSupported(int head_dim);
 // (rows, num_heads * head_dim), cache (slots, num_kv_heads, seq_capacity, head_dim), seq_capacity
 // a multiple of 64. Fast when rows come in runs of one slot at consecutive positions (a prompt or
 // a chunk of one: the chunk's queries see the cached prefix and themselves); any rows are correct,
-// a block of 64 rows doing its key loop once per such run.
+// a block of 128 rows doing its key loop once per such run.
 absl::Status LaunchPrefillAttention(DType dtype, const void* q, const void* k_cache,
                                     const void* v_cache, const int32_t* positions,
                                     const int32_t* slots, void* out, int rows, int num_heads,
