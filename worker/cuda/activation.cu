@@ -86,8 +86,8 @@ absl::Status LaunchGeluBias(DType dtype, void* h, const void* b, int rows, int c
 absl::Status LaunchSwiGlu(DType dtype, const void* gate_up, void* out, int rows, int cols,
                           cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
-  const bool aligned = reinterpret_cast<uintptr_t>(gate_up) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  const bool aligned =
+      reinterpret_cast<uintptr_t>(gate_up) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
   if (cols % 8 == 0 && aligned) {
     const dim3 grid((cols / 8 + 127) / 128, std::min(rows, 65535));
     TANDEM_DISPATCH_HALF(dtype, {

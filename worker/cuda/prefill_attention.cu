@@ -26,9 +26,9 @@
 namespace tandem::cuda {
 namespace {
 
-constexpr int kRows = 128;     // query rows per block
-constexpr int kKeys = 64;      // keys per shared-memory tile
-constexpr int kWarps = 4;      // kWarpRows query rows each
+constexpr int kRows = 128;  // query rows per block
+constexpr int kKeys = 64;   // keys per shared-memory tile
+constexpr int kWarps = 4;   // kWarpRows query rows each
 constexpr int kWarpRows = kRows / kWarps;
 constexpr int kMt = kWarpRows / 16;  // m16 tiles per warp
 constexpr int kThreads = kWarps * 32;
@@ -36,9 +36,12 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // Padded head_dim for a head_dim (a multiple of 16), 0 when none is compiled.
 __host__ __device__ constexpr int PaddedDim(int head_dim) {
-  return head_dim <= 64 ? 64 : head_dim <= 80 ? 80 : head_dim <= 96 ? 96 : head_dim <= 112 ? 112
-                                                                            : head_dim <= 128 ? 128
-                                                                                              : 0;
+  return head_dim <= 64    ? 64
+         : head_dim <= 80  ? 80
+         : head_dim <= 96  ? 96
+         : head_dim <= 112 ? 112
+         : head_dim <= 128 ? 128
+                           : 0;
 }
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
@@ -106,9 +109,9 @@ __device__ __forceinline__ uint32_t Pack(float a, float b) {
 // threadIdx.x, + kThreads, ... of the rows' per_row each, walked without a division per piece
 // (the divisions by a head_dim known only at run time cost more than the copies).
 struct RowWalk {
-  int per_row;      // pieces per row
-  int row0, c0;     // this thread's first piece
-  int drow, dc;     // kThreads pieces on: drow rows and dc pieces
+  int per_row;   // pieces per row
+  int row0, c0;  // this thread's first piece
+  int drow, dc;  // kThreads pieces on: drow rows and dc pieces
   __device__ RowWalk(int head_dim, int elems_per_piece) {
     per_row = head_dim / elems_per_piece;
     row0 = threadIdx.x / per_row;
@@ -190,8 +193,8 @@ __global__ void __launch_bounds__(kThreads)
     my_row[mt][1] = my_row[mt][0] + 8;
   }
   // Where this lane's ldmatrix reads its Q rows of m-tile 0 (m-tile mt: 16 * mt rows on).
-  const T* q_frag = q_s + (warp * kWarpRows + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride +
-                    (lane >> 4) * 8;
+  const T* q_frag =
+      q_s + (warp * kWarpRows + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride + (lane >> 4) * 8;
 
   // Segments of the tile, one after the other.
   for (int seg0 = 0; seg0 < n_rows;) {
@@ -437,8 +440,8 @@ absl::Status LaunchPrefillAttention(DType dtype, const void* q, const void* k_ca
                                     int num_kv_heads, int head_dim, int seq_capacity,
                                     const AttentionParams& params, cudaStream_t stream, bool pdl) {
   if (rows == 0) return absl::OkStatus();
-  if (!PrefillAttentionSupported(head_dim) || num_kv_heads <= 0 ||
-      num_heads % num_kv_heads != 0 || seq_capacity % kKeys != 0) {
+  if (!PrefillAttentionSupported(head_dim) || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 ||
+      seq_capacity % kKeys != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("prefill attention: unsupported shape (head_dim ", head_dim,
                      " must be a multiple of 8 up to 128, or 100 or 108; heads ", num_heads,

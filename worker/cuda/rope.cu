@@ -86,10 +86,9 @@ template <typename T, int V>
 __global__ void __launch_bounds__(kRowThreads)
     QkvRopeCacheRowsKernel(const T* __restrict__ qkv, const T* __restrict__ bias,
                            T* __restrict__ q_out, T* __restrict__ k_cache, T* __restrict__ v_cache,
-                           const int32_t* __restrict__ positions,
-                           const int32_t* __restrict__ slots, int rows, int num_heads,
-                           int num_kv_heads, int head_dim, int seq_capacity,
-                           const float* __restrict__ inv_freq) {
+                           const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
+                           int rows, int num_heads, int num_kv_heads, int head_dim,
+                           int seq_capacity, const float* __restrict__ inv_freq) {
   using Vec = VecN<T, V>;
   __shared__ float cos_s[kMaxRowHalf], sin_s[kMaxRowHalf];
   AllowDependentLaunch();
@@ -129,10 +128,9 @@ __global__ void __launch_bounds__(kRowThreads)
           a.v[j] = FromF<T>(x1);
           b.v[j] = FromF<T>(x2);
         }
-        T* dst = head < num_heads
-                     ? q_out + static_cast<size_t>(r) * q_dim + head * head_dim
-                     : k_cache + KvCacheOffset(slot, head - num_heads, pos, num_kv_heads,
-                                               seq_capacity, head_dim);
+        T* dst = head < num_heads ? q_out + static_cast<size_t>(r) * q_dim + head * head_dim
+                                  : k_cache + KvCacheOffset(slot, head - num_heads, pos,
+                                                            num_kv_heads, seq_capacity, head_dim);
         *reinterpret_cast<Vec*>(dst + i0) = a;
         *reinterpret_cast<Vec*>(dst + i0 + half) = b;
       } else {
@@ -191,7 +189,8 @@ absl::Status LaunchQkvRopeCache(DType dtype, const void* qkv, const void* bias, 
     return absl::OkStatus();
   }
   TANDEM_DISPATCH_HALF(dtype, {
-    const int items = num_heads * head_dim / 2 + num_kv_heads * head_dim / 2 + num_kv_heads * head_dim;
+    const int items =
+        num_heads * head_dim / 2 + num_kv_heads * head_dim / 2 + num_kv_heads * head_dim;
     constexpr int kMaxRowGroups = 256;
     const dim3 grid((items + 127) / 128, std::min(rows, kMaxRowGroups));
     CUDA_CHECK(LaunchKernel(QkvRopeCacheKernel<T>, grid, dim3(128), 0, stream, pdl,
