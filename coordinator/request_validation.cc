@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
-#include "worker/sampling.h"
 
 namespace tandem {
 

@@ -10,9 +10,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/step.h"
 #include "common/tokenizer.h"
 #include "proto/tandem.pb.h"
-#include "worker/stage.h"
 
 namespace tandem {
 

@@ -46,9 +46,6 @@ namespace tandem {
 // 0 < repetition_penalty <= 100.
 absl::Status ValidateSamplingParams(const SamplingParams& params);
 
-// The most alternatives a logprob entry may carry (OpenAI's and vLLM's limit).
-inline constexpr int kMaxTopLogprobs = 20;
-
 // Step 0 of the rule: applies the penalties of `params` for the tokens `seen` to `logits` in
 // place. Ids outside the vocabulary are ignored (the step's check rejects them first).
 void ApplyPenalties(std::span<float> logits, const SamplingParams& params,

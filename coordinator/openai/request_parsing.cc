@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/step.h"
 #include "coordinator/openai/api_error.h"
 #include "coordinator/request_validation.h"
 
@@ -18,8 +19,6 @@ using nlohmann::json;
 
 // Most choices one request may ask for (prompts x n).
 constexpr int kMaxPromptChoices = 128;
-// Most alternatives per token (OpenAI's top_logprobs limit).
-constexpr int kMaxTopLogprobs = 20;
 
 std::string TypeName(const json& v) {
   if (v.is_null()) return "null";

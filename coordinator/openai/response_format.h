@@ -10,10 +10,10 @@
 #include <string_view>
 #include <vector>
 
+#include "common/step.h"
 #include "common/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "proto/tandem.pb.h"
-#include "worker/stage.h"
 
 namespace tandem::openai {
 
