@@ -2,12 +2,12 @@
 #include "common/nvml.h"
 
 #include <dlfcn.h>
-#include <pthread.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/thread_name.h"
 
 namespace tandem {
 namespace {
@@ -171,7 +171,7 @@ GpuSampler::GpuSampler(std::unique_ptr<Nvml> nvml, std::vector<int> devices, Gpu
       last_energy_(devices_.size(), -1.0) {
   if (period_ <= absl::ZeroDuration()) return;
   thread_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "gpu-sampler");
+    SetThreadName("gpu-sampler");
     while (!stop_.load()) {
       SampleOnce();
       const absl::Time until = absl::Now() + period_;

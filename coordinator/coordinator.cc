@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/metrics.h"
+#include "common/thread_name.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem {

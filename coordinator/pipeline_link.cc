@@ -1,15 +1,10 @@
 // Steps streams to a pipeline's workers.
 #include "coordinator/pipeline_link.h"
 
-#include <pthread.h>
-
 #include "absl/strings/str_cat.h"
+#include "common/thread_name.h"
 
 namespace tandem {
-
-void SetThreadName(const std::string& name) {
-  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
-}
 
 PipelineLink::PipelineLink(std::vector<std::shared_ptr<grpc::Channel>> channels,
                            Callbacks callbacks, const std::string& name)

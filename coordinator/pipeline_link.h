@@ -76,7 +76,4 @@ std::optional<StageAssignError> AssignPipelineStages(
     std::vector<v1::AssignStageRequest> requests, absl::Duration timeout,
     std::vector<v1::AssignStageResponse>* responses);
 
-// Sets the calling thread's name as shown by ps/top/gdb (at most 15 characters).
-void SetThreadName(const std::string& name);
-
 }  // namespace tandem
