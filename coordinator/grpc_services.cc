@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "common/utf8.h"
 #include "coordinator/peer_address.h"
 #include "coordinator/request_group.h"
 #include "coordinator/request_stream.h"
@@ -98,7 +99,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* ctx, const v1::Gene
       absl::StatusOr<std::string> text = c_.tokenizer()->Decode(snap.tokens);
       if (text.ok()) {
         if (snap.text_limit >= 0) text->resize(std::min<size_t>(text->size(), snap.text_limit));
-        choice->set_text(SanitizeUtf8(*text));
+        choice->set_text(ToValidUtf8(*text));
       }
     }
     choice->set_finish_reason(snap.finish);

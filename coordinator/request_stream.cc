@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/metrics.h"
+#include "common/utf8.h"
 
 namespace tandem {
 namespace {
@@ -60,64 +61,6 @@ void RecordEnd(Coordinator& c, const RequestState& r, const absl::Status& outcom
   c.metrics()->request_duration.Observe(absl::ToDoubleSeconds(absl::Now() - r.arrival()));
 }
 
-size_t CompleteUtf8Prefix(std::string_view text) {
-  const size_t n = text.size();
-  size_t i = n;
-  int back = 0;
-  while (i > 0 && back < 4) {
-    const unsigned char c = static_cast<unsigned char>(text[i - 1]);
-    if ((c & 0xC0) != 0x80) {
-      const int len = (c & 0x80) == 0 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 :
-                      (c & 0xF8) == 0xF0 ? 4 : 1;
-      return (n - (i - 1) >= static_cast<size_t>(len)) ? n : i - 1;
-    }
-    --i;
-    ++back;
-  }
-  return n;
-}
-
-std::string SanitizeUtf8(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  size_t i = 0;
-  while (i < text.size()) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    int len = 0;
-    uint32_t cp = 0;
-    if (c < 0x80) {
-      len = 1;
-      cp = c;
-    } else if ((c & 0xE0) == 0xC0) {
-      len = 2;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4;
-      cp = c & 0x07;
-    }
-    bool ok = len > 0 && i + len <= text.size();
-    for (int k = 1; ok && k < len; ++k) {
-      const unsigned char cc = static_cast<unsigned char>(text[i + k]);
-      ok = (cc & 0xC0) == 0x80;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8 either.
-    static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
-    ok = ok && cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
-    if (ok) {
-      out.append(text.substr(i, len));
-      i += len;
-    } else {
-      out.append("\xEF\xBF\xBD");
-      ++i;
-    }
-  }
-  return out;
-}
-
 size_t ShowablePrefix(std::string_view text, const std::vector<std::string>& stops) {
   size_t n = CompleteUtf8Prefix(text);
   for (const std::string& stop : stops) {
@@ -138,7 +81,7 @@ std::string TextStream::Next(std::span<const int32_t> tokens, bool done, int tex
   size_t show = done ? text->size() : ShowablePrefix(*text, stops_);
   if (done && text_limit >= 0) show = std::min<size_t>(show, text_limit);
   if (show <= sent_) return "";
-  std::string piece = SanitizeUtf8(std::string_view(*text).substr(sent_, show - sent_));
+  std::string piece = ToValidUtf8(std::string_view(*text).substr(sent_, show - sent_));
   sent_ = show;
   shown_ += piece;
   return piece;

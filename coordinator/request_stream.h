@@ -38,11 +38,6 @@ void RecordRejected(Coordinator& c, const absl::Status& why);
 // Records a submitted request's outcome and duration.
 void RecordEnd(Coordinator& c, const RequestState& r, const absl::Status& outcome);
 
-// Bytes of `text` that end on a whole UTF-8 character (a token may end inside one).
-size_t CompleteUtf8Prefix(std::string_view text);
-// `text` with every byte that is not part of a well-formed UTF-8 character replaced by U+FFFD
-// (random or partial token sequences decode to arbitrary bytes; proto and JSON strings are UTF-8).
-std::string SanitizeUtf8(std::string_view text);
 // Bytes of `text` that can be shown while generation goes on: whole characters, minus a tail that
 // could be the start of one of `stops`.
 size_t ShowablePrefix(std::string_view text, const std::vector<std::string>& stops);

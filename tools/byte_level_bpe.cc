@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 
+#include "common/utf8.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem {
@@ -17,21 +18,6 @@ struct ByteAlphabet {
   std::array<std::string, 256> text;     // byte -> UTF-8 of its character
 };
 
-std::string Utf8(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
-
 const ByteAlphabet& Alphabet() {
   static const ByteAlphabet alphabet = [] {
     ByteAlphabet a;
@@ -41,14 +27,14 @@ const ByteAlphabet& Alphabet() {
       printable[b] = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
       if (printable[b]) {
         a.order[id++] = static_cast<unsigned char>(b);
-        a.text[b] = Utf8(static_cast<uint32_t>(b));
+        AppendUtf8(static_cast<char32_t>(b), a.text[b]);
       }
     }
     uint32_t next = 256;
     for (int b = 0; b < 256; ++b) {
       if (!printable[b]) {
         a.order[id++] = static_cast<unsigned char>(b);
-        a.text[b] = Utf8(next++);
+        AppendUtf8(next++, a.text[b]);
       }
     }
     return a;

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/jinja/value.h"
+#include "common/utf8.h"
 
 namespace tandem::jinja {
 
@@ -52,10 +53,9 @@ inline Value StringList(const std::vector<std::string>& parts) {
   return Value::List(std::move(items));
 }
 
+// Python's len() of a str: code points.
 inline int64_t CodePointCount(const std::string& s) {
-  int64_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-  return n;
+  return static_cast<int64_t>(CountCodePoints(s));
 }
 
 }  // namespace tandem::jinja

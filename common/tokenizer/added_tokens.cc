@@ -12,7 +12,7 @@
 #include "common/status_macros.h"
 #include "common/tokenizer/json_fields.h"
 #include "common/tokenizer/normalizer.h"
-#include "common/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 namespace tandem::tokenizer {
 namespace {

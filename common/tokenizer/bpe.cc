@@ -18,7 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "common/tokenizer/json_fields.h"
-#include "common/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 namespace tandem::tokenizer {
 namespace {

@@ -1,7 +1,7 @@
 // GPT-2's byte-to-unicode table, built once.
 #include "common/tokenizer/byte_alphabet.h"
 
-#include "common/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 namespace tandem::tokenizer {
 

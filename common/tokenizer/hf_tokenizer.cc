@@ -27,7 +27,7 @@
 #include "common/tokenizer/normalizer.h"
 #include "common/tokenizer/post_processor.h"
 #include "common/tokenizer/pre_tokenizer.h"
-#include "common/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 namespace tandem::tokenizer {
 namespace {

@@ -19,7 +19,7 @@
 #include "common/tokenizer/byte_alphabet.h"
 #include "common/tokenizer/json_fields.h"
 #include "common/tokenizer/normalizer.h"
-#include "common/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 namespace tandem::tokenizer {
 namespace {

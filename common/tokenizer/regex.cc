@@ -6,7 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 namespace tandem::tokenizer {
 

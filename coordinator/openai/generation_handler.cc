@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/utf8.h"
 #include "coordinator/openai/api_error.h"
 #include "coordinator/openai/response_format.h"
 #include "coordinator/request_group.h"
@@ -90,7 +91,7 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> PromptIds(
       std::string text;
       if (api.echo && tokenizer != nullptr) {
         absl::StatusOr<std::string> decoded = tokenizer->Decode(prompt.token_ids);
-        if (decoded.ok()) text = SanitizeUtf8(*decoded);
+        if (decoded.ok()) text = ToValidUtf8(*decoded);
       }
       texts.push_back(std::move(text));
       continue;

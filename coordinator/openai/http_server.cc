@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/security/credentials.h"
+#include "common/utf8.h"
 #include "coordinator/openai/api_error.h"
 #include "coordinator/openai/response_format.h"
 #include "coordinator/request_stream.h"
@@ -80,7 +81,7 @@ void Detokenize(const Coordinator& c, const httplib::Request& req, httplib::Resp
   }
   absl::StatusOr<std::string> text = c.tokenizer()->Decode(ids);
   if (!text.ok()) return SetError(res, InvalidFieldMessage("tokens", text.status().message()));
-  SetJson(res, {{"prompt", SanitizeUtf8(*text)}});
+  SetJson(res, {{"prompt", ToValidUtf8(*text)}});
 }
 
 }  // namespace

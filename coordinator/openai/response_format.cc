@@ -3,6 +3,7 @@
 
 #include <span>
 
+#include "common/utf8.h"
 #include "coordinator/request_stream.h"
 
 namespace tandem::openai {
@@ -49,12 +50,12 @@ json CompletionLogprobs(const Tokenizer* tokenizer, const std::vector<TokenLogpr
   json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
        text_offset = json::array();
   for (const TokenLogprob& lp : logprobs) {
-    const std::string text = SanitizeUtf8(TokenBytes(tokenizer, lp.token));
+    const std::string text = ToValidUtf8(TokenBytes(tokenizer, lp.token));
     tokens.push_back(text);
     token_logprobs.push_back(lp.logprob);
     json alternatives = json::object();
     for (const auto& [id, logprob] : lp.top) {
-      alternatives[SanitizeUtf8(TokenBytes(tokenizer, id))] = logprob;
+      alternatives[ToValidUtf8(TokenBytes(tokenizer, id))] = logprob;
     }
     top.push_back(std::move(alternatives));
     text_offset.push_back(offset);
@@ -74,9 +75,9 @@ json ChatLogprobs(const Tokenizer* tokenizer, const std::vector<TokenLogprob>& l
     for (const auto& [id, logprob] : lp.top) {
       const std::string alt = TokenBytes(tokenizer, id);
       top.push_back(
-          {{"token", SanitizeUtf8(alt)}, {"logprob", logprob}, {"bytes", BytesJson(alt)}});
+          {{"token", ToValidUtf8(alt)}, {"logprob", logprob}, {"bytes", BytesJson(alt)}});
     }
-    content.push_back({{"token", SanitizeUtf8(bytes)},
+    content.push_back({{"token", ToValidUtf8(bytes)},
                        {"logprob", lp.logprob},
                        {"bytes", BytesJson(bytes)},
                        {"top_logprobs", std::move(top)}});

@@ -1,5 +1,6 @@
-// UTF-8 helpers the tokenizer's parts share: decoding one code point, appending one, and turning
-// arbitrary bytes into well-formed UTF-8 the way Hugging Face's callers see them.
+// UTF-8 helpers every part shares (the tokenizer, the text streams of the front ends, the model
+// generator): decoding one code point, appending one, finding where the last whole character
+// ends, and turning arbitrary bytes into well-formed UTF-8 the way Hugging Face's callers see them.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +8,7 @@
 #include <string_view>
 #include <utility>
 
-namespace tandem::tokenizer {
+namespace tandem {
 
 constexpr char32_t kInvalidCodePoint = 0xFFFFFFFF;
 constexpr char32_t kReplacementCharacter = 0xFFFD;
@@ -26,7 +27,12 @@ std::string ToValidUtf8(std::string_view s);
 // True when `s` is well-formed UTF-8.
 bool IsValidUtf8(std::string_view s);
 
-// Number of code points of well-formed UTF-8 `s`.
+// Number of code points of well-formed UTF-8 `s` (of other bytes: those that are not
+// continuation bytes).
 size_t CountCodePoints(std::string_view s);
 
-}  // namespace tandem::tokenizer
+// Bytes of `text` that end on a whole character: `text` less a trailing character that lacks
+// some of its bytes (a token may end inside one).
+size_t CompleteUtf8Prefix(std::string_view text);
+
+}  // namespace tandem

@@ -1,7 +1,8 @@
-// UTF-8 decoding by Unicode's Table 3-7 (well-formed byte sequences).
-#include "common/tokenizer/utf8.h"
+// UTF-8 by Unicode's Table 3-7 (well-formed byte sequences): decoding, encoding, repair with
+// U+FFFD by maximal ill-formed subparts, counting, whole-character prefixes.
+#include "common/utf8.h"
 
-namespace tandem::tokenizer {
+namespace tandem {
 
 std::pair<char32_t, int> DecodeUtf8(std::string_view s) {
   const auto b0 = static_cast<uint8_t>(s[0]);
@@ -84,4 +85,21 @@ size_t CountCodePoints(std::string_view s) {
   return n;
 }
 
-}  // namespace tandem::tokenizer
+size_t CompleteUtf8Prefix(std::string_view text) {
+  const size_t n = text.size();
+  size_t i = n;
+  int back = 0;
+  while (i > 0 && back < 4) {
+    const unsigned char c = static_cast<unsigned char>(text[i - 1]);
+    if ((c & 0xC0) != 0x80) {
+      const int len = (c & 0x80) == 0 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 :
+                      (c & 0xF8) == 0xF0 ? 4 : 1;
+      return (n - (i - 1) >= static_cast<size_t>(len)) ? n : i - 1;
+    }
+    --i;
+    ++back;
+  }
+  return n;
+}
+
+}  // namespace tandem
