@@ -1,13 +1,16 @@
-// Continuous batching over pipelines of stage workers, and what happens when workers come and go.
+// Pipelines of stage workers, what happens when workers come and go, and the wiring of the
+// scheduler (scheduler.h) to their streams.
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
 #include <optional>
+#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/metrics.h"
 #include "common/thread_name.h"
+#include "coordinator/step_proto.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem {
@@ -28,60 +31,7 @@ std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address,
   return MakeChannel(address, auth, args);
 }
 
-TokenLogprob FromProto(const v1::TokenLogprob& in) {
-  TokenLogprob out{.token = in.token_id(), .logprob = in.logprob(), .top = {}};
-  for (const v1::TopLogprob& t : in.top_logprobs()) out.top.emplace_back(t.token_id(), t.logprob());
-  return out;
-}
-
 }  // namespace
-
-// ---------------------------------------------------------------------------------------------
-// RequestState
-
-RequestState::Snapshot RequestState::Wait(size_t seen, absl::Time until) {
-  absl::MutexLock lock(&mu_);
-  auto ready = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return s_.done || s_.tokens.size() > seen;
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&ready), until);
-  return s_;
-}
-
-void RequestState::Admitted(absl::Time t) {
-  absl::MutexLock lock(&mu_);
-  s_.admitted = t;
-}
-
-void RequestState::Append(int32_t token, absl::Time t, TokenLogprob* logprob) {
-  absl::MutexLock lock(&mu_);
-  if (s_.done) return;
-  if (s_.tokens.empty()) s_.first_token = t;
-  s_.tokens.push_back(token);
-  if (logprob != nullptr) s_.logprobs.push_back(std::move(*logprob));
-}
-
-void RequestState::AppendPromptLogprobs(std::vector<TokenLogprob> logprobs) {
-  absl::MutexLock lock(&mu_);
-  if (s_.done) return;
-  for (TokenLogprob& l : logprobs) s_.prompt_logprobs.push_back(std::move(l));
-}
-
-void RequestState::Finish(absl::Status status, v1::FinishReason finish, int text_limit,
-                          absl::Time t) {
-  absl::MutexLock lock(&mu_);
-  if (s_.done) return;
-  s_.done = true;
-  s_.status = std::move(status);
-  s_.finish = finish;
-  s_.text_limit = text_limit;
-  s_.finished = t;
-}
-
-size_t RequestState::num_tokens() {
-  absl::MutexLock lock(&mu_);
-  return s_.tokens.size();
-}
 
 // ---------------------------------------------------------------------------------------------
 // Construction and threads
@@ -120,13 +70,31 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
     return absl::InvalidArgumentError(absl::StrFormat(
         "config: stages (%d) exceeds the model's %d layers", config.stages, model->num_layers));
   }
+  SchedulerOptions options{.max_waiting = config.max_waiting,
+                           .max_slots = config.max_slots,
+                           .max_batch = config.max_batch,
+                           .prefill_chunk = config.prefill_chunk,
+                           .micro_batches = config.micro_batches,
+                           .vocab_size = c->limits_.vocab_size,
+                           .context_length = c->limits_.context_length,
+                           .decode = {}};
+  if (const Tokenizer* tokenizer = c->tokenizer_.get()) {
+    options.decode = [tokenizer](std::span<const int32_t> ids) { return tokenizer->Decode(ids); };
+  }
   absl::MutexLock lock(&c->mu_);
+  c->scheduler_ = std::make_unique<Scheduler>(std::move(options));
   c->wanted_stages_ = c->effective_stages_ = config.stages;
   c->wanted_replicas_ = config.replicas;
   return c;
 }
 
 Coordinator::~Coordinator() { Shutdown(); }
+
+void Coordinator::set_metrics(CoordinatorMetrics* metrics) {
+  absl::MutexLock lock(&mu_);
+  metrics_ = metrics;
+  scheduler_->set_metrics(metrics);
+}
 
 void Coordinator::Start() {
   threads_.emplace_back([this] {
@@ -150,8 +118,7 @@ void Coordinator::Shutdown() {
     stopping_ = true;
     wake_scheduler_ = replan_needed_ = true;
     const absl::Status why = absl::UnavailableError("the coordinator is shutting down");
-    for (auto& r : waiting_) r->Finish(why, v1::FINISH_REASON_UNSPECIFIED, -1, absl::Now());
-    waiting_.clear();
+    scheduler_->FailWaiting(why, absl::Now());
     std::vector<int> ids;
     for (auto& [id, p] : pipelines_) ids.push_back(id);
     for (int id : ids) FailPipeline(id, why);
@@ -169,8 +136,12 @@ void Coordinator::SchedulerLoop() {
       mu_.AwaitWithTimeout(absl::Condition(&wake_scheduler_), absl::Milliseconds(100));
       if (stopping_) return;
       wake_scheduler_ = false;
-      Admit();
-      for (auto& [id, p] : pipelines_) FormSteps(*p, out);
+      scheduler_->Admit(absl::Now());
+      for (auto& [id, p] : pipelines_) {
+        for (const StepDescriptor& step : scheduler_->FormSteps(id)) {
+          out.emplace_back(p->link, ToStepRequest(step, p->assignment));
+        }
+      }
       UpdateGauges();
     }
     // Writes happen outside mu_ (a slow stream must not stall the callbacks); this thread is the
@@ -216,10 +187,7 @@ void Coordinator::PlannerLoop() {
 absl::StatusOr<std::shared_ptr<RequestState>> Coordinator::Submit(ValidatedRequest request) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
-  if (static_cast<int>(waiting_.size()) >= config_.max_waiting) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "the waiting queue is full (%d requests); retry later", config_.max_waiting));
-  }
+  if (absl::Status room = scheduler_->CheckQueueRoom(); !room.ok()) return room;
   if (pipelines_.empty() && !planning_ && !replan_needed_) {
     return absl::UnavailableError("no pipeline is serving: no (or too few) workers are up");
   }
@@ -232,126 +200,15 @@ absl::StatusOr<std::shared_ptr<RequestState>> Coordinator::Submit(ValidatedReque
       }
     }
   }
-  if (request.request_id.empty()) request.request_id = absl::StrCat("req-", next_seq_id_);
-  auto state = std::make_shared<RequestState>(std::move(request), absl::Now());
-  waiting_.push_back(state);
+  std::shared_ptr<RequestState> state = scheduler_->Enqueue(std::move(request), absl::Now());
   wake_scheduler_ = true;
   return state;
 }
 
 void Coordinator::Cancel(const std::shared_ptr<RequestState>& request, const absl::Status& why) {
   absl::MutexLock lock(&mu_);
-  auto w = std::find(waiting_.begin(), waiting_.end(), request);
-  if (w != waiting_.end()) {
-    waiting_.erase(w);
-    request->Finish(why, v1::FINISH_REASON_UNSPECIFIED, -1, absl::Now());
-    return;
-  }
-  auto it = seq_of_request_.find(request.get());
-  if (it != seq_of_request_.end()) {
-    EndSequence(it->second, why, v1::FINISH_REASON_UNSPECIFIED, -1);
-  } else {
-    request->Finish(why, v1::FINISH_REASON_UNSPECIFIED, -1, absl::Now());
-  }
-}
-
-void Coordinator::Admit() {
-  const absl::Time now = absl::Now();
-  while (!waiting_.empty()) {
-    Pipeline* best = nullptr;
-    for (auto& [id, p] : pipelines_) {
-      if (p->draining || p->slots.free() == 0) continue;
-      if (best == nullptr || p->running.size() < best->running.size()) best = p.get();
-    }
-    if (best == nullptr) return;
-    std::shared_ptr<RequestState> req = std::move(waiting_.front());
-    waiting_.pop_front();
-    auto seq = std::make_unique<Sequence>();
-    seq->id = next_seq_id_++;
-    seq->request = req;
-    seq->pipeline = best->id;
-    seq->slot = *best->slots.Allocate();
-    seq->pending = req->request().prompt;
-    const SamplingParams& sp = req->request().sampling;
-    if (sp.repetition_penalty != 1.0f) {
-      for (int32_t t : seq->pending) seq->seen[t].second = true;
-    }
-    best->running.push_back(seq->id);
-    seq_of_request_[req.get()] = seq->id;
-    req->Admitted(now);
-    if (metrics_ != nullptr) {
-      metrics_->queue_time.Observe(absl::ToDoubleSeconds(now - req->arrival()));
-      metrics_->prompt_tokens.Increment(static_cast<double>(req->request().prompt.size()));
-    }
-    seqs_.emplace(seq->id, std::move(seq));
-  }
-}
-
-void Coordinator::FormSteps(
-    Pipeline& p, std::vector<std::pair<std::shared_ptr<PipelineLink>, v1::StepRequest>>& out) {
-  const int stages = static_cast<int>(p.workers.size());
-  // At least one micro-batch per stage in flight, so that no stage waits for the others.
-  const int micro = std::max(config_.micro_batches, stages);
-  int free = micro - static_cast<int>(p.inflight.size());
-  std::vector<Sequence*> ready;
-  for (uint64_t id : p.running) {
-    Sequence& s = *seqs_.at(id);
-    if (!s.in_flight) ready.push_back(&s);
-  }
-  size_t i = 0;
-  while (free > 0 && i < ready.size()) {
-    const int left = static_cast<int>(ready.size() - i);
-    const int n = std::min(config_.max_batch, (left + free - 1) / free);
-    v1::StepRequest step;
-    step.set_assignment_id(p.assignment);
-    step.set_step_id(p.next_step++);
-    std::vector<StepEntry> entries;
-    for (int k = 0; k < n; ++k) {
-      Sequence& s = *ready[i++];
-      const int nt = std::min<int>(static_cast<int>(s.pending.size()), config_.prefill_chunk);
-      const bool sample = nt == static_cast<int>(s.pending.size());
-      const SamplingParams& sp = s.request->request().sampling;
-      v1::SequenceStep* ss = step.add_seqs();
-      ss->set_slot(s.slot);
-      ss->set_position(s.position);
-      ss->set_num_tokens(nt);
-      ss->set_sample(sample);
-      ss->set_temperature(sp.temperature);
-      ss->set_top_k(sp.top_k);
-      ss->set_top_p(sp.top_p);
-      ss->set_seed(sp.seed);
-      ss->set_sample_index(static_cast<uint64_t>(s.generated));
-      ss->set_min_p(sp.min_p);
-      ss->set_presence_penalty(sp.presence_penalty);
-      ss->set_frequency_penalty(sp.frequency_penalty);
-      ss->set_repetition_penalty(sp.repetition_penalty);
-      if (sample && sp.has_penalties()) {
-        for (const auto& [token, seen] : s.seen) {
-          ss->add_seen_token_ids(token);
-          ss->add_seen_output_counts(seen.first);
-          ss->add_seen_in_prompt(seen.second);
-        }
-      }
-      const ValidatedRequest& rq = s.request->request();
-      if (sample && rq.logprobs >= 0) {
-        ss->set_logprobs(true);
-        ss->set_top_logprobs(rq.logprobs);
-      }
-      // Prompt logprobs score the prompt as it is fed, chunk by chunk, before the first token.
-      if (s.generated == 0 && rq.prompt_logprobs >= 0) {
-        ss->set_prompt_logprobs(true);
-        ss->set_prompt_top_logprobs(rq.prompt_logprobs);
-        ss->set_next_prompt_token(sample ? -1 : s.pending[nt]);
-      }
-      for (int t = 0; t < nt; ++t) step.add_tokens(s.pending[t]);
-      s.in_flight = true;
-      entries.push_back({s.id, nt, sample});
-    }
-    p.inflight.emplace(step.step_id(), std::move(entries));
-    if (metrics_ != nullptr) metrics_->batch_size.Observe(n);
-    out.emplace_back(p.link, std::move(step));
-    --free;
-  }
+  scheduler_->Cancel(request, why, absl::Now());
+  wake_scheduler_ = true;
 }
 
 void Coordinator::OnStepResult(int pipeline, uint64_t assignment, int stage,
@@ -359,7 +216,6 @@ void Coordinator::OnStepResult(int pipeline, uint64_t assignment, int stage,
   absl::MutexLock lock(&mu_);
   auto pit = pipelines_.find(pipeline);
   if (pit == pipelines_.end() || pit->second->assignment != assignment) return;
-  Pipeline& p = *pit->second;
   if (r.error_code() != 0) {
     FailPipeline(pipeline, absl::Status(static_cast<absl::StatusCode>(r.error_code()),
                                         absl::StrFormat("pipeline %d stage %d step %d: %s",
@@ -367,125 +223,14 @@ void Coordinator::OnStepResult(int pipeline, uint64_t assignment, int stage,
                                                         r.error_message())));
     return;
   }
-  auto it = p.inflight.find(r.step_id());
-  if (it == p.inflight.end()) {
-    FailPipeline(pipeline, absl::InternalError(absl::StrFormat(
-                               "pipeline %d: result for unknown step %d", pipeline, r.step_id())));
+  const std::vector<SequenceLogprobs> logprobs = LogprobsFromProto(r);
+  const std::span<const int32_t> tokens(r.tokens().data(), r.tokens().size());
+  if (absl::Status s = scheduler_->OnStepResult(pipeline, r.step_id(), tokens, logprobs,
+                                                absl::Now());
+      !s.ok()) {
+    FailPipeline(pipeline, s);
     return;
   }
-  std::vector<StepEntry> entries = std::move(it->second);
-  p.inflight.erase(it);
-  const int sampled = static_cast<int>(
-      std::count_if(entries.begin(), entries.end(), [](const StepEntry& e) { return e.sample; }));
-  if (sampled != r.tokens_size()) {
-    FailPipeline(pipeline, absl::InternalError(absl::StrFormat(
-                               "pipeline %d step %d: %d tokens returned, %d expected", pipeline,
-                               r.step_id(), r.tokens_size(), sampled)));
-    return;
-  }
-  // The logprobs of entry i, if its sequence asked for any.
-  std::vector<const v1::SequenceLogprobs*> logprobs(entries.size(), nullptr);
-  for (const v1::SequenceLogprobs& l : r.logprobs()) {
-    if (l.seq() >= 0 && l.seq() < static_cast<int>(entries.size())) logprobs[l.seq()] = &l;
-  }
-  int k = 0;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const StepEntry& e = entries[i];
-    const int32_t token = e.sample ? r.tokens(k++) : -1;
-    auto sit = seqs_.find(e.seq);
-    if (sit == seqs_.end()) continue;  // cancelled while the step ran
-    Sequence& s = *sit->second;
-    s.in_flight = false;
-    s.position += e.num_tokens;
-    s.pending.erase(s.pending.begin(), s.pending.begin() + e.num_tokens);
-    if (logprobs[i] != nullptr && logprobs[i]->prompt_size() > 0) {
-      std::vector<TokenLogprob> prompt;
-      for (const v1::TokenLogprob& p : logprobs[i]->prompt()) prompt.push_back(FromProto(p));
-      s.request->AppendPromptLogprobs(std::move(prompt));
-    }
-    if (!e.sample) continue;
-    if (token < 0 || token >= limits_.vocab_size) {
-      FailPipeline(pipeline, absl::InternalError(absl::StrFormat(
-                                 "pipeline %d: sampled token %d outside the vocabulary", pipeline,
-                                 token)));
-      return;
-    }
-    std::optional<TokenLogprob> logprob;
-    if (logprobs[i] != nullptr && logprobs[i]->has_sampled()) {
-      logprob = FromProto(logprobs[i]->sampled());
-    }
-    AppendToken(s, token, logprob ? &*logprob : nullptr);
-  }
-  wake_scheduler_ = true;
-}
-
-void Coordinator::AppendToken(Sequence& seq, int32_t token, TokenLogprob* logprob) {
-  const ValidatedRequest& r = seq.request->request();
-  ++seq.generated;
-  if (r.sampling.has_penalties()) ++seq.seen[token].first;
-  seq.request->Append(token, absl::Now(), logprob);
-  if (metrics_ != nullptr) {
-    const absl::Time now = absl::Now();
-    metrics_->generated_tokens.Increment();
-    if (seq.generated == 1) {
-      metrics_->time_to_first_token.Observe(absl::ToDoubleSeconds(now - seq.request->arrival()));
-    } else {
-      metrics_->inter_token_latency.Observe(absl::ToDoubleSeconds(now - seq.last_token));
-    }
-    seq.last_token = now;
-  }
-  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
-  int text_limit = -1;
-  if (seq.generated <= r.min_tokens) {
-    // min_tokens: neither EOS nor a stop condition ends the sequence yet.
-  } else if (IsEos(r, token)) {
-    finish = v1::FINISH_REASON_EOS;
-  } else if (std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token) !=
-             r.stop_token_ids.end()) {
-    finish = v1::FINISH_REASON_STOP;
-  } else if (!r.stop_strings.empty() && tokenizer_ != nullptr) {
-    // Tokens come back one at a time, so the earliest match is always in the newest text.
-    const RequestState::Snapshot snap = seq.request->Wait(0, absl::InfinitePast());
-    absl::StatusOr<std::string> text = tokenizer_->Decode(snap.tokens);
-    if (text.ok()) {
-      size_t best = std::string::npos;
-      for (const std::string& stop : r.stop_strings) best = std::min(best, text->find(stop));
-      if (best != std::string::npos) {
-        finish = v1::FINISH_REASON_STOP;
-        text_limit = static_cast<int>(best);
-      }
-    }
-  }
-  const int prompt = static_cast<int>(r.prompt.size());
-  // The next step would feed this token at position prompt + generated - 1.
-  if (finish == v1::FINISH_REASON_UNSPECIFIED &&
-      (seq.generated >= r.max_new_tokens || prompt + seq.generated > limits_.context_length)) {
-    finish = v1::FINISH_REASON_LENGTH;
-  }
-  if (finish != v1::FINISH_REASON_UNSPECIFIED) {
-    EndSequence(seq.id, absl::OkStatus(), finish, text_limit);
-  } else {
-    seq.pending.assign(1, token);
-  }
-}
-
-void Coordinator::EndSequence(uint64_t seq_id, absl::Status status, v1::FinishReason finish,
-                              int text_limit) {
-  auto it = seqs_.find(seq_id);
-  if (it == seqs_.end()) return;
-  Sequence& s = *it->second;
-  auto pit = pipelines_.find(s.pipeline);
-  if (pit != pipelines_.end()) {
-    // Reusing the slot at once is safe even while a step that uses it is in flight: every stage
-    // runs steps in issue order, so the old step finishes with the slot before a new prefill
-    // (position 0) overwrites it.
-    pit->second->slots.Free(s.slot);
-    auto& running = pit->second->running;
-    running.erase(std::remove(running.begin(), running.end(), seq_id), running.end());
-  }
-  s.request->Finish(std::move(status), finish, text_limit, absl::Now());
-  seq_of_request_.erase(s.request.get());
-  seqs_.erase(it);
   wake_scheduler_ = true;
 }
 
@@ -530,12 +275,11 @@ void Coordinator::FailPipeline(int pipeline, const absl::Status& why) {
   auto pit = pipelines_.find(pipeline);
   if (pit == pipelines_.end()) return;
   Pipeline& p = *pit->second;
-  if (!p.running.empty()) {
-    spdlog::warn("pipeline {} removed, failing {} requests: {}", pipeline, p.running.size(),
+  if (const int running = scheduler_->running(pipeline); running > 0) {
+    spdlog::warn("pipeline {} removed, failing {} requests: {}", pipeline, running,
                  why.ToString());
   }
-  const std::vector<uint64_t> running = p.running;
-  for (uint64_t id : running) EndSequence(id, why, v1::FINISH_REASON_UNSPECIFIED, -1);
+  scheduler_->RemovePipeline(pipeline, why, absl::Now());
   for (int64_t wid : p.workers) {
     auto wit = workers_.find(wid);
     if (wit == workers_.end()) continue;
@@ -574,11 +318,12 @@ absl::Status Coordinator::RunPlan() {
     replan_needed_ = false;
     int kept = 0;
     for (auto& [id, p] : pipelines_) {
-      bool retire = p->draining || static_cast<int>(p->workers.size()) != effective_stages_;
+      bool retire =
+          scheduler_->draining(id) || static_cast<int>(p->workers.size()) != effective_stages_;
       for (int64_t w : p->workers) retire |= workers_[w].state == v1::WORKER_STATE_DRAINED;
       if (!retire && kept >= wanted_replicas_) retire = true;
       if (retire) {
-        p->draining = true;
+        scheduler_->SetDraining(id);
         retiring.push_back(id);
       } else {
         ++kept;
@@ -588,8 +333,7 @@ absl::Status Coordinator::RunPlan() {
       spdlog::info("draining {} pipeline(s) for the new topology", retiring.size());
       auto drained = [this, &retiring]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         for (int id : retiring) {
-          auto it = pipelines_.find(id);
-          if (it != pipelines_.end() && !it->second->running.empty()) return false;
+          if (scheduler_->running(id) > 0) return false;
         }
         return true;
       };
@@ -676,8 +420,7 @@ absl::Status Coordinator::RunPlan() {
     const absl::Status why = absl::UnavailableError(
         result.ok() ? "no pipeline is serving: no (or too few) workers are up"
                     : absl::StrCat("no pipeline is serving: ", result.message()));
-    for (auto& r : waiting_) r->Finish(why, v1::FINISH_REASON_UNSPECIFIED, -1, absl::Now());
-    waiting_.clear();
+    scheduler_->FailWaiting(why, absl::Now());
   }
   wake_scheduler_ = true;
   return result;
@@ -747,13 +490,14 @@ absl::Status Coordinator::BuildPipeline(int id, uint64_t assignment,
           absl::StrFormat("worker %d went away while pipeline %d was built", w, id));
     }
   }
-  auto p = std::make_unique<Pipeline>(config_.max_slots);
+  auto p = std::make_unique<Pipeline>();
   p->id = id;
   p->assignment = assignment;
   p->workers = workers;
   p->ranges = ranges;
   p->link = std::move(link);
   pipelines_.emplace(id, std::move(p));
+  scheduler_->AddPipeline(id, stages);
   wake_scheduler_ = true;
   spdlog::info("pipeline {} serves with {} stage(s)", id, stages);
   return absl::OkStatus();
@@ -798,15 +542,14 @@ void Coordinator::UpdateGauges() {
   int running = 0;
   std::vector<CoordinatorMetrics::KvUse> kv;
   for (auto& [id, p] : pipelines_) {
-    running += static_cast<int>(p->running.size());
-    // Every stage of a pipeline holds the same slots (the coordinator allocates them).
+    running += scheduler_->running(id);
+    // Every stage of a pipeline holds the same slots (the scheduler allocates them).
     for (size_t s = 0; s < p->workers.size(); ++s) {
-      kv.push_back({id, static_cast<int>(s), config_.max_slots - p->slots.free(),
-                    config_.max_slots});
+      kv.push_back({id, static_cast<int>(s), scheduler_->used_slots(id), config_.max_slots});
     }
   }
   metrics_->running_sequences.Set(running);
-  metrics_->waiting_sequences.Set(static_cast<double>(waiting_.size()));
+  metrics_->waiting_sequences.Set(scheduler_->waiting());
   metrics_->SetKvSlots(kv);
   std::map<std::string, bool> up;
   for (auto& [id, w] : workers_) {
@@ -821,12 +564,12 @@ v1::Topology Coordinator::TopologyLocked() {
   v1::Topology t;
   t.set_stages(wanted_stages_);
   t.set_replicas(wanted_replicas_);
-  t.set_waiting_requests(static_cast<int>(waiting_.size()));
+  t.set_waiting_requests(scheduler_->waiting());
   for (auto& [id, p] : pipelines_) {
     v1::PipelineInfo* pi = t.add_pipelines();
     pi->set_pipeline_id(id);
-    pi->set_running_sequences(static_cast<int>(p->running.size()));
-    pi->set_free_slots(p->slots.free());
+    pi->set_running_sequences(scheduler_->running(id));
+    pi->set_free_slots(scheduler_->free_slots(id));
     for (size_t s = 0; s < p->workers.size(); ++s) {
       v1::StagePlacement* sp = pi->add_stages();
       sp->set_stage(static_cast<int>(s));

@@ -1,0 +1,52 @@
+// A request's progress: filled under its own mutex, waited on by the front end's handler thread.
+#include "coordinator/request_state.h"
+
+#include <utility>
+
+namespace tandem {
+
+RequestState::Snapshot RequestState::Wait(size_t seen, absl::Time until) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return s_.done || s_.tokens.size() > seen;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ready), until);
+  return s_;
+}
+
+void RequestState::Admitted(absl::Time t) {
+  absl::MutexLock lock(&mu_);
+  s_.admitted = t;
+}
+
+void RequestState::Append(int32_t token, absl::Time t, TokenLogprob* logprob) {
+  absl::MutexLock lock(&mu_);
+  if (s_.done) return;
+  if (s_.tokens.empty()) s_.first_token = t;
+  s_.tokens.push_back(token);
+  if (logprob != nullptr) s_.logprobs.push_back(std::move(*logprob));
+}
+
+void RequestState::AppendPromptLogprobs(std::vector<TokenLogprob> logprobs) {
+  absl::MutexLock lock(&mu_);
+  if (s_.done) return;
+  for (TokenLogprob& l : logprobs) s_.prompt_logprobs.push_back(std::move(l));
+}
+
+void RequestState::Finish(absl::Status status, v1::FinishReason finish, int text_limit,
+                          absl::Time t) {
+  absl::MutexLock lock(&mu_);
+  if (s_.done) return;
+  s_.done = true;
+  s_.status = std::move(status);
+  s_.finish = finish;
+  s_.text_limit = text_limit;
+  s_.finished = t;
+}
+
+size_t RequestState::num_tokens() {
+  absl::MutexLock lock(&mu_);
+  return s_.tokens.size();
+}
+
+}  // namespace tandem

@@ -1,0 +1,280 @@
+// Continuous batching (coordinator/scheduler.h): admission, step formation, results, the end.
+#include "coordinator/scheduler.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/metrics.h"
+
+namespace tandem {
+
+Scheduler::Scheduler(SchedulerOptions options, CoordinatorMetrics* metrics)
+    : options_(std::move(options)), metrics_(metrics) {}
+
+// ---------------------------------------------------------------------------------------------
+// Waiting queue and pipelines
+
+absl::Status Scheduler::CheckQueueRoom() const {
+  if (static_cast<int>(waiting_.size()) >= options_.max_waiting) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "the waiting queue is full (%d requests); retry later", options_.max_waiting));
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<RequestState> Scheduler::Enqueue(ValidatedRequest request, absl::Time now) {
+  if (request.request_id.empty()) request.request_id = absl::StrCat("req-", next_seq_id_);
+  auto state = std::make_shared<RequestState>(std::move(request), now);
+  waiting_.push_back(state);
+  return state;
+}
+
+void Scheduler::FailWaiting(const absl::Status& why, absl::Time now) {
+  for (auto& r : waiting_) r->Finish(why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
+  waiting_.clear();
+}
+
+void Scheduler::AddPipeline(int id, int stages) {
+  pipelines_.emplace(std::piecewise_construct, std::forward_as_tuple(id),
+                     std::forward_as_tuple(stages, options_.max_slots));
+}
+
+void Scheduler::RemovePipeline(int id, const absl::Status& why, absl::Time now) {
+  auto it = pipelines_.find(id);
+  if (it == pipelines_.end()) return;
+  const std::vector<uint64_t> running = it->second.running;
+  for (uint64_t seq : running) EndSequence(seq, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
+  pipelines_.erase(it);
+}
+
+void Scheduler::SetDraining(int id) {
+  auto it = pipelines_.find(id);
+  if (it != pipelines_.end()) it->second.draining = true;
+}
+
+bool Scheduler::draining(int id) const {
+  auto it = pipelines_.find(id);
+  return it != pipelines_.end() && it->second.draining;
+}
+
+int Scheduler::running(int id) const {
+  auto it = pipelines_.find(id);
+  return it == pipelines_.end() ? 0 : static_cast<int>(it->second.running.size());
+}
+
+int Scheduler::used_slots(int id) const {
+  auto it = pipelines_.find(id);
+  return it == pipelines_.end() ? 0 : it->second.slots.used();
+}
+
+int Scheduler::free_slots(int id) const {
+  auto it = pipelines_.find(id);
+  return it == pipelines_.end() ? 0 : it->second.slots.free();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Admission and steps
+
+void Scheduler::Admit(absl::Time now) {
+  while (!waiting_.empty()) {
+    std::optional<int> best;
+    for (auto& [id, p] : pipelines_) {
+      if (p.draining || p.slots.free() == 0) continue;
+      if (!best || p.running.size() < pipelines_.at(*best).running.size()) best = id;
+    }
+    if (!best) return;
+    Pipeline& p = pipelines_.at(*best);
+    std::shared_ptr<RequestState> req = std::move(waiting_.front());
+    waiting_.pop_front();
+    auto seq = std::make_unique<Sequence>();
+    seq->id = next_seq_id_++;
+    seq->request = req;
+    seq->pipeline = *best;
+    seq->slot = *p.slots.Allocate();
+    seq->pending = req->request().prompt;
+    const SamplingParams& sp = req->request().sampling;
+    if (sp.repetition_penalty != 1.0f) {
+      for (int32_t t : seq->pending) seq->seen[t].second = true;
+    }
+    p.running.push_back(seq->id);
+    seq_of_request_[req.get()] = seq->id;
+    req->Admitted(now);
+    if (metrics_ != nullptr) {
+      metrics_->queue_time.Observe(absl::ToDoubleSeconds(now - req->arrival()));
+      metrics_->prompt_tokens.Increment(static_cast<double>(req->request().prompt.size()));
+    }
+    seqs_.emplace(seq->id, std::move(seq));
+  }
+}
+
+SequenceStep Scheduler::RowOf(const Sequence& seq, int num_tokens, bool sample) const {
+  const ValidatedRequest& rq = seq.request->request();
+  SequenceStep row;
+  row.slot = seq.slot;
+  row.position = seq.position;
+  row.num_tokens = num_tokens;
+  row.sample = sample;
+  row.sampling = rq.sampling;
+  row.sample_index = static_cast<uint64_t>(seq.generated.size());
+  if (sample && rq.sampling.has_penalties()) {
+    row.seen.reserve(seq.seen.size());
+    for (const auto& [token, seen] : seq.seen) {
+      row.seen.push_back({.id = token, .output_count = seen.first, .in_prompt = seen.second});
+    }
+  }
+  if (sample && rq.logprobs >= 0) row.logprobs = rq.logprobs;
+  // Prompt logprobs score the prompt as it is fed, chunk by chunk, before the first token.
+  if (seq.generated.empty() && rq.prompt_logprobs >= 0) {
+    row.prompt_logprobs = rq.prompt_logprobs;
+    row.next_prompt_token = sample ? -1 : seq.pending[num_tokens];
+  }
+  return row;
+}
+
+std::vector<StepDescriptor> Scheduler::FormSteps(int id) {
+  std::vector<StepDescriptor> out;
+  auto pit = pipelines_.find(id);
+  if (pit == pipelines_.end()) return out;
+  Pipeline& p = pit->second;
+  // At least one micro-batch per stage in flight, so that no stage waits for the others.
+  const int micro = std::max(options_.micro_batches, p.stages);
+  int free = micro - static_cast<int>(p.inflight.size());
+  std::vector<Sequence*> ready;
+  for (uint64_t seq_id : p.running) {
+    Sequence& seq = *seqs_.at(seq_id);
+    if (!seq.in_flight) ready.push_back(&seq);
+  }
+  size_t i = 0;
+  while (free > 0 && i < ready.size()) {
+    const int left = static_cast<int>(ready.size() - i);
+    const int n = std::min(options_.max_batch, (left + free - 1) / free);
+    StepDescriptor step;
+    step.id = p.next_step++;
+    std::vector<StepEntry> entries;
+    for (int k = 0; k < n; ++k) {
+      Sequence& seq = *ready[i++];
+      const int pending = static_cast<int>(seq.pending.size());
+      const int nt = std::min(pending, options_.prefill_chunk);
+      const bool sample = nt == pending;
+      step.seqs.push_back(RowOf(seq, nt, sample));
+      step.tokens.insert(step.tokens.end(), seq.pending.begin(), seq.pending.begin() + nt);
+      seq.in_flight = true;
+      entries.push_back({seq.id, nt, sample});
+    }
+    p.inflight.emplace(step.id, std::move(entries));
+    if (metrics_ != nullptr) metrics_->batch_size.Observe(n);
+    out.push_back(std::move(step));
+    --free;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Results and the end of sequences
+
+absl::Status Scheduler::OnStepResult(int id, uint64_t step_id, std::span<const int32_t> tokens,
+                                     std::span<const SequenceLogprobs> logprobs, absl::Time now) {
+  auto pit = pipelines_.find(id);
+  if (pit == pipelines_.end()) {
+    return absl::InternalError(absl::StrFormat("pipeline %d: no such pipeline", id));
+  }
+  Pipeline& p = pit->second;
+  auto it = p.inflight.find(step_id);
+  if (it == p.inflight.end()) {
+    return absl::InternalError(
+        absl::StrFormat("pipeline %d: result for unknown step %d", id, step_id));
+  }
+  std::vector<StepEntry> entries = std::move(it->second);
+  p.inflight.erase(it);
+  const int sampled = static_cast<int>(
+      std::count_if(entries.begin(), entries.end(), [](const StepEntry& e) { return e.sample; }));
+  if (sampled != static_cast<int>(tokens.size())) {
+    return absl::InternalError(absl::StrFormat("pipeline %d step %d: %d tokens returned, %d expected",
+                                               id, step_id, tokens.size(), sampled));
+  }
+  // The logprobs of entry i, if its sequence asked for any.
+  std::vector<const SequenceLogprobs*> logprobs_of(entries.size(), nullptr);
+  for (const SequenceLogprobs& l : logprobs) {
+    if (l.seq >= 0 && l.seq < static_cast<int>(entries.size())) logprobs_of[l.seq] = &l;
+  }
+  int k = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const StepEntry& e = entries[i];
+    const int32_t token = e.sample ? tokens[k++] : -1;
+    auto sit = seqs_.find(e.seq);
+    if (sit == seqs_.end()) continue;  // cancelled while the step ran
+    Sequence& seq = *sit->second;
+    seq.in_flight = false;
+    seq.position += e.num_tokens;
+    seq.pending.erase(seq.pending.begin(), seq.pending.begin() + e.num_tokens);
+    const SequenceLogprobs* lp = logprobs_of[i];
+    if (lp != nullptr && !lp->prompt.empty()) seq.request->AppendPromptLogprobs(lp->prompt);
+    if (!e.sample) continue;
+    if (token < 0 || token >= options_.vocab_size) {
+      return absl::InternalError(absl::StrFormat(
+          "pipeline %d: sampled token %d outside the vocabulary", id, token));
+    }
+    std::optional<TokenLogprob> logprob;
+    if (lp != nullptr && lp->has_sampled) logprob = lp->sampled;
+    AppendToken(seq, token, logprob ? &*logprob : nullptr, now);
+  }
+  return absl::OkStatus();
+}
+
+void Scheduler::AppendToken(Sequence& seq, int32_t token, TokenLogprob* logprob, absl::Time now) {
+  const ValidatedRequest& r = seq.request->request();
+  seq.generated.push_back(token);
+  if (r.sampling.has_penalties()) ++seq.seen[token].first;
+  seq.request->Append(token, now, logprob);
+  if (metrics_ != nullptr) {
+    metrics_->generated_tokens.Increment();
+    if (seq.generated.size() == 1) {
+      metrics_->time_to_first_token.Observe(absl::ToDoubleSeconds(now - seq.request->arrival()));
+    } else {
+      metrics_->inter_token_latency.Observe(absl::ToDoubleSeconds(now - seq.last_token));
+    }
+    seq.last_token = now;
+  }
+  const StopDecision stop = CheckStop(r, seq.generated, options_.context_length, options_.decode);
+  if (stop.ends()) {
+    EndSequence(seq.id, absl::OkStatus(), stop.finish, stop.text_limit, now);
+  } else {
+    seq.pending.assign(1, token);
+  }
+}
+
+void Scheduler::EndSequence(uint64_t seq_id, absl::Status status, v1::FinishReason finish,
+                            int text_limit, absl::Time now) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return;
+  Sequence& seq = *it->second;
+  auto pit = pipelines_.find(seq.pipeline);
+  if (pit != pipelines_.end()) {
+    pit->second.slots.Free(seq.slot);
+    auto& running = pit->second.running;
+    running.erase(std::remove(running.begin(), running.end(), seq_id), running.end());
+  }
+  seq.request->Finish(std::move(status), finish, text_limit, now);
+  seq_of_request_.erase(seq.request.get());
+  seqs_.erase(it);
+}
+
+void Scheduler::Cancel(const std::shared_ptr<RequestState>& request, const absl::Status& why,
+                       absl::Time now) {
+  auto w = std::find(waiting_.begin(), waiting_.end(), request);
+  if (w != waiting_.end()) {
+    waiting_.erase(w);
+    request->Finish(why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
+    return;
+  }
+  auto it = seq_of_request_.find(request.get());
+  if (it != seq_of_request_.end()) {
+    EndSequence(it->second, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
+  } else {
+    request->Finish(why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,143 @@
+// Continuous batching as a policy without plumbing: the waiting queue, admission into pipelines,
+// KV-slot accounting, micro-batch step formation with chunked prefill, and what a step's result
+// does to its sequences (tokens, logprobs, stop rules, the end). No threads, no locks, no gRPC: the
+// coordinator (coordinator.h) holds it under its mutex, sends the steps it forms and hands it the
+// results; the unit tests drive it directly.
+//
+// A pipeline here is a scheduling target only: an id, its number of stages and its slots. Which
+// workers serve it and the link that carries its steps are the coordinator's.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/step.h"
+#include "coordinator/kv_slots.h"
+#include "coordinator/request_state.h"
+#include "coordinator/request_validation.h"
+#include "coordinator/stop_rules.h"
+
+namespace tandem {
+
+struct CoordinatorMetrics;  // common/metrics.h
+
+struct SchedulerOptions {
+  int max_waiting = 64;     // requests the waiting queue holds before it refuses more
+  int max_slots = 16;       // KV slots (concurrent sequences) per pipeline
+  int max_batch = 16;       // sequences per step
+  int prefill_chunk = 512;  // prompt tokens per sequence per step
+  int micro_batches = 0;    // steps in flight per pipeline; at least one per stage
+  int vocab_size = 0;      // sampled tokens outside [0, vocab_size) fail the pipeline
+  int context_length = 0;  // positions in the KV-cache, for the length rule
+  TextDecoder decode;      // for stop strings; empty: none are matched
+};
+
+class Scheduler {
+ public:
+  // `metrics` (common/metrics.h) may be null: nothing is recorded.
+  explicit Scheduler(SchedulerOptions options, CoordinatorMetrics* metrics = nullptr);
+
+  void set_metrics(CoordinatorMetrics* metrics) { metrics_ = metrics; }
+
+  // Waiting queue. RESOURCE_EXHAUSTED when it is full.
+  absl::Status CheckQueueRoom() const;
+  // Queues `request` (an empty request_id becomes "req-<n>"); no room check (CheckQueueRoom).
+  std::shared_ptr<RequestState> Enqueue(ValidatedRequest request, absl::Time now);
+  // Ends every waiting request with `why`.
+  void FailWaiting(const absl::Status& why, absl::Time now);
+  int waiting() const { return static_cast<int>(waiting_.size()); }
+
+  // Pipelines. A new one takes sequences from the next Admit on.
+  void AddPipeline(int id, int stages);
+  // Ends every sequence running on pipeline `id` with `why` and forgets the pipeline and its
+  // steps in flight; results for them are then refused.
+  void RemovePipeline(int id, const absl::Status& why, absl::Time now);
+  // A draining pipeline admits nothing new; its running sequences go on.
+  void SetDraining(int id);
+  bool draining(int id) const;
+  int running(int id) const;  // sequences admitted into pipeline `id` and not ended
+  int used_slots(int id) const;
+  int free_slots(int id) const;
+
+  // Moves waiting requests, oldest first, into the pipeline with the fewest running sequences
+  // (the lowest id on ties) that is not draining and has a free slot, until none is left.
+  void Admit(absl::Time now);
+
+  // The steps pipeline `id` should run next: micro-batches of the sequences that are not in a
+  // step already, at most max(micro_batches, stages) steps in flight, the ready sequences spread
+  // evenly over the free ones and at most max_batch per step. A sequence feeds its pending
+  // tokens, at most prefill_chunk of them: the prompt in chunks, then one token per decode step,
+  // and samples after its last pending token. Step ids count from 1 per pipeline.
+  std::vector<StepDescriptor> FormSteps(int id);
+
+  // The result of step `step_id` of pipeline `id`: one sampled token per sequence that sampled,
+  // in step order, and the logprobs that were asked for (SequenceLogprobs::seq indexes the
+  // step's rows). Appends the tokens to their requests and applies the stop rules. A sequence
+  // cancelled while its step ran is skipped. INTERNAL naming the pipeline when the step is
+  // unknown, the count of tokens is wrong or a token is outside the vocabulary: the pipeline can
+  // no longer be trusted, and the caller removes it.
+  absl::Status OnStepResult(int id, uint64_t step_id, std::span<const int32_t> tokens,
+                            std::span<const SequenceLogprobs> logprobs, absl::Time now);
+
+  // Ends `request` now with `why`, wherever it is (waiting or running), and frees its KV slot at
+  // once. Reusing the slot while a step that uses it is in flight is safe: every stage runs steps
+  // in issue order, so the old step is done with the slot before a new prefill (position 0)
+  // overwrites it.
+  void Cancel(const std::shared_ptr<RequestState>& request, const absl::Status& why,
+              absl::Time now);
+
+ private:
+  struct Sequence {
+    uint64_t id = 0;
+    std::shared_ptr<RequestState> request;
+    int pipeline = -1;
+    int slot = -1;
+    int position = 0;               // tokens already in the KV-cache
+    std::vector<int32_t> pending;   // tokens to feed: the prompt (rest), then the newest token
+    std::vector<int32_t> generated;
+    // With a penalty set: every distinct token of the sequence the penalties look at (the prompt
+    // only for repetition_penalty) -> {times generated, in the prompt}.
+    absl::flat_hash_map<int32_t, std::pair<int32_t, bool>> seen;
+    bool in_flight = false;
+    absl::Time last_token = absl::InfinitePast();  // for the inter-token latency
+  };
+  // One sequence's row of a step in flight.
+  struct StepEntry {
+    uint64_t seq = 0;
+    int num_tokens = 0;
+    bool sample = false;
+  };
+  struct Pipeline {
+    explicit Pipeline(int stages, int slots) : stages(stages), slots(slots) {}
+    int stages = 1;
+    KvSlotAllocator slots;
+    std::vector<uint64_t> running;  // sequence ids, admission order
+    std::map<uint64_t, std::vector<StepEntry>> inflight;  // by step id
+    uint64_t next_step = 1;
+    bool draining = false;
+  };
+
+  SequenceStep RowOf(const Sequence& seq, int num_tokens, bool sample) const;
+  void AppendToken(Sequence& seq, int32_t token, TokenLogprob* logprob, absl::Time now);
+  void EndSequence(uint64_t seq_id, absl::Status status, v1::FinishReason finish, int text_limit,
+                   absl::Time now);
+
+  const SchedulerOptions options_;
+  CoordinatorMetrics* metrics_;
+  uint64_t next_seq_id_ = 1;
+  std::deque<std::shared_ptr<RequestState>> waiting_;
+  std::map<int, Pipeline> pipelines_;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
+  absl::flat_hash_map<const RequestState*, uint64_t> seq_of_request_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,37 @@
+// When a sequence ends: the rules the scheduler applies after every generated token, in order.
+//   1. min_tokens: while generated <= min_tokens, neither EOS nor a stop token or string ends it.
+//   2. EOS: the token is one of the request's EOS ids -> FINISH_REASON_EOS.
+//   3. stop_token_ids: the token is one of them -> FINISH_REASON_STOP.
+//   4. stop_strings: the decoded generated text contains one -> FINISH_REASON_STOP, the text cut
+//      before the earliest match of any of them (a match may span tokens).
+//   5. length: max_new_tokens generated, or prompt + generated > context_length (the next step
+//      would feed the newest token at position prompt + generated - 1) -> FINISH_REASON_LENGTH.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "coordinator/request_validation.h"
+#include "proto/tandem.pb.h"
+
+namespace tandem {
+
+// Decodes generated token ids to text (the model's tokenizer). Left empty when the model has no
+// tokenizer; stop strings are then never matched (validation refuses them first).
+using TextDecoder = std::function<absl::StatusOr<std::string>(std::span<const int32_t>)>;
+
+struct StopDecision {
+  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;  // UNSPECIFIED: the sequence goes on
+  int text_limit = -1;  // ended by a stop string: bytes of the decoded text to keep
+  bool ends() const { return finish != v1::FINISH_REASON_UNSPECIFIED; }
+};
+
+// Whether `request`'s sequence ends now. `generated`: every token it generated, the newest last
+// (never empty). `context_length`: positions in the KV-cache.
+StopDecision CheckStop(const ValidatedRequest& request, std::span<const int32_t> generated,
+                       int context_length, const TextDecoder& decode);
+
+}  // namespace tandem

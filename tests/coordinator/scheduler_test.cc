@@ -1,0 +1,494 @@
+#include "coordinator/scheduler.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+const absl::Time kNow = absl::UnixEpoch() + absl::Hours(1);
+
+// Ids 1..9 decode to the pieces below (a tokenizer's Decode in miniature).
+TextDecoder TableDecoder() {
+  static const std::map<int32_t, std::string> kText = {{1, "Hello"}, {2, " wor"}, {3, "ld"},
+                                                       {4, " E"},    {5, "ND"},   {6, "!"}};
+  return [](std::span<const int32_t> ids) -> absl::StatusOr<std::string> {
+    std::string out;
+    for (int32_t id : ids) {
+      auto it = kText.find(id);
+      out += it == kText.end() ? "?" : it->second;
+    }
+    return out;
+  };
+}
+
+SchedulerOptions Options() {
+  SchedulerOptions o;
+  o.max_waiting = 8;
+  o.max_slots = 4;
+  o.max_batch = 16;
+  o.prefill_chunk = 512;
+  o.micro_batches = 1;
+  o.vocab_size = 100;
+  o.context_length = 1000;
+  o.decode = TableDecoder();
+  return o;
+}
+
+ValidatedRequest Request(std::vector<int32_t> prompt, int max_new_tokens = 50) {
+  ValidatedRequest r;
+  r.prompt = std::move(prompt);
+  r.max_new_tokens = max_new_tokens;
+  return r;
+}
+
+RequestState::Snapshot Peek(const std::shared_ptr<RequestState>& r) {
+  return r->Wait(0, absl::InfinitePast());
+}
+
+// The one step pipeline `id` forms next; an empty one (which no result fits) when there is none.
+StepDescriptor NextStep(Scheduler& s, int id) {
+  std::vector<StepDescriptor> steps = s.FormSteps(id);
+  EXPECT_EQ(steps.size(), 1u);
+  return steps.empty() ? StepDescriptor{} : std::move(steps[0]);
+}
+
+// Runs step `step` of pipeline `id` with every sampling row drawing `token`.
+absl::Status Answer(Scheduler& s, int id, const StepDescriptor& step, int32_t token) {
+  std::vector<int32_t> tokens;
+  for (const SequenceStep& row : step.seqs) {
+    if (row.sample) tokens.push_back(token);
+  }
+  return s.OnStepResult(id, step.id, tokens, {}, kNow);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Step formation
+
+TEST(Scheduler, FormsOneStepPerStageWithTheReadySequencesSpreadEvenly) {
+  SchedulerOptions o = Options();
+  o.max_slots = 8;
+  Scheduler s(o);
+  s.AddPipeline(0, /*stages=*/2);
+  for (int i = 0; i < 5; ++i) s.Enqueue(Request({10 + i, 20 + i}), kNow);
+  s.Admit(kNow);
+  const std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 2u);  // two stages: two micro-batches in flight
+  EXPECT_EQ(steps[0].id, 1u);
+  EXPECT_EQ(steps[1].id, 2u);
+  ASSERT_EQ(steps[0].seqs.size(), 3u);  // ceil(5 / 2)
+  ASSERT_EQ(steps[1].seqs.size(), 2u);
+  EXPECT_THAT(steps[0].tokens, ElementsAre(10, 20, 11, 21, 12, 22));
+  EXPECT_THAT(steps[1].tokens, ElementsAre(13, 23, 14, 24));
+  for (const SequenceStep& row : steps[0].seqs) {
+    EXPECT_EQ(row.position, 0);
+    EXPECT_EQ(row.num_tokens, 2);
+    EXPECT_TRUE(row.sample);
+  }
+  EXPECT_THAT(s.FormSteps(0), IsEmpty());  // every sequence is in a step already
+}
+
+TEST(Scheduler, CapsAStepAtMaxBatch) {
+  SchedulerOptions o = Options();
+  o.max_batch = 2;
+  o.max_slots = 8;
+  o.micro_batches = 3;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  for (int i = 0; i < 7; ++i) s.Enqueue(Request({1}), kNow);
+  s.Admit(kNow);
+  // 7 ready over 3 free micro-batches would be 3 + 2 + 2; max_batch makes it 2 + 2 + 2.
+  const std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 3u);
+  for (const StepDescriptor& step : steps) EXPECT_EQ(step.seqs.size(), 2u);
+  EXPECT_THAT(s.FormSteps(0), IsEmpty());  // three steps in flight: no room for the seventh
+  ASSERT_TRUE(Answer(s, 0, steps[1], 7).ok());
+  const std::vector<StepDescriptor> next = s.FormSteps(0);
+  ASSERT_EQ(next.size(), 1u);
+  ASSERT_EQ(next[0].seqs.size(), 2u);  // two of the three ready ones
+  EXPECT_EQ(next[0].id, 4u);
+}
+
+TEST(Scheduler, DecodeStepsFeedTheNewestTokenAtTheNextPosition) {
+  Scheduler s(Options());
+  s.AddPipeline(0, 1);
+  ValidatedRequest r = Request({1, 2, 3});
+  r.sampling.temperature = 0.5f;
+  r.sampling.seed = 42;
+  s.Enqueue(r, kNow);
+  s.Admit(kNow);
+  std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].seqs[0].sample_index, 0u);
+  ASSERT_TRUE(Answer(s, 0, steps[0], 7).ok());
+  steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 1u);
+  const SequenceStep& row = steps[0].seqs[0];
+  EXPECT_EQ(row.position, 3);
+  EXPECT_EQ(row.num_tokens, 1);
+  EXPECT_TRUE(row.sample);
+  EXPECT_EQ(row.sample_index, 1u);
+  EXPECT_EQ(row.sampling.temperature, 0.5f);
+  EXPECT_EQ(row.sampling.seed, 42u);
+  EXPECT_THAT(steps[0].tokens, ElementsAre(7));
+  EXPECT_EQ(steps[0].id, 2u);
+}
+
+TEST(Scheduler, SendsSeenTokensOnlyWithAPenaltyAndOnlyOnSamplingRows) {
+  SchedulerOptions o = Options();
+  o.prefill_chunk = 2;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  ValidatedRequest r = Request({4, 5, 4});
+  r.sampling.repetition_penalty = 1.5f;
+  s.Enqueue(r, kNow);
+  s.Enqueue(Request({4, 5, 4}), kNow);
+  s.Admit(kNow);
+  std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_THAT(steps[0].seqs[0].seen, IsEmpty());  // a prompt chunk samples nothing
+  ASSERT_TRUE(Answer(s, 0, steps[0], 0).ok());
+  steps = s.FormSteps(0);
+  ASSERT_TRUE(Answer(s, 0, steps[0], 5).ok());  // prompt done: token 5 sampled
+  steps = s.FormSteps(0);
+  std::map<int32_t, std::pair<int32_t, bool>> seen;
+  for (const SeenToken& t : steps[0].seqs[0].seen) seen[t.id] = {t.output_count, t.in_prompt};
+  EXPECT_EQ(seen, (std::map<int32_t, std::pair<int32_t, bool>>{{4, {0, true}}, {5, {1, true}}}));
+  EXPECT_THAT(steps[0].seqs[1].seen, IsEmpty());  // no penalty
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chunked prefill
+
+TEST(Scheduler, FeedsALongPromptInChunksAndSamplesAfterTheLast) {
+  SchedulerOptions o = Options();
+  o.prefill_chunk = 4;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  s.Enqueue(Request({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}), kNow);
+  s.Admit(kNow);
+  const std::vector<std::vector<int32_t>> want_tokens = {{1, 2, 3, 4}, {5, 6, 7, 8}, {9, 10}};
+  for (int chunk = 0; chunk < 3; ++chunk) {
+    const std::vector<StepDescriptor> steps = s.FormSteps(0);
+    ASSERT_EQ(steps.size(), 1u) << chunk;
+    const SequenceStep& row = steps[0].seqs[0];
+    EXPECT_EQ(row.position, 4 * chunk);
+    EXPECT_EQ(row.num_tokens, chunk < 2 ? 4 : 2);
+    EXPECT_EQ(row.sample, chunk == 2);
+    EXPECT_EQ(steps[0].tokens, want_tokens[chunk]);
+    ASSERT_TRUE(Answer(s, 0, steps[0], 6).ok());
+  }
+  const std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].seqs[0].position, 10);
+  EXPECT_EQ(steps[0].seqs[0].num_tokens, 1);
+}
+
+TEST(Scheduler, ScoresPromptLogprobsChunkByChunkWithTheNextPromptToken) {
+  SchedulerOptions o = Options();
+  o.prefill_chunk = 3;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  ValidatedRequest r = Request({11, 12, 13, 14, 15});
+  r.prompt_logprobs = 2;
+  r.logprobs = 1;
+  s.Enqueue(r, kNow);
+  s.Admit(kNow);
+  std::vector<StepDescriptor> steps = s.FormSteps(0);
+  EXPECT_EQ(steps[0].seqs[0].prompt_logprobs, 2);
+  EXPECT_EQ(steps[0].seqs[0].next_prompt_token, 14);  // the first token of the next chunk
+  EXPECT_EQ(steps[0].seqs[0].logprobs, -1);           // nothing sampled in this chunk
+  ASSERT_TRUE(Answer(s, 0, steps[0], 0).ok());
+  steps = s.FormSteps(0);
+  EXPECT_EQ(steps[0].seqs[0].prompt_logprobs, 2);
+  EXPECT_EQ(steps[0].seqs[0].next_prompt_token, -1);
+  EXPECT_EQ(steps[0].seqs[0].logprobs, 1);
+  ASSERT_TRUE(Answer(s, 0, steps[0], 6).ok());
+  steps = s.FormSteps(0);
+  EXPECT_EQ(steps[0].seqs[0].prompt_logprobs, -1);  // the prompt is scored
+}
+
+// ---------------------------------------------------------------------------------------------
+// Results, logprobs and stop rules
+
+TEST(Scheduler, AppendsTokensAndLogprobsToTheRequest) {
+  Scheduler s(Options());
+  s.AddPipeline(0, 1);
+  ValidatedRequest r = Request({1, 2}, 2);
+  r.logprobs = 0;
+  r.prompt_logprobs = 0;
+  std::shared_ptr<RequestState> req = s.Enqueue(r, kNow);
+  s.Admit(kNow);
+  std::vector<StepDescriptor> steps = s.FormSteps(0);
+  std::vector<SequenceLogprobs> lp(1);
+  lp[0].seq = 0;
+  lp[0].has_sampled = true;
+  lp[0].sampled = {.token = 8, .logprob = -0.5f, .top = {}};
+  lp[0].prompt = {{.token = 2, .logprob = -1.5f, .top = {}}};
+  ASSERT_TRUE(s.OnStepResult(0, steps[0].id, std::vector<int32_t>{8}, lp, kNow).ok());
+  steps = s.FormSteps(0);
+  ASSERT_TRUE(Answer(s, 0, steps[0], 9).ok());
+  const RequestState::Snapshot snap = Peek(req);
+  EXPECT_THAT(snap.tokens, ElementsAre(8, 9));
+  ASSERT_EQ(snap.logprobs.size(), 1u);  // the second result carried none
+  EXPECT_EQ(snap.logprobs[0].logprob, -0.5f);
+  ASSERT_EQ(snap.prompt_logprobs.size(), 1u);
+  EXPECT_EQ(snap.prompt_logprobs[0].token, 2);
+  EXPECT_TRUE(snap.done);
+  EXPECT_EQ(snap.finish, v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(snap.admitted, kNow);
+}
+
+TEST(Scheduler, EndsOnAnyOfSeveralEosIdsAndFreesTheSlot) {
+  Scheduler s(Options());
+  s.AddPipeline(0, 1);
+  ValidatedRequest r = Request({1});
+  r.eos_token_id = 50;
+  r.eos_token_ids = {50, 51};
+  std::shared_ptr<RequestState> req = s.Enqueue(r, kNow);
+  s.Admit(kNow);
+  std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_TRUE(Answer(s, 0, steps[0], 7).ok());
+  EXPECT_FALSE(Peek(req).done);
+  steps = s.FormSteps(0);
+  ASSERT_TRUE(Answer(s, 0, steps[0], 51).ok());  // the second EOS id
+  const RequestState::Snapshot snap = Peek(req);
+  EXPECT_TRUE(snap.done);
+  EXPECT_TRUE(snap.status.ok());
+  EXPECT_EQ(snap.finish, v1::FINISH_REASON_EOS);
+  EXPECT_THAT(snap.tokens, ElementsAre(7, 51));
+  EXPECT_EQ(s.running(0), 0);
+  EXPECT_EQ(s.used_slots(0), 0);
+  EXPECT_THAT(s.FormSteps(0), IsEmpty());
+}
+
+TEST(Scheduler, EndsOnAStopTokenId) {
+  Scheduler s(Options());
+  s.AddPipeline(0, 1);
+  ValidatedRequest r = Request({1});
+  r.stop_token_ids = {30, 31};
+  std::shared_ptr<RequestState> req = s.Enqueue(r, kNow);
+  s.Admit(kNow);
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 31).ok());
+  EXPECT_EQ(Peek(req).finish, v1::FINISH_REASON_STOP);
+  EXPECT_EQ(Peek(req).text_limit, -1);
+}
+
+TEST(Scheduler, EndsAtTheEarliestOfSeveralStopStringsWithTheTextCut) {
+  Scheduler s(Options());
+  s.AddPipeline(0, 1);
+  ValidatedRequest r = Request({1});
+  r.stop_strings = {"lo w", "or"};  // both in "Hello wor"; "lo w" starts first
+  std::shared_ptr<RequestState> req = s.Enqueue(r, kNow);
+  s.Admit(kNow);
+  for (int32_t token : {1, 2}) ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), token).ok());
+  const RequestState::Snapshot snap = Peek(req);
+  EXPECT_TRUE(snap.done);
+  EXPECT_EQ(snap.finish, v1::FINISH_REASON_STOP);
+  EXPECT_EQ(snap.text_limit, 3);  // "Hel"
+}
+
+TEST(Scheduler, EndsOnAStopStringSplitAcrossTokens) {
+  Scheduler s(Options());
+  s.AddPipeline(0, 1);
+  ValidatedRequest r = Request({1});
+  r.stop_strings = {"END"};
+  std::shared_ptr<RequestState> req = s.Enqueue(r, kNow);
+  s.Admit(kNow);
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 1).ok());  // "Hello"
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 4).ok());  // "Hello E"
+  EXPECT_FALSE(Peek(req).done);
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 5).ok());  // "Hello END"
+  const RequestState::Snapshot snap = Peek(req);
+  EXPECT_TRUE(snap.done);
+  EXPECT_EQ(snap.finish, v1::FINISH_REASON_STOP);
+  EXPECT_EQ(snap.text_limit, 6);
+}
+
+TEST(Scheduler, MinTokensKeepsASequenceGoingPastEos) {
+  Scheduler s(Options());
+  s.AddPipeline(0, 1);
+  ValidatedRequest r = Request({1});
+  r.eos_token_ids = {50};
+  r.min_tokens = 2;
+  std::shared_ptr<RequestState> req = s.Enqueue(r, kNow);
+  s.Admit(kNow);
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 50).ok());
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 50).ok());
+  EXPECT_FALSE(Peek(req).done);
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 50).ok());
+  EXPECT_EQ(Peek(req).finish, v1::FINISH_REASON_EOS);
+  EXPECT_EQ(Peek(req).tokens.size(), 3u);
+}
+
+TEST(Scheduler, EndsWithLengthAtMaxNewTokens) {
+  Scheduler s(Options());
+  s.AddPipeline(0, 1);
+  std::shared_ptr<RequestState> req = s.Enqueue(Request({1}, 3), kNow);
+  s.Admit(kNow);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 7).ok());
+  EXPECT_EQ(Peek(req).finish, v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(Peek(req).tokens.size(), 3u);
+  EXPECT_THAT(s.FormSteps(0), IsEmpty());
+}
+
+TEST(Scheduler, RefusesResultsThatDoNotFitTheStepNamingThePipeline) {
+  Scheduler s(Options());
+  s.AddPipeline(3, 1);
+  s.Enqueue(Request({1}), kNow);
+  s.Enqueue(Request({1}), kNow);
+  s.Admit(kNow);
+  const std::vector<StepDescriptor> steps = s.FormSteps(3);
+  const absl::Status unknown = s.OnStepResult(3, 99, std::vector<int32_t>{1, 1}, {}, kNow);
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(unknown.message(), HasSubstr("pipeline 3: result for unknown step 99"));
+  const absl::Status count = s.OnStepResult(3, steps[0].id, std::vector<int32_t>{1}, {}, kNow);
+  EXPECT_EQ(count.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(count.message(), HasSubstr("1 tokens returned, 2 expected"));
+}
+
+TEST(Scheduler, RefusesASampledTokenOutsideTheVocabulary) {
+  Scheduler s(Options());
+  s.AddPipeline(0, 1);
+  s.Enqueue(Request({1}), kNow);
+  s.Admit(kNow);
+  const absl::Status st = Answer(s, 0, NextStep(s, 0), 100);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(st.message(), HasSubstr("sampled token 100 outside the vocabulary"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cancellation
+
+TEST(Scheduler, CancelsAWaitingRequestBeforeItIsAdmitted) {
+  Scheduler s(Options());
+  std::shared_ptr<RequestState> req = s.Enqueue(Request({1}), kNow);
+  s.Cancel(req, absl::CancelledError("client left"), kNow);
+  EXPECT_EQ(s.waiting(), 0);
+  EXPECT_EQ(Peek(req).status.code(), absl::StatusCode::kCancelled);
+  s.AddPipeline(0, 1);
+  s.Admit(kNow);
+  EXPECT_EQ(s.running(0), 0);
+}
+
+TEST(Scheduler, CancelFreesTheSlotAtOnceAndTheStepInFlightSkipsTheSequence) {
+  SchedulerOptions o = Options();
+  o.max_slots = 2;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  std::shared_ptr<RequestState> a = s.Enqueue(Request({1}), kNow);
+  std::shared_ptr<RequestState> b = s.Enqueue(Request({2}), kNow);
+  std::shared_ptr<RequestState> c = s.Enqueue(Request({3}), kNow);
+  s.Admit(kNow);
+  EXPECT_EQ(s.waiting(), 1);
+  const std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps[0].seqs.size(), 2u);
+  s.Cancel(a, absl::DeadlineExceededError("deadline"), kNow);
+  EXPECT_EQ(Peek(a).status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(s.free_slots(0), 1);
+  s.Admit(kNow);  // c takes a's slot while a's step is still in flight
+  EXPECT_EQ(s.waiting(), 0);
+  // The step's result still carries a token for a; b gets its own.
+  ASSERT_TRUE(s.OnStepResult(0, steps[0].id, std::vector<int32_t>{8, 9}, {}, kNow).ok());
+  EXPECT_THAT(Peek(a).tokens, IsEmpty());
+  EXPECT_THAT(Peek(b).tokens, ElementsAre(9));
+  const std::vector<StepDescriptor> next = s.FormSteps(0);
+  ASSERT_EQ(next[0].seqs.size(), 2u);
+  EXPECT_EQ(next[0].seqs[0].slot, 1);  // b
+  EXPECT_EQ(next[0].seqs[1].slot, 0);  // c, in a's old slot, from position 0
+  EXPECT_EQ(next[0].seqs[1].position, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Admission and slot accounting
+
+TEST(Scheduler, AdmitsOnlyWhileSlotsAreFreeAndReusesTheFreedOne) {
+  SchedulerOptions o = Options();
+  o.max_slots = 2;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  std::vector<std::shared_ptr<RequestState>> reqs;
+  for (int i = 0; i < 3; ++i) reqs.push_back(s.Enqueue(Request({1}, i == 0 ? 1 : 9), kNow));
+  s.Admit(kNow);
+  EXPECT_EQ(s.running(0), 2);
+  EXPECT_EQ(s.used_slots(0), 2);
+  EXPECT_EQ(s.free_slots(0), 0);
+  EXPECT_EQ(s.waiting(), 1);
+  EXPECT_EQ(Peek(reqs[2]).admitted, absl::InfinitePast());
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 7).ok());  // the first is done after one token
+  EXPECT_EQ(s.used_slots(0), 1);
+  s.Admit(kNow);
+  EXPECT_EQ(s.waiting(), 0);
+  EXPECT_EQ(s.used_slots(0), 2);
+  const std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps[0].seqs.size(), 2u);
+  EXPECT_EQ(steps[0].seqs[1].slot, 0);  // the third request in the first's slot
+}
+
+TEST(Scheduler, AdmitsIntoTheLeastBusyPipelineAndNeverADrainingOne) {
+  Scheduler s(Options());
+  s.AddPipeline(0, 1);
+  s.AddPipeline(1, 1);
+  s.AddPipeline(2, 1);
+  s.SetDraining(2);
+  for (int i = 0; i < 5; ++i) s.Enqueue(Request({1}), kNow);
+  s.Admit(kNow);
+  EXPECT_EQ(s.running(0), 3);  // 0, 1, 0, 1, 0: the lower id on ties
+  EXPECT_EQ(s.running(1), 2);
+  EXPECT_EQ(s.running(2), 0);
+  EXPECT_TRUE(s.draining(2));
+}
+
+TEST(Scheduler, RefusesToQueuePastMaxWaiting) {
+  SchedulerOptions o = Options();
+  o.max_waiting = 2;
+  Scheduler s(o);
+  EXPECT_TRUE(s.CheckQueueRoom().ok());
+  s.Enqueue(Request({1}), kNow);
+  s.Enqueue(Request({1}), kNow);
+  const absl::Status full = s.CheckQueueRoom();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.message(), HasSubstr("waiting queue is full (2 requests)"));
+}
+
+TEST(Scheduler, NamesRequestsWithoutAnId) {
+  Scheduler s(Options());
+  ValidatedRequest named = Request({1});
+  named.request_id = "mine";
+  EXPECT_EQ(s.Enqueue(named, kNow)->request().request_id, "mine");
+  EXPECT_EQ(s.Enqueue(Request({1}), kNow)->request().request_id, "req-1");
+}
+
+TEST(Scheduler, RemovingAPipelineFailsItsSequencesAndForgetsItsSteps) {
+  Scheduler s(Options());
+  s.AddPipeline(0, 1);
+  std::shared_ptr<RequestState> req = s.Enqueue(Request({1}), kNow);
+  s.Admit(kNow);
+  const std::vector<StepDescriptor> steps = s.FormSteps(0);
+  s.RemovePipeline(0, absl::UnavailableError("worker 1 is down"), kNow);
+  EXPECT_EQ(Peek(req).status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(s.running(0), 0);
+  EXPECT_EQ(Answer(s, 0, steps[0], 7).code(), absl::StatusCode::kInternal);
+}
+
+TEST(Scheduler, FailWaitingEndsEveryQueuedRequest) {
+  Scheduler s(Options());
+  std::shared_ptr<RequestState> a = s.Enqueue(Request({1}), kNow);
+  std::shared_ptr<RequestState> b = s.Enqueue(Request({1}), kNow);
+  s.FailWaiting(absl::UnavailableError("shutting down"), kNow);
+  EXPECT_EQ(s.waiting(), 0);
+  EXPECT_EQ(Peek(a).status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Peek(b).status.code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace tandem
