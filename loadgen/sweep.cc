@@ -221,6 +221,188 @@ absl::Status ValidateSweepOptions(const SweepOptions& o) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Every prompt + output length pair fits the model's context.
+absl::Status CheckLengthsFit(const SweepOptions& o, const ServedModel& info) {
+  for (int p : o.prompt_lens) {
+    for (int g : o.output_lens) {
+      if (p + g > info.context_length) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "--prompt_lens/--output_lens: %d + %d exceeds the model's context of %d", p, g,
+            info.context_length));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One configuration's place in the sweep, for its requests and its progress line.
+struct Point {
+  int index = 0;  // 1-based, in sweep order
+  std::string label;
+};
+
+// The requests of one run: what each returned and which pooled prompt it sent.
+struct LoadRun {
+  std::vector<RequestRecord> records;
+  std::vector<int> prompt_ids;
+  double wall_s = 0;  // first request sent to last answer
+};
+
+// Sends `count` requests of configuration `c`: closed loop, c.batch clients each sending its next
+// request when the last is answered; open loop, Poisson arrivals at c.rate requests per second.
+LoadRun DriveLoad(LoadClient& client, const SweepOptions& o, const ConfigResult& c,
+                  const Point& point, int vocab_size, int count, Progress* progress) {
+  LoadRun run;
+  run.records.assign(count, {});
+  run.prompt_ids.assign(count, 0);
+  std::atomic<int> next{0}, done{0};
+  auto one = [&](int i) {
+    const int pid = i % o.prompt_pool;
+    run.prompt_ids[i] = pid;
+    run.records[i] =
+        client.Generate(MakePrompt(o.seed, pid, c.prompt_len, vocab_size), c.output_len);
+    done.fetch_add(1);
+  };
+  std::vector<std::thread> threads;
+  const auto t0 = Clock::now();
+  if (o.mode == "closed") {
+    for (int k = 0; k < std::min(c.batch, count); ++k) {
+      threads.emplace_back([&] {
+        for (int i = next.fetch_add(1); i < count; i = next.fetch_add(1)) one(i);
+      });
+    }
+  } else {
+    // Poisson arrivals: exponential gaps at `rate` requests per second.
+    std::mt19937_64 rng(o.seed + point.index);
+    std::exponential_distribution<double> gap(c.rate);
+    double at = 0;
+    for (int i = 0; i < count; ++i) {
+      std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(at)));
+      threads.emplace_back(one, i);
+      at += gap(rng);
+    }
+  }
+  while (progress != nullptr && done.load() < count) {
+    progress->Show(absl::StrFormat("%s: %d/%d requests, %.1f s", point.label, done.load(), count,
+                                   Since(t0, Clock::now())));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  for (auto& t : threads) t.join();
+  run.wall_s = Since(t0, Clock::now());
+  return run;
+}
+
+// Outputs of the first node count, by (prompt_len, output_len, prompt index): the reference every
+// other node count's greedy outputs must equal.
+using Baseline = std::map<std::tuple<int, int, int>, std::string>;
+
+// Token counts, rates, latency percentiles, errors and the correctness check of a measured run.
+// The first node count's outputs become the baseline.
+void SummarizeRequests(const LoadRun& run, const SweepOptions& o, const Point& point,
+                       Baseline& baseline, ConfigResult& c) {
+  std::vector<double> ttft, itl, e2e;
+  std::set<std::string> error_kinds;  // a few distinct messages, so failures say why
+  for (size_t i = 0; i < run.records.size(); ++i) {
+    const RequestRecord& r = run.records[i];
+    if (!r.ok) {
+      ++c.errors;
+      if (error_kinds.size() < 3) error_kinds.insert(r.error);
+      continue;
+    }
+    c.tokens += r.num_tokens;
+    ttft.push_back(r.ttft);
+    e2e.push_back(r.e2e);
+    itl.insert(itl.end(), r.gaps.begin(), r.gaps.end());
+    const auto key = std::make_tuple(c.prompt_len, c.output_len, run.prompt_ids[i]);
+    auto it = baseline.find(key);
+    if (it == baseline.end()) {
+      if (c.nodes == o.nodes.front()) baseline.emplace(key, r.output);
+    } else if (it->second != r.output) {
+      ++c.mismatches;
+    }
+  }
+  for (const std::string& e : error_kinds) {
+    std::fprintf(stderr, "%s: %d of %d requests failed, e.g.: %s\n", point.label.c_str(),
+                 c.errors, c.requests, e.c_str());
+  }
+  c.correct = c.mismatches == 0 && c.errors == 0;
+  c.tokens_per_s = c.wall_s > 0 ? c.tokens / c.wall_s : 0;
+  c.requests_per_s = c.wall_s > 0 ? (c.requests - c.errors) / c.wall_s : 0;
+  c.ttft_p50 = Percentile(ttft, 50);
+  c.ttft_p90 = Percentile(ttft, 90);
+  c.ttft_p99 = Percentile(ttft, 99);
+  c.itl_p50 = Percentile(itl, 50);
+  c.itl_p90 = Percentile(itl, 90);
+  c.itl_p99 = Percentile(itl, 99);
+  c.e2e_p50 = Percentile(e2e, 50);
+  c.e2e_p90 = Percentile(e2e, 90);
+  c.e2e_p99 = Percentile(e2e, 99);
+}
+
+// GPU energy, power and peak memory, and each stage's compute and transfer time and bytes, from
+// the workers' /metrics scraped before and after a measured run (and polled during it).
+void AddResourceUse(const std::vector<std::vector<MetricSample>>& before_each,
+                    const std::vector<std::vector<MetricSample>>& after_each,
+                    double peak_memory_bytes, ConfigResult& c) {
+  const std::optional<double> energy = GpuEnergyOfActiveWorkers(before_each, after_each);
+  c.has_gpu = energy.has_value();
+  c.energy_j = energy.value_or(0);
+  if (c.has_gpu && c.wall_s > 0) c.power_w = c.energy_j / c.wall_s;
+  if (c.energy_j > 0) c.tokens_per_joule = c.tokens / c.energy_j;
+  c.peak_gpu_memory_bytes = peak_memory_bytes;
+  const std::map<int, StageShare> s0 = Shares(Flatten(before_each)),
+                                  s1 = Shares(Flatten(after_each));
+  for (const auto& [stage, sh] : s1) {
+    StageShare d = sh;
+    if (auto it = s0.find(stage); it != s0.end()) {
+      d.compute_s -= it->second.compute_s;
+      d.transfer_s -= it->second.transfer_s;
+      d.bytes -= it->second.bytes;
+    }
+    // Only the stages this topology has (a worker keeps its old stage's series).
+    if (stage < c.stages && d.compute_s > 0) c.stage_share[stage] = d;
+  }
+}
+
+// One configuration on the current topology: warm-up at the same load (not measured), then the
+// measured requests between two scrapes of the workers.
+ConfigResult MeasureConfig(LoadClient& client, const SweepOptions& o, const ServedModel& info,
+                           ConfigResult c, const Point& point, Progress& progress,
+                           Baseline& baseline) {
+  if (o.warmup > 0) {
+    progress.Show(absl::StrCat(point.label, ": warm-up"));
+    DriveLoad(client, o, c, point, info.vocab_size, o.warmup, nullptr);
+  }
+  const std::vector<std::vector<MetricSample>> before_each = ScrapeEach(o.worker_metrics);
+  Poller poller(o.worker_metrics);
+  const LoadRun run = DriveLoad(client, o, c, point, info.vocab_size, c.requests, &progress);
+  poller.Stop();
+  const std::vector<std::vector<MetricSample>> after_each = ScrapeEach(o.worker_metrics);
+  c.wall_s = run.wall_s;
+  SummarizeRequests(run, o, point, baseline, c);
+  AddResourceUse(before_each, after_each, poller.peak_memory(), c);
+  return c;
+}
+
+// Speedup and efficiency of every configuration against the first node count's at the same load
+// and lengths.
+void AddScaling(const SweepOptions& o, std::vector<ConfigResult>& configs) {
+  for (ConfigResult& c : configs) {
+    for (const ConfigResult& b : configs) {
+      if (b.nodes == o.nodes.front() && b.batch == c.batch && b.rate == c.rate &&
+          b.prompt_len == c.prompt_len && b.output_len == c.output_len && b.tokens_per_s > 0) {
+        c.speedup = c.tokens_per_s / b.tokens_per_s;
+        c.efficiency = c.speedup / (static_cast<double>(c.nodes) / b.nodes);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
   if (absl::Status s = ValidateSweepOptions(o); !s.ok()) return s;
   std::unique_ptr<LoadClient> client =
@@ -230,20 +412,11 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
           : NewGrpcClient(o.coordinator, o.request_timeout_s, o.inference_auth, o.admin_auth);
   absl::StatusOr<ServedModel> info = client->Info();
   if (!info.ok()) return info.status();
-  for (int p : o.prompt_lens) {
-    for (int g : o.output_lens) {
-      if (p + g > info->context_length) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "--prompt_lens/--output_lens: %d + %d exceeds the model's context of %d", p, g,
-            info->context_length));
-      }
-    }
-  }
+  if (absl::Status s = CheckLengthsFit(o, *info); !s.ok()) return s;
   SweepResult result;
   result.options = o;
   Progress progress(o.progress);
-  // Reference outputs of the first node count, by (prompt_len, output_len, prompt index).
-  std::map<std::tuple<int, int, int>, std::string> baseline;
+  Baseline baseline;
   const std::vector<double> loads =
       o.mode == "closed" ? std::vector<double>(o.batch.begin(), o.batch.end()) : o.rates;
   const int total = static_cast<int>(o.nodes.size() * loads.size() * o.prompt_lens.size() *
@@ -256,7 +429,6 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
     for (int prompt_len : o.prompt_lens) {
       for (int output_len : o.output_lens) {
         for (double load : loads) {
-          ++index;
           ConfigResult c;
           c.nodes = nodes;
           c.stages = stages;
@@ -266,122 +438,14 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
           if (o.mode == "open") c.rate = load;
           c.prompt_len = prompt_len;
           c.output_len = output_len;
-          c.requests = o.requests * (o.weak_scaling ? nodes / o.nodes.front() : 1);
-          c.requests = std::max(c.requests, 1);
-          const std::string label = absl::StrFormat(
-              "[%d/%d] nodes=%d %s=%g prompt=%d output=%d", index, total, nodes,
-              o.mode == "closed" ? "batch" : "rate", load, prompt_len, output_len);
-          const int concurrency = o.mode == "closed" ? c.batch : 0;
-
-          // Warm-up: the same load, not measured.
-          auto run = [&](int count, std::vector<RequestRecord>& records,
-                         std::vector<int>& prompt_ids, bool show) {
-            records.assign(count, {});
-            prompt_ids.assign(count, 0);
-            std::atomic<int> next{0}, done{0};
-            auto one = [&](int i) {
-              const int pid = i % o.prompt_pool;
-              prompt_ids[i] = pid;
-              records[i] = client->Generate(
-                  MakePrompt(o.seed, pid, prompt_len, info->vocab_size), output_len);
-              done.fetch_add(1);
-            };
-            std::vector<std::thread> threads;
-            const auto t0 = Clock::now();
-            if (o.mode == "closed") {
-              for (int k = 0; k < std::min(concurrency, count); ++k) {
-                threads.emplace_back([&] {
-                  for (int i = next.fetch_add(1); i < count; i = next.fetch_add(1)) one(i);
-                });
-              }
-            } else {
-              // Poisson arrivals: exponential gaps at `load` requests per second.
-              std::mt19937_64 rng(o.seed + index);
-              std::exponential_distribution<double> gap(load);
-              double at = 0;
-              for (int i = 0; i < count; ++i) {
-                std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(
-                                                       std::chrono::duration<double>(at)));
-                threads.emplace_back(one, i);
-                at += gap(rng);
-              }
-            }
-            while (show && done.load() < count) {
-              progress.Show(absl::StrFormat("%s: %d/%d requests, %.1f s", label, done.load(),
-                                            count, Since(t0, Clock::now())));
-              std::this_thread::sleep_for(std::chrono::milliseconds(100));
-            }
-            for (auto& t : threads) t.join();
-            return Since(t0, Clock::now());
-          };
-          std::vector<RequestRecord> records;
-          std::vector<int> prompt_ids;
-          if (o.warmup > 0) {
-            progress.Show(absl::StrCat(label, ": warm-up"));
-            run(o.warmup, records, prompt_ids, false);
-          }
-          const std::vector<std::vector<MetricSample>> before_each = ScrapeEach(o.worker_metrics);
-          Poller poller(o.worker_metrics);
-          c.wall_s = run(c.requests, records, prompt_ids, true);
-          poller.Stop();
-          const std::vector<std::vector<MetricSample>> after_each = ScrapeEach(o.worker_metrics);
-          const std::vector<MetricSample> before = Flatten(before_each),
-                                          after = Flatten(after_each);
-
-          std::vector<double> ttft, itl, e2e;
-          std::set<std::string> error_kinds;  // a few distinct messages, so failures say why
-          for (size_t i = 0; i < records.size(); ++i) {
-            const RequestRecord& r = records[i];
-            if (!r.ok) {
-              ++c.errors;
-              if (error_kinds.size() < 3) error_kinds.insert(r.error);
-              continue;
-            }
-            c.tokens += r.num_tokens;
-            ttft.push_back(r.ttft);
-            e2e.push_back(r.e2e);
-            itl.insert(itl.end(), r.gaps.begin(), r.gaps.end());
-            const auto key = std::make_tuple(prompt_len, output_len, prompt_ids[i]);
-            auto it = baseline.find(key);
-            if (it == baseline.end()) {
-              if (nodes == o.nodes.front()) baseline.emplace(key, r.output);
-            } else if (it->second != r.output) {
-              ++c.mismatches;
-            }
-          }
-          for (const std::string& e : error_kinds) {
-            std::fprintf(stderr, "%s: %d of %d requests failed, e.g.: %s\n", label.c_str(),
-                         c.errors, c.requests, e.c_str());
-          }
-          c.correct = c.mismatches == 0 && c.errors == 0;
-          c.tokens_per_s = c.wall_s > 0 ? c.tokens / c.wall_s : 0;
-          c.requests_per_s = c.wall_s > 0 ? (c.requests - c.errors) / c.wall_s : 0;
-          c.ttft_p50 = Percentile(ttft, 50);
-          c.ttft_p90 = Percentile(ttft, 90);
-          c.ttft_p99 = Percentile(ttft, 99);
-          c.itl_p50 = Percentile(itl, 50);
-          c.itl_p90 = Percentile(itl, 90);
-          c.itl_p99 = Percentile(itl, 99);
-          c.e2e_p50 = Percentile(e2e, 50);
-          c.e2e_p90 = Percentile(e2e, 90);
-          c.e2e_p99 = Percentile(e2e, 99);
-          const std::optional<double> energy = GpuEnergyOfActiveWorkers(before_each, after_each);
-          c.has_gpu = energy.has_value();
-          c.energy_j = energy.value_or(0);
-          if (c.has_gpu && c.wall_s > 0) c.power_w = c.energy_j / c.wall_s;
-          if (c.energy_j > 0) c.tokens_per_joule = c.tokens / c.energy_j;
-          c.peak_gpu_memory_bytes = poller.peak_memory();
-          const std::map<int, StageShare> s0 = Shares(before), s1 = Shares(after);
-          for (const auto& [stage, sh] : s1) {
-            StageShare d = sh;
-            if (auto it = s0.find(stage); it != s0.end()) {
-              d.compute_s -= it->second.compute_s;
-              d.transfer_s -= it->second.transfer_s;
-              d.bytes -= it->second.bytes;
-            }
-            // Only the stages this topology has (a worker keeps its old stage's series).
-            if (stage < stages && d.compute_s > 0) c.stage_share[stage] = d;
-          }
+          c.requests = std::max(o.requests * (o.weak_scaling ? nodes / o.nodes.front() : 1), 1);
+          ++index;
+          const Point point{
+              .index = index,
+              .label = absl::StrFormat("[%d/%d] nodes=%d %s=%g prompt=%d output=%d", index, total,
+                                       nodes, o.mode == "closed" ? "batch" : "rate", load,
+                                       prompt_len, output_len)};
+          c = MeasureConfig(*client, o, *info, std::move(c), point, progress, baseline);
           result.all_correct &= c.correct;
           result.configs.push_back(std::move(c));
         }
@@ -389,16 +453,7 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
     }
   }
   progress.Done();
-  // Speedup and efficiency against the first node count at the same load and lengths.
-  for (ConfigResult& c : result.configs) {
-    for (const ConfigResult& b : result.configs) {
-      if (b.nodes == o.nodes.front() && b.batch == c.batch && b.rate == c.rate &&
-          b.prompt_len == c.prompt_len && b.output_len == c.output_len && b.tokens_per_s > 0) {
-        c.speedup = c.tokens_per_s / b.tokens_per_s;
-        c.efficiency = c.speedup / (static_cast<double>(c.nodes) / b.nodes);
-      }
-    }
-  }
+  AddScaling(o, result.configs);
   return result;
 }
 
