@@ -329,7 +329,7 @@ TEST_F(KeysTest, TheWorkerLoadsOnlyUnderItsModelRoot) {
 }
 
 // --------------------------------------------------------------------------------------------
-// Mutual TLS between the cluster's members; clients trust the CA.
+// Mutual TLS between the cluster's members (and the cluster secret); clients trust the CA.
 
 class TlsTest : public SecurityTest {
  protected:
@@ -343,10 +343,16 @@ class TlsTest : public SecurityTest {
     pki_ = *pki;
     rogue_ = *rogue;
     const ClientAuth client = Auth(TrustOnly(pki_.ca), "");
+    // Two stages: the first sends its activations to the second over StageLink, through TLS
+    // with the cluster secret.
+    std::vector<std::string> flags = TlsFlags(pki_);
+    flags.push_back(absl::StrCat("--cluster_secret=", kSecret));
     absl::StatusOr<std::unique_ptr<Cluster>> c =
         Cluster::Start({.model_dir = ModelDir(),
-                        .coordinator_flags = TlsFlags(pki_),
-                        .worker_flags = TlsFlags(pki_),
+                        .workers = 2,
+                        .stages = 2,
+                        .coordinator_flags = flags,
+                        .worker_flags = flags,
                         .inference_auth = client,
                         .admin_auth = client});
     ASSERT_TRUE(c.ok()) << c.status();
@@ -362,7 +368,10 @@ class TlsTest : public SecurityTest {
   std::unique_ptr<Cluster> cluster_;
 };
 
-TEST_F(TlsTest, ServesOverTls) { EXPECT_TRUE(Generate(cluster_->channel()).ok()); }
+TEST_F(TlsTest, ServesATwoStagePipelineOverTls) {
+  grpc::Status s = Generate(cluster_->channel());
+  EXPECT_TRUE(s.ok()) << s.error_message() << cluster_->Logs();
+}
 
 TEST_F(TlsTest, AClientThatTrustsAnotherCaIsRefused) {
   grpc::Status s =
@@ -376,19 +385,21 @@ TEST_F(TlsTest, APlaintextClientIsRefused) {
 }
 
 TEST_F(TlsTest, RegistryNeedsACertificateTheClusterCaSigned) {
-  // No client certificate: TLS connects (clients of Inference have none), Registry refuses.
+  // The secret but no client certificate: TLS connects (clients of Inference have none),
+  // Registry refuses.
   grpc::Status none =
-      Register(MakeChannel(cluster_->address(), Auth(TrustOnly(pki_.ca), "")),
+      Register(MakeChannel(cluster_->address(), Auth(TrustOnly(pki_.ca), kSecret)),
                "127.0.0.1:1");
   EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED) << none.error_message();
   EXPECT_THAT(none.error_message(), HasSubstr("certificate"));
   // A certificate of another CA: the handshake fails.
   grpc::Status rogue =
-      Register(MakeChannel(cluster_->address(), Auth(Member(rogue_, pki_.ca), "")), "127.0.0.1:1");
+      Register(MakeChannel(cluster_->address(), Auth(Member(rogue_, pki_.ca), kSecret)),
+               "127.0.0.1:1");
   EXPECT_EQ(rogue.error_code(), grpc::StatusCode::UNAVAILABLE) << rogue.error_message();
   v1::ListWorkersResponse workers;
   ASSERT_TRUE(cluster_->admin().ListWorkers(Ctx().get(), {}, &workers).ok());
-  EXPECT_EQ(workers.workers_size(), 1);
+  EXPECT_EQ(workers.workers_size(), 2);
 }
 
 TEST_F(TlsTest, TheWorkerAcceptsOnlyCertificatesTheClusterCaSigned) {
@@ -401,7 +412,7 @@ TEST_F(TlsTest, TheWorkerAcceptsOnlyCertificatesTheClusterCaSigned) {
   v1::AssignStageRequest bad;
   bad.set_num_stages(0);
   v1::AssignStageResponse resp;
-  auto member_channel = MakeChannel(WorkerAddress(), Auth(Member(pki_, pki_.ca), ""));
+  auto member_channel = MakeChannel(WorkerAddress(), Auth(Member(pki_, pki_.ca), kSecret));
   grpc::Status member = v1::Worker::NewStub(member_channel)->AssignStage(Ctx().get(), bad, &resp);
   EXPECT_EQ(member.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << member.error_message();
   EXPECT_TRUE(Generate(cluster_->channel()).ok());
