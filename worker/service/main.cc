@@ -127,6 +127,8 @@ int main(int argc, char** argv) {
       if (absl::Status st = nccl->UseStream(*stream); !st.ok()) return st;
       return tandem::SetStreamWatch(stage, [nccl] { return nccl->Watch(); });
     };
+    // With the link on the stage's stream, decode steps send their output from the device.
+    link_options.set_decode_tail = tandem::SetDecodeTail;
     link_options.make_nccl_id = [] { return tandem::MakeNcclUniqueId(); };
     link_options.join_nccl = [options, recv_timeout = absl::GetFlag(FLAGS_recv_timeout_s)](
                                  const tandem::NcclJoin& j)

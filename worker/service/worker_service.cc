@@ -194,14 +194,27 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
   a->num_stages = req->num_stages();
   a->engine = *std::move(stage);
   inbox_.Reset(a->id);
+  StepRunnerOptions run;
+  run.stage = a->stage;
+  run.num_stages = a->num_stages;
   if (nccl != nullptr) {
     a->transport = std::move(nccl);
-    a->host_link = false;
+    run.host_link = false;
+    if (link_.bind_nccl) run.set_decode_tail = link_.set_decode_tail;
   } else {
     a->transport = std::make_unique<GrpcTransport>(a->stage > 0 ? &inbox_ : nullptr, a->id,
                                                    req->next_address(), recv_timeout_,
                                                    link_.peer_auth);
+    run.to_host = link_.to_host;
   }
+  absl::StatusOr<std::unique_ptr<StepRunner>> runner =
+      StepRunner::Create(*a->engine, a->transport.get(), std::move(run));
+  if (!runner.ok()) {
+    spdlog::error("assignment {}: {}", req->assignment_id(), runner.status().ToString());
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        std::string(runner.status().message()));
+  }
+  a->runner = *std::move(runner);
   {
     absl::MutexLock lock(&mu_);
     current_ = a;
@@ -217,54 +230,26 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
 v1::StepResult WorkerService::RunStep(Assignment& a, const v1::StepRequest& req,
                                       const std::function<bool()>& cancelled) {
   const StepDescriptor d = ToDescriptor(req);
-  Activations in;
-  const absl::Time t0 = absl::Now();
-  if (a.stage > 0) {
-    // Posted before the step is queued: over NCCL the step then starts on the device as soon as
-    // its input is there, without a round trip through this host.
-    int64_t rows = 0;
-    for (const SequenceStep& s : d.seqs) rows += s.num_tokens;
-    absl::StatusOr<Activations> got = a.transport->PostRecv(d.id, rows, cancelled);
-    if (!got.ok()) return ErrorResult(d.id, got.status());
-    in = *std::move(got);
-  }
-  absl::Time arrived = absl::Now();  // of the input, where it was received before the step
-  absl::StatusOr<StepOutput> out = a.engine->Step(d, in);
-  if (in.arrival) {
-    const absl::StatusOr<absl::Time> t = in.arrival();  // the stage asked already; remembered
-    if (!t.ok()) return ErrorResult(d.id, t.status());
-    arrived = *t;
-  }
-  if (!out.ok()) return ErrorResult(d.id, out.status());
+  absl::StatusOr<StepRun> run = a.runner->Run(d, cancelled);
+  if (!run.ok()) return ErrorResult(d.id, run.status());
   if (metrics_ != nullptr) {
-    if (a.stage > 0) {
-      metrics_->ObserveTransfer(a.stage, "recv", absl::ToDoubleSeconds(arrived - t0),
-                                static_cast<double>(in.nbytes()));
+    const StepTimes& t = run->times;
+    if (!a.runner->first()) {
+      metrics_->ObserveTransfer(a.stage, "recv", absl::ToDoubleSeconds(t.recv),
+                                static_cast<double>(t.recv_bytes));
     }
-    metrics_->ObserveCompute(a.stage, absl::ToDoubleSeconds(absl::Now() - arrived));
+    metrics_->ObserveCompute(a.stage, absl::ToDoubleSeconds(t.compute));
     metrics_->CountStep(a.stage);
+    if (!a.runner->last()) {
+      metrics_->ObserveTransfer(a.stage, "send", absl::ToDoubleSeconds(t.send),
+                                static_cast<double>(t.send_bytes));
+    }
   }
   v1::StepResult r;
   r.set_step_id(d.id);
-  if (a.stage + 1 < a.num_stages) {
-    const absl::Time t1 = absl::Now();
-    if (a.host_link && out->hidden.where == Where::kDevice) {
-      if (!link_.to_host) {
-        return ErrorResult(d.id, absl::InternalError(
-                                     "device activations, but no device-to-host copy is set up"));
-      }
-      absl::StatusOr<Activations> host = link_.to_host(out->hidden);
-      if (!host.ok()) return ErrorResult(d.id, host.status());
-      out->hidden = *std::move(host);
-    }
-    if (absl::Status s = a.transport->Send(d.id, out->hidden); !s.ok()) return ErrorResult(d.id, s);
-    if (metrics_ != nullptr) {
-      metrics_->ObserveTransfer(a.stage, "send", absl::ToDoubleSeconds(absl::Now() - t1),
-                                static_cast<double>(out->hidden.nbytes()));
-    }
-  } else {
-    r.mutable_tokens()->Assign(out->tokens.begin(), out->tokens.end());
-    for (const SequenceLogprobs& l : out->logprobs) {
+  if (a.runner->last()) {
+    r.mutable_tokens()->Assign(run->tokens.begin(), run->tokens.end());
+    for (const SequenceLogprobs& l : run->output.logprobs) {
       v1::SequenceLogprobs* m = r.add_logprobs();
       m->set_seq(l.seq);
       if (l.has_sampled) ToProto(l.sampled, *m->mutable_sampled());

@@ -1,6 +1,7 @@
 // The tandem-worker daemon's Worker service: it loads the stage the coordinator assigns and runs
-// the coordinator's step descriptors, strictly in their order, passing activations on through the
-// transport. Also the registrar, which registers with the coordinator and keeps the heartbeat.
+// the coordinator's step descriptors, strictly in their order, through the stage's StepRunner
+// (step_runner.h), which passes activations on through the transport. Also the registrar, which
+// registers with the coordinator and keeps the heartbeat.
 //
 // Threads (named): gRPC handler threads (AssignStage, Steps readers, StageLink receivers);
 // "steps": one executor per open Steps stream, the only thread that runs the stage;
@@ -19,6 +20,7 @@
 #include "common/security/credentials.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem.grpc.pb.h"
+#include "worker/service/step_runner.h"
 #include "worker/stage.h"
 #include "worker/transport/grpc_transport.h"
 
@@ -52,6 +54,10 @@ struct LinkOptions {
   // first and destroyed first): main.cc puts the transport's work on the stage's stream and has
   // the stage's waits watch the transport's sends. Empty: nothing.
   std::function<absl::Status(Stage&, ActivationTransport&)> bind_nccl;
+  // With an NCCL link bound to the stage's stream: installs the stage's decode tail, so that
+  // decode steps send their output from the device (StepRunnerOptions::set_decode_tail). Empty:
+  // every send once the host has seen the step finish.
+  std::function<absl::Status(Stage&, DecodeSend)> set_decode_tail;
   // How the gRPC link reaches the next stage's StageLink: TLS and the cluster secret.
   ClientAuth peer_auth;
 };
@@ -84,7 +90,7 @@ class WorkerService final : public v1::Worker::Service {
     int num_stages = 1;
     std::unique_ptr<Stage> engine;
     std::unique_ptr<ActivationTransport> transport;
-    bool host_link = true;  // the transport carries host activations only (gRPC)
+    std::unique_ptr<StepRunner> runner;  // over engine and transport; destroyed first
     // Serializes the executors of streams that overlap during a hand-over.
     absl::Mutex run_mu;
   };

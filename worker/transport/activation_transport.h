@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/stage.h"
@@ -28,6 +29,29 @@ class ActivationTransport {
                                                const std::function<bool()>& cancelled) {
     (void)rows;
     return Recv(step_id, cancelled);
+  }
+
+  // A pipeline without a coordinator in between (tandem-pipeline-bench): the last stage returns
+  // a step's sampled tokens to the first over the same link. By default UNIMPLEMENTED.
+  virtual absl::Status SendTokens(uint64_t step_id, const std::vector<int32_t>& tokens) {
+    (void)step_id;
+    (void)tokens;
+    return absl::UnimplementedError("this transport returns no tokens to the first stage");
+  }
+  // The same from device memory (`count` tokens), queued behind the work that writes them.
+  virtual absl::Status SendDeviceTokens(uint64_t step_id, const int32_t* device_tokens,
+                                        int64_t count) {
+    (void)step_id;
+    (void)device_tokens;
+    (void)count;
+    return absl::UnimplementedError("this transport sends no tokens from device memory");
+  }
+  // The first stage: step `step_id`'s tokens from the last stage; CANCELLED once `cancelled()`.
+  virtual absl::StatusOr<std::vector<int32_t>> RecvTokens(uint64_t step_id,
+                                                          const std::function<bool()>& cancelled) {
+    (void)step_id;
+    (void)cancelled;
+    return absl::UnimplementedError("this transport returns no tokens to the first stage");
   }
 };
 

@@ -104,13 +104,14 @@ class NcclTransport : public ActivationTransport {
 
   // A pipeline without a coordinator in between (benchmarks, tests): the last rank returns the
   // sampled tokens of a step to the first rank. At most max_rows tokens.
-  absl::Status SendTokens(uint64_t step_id, const std::vector<int32_t>& tokens);
+  absl::Status SendTokens(uint64_t step_id, const std::vector<int32_t>& tokens) override;
   // The same from device memory (a stage's sampled tokens), copied on the device: at once
   // usable from a DecodeTail (worker/cuda/cuda_stage.h) when the transport shares the stage's
   // stream; otherwise the tokens' writes must be complete.
-  absl::Status SendDeviceTokens(uint64_t step_id, const int32_t* device_tokens, int64_t count);
+  absl::Status SendDeviceTokens(uint64_t step_id, const int32_t* device_tokens,
+                                int64_t count) override;
   absl::StatusOr<std::vector<int32_t>> RecvTokens(uint64_t step_id,
-                                                  const std::function<bool()>& cancelled);
+                                                  const std::function<bool()>& cancelled) override;
 
   // Moves every later copy and NCCL operation onto `stream` (a cudaStream_t of the options'
   // device, which must outlive the transport), as NcclTransportOptions::stream does for a

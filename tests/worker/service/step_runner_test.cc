@@ -1,0 +1,362 @@
+// StepRunner over a scripted stage and transport that log every call: the order of receive, step
+// and send on each kind of stage, posted against waited receives, tokens back to the first stage,
+// sends from inside the step (device sends), and how cancellations and errors end a step.
+#include "worker/service/step_runner.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+ModelConfig TinyConfig() {
+  ModelConfig c;
+  c.hidden_size = 4;
+  return c;
+}
+
+Activations HostRows(int64_t rows, Where where = Where::kHost) {
+  Activations a;
+  a.rows = rows;
+  a.cols = 4;
+  a.dtype = DType::kF32;
+  a.where = where;
+  a.data = std::make_shared<std::vector<float>>(rows * 4, 1.0f);
+  return a;
+}
+
+// A stage that logs its steps, returns `rows` device or host rows, or tokens 100 + i for each
+// sampled sequence; with a tail installed, calls it from inside Step as the CUDA stage does for
+// decode steps.
+class FakeStage final : public Stage {
+ public:
+  explicit FakeStage(std::vector<std::string>& log) : log_(log) {}
+  absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) override {
+    log_.push_back(absl::StrCat("step ", step.id, " in ", in.rows));
+    if (in.arrival) {
+      absl::StatusOr<absl::Time> t = in.arrival();
+      if (!t.ok()) return t.status();
+    }
+    if (!fail.ok()) return fail;
+    StepOutput out;
+    int64_t rows = 0;
+    for (const SequenceStep& s : step.seqs) rows += s.num_tokens;
+    if (head) {
+      for (size_t i = 0; i < step.seqs.size(); ++i) {
+        if (step.seqs[i].sample) out.tokens.push_back(static_cast<int32_t>(100 + i));
+      }
+    } else {
+      out.hidden = HostRows(rows, output_where);
+    }
+    if (tail) {
+      static const int32_t kDeviceTokens[4] = {100, 101, 102, 103};
+      if (absl::Status st = tail(step, out.hidden, head ? kDeviceTokens : nullptr); !st.ok()) {
+        return st;
+      }
+    }
+    return out;
+  }
+  const ModelConfig& config() const override { return config_; }
+
+  bool head = false;
+  Where output_where = Where::kHost;
+  absl::Status fail;
+  DecodeSend tail;
+
+ private:
+  std::vector<std::string>& log_;
+  ModelConfig config_ = TinyConfig();
+};
+
+class FakeTransport final : public ActivationTransport {
+ public:
+  explicit FakeTransport(std::vector<std::string>& log) : log_(log) {}
+  absl::Status Send(uint64_t step_id, const Activations& a) override {
+    log_.push_back(absl::StrCat("send ", step_id, " rows ", a.rows,
+                                a.where == Where::kHost ? " host" : " device"));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Activations> Recv(uint64_t step_id,
+                                   const std::function<bool()>& cancelled) override {
+    log_.push_back(absl::StrCat("recv ", step_id));
+    if (cancelled()) return absl::CancelledError("recv cancelled");
+    return HostRows(rows_on_recv);
+  }
+  absl::StatusOr<Activations> PostRecv(uint64_t step_id, int64_t rows,
+                                       const std::function<bool()>& cancelled) override {
+    log_.push_back(absl::StrCat("post ", step_id, " rows ", rows));
+    if (cancelled()) return absl::CancelledError("post cancelled");
+    Activations a = HostRows(rows);
+    a.arrival = [this, step_id]() -> absl::StatusOr<absl::Time> {
+      log_.push_back(absl::StrCat("arrival ", step_id));
+      if (!arrival_error.ok()) return arrival_error;
+      return absl::Now();
+    };
+    return a;
+  }
+  absl::Status SendTokens(uint64_t step_id, const std::vector<int32_t>& tokens) override {
+    log_.push_back(absl::StrCat("send tokens ", step_id, " n ", tokens.size()));
+    return absl::OkStatus();
+  }
+  absl::Status SendDeviceTokens(uint64_t step_id, const int32_t*, int64_t count) override {
+    log_.push_back(absl::StrCat("send device tokens ", step_id, " n ", count));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<int32_t>> RecvTokens(uint64_t step_id,
+                                                  const std::function<bool()>&) override {
+    log_.push_back(absl::StrCat("recv tokens ", step_id));
+    return std::vector<int32_t>{7, 8};
+  }
+
+  int64_t rows_on_recv = 2;
+  absl::Status arrival_error;
+
+ private:
+  std::vector<std::string>& log_;
+};
+
+StepDescriptor Decode(uint64_t id, int seqs, bool sample = true) {
+  StepDescriptor d;
+  d.id = id;
+  for (int i = 0; i < seqs; ++i) {
+    SequenceStep s;
+    s.slot = i;
+    s.sample = sample;
+    d.seqs.push_back(s);
+  }
+  d.tokens.assign(seqs, 1);
+  return d;
+}
+
+const std::function<bool()> kNever = [] { return false; };
+
+StepRunnerOptions Opt(int stage, int num_stages,
+                      const std::function<void(StepRunnerOptions&)>& more = nullptr) {
+  StepRunnerOptions o;
+  o.stage = stage;
+  o.num_stages = num_stages;
+  if (more) more(o);
+  return o;
+}
+
+// The stage's tail setter, as the CUDA stage's SetDecodeTail.
+std::function<absl::Status(Stage&, DecodeSend)> TailSetter() {
+  return [](Stage& s, DecodeSend f) {
+    static_cast<FakeStage&>(s).tail = std::move(f);
+    return absl::OkStatus();
+  };
+}
+
+class StepRunnerTest : public ::testing::Test {
+ protected:
+  std::vector<std::string> log;
+  FakeStage stage{log};
+  FakeTransport transport{log};
+};
+
+TEST_F(StepRunnerTest, MiddleStagePostsTheReceiveStepsThenSends) {
+  auto runner = StepRunner::Create(stage, &transport, Opt(1, 3));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  StepDescriptor d = Decode(7, 3);
+  d.seqs[1].num_tokens = 4;  // a prompt chunk among decodes: 6 rows in all
+  absl::StatusOr<StepRun> run = (*runner)->Run(d, kNever);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_THAT(log, ElementsAre("post 7 rows 6", "step 7 in 6", "arrival 7", "arrival 7",
+                               "send 7 rows 6 host"));
+  EXPECT_TRUE(run->tokens.empty());
+  EXPECT_EQ(run->times.recv_bytes, 6 * 4 * 4);
+  EXPECT_EQ(run->times.send_bytes, 6 * 4 * 4);
+}
+
+TEST_F(StepRunnerTest, WaitsForTheInputWhenReceivesAreNotPosted) {
+  transport.rows_on_recv = 2;
+  auto runner = StepRunner::Create(stage, &transport,
+                                   Opt(1, 2, [&](StepRunnerOptions& o) { o.post_recv = false; }));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  stage.head = true;
+  absl::StatusOr<StepRun> run = (*runner)->Run(Decode(3, 2), kNever);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_THAT(log, ElementsAre("recv 3", "step 3 in 2"));
+  EXPECT_THAT(run->tokens, ElementsAre(100, 101));
+}
+
+TEST_F(StepRunnerTest, StepsRunInTheOrderGiven) {
+  auto runner = StepRunner::Create(stage, &transport, Opt(1, 3));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  for (uint64_t id : {4, 5, 6}) ASSERT_TRUE((*runner)->Run(Decode(id, 1), kNever).ok());
+  std::vector<std::string> steps;
+  for (const std::string& l : log) {
+    if (l.rfind("post", 0) == 0 || l.rfind("send", 0) == 0) steps.push_back(l);
+  }
+  EXPECT_THAT(steps, ElementsAre("post 4 rows 1", "send 4 rows 1 host", "post 5 rows 1",
+                                 "send 5 rows 1 host", "post 6 rows 1", "send 6 rows 1 host"));
+}
+
+TEST_F(StepRunnerTest, FirstStageReadsNoInput) {
+  auto runner = StepRunner::Create(stage, &transport, Opt(0, 2));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  ASSERT_TRUE((*runner)->Run(Decode(1, 2), kNever).ok());
+  EXPECT_THAT(log, ElementsAre("step 1 in 0", "send 1 rows 2 host"));
+}
+
+TEST_F(StepRunnerTest, LastStageReturnsItsTokensAndSendsNothing) {
+  stage.head = true;
+  StepDescriptor d = Decode(2, 3);
+  d.seqs[1].sample = false;
+  auto runner = StepRunner::Create(stage, &transport, Opt(1, 2));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  absl::StatusOr<StepRun> run = (*runner)->Run(d, kNever);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_THAT(run->tokens, ElementsAre(100, 102));
+  for (const std::string& l : log) EXPECT_THAT(l, ::testing::Not(HasSubstr("send")));
+}
+
+TEST_F(StepRunnerTest, TokensGoBackToTheFirstStageWithoutACoordinator) {
+  stage.head = true;
+  auto last = StepRunner::Create(
+      stage, &transport, Opt(1, 2, [&](StepRunnerOptions& o) { o.tokens_to_first = true; }));
+  ASSERT_TRUE(last.ok()) << last.status();
+  absl::StatusOr<StepRun> run = (*last)->Run(Decode(9, 2), kNever);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(run->tokens.empty());
+  EXPECT_EQ(log.back(), "send tokens 9 n 2");
+
+  log.clear();
+  stage.head = false;
+  auto first = StepRunner::Create(
+      stage, &transport, Opt(0, 2, [&](StepRunnerOptions& o) { o.tokens_to_first = true; }));
+  ASSERT_TRUE(first.ok()) << first.status();
+  run = (*first)->Run(Decode(9, 2), kNever);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_THAT(log, ElementsAre("step 9 in 0", "send 9 rows 2 host", "recv tokens 9"));
+  EXPECT_THAT(run->tokens, ElementsAre(7, 8));
+}
+
+TEST_F(StepRunnerTest, DeviceSendsLeaveTheStepFromInsideIt) {
+  stage.output_where = Where::kDevice;
+  {
+    auto runner = StepRunner::Create(stage, &transport, Opt(0, 2, [&](StepRunnerOptions& o) {
+                                       o.host_link = false;
+                                       o.set_decode_tail = TailSetter();
+                                     }));
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    EXPECT_TRUE((*runner)->device_sends());
+    absl::StatusOr<StepRun> run = (*runner)->Run(Decode(1, 2), kNever);
+    ASSERT_TRUE(run.ok()) << run.status();
+    // Sent once, from the tail, before Step returned.
+    EXPECT_THAT(log, ElementsAre("step 1 in 0", "send 1 rows 2 device"));
+    EXPECT_EQ(run->times.send_bytes, 0);
+    EXPECT_TRUE(static_cast<bool>(stage.tail));
+  }
+  EXPECT_FALSE(static_cast<bool>(stage.tail)) << "the runner's destructor clears the tail";
+}
+
+TEST_F(StepRunnerTest, LastStageSendsSampledTokensFromTheDeviceOnlyWhenEverySequenceSamples) {
+  stage.head = true;
+  auto runner = StepRunner::Create(stage, &transport, Opt(1, 2, [&](StepRunnerOptions& o) {
+                                     o.tokens_to_first = true;
+                                     o.host_link = false;
+                                     o.set_decode_tail = TailSetter();
+                                   }));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  ASSERT_TRUE((*runner)->Run(Decode(1, 3), kNever).ok());
+  EXPECT_THAT(log, ElementsAre("post 1 rows 3", "step 1 in 3", "arrival 1",
+                               "send device tokens 1 n 3", "arrival 1"));
+  log.clear();
+  // A sequence that does not sample: the host sends the sampled ones after the step.
+  StepDescriptor d = Decode(2, 3);
+  d.seqs[0].sample = false;
+  ASSERT_TRUE((*runner)->Run(d, kNever).ok());
+  EXPECT_THAT(log, ElementsAre("post 2 rows 3", "step 2 in 3", "arrival 2", "arrival 2",
+                               "send tokens 2 n 2"));
+}
+
+TEST_F(StepRunnerTest, LastStageWithACoordinatorInstallsNoTail) {
+  stage.head = true;
+  auto runner = StepRunner::Create(stage, &transport, Opt(1, 2, [&](StepRunnerOptions& o) {
+                                     o.host_link = false;
+                                     o.set_decode_tail = TailSetter();
+                                   }));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  EXPECT_FALSE((*runner)->device_sends());
+  EXPECT_FALSE(static_cast<bool>(stage.tail));
+}
+
+TEST_F(StepRunnerTest, ACancelledReceiveRunsNoStepAndTheNextStepRuns) {
+  bool cancel = true;
+  auto runner = StepRunner::Create(stage, &transport, Opt(1, 3));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  absl::StatusOr<StepRun> run = (*runner)->Run(Decode(1, 1), [&] { return cancel; });
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(log, ElementsAre("post 1 rows 1"));
+  cancel = false;
+  ASSERT_TRUE((*runner)->Run(Decode(2, 1), [&] { return cancel; }).ok());
+  EXPECT_EQ(log.back(), "send 2 rows 1 host");
+}
+
+TEST_F(StepRunnerTest, AnInputThatNeverArrivesFailsTheStepWithTheTransportsError) {
+  transport.arrival_error = absl::DeadlineExceededError("stage 0 silent for 60 s");
+  auto runner = StepRunner::Create(stage, &transport, Opt(1, 3));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  absl::StatusOr<StepRun> run = (*runner)->Run(Decode(1, 1), kNever);
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(run.status().message()), HasSubstr("silent"));
+  for (const std::string& l : log) EXPECT_THAT(l, ::testing::Not(HasSubstr("send")));
+}
+
+TEST_F(StepRunnerTest, AFailedStepSendsNothing) {
+  stage.fail = absl::InvalidArgumentError("slot 9 of 8");
+  auto runner = StepRunner::Create(stage, &transport, Opt(0, 2));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  absl::StatusOr<StepRun> run = (*runner)->Run(Decode(1, 1), kNever);
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(log, ElementsAre("step 1 in 0"));
+}
+
+TEST_F(StepRunnerTest, HostLinkCopiesDeviceOutputToTheHostFirst) {
+  stage.output_where = Where::kDevice;
+  int copies = 0;
+  auto runner = StepRunner::Create(stage, &transport, Opt(0, 2, [&](StepRunnerOptions& o) {
+                                     o.to_host = [&](const Activations& a) {
+                                       ++copies;
+                                       Activations h = a;
+                                       h.where = Where::kHost;
+                                       return absl::StatusOr<Activations>(h);
+                                     };
+                                   }));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  ASSERT_TRUE((*runner)->Run(Decode(1, 2), kNever).ok());
+  EXPECT_EQ(copies, 1);
+  EXPECT_EQ(log.back(), "send 1 rows 2 host");
+
+  auto bare = StepRunner::Create(stage, &transport, Opt(0, 2));
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  absl::StatusOr<StepRun> run = (*bare)->Run(Decode(2, 2), kNever);
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(run.status().message()), HasSubstr("device-to-host"));
+}
+
+TEST_F(StepRunnerTest, OptionsThatDescribeNoStageAreRefused) {
+  EXPECT_EQ(StepRunner::Create(stage, &transport, Opt(2, 2)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StepRunner::Create(stage, &transport, Opt(-1, 2)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::Status no_transport = StepRunner::Create(stage, nullptr, Opt(0, 2)).status();
+  EXPECT_THAT(std::string(no_transport.message()), HasSubstr("no transport"));
+  absl::Status host_tail =
+      StepRunner::Create(stage, &transport,
+                         Opt(0, 2, [&](StepRunnerOptions& o) { o.set_decode_tail = TailSetter(); }))
+          .status();
+  EXPECT_THAT(std::string(host_tail.message()), HasSubstr("device sends"));
+  EXPECT_TRUE(StepRunner::Create(stage, nullptr, Opt(0, 1)).ok());
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,119 @@
+// StepRunner: receive, step, send, in the order every stage of a pipeline shares.
+#include "worker/service/step_runner.h"
+
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace tandem {
+
+absl::StatusOr<std::unique_ptr<StepRunner>> StepRunner::Create(Stage& stage,
+                                                               ActivationTransport* transport,
+                                                               StepRunnerOptions options) {
+  if (options.num_stages < 1 || options.stage < 0 || options.stage >= options.num_stages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step runner: stage ", options.stage, " of ", options.num_stages));
+  }
+  if (options.num_stages > 1 && transport == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("step runner: stage ", options.stage, " of ",
+                                                   options.num_stages, " has no transport"));
+  }
+  if (options.host_link && options.set_decode_tail) {
+    return absl::InvalidArgumentError(
+        "step runner: device sends need a transport of device activations (not a host link)");
+  }
+  if (options.num_stages == 1) options.tokens_to_first = false;
+  // The last stage of a pipeline with a coordinator has nothing to send from the device.
+  if (options.stage + 1 == options.num_stages && !options.tokens_to_first) {
+    options.set_decode_tail = nullptr;
+  }
+  std::unique_ptr<StepRunner> runner(new StepRunner(stage, transport, std::move(options)));
+  if (runner->opt_.set_decode_tail) {
+    StepRunner* r = runner.get();
+    RETURN_IF_ERROR(runner->opt_.set_decode_tail(
+        stage,
+        [r](const StepDescriptor& step, const Activations& hidden, const int32_t* device_tokens) {
+          return r->SendFromDevice(step, hidden, device_tokens);
+        }));
+  }
+  return runner;
+}
+
+StepRunner::StepRunner(Stage& stage, ActivationTransport* transport, StepRunnerOptions options)
+    : stage_(stage), transport_(transport), opt_(std::move(options)) {}
+
+StepRunner::~StepRunner() {
+  if (opt_.set_decode_tail) (void)opt_.set_decode_tail(stage_, nullptr);
+}
+
+absl::Status StepRunner::SendFromDevice(const StepDescriptor& step, const Activations& hidden,
+                                        const int32_t* device_tokens) {
+  if (!last()) {
+    RETURN_IF_ERROR(transport_->Send(step.id, hidden));
+  } else if (opt_.tokens_to_first) {
+    // The device holds a token for every sequence; a step with sequences that do not sample
+    // (prompt chunks) sends only the sampled ones, from the host.
+    for (const SequenceStep& s : step.seqs) {
+      if (!s.sample) return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(transport_->SendDeviceTokens(step.id, device_tokens,
+                                                 static_cast<int64_t>(step.seqs.size())));
+  } else {
+    return absl::OkStatus();  // the caller returns the tokens
+  }
+  sent_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepRun> StepRunner::Run(const StepDescriptor& step,
+                                        const std::function<bool()>& cancelled) {
+  StepRun run;
+  Activations in;
+  const absl::Time t0 = absl::Now();
+  if (!first()) {
+    int64_t rows = 0;
+    for (const SequenceStep& s : step.seqs) rows += s.num_tokens;
+    ASSIGN_OR_RETURN(in, opt_.post_recv ? transport_->PostRecv(step.id, rows, cancelled)
+                                        : transport_->Recv(step.id, cancelled));
+    run.times.recv_bytes = static_cast<int64_t>(in.nbytes());
+  }
+  absl::Time arrived = absl::Now();  // of the input, where it was received before the step
+  sent_ = false;
+  absl::StatusOr<StepOutput> out = stage_.Step(step, in);
+  const absl::Time stepped = absl::Now();
+  if (in.arrival) {
+    // The stage asked already (its result depends on the input); the answer is remembered.
+    ASSIGN_OR_RETURN(arrived, in.arrival());
+  }
+  if (!out.ok()) return out.status();
+  run.output = *std::move(out);
+  run.times.recv = arrived - t0;
+  run.times.compute = stepped - arrived;
+
+  StepOutput& o = run.output;
+  if (!last() && !sent_) {
+    if (opt_.host_link && o.hidden.where == Where::kDevice) {
+      if (!opt_.to_host) {
+        return absl::InternalError(absl::StrCat(
+            "step ", step.id, ": device activations, but no device-to-host copy is set up"));
+      }
+      ASSIGN_OR_RETURN(o.hidden, opt_.to_host(o.hidden));
+    }
+    RETURN_IF_ERROR(transport_->Send(step.id, o.hidden));
+    run.times.send_bytes = static_cast<int64_t>(o.hidden.nbytes());
+  } else if (last() && opt_.tokens_to_first && !sent_) {
+    RETURN_IF_ERROR(transport_->SendTokens(step.id, o.tokens));
+    run.times.send_bytes = static_cast<int64_t>(o.tokens.size() * sizeof(int32_t));
+  }
+  if (last() && !opt_.tokens_to_first) {
+    run.tokens = o.tokens;
+  } else if (first() && opt_.tokens_to_first) {
+    ASSIGN_OR_RETURN(run.tokens, transport_->RecvTokens(step.id, cancelled));
+  }
+  run.times.send = absl::Now() - stepped;
+  return run;
+}
+
+}  // namespace tandem

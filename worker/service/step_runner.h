@@ -1,0 +1,102 @@
+// The one step driver of a pipeline stage: tandem-worker's step loop and tandem-pipeline-bench both
+// run every step through a StepRunner. Per step, in this order:
+//   1. stages after the first post the receive of the step's input (or wait for it on the host),
+//   2. the stage runs the step (queued behind a posted receive on the device),
+//   3. stages before the last send their output on; the last stage returns its sampled tokens,
+//      to the caller or, in a pipeline without a coordinator, over the link to the first stage,
+//      which receives them.
+// With device sends (a stage whose transport shares its stream: NCCL on the stage's stream), a
+// decode step's send is queued right behind its forward pass from inside Stage::Step, so it starts
+// when the forward pass ends rather than once the host has seen the step finish.
+//
+// One thread runs a runner's steps (the worker's "steps" executor, the benchmark's main thread).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "worker/stage.h"
+#include "worker/transport/activation_transport.h"
+
+namespace tandem {
+
+// Work queued behind a decode step's forward pass, inside Stage::Step (the CUDA stage's
+// DecodeTail, worker/cuda/cuda_stage.h): `hidden` is the output of a stage without the LM head,
+// `device_tokens` that of the last stage (one sampled token per sequence of the step, in device
+// memory), null otherwise. An error fails the step.
+using DecodeSend = std::function<absl::Status(const StepDescriptor& step, const Activations& hidden,
+                                              const int32_t* device_tokens)>;
+
+struct StepRunnerOptions {
+  int stage = 0;       // this stage's index in its pipeline
+  int num_stages = 1;  // stages in the pipeline
+  // Post each step's receive before running it (ActivationTransport::PostRecv), so that over NCCL
+  // the step starts on the device once its input lands; false: wait for the input on the host
+  // first (Recv).
+  bool post_recv = true;
+  // The last stage sends each step's sampled tokens to the first stage over the transport, whose
+  // Run returns them (a pipeline without a coordinator); false: the last stage's Run returns them.
+  bool tokens_to_first = false;
+  // The transport carries host activations only (gRPC): device outputs are copied to the host
+  // with `to_host` first.
+  bool host_link = true;
+  std::function<absl::StatusOr<Activations>(const Activations&)> to_host;
+  // Installs (or, with an empty function, clears) the stage's decode tail (SetDecodeTail of the
+  // CUDA stage); set only where the transport's work shares the stage's stream. Empty: every send
+  // is made once the step has finished.
+  std::function<absl::Status(Stage&, DecodeSend)> set_decode_tail;
+};
+
+// Where one step's time went on the host, and what it moved.
+struct StepTimes {
+  absl::Duration recv;     // from the step's start until its input was there
+  absl::Duration compute;  // from then until Stage::Step returned
+  absl::Duration send;     // sending on (and, on the first stage, waiting for the tokens back)
+  int64_t recv_bytes = 0;
+  int64_t send_bytes = 0;  // 0 where a device send made it
+};
+
+struct StepRun {
+  StepOutput output;            // the stage's output (tokens and logprobs on the last stage)
+  std::vector<int32_t> tokens;  // the step's sampled tokens where this stage returns them
+  StepTimes times;
+};
+
+class StepRunner {
+ public:
+  // `transport` may be null for a single stage; it must outlive the runner, as must `stage`.
+  // Installs the decode tail where `options.set_decode_tail` is set (and clears it on
+  // destruction). INVALID_ARGUMENT for options that describe no stage of a pipeline.
+  static absl::StatusOr<std::unique_ptr<StepRunner>> Create(Stage& stage,
+                                                            ActivationTransport* transport,
+                                                            StepRunnerOptions options);
+  ~StepRunner();
+  StepRunner(const StepRunner&) = delete;
+  StepRunner& operator=(const StepRunner&) = delete;
+
+  // Runs step `step` on this stage. A wait for the input or the tokens ends with CANCELLED once
+  // `cancelled()` returns true. An error leaves the runner usable for the next step (the
+  // transport may have aborted itself, and then fails that one too).
+  absl::StatusOr<StepRun> Run(const StepDescriptor& step, const std::function<bool()>& cancelled);
+
+  bool first() const { return opt_.stage == 0; }
+  bool last() const { return opt_.stage + 1 == opt_.num_stages; }
+  bool device_sends() const { return static_cast<bool>(opt_.set_decode_tail); }
+
+ private:
+  StepRunner(Stage& stage, ActivationTransport* transport, StepRunnerOptions options);
+  // The decode tail: sends the step's output from the device; marks it sent.
+  absl::Status SendFromDevice(const StepDescriptor& step, const Activations& hidden,
+                              const int32_t* device_tokens);
+
+  Stage& stage_;
+  ActivationTransport* const transport_;
+  const StepRunnerOptions opt_;
+  bool sent_ = false;  // the running step's output went out from the device
+};
+
+}  // namespace tandem
