@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<tandem::openai::HttpServer> http;
   if (!config.http_listen.empty()) {
     absl::StatusOr<std::unique_ptr<tandem::openai::HttpServer>> h =
-        tandem::openai::StartHttpApi(**coordinator, api_key);
+        tandem::openai::StartHttpApi(**coordinator, api_key, tls);
     if (!h.ok()) {
       spdlog::error("{}", h.status().ToString());
       return 1;

@@ -50,9 +50,11 @@ std::unique_ptr<LoadClient> NewGrpcClient(const std::string& address, double tim
 // the model to name ("": the first /v1/models lists). `admin`: tandem's gRPC address for topology
 // changes and the vocabulary ("": none; only the topology that serves can be measured).
 // `inference.key`: the api key sent as the Bearer token; both auths also reach the gRPC admin.
+// `ca_file`: for an https:// base_url, the PEM roots to verify the server by ("": the system's).
 std::unique_ptr<LoadClient> NewOpenAiClient(const std::string& base_url, const std::string& model,
                                             const std::string& admin, double timeout_s,
                                             const ClientAuth& inference = {},
-                                            const ClientAuth& admin_auth = {});
+                                            const ClientAuth& admin_auth = {},
+                                            const std::string& ca_file = "");
 
 }  // namespace tandem::loadgen

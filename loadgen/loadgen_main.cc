@@ -18,7 +18,8 @@
 #include "loadgen/sweep.h"
 
 ABSL_FLAG(std::string, addr, "127.0.0.1:50051",
-          "the coordinator's host:port (--api openai: the server's http://host:port)");
+          "the coordinator's host:port (--api openai: the server's http://host:port or "
+          "https://host:port)");
 ABSL_FLAG(std::string, api, "grpc", "grpc (tandem's API) or openai (any OpenAI-compatible server)");
 ABSL_FLAG(std::string, model, "", "--api openai: the model to name (default: the first listed)");
 ABSL_FLAG(std::string, admin, "",
@@ -145,6 +146,7 @@ int main(int argc, char** argv) {
     }
     o.inference_auth = *std::move(inference);
     o.admin_auth = *std::move(admin);
+    o.tls_ca = tls.ca;
   }
   if (o.out.empty()) {
     o.out = absl::StrCat("runs/sweep-",

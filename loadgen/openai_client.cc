@@ -28,13 +28,13 @@ constexpr int kForeignVocab = 1000;
 class OpenAiClient final : public LoadClient {
  public:
   OpenAiClient(std::string base_url, std::string model, std::unique_ptr<LoadClient> admin,
-               double timeout_s, std::string api_key)
+               double timeout_s, std::string api_key, std::string ca_file)
       : base_url_(std::move(base_url)), model_(std::move(model)), admin_(std::move(admin)),
-        timeout_s_(timeout_s), api_key_(std::move(api_key)) {}
+        timeout_s_(timeout_s), api_key_(std::move(api_key)), ca_file_(std::move(ca_file)) {}
 
   absl::StatusOr<ServedModel> Info() override {
     httplib::Client http(base_url_);
-    if (!api_key_.empty()) http.set_bearer_token_auth(api_key_);
+    Authorize(http);
     http.set_connection_timeout(10);
     http.set_read_timeout(10);
     httplib::Result res = http.Get("/v1/models");
@@ -79,7 +79,7 @@ class OpenAiClient final : public LoadClient {
   RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len) override {
     RequestRecord rec;
     httplib::Client http(base_url_);
-    if (!api_key_.empty()) http.set_bearer_token_auth(api_key_);
+    Authorize(http);
     const auto timeout = static_cast<time_t>(timeout_s_ + 1);
     http.set_connection_timeout(10);
     http.set_read_timeout(timeout);
@@ -164,6 +164,13 @@ class OpenAiClient final : public LoadClient {
   const std::unique_ptr<LoadClient> admin_;
   const double timeout_s_;
   const std::string api_key_;  // the Bearer token; empty: none
+  const std::string ca_file_;  // https: the roots to verify the server by; empty: the system's
+
+  // The key and, for https, the trust roots of every request.
+  void Authorize(httplib::Client& http) const {
+    if (!api_key_.empty()) http.set_bearer_token_auth(api_key_);
+    if (!ca_file_.empty()) http.set_ca_cert_path(ca_file_.c_str());
+  }
 };
 
 }  // namespace
@@ -171,11 +178,12 @@ class OpenAiClient final : public LoadClient {
 std::unique_ptr<LoadClient> NewOpenAiClient(const std::string& base_url, const std::string& model,
                                             const std::string& admin, double timeout_s,
                                             const ClientAuth& inference,
-                                            const ClientAuth& admin_auth) {
+                                            const ClientAuth& admin_auth,
+                                            const std::string& ca_file) {
   return std::make_unique<OpenAiClient>(
       base_url, model,
       admin.empty() ? nullptr : NewGrpcClient(admin, timeout_s, inference, admin_auth), timeout_s,
-      inference.key);
+      inference.key, ca_file);
 }
 
 }  // namespace tandem::loadgen

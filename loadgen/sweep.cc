@@ -179,9 +179,11 @@ absl::Status ValidateSweepOptions(const SweepOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--api: '", o.api, "' is neither grpc nor openai"));
   }
-  if (o.api == "openai" && !absl::StartsWith(o.coordinator, "http://")) {
+  if (o.api == "openai" && !absl::StartsWith(o.coordinator, "http://") &&
+      !absl::StartsWith(o.coordinator, "https://")) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--addr: '", o.coordinator, "' must be http://host:port with --api openai"));
+        absl::StrCat("--addr: '", o.coordinator,
+                     "' must be http://host:port or https://host:port with --api openai"));
   }
   if (o.api == "openai" && o.admin.empty() &&
       std::any_of(o.nodes.begin(), o.nodes.end(), [](int n) { return n != 1; })) {
@@ -408,7 +410,7 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
   std::unique_ptr<LoadClient> client =
       o.api == "openai"
           ? NewOpenAiClient(o.coordinator, o.model, o.admin, o.request_timeout_s,
-                            o.inference_auth, o.admin_auth)
+                            o.inference_auth, o.admin_auth, o.tls_ca)
           : NewGrpcClient(o.coordinator, o.request_timeout_s, o.inference_auth, o.admin_auth);
   absl::StatusOr<ServedModel> info = client->Info();
   if (!info.ok()) return info.status();

@@ -47,6 +47,7 @@ struct SweepOptions {
   // TLS and the api key (Inference; the OpenAI API's Bearer token), TLS and the admin key (Admin).
   ClientAuth inference_auth;
   ClientAuth admin_auth;
+  std::string tls_ca;  // openai over https: the PEM roots of the server ("": the system's)
 };
 
 struct StageShare {

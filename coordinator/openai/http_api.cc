@@ -14,12 +14,15 @@ std::string ServedModelName(const CoordinatorConfig& config) {
 }
 
 absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(Coordinator& c,
-                                                         const std::string& api_key) {
+                                                         const std::string& api_key,
+                                                         const TlsFiles& tls) {
   const CoordinatorConfig& config = c.config();
   HttpServerOptions options{.listen = config.http_listen,
                             .model_name = ServedModelName(config),
                             .threads = config.http_threads,
-                            .api_key = api_key};
+                            .api_key = api_key,
+                            .tls_cert = tls.cert,
+                            .tls_key = tls.key};
   ChatRenderer render_chat;
   if (c.tokenizer() != nullptr) {
     absl::Status chat_status;

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "common/security/credentials.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/openai/http_server.h"
 
@@ -15,8 +16,10 @@ std::string ServedModelName(const CoordinatorConfig& config);
 
 // Serves config().http_listen. A model without a usable chat template is logged and served
 // without chat (chat requests get 400 saying so; completions work). `api_key`: what callers
-// present as `Authorization: Bearer <key>` (empty: no key needed).
+// present as `Authorization: Bearer <key>` (empty: no key needed). `tls`: with a certificate and
+// key, HTTPS (clients are not asked for certificates).
 absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(Coordinator& c,
-                                                         const std::string& api_key = "");
+                                                         const std::string& api_key = "",
+                                                         const TlsFiles& tls = {});
 
 }  // namespace tandem::openai

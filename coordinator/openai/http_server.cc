@@ -109,7 +109,18 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Coordinator& c,
         absl::StrCat("http_threads: must be >= 0 (0: automatic), got ", options.threads));
   }
   std::unique_ptr<HttpServer> server(new HttpServer(c, options, std::move(render_chat)));
-  server->http_ = std::make_unique<httplib::Server>();
+  if (!options.tls_cert.empty()) {
+    auto https =
+        std::make_unique<httplib::SSLServer>(options.tls_cert.c_str(), options.tls_key.c_str());
+    if (!https->is_valid()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "http: --tls_cert '", options.tls_cert, "' and --tls_key '", options.tls_key,
+          "': cannot load the certificate and its key (expected PEM files that match)"));
+    }
+    server->http_ = std::move(https);
+  } else {
+    server->http_ = std::make_unique<httplib::Server>();
+  }
   const int threads = options.threads > 0 ? options.threads : DefaultHttpThreads(c.config());
   server->http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   server->Route();

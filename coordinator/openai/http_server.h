@@ -30,6 +30,9 @@ struct HttpServerOptions {
   // What every endpoint but /health and /version requires as `Authorization: Bearer <key>`
   // (401 with OpenAI's error body otherwise); empty: no key needed.
   std::string api_key;
+  // PEM certificate chain and private key: HTTPS with them; empty: plain HTTP.
+  std::string tls_cert;
+  std::string tls_key;
 };
 
 // Running slots (replicas x max_slots) + the waiting queue + 8 for short calls.
@@ -37,7 +40,8 @@ int DefaultHttpThreads(const CoordinatorConfig& config);
 
 class HttpServer {
  public:
-  // INVALID_ARGUMENT for a malformed address, UNAVAILABLE when it cannot be bound.
+  // INVALID_ARGUMENT for a malformed address or TLS files that cannot be loaded, UNAVAILABLE
+  // when it cannot be bound.
   // `render_chat`: null when the model has no tokenizer.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(Coordinator& c,
                                                            const HttpServerOptions& options,

@@ -347,11 +347,13 @@ class TlsTest : public SecurityTest {
     // with the cluster secret.
     std::vector<std::string> flags = TlsFlags(pki_);
     flags.push_back(absl::StrCat("--cluster_secret=", kSecret));
+    std::vector<std::string> coordinator_flags = flags;
+    coordinator_flags.push_back("--http_listen=127.0.0.1:0");
     absl::StatusOr<std::unique_ptr<Cluster>> c =
         Cluster::Start({.model_dir = ModelDir(),
                         .workers = 2,
                         .stages = 2,
-                        .coordinator_flags = flags,
+                        .coordinator_flags = coordinator_flags,
                         .worker_flags = flags,
                         .inference_auth = client,
                         .admin_auth = client});
@@ -371,6 +373,26 @@ class TlsTest : public SecurityTest {
 TEST_F(TlsTest, ServesATwoStagePipelineOverTls) {
   grpc::Status s = Generate(cluster_->channel());
   EXPECT_TRUE(s.ok()) << s.error_message() << cluster_->Logs();
+}
+
+TEST_F(TlsTest, TheHttpApiServesHttpsWithTheSameCertificate) {
+  std::smatch m;
+  const std::string logs = cluster_->Logs();
+  ASSERT_TRUE(std::regex_search(logs, m, std::regex("http on port ([0-9]+)"))) << logs;
+  const int port = std::stoi(m[1].str());
+  httplib::SSLClient https("127.0.0.1", port);
+  https.set_ca_cert_path(pki_.ca.c_str());
+  https.enable_server_certificate_verification(true);
+  httplib::Result health = https.Get("/health");
+  ASSERT_TRUE(health) << httplib::to_string(health.error());
+  EXPECT_EQ(health->status, 200);
+  httplib::SSLClient other_ca("127.0.0.1", port);
+  other_ca.set_ca_cert_path(rogue_.ca.c_str());
+  other_ca.enable_server_certificate_verification(true);
+  EXPECT_FALSE(other_ca.Get("/health"));
+  httplib::Client plain("127.0.0.1", port);
+  httplib::Result plain_health = plain.Get("/health");
+  EXPECT_TRUE(!plain_health || plain_health->status != 200);
 }
 
 TEST_F(TlsTest, AClientThatTrustsAnotherCaIsRefused) {
