@@ -19,7 +19,7 @@
 // --batch row counts (1, 2, 4, 8) for every launch shape (gemv_sweep.h); needs only config.json.
 //
 // usage: tandem-bench --model DIR [--batch 1,8,64] [--prompt 128,2048] [--new_tokens 128] [--dtype f16]
-//        [--graphs=true] [--gemv_max_rows 4] [--decode_pdl] [--fold_norms] [--attention_combine]
+//        [--graphs=true] [--gemv_max_rows 4] [--attention_combine]
 //        [--qkv_cache_epilogue] [--gemv_rows_per_warp 0] [--gemv_k_split 0] [--batch_invariant]
 //        [--profile] [--json OUT.json]
 //        | --model DIR [--dtype f16] --dump_logits IN.json OUT.json
@@ -49,8 +49,8 @@
 #include "worker/cpu/cpu_stage.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage.h"
-#include "worker/cuda/decode_profile.h"
-#include "worker/cuda/gemv_sweep.h"
+#include "bench/decode_profile.h"
+#include "bench/gemv_sweep.h"
 
 ABSL_FLAG(std::string, model, "", "checkpoint folder (config.json + safetensors)");
 ABSL_FLAG(std::string, batch, "1,64", "comma-separated batch sizes");
@@ -60,10 +60,6 @@ ABSL_FLAG(std::string, dtype, "f16", "f16 or bf16");
 ABSL_FLAG(bool, graphs, true, "replay decode steps from CUDA graphs");
 ABSL_FLAG(int, gemv_max_rows, tandem::CudaOptions{}.gemv_max_rows,
           "decode passes of at most this many rows use the GEMV kernels (0: cuBLAS throughout)");
-ABSL_FLAG(bool, decode_pdl, tandem::CudaOptions{}.decode_pdl,
-          "launch every kernel of a GEMV-sized pass programmatically (CudaOptions::decode_pdl)");
-ABSL_FLAG(bool, fold_norms, tandem::CudaOptions{}.fold_norms,
-          "fold the norms into the GEMVs of GEMV-sized passes (CudaOptions::fold_norms)");
 ABSL_FLAG(bool, attention_combine, tandem::CudaOptions{}.attention_combine,
           "combine attention key splits in the attention kernel (CudaOptions::attention_combine)");
 ABSL_FLAG(bool, qkv_cache_epilogue, tandem::CudaOptions{}.qkv_cache_epilogue,
@@ -134,8 +130,6 @@ double WeightBytesPerStep(const ModelConfig& c, size_t elem) {
 }
 
 void SetFusionFlags(CudaOptions& opt) {
-  opt.decode_pdl = absl::GetFlag(FLAGS_decode_pdl);
-  opt.fold_norms = absl::GetFlag(FLAGS_fold_norms);
   opt.attention_combine = absl::GetFlag(FLAGS_attention_combine);
   opt.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   opt.qkv_cache_epilogue = absl::GetFlag(FLAGS_qkv_cache_epilogue);
@@ -311,13 +305,12 @@ absl::Status Bench() {
 
   std::printf(
       "model %s (%s, %d layers, hidden %d), %s, prompt %s, new %d, graphs %s, "
-      "gemv_max_rows %d, decode_pdl %s, fold_norms %s, attention_combine %s, "
+      "gemv_max_rows %d, attention_combine %s, "
       "qkv_cache_epilogue %s, gemv rows/warp %d, gemv K split %d, batch_invariant %s\n",
       model.c_str(), std::string(ArchName(c.arch)).c_str(), c.num_layers, c.hidden_size,
       std::string(DTypeName(dtype)).c_str(), absl::GetFlag(FLAGS_prompt).c_str(), steps,
       opt.cuda_graphs ? "on" : "off",
-      opt.gemv_max_rows, opt.decode_pdl ? "on" : "off", opt.fold_norms ? "on" : "off",
-      opt.attention_combine ? "on" : "off", opt.qkv_cache_epilogue ? "on" : "off",
+      opt.gemv_max_rows, opt.attention_combine ? "on" : "off", opt.qkv_cache_epilogue ? "on" : "off",
       opt.gemv_rows_per_warp, opt.gemv_k_split, opt.batch_invariant ? "on" : "off");
   std::printf(
       "device %s, copy bandwidth %.0f GB/s (read + write%s), load %.1f s, GPU memory in use "
@@ -350,8 +343,6 @@ absl::Status Bench() {
     j["new_tokens"] = steps;
     j["cuda_graphs"] = opt.cuda_graphs;
     j["gemv_max_rows"] = opt.gemv_max_rows;
-    j["decode_pdl"] = opt.decode_pdl;
-    j["fold_norms"] = opt.fold_norms;
     j["attention_combine"] = opt.attention_combine;
     j["batch_invariant"] = opt.batch_invariant;
     j["qkv_cache_epilogue"] = opt.qkv_cache_epilogue;

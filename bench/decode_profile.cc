@@ -1,4 +1,4 @@
-#include "worker/cuda/decode_profile.h"
+#include "bench/decode_profile.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"

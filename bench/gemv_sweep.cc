@@ -1,4 +1,4 @@
-#include "worker/cuda/gemv_sweep.h"
+#include "bench/gemv_sweep.h"
 
 #include <cuda_runtime.h>
 

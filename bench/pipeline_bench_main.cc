@@ -1,7 +1,8 @@
 // tandem-pipeline-bench: a model split into N pipeline stages, one process and one GPU per stage,
 // activations between neighbouring stages over NcclTransport; or, with --single, the whole model
 // in one process on one GPU for the same prompts. No coordinator: the last stage returns each
-// step's tokens to the first over the same communicator.
+// step's tokens to the first over the same communicator. Every step runs through the worker's
+// StepRunner (worker/service/step_runner.h), as in tandem-worker.
 //
 // For each batch size: prefill `--prompt` random tokens per sequence (the same prompts in every
 // mode), then greedy decode until `--new_tokens` tokens per sequence; a warm-up round (graph
@@ -29,6 +30,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -41,8 +43,9 @@
 #include "common/rng.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "bench/decode_profile.h"
 #include "worker/cuda/cuda_stage.h"
-#include "worker/cuda/decode_profile.h"
+#include "worker/service/step_runner.h"
 #include "worker/transport/nccl_transport.h"
 
 ABSL_FLAG(std::string, model, "", "checkpoint folder (config.json + safetensors)");
@@ -138,98 +141,51 @@ struct BatchResult {
   std::vector<std::vector<int32_t>> tokens;      // [sequence][generated token]
 };
 
-// One process's part of the pipeline (or all of it).
+// --split_local: the first half's device output handed to the second half in this process.
+class HandOff final : public ActivationTransport {
+ public:
+  absl::Status Send(uint64_t, const Activations& activations) override {
+    held_ = activations;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Activations> Recv(uint64_t, const std::function<bool()>&) override {
+    return std::exchange(held_, Activations{});
+  }
+
+ private:
+  Activations held_;
+};
+
+// One process's part of the pipeline (or all of it): its stages' StepRunners, run in turn.
 class Runner {
  public:
-  Runner(Stage& stage, NcclTransport* transport, int rank, int world, bool post_recv,
-         Stage* second = nullptr)
-      : stage_(stage),
-        t_(transport),
-        rank_(rank),
-        world_(world),
-        post_recv_(post_recv),
-        second_(second) {}
+  explicit Runner(std::vector<std::unique_ptr<StepRunner>> runners)
+      : runners_(std::move(runners)) {}
 
   // Runs one step on this rank; rank 0 (or --single) returns the step's tokens.
   absl::StatusOr<std::vector<int32_t>> Step(StepDescriptor& step, BatchResult* r) {
     step.id = next_id_++;
     const auto none = [] { return false; };
-    Activations in;
-    auto t0 = Clock::now();
-    const absl::Time posted = absl::Now();
-    if (rank_ > 0 && post_recv_) {
-      int64_t rows = 0;
-      for (const SequenceStep& s : step.seqs) rows += s.num_tokens;
-      ASSIGN_OR_RETURN(in, t_->PostRecv(step.id, rows, none));
-    } else if (rank_ > 0) {
-      ASSIGN_OR_RETURN(in, t_->Recv(step.id, none));
-    }
-    auto t1 = Clock::now();
-    sent_ = false;
-    absl::StatusOr<StepOutput> stepped = stage_.Step(step, in);
-    auto t2 = Clock::now();
-    if (in.arrival) {  // the input's arrival divides waiting from computing
-      ASSIGN_OR_RETURN(const absl::Time arrived, in.arrival());
-      t1 = t0 + absl::ToChronoNanoseconds(arrived - posted);
-    }
-    RETURN_IF_ERROR(stepped.status());
-    StepOutput& out = *stepped;
-    if (second_ != nullptr) {  // --split_local: the second half, on the first's output
-      StepDescriptor rest = step;
-      rest.tokens.clear();
-      ASSIGN_OR_RETURN(out, second_->Step(rest, out.hidden));
-      t2 = Clock::now();
-    }
     std::vector<int32_t> tokens;
-    if (world_ == 1) {
-      tokens = std::move(out.tokens);
-    } else if (sent_) {
-      // sent by the decode tail
-    } else if (rank_ < world_ - 1) {
-      RETURN_IF_ERROR(t_->Send(step.id, out.hidden));
-    } else {
-      RETURN_IF_ERROR(t_->SendTokens(step.id, out.tokens));
+    StepTimes sum;
+    for (std::unique_ptr<StepRunner>& runner : runners_) {
+      ASSIGN_OR_RETURN(StepRun run, runner->Run(step, none));
+      if (!run.tokens.empty()) tokens = std::move(run.tokens);
+      if (&runner == &runners_.front()) sum.recv = run.times.recv;
+      sum.compute += run.times.compute;
+      if (&runner == &runners_.back()) sum.send = run.times.send;
     }
-    if (world_ > 1 && rank_ == 0) {
-      ASSIGN_OR_RETURN(tokens, t_->RecvTokens(step.id, none));
-    }
-    auto t3 = Clock::now();
     if (r != nullptr) {
-      r->recv_ms += Ms(t0, t1);
-      r->step_ms += Ms(t1, t2);
-      r->send_ms += Ms(t2, t3);
+      r->recv_ms += absl::ToDoubleMilliseconds(sum.recv);
+      r->step_ms += absl::ToDoubleMilliseconds(sum.compute);
+      r->send_ms += absl::ToDoubleMilliseconds(sum.send);
     }
     return tokens;
   }
 
-  // --device_send: the stage's decode steps send their output from the device.
-  absl::Status SendFromDevice() {
-    return SetDecodeTail(stage_,
-                         [this](const StepDescriptor& step, const Activations& hidden,
-                                const int32_t* device_tokens) -> absl::Status {
-                           if (rank_ < world_ - 1) {
-                             RETURN_IF_ERROR(t_->Send(step.id, hidden));
-                           } else {
-                             for (const SequenceStep& s : step.seqs) {
-                               if (!s.sample)
-                                 return absl::OkStatus();  // the host sends the sampled ones
-                             }
-                             RETURN_IF_ERROR(t_->SendDeviceTokens(
-                                 step.id, device_tokens, static_cast<int64_t>(step.seqs.size())));
-                           }
-                           sent_ = true;
-                           return absl::OkStatus();
-                         });
-  }
-
  private:
-  Stage& stage_;
-  NcclTransport* t_;
-  int rank_, world_;
-  bool post_recv_;
-  Stage* second_;
+  std::vector<std::unique_ptr<StepRunner>> runners_;
   uint64_t next_id_ = 1;
-  bool sent_ = false;  // this step's output was sent by the decode tail
 };
 
 absl::StatusOr<BatchResult> RunBatch(Runner& runner, const ModelConfig& c, int batch, int prompt,
@@ -394,6 +350,9 @@ absl::StatusOr<int> Run() {
 
   std::unique_ptr<NcclTransport> transport;
   double join_s = 0;
+  // Sending from behind the forward pass needs the transport on the stage's stream.
+  const bool stage_stream = world > 1 && absl::GetFlag(FLAGS_stage_stream);
+  const bool device_send = stage_stream && absl::GetFlag(FLAGS_device_send);
   if (world > 1) {
     NcclTransportOptions to;
     to.device = device;
@@ -403,21 +362,45 @@ absl::StatusOr<int> Run() {
     to.dtype = dtype;
     to.max_rows = static_cast<int64_t>(max_batch) * prompt;
     to.timeout = absl::Seconds(timeout_s);
-    if (absl::GetFlag(FLAGS_stage_stream)) {
+    if (stage_stream) {
       ASSIGN_OR_RETURN(to.stream, CudaStageStream(*stage));
     }
     const auto t_join = Clock::now();
     ASSIGN_OR_RETURN(transport, NcclTransport::Create(to, id));
     join_s = Ms(t_join, Clock::now()) * 1e-3;
+    if (stage_stream) {
+      NcclTransport* t = transport.get();
+      RETURN_IF_ERROR(SetStreamWatch(*stage, [t] { return t->Watch(); }));
+    }
   }
 
   const int steps = std::min(new_tokens, spec.max_seq_len - prompt + 1);
-  Runner runner(*stage, transport.get(), rank, world, absl::GetFlag(FLAGS_post_recv),
-                second.get());
-  // Sending from behind the forward pass needs the transport on the stage's stream.
-  const bool stage_stream = world > 1 && absl::GetFlag(FLAGS_stage_stream);
-  const bool device_send = stage_stream && absl::GetFlag(FLAGS_device_send);
-  if (device_send) RETURN_IF_ERROR(runner.SendFromDevice());
+  std::vector<std::unique_ptr<StepRunner>> runners;
+  HandOff hand_off;
+  if (split_local) {
+    for (int half = 0; half < 2; ++half) {
+      StepRunnerOptions o;
+      o.stage = half;
+      o.num_stages = 2;
+      o.post_recv = false;
+      o.host_link = false;
+      ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> r,
+                       StepRunner::Create(half == 0 ? *stage : *second, &hand_off, o));
+      runners.push_back(std::move(r));
+    }
+  } else {
+    StepRunnerOptions o;
+    o.stage = rank;
+    o.num_stages = world;
+    o.post_recv = absl::GetFlag(FLAGS_post_recv);
+    o.tokens_to_first = true;  // no coordinator: the last rank returns the tokens to rank 0
+    o.host_link = false;
+    if (device_send) o.set_decode_tail = SetDecodeTail;
+    ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> r,
+                     StepRunner::Create(*stage, transport.get(), o));
+    runners.push_back(std::move(r));
+  }
+  Runner runner(std::move(runners));
   std::vector<BatchResult> results;
   for (int batch : batches) {
     for (int round = 0; round < 2; ++round) {

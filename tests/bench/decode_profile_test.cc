@@ -1,5 +1,5 @@
 // The benchmarks' view of a decode profile: means per step and the table of them (no GPU needed).
-#include "worker/cuda/decode_profile.h"
+#include "bench/decode_profile.h"
 
 #include <gtest/gtest.h>
 

@@ -88,13 +88,27 @@ absl::StatusOr<int> Process::WaitForPort(double timeout_s) {
   return absl::DeadlineExceededError(absl::StrCat("no port within the timeout:\n", Log()));
 }
 
+namespace {
+// A daemon's binary: next to the test's where both were copied elsewhere (a GPU machine's
+// .carry/bin), else the build's.
+std::string Binary(const std::string& name, const std::string& built) {
+  std::error_code ec;
+  const std::filesystem::path here = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec && std::filesystem::exists(here.parent_path() / name) &&
+      !std::filesystem::exists(built)) {
+    return (here.parent_path() / name).string();
+  }
+  return built;
+}
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o) {
   static std::atomic<int> counter{0};
   auto c = std::make_unique<Cluster>();
   c->dir_ = std::filesystem::path(::testing::TempDir()) /
             absl::StrFormat("cluster-%d-%d", getpid(), counter++);
   std::filesystem::create_directories(c->dir_);
-  std::vector<std::string> argv = {TANDEM_COORDINATOR_BIN,
+  std::vector<std::string> argv = {Binary("tandem-coordinator", TANDEM_COORDINATOR_BIN),
                                    "--listen=127.0.0.1:0",
                                    absl::StrCat("--model_dir=", o.model_dir.string()),
                                    absl::StrCat("--stages=", o.stages),
@@ -109,10 +123,14 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o)
   if (!port.ok()) return port.status();
   c->address_ = absl::StrCat("127.0.0.1:", *port);
   for (int i = 0; i < o.workers; ++i) {
-    std::vector<std::string> worker_argv = {TANDEM_WORKER_BIN,
+    std::vector<std::string> worker_argv = {Binary("tandem-worker", TANDEM_WORKER_BIN),
                                             absl::StrCat("--coordinator=", c->address_),
                                             "--listen=127.0.0.1:0", "--recv_timeout_s=30"};
     worker_argv.insert(worker_argv.end(), o.worker_flags.begin(), o.worker_flags.end());
+    if (i < static_cast<int>(o.flags_of_worker.size())) {
+      worker_argv.insert(worker_argv.end(), o.flags_of_worker[i].begin(),
+                         o.flags_of_worker[i].end());
+    }
     absl::StatusOr<std::unique_ptr<Process>> w =
         Process::Start(worker_argv, c->dir_ / absl::StrFormat("worker-%d.log", i));
     if (!w.ok()) return w.status();

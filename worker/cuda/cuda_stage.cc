@@ -4,8 +4,6 @@
 //
 // Device memory, all allocated at load time so that no step can run out of memory:
 //   weights_   every tensor of the stage, one arena
-//   norm_fold_ GPT-2 with folded norms: the LayerNorm terms (fp32) of each projection that a norm
-//              is folded into (QKV, MLP-in, LM head; see cuda::LayerNormFold)
 //   kv_        K and V: (layers, 2, max_slots + 1, kv_heads, seq_capacity, head_dim); the extra
 //   slot
 //              takes the writes of the padding rows of a decode bucket
@@ -103,9 +101,6 @@ struct DeviceLayer {
   const void* b_in = nullptr;         // (intermediate), GPT-2
   const void* w_out = nullptr;        // (hidden, intermediate)
   const void* b_out = nullptr;        // (hidden), GPT-2
-  // GPT-2 with folded norms: wqkv · attn_norm (q_dim + 2 kv_dim) and w_in · mlp_norm
-  // (intermediate), fp32.
-  cuda::LayerNormFold attn_fold, mlp_fold;
 };
 
 class CudaStage final : public Stage {
@@ -116,7 +111,13 @@ class CudaStage final : public Stage {
     if (stream_.get() != nullptr) cudaStreamSynchronize(stream_.get());
   }
 
+  // Load in phases: options and shapes checked, weights uploaded, working buffers, KV-cache
+  // (its share of the memory the others leave).
   absl::Status Load(const StageSpec& spec);
+  absl::Status CheckOptions(const StageSpec& spec);
+  absl::Status UploadWeights(const StageSpec& spec);
+  absl::Status AllocateWorkspace();
+  absl::Status AllocateKvCache();
   absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) override;
   const ModelConfig& config() const override { return c_; }
   bool profiling() const { return opt_.profile_decode; }
@@ -131,7 +132,6 @@ class CudaStage final : public Stage {
     size_t seed, sample_index, temperature, top_p, top_k, tokens, positions, slots, gather, total;
   };
 
-  absl::Status ComputeNormFolds();
   absl::Status Validate(const StepDescriptor& step, const Activations& in) const;
   absl::Status Forward(int rows, int samples);
   absl::Status RunDecode(const StepDescriptor& step, const Activations& in, StepOutput& out);
@@ -186,7 +186,7 @@ class CudaStage final : public Stage {
   cuda::CublasHandle cublas_;
   DeviceBuffer cublas_workspace_;
   std::unique_ptr<cuda::FixedAlgoGemm> fixed_gemm_;  // batch_invariant: every GEMM through it
-  DeviceBuffer weights_, kv_, norm_fold_;
+  DeviceBuffer weights_, kv_;
   DeviceBuffer inv_freq_;  // (head_dim / 2) fp32 rotary inverse frequencies (Llama)
   DeviceBuffer x_, xn_, qkv_, q_, attn_, mlp_in_, mlp_act_, partials_, attn_counters_;
   DeviceBuffer head_in_, logits_, probs_, tokens_out_;
@@ -201,7 +201,6 @@ class CudaStage final : public Stage {
   const void* final_norm_w_ = nullptr;
   const void* final_norm_b_ = nullptr;
   const void* lm_head_ = nullptr;  // (vocab, hidden)
-  cuda::LayerNormFold head_fold_;  // GPT-2 with folded norms: lm_head · final norm (vocab), fp32
 
   std::map<int, std::unique_ptr<cuda::GraphExec>> graphs_;  // decode bucket -> graph
 
@@ -222,6 +221,13 @@ class CudaStage final : public Stage {
 };
 
 absl::Status CudaStage::Load(const StageSpec& spec) {
+  RETURN_IF_ERROR(CheckOptions(spec));
+  RETURN_IF_ERROR(UploadWeights(spec));
+  RETURN_IF_ERROR(AllocateWorkspace());
+  return AllocateKvCache();
+}
+
+absl::Status CudaStage::CheckOptions(const StageSpec& spec) {
   CUDA_CHECK(cudaSetDevice(opt_.device));
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, opt_.device));
@@ -253,7 +259,6 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
                                                    "] (the model's max positions) or 0, got ",
                                                    spec.max_seq_len));
   }
-  const int last = spec.last_layer == -1 ? c_.num_layers : spec.last_layer;
   if (c_.hidden_size % 8 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("CUDA backend needs hidden_size a multiple of 8, got ", c_.hidden_size));
@@ -264,7 +269,11 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
         "CUDA attention needs an even head_dim and (num_heads / num_kv_heads) * head_dim <= ",
         cuda::kMaxAttentionGroupWidth));
   }
+  return absl::OkStatus();
+}
 
+absl::Status CudaStage::UploadWeights(const StageSpec& spec) {
+  const int last = spec.last_layer == -1 ? c_.num_layers : spec.last_layer;
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(spec.model_dir));
   ASSIGN_OR_RETURN(StageSources w, FindStageWeights(*ckpt, spec.first_layer, last));
   has_embedding_ = w.has_embedding;
@@ -325,14 +334,10 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
     CUDA_CHECK(cudaMemcpy(inv_freq_.get(), inv_freq.data(), inv_freq.size() * sizeof(float),
                           cudaMemcpyHostToDevice));
   }
-  // GPT-2's LayerNorms folded into the GEMVs need terms of the weights (see LayerNormFold);
-  // RMSNorm needs none.
-  if (opt_.fold_norms && opt_.gemv_max_rows > 0 && c_.arch != Arch::kLlama &&
-      cuda::GemvNormSupported(1, c_.hidden_size)) {
-    RETURN_IF_ERROR(ComputeNormFolds());
-  }
+  return absl::OkStatus();
+}
 
-  // Working buffers.
+absl::Status CudaStage::AllocateWorkspace() {
   max_bucket_ = NextPow2(max_slots_);
   rows_cap_ = std::max({max_bucket_, kMinRowsCap, opt_.prefill_rows});
   samples_cap_ = max_bucket_;
@@ -393,8 +398,10 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
     RETURN_IF_ERROR(host_in_.Allocate(off));
     std::memset(host_in_.get(), 0, off);
   }
+  return absl::OkStatus();
+}
 
-  // KV-cache: its share of what is left.
+absl::Status CudaStage::AllocateKvCache() {
   seq_capacity_ = (max_seq_len_ + cuda::kKvSeqAlign - 1) / cuda::kKvSeqAlign * cuda::kKvSeqAlign;
   kv_layer_bytes_ = static_cast<size_t>(max_slots_ + 1) * c_.num_kv_heads * seq_capacity_ *
                     c_.head_dim * DTypeSize(opt_.dtype);
@@ -415,36 +422,6 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
   CUDA_CHECK(cudaMemset(x_.get(), 0, x_.size()));
   cached_len_.assign(max_slots_, 0);
   CUDA_CHECK(cudaDeviceSynchronize());
-  return absl::OkStatus();
-}
-
-absl::Status CudaStage::ComputeNormFolds() {
-  const int hidden = c_.hidden_size;
-  const int qkv_cols = c_.q_dim() + 2 * c_.kv_dim();
-  const int in_rows = c_.intermediate_size;  // GELU: one row of w_in per output
-  const int vocab = has_head_ ? c_.vocab_size : 0;
-  RETURN_IF_ERROR(norm_fold_.Allocate(
-      (static_cast<size_t>(num_layers_) * (qkv_cols + in_rows) + vocab) * 2 * sizeof(float)));
-  float* next = norm_fold_.as<float>();
-  auto fold = [&](const void* w, const void* norm_w, const void* norm_b, int w_rows,
-                  cuda::LayerNormFold& f) -> absl::Status {
-    float* wg = next;
-    float* wb = next + w_rows;
-    next += 2 * static_cast<size_t>(w_rows);
-    RETURN_IF_ERROR(cuda::ComputeLayerNormFold(opt_.dtype, w, norm_w, norm_b, w_rows, hidden, wg,
-                                               wb, stream_.get()));
-    f.wg = wg;
-    f.wb = wb;
-    return absl::OkStatus();
-  };
-  for (DeviceLayer& L : layers_) {
-    RETURN_IF_ERROR(fold(L.wqkv, L.attn_norm_w, L.attn_norm_b, qkv_cols, L.attn_fold));
-    RETURN_IF_ERROR(fold(L.w_in, L.mlp_norm_w, L.mlp_norm_b, in_rows, L.mlp_fold));
-  }
-  if (has_head_) {
-    RETURN_IF_ERROR(fold(lm_head_, final_norm_w_, final_norm_b_, vocab, head_fold_));
-  }
-  CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   return absl::OkStatus();
 }
 
@@ -479,21 +456,11 @@ absl::Status CudaStage::Forward(int rows, int samples) {
   // and the MLP activation fused into them.
   const bool gemv = rows <= GemvMaxRows() && GemvSupported(rows, hidden) &&
                     GemvSupported(rows, inter) && GemvSupported(rows, c_.q_dim());
-  // ... optionally with the norms folded into the projections after them, and every kernel
-  // launched programmatically (the first one after the step's input copy excepted).
-  const bool fold_norm = opt_.fold_norms && gemv && GemvNormSupported(rows, hidden);
-  const bool pdl_ok = opt_.decode_pdl && gemv;
-  bool first = true;
-  auto pdl = [&] {
-    const bool p = pdl_ok && !first;
-    first = false;
-    return p;
-  };
   uint32_t* counters = opt_.attention_combine ? attn_counters_.as<uint32_t>() : nullptr;
   const GemvTuning tuning{opt_.gemv_rows_per_warp, opt_.gemv_k_split};
   if (has_embedding_) {
     RETURN_IF_ERROR(LaunchEmbedding(t, DevIn<int32_t>(layout_.tokens), positions, tok_embedding_,
-                                    pos_embedding_, x_.get(), rows, hidden, s, pdl()));
+                                    pos_embedding_, x_.get(), rows, hidden, s));
   }
   const int splits = SplitsFor(rows);
   const void* pending_bias = nullptr;  // bias of the last projection into x, not yet added
@@ -502,50 +469,43 @@ absl::Status CudaStage::Forward(int rows, int samples) {
     if (prof_ && (l <= 1 || l == num_layers_ - 1))
       RETURN_IF_ERROR(Mark(prof_->layer[std::min(l, 2)]));
     // Attention block: norm -> qkv -> rope + cache -> attention -> out-proj added into x.
-    if (fold_norm) {
-      RETURN_IF_ERROR(GemvNorm(t, GemvEpilogue::kStore, llama, x_.get(), nullptr, L.attn_norm_w,
-                               L.attn_fold, c_.norm_eps, L.wqkv, L.bqkv, qkv_.get(), rows, qkv_cols,
-                               hidden, s, pdl()));
+    RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, L.attn_norm_w, L.attn_norm_b,
+                               nullptr, xn_.get(), rows, hidden, c_.norm_eps, s));
+    if (gemv && opt_.qkv_cache_epilogue) {
+      QkvCacheArgs cache;
+      cache.q_out = q_.get();
+      cache.k_cache = KCache(l);
+      cache.v_cache = VCache(l);
+      cache.positions = positions;
+      cache.slots = slots;
+      cache.num_heads = c_.num_heads;
+      cache.num_kv_heads = c_.num_kv_heads;
+      cache.head_dim = c_.head_dim;
+      cache.seq_capacity = seq_capacity_;
+      cache.inv_freq = inv_freq;
+      RETURN_IF_ERROR(GemvQkvCache(t, xn_.get(), L.wqkv, L.bqkv, cache, rows, hidden, s, tuning));
+    } else if (gemv) {
+      RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kStore, xn_.get(), L.wqkv, L.bqkv, qkv_.get(), rows,
+                           qkv_cols, hidden, s, tuning));
     } else {
-      RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, L.attn_norm_w, L.attn_norm_b,
-                                 nullptr, xn_.get(), rows, hidden, c_.norm_eps, s, pdl()));
-      if (gemv && opt_.qkv_cache_epilogue) {
-        QkvCacheArgs cache;
-        cache.q_out = q_.get();
-        cache.k_cache = KCache(l);
-        cache.v_cache = VCache(l);
-        cache.positions = positions;
-        cache.slots = slots;
-        cache.num_heads = c_.num_heads;
-        cache.num_kv_heads = c_.num_kv_heads;
-        cache.head_dim = c_.head_dim;
-        cache.seq_capacity = seq_capacity_;
-        cache.inv_freq = inv_freq;
-        RETURN_IF_ERROR(GemvQkvCache(t, xn_.get(), L.wqkv, L.bqkv, cache, rows, hidden, s, tuning));
-      } else if (gemv) {
-        RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kStore, xn_.get(), L.wqkv, L.bqkv, qkv_.get(), rows,
-                             qkv_cols, hidden, s, tuning));
-      } else {
-        RETURN_IF_ERROR(Matmul(xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols, hidden, 0.0f, false));
-      }
+      RETURN_IF_ERROR(Matmul(xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols, hidden, 0.0f, false));
     }
-    if (fold_norm || !gemv || !opt_.qkv_cache_epilogue) {
+    if (!gemv || !opt_.qkv_cache_epilogue) {
       RETURN_IF_ERROR(LaunchQkvRopeCache(t, qkv_.get(), gemv ? nullptr : L.bqkv, q_.get(),
                                          KCache(l), VCache(l), positions, slots, rows, c_.num_heads,
-                                         c_.num_kv_heads, c_.head_dim, seq_capacity_, inv_freq, s,
-                                         pdl()));
+                                         c_.num_kv_heads, c_.head_dim, seq_capacity_, inv_freq, s));
     }
     const AttentionParams attention{c_.attention_scale(first_layer_ + l),
                                     c_.attention_window(first_layer_ + l)};
     if (prefill_attention_) {
       RETURN_IF_ERROR(LaunchPrefillAttention(t, q_.get(), KCache(l), VCache(l), positions, slots,
                                              attn_.get(), rows, c_.num_heads, c_.num_kv_heads,
-                                             c_.head_dim, seq_capacity_, attention, s, pdl()));
+                                             c_.head_dim, seq_capacity_, attention, s));
     } else {
       RETURN_IF_ERROR(LaunchAttention(t, q_.get(), KCache(l), VCache(l), positions, slots,
                                       partials_.as<float>(), attn_.get(), rows, c_.num_heads,
                                       c_.num_kv_heads, c_.head_dim, seq_capacity_, splits,
-                                      attention, s, counters, pdl()));
+                                      attention, s, counters));
     }
     if (gemv) {
       RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, attn_.get(), L.wo, L.bo, x_.get(), rows,
@@ -555,24 +515,15 @@ absl::Status CudaStage::Forward(int rows, int samples) {
     }
     // MLP block: norm (adding the out-proj bias first) -> up -> activation -> down added into x.
     const void* mlp_x = xn_.get();  // input of the MLP-in projection
-    if (!fold_norm) {
-      RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), gemv ? nullptr : L.bo, L.mlp_norm_w,
-                                 L.mlp_norm_b, nullptr, xn_.get(), rows, hidden, c_.norm_eps, s,
-                                 pdl()));
-    }
+    RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), gemv ? nullptr : L.bo, L.mlp_norm_w,
+                               L.mlp_norm_b, nullptr, xn_.get(), rows, hidden, c_.norm_eps, s));
     const void* act = mlp_in_.get();
     if (gemv) {
       const GemvEpilogue in_epilogue = llama ? GemvEpilogue::kSwiGlu : GemvEpilogue::kGelu;
       void* in_out = llama ? mlp_act_.get() : mlp_in_.get();
       const void* in_bias = llama ? nullptr : L.b_in;
-      if (fold_norm) {
-        RETURN_IF_ERROR(GemvNorm(t, in_epilogue, llama, x_.get(), nullptr, L.mlp_norm_w, L.mlp_fold,
-                                 c_.norm_eps, L.w_in, in_bias, in_out, rows, inter, hidden, s,
-                                 pdl()));
-      } else {
-        RETURN_IF_ERROR(
-            Gemv(t, in_epilogue, mlp_x, L.w_in, in_bias, in_out, rows, inter, hidden, s, tuning));
-      }
+      RETURN_IF_ERROR(
+          Gemv(t, in_epilogue, mlp_x, L.w_in, in_bias, in_out, rows, inter, hidden, s, tuning));
       act = in_out;
       RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, act, L.w_out, L.b_out, x_.get(), rows,
                            hidden, inter, s, tuning));
@@ -596,29 +547,20 @@ absl::Status CudaStage::Forward(int rows, int samples) {
       // Final norm of the sampled rows only, LM head into fp32 logits, sampling.
       const int32_t* gather = DevIn<int32_t>(layout_.gather);
       const bool head_gemv = samples <= GemvMaxRows() && GemvSupported(samples, hidden);
-      if (head_gemv && opt_.fold_norms && pending_bias == nullptr &&
-          GemvNormSupported(samples, hidden)) {
-        RETURN_IF_ERROR(GemvNorm(t, GemvEpilogue::kF32, llama, x_.get(), gather, final_norm_w_,
-                                 head_fold_, c_.norm_eps, lm_head_, nullptr, logits_.get(), samples,
-                                 c_.vocab_size, hidden, s, pdl()));
+      RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, final_norm_w_, final_norm_b_,
+                                 gather, head_in_.get(), samples, hidden, c_.norm_eps, s));
+      if (head_gemv) {
+        RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kF32, head_in_.get(), lm_head_, nullptr,
+                             logits_.get(), samples, c_.vocab_size, hidden, s, tuning));
       } else {
-        RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, final_norm_w_, final_norm_b_,
-                                   gather, head_in_.get(), samples, hidden, c_.norm_eps, s, pdl()));
-        if (head_gemv) {
-          RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kF32, head_in_.get(), lm_head_, nullptr,
-                               logits_.get(), samples, c_.vocab_size, hidden, s, tuning));
-        } else {
-          RETURN_IF_ERROR(Matmul(head_in_.get(), lm_head_, logits_.get(), samples, c_.vocab_size,
-                                 hidden, 0.0f, true));
-        }
+        RETURN_IF_ERROR(Matmul(head_in_.get(), lm_head_, logits_.get(), samples, c_.vocab_size,
+                               hidden, 0.0f, true));
       }
       SamplingArrays p{DevIn<float>(layout_.temperature), DevIn<int32_t>(layout_.top_k),
                        DevIn<float>(layout_.top_p), DevIn<uint64_t>(layout_.seed),
                        DevIn<uint64_t>(layout_.sample_index)};
-      // After a cuBLAS GEMM the sampler is launched plainly.
       RETURN_IF_ERROR(LaunchSample(logits_.as<float>(), probs_.as<float>(), p,
-                                   tokens_out_.as<int32_t>(), samples, c_.vocab_size, s,
-                                   head_gemv && pdl()));
+                                   tokens_out_.as<int32_t>(), samples, c_.vocab_size, s));
     }
   } else if (pending_bias != nullptr) {
     RETURN_IF_ERROR(LaunchAddBias(t, x_.get(), pending_bias, rows, hidden, s));

@@ -22,16 +22,8 @@ struct CudaOptions {
   // was faster on an H100 (docs/performance.md).
   int gemv_max_rows = 4;
   // Kernel-latency fusions (false: the kernels as before, for comparison; docs/performance.md
-  // has what each one measured):
-  // - decode_pdl: on GEMV-sized passes every kernel is a programmatic dependent launch (not only
-  //   the GEMVs), so each one's launch overlaps the tail of the one before; the same arithmetic;
-  // - fold_norms: on GEMV-sized passes (1, 2 or 4 rows, hidden <= 8192) there is no norm kernel in
-  //   front of the QKV, MLP-in and LM-head projections: each warp of the GEMV sums the statistics
-  //   of the rows it reads anyway and scales its dot products by them (LayerNorm also with w·g and
-  //   w·b, computed at load time). The normalised rows are never rounded to dtype, so results
-  //   differ from the separate norm by about one rounding of each normalised element (and agree
-  //   less often with HF transformers' greedy tokens, which round there); faster for gpt2 at
-  //   batch 1, slower for openllama-3b;
+  // has what each one measured; two more that measured slower, every kernel of a GEMV-sized pass
+  // launched programmatically and the norms folded into the GEMVs, were removed):
   // - attention_combine: the attention kernel combines its key splits itself (the last block of a
   //   head does it) instead of a separate combine kernel; the same arithmetic.
   // Batch-invariant: a sequence's results do not depend on the other sequences of its batch (or
@@ -40,8 +32,6 @@ struct CudaOptions {
   // per shape without split-K (cuda::FixedAlgoGemm), the GEMV kernels are not used, and attention
   // never splits a row's keys. Slower at small batches (docs/performance.md).
   bool batch_invariant = false;
-  bool decode_pdl = false;
-  bool fold_norms = false;
   bool attention_combine = true;
   // On GEMV-sized passes the QKV projection writes q and the KV-cache itself, rotary embedding
   // included (cuda::GemvQkvCache), instead of a separate split/rotate kernel; the same bits.
