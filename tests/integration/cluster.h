@@ -49,11 +49,11 @@ struct ClusterOptions {
   int replicas = 1;
   std::vector<std::string> coordinator_flags;  // extra --flag=value
   std::vector<std::string> worker_flags;       // extra --flag=value of every worker
-  std::vector<std::vector<std::string>> flags_of_worker;  // more flags of worker i (e.g. --gpu=i)
   // How the test's stubs reach the coordinator: inference() and channel() with the first,
   // admin() with the second (TLS, keys; default: plain, no key).
   ClientAuth inference_auth;
   ClientAuth admin_auth;
+  std::vector<std::vector<std::string>> flags_of_worker;  // more flags of worker i (e.g. --gpu=i)
 };
 
 class Cluster {

@@ -60,6 +60,192 @@ ABSL_FLAG(std::string, model_root, "",
 namespace {
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop.store(true); }
+
+// The compute backend the flags ask for: how stages are made and how they link to their
+// neighbours. A bad flag is INVALID_ARGUMENT with the message to print.
+struct Backend {
+  tandem::StageFactory factory;
+  tandem::LinkOptions link;
+};
+
+absl::StatusOr<Backend> CpuBackend(const std::string& transport) {
+  if (transport != "grpc")
+    return absl::InvalidArgumentError("--transport=nccl needs --backend=cuda");
+  if (absl::GetFlag(FLAGS_batch_invariant)) {
+    return absl::InvalidArgumentError(
+        "--batch_invariant needs --backend=cuda (the cpu backend has no such mode)");
+  }
+  Backend b;
+  b.factory = [](const tandem::StageSpec& spec) { return tandem::MakeCpuStage(spec); };
+  return b;
+}
+
+#ifdef TANDEM_HAVE_CUDA
+absl::StatusOr<tandem::CudaOptions> CudaOptionsFromFlags() {
+  tandem::CudaOptions options;
+  options.device = absl::GetFlag(FLAGS_gpu);
+  absl::StatusOr<tandem::DType> dtype =
+      tandem::ParseHalfDTypeFlag(absl::GetFlag(FLAGS_dtype), "--dtype");
+  if (!dtype.ok()) return absl::InvalidArgumentError(dtype.status().message());
+  options.dtype = *dtype;
+  const double kv = absl::GetFlag(FLAGS_kv_memory_fraction);
+  if (!(kv > 0.0 && kv <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_memory_fraction: ", kv, " (expected a share in (0, 1])"));
+  }
+  options.kv_memory_fraction = static_cast<float>(kv);
+  options.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  if (options.device < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu: ", options.device, " (expected a CUDA device index >= 0)"));
+  }
+  return options;
+}
+#endif
+
+absl::StatusOr<Backend> CudaBackend() {
+#ifdef TANDEM_HAVE_CUDA
+  absl::StatusOr<tandem::CudaOptions> opt = CudaOptionsFromFlags();
+  if (!opt.ok()) return opt.status();
+  const tandem::CudaOptions options = *opt;
+  Backend b;
+  b.factory = [options](const tandem::StageSpec& spec) {
+    return tandem::MakeCudaStage(spec, options);
+  };
+  b.link.to_host = [device = options.device](const tandem::Activations& a) {
+    return tandem::CopyActivationsToHost(a, device);
+  };
+  // One stream per worker: the transport's copies and NCCL kernels go on the stage's stream
+  // (kernels on a second stream slow cuBLAS's GEMMs by ~3% on Hopper,
+  // docs/performance-pipeline.md), and the stage's waits watch the sends, so that one the next
+  // stage never takes ends in an abort at the timeout instead of a wait without end.
+  b.link.bind_nccl = [](tandem::Stage& stage, tandem::ActivationTransport& t) -> absl::Status {
+    auto* nccl = dynamic_cast<tandem::NcclTransport*>(&t);
+    if (nccl == nullptr) return absl::OkStatus();
+    absl::StatusOr<void*> stream = tandem::CudaStageStream(stage);
+    if (!stream.ok()) return stream.status();
+    if (absl::Status st = nccl->UseStream(*stream); !st.ok()) return st;
+    return tandem::SetStreamWatch(stage, [nccl] { return nccl->Watch(); });
+  };
+  // With the link on the stage's stream, decode steps send their output from the device.
+  b.link.set_decode_tail = tandem::SetDecodeTail;
+  b.link.make_nccl_id = [] { return tandem::MakeNcclUniqueId(); };
+  b.link.join_nccl = [options,
+                      recv_timeout = absl::GetFlag(FLAGS_recv_timeout_s)](const tandem::NcclJoin& j)
+      -> absl::StatusOr<std::unique_ptr<tandem::ActivationTransport>> {
+    tandem::NcclTransportOptions o;
+    o.device = options.device;
+    o.rank = j.rank;
+    o.world = j.world;
+    o.hidden_size = j.hidden_size;
+    o.dtype = options.dtype;
+    o.max_rows = j.max_rows;
+    o.timeout = absl::Seconds(recv_timeout);
+    absl::StatusOr<std::unique_ptr<tandem::NcclTransport>> t =
+        tandem::NcclTransport::Create(o, j.unique_id);
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<tandem::ActivationTransport>(*std::move(t));
+  };
+  return b;
+#else
+  return absl::InvalidArgumentError(
+      "--backend=cuda: this tandem-worker was built without CUDA (available: cpu)");
+#endif
+}
+
+absl::StatusOr<Backend> BackendFromFlags() {
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  if (transport != "grpc" && transport != "nccl") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--transport: '", transport, "' (expected grpc or nccl)"));
+  }
+  absl::StatusOr<Backend> b;
+  if (backend == "cpu") {
+    b = CpuBackend(transport);
+  } else if (backend == "cuda") {
+    b = CudaBackend();
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend: '", backend, "' is not a backend (expected cpu or cuda)"));
+  }
+  if (b.ok()) b->link.transport = transport;
+  return b;
+}
+
+// Cluster members only: the secret on every call, and with --tls_ca a certificate the CA signed
+// (the TLS handshake refuses clients without one).
+struct Access {
+  std::shared_ptr<grpc::ServerCredentials> server_credentials;
+  tandem::ClientAuth cluster_auth;
+  tandem::CallerPolicy callers;
+};
+
+absl::StatusOr<Access> AccessFromFlags() {
+  const tandem::TlsFiles tls = tandem::TlsFilesFromFlags();
+  const std::string cluster_secret =
+      tandem::FlagOrEnv(absl::GetFlag(FLAGS_cluster_secret), "TANDEM_CLUSTER_SECRET");
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server_credentials =
+      tandem::MakeServerCredentials(tls, tandem::ClientCerts::kRequired);
+  if (!server_credentials.ok()) return server_credentials.status();
+  absl::StatusOr<tandem::ClientAuth> cluster_auth = tandem::MakeClientAuth(tls, cluster_secret);
+  if (!cluster_auth.ok()) return cluster_auth.status();
+  return Access{*std::move(server_credentials), *std::move(cluster_auth),
+                tandem::CallerPolicy{.key = cluster_secret, .key_name = "cluster secret"}};
+}
+
+// Metrics are an aid, not a requirement: a taken port is logged and the worker runs on. GPU
+// readings appear where NVML is present.
+struct Monitoring {
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  tandem::WorkerMetrics metrics{*registry};
+  tandem::GpuMetrics gpu_metrics{*registry};
+  std::unique_ptr<tandem::GpuSampler> gpu_sampler;
+  std::unique_ptr<tandem::MetricsServer> server;
+};
+
+// The GPUs whose readings the worker reports: a CUDA worker the one it computes on (found by
+// UUID: CUDA's and NVML's orders may differ), so that a sweep does not count a host's idle GPUs;
+// otherwise every visible one.
+std::vector<int> ReportedGpus(tandem::Nvml& nvml, int gpus) {
+  std::vector<int> reported = tandem::VisibleGpuIndices(std::getenv("CUDA_VISIBLE_DEVICES"), gpus);
+#ifdef TANDEM_HAVE_CUDA
+  if (absl::GetFlag(FLAGS_backend) == "cuda") {
+    absl::StatusOr<std::string> uuid = tandem::CudaDeviceUuid(absl::GetFlag(FLAGS_gpu));
+    absl::StatusOr<int> index =
+        uuid.ok() ? nvml.IndexOfUuid(*uuid) : absl::StatusOr<int>(uuid.status());
+    if (index.ok()) return {*index};
+    spdlog::warn("GPU metrics of every visible GPU: {}", index.status().ToString());
+  }
+#else
+  (void)nvml;
+#endif
+  return reported;
+}
+
+void StartMonitoring(Monitoring& m, tandem::WorkerService& worker) {
+  const std::string addr = absl::GetFlag(FLAGS_metrics_address);
+  if (addr.empty()) return;
+  absl::StatusOr<std::unique_ptr<tandem::MetricsServer>> server =
+      tandem::MetricsServer::Start(addr, m.registry);
+  if (!server.ok()) {
+    spdlog::error("--metrics_address: {}; serving without metrics", server.status().ToString());
+    return;
+  }
+  m.server = *std::move(server);
+  worker.set_metrics(&m.metrics);
+  std::printf("tandem-worker metrics on port %d\n", m.server->port());
+  absl::StatusOr<std::unique_ptr<tandem::Nvml>> nvml = tandem::Nvml::Load();
+  absl::StatusOr<int> gpus = nvml.ok() ? (*nvml)->DeviceCount() : absl::StatusOr<int>(0);
+  if (!nvml.ok() || !gpus.ok() || *gpus == 0) {
+    spdlog::info("no GPU metrics: {}", nvml.ok() ? "no GPU" : nvml.status().ToString());
+    return;
+  }
+  std::vector<int> reported = ReportedGpus(**nvml, *gpus);
+  m.gpu_sampler = std::make_unique<tandem::GpuSampler>(*std::move(nvml), std::move(reported),
+                                                       m.gpu_metrics, absl::Milliseconds(500));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -67,168 +253,37 @@ int main(int argc, char** argv) {
       "tandem-worker --coordinator HOST:PORT [--listen ADDR] [--backend cpu|cuda [--gpu N] "
       "[--dtype f16|bf16] [--transport grpc|nccl]]");
   absl::ParseCommandLine(argc, argv);
-  const std::string backend = absl::GetFlag(FLAGS_backend);
-  const std::string transport = absl::GetFlag(FLAGS_transport);
-  if (transport != "grpc" && transport != "nccl") {
-    spdlog::error("--transport: '{}' (expected grpc or nccl)", transport);
+  absl::StatusOr<Backend> backend = BackendFromFlags();
+  if (!backend.ok()) {
+    spdlog::error("{}", std::string(backend.status().message()));
     return 2;
   }
-  tandem::StageFactory factory;
-  tandem::LinkOptions link_options;
-  link_options.transport = transport;
-  if (backend == "cpu") {
-    if (transport != "grpc") {
-      spdlog::error("--transport=nccl needs --backend=cuda");
-      return 2;
-    }
-    if (absl::GetFlag(FLAGS_batch_invariant)) {
-      spdlog::error("--batch_invariant needs --backend=cuda (the cpu backend has no such mode)");
-      return 2;
-    }
-    factory = [](const tandem::StageSpec& spec) { return tandem::MakeCpuStage(spec); };
-  } else if (backend == "cuda") {
-#ifdef TANDEM_HAVE_CUDA
-    tandem::CudaOptions options;
-    options.device = absl::GetFlag(FLAGS_gpu);
-    absl::StatusOr<tandem::DType> dtype =
-        tandem::ParseHalfDTypeFlag(absl::GetFlag(FLAGS_dtype), "--dtype");
-    if (!dtype.ok()) {
-      spdlog::error("{}", std::string(dtype.status().message()));
-      return 2;
-    }
-    options.dtype = *dtype;
-    const double kv = absl::GetFlag(FLAGS_kv_memory_fraction);
-    if (!(kv > 0.0 && kv <= 1.0)) {
-      spdlog::error("--kv_memory_fraction: {} (expected a share in (0, 1])", kv);
-      return 2;
-    }
-    options.kv_memory_fraction = static_cast<float>(kv);
-    options.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
-    if (options.device < 0) {
-      spdlog::error("--gpu: {} (expected a CUDA device index >= 0)", options.device);
-      return 2;
-    }
-    factory = [options](const tandem::StageSpec& spec) {
-      return tandem::MakeCudaStage(spec, options);
-    };
-    link_options.to_host = [device = options.device](const tandem::Activations& a) {
-      return tandem::CopyActivationsToHost(a, device);
-    };
-    // One stream per worker: the transport's copies and NCCL kernels go on the stage's stream
-    // (kernels on a second stream slow cuBLAS's GEMMs by ~3% on Hopper,
-    // docs/performance-pipeline.md), and the stage's waits watch the sends, so that one the next
-    // stage never takes ends in an abort at the timeout instead of a wait without end.
-    link_options.bind_nccl = [](tandem::Stage& stage,
-                                tandem::ActivationTransport& t) -> absl::Status {
-      auto* nccl = dynamic_cast<tandem::NcclTransport*>(&t);
-      if (nccl == nullptr) return absl::OkStatus();
-      absl::StatusOr<void*> stream = tandem::CudaStageStream(stage);
-      if (!stream.ok()) return stream.status();
-      if (absl::Status st = nccl->UseStream(*stream); !st.ok()) return st;
-      return tandem::SetStreamWatch(stage, [nccl] { return nccl->Watch(); });
-    };
-    // With the link on the stage's stream, decode steps send their output from the device.
-    link_options.set_decode_tail = tandem::SetDecodeTail;
-    link_options.make_nccl_id = [] { return tandem::MakeNcclUniqueId(); };
-    link_options.join_nccl = [options, recv_timeout = absl::GetFlag(FLAGS_recv_timeout_s)](
-                                 const tandem::NcclJoin& j)
-        -> absl::StatusOr<std::unique_ptr<tandem::ActivationTransport>> {
-      tandem::NcclTransportOptions o;
-      o.device = options.device;
-      o.rank = j.rank;
-      o.world = j.world;
-      o.hidden_size = j.hidden_size;
-      o.dtype = options.dtype;
-      o.max_rows = j.max_rows;
-      o.timeout = absl::Seconds(recv_timeout);
-      absl::StatusOr<std::unique_ptr<tandem::NcclTransport>> t =
-          tandem::NcclTransport::Create(o, j.unique_id);
-      if (!t.ok()) return t.status();
-      return std::unique_ptr<tandem::ActivationTransport>(*std::move(t));
-    };
-#else
-    spdlog::error("--backend=cuda: this tandem-worker was built without CUDA (available: cpu)");
-    return 2;
-#endif
-  } else {
-    spdlog::error("--backend: '{}' is not a backend (expected cpu or cuda)", backend);
+  absl::StatusOr<Access> access = AccessFromFlags();
+  if (!access.ok()) {
+    spdlog::error("{}", access.status().ToString());
     return 2;
   }
-
-  // Cluster members only: the secret on every call, and with --tls_ca a certificate the CA signed
-  // (the TLS handshake refuses clients without one).
-  const tandem::TlsFiles tls = tandem::TlsFilesFromFlags();
-  const std::string cluster_secret =
-      tandem::FlagOrEnv(absl::GetFlag(FLAGS_cluster_secret), "TANDEM_CLUSTER_SECRET");
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server_credentials =
-      tandem::MakeServerCredentials(tls, tandem::ClientCerts::kRequired);
-  absl::StatusOr<tandem::ClientAuth> cluster_auth = tandem::MakeClientAuth(tls, cluster_secret);
-  if (!server_credentials.ok() || !cluster_auth.ok()) {
-    spdlog::error("{}", (server_credentials.ok() ? cluster_auth.status()
-                                                 : server_credentials.status()).ToString());
-    return 2;
-  }
-  const tandem::CallerPolicy callers{.key = cluster_secret, .key_name = "cluster secret"};
   if (const std::string root = absl::GetFlag(FLAGS_model_root);
       !root.empty() && !std::filesystem::is_directory(root)) {
     spdlog::error("--model_root: '{}' is not a folder", root);
     return 2;
   }
-  link_options.peer_auth = *cluster_auth;
+  backend->link.peer_auth = access->cluster_auth;
 
   tandem::ActivationInbox inbox;
-  tandem::WorkerService worker(factory, inbox,
+  tandem::WorkerService worker(backend->factory, inbox,
                                absl::Seconds(absl::GetFlag(FLAGS_recv_timeout_s)),
-                               std::move(link_options));
-  worker.set_access(callers, absl::GetFlag(FLAGS_model_root));
-  tandem::StageLinkService link(inbox, callers);
-  // Metrics are an aid, not a requirement: a taken port is logged and the worker runs on. GPU
-  // readings appear where NVML is present.
-  auto registry = std::make_shared<prometheus::Registry>();
-  tandem::WorkerMetrics metrics(*registry);
-  tandem::GpuMetrics gpu_metrics(*registry);
-  std::unique_ptr<tandem::GpuSampler> gpu_sampler;
-  std::unique_ptr<tandem::MetricsServer> metrics_server;
-  if (const std::string addr = absl::GetFlag(FLAGS_metrics_address); !addr.empty()) {
-    absl::StatusOr<std::unique_ptr<tandem::MetricsServer>> m =
-        tandem::MetricsServer::Start(addr, registry);
-    if (m.ok()) {
-      metrics_server = *std::move(m);
-      worker.set_metrics(&metrics);
-      std::printf("tandem-worker metrics on port %d\n", metrics_server->port());
-      absl::StatusOr<std::unique_ptr<tandem::Nvml>> nvml = tandem::Nvml::Load();
-      absl::StatusOr<int> gpus = nvml.ok() ? (*nvml)->DeviceCount() : absl::StatusOr<int>(0);
-      if (nvml.ok() && gpus.ok() && *gpus > 0) {
-        std::vector<int> reported =
-            tandem::VisibleGpuIndices(std::getenv("CUDA_VISIBLE_DEVICES"), *gpus);
-#ifdef TANDEM_HAVE_CUDA
-        if (backend == "cuda") {
-          // A CUDA worker reports the GPU it computes on (found by UUID: CUDA's and NVML's
-          // orders may differ), so that a sweep does not count a host's idle GPUs.
-          absl::StatusOr<std::string> uuid = tandem::CudaDeviceUuid(absl::GetFlag(FLAGS_gpu));
-          absl::StatusOr<int> index =
-              uuid.ok() ? (*nvml)->IndexOfUuid(*uuid) : absl::StatusOr<int>(uuid.status());
-          if (index.ok()) {
-            reported = {*index};
-          } else {
-            spdlog::warn("GPU metrics of every visible GPU: {}", index.status().ToString());
-          }
-        }
-#endif
-        gpu_sampler = std::make_unique<tandem::GpuSampler>(*std::move(nvml), std::move(reported),
-                                                           gpu_metrics, absl::Milliseconds(500));
-      } else {
-        spdlog::info("no GPU metrics: {}", nvml.ok() ? "no GPU" : nvml.status().ToString());
-      }
-    } else {
-      spdlog::error("--metrics_address: {}; serving without metrics", m.status().ToString());
-    }
-  }
+                               std::move(backend->link));
+  worker.set_access(access->callers, absl::GetFlag(FLAGS_model_root));
+  tandem::StageLinkService link(inbox, access->callers);
+  Monitoring monitoring;
+  StartMonitoring(monitoring, worker);
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *server_credentials, &port);
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), access->server_credentials, &port);
   builder.SetMaxReceiveMessageSize(-1);
   builder.SetMaxSendMessageSize(-1);
   builder.RegisterService(&worker);
@@ -241,13 +296,13 @@ int main(int argc, char** argv) {
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", port);
   std::printf("tandem-worker listening on port %d\n", port);
   std::fflush(stdout);
-  spdlog::info("worker ({}) serving on {}, coordinator {}", backend, address,
+  spdlog::info("worker ({}) serving on {}, coordinator {}", absl::GetFlag(FLAGS_backend), address,
                absl::GetFlag(FLAGS_coordinator));
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   {
-    tandem::Registrar registrar(absl::GetFlag(FLAGS_coordinator), address, backend,
-                                *std::move(cluster_auth));
+    tandem::Registrar registrar(absl::GetFlag(FLAGS_coordinator), address,
+                                absl::GetFlag(FLAGS_backend), std::move(access->cluster_auth));
     while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   spdlog::info("shutting down");
