@@ -21,6 +21,17 @@ void RequestState::Admitted(absl::Time t) {
 
 void RequestState::Append(int32_t token, absl::Time t, TokenLogprob* logprob) {
   absl::MutexLock lock(&mu_);
+  AppendLocked(token, t, logprob);
+}
+
+void RequestState::AppendLast(int32_t token, absl::Time t, TokenLogprob* logprob,
+                              v1::FinishReason finish, int text_limit) {
+  absl::MutexLock lock(&mu_);
+  AppendLocked(token, t, logprob);
+  FinishLocked(absl::OkStatus(), finish, text_limit, t);
+}
+
+void RequestState::AppendLocked(int32_t token, absl::Time t, TokenLogprob* logprob) {
   if (s_.done) return;
   if (s_.tokens.empty()) s_.first_token = t;
   s_.tokens.push_back(token);
@@ -36,6 +47,11 @@ void RequestState::AppendPromptLogprobs(std::vector<TokenLogprob> logprobs) {
 void RequestState::Finish(absl::Status status, v1::FinishReason finish, int text_limit,
                           absl::Time t) {
   absl::MutexLock lock(&mu_);
+  FinishLocked(std::move(status), finish, text_limit, t);
+}
+
+void RequestState::FinishLocked(absl::Status status, v1::FinishReason finish, int text_limit,
+                                absl::Time t) {
   if (s_.done) return;
   s_.done = true;
   s_.status = std::move(status);

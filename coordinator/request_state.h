@@ -42,12 +42,22 @@ class RequestState {
   void Admitted(absl::Time t);
   // `logprob`: the token's, when the request asked for logprobs.
   void Append(int32_t token, absl::Time t, TokenLogprob* logprob = nullptr);
+  // Appends the token that ends the request and ends it (OK, `finish`) at once, so that a waiter
+  // never sees the last token without the end (a stream would send it as an ordinary token and
+  // the end on its own, or show a stop string that the end's text_limit cuts).
+  void AppendLast(int32_t token, absl::Time t, TokenLogprob* logprob, v1::FinishReason finish,
+                  int text_limit);
   void AppendPromptLogprobs(std::vector<TokenLogprob> logprobs);
   // First call wins; later ones are ignored.
   void Finish(absl::Status status, v1::FinishReason finish, int text_limit, absl::Time t);
   size_t num_tokens();
 
  private:
+  void AppendLocked(int32_t token, absl::Time t, TokenLogprob* logprob)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishLocked(absl::Status status, v1::FinishReason finish, int text_limit, absl::Time t)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const ValidatedRequest request_;
   const absl::Time arrival_;
   absl::Mutex mu_;

@@ -227,7 +227,13 @@ void Scheduler::AppendToken(Sequence& seq, int32_t token, TokenLogprob* logprob,
   const ValidatedRequest& r = seq.request->request();
   seq.generated.push_back(token);
   if (r.sampling.has_penalties()) ++seq.seen[token].first;
-  seq.request->Append(token, now, logprob);
+  // Decided before the request sees the token, so that a last token and the end reach it at once.
+  const StopDecision stop = CheckStop(r, seq.generated, options_.context_length, options_.decode);
+  if (stop.ends()) {
+    seq.request->AppendLast(token, now, logprob, stop.finish, stop.text_limit);
+  } else {
+    seq.request->Append(token, now, logprob);
+  }
   if (metrics_ != nullptr) {
     metrics_->generated_tokens.Increment();
     if (seq.generated.size() == 1) {
@@ -237,7 +243,6 @@ void Scheduler::AppendToken(Sequence& seq, int32_t token, TokenLogprob* logprob,
     }
     seq.last_token = now;
   }
-  const StopDecision stop = CheckStop(r, seq.generated, options_.context_length, options_.decode);
   if (stop.ends()) {
     EndSequence(seq.id, absl::OkStatus(), stop.finish, stop.text_limit, now);
   } else {

@@ -1,0 +1,43 @@
+#include "coordinator/request_state.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::ElementsAre;
+
+const absl::Time kT = absl::UnixEpoch() + absl::Seconds(5);
+
+TEST(RequestState, AppendLastShowsTheTokenAndTheEndTogether) {
+  RequestState r(ValidatedRequest{}, kT);
+  r.Append(4, kT);
+  TokenLogprob lp{.token = 9, .logprob = -0.5f, .top = {}};
+  r.AppendLast(9, kT + absl::Seconds(1), &lp, v1::FINISH_REASON_STOP, 3);
+  const RequestState::Snapshot snap = r.Wait(1, absl::InfinitePast());
+  EXPECT_THAT(snap.tokens, ElementsAre(4, 9));
+  ASSERT_EQ(snap.logprobs.size(), 1u);
+  EXPECT_EQ(snap.logprobs[0].token, 9);
+  EXPECT_TRUE(snap.done);
+  EXPECT_TRUE(snap.status.ok());
+  EXPECT_EQ(snap.finish, v1::FINISH_REASON_STOP);
+  EXPECT_EQ(snap.text_limit, 3);
+  EXPECT_EQ(snap.first_token, kT);
+  EXPECT_EQ(snap.finished, kT + absl::Seconds(1));
+}
+
+TEST(RequestState, TheFirstEndWinsAndNothingIsAppendedAfterIt) {
+  RequestState r(ValidatedRequest{}, kT);
+  r.Finish(absl::CancelledError("client left"), v1::FINISH_REASON_UNSPECIFIED, -1, kT);
+  r.AppendLast(7, kT, nullptr, v1::FINISH_REASON_LENGTH, -1);
+  r.Append(8, kT);
+  r.Finish(absl::OkStatus(), v1::FINISH_REASON_EOS, -1, kT);
+  const RequestState::Snapshot snap = r.Wait(0, absl::InfinitePast());
+  EXPECT_TRUE(snap.tokens.empty());
+  EXPECT_EQ(snap.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(snap.finish, v1::FINISH_REASON_UNSPECIFIED);
+}
+
+}  // namespace
+}  // namespace tandem
