@@ -1,8 +1,6 @@
 // Worker service: assignment, the ordered step loop, registration and heartbeats.
 #include "worker/service/worker_service.h"
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <deque>
 
@@ -10,13 +8,12 @@
 #include "absl/strings/str_format.h"
 #include "common/metrics.h"
 #include "common/model_config.h"
+#include "common/thread_name.h"
 #include "spdlog/spdlog.h"
 #include "worker/model_root.h"
 
 namespace tandem {
 namespace {
-
-void NameThread(const char* name) { pthread_setname_np(pthread_self(), name); }
 
 v1::StepResult ErrorResult(uint64_t step, const absl::Status& s) {
   v1::StepResult r;
@@ -272,7 +269,7 @@ grpc::Status WorkerService::Steps(
   auto cancelled = [&] { return ctx->IsCancelled() || failed.load(); };
 
   std::thread executor([&] {
-    NameThread("steps");
+    SetThreadName("steps");
     std::shared_ptr<Assignment> a;
     while (true) {
       v1::StepRequest req;
@@ -344,7 +341,7 @@ Registrar::Registrar(std::string coordinator, std::string advertise_address, std
       backend_(std::move(backend)),
       auth_(std::move(auth)) {
   thread_ = std::thread([this] {
-    NameThread("registrar");
+    SetThreadName("registrar");
     Loop();
   });
 }
