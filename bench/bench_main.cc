@@ -74,7 +74,7 @@ ABSL_FLAG(bool, batch_invariant, false,
           "results independent of the batch: pinned GEMM algorithms, no GEMV, unsplit attention "
           "(CudaOptions::batch_invariant)");
 ABSL_FLAG(bool, profile, false,
-          "time each decode step on the device too (CudaOptions::profile_decode): device time, "
+          "time each decode step on the device too (bench/decode_profile.h): device time, "
           "forward pass, device idle between steps, host time to launch");
 ABSL_FLAG(bool, cpu_load, false,
           "load the model with the CPU backend instead and print only its load time");
@@ -216,12 +216,16 @@ absl::Status Bench() {
   opt.gemv_max_rows = absl::GetFlag(FLAGS_gemv_max_rows);
   SetFusionFlags(opt);
   opt.kv_memory_fraction = static_cast<float>(absl::GetFlag(FLAGS_kv_memory_fraction));
-  opt.profile_decode = absl::GetFlag(FLAGS_profile);
+  const bool profile = absl::GetFlag(FLAGS_profile);
   const int steps = new_tokens;
   const double weight_bytes = WeightBytesPerStep(c, DTypeSize(dtype));
   const double kv_token_bytes = 2.0 * c.num_layers * c.kv_dim() * DTypeSize(dtype);
   std::vector<BatchResult> results;
   double load_s = 0;
+  std::unique_ptr<DecodeProfiler> profiler;  // --profile; outlives every stage it observes
+  if (profile) {
+    ASSIGN_OR_RETURN(profiler, DecodeProfiler::Create());
+  }
   std::unique_ptr<Stage> stage;
   for (int prompt : prompts) {
     // One stage per prompt length, its KV-cache sized for prompt + new tokens.
@@ -230,6 +234,7 @@ absl::Status Bench() {
     const auto t_load = Clock::now();
     ASSIGN_OR_RETURN(stage, MakeCudaStage(spec, opt));
     load_s = Seconds(t_load, Clock::now());
+    if (profiler) RETURN_IF_ERROR(SetDecodeObserver(*stage, profiler.get()));
     for (int batch : batches) {
       // Round 0 warms up (cuBLAS heuristics, graph capture of the bucket); round 1 is measured.
       BatchResult r{batch, prompt, 0, 0, 0, 0, 0, 0, {}};
@@ -247,7 +252,7 @@ absl::Status Bench() {
         }
         std::sort(prefill_s.begin(), prefill_s.end());
         std::vector<int32_t> last = out.tokens;
-        if (opt.profile_decode) RETURN_IF_ERROR(TakeDecodeProfile(*stage).status());
+        if (profiler) profiler->Take();
         double kv_bytes = 0;
         const int decode_steps = round == 0 ? std::min(steps - 1, 3) : steps - 1;
         for (int i = 0; i < decode_steps; ++i) {
@@ -278,8 +283,8 @@ absl::Status Bench() {
           r.gb_s = decode_steps > 0
                        ? (weight_bytes * decode_steps + kv_bytes) / decode_s / 1e9
                        : 0;
-          if (opt.profile_decode) {
-            ASSIGN_OR_RETURN(r.profile, TakeDecodeProfile(*stage));
+          if (profiler) {
+            r.profile = profiler->Take();
           }
         }
       }
@@ -326,7 +331,7 @@ absl::Status Bench() {
                 r.decode_ms_step, r.decode_tok_s, r.e2e_tok_s, r.gb_s,
                 100 * r.gb_s * 1e9 / *copy_bw);
   }
-  if (opt.profile_decode) {
+  if (profile) {
     std::vector<DecodeProfileRow> rows;
     for (const BatchResult& r : results) rows.push_back({r.batch, 0, r.profile});
     std::printf("\n%s", DecodeProfileTable(rows).c_str());

@@ -77,7 +77,7 @@ ABSL_FLAG(bool, device_send, true,
           "is queued behind its forward pass on the device (SetDecodeTail); false: sent once the "
           "host has seen the step finish");
 ABSL_FLAG(bool, profile, false,
-          "time each decode step of each stage on the device too (CudaOptions::profile_decode)");
+          "time each decode step of each stage on the device too (bench/decode_profile.h)");
 ABSL_FLAG(std::string, reference, "",
           "single-stage JSON: rank 0 compares tokens and step times against it");
 
@@ -336,7 +336,12 @@ absl::StatusOr<int> Run() {
   opt.dtype = dtype;
   opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
   opt.kv_memory_fraction = static_cast<float>(absl::GetFlag(FLAGS_kv_memory_fraction));
-  opt.profile_decode = absl::GetFlag(FLAGS_profile);
+  const bool profile = absl::GetFlag(FLAGS_profile);
+  // --profile: one profiler per stage of this process, outliving the stages.
+  std::unique_ptr<DecodeProfiler> profilers[2];
+  for (int i = 0; profile && i < 2; ++i) {
+    ASSIGN_OR_RETURN(profilers[i], DecodeProfiler::Create());
+  }
   const auto t_load = Clock::now();
   ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCudaStage(spec, opt));
   std::unique_ptr<Stage> second;
@@ -347,6 +352,10 @@ absl::StatusOr<int> Run() {
     ASSIGN_OR_RETURN(second, MakeCudaStage(rest, opt));
   }
   const double load_s = Ms(t_load, Clock::now()) * 1e-3;
+  for (int i = 0; profile && i < 2; ++i) {
+    Stage* s = i == 0 ? stage.get() : second.get();
+    if (s != nullptr) RETURN_IF_ERROR(SetDecodeObserver(*s, profilers[i].get()));
+  }
 
   std::unique_ptr<NcclTransport> transport;
   double join_s = 0;
@@ -405,10 +414,8 @@ absl::StatusOr<int> Run() {
   for (int batch : batches) {
     for (int round = 0; round < 2; ++round) {
       ASSIGN_OR_RETURN(BatchResult r, RunBatch(runner, c, batch, prompt, steps, round, rank));
-      for (Stage* s : {stage.get(), second.get()}) {
-        if (s == nullptr || !opt.profile_decode) continue;
-        ASSIGN_OR_RETURN(CudaDecodeProfile p, TakeDecodeProfile(*s));
-        r.profiles.push_back(p);
+      for (int i = 0; profile && i < 2; ++i) {
+        if (i == 0 || second != nullptr) r.profiles.push_back(profilers[i]->Take());
       }
       if (round == 1) results.push_back(std::move(r));
     }
@@ -433,7 +440,7 @@ absl::StatusOr<int> Run() {
                 r.prefill_ms, r.decode_ms_step, r.decode_tok_s, r.e2e_tok_s, r.recv_ms,
                 r.step_ms, r.send_ms);
   }
-  if (opt.profile_decode) {
+  if (profile) {
     std::vector<DecodeProfileRow> rows;
     for (const BatchResult& r : results) {
       for (size_t i = 0; i < r.profiles.size(); ++i) {

@@ -120,8 +120,7 @@ class CudaStage final : public Stage {
   absl::Status AllocateKvCache();
   absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) override;
   const ModelConfig& config() const override { return c_; }
-  bool profiling() const { return opt_.profile_decode; }
-  CudaDecodeProfile TakeProfile() { return std::exchange(profile_, CudaDecodeProfile{}); }
+  void set_observer(DecodeObserver* observer) { observer_ = observer; }
   cudaStream_t stream() const { return stream_.get(); }
   void set_tail(DecodeTail tail) { tail_ = std::move(tail); }
   void set_watch(std::function<absl::Status()> watch) { watch_ = std::move(watch); }
@@ -141,15 +140,9 @@ class CudaStage final : public Stage {
   absl::Status Replay(int bucket);
   // Waits for the stream: in the driver, or polling watch_ where one is set.
   absl::Status Drain();
-  // Records `e` on the stream, as a node of the graph when capturing (profile_decode).
-  absl::Status Mark(const cuda::Event& e) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    CUDA_CHECK(cudaStreamIsCapturing(stream_.get(), &capture));
-    CUDA_CHECK(cudaEventRecordWithFlags(e.get(), stream_.get(),
-                                        capture == cudaStreamCaptureStatusActive
-                                            ? cudaEventRecordExternal
-                                            : cudaEventRecordDefault));
-    return absl::OkStatus();
+  // The observer's mark at `point` of the step, where one is set.
+  absl::Status Mark(DecodeObserver::Point point) {
+    return observer_ != nullptr ? observer_->Mark(point, stream_.get()) : absl::OkStatus();
   }
   int SplitsFor(int rows) const;
   // Decode passes of at most this many rows use the GEMV kernels (none when batch-invariant).
@@ -204,19 +197,9 @@ class CudaStage final : public Stage {
 
   std::map<int, std::unique_ptr<cuda::GraphExec>> graphs_;  // decode bucket -> graph
 
-  // CudaOptions::profile_decode: a decode step's start, forward pass start and end, and the ends
-  // of the last two steps (the previous one's is where the idle gap starts).
-  struct ProfileEvents {
-    cuda::Event begin, forward, forward_end, end[2];
-    // Inside the forward pass: the starts of the first, second and last layer, and of the head.
-    cuda::Event layer[3], head;
-    int last = 0;               // end[last]: the previous decode step's end
-    bool after_decode = false;  // the previous step was a decode step
-  };
-  std::unique_ptr<ProfileEvents> prof_;
+  DecodeObserver* observer_ = nullptr;  // SetDecodeObserver
   DecodeTail tail_;
   std::function<absl::Status()> watch_;  // SetStreamWatch
-  CudaDecodeProfile profile_;
   std::vector<int> cached_len_;  // per slot: positions [0, len) hold K/V
 };
 
@@ -368,14 +351,6 @@ absl::Status CudaStage::AllocateWorkspace() {
     RETURN_IF_ERROR(host_logits_.Allocate(static_cast<size_t>(samples_cap_) * c_.vocab_size * 4));
   }
   if (!has_embedding_) RETURN_IF_ERROR(host_hidden_.Allocate(rows_cap_ * RowBytes(hidden)));
-  if (opt_.profile_decode) {
-    prof_ = std::make_unique<ProfileEvents>();
-    for (cuda::Event* e :
-         {&prof_->begin, &prof_->forward, &prof_->forward_end, &prof_->end[0], &prof_->end[1],
-          &prof_->layer[0], &prof_->layer[1], &prof_->layer[2], &prof_->head}) {
-      RETURN_IF_ERROR(e->Create());
-    }
-  }
   {
     size_t off = 0;
     auto place = [&](size_t bytes) {
@@ -466,8 +441,12 @@ absl::Status CudaStage::Forward(int rows, int samples) {
   const void* pending_bias = nullptr;  // bias of the last projection into x, not yet added
   for (int l = 0; l < num_layers_; ++l) {
     const DeviceLayer& L = layers_[l];
-    if (prof_ && (l <= 1 || l == num_layers_ - 1))
-      RETURN_IF_ERROR(Mark(prof_->layer[std::min(l, 2)]));
+    if (l <= 1 || l == num_layers_ - 1) {
+      constexpr DecodeObserver::Point kLayerPoints[] = {DecodeObserver::Point::kLayer0,
+                                                        DecodeObserver::Point::kLayer1,
+                                                        DecodeObserver::Point::kLastLayer};
+      RETURN_IF_ERROR(Mark(kLayerPoints[std::min(l, 2)]));
+    }
     // Attention block: norm -> qkv -> rope + cache -> attention -> out-proj added into x.
     RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, L.attn_norm_w, L.attn_norm_b,
                                nullptr, xn_.get(), rows, hidden, c_.norm_eps, s));
@@ -541,7 +520,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
     RETURN_IF_ERROR(Matmul(act, L.w_out, x_.get(), rows, hidden, inter, 1.0f, false));
     pending_bias = L.b_out;
   }
-  if (prof_) RETURN_IF_ERROR(Mark(prof_->head));
+  RETURN_IF_ERROR(Mark(DecodeObserver::Point::kHead));
   if (has_head_) {
     if (samples > 0) {
       // Final norm of the sampled rows only, LM head into fp32 logits, sampling.
@@ -677,9 +656,7 @@ absl::Status CudaStage::Replay(int bucket) {
 // every row, and replay the bucket's graph.
 absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations& in,
                                   StepOutput& out) {
-  using SteadyClock = std::chrono::steady_clock;
-  const SteadyClock::time_point host_begin = prof_ ? SteadyClock::now() : SteadyClock::time_point{};
-  if (prof_) CUDA_CHECK(cudaEventRecord(prof_->begin.get(), stream_.get()));
+  RETURN_IF_ERROR(Mark(DecodeObserver::Point::kBegin));
   const int n = static_cast<int>(step.seqs.size());
   const int bucket = NextPow2(n);
   prefill_attention_ = false;
@@ -708,15 +685,13 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
   CUDA_CHECK(cudaMemcpyAsync(inputs_.get(), host_in_.get(), layout_.total, cudaMemcpyHostToDevice,
                              stream_.get()));
   if (!has_embedding_) RETURN_IF_ERROR(CopyInput(in, 0, n));
-  if (prof_) CUDA_CHECK(cudaEventRecord(prof_->forward.get(), stream_.get()));
+  RETURN_IF_ERROR(Mark(DecodeObserver::Point::kForward));
   if (opt_.cuda_graphs) {
     RETURN_IF_ERROR(Replay(bucket));
   } else {
     RETURN_IF_ERROR(Forward(bucket, has_head_ ? bucket : 0));
   }
-  const SteadyClock::time_point host_launched =
-      prof_ ? SteadyClock::now() : SteadyClock::time_point{};
-  if (prof_) CUDA_CHECK(cudaEventRecord(prof_->forward_end.get(), stream_.get()));
+  RETURN_IF_ERROR(Mark(DecodeObserver::Point::kForwardEnd));
   if (!has_head_) {
     out.hidden.rows = n;
     out.hidden.cols = c_.hidden_size;
@@ -736,37 +711,11 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
                                  cudaMemcpyDeviceToHost, stream_.get()));
     }
   }
-  const int end = prof_ ? 1 - prof_->last : 0;
-  if (prof_) CUDA_CHECK(cudaEventRecord(prof_->end[end].get(), stream_.get()));
+  RETURN_IF_ERROR(Mark(DecodeObserver::Point::kEnd));
   RETURN_IF_ERROR(AwaitInput(in));
   RETURN_IF_ERROR(Drain());
   RETURN_IF_ERROR(tail);
-  if (prof_) {
-    using Ms = std::chrono::duration<double, std::milli>;
-    const auto elapsed = [](const cuda::Event& a, const cuda::Event& b) {
-      float ms = 0;
-      cudaEventElapsedTime(&ms, a.get(), b.get());
-      return static_cast<double>(ms);
-    };
-    profile_.steps += 1;
-    profile_.host_ms += Ms(SteadyClock::now() - host_begin).count();
-    profile_.launched_ms += Ms(host_launched - host_begin).count();
-    profile_.device_ms += elapsed(prof_->begin, prof_->end[end]);
-    profile_.forward_ms += elapsed(prof_->forward, prof_->forward_end);
-    if (num_layers_ >= 3) {
-      profile_.start_ms += elapsed(prof_->forward, prof_->layer[0]);
-      profile_.first_layer_ms += elapsed(prof_->layer[0], prof_->layer[1]);
-      profile_.middle_layers_ms += elapsed(prof_->layer[1], prof_->layer[2]) / (num_layers_ - 2);
-      profile_.last_layer_ms += elapsed(prof_->layer[2], prof_->head);
-      profile_.head_ms += elapsed(prof_->head, prof_->forward_end);
-    }
-    if (prof_->after_decode) {
-      profile_.idle_ms += elapsed(prof_->end[prof_->last], prof_->begin);
-      profile_.idle_gaps += 1;
-    }
-    prof_->last = end;
-    prof_->after_decode = true;
-  }
+  if (observer_ != nullptr) observer_->DecodeDone(num_layers_);
   if (has_head_) {
     const int32_t* t = host_tokens_.as<int32_t>();
     const float* lg = host_logits_.as<float>();
@@ -785,7 +734,7 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
 // Any step: its rows in chunks of at most rows_cap_, each through every layer.
 absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations& in,
                                   StepOutput& out) {
-  if (prof_) prof_->after_decode = false;
+  if (observer_ != nullptr) observer_->OtherStep();
   int64_t total = 0;
   for (const SequenceStep& s : step.seqs) total += s.num_tokens;
   const size_t row_bytes = RowBytes(c_.hidden_size);
@@ -921,15 +870,6 @@ absl::StatusOr<std::string> CudaDeviceUuid(int device) {
                          b[12], b[13], b[14], b[15]);
 }
 
-absl::StatusOr<CudaDecodeProfile> TakeDecodeProfile(Stage& stage) {
-  auto* cuda_stage = dynamic_cast<CudaStage*>(&stage);
-  if (cuda_stage == nullptr || !cuda_stage->profiling()) {
-    return absl::FailedPreconditionError(
-        "decode profile: not a CUDA stage made with CudaOptions::profile_decode");
-  }
-  return cuda_stage->TakeProfile();
-}
-
 namespace {
 absl::StatusOr<CudaStage*> AsCudaStage(Stage& stage) {
   auto* cuda_stage = dynamic_cast<CudaStage*>(&stage);
@@ -946,6 +886,12 @@ absl::StatusOr<void*> CudaStageStream(Stage& stage) {
 absl::Status SetStreamWatch(Stage& stage, std::function<absl::Status()> watch) {
   ASSIGN_OR_RETURN(CudaStage * cuda_stage, AsCudaStage(stage));
   cuda_stage->set_watch(std::move(watch));
+  return absl::OkStatus();
+}
+
+absl::Status SetDecodeObserver(Stage& stage, DecodeObserver* observer) {
+  ASSIGN_OR_RETURN(CudaStage * cuda_stage, AsCudaStage(stage));
+  cuda_stage->set_observer(observer);
   return absl::OkStatus();
 }
 

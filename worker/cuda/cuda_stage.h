@@ -44,29 +44,30 @@ struct CudaOptions {
   // Rows of one forward pass for prompts (at least 1024 and the largest decode bucket): longer
   // steps run in chunks of this many rows. Larger chunks give the projections larger GEMMs.
   int prefill_rows = 8192;
-  // Records CUDA events around every decode step, for measurements: what the device spends on a
-  // step against what the host spends in Step (TakeDecodeProfile).
-  bool profile_decode = false;
 };
 
-// Summed over the decode steps of a stage made with CudaOptions::profile_decode.
-struct CudaDecodeProfile {
-  int64_t steps = 0;
-  double host_ms = 0;      // in Stage::Step
-  double launched_ms = 0;  // from entering Step until the forward pass is queued
-  double device_ms = 0;    // on the device: from the step's first copy to its last
-  double forward_ms = 0;   // of which the forward pass (layers, head, sampling)
-  double idle_ms = 0;      // device time from the end of one decode step to the next one's start
-  int64_t idle_gaps = 0;   // how many such gaps idle_ms sums (decode steps right after another)
-  // The forward pass in parts (stages of 3 layers or more): from its start to the first layer's
-  // (the graph's launch, the embedding), the first layer, a middle layer (mean), the last layer,
-  // and what follows it (final norm, LM head, sampling).
-  double start_ms = 0, first_layer_ms = 0, middle_layers_ms = 0, last_layer_ms = 0, head_ms = 0;
+// Watches a CUDA stage's decode steps from inside, for measurements (bench/decode_profile.h
+// times them with CUDA events). Called on the thread that runs the step. Mark queues work on the
+// stage's stream at that point of the step, also while a decode step's graph is captured (then as
+// a node of the graph, replayed with it: what it records must outlive the stage's graphs).
+class DecodeObserver {
+ public:
+  // In a decode step's order: its start (before its inputs are copied), the forward pass's start,
+  // the starts of the first, second and last layer, of what follows the layers (norm, LM head,
+  // sampling), the forward pass's end, the step's end (after its outputs are queued).
+  enum class Point { kBegin, kForward, kLayer0, kLayer1, kLastLayer, kHead, kForwardEnd, kEnd };
+  virtual ~DecodeObserver() = default;
+  virtual absl::Status Mark(Point point, void* stream) = 0;
+  // After the host has waited for a decode step of a stage of `layers` layers.
+  virtual void DecodeDone(int layers) = 0;
+  // After any other step (prompts, chunks): the next decode step follows no decode step.
+  virtual void OtherStep() = 0;
 };
 
-// The decode profile summed since the last call, and a fresh start; FAILED_PRECONDITION for a
-// stage that is not a CUDA stage made with profile_decode.
-absl::StatusOr<CudaDecodeProfile> TakeDecodeProfile(Stage& stage);
+// Sets (or, with null, clears) the stage's observer, which must outlive the stage; set it before
+// the first step, so that the decode graphs hold its marks. INVALID_ARGUMENT for a stage of
+// another backend.
+absl::Status SetDecodeObserver(Stage& stage, DecodeObserver* observer);
 
 // The cudaStream_t every step of a CUDA stage runs on (NcclTransportOptions::stream);
 // INVALID_ARGUMENT for a stage of another backend.

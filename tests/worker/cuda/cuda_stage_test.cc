@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/decode_profile.h"
 #include "common/rng.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -437,27 +438,29 @@ TEST_P(CudaStageVsCpu, TwoStagesGiveTheSameLogitsAsOne) {
   EXPECT_EQ(got2->logits, got->logits);
 }
 
-// The decode profile (CudaOptions::profile_decode) counts the decode steps since it was last
-// taken, splits each one's device time into its parts, and leaves the results as they were.
+// The decode profile (a DecodeProfiler observing the stage, bench/decode_profile.h) counts the
+// decode steps since it was last taken, splits each one's device time into its parts, and leaves
+// the results as they were.
 TEST_P(CudaStageVsCpu, DecodeProfileCountsStepsAndLeavesTheResults) {
   SKIP_WITHOUT_GPU();
   const auto dir = Checkpoint(GetParam());
   CudaOptions o;
+  absl::StatusOr<std::unique_ptr<DecodeProfiler>> profiler = DecodeProfiler::Create();
+  ASSERT_TRUE(profiler.ok()) << profiler.status();
   auto plain = MakeCudaWith(dir, o);
-  o.profile_decode = true;
   auto profiled = MakeCudaWith(dir, o);
   ASSERT_TRUE(plain && profiled);
-  EXPECT_EQ(TakeDecodeProfile(*plain).status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(SetDecodeObserver(*profiled, profiler->get()).ok());
   const int v = plain->config().vocab_size;
   const std::vector<Seq> seqs = {{0, Prompt(13, 9, v)}, {2, Prompt(7, 4, v)}};
   const Trace want = RunSteps(*plain, seqs, 5);
-  ASSERT_TRUE(TakeDecodeProfile(*profiled).ok());
+  (*profiler)->Take();
   const Trace got = RunSteps(*profiled, seqs, 5);
   EXPECT_EQ(got.tokens, want.tokens);
   EXPECT_EQ(got.logits, want.logits);
 
-  absl::StatusOr<CudaDecodeProfile> p = TakeDecodeProfile(*profiled);
-  ASSERT_TRUE(p.ok()) << p.status();
+  const CudaDecodeProfile taken = (*profiler)->Take();
+  const CudaDecodeProfile* p = &taken;
   EXPECT_EQ(p->steps, 5);      // the prefill is not a decode step
   EXPECT_EQ(p->idle_gaps, 4);  // between consecutive decode steps
   EXPECT_GT(p->forward_ms, 0);
@@ -467,10 +470,10 @@ TEST_P(CudaStageVsCpu, DecodeProfileCountsStepsAndLeavesTheResults) {
                        p->middle_layers_ms * (plain->config().num_layers - 2) + p->last_layer_ms +
                        p->head_ms;
   EXPECT_NEAR(parts, p->forward_ms, 1e-3 * p->steps + 1e-3 * p->forward_ms);
-  absl::StatusOr<CudaDecodeProfile> again = TakeDecodeProfile(*profiled);
-  ASSERT_TRUE(again.ok());
-  EXPECT_EQ(again->steps, 0);
-  EXPECT_EQ(again->device_ms, 0);
+  const CudaDecodeProfile again = (*profiler)->Take();
+  EXPECT_EQ(again.steps, 0);
+  EXPECT_EQ(again.device_ms, 0);
+  profiled.reset();  // before the profiler its graphs record into
 }
 
 // A decode tail (SetDecodeTail) runs once per decode step, after the forward pass is queued and
@@ -795,12 +798,10 @@ TEST(CudaStageTest, RejectsFp32AndBadKvFraction) {
   EXPECT_EQ(MakeCudaStage(spec, o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(CudaStageTest, DecodeProfileOfAnotherBackendIsAFailedPrecondition) {
+TEST(CudaStageTest, DecodeObserverOfAnotherBackendIsAnInvalidArgument) {
   auto cpu = MakeCpu(Checkpoint("tiny-llama"));
   ASSERT_TRUE(cpu);
-  const absl::StatusOr<CudaDecodeProfile> p = TakeDecodeProfile(*cpu);
-  EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(p.status().message().find("profile_decode"), std::string::npos) << p.status();
+  EXPECT_EQ(SetDecodeObserver(*cpu, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CudaStageTest, StreamAndTailOfAnotherBackendAreInvalidArguments) {
