@@ -22,6 +22,7 @@
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/device_util.cuh"
 #include "worker/cuda/prefill_attention.h"
+#include "worker/cuda/prefill_attention_sm90.h"
 
 namespace tandem::cuda {
 namespace {
@@ -452,6 +453,10 @@ absl::Status LaunchPrefillAttention(DType dtype, const void* q, const void* k_ca
     return absl::InvalidArgumentError(absl::StrCat("prefill attention: window ", params.window,
                                                    " must be >= 0 and scale ", params.scale,
                                                    " positive"));
+  }
+  if (PrefillAttentionSm90Usable(head_dim, q, k_cache, v_cache)) {
+    return LaunchPrefillAttentionSm90(dtype, q, k_cache, v_cache, positions, slots, out, rows,
+                                      num_heads, num_kv_heads, seq_capacity, params, stream, pdl);
   }
   const int d = PaddedDim(head_dim);
   TANDEM_DISPATCH_HALF(dtype, {

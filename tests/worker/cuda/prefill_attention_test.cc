@@ -1,13 +1,18 @@
 // The tensor-core prefill attention against a CPU reference (double-precision softmax attention
-// over inputs already rounded to the device type): head dims 64 to 128 (100 padded), grouped-query
-// ratios, chunks that start after a cached prefix, rows of several sequences sharing a 64-row
-// tile, lengths not a multiple of the tile, a sliding window. Skipped where no GPU is present.
+// over inputs already rounded to the device type): head dims 64 to 128 (100 padded; 128 runs the
+// warpgroup-MMA kernel on an H100), grouped-query ratios 1 to 8, chunks that start after a cached
+// prefix, rows of several sequences sharing a tile, lengths not a multiple of the tile, tiles that
+// reach past the cache's capacity, a sliding window. Skipped where no GPU is present. With
+// TANDEM_PREFILL_ATTENTION_BENCH=1, PrefillAttentionBenchmark times the kernel alone at the
+// llama3.1-8b shape (8,192 rows, 32 heads over 8, head_dim 128) and prints its rate.
 #include "worker/cuda/prefill_attention.h"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -17,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage.h"
+#include "worker/cuda/prefill_attention_sm90.h"
 
 namespace tandem::cuda {
 namespace {
@@ -141,6 +147,13 @@ TEST_P(PrefillAttentionTest, ManyShortRunsInOneTile) {
   Check({{0, 200, 1}, {1, 5, 3}, {2, 63, 2}, {0, 201, 1}, {1, 64, 70}}, 0);
 }
 
+TEST_P(PrefillAttentionTest, SingleRowAndOddRunsAcrossTwoBlocks) {
+  SKIP_WITHOUT_GPU();
+  // A 1-row run, then runs whose ends fall inside both 64-row halves of a block and across the
+  // block boundary at row 128.
+  Check({{0, 17, 1}, {1, 0, 70}, {2, 120, 100}, {0, 18, 1}}, 0);
+}
+
 TEST_P(PrefillAttentionTest, SlidingWindowSeesOnlyTheLastWindowKeys) {
   SKIP_WITHOUT_GPU();
   Check({{1, 100, 120}, {2, 0, 45}}, 50);
@@ -158,8 +171,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(std::make_tuple(DType::kF16, 64, 1), std::make_tuple(DType::kF16, 80, 4),
                       std::make_tuple(DType::kF16, 96, 2), std::make_tuple(DType::kF16, 100, 1),
                       std::make_tuple(DType::kF16, 108, 2),
-                      std::make_tuple(DType::kF16, 128, 4), std::make_tuple(DType::kBF16, 64, 4),
-                      std::make_tuple(DType::kBF16, 128, 1)),
+                      std::make_tuple(DType::kF16, 128, 1), std::make_tuple(DType::kF16, 128, 4),
+                      std::make_tuple(DType::kF16, 128, 8), std::make_tuple(DType::kBF16, 64, 4),
+                      std::make_tuple(DType::kBF16, 128, 1), std::make_tuple(DType::kBF16, 128, 8)),
     [](const auto& info) {
       return absl::StrCat(std::string(DTypeName(std::get<0>(info.param))), "_d",
                           std::get<1>(info.param),
@@ -176,6 +190,72 @@ TEST(PrefillAttentionShapes, RejectsHeadDimsNotCompiled) {
                                                  AttentionParams{1.0f, 0}, nullptr);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("head_dim 98"), std::string::npos) << st;
+}
+
+bool IsHopper() {
+  int device = 0, major = 0, minor = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major == 9 && minor == 0;
+}
+
+TEST(PrefillAttentionShapes, HeadDim128TakesTheWarpgroupKernelOnHopper) {
+  SKIP_WITHOUT_GPU();
+  if (!IsHopper()) GTEST_SKIP() << "not a compute capability 9.0 device";
+  DeviceBuffer b;
+  ASSERT_TRUE(b.Allocate(1024).ok());
+  const char* p = static_cast<const char*>(b.get());
+  EXPECT_TRUE(PrefillAttentionSm90Usable(128, p, p, p));
+  EXPECT_FALSE(PrefillAttentionSm90Usable(64, p, p, p));
+  EXPECT_FALSE(PrefillAttentionSm90Usable(128, p + 8, p, p));  // TMA needs 16-byte alignment
+}
+
+// The kernel alone at the llama3.1-8b shape: one prompt of 8,192 rows, 32 heads over 8 KV heads
+// of 128; the rate counts QKᵀ and PV over each row's visible keys (2 FLOPs per multiply-add).
+TEST(PrefillAttentionBenchmark, Llama8bShape) {
+  SKIP_WITHOUT_GPU();
+  if (std::getenv("TANDEM_PREFILL_ATTENTION_BENCH") == nullptr) {
+    GTEST_SKIP() << "set TANDEM_PREFILL_ATTENTION_BENCH=1 to time the kernel";
+  }
+  const int rows = 8192, heads = 32, kv_heads = 8, head_dim = 128, capacity = 8192;
+  const size_t q_bytes = static_cast<size_t>(rows) * heads * head_dim * 2;
+  const size_t cache_bytes = static_cast<size_t>(kv_heads) * capacity * head_dim * 2;
+  std::vector<int32_t> pos(rows), slot(rows, 0);
+  for (int i = 0; i < rows; ++i) pos[i] = i;
+  std::vector<float> x = Random(q_bytes / 2, 21);
+  const DeviceBuffer qd = Upload(ToDevice(DType::kF16, x)), pd = Upload(pos), sd = Upload(slot);
+  x = Random(cache_bytes / 2, 22);
+  const DeviceBuffer kd = Upload(ToDevice(DType::kF16, x));
+  x = Random(cache_bytes / 2, 23);
+  const DeviceBuffer vd = Upload(ToDevice(DType::kF16, x));
+  DeviceBuffer od;
+  ASSERT_TRUE(od.Allocate(q_bytes).ok());
+  auto launch = [&] {
+    return LaunchPrefillAttention(DType::kF16, qd.get(), kd.get(), vd.get(), pd.as<int32_t>(),
+                                  sd.as<int32_t>(), od.get(), rows, heads, kv_heads, head_dim,
+                                  capacity, AttentionParams{0.088f, 0}, nullptr);
+  };
+  ASSERT_TRUE(launch().ok());
+  cudaEvent_t start, stop;
+  ASSERT_EQ(cudaEventCreate(&start), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&stop), cudaSuccess);
+  constexpr int kReps = 20;
+  ASSERT_EQ(cudaEventRecord(start), cudaSuccess);
+  for (int i = 0; i < kReps; ++i) ASSERT_TRUE(launch().ok());
+  ASSERT_EQ(cudaEventRecord(stop), cudaSuccess);
+  ASSERT_EQ(cudaEventSynchronize(stop), cudaSuccess);
+  float ms = 0.0f;
+  ASSERT_EQ(cudaEventElapsedTime(&ms, start, stop), cudaSuccess);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  const double us = ms * 1e3 / kReps;
+  const double flops = 4.0 * heads * head_dim * (static_cast<double>(rows) * (rows + 1) / 2);
+  std::printf("prefill attention %d rows, %d heads over %d, head_dim %d, %s: %.1f us, %.0f TFLOP/s\n",
+              rows, heads, kv_heads, head_dim,
+              PrefillAttentionSm90Usable(head_dim, qd.get(), kd.get(), vd.get()) ? "wgmma"
+                                                                                : "mma.sync",
+              us, flops / us * 1e-6);
 }
 
 }  // namespace

@@ -1,0 +1,541 @@
+// Prefill attention for Hopper (sm_90a) with warpgroup MMA, head_dim 128: the same rows, segments
+// and KV-cache layout as prefill_attention.cu, in the manner of FlashAttention-3.
+//
+// A block takes 128 consecutive query rows of one head and has three roles: warpgroups 0 and 1
+// (consumers) own 64 query rows each, and warp 8 (producer) loads. The producer brings Q once and
+// then K and V tiles of 128 keys into a two-stage ring with TMA (cp.async.bulk.tensor, 128-byte
+// swizzle, completion counted in bytes on an mbarrier per stage and operand); a consumer waits for
+// a stage's K, computes S = Q·Kᵀ (wgmma m64n128k16, Q and K from shared memory through matrix
+// descriptors), masks (only on tiles that some row of the warpgroup does not wholly see) and runs
+// the online softmax in fp32 registers, waits for V, adds P·V into O (wgmma with P from registers,
+// V from shared memory read transposed), and hands the stage back through the stage's "empty"
+// mbarrier. The two warpgroups run independently, so that one's softmax overlaps the other's
+// products. Segments (runs of one slot at consecutive positions) are walked by every role in the
+// same order, so that the ring's stages and phases agree.
+//
+// Compiled for sm_90a only (wgmma and setmaxnreg need the architecture-specific target);
+// LaunchPrefillAttention calls it where the device is of compute capability 9.0.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/cuda/cuda_check.h"
+#include "worker/cuda/device_util.cuh"
+#include "worker/cuda/prefill_attention_sm90.h"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kD = 128;           // head_dim
+constexpr int kRows = 128;        // query rows per block
+constexpr int kWgRows = 64;       // query rows per consumer warpgroup
+constexpr int kKeys = 128;        // keys per K/V tile
+constexpr int kStages = 2;        // K/V ring depth
+constexpr int kHalfCols = 64;     // head_dim columns per 128-byte swizzled half of a tile
+constexpr int kConsumerWarps = 8;
+constexpr int kThreads = kConsumerWarps * 32 + 128;  // two consumer warpgroups and the producer's
+// Registers per thread: the producer warpgroup gives most of its share to the consumers, which
+// hold S, P and O (64 + 32 + 64 per thread) at once.
+constexpr int kProducerRegisters = 24;
+constexpr int kConsumerRegisters = 240;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Shared-memory layout (bytes from a 1024-byte aligned base; every tile is two halves of
+// (rows, 64 columns) with 128-byte rows, as the TMA box writes them).
+constexpr int kHalfBytes = 128 * kHalfCols * 2;  // 128 rows (or keys) of one half: 16 KB
+constexpr int kQOffset = 0;
+constexpr int kStageOffset = 2 * kHalfBytes;  // K then V of stage 0, then of stage 1
+constexpr int kStageBytes = 4 * kHalfBytes;
+constexpr int kTileBytes = 2 * kHalfBytes;  // one K (or V) tile, the bytes its barrier expects
+constexpr int kBarrierOffset = kStageOffset + kStages * kStageBytes;
+constexpr int kSmemBytes = kBarrierOffset + 64 + 1024;  // barriers and alignment slack
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- mbarriers ----
+__device__ __forceinline__ void BarrierInit(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void BarrierExpectBytes(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void BarrierArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void BarrierWait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
+}
+
+// ---- TMA: a (64 columns, 128 rows) box into shared memory, bytes counted on `bar` ----
+__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                          int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3, %4}], [%5];\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
+// ---- warpgroup MMA ----
+// Shared-memory matrix descriptor with 128-byte swizzle: start address, leading and stride byte
+// offsets (all in 16-byte units).
+__device__ __forceinline__ uint64_t Descriptor(uint32_t addr, uint32_t lead, uint32_t stride) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | static_cast<uint64_t>(lead >> 4) << 16 |
+         static_cast<uint64_t>(stride >> 4) << 32 | 1ull << 62;
+}
+__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// Keeps the compiler from moving reads or writes of the accumulators across an asynchronous MMA.
+__device__ __forceinline__ void FenceAccumulators(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define TANDEM_ACC8(i)                                                                  \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define TANDEM_ACC64                                                                          \
+  TANDEM_ACC8(0), TANDEM_ACC8(8), TANDEM_ACC8(16), TANDEM_ACC8(24), TANDEM_ACC8(32),         \
+      TANDEM_ACC8(40), TANDEM_ACC8(48), TANDEM_ACC8(56)
+#define TANDEM_ACC_LIST                                                                       \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"   \
+  "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,"  \
+  "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+// d (64 x 128, fp32) (+)= A (64 x 16, shared, K-major) · B (16 x 128, shared, K-major).
+#define TANDEM_WGMMA_SS(TY)                                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                          \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " TANDEM_ACC_LIST \
+               ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                     \
+               : TANDEM_ACC64                                                        \
+               : "l"(a), "l"(b), "r"(accumulate))
+// d (64 x 128, fp32) += A (64 x 16, registers) · B (16 x 128, shared, N-major: read transposed).
+#define TANDEM_WGMMA_RS(TY)                                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                          \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " TANDEM_ACC_LIST \
+               ", {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"                          \
+               : TANDEM_ACC64                                                        \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+
+template <typename T>
+__device__ __forceinline__ void WgmmaSS(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+  if constexpr (std::is_same_v<T, __half>) {
+    TANDEM_WGMMA_SS("f16");
+  } else {
+    TANDEM_WGMMA_SS("bf16");
+  }
+}
+template <typename T>
+__device__ __forceinline__ void WgmmaRS(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+  if constexpr (std::is_same_v<T, __half>) {
+    TANDEM_WGMMA_RS("f16");
+  } else {
+    TANDEM_WGMMA_RS("bf16");
+  }
+}
+
+// Two floats as one register of two T (lower address: a).
+template <typename T>
+__device__ __forceinline__ uint32_t Pack(float a, float b) {
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+// One segment of the block's rows (one slot, consecutive positions) and its K/V tiles.
+struct Segment {
+  int row0, row1;  // block rows [row0, row1)
+  int slot;
+  int tile_lo;  // first key of the first tile
+  int n_tiles;
+};
+
+__device__ __forceinline__ Segment NextSegment(int row0, int n_rows, const int* pos_s,
+                                               const int* slot_s, int window) {
+  Segment s;
+  s.row0 = row0;
+  s.slot = slot_s[row0];
+  int r = row0 + 1;
+  while (r < n_rows && slot_s[r] == s.slot && pos_s[r] == pos_s[r - 1] + 1) ++r;
+  s.row1 = r;
+  const int first_pos = pos_s[row0], last_pos = pos_s[r - 1];
+  const int key_lo = window > 0 ? max(0, first_pos - window + 1) : 0;
+  s.tile_lo = key_lo / kKeys * kKeys;
+  s.n_tiles = (last_pos - s.tile_lo) / kKeys + 1;
+  return s;
+}
+
+struct Ring {
+  uint32_t k_full, v_full, empty;  // barrier addresses of stage 0 (stage s: + 8 * s)
+  int n = 0;                       // tiles through the ring so far
+  __device__ int stage() const { return n % kStages; }
+  __device__ uint32_t parity() const { return (n / kStages) & 1; }
+};
+
+// The producer warp's lane 0: Q once, then every segment's K and V tiles.
+__device__ void Produce(const CUtensorMap* q_map, const CUtensorMap* k_map, const CUtensorMap* v_map,
+                        uint32_t smem, uint32_t q_full, Ring ring, int row0, int n_rows, int h,
+                        int kvh, int num_kv_heads, const int* pos_s, const int* slot_s,
+                        int window) {
+  BarrierExpectBytes(q_full, 2 * kHalfBytes);
+  for (int half = 0; half < 2; ++half) {
+    TmaLoad2d(smem + kQOffset + half * kHalfBytes, q_map, h * kD + half * kHalfCols, row0, q_full);
+  }
+  for (int r = 0; r < n_rows;) {
+    const Segment seg = NextSegment(r, n_rows, pos_s, slot_s, window);
+    const int head = seg.slot * num_kv_heads + kvh;
+    for (int it = 0; it < seg.n_tiles; ++it, ++ring.n) {
+      const int st = ring.stage();
+      BarrierWait(ring.empty + 8 * st, ring.parity() ^ 1);
+      const uint32_t k_s = smem + kStageOffset + st * kStageBytes, v_s = k_s + kTileBytes;
+      const int t0 = seg.tile_lo + it * kKeys;
+      BarrierExpectBytes(ring.k_full + 8 * st, kTileBytes);
+      for (int half = 0; half < 2; ++half) {
+        TmaLoad3d(k_s + half * kHalfBytes, k_map, half * kHalfCols, t0, head, ring.k_full + 8 * st);
+      }
+      BarrierExpectBytes(ring.v_full + 8 * st, kTileBytes);
+      for (int half = 0; half < 2; ++half) {
+        TmaLoad3d(v_s + half * kHalfBytes, v_map, half * kHalfCols, t0, head, ring.v_full + 8 * st);
+      }
+    }
+    r = seg.row1;
+  }
+}
+
+// A consumer thread's state over one segment: its two rows (fragment rows g and g + 8 of its
+// warp's 16), the online-softmax running max and sum, and O.
+struct RowState {
+  int pos[2], lo[2];  // visible keys [lo, pos]; pos -1 for a row outside the segment
+  float m[2], l[2];
+  float o[64];
+};
+
+// S (64 x 128 keys, fp32) of one tile into the softmax: masks what `rs` may not see (unless the
+// whole tile is visible), rescales O and l, and leaves P (unnormalized, fp16/bf16) in `p`.
+template <typename T>
+__device__ __forceinline__ void Softmax(float (&s)[64], RowState& rs, int t0, bool unmasked,
+                                        float scale2, int tq, uint32_t (&p)[32]) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nb = 0; nb < kKeys / 8; ++nb) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = e >> 1;
+      float& x = s[nb * 4 + e];
+      if (unmasked) {
+        x *= scale2;
+      } else {
+        const int key = t0 + nb * 8 + tq * 2 + (e & 1);
+        x = key <= rs.pos[i] && key >= rs.lo[i] ? x * scale2 : -INFINITY;
+      }
+      mx[i] = fmaxf(mx[i], x);
+    }
+  }
+  float corr[2], base[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+    const float m_new = fmaxf(rs.m[i], mx[i]);
+    base[i] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet
+    corr[i] = exp2f(rs.m[i] - base[i]);
+    rs.m[i] = m_new;
+    rs.l[i] *= corr[i];
+  }
+#pragma unroll
+  for (int nb = 0; nb < kD / 8; ++nb) {
+    rs.o[nb * 4 + 0] *= corr[0];
+    rs.o[nb * 4 + 1] *= corr[0];
+    rs.o[nb * 4 + 2] *= corr[1];
+    rs.o[nb * 4 + 3] *= corr[1];
+  }
+#pragma unroll
+  for (int nb = 0; nb < kKeys / 8; ++nb) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nb * 4 + e] = exp2f(s[nb * 4 + e] - base[e >> 1]);
+    rs.l[0] += s[nb * 4 + 0] + s[nb * 4 + 1];
+    rs.l[1] += s[nb * 4 + 2] + s[nb * 4 + 3];
+    p[nb * 2] = Pack<T>(s[nb * 4 + 0], s[nb * 4 + 1]);
+    p[nb * 2 + 1] = Pack<T>(s[nb * 4 + 2], s[nb * 4 + 3]);
+  }
+}
+
+// One consumer warpgroup (`wg`, 64 rows) over every segment of the block.
+template <typename T>
+__device__ void Consume(uint32_t smem, uint32_t q_full, Ring ring, int wg, int row0, int n_rows,
+                        int h, T* out, size_t q_stride, const int* pos_s, const int* slot_s,
+                        float scale2, int window) {
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+  const int g = lane >> 2, tq = lane & 3;
+  const int my_row[2] = {wg * kWgRows + warp * 16 + g, wg * kWgRows + warp * 16 + g + 8};
+  const int wg_first = wg * kWgRows, wg_end = min(n_rows, wg_first + kWgRows);
+  BarrierWait(q_full, 0);
+
+  for (int r = 0; r < n_rows;) {
+    const Segment seg = NextSegment(r, n_rows, pos_s, slot_s, window);
+    r = seg.row1;
+    // The warpgroup's rows in the segment, at consecutive positions: the keys any of them sees
+    // [wg_lo, wg_hi] and the keys all of them see [all_lo, all_hi].
+    const int first = max(seg.row0, wg_first), last = min(seg.row1, wg_end) - 1;
+    const bool active = first <= last;
+    const int wg_hi = active ? pos_s[last] : -1, all_hi = active ? pos_s[first] : -1;
+    const int wg_lo = active && window > 0 ? pos_s[first] - window + 1 : 0;
+    const int all_lo = active && window > 0 ? pos_s[last] - window + 1 : 0;
+    RowState rs;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const bool in = my_row[i] >= seg.row0 && my_row[i] < seg.row1;
+      rs.pos[i] = in ? pos_s[my_row[i]] : -1;
+      rs.lo[i] = in && window > 0 ? pos_s[my_row[i]] - window + 1 : 0;
+      rs.m[i] = -INFINITY;
+      rs.l[i] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) rs.o[i] = 0.0f;
+
+    for (int it = 0; it < seg.n_tiles; ++it, ++ring.n) {
+      const int st = ring.stage();
+      const uint32_t par = ring.parity();
+      const uint32_t k_s = smem + kStageOffset + st * kStageBytes, v_s = k_s + kTileBytes;
+      const int t0 = seg.tile_lo + it * kKeys;
+      BarrierWait(ring.k_full + 8 * st, par);
+      if (wg_hi >= t0 && wg_lo < t0 + kKeys) {
+        float s[64];
+        WgmmaFence();
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; ++kk) {
+          const uint32_t col = (kk / 4) * kHalfBytes + (kk % 4) * 32;
+          const uint64_t a = Descriptor(smem + kQOffset + wg * kWgRows * 128 + col, 16, 1024);
+          const uint64_t b = Descriptor(k_s + col, 16, 1024);
+          WgmmaSS<T>(s, a, b, kk);
+        }
+        WgmmaCommit();
+        WgmmaWait();
+        FenceAccumulators(s);
+        uint32_t p[32];
+        Softmax<T>(s, rs, t0, t0 + kKeys - 1 <= all_hi && t0 >= all_lo, scale2, tq, p);
+        BarrierWait(ring.v_full + 8 * st, par);
+        FenceAccumulators(rs.o);
+        WgmmaFence();
+#pragma unroll
+        for (int kk = 0; kk < kKeys / 16; ++kk) {
+          const uint32_t a[4] = {p[kk * 4], p[kk * 4 + 1], p[kk * 4 + 2], p[kk * 4 + 3]};
+          WgmmaRS<T>(rs.o, a, Descriptor(v_s + kk * 16 * 128, kHalfBytes, 1024));
+        }
+        WgmmaCommit();
+        WgmmaWait();
+        FenceAccumulators(rs.o);
+      } else {
+        BarrierWait(ring.v_full + 8 * st, par);
+      }
+      __syncwarp();
+      if (lane == 0) BarrierArrive(ring.empty + 8 * st);
+    }
+
+    // Row sums over the quad, then this segment's rows out.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float li = rs.l[i];
+      li += __shfl_xor_sync(0xffffffffu, li, 1);
+      li += __shfl_xor_sync(0xffffffffu, li, 2);
+      if (rs.pos[i] < 0) continue;
+      const float inv = 1.0f / li;
+      T* o = out + (row0 + my_row[i]) * q_stride + static_cast<size_t>(h) * kD;
+#pragma unroll
+      for (int nb = 0; nb < kD / 8; ++nb) {
+        *reinterpret_cast<uint32_t*>(o + nb * 8 + tq * 2) =
+            Pack<T>(rs.o[nb * 4 + 2 * i] * inv, rs.o[nb * 4 + 2 * i + 1] * inv);
+      }
+    }
+  }
+}
+
+// grid (num_heads, ceil(rows / kRows)), kThreads threads.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    PrefillAttentionSm90Kernel(const __grid_constant__ CUtensorMap q_map,
+                               const __grid_constant__ CUtensorMap k_map,
+                               const __grid_constant__ CUtensorMap v_map,
+                               const int32_t* __restrict__ positions,
+                               const int32_t* __restrict__ slots, T* __restrict__ out, int rows,
+                               int num_heads, int num_kv_heads, float scale, int window) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  __shared__ int pos_s[kRows], slot_s[kRows];
+  const uint32_t smem = (SmemAddr(smem_raw) + 1023) & ~1023u;
+  const uint32_t q_full = smem + kBarrierOffset;
+  Ring ring;
+  ring.k_full = q_full + 8;
+  ring.v_full = ring.k_full + 8 * kStages;
+  ring.empty = ring.v_full + 8 * kStages;
+
+  AllowDependentLaunch();
+  const int h = blockIdx.x;
+  // Later row tiles see more keys: they start first.
+  const int row0 = (gridDim.y - 1 - blockIdx.y) * kRows;
+  const int n_rows = min(kRows, rows - row0);
+  const int kvh = h / (num_heads / num_kv_heads);
+  if (threadIdx.x == 0) {
+    BarrierInit(q_full, 1);
+    for (int st = 0; st < kStages; ++st) {
+      BarrierInit(ring.k_full + 8 * st, 1);
+      BarrierInit(ring.v_full + 8 * st, 1);
+      BarrierInit(ring.empty + 8 * st, kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  WaitForPrerequisites();  // q and the cache rows come from the previous kernel
+  for (int i = threadIdx.x; i < kRows; i += kThreads) {
+    pos_s[i] = i < n_rows ? positions[row0 + i] : -1;
+    slot_s[i] = i < n_rows ? slots[row0 + i] : -1;
+  }
+  __syncthreads();
+
+  const int warp = threadIdx.x >> 5;
+  if (warp >= kConsumerWarps) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    if (threadIdx.x == kConsumerWarps * 32) {
+      Produce(&q_map, &k_map, &v_map, smem, q_full, ring, row0, n_rows, h, kvh, num_kv_heads,
+              pos_s, slot_s, window);
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+    Consume<T>(smem, q_full, ring, warp / 4, row0, n_rows, h, out,
+               static_cast<size_t>(num_heads) * kD, pos_s, slot_s, scale * kLog2e, window);
+  }
+#endif
+}
+
+// cuTensorMapEncodeTiled from the driver, found through the runtime (no link against libcuda).
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiledFn EncodeTiled() {
+  static const EncodeTiledFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<EncodeTiledFn>(nullptr);
+    }
+    return reinterpret_cast<EncodeTiledFn>(p);
+  }();
+  return fn;
+}
+
+// A tensor map of `rank` dimensions (innermost first; strides in bytes of dimensions 1 on) read in
+// boxes of 64 columns x 128 rows (x 1) with the 128-byte swizzle; rows past a dimension read as 0.
+absl::Status MakeMap(CUtensorMap* map, DType dtype, const void* base, int rank,
+                     const cuuint64_t* dims, const cuuint64_t* strides, const char* what) {
+  const cuuint32_t box[3] = {kHalfCols, 128, 1}, unit[3] = {1, 1, 1};
+  const CUresult r = EncodeTiled()(
+      map, dtype == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+      rank, const_cast<void*>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::InternalError(absl::StrCat("prefill attention: cannot describe ", what,
+                                            " for TMA (cuTensorMapEncodeTiled error ", r, ")"));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status Launch(DType dtype, const void* q, const void* k_cache, const void* v_cache,
+                    const int32_t* positions, const int32_t* slots, void* out, int rows,
+                    int num_heads, int num_kv_heads, int seq_capacity,
+                    const AttentionParams& params, cudaStream_t stream, bool pdl) {
+  CUtensorMap q_map, k_map, v_map;
+  const cuuint64_t q_dims[2] = {static_cast<cuuint64_t>(num_heads) * kD,
+                                static_cast<cuuint64_t>(rows)};
+  const cuuint64_t q_strides[1] = {static_cast<cuuint64_t>(num_heads) * kD * sizeof(T)};
+  RETURN_IF_ERROR(MakeMap(&q_map, dtype, q, 2, q_dims, q_strides, "the queries"));
+  // The cache as (head_dim, seq_capacity, slot * kv_heads + kv_head): a tile reaching past a
+  // head's capacity reads zeros. The slot count is not known here; the last dimension is only an
+  // upper bound for the coordinates the kernel uses.
+  const cuuint64_t c_dims[3] = {kD, static_cast<cuuint64_t>(seq_capacity), 1u << 24};
+  const cuuint64_t c_strides[2] = {kD * sizeof(T),
+                                   static_cast<cuuint64_t>(seq_capacity) * kD * sizeof(T)};
+  RETURN_IF_ERROR(MakeMap(&k_map, dtype, k_cache, 3, c_dims, c_strides, "the key cache"));
+  RETURN_IF_ERROR(MakeMap(&v_map, dtype, v_cache, 3, c_dims, c_strides, "the value cache"));
+  auto* kernel = PrefillAttentionSm90Kernel<T>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  kSmemBytes));
+  const dim3 grid(num_heads, (rows + kRows - 1) / kRows);
+  CUDA_CHECK(LaunchKernel(kernel, grid, dim3(kThreads), kSmemBytes, stream, pdl, q_map, k_map,
+                          v_map, positions, slots, static_cast<T*>(out), rows, num_heads,
+                          num_kv_heads, params.scale, params.window));
+  CUDA_CHECK_LAUNCH();
+  return absl::OkStatus();
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+bool PrefillAttentionSm90Usable(int head_dim, const void* q, const void* k_cache,
+                                const void* v_cache) {
+  if (head_dim != kD || !Aligned16(q) || !Aligned16(k_cache) || !Aligned16(v_cache)) return false;
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major == 9 && minor == 0 && EncodeTiled() != nullptr;
+}
+
+absl::Status LaunchPrefillAttentionSm90(DType dtype, const void* q, const void* k_cache,
+                                        const void* v_cache, const int32_t* positions,
+                                        const int32_t* slots, void* out, int rows, int num_heads,
+                                        int num_kv_heads, int seq_capacity,
+                                        const AttentionParams& params, cudaStream_t stream,
+                                        bool pdl) {
+  TANDEM_DISPATCH_HALF(dtype, {
+    return Launch<T>(dtype, q, k_cache, v_cache, positions, slots, out, rows, num_heads,
+                     num_kv_heads, seq_capacity, params, stream, pdl);
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::cuda
