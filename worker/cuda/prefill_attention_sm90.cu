@@ -2,14 +2,16 @@
 // and KV-cache layout as prefill_attention.cu, in the manner of FlashAttention-3.
 //
 // A block takes 128 consecutive query rows of one head and has three roles: warpgroups 0 and 1
-// (consumers) own 64 query rows each, and warp 8 (producer) loads. The producer brings Q once and
-// then K and V tiles of 128 keys into a two-stage ring with TMA (cp.async.bulk.tensor, 128-byte
-// swizzle, completion counted in bytes on an mbarrier per stage and operand); a consumer waits for
-// a stage's K, computes S = Q·Kᵀ (wgmma m64n128k16, Q and K from shared memory through matrix
-// descriptors), masks (only on tiles that some row of the warpgroup does not wholly see) and runs
-// the online softmax in fp32 registers, waits for V, adds P·V into O (wgmma with P from registers,
-// V from shared memory read transposed), and hands the stage back through the stage's "empty"
-// mbarrier. The two warpgroups run independently, so that one's softmax overlaps the other's
+// (consumers) own 64 query rows each, and warpgroup 2 (the producer, one thread of it; the others
+// give their registers to the consumers with setmaxnreg) loads. The producer brings Q once and then
+// K and V tiles of 128 keys into a three-stage ring with TMA (cp.async.bulk.tensor, 128-byte
+// swizzle, completion counted in bytes on an mbarrier per stage and operand). A consumer computes
+// S = Q·Kᵀ (wgmma m64n128k16, Q and K from shared memory through matrix descriptors), masks (only
+// tiles that some row of the warpgroup does not wholly see), runs the online softmax in fp32
+// registers, adds P·V into O (wgmma with P from registers, V from shared memory read transposed),
+// and hands the stage back through its "empty" mbarrier. Within a warpgroup, S of the next tile and
+// P·V of this one are issued together, and the softmax of the next tile runs while P·V does; the
+// two warpgroups take turns at issuing (named barriers), so that one's softmax overlaps the other's
 // products. Segments (runs of one slot at consecutive positions) are walked by every role in the
 // same order, so that the ring's stages and phases agree.
 //
@@ -37,7 +39,7 @@ constexpr int kD = 128;           // head_dim
 constexpr int kRows = 128;        // query rows per block
 constexpr int kWgRows = 64;       // query rows per consumer warpgroup
 constexpr int kKeys = 128;        // keys per K/V tile
-constexpr int kStages = 2;        // K/V ring depth
+constexpr int kStages = 3;        // K/V ring depth
 constexpr int kHalfCols = 64;     // head_dim columns per 128-byte swizzled half of a tile
 constexpr int kConsumerWarps = 8;
 constexpr int kThreads = kConsumerWarps * 32 + 128;  // two consumer warpgroups and the producer's
@@ -55,7 +57,8 @@ constexpr int kStageOffset = 2 * kHalfBytes;  // K then V of stage 0, then of st
 constexpr int kStageBytes = 4 * kHalfBytes;
 constexpr int kTileBytes = 2 * kHalfBytes;  // one K (or V) tile, the bytes its barrier expects
 constexpr int kBarrierOffset = kStageOffset + kStages * kStageBytes;
-constexpr int kSmemBytes = kBarrierOffset + 64 + 1024;  // barriers and alignment slack
+constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);  // Q's, then K, V and empty per stage
+constexpr int kSmemBytes = kBarrierOffset + kBarrierBytes + 1024;  // and alignment slack
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -114,8 +117,10 @@ __device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.al
 __device__ __forceinline__ void WgmmaCommit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
+// Waits until at most kPending committed groups of this warpgroup's MMAs are still running.
+template <int kPending>
 __device__ __forceinline__ void WgmmaWait() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 // Keeps the compiler from moving reads or writes of the accumulators across an asynchronous MMA.
 __device__ __forceinline__ void FenceAccumulators(float (&d)[64]) {
@@ -245,54 +250,219 @@ struct RowState {
   float o[64];
 };
 
-// S (64 x 128 keys, fp32) of one tile into the softmax: masks what `rs` may not see (unless the
-// whole tile is visible), rescales O and l, and leaves P (unnormalized, fp16/bf16) in `p`.
-template <typename T>
-__device__ __forceinline__ void Softmax(float (&s)[64], RowState& rs, int t0, bool unmasked,
-                                        float scale2, int tq, uint32_t (&p)[32]) {
-  float mx[2] = {-INFINITY, -INFINITY};
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Scores of keys a row may not see (outside [lo, pos]) to -infinity, on a tile at key t0.
+__device__ __forceinline__ void Mask(float (&s)[64], const RowState& rs, int t0, int tq) {
 #pragma unroll
   for (int nb = 0; nb < kKeys / 8; ++nb) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int i = e >> 1;
-      float& x = s[nb * 4 + e];
-      if (unmasked) {
-        x *= scale2;
-      } else {
-        const int key = t0 + nb * 8 + tq * 2 + (e & 1);
-        x = key <= rs.pos[i] && key >= rs.lo[i] ? x * scale2 : -INFINITY;
-      }
-      mx[i] = fmaxf(mx[i], x);
+      const int i = e >> 1, key = t0 + nb * 8 + tq * 2 + (e & 1);
+      if (key > rs.pos[i] || key < rs.lo[i]) s[nb * 4 + e] = -INFINITY;
     }
   }
-  float corr[2], base[2];
+}
+
+// S (64 x 128 keys, fp32, unscaled) of the tile at key t0 into probabilities in place, relative
+// to the new running max: masks what `rs` may not see (unless the whole tile is visible),
+// updates m (unscaled) and l, and returns in `corr` the factor that takes O from the old max to
+// the new one.
+__device__ __forceinline__ void Softmax(float (&s)[64], RowState& rs, int t0, bool unmasked,
+                                        float scale2, int tq, float (&corr)[2]) {
+  if (!unmasked) Mask(s, rs, t0, tq);
+  // Row maxima and sums over 8 partial results each, so that the reductions are not one chain of
+  // dependent instructions.
+  constexpr int kParts = 8;
+  float part[2][kParts];
+#pragma unroll
+  for (int k = 0; k < kParts; ++k) part[0][k] = part[1][k] = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 64; ++j) {
+    float& m = part[(j >> 1) & 1][((j >> 2) * 2 + (j & 1)) % kParts];
+    m = fmaxf(m, s[j]);
+  }
+  float mx[2], base[2];  // base: the new max in log2 units
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int w = kParts / 2; w > 0; w /= 2) {
+#pragma unroll
+      for (int k = 0; k < w; ++k) part[i][k] = fmaxf(part[i][k], part[i][k + w]);
+    }
+    mx[i] = fmaxf(rs.m[i], part[i][0]);
     mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
     mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-    const float m_new = fmaxf(rs.m[i], mx[i]);
-    base[i] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet
-    corr[i] = exp2f(rs.m[i] - base[i]);
-    rs.m[i] = m_new;
-    rs.l[i] *= corr[i];
+    base[i] = mx[i] == -INFINITY ? 0.0f : mx[i] * scale2;  // a row with nothing visible yet
+    corr[i] = Exp2(rs.m[i] * scale2 - base[i]);
+    rs.m[i] = mx[i];
   }
 #pragma unroll
-  for (int nb = 0; nb < kD / 8; ++nb) {
-    rs.o[nb * 4 + 0] *= corr[0];
-    rs.o[nb * 4 + 1] *= corr[0];
-    rs.o[nb * 4 + 2] *= corr[1];
-    rs.o[nb * 4 + 3] *= corr[1];
+  for (int k = 0; k < kParts; ++k) part[0][k] = part[1][k] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 64; ++j) {
+    const int i = (j >> 1) & 1;
+    s[j] = Exp2(fmaf(s[j], scale2, -base[i]));
+    part[i][((j >> 2) * 2 + (j & 1)) % kParts] += s[j];
   }
 #pragma unroll
-  for (int nb = 0; nb < kKeys / 8; ++nb) {
+  for (int i = 0; i < 2; ++i) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[nb * 4 + e] = exp2f(s[nb * 4 + e] - base[e >> 1]);
-    rs.l[0] += s[nb * 4 + 0] + s[nb * 4 + 1];
-    rs.l[1] += s[nb * 4 + 2] + s[nb * 4 + 3];
-    p[nb * 2] = Pack<T>(s[nb * 4 + 0], s[nb * 4 + 1]);
-    p[nb * 2 + 1] = Pack<T>(s[nb * 4 + 2], s[nb * 4 + 3]);
+    for (int w = kParts / 2; w > 0; w /= 2) {
+#pragma unroll
+      for (int k = 0; k < w; ++k) part[i][k] += part[i][k + w];
+    }
+    rs.l[i] = rs.l[i] * corr[i] + part[i][0];
   }
+}
+
+template <typename T>
+__device__ __forceinline__ void ToOperand(const float (&s)[64], uint32_t (&p)[32]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) p[i] = Pack<T>(s[2 * i], s[2 * i + 1]);
+}
+
+__device__ __forceinline__ void Rescale(float (&o)[64], const float (&corr)[2]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] *= corr[(i >> 1) & 1];
+}
+
+// The keys that rows of a warpgroup see within a segment, and the stage ring as it walks tiles.
+struct WarpgroupTiles {
+  uint32_t smem;
+  Ring ring;
+  int tile_lo;
+  int all_lo, all_hi;  // keys every row of the warpgroup in the segment sees
+  float scale2;
+  int tq;
+
+  __device__ uint32_t k_tile(int n) const { return smem + kStageOffset + (n % kStages) * kStageBytes; }
+  __device__ int key0(int it) const { return tile_lo + it * kKeys; }
+  __device__ bool unmasked(int it) const {
+    return key0(it) + kKeys - 1 <= all_hi && key0(it) >= all_lo;
+  }
+  // Issues S = Q·Kᵀ of ring tile n for warpgroup `wg` (not waited for).
+  template <typename T>
+  __device__ void IssueScores(float (&s)[64], int n, int wg) const {
+    const uint32_t k_s = k_tile(n);
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t col = (kk / 4) * kHalfBytes + (kk % 4) * 32;
+      const uint64_t a = Descriptor(smem + kQOffset + wg * kWgRows * 128 + col, 16, 1024);
+      WgmmaSS<T>(s, a, Descriptor(k_s + col, 16, 1024), kk);
+    }
+    WgmmaCommit();
+  }
+  // Issues O += P·V of ring tile n (not waited for).
+  template <typename T>
+  __device__ void IssueValues(float (&o)[64], const uint32_t (&p)[32], int n) const {
+    const uint32_t v_s = k_tile(n) + kTileBytes;
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const uint32_t a[4] = {p[kk * 4], p[kk * 4 + 1], p[kk * 4 + 2], p[kk * 4 + 3]};
+      WgmmaRS<T>(o, a, Descriptor(v_s + kk * 16 * 128, kHalfBytes, 1024));
+    }
+    WgmmaCommit();
+  }
+  __device__ uint32_t parity(int n) const { return (n / kStages) & 1; }
+  __device__ void WaitK(int n) const { BarrierWait(ring.k_full + 8 * (n % kStages), parity(n)); }
+  __device__ void WaitV(int n) const { BarrierWait(ring.v_full + 8 * (n % kStages), parity(n)); }
+  __device__ void Release(int n) const {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) BarrierArrive(ring.empty + 8 * (n % kStages));
+  }
+  // A tile this warpgroup does not need: waited for and handed back.
+  __device__ void Skip(int n) const {
+    WaitK(n);
+    WaitV(n);
+    Release(n);
+  }
+};
+
+// The warpgroup's tiles [a, b) of a segment (ring tile n0 + it for tile it): S of tile it + 1 is
+// computed while P·V of tile it runs, and its softmax while P·V finishes.
+// Turns of the two consumer warpgroups at issuing MMAs (named barriers 1 and 2, 256 threads), so
+// that one's softmax runs while the other's products do. Only where both walk the same tiles of a
+// segment, so that their turns pair up.
+struct Turns {
+  bool on;
+  int wg;
+  __device__ void Begin() const {
+    if (on && wg == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");  // warpgroup 0 first
+  }
+  __device__ void Take() const {
+    if (on) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
+  }
+  // Hands the turn to the other warpgroup; warpgroup 1's last turn is handed to no one.
+  __device__ void Pass(bool last) const {
+    if (on && !(last && wg == 1)) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory");
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ void AttendTiles(const WarpgroupTiles& w, RowState& rs, int wg, int n0,
+                                            int a, int b, Turns turns) {
+  float s[64], corr[2];
+  uint32_t p[32];
+  turns.Begin();
+  w.WaitK(n0 + a);
+  turns.Take();
+  w.IssueScores<T>(s, n0 + a, wg);
+  turns.Pass(false);
+  WgmmaWait<0>();
+  FenceAccumulators(s);
+  Softmax(s, rs, w.key0(a), w.unmasked(a), w.scale2, w.tq, corr);
+  ToOperand<T>(s, p);
+  for (int it = a; it + 1 < b; ++it) {
+    const int n = n0 + it;
+    w.WaitK(n + 1);
+    w.WaitV(n);
+    turns.Take();
+    w.IssueScores<T>(s, n + 1, wg);
+    w.IssueValues<T>(rs.o, p, n);
+    turns.Pass(false);
+    WgmmaWait<1>();
+    FenceAccumulators(s);
+    Softmax(s, rs, w.key0(it + 1), w.unmasked(it + 1), w.scale2, w.tq, corr);
+    WgmmaWait<0>();
+    FenceAccumulators(rs.o);
+    w.Release(n);
+    Rescale(rs.o, corr);
+    ToOperand<T>(s, p);
+  }
+  w.WaitV(n0 + b - 1);
+  turns.Take();
+  w.IssueValues<T>(rs.o, p, n0 + b - 1);
+  turns.Pass(true);
+  WgmmaWait<0>();
+  FenceAccumulators(rs.o);
+  w.Release(n0 + b - 1);
+}
+
+// A warpgroup's rows within a segment (at consecutive positions): the tiles [a, b) that hold keys
+// some of them see, and the keys [all_lo, all_hi] that all of them see.
+struct WarpgroupRange {
+  int a = 0, b = 0;
+  int all_lo = 0, all_hi = -1;
+};
+
+__device__ __forceinline__ WarpgroupRange RangeOf(const Segment& seg, int wg, const int* pos_s,
+                                                  int window) {
+  WarpgroupRange r;
+  const int first = max(seg.row0, wg * kWgRows), last = min(seg.row1, (wg + 1) * kWgRows) - 1;
+  if (first > last) return r;
+  const int hi = pos_s[last], lo = window > 0 ? pos_s[first] - window + 1 : 0;
+  r.a = max(0, (lo - seg.tile_lo) / kKeys);
+  r.b = min(seg.n_tiles, (hi - seg.tile_lo) / kKeys + 1);
+  r.all_lo = window > 0 ? pos_s[last] - window + 1 : 0;
+  r.all_hi = pos_s[first];
+  return r;
 }
 
 // One consumer warpgroup (`wg`, 64 rows) over every segment of the block.
@@ -303,19 +473,15 @@ __device__ void Consume(uint32_t smem, uint32_t q_full, Ring ring, int wg, int r
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
   const int g = lane >> 2, tq = lane & 3;
   const int my_row[2] = {wg * kWgRows + warp * 16 + g, wg * kWgRows + warp * 16 + g + 8};
-  const int wg_first = wg * kWgRows, wg_end = min(n_rows, wg_first + kWgRows);
   BarrierWait(q_full, 0);
 
   for (int r = 0; r < n_rows;) {
     const Segment seg = NextSegment(r, n_rows, pos_s, slot_s, window);
     r = seg.row1;
-    // The warpgroup's rows in the segment, at consecutive positions: the keys any of them sees
-    // [wg_lo, wg_hi] and the keys all of them see [all_lo, all_hi].
-    const int first = max(seg.row0, wg_first), last = min(seg.row1, wg_end) - 1;
-    const bool active = first <= last;
-    const int wg_hi = active ? pos_s[last] : -1, all_hi = active ? pos_s[first] : -1;
-    const int wg_lo = active && window > 0 ? pos_s[first] - window + 1 : 0;
-    const int all_lo = active && window > 0 ? pos_s[last] - window + 1 : 0;
+    const WarpgroupRange mine = RangeOf(seg, wg, pos_s, window);
+    const WarpgroupRange other = RangeOf(seg, 1 - wg, pos_s, window);
+    const int a = mine.a, b = mine.b;
+    const WarpgroupTiles w{smem, ring, seg.tile_lo, mine.all_lo, mine.all_hi, scale2, tq};
     RowState rs;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -328,44 +494,10 @@ __device__ void Consume(uint32_t smem, uint32_t q_full, Ring ring, int wg, int r
 #pragma unroll
     for (int i = 0; i < 64; ++i) rs.o[i] = 0.0f;
 
-    for (int it = 0; it < seg.n_tiles; ++it, ++ring.n) {
-      const int st = ring.stage();
-      const uint32_t par = ring.parity();
-      const uint32_t k_s = smem + kStageOffset + st * kStageBytes, v_s = k_s + kTileBytes;
-      const int t0 = seg.tile_lo + it * kKeys;
-      BarrierWait(ring.k_full + 8 * st, par);
-      if (wg_hi >= t0 && wg_lo < t0 + kKeys) {
-        float s[64];
-        WgmmaFence();
-#pragma unroll
-        for (int kk = 0; kk < kD / 16; ++kk) {
-          const uint32_t col = (kk / 4) * kHalfBytes + (kk % 4) * 32;
-          const uint64_t a = Descriptor(smem + kQOffset + wg * kWgRows * 128 + col, 16, 1024);
-          const uint64_t b = Descriptor(k_s + col, 16, 1024);
-          WgmmaSS<T>(s, a, b, kk);
-        }
-        WgmmaCommit();
-        WgmmaWait();
-        FenceAccumulators(s);
-        uint32_t p[32];
-        Softmax<T>(s, rs, t0, t0 + kKeys - 1 <= all_hi && t0 >= all_lo, scale2, tq, p);
-        BarrierWait(ring.v_full + 8 * st, par);
-        FenceAccumulators(rs.o);
-        WgmmaFence();
-#pragma unroll
-        for (int kk = 0; kk < kKeys / 16; ++kk) {
-          const uint32_t a[4] = {p[kk * 4], p[kk * 4 + 1], p[kk * 4 + 2], p[kk * 4 + 3]};
-          WgmmaRS<T>(rs.o, a, Descriptor(v_s + kk * 16 * 128, kHalfBytes, 1024));
-        }
-        WgmmaCommit();
-        WgmmaWait();
-        FenceAccumulators(rs.o);
-      } else {
-        BarrierWait(ring.v_full + 8 * st, par);
-      }
-      __syncwarp();
-      if (lane == 0) BarrierArrive(ring.empty + 8 * st);
-    }
+    for (int it = 0; it < a; ++it) w.Skip(ring.n + it);
+    if (a < b) AttendTiles<T>(w, rs, wg, ring.n, a, b, Turns{a == other.a && b == other.b, wg});
+    for (int it = max(a, b); it < seg.n_tiles; ++it) w.Skip(ring.n + it);
+    ring.n += seg.n_tiles;
 
     // Row sums over the quad, then this segment's rows out.
 #pragma unroll
