@@ -298,6 +298,25 @@ absl::StatusOr<TensorView> SafetensorsFile::tensor(const std::string& name) cons
 // ---------------------------------------------------------------------------------------------
 // Checkpoint
 
+namespace {
+
+// For a folder that holds PyTorch's pickled weights instead: what it has and how to convert it.
+std::string PytorchWeightsHint(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (const char* name : {"pytorch_model.bin", "pytorch_model.bin.index.json"}) {
+    if (std::filesystem::exists(dir / name, ec)) {
+      return absl::StrCat(
+          "; it has ", name, " (PyTorch's pickle format), which tandem does not read: convert "
+          "the folder to safetensors first, e.g. with transformers: "
+          "AutoModelForCausalLM.from_pretrained(folder).save_pretrained(folder, "
+          "safe_serialization=True)");
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::filesystem::path& dir) {
   auto ckpt = std::make_unique<Checkpoint>();
   ckpt->dir_ = dir;
@@ -355,8 +374,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::filesyst
     ckpt->open_[kSingleFile] = std::move(file);
     return ckpt;
   }
-  return absl::NotFoundError(
-      absl::StrCat(dir.string(), ": neither ", kSingleFile, " nor ", kIndexFile, " exists"));
+  return absl::NotFoundError(absl::StrCat(dir.string(), ": neither ", kSingleFile, " nor ",
+                                          kIndexFile, " exists", PytorchWeightsHint(dir)));
 }
 
 std::vector<std::string> Checkpoint::names() const {

@@ -63,6 +63,13 @@ void RecordEnd(Coordinator& c, const RequestState& r, const absl::Status& outcom
 
 size_t ShowablePrefix(std::string_view text, const std::vector<std::string>& stops) {
   size_t n = CompleteUtf8Prefix(text);
+  // Decoders show the bytes of a character that a later token completes as U+FFFD (Hugging
+  // Face's do), so a trailing U+FFFD waits for the next token, as in vLLM's detokenizer.
+  constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+  while (n >= kReplacement.size() && text.substr(n - kReplacement.size(), kReplacement.size()) ==
+                                         kReplacement) {
+    n -= kReplacement.size();
+  }
   for (const std::string& stop : stops) {
     for (size_t k = std::min(stop.size() - 1, n); k > 0; --k) {
       if (text.compare(n - k, k, stop, 0, k) == 0) {

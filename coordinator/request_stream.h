@@ -39,7 +39,7 @@ void RecordRejected(Coordinator& c, const absl::Status& why);
 void RecordEnd(Coordinator& c, const RequestState& r, const absl::Status& outcome);
 
 // Bytes of `text` that can be shown while generation goes on: whole characters, minus a tail that
-// could be the start of one of `stops`.
+// could be the start of one of `stops` and a trailing U+FFFD (a character still incomplete).
 size_t ShowablePrefix(std::string_view text, const std::vector<std::string>& stops);
 
 // The text of one generation, handed out in pieces as its tokens arrive.

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -21,6 +22,7 @@ namespace fs = std::filesystem;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A fresh, empty folder per test.
 fs::path TestDir() {
@@ -341,6 +343,19 @@ TEST(CheckpointTest, FolderWithoutWeightsIsNotFoundNamingBothFileNames) {
               AllOf(HasSubstr(dir.string()), HasSubstr("model.safetensors.index.json")));
 }
 
+TEST(CheckpointTest, FolderWithOnlyPytorchWeightsNamesThemAndHowToConvert) {
+  fs::path dir = TestDir();
+  WriteLlamaConfig(dir);
+  WriteText(dir / "pytorch_model.bin", "PK\x03\x04 not read");
+  auto ckpt = Checkpoint::Open(dir);
+  EXPECT_EQ(ckpt.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(ckpt.status().message(),
+              AllOf(HasSubstr("pytorch_model.bin"), HasSubstr("safe_serialization=True")));
+  // Without it, no word of PyTorch.
+  fs::remove(dir / "pytorch_model.bin");
+  EXPECT_THAT(Checkpoint::Open(dir).status().message(), Not(HasSubstr("pytorch")));
+}
+
 TEST(CheckpointTest, CorruptSingleFileIsRejectedAtOpenNamingIt) {
   fs::path dir = TestDir();
   WriteLlamaConfig(dir);
@@ -397,6 +412,23 @@ TEST_F(BadFileTest, HeaderLengthBeyondTheFile) {
   WriteRaw(path_, R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4,
            /*declared_len=*/1000);
   ExpectError(absl::StatusCode::kInvalidArgument, {"header length 1000"});
+}
+
+TEST_F(BadFileTest, HeaderLengthOneBytePastTheEnd) {
+  // One byte more than the file holds: accepted, the data section's size would wrap around and
+  // no tensor's offsets would be bounded any more.
+  const std::string header = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  WriteRaw(path_, header, 0, /*declared_len=*/header.size() + 1);
+  ExpectError(absl::StatusCode::kInvalidArgument,
+              {absl::StrCat("header length ", header.size() + 1), "runs past the end"});
+}
+
+TEST_F(BadFileTest, HeaderEndingExactlyAtTheEndOfTheFileIsAccepted) {
+  WriteRaw(path_, R"({"__metadata__":{"format":"pt"}})", 0);
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> f = SafetensorsFile::Open(path_);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE((*f)->names().empty());
+  EXPECT_EQ((*f)->metadata().at("format"), "pt");
 }
 
 TEST_F(BadFileTest, HeaderLengthAbsurdlyLarge) {

@@ -97,12 +97,16 @@ TEST(RequestValidationTest, TokenIdsOutsideVocabularyNameTheIndex) {
   ExpectInvalid(r, "token_ids[0]");
 }
 
-TEST(RequestValidationTest, NegativeOrNanTemperatureNamesTemperature) {
+TEST(RequestValidationTest, NegativeNanOrInfiniteTemperatureNamesTemperature) {
+  for (float t : {-0.1f, std::nanf(""), std::numeric_limits<float>::infinity(),
+                  -std::numeric_limits<float>::infinity()}) {
+    v1::GenerateRequest r = Good();
+    r.mutable_sampling()->set_temperature(t);
+    ExpectInvalid(r, "sampling.temperature");
+  }
   v1::GenerateRequest r = Good();
-  r.mutable_sampling()->set_temperature(-0.1f);
-  ExpectInvalid(r, "sampling.temperature");
-  r.mutable_sampling()->set_temperature(std::nanf(""));
-  ExpectInvalid(r, "sampling.temperature");
+  r.mutable_sampling()->set_temperature(std::numeric_limits<float>::max());
+  EXPECT_TRUE(ValidateRequest(r, kLimits, nullptr).ok()) << "the largest finite temperature";
 }
 
 TEST(RequestValidationTest, TopPOutsideZeroOneNamesTopP) {
@@ -129,6 +133,18 @@ TEST(RequestValidationTest, MaxNewTokensZeroOrAboveContextNamesMaxNewTokens) {
   r.set_max_new_tokens(33);
   ExpectInvalid(r, "max_new_tokens");
   r.set_max_new_tokens(-4);
+  ExpectInvalid(r, "max_new_tokens");
+}
+
+TEST(RequestValidationTest, MaxNewTokensUpToTheContextIsAccepted) {
+  v1::GenerateRequest r = Good();  // a prompt of 2 in a context of 32
+  r.set_max_new_tokens(30);         // prompt + max_new_tokens == context
+  ASSERT_TRUE(ValidateRequest(r, kLimits, nullptr).ok());
+  r.set_max_new_tokens(32);  // the context itself: the length rule ends generation at the context
+  absl::StatusOr<ValidatedRequest> v = ValidateRequest(r, kLimits, nullptr);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->max_new_tokens, 32);
+  r.set_max_new_tokens(33);
   ExpectInvalid(r, "max_new_tokens");
 }
 

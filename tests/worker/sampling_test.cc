@@ -82,6 +82,20 @@ TEST(SampleToken, GreedyIsArgmaxWithLowestIndexOnTies) {
   EXPECT_EQ(SampleToken(std::vector<float>{5.0f}, Params(0.0f), 0), 0);
 }
 
+TEST(SampleToken, TiedCandidatesKeepTheLowerIdFirst) {
+  // Step 2b: equal probabilities order the lower id first, so top-k 1 keeps id 1 of the tie.
+  for (uint64_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(SampleToken(std::vector<float>{1.0f, 3.0f, 0.0f, 3.0f}, Params(1.0f, 1), i), 1);
+  }
+  // Two tied tokens of p = 0.5: the draw u picks id 0 when u < 0.5 (its cumulative 0.5 exceeds
+  // u), else id 1; reversing the tie would swap every pick.
+  const SamplingParams p = Params(1.0f, 0, 1.0f, 11);
+  for (uint64_t i = 0; i < 64; ++i) {
+    const int32_t want = UniformFloat(p.seed, i) < 0.5f ? 0 : 1;
+    EXPECT_EQ(SampleToken(std::vector<float>{2.0f, 2.0f}, p, i), want) << "draw " << i;
+  }
+}
+
 TEST(SampleToken, GreedySkipsNaN) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   EXPECT_EQ(SampleToken(std::vector<float>{nan, 1.0f, 3.0f, nan}, Params(0.0f), 0), 2);
