@@ -22,8 +22,10 @@ struct CoordinatorConfig {
   int micro_batches = 0;                  // steps in flight per pipeline; 0: = stages
   int max_waiting = 64;                   // waiting queue bound; beyond it: RESOURCE_EXHAUSTED
   int prefill_chunk = 512;                // prompt tokens per sequence per step
-  int heartbeat_interval_ms = 200;        // told to workers when they register
-  int heartbeat_timeout_ms = 1000;        // a silent worker is down after this
+  int heartbeat_interval_ms = 1000;       // told to workers when they register
+  // A silent worker is down after this: ten beats, so that a busy host's scheduling delays are
+  // not taken for a death (a worker declared down by mistake registers again).
+  int heartbeat_timeout_ms = 10000;
   double drain_timeout_s = 60;            // topology change: wait this long for running requests
   std::string http_listen;                // OpenAI-compatible HTTP API host:port; empty: off
   int http_threads = 0;                   // its connection threads; 0: slots + waiting + 8

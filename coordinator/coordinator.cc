@@ -3,9 +3,11 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <span>
 
+#include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/metrics.h"
@@ -85,6 +87,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
   c->scheduler_ = std::make_unique<Scheduler>(std::move(options));
   c->wanted_stages_ = c->effective_stages_ = config.stages;
   c->wanted_replicas_ = config.replicas;
+  c->next_assignment_ = absl::Uniform<uint64_t>(c->random_, 1, uint64_t{1} << 62);
   return c;
 }
 
@@ -151,21 +154,32 @@ void Coordinator::SchedulerLoop() {
 }
 
 void Coordinator::HealthLoop() {
-  const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms);
+  std::optional<bool> reported;
   while (true) {
-    absl::MutexLock lock(&mu_);
-    bool stop = false;
-    mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(50));
-    stop = stopping_;
-    if (stop) return;
-    const absl::Time now = absl::Now();
-    std::vector<int64_t> silent;
-    for (auto& [id, w] : workers_) {
-      if (w.state != v1::WORKER_STATE_DOWN && now - w.last_heartbeat > timeout) silent.push_back(id);
+    bool serving = false;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(50));
+      if (stopping_) return;
+      MarkSilentWorkersDown();
+      serving = !pipelines_.empty();
     }
-    for (int64_t id : silent) {
-      MarkDown(id, absl::StrFormat("no heartbeat for %s", absl::FormatDuration(timeout)));
+    if (readiness_observer_ && reported != serving) {
+      readiness_observer_(serving);
+      reported = serving;
     }
+  }
+}
+
+void Coordinator::MarkSilentWorkersDown() {
+  const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms);
+  const absl::Time now = absl::Now();
+  std::vector<int64_t> silent;
+  for (auto& [id, w] : workers_) {
+    if (w.state != v1::WORKER_STATE_DOWN && now - w.last_heartbeat > timeout) silent.push_back(id);
+  }
+  for (int64_t id : silent) {
+    MarkDown(id, absl::StrFormat("no heartbeat for %s", absl::FormatDuration(timeout)));
   }
 }
 
@@ -316,6 +330,7 @@ absl::Status Coordinator::RunPlan() {
     absl::MutexLock lock(&mu_);
     planning_ = true;
     replan_needed_ = false;
+    RestoreWantedStages();
     int kept = 0;
     for (auto& [id, p] : pipelines_) {
       bool retire =
@@ -414,6 +429,7 @@ absl::Status Coordinator::RunPlan() {
 
   absl::MutexLock lock(&mu_);
   planning_ = false;
+  ForgetDownWorkers();
   if (!pipelines_.empty()) planned_once_ = true;
   if (pipelines_.empty() && !replan_needed_) {
     // Nothing can serve: waiting requests would otherwise wait for their deadlines.
@@ -503,8 +519,36 @@ absl::Status Coordinator::BuildPipeline(int id, uint64_t assignment,
   return absl::OkStatus();
 }
 
+void Coordinator::RestoreWantedStages() {
+  if (effective_stages_ >= wanted_stages_ || UsableWorkers() < wanted_stages_) return;
+  spdlog::info("{} workers are up: back to {} stage(s) from {}", UsableWorkers(), wanted_stages_,
+               effective_stages_);
+  effective_stages_ = wanted_stages_;
+}
+
+void Coordinator::ForgetDownWorkers() {
+  std::erase_if(workers_, [](const auto& entry) {
+    return entry.second.state == v1::WORKER_STATE_DOWN;
+  });
+}
+
+int Coordinator::UsableWorkers() {
+  int usable = 0;
+  for (auto& [id, w] : workers_) {
+    usable += w.state == v1::WORKER_STATE_IDLE || w.state == v1::WORKER_STATE_SERVING;
+  }
+  return usable;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Registry and Admin
+
+int64_t Coordinator::NewWorkerId() {
+  while (true) {
+    const int64_t id = absl::Uniform<int64_t>(random_, 1, std::numeric_limits<int64_t>::max());
+    if (!workers_.contains(id)) return id;
+  }
+}
 
 int64_t Coordinator::RegisterWorker(const std::string& address, const std::string& backend) {
   absl::MutexLock lock(&mu_);
@@ -515,7 +559,7 @@ int64_t Coordinator::RegisterWorker(const std::string& address, const std::strin
   }
   for (int64_t id : stale) MarkDown(id, "it registered again");
   WorkerEntry w;
-  w.id = next_worker_id_++;
+  w.id = NewWorkerId();
   w.address = address;
   w.backend = backend;
   w.channel = MakeWorkerChannel(address, worker_auth_);
@@ -551,13 +595,13 @@ void Coordinator::UpdateGauges() {
   metrics_->running_sequences.Set(running);
   metrics_->waiting_sequences.Set(scheduler_->waiting());
   metrics_->SetKvSlots(kv);
-  std::map<std::string, bool> up;
+  for (auto& [address, up] : addresses_up_) up = false;
   for (auto& [id, w] : workers_) {
     const bool is_up =
         w.state == v1::WORKER_STATE_IDLE || w.state == v1::WORKER_STATE_SERVING;
-    up[w.address] = up[w.address] || is_up;  // a restarted worker reuses its address
+    addresses_up_[w.address] |= is_up;  // a restarted worker reuses its address
   }
-  metrics_->SetWorkersUp(up);
+  metrics_->SetWorkersUp(addresses_up_);
 }
 
 v1::Topology Coordinator::TopologyLocked() {
@@ -598,10 +642,7 @@ absl::StatusOr<v1::Topology> Coordinator::SetTopology(int stages, int replicas) 
   }
   {
     absl::MutexLock lock(&mu_);
-    int usable = 0;
-    for (auto& [id, w] : workers_) {
-      usable += w.state == v1::WORKER_STATE_IDLE || w.state == v1::WORKER_STATE_SERVING;
-    }
+    const int usable = UsableWorkers();
     if (stages * replicas > usable) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "%d stages x %d replicas needs %d workers; %d are registered and up", stages, replicas,
@@ -642,18 +683,42 @@ std::vector<v1::WorkerInfo> Coordinator::ListWorkers() {
   return out;
 }
 
+absl::StatusOr<Coordinator::WorkerEntry*> Coordinator::FindWorker(int64_t worker_id) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrFormat("worker_id: no worker %d", worker_id));
+  }
+  return &it->second;
+}
+
 absl::StatusOr<v1::Topology> Coordinator::Drain(int64_t worker_id) {
   {
     absl::MutexLock lock(&mu_);
-    auto it = workers_.find(worker_id);
-    if (it == workers_.end()) {
-      return absl::NotFoundError(absl::StrFormat("worker_id: no worker %d", worker_id));
-    }
-    if (it->second.state == v1::WORKER_STATE_DOWN) {
+    absl::StatusOr<WorkerEntry*> w = FindWorker(worker_id);
+    if (!w.ok()) return w.status();
+    if ((*w)->state == v1::WORKER_STATE_DOWN) {
       return absl::FailedPreconditionError(
           absl::StrFormat("worker_id: worker %d is already down", worker_id));
     }
-    it->second.state = v1::WORKER_STATE_DRAINED;
+    (*w)->state = v1::WORKER_STATE_DRAINED;
+    replan_needed_ = true;
+  }
+  if (absl::Status s = RunPlan(); !s.ok()) return s;
+  return GetTopology();
+}
+
+absl::StatusOr<v1::Topology> Coordinator::Undrain(int64_t worker_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<WorkerEntry*> w = FindWorker(worker_id);
+    if (!w.ok()) return w.status();
+    if ((*w)->state != v1::WORKER_STATE_DRAINED) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("worker_id: worker %d is not drained (it is %s)", worker_id,
+                          v1::WorkerState_Name((*w)->state)));
+    }
+    spdlog::info("worker {} ({}) is back in service", worker_id, (*w)->address);
+    (*w)->state = v1::WORKER_STATE_IDLE;
     replan_needed_ = true;
   }
   if (absl::Status s = RunPlan(); !s.ok()) return s;

@@ -7,14 +7,17 @@
 //   gRPC handler threads: Submit/Cancel/RequestState waits, Admin calls, Registry calls.
 //   "scheduler":   admits waiting requests, forms micro-batch steps and writes them to the
 //                  pipelines' streams (the only writer, which keeps every stage's order).
-//   "health":      declares workers down when their heartbeats stop.
-//   "planner":     closes broken pipelines and re-plans onto the workers that are left.
+//   "health":      declares workers down when their heartbeats stop, and reports readiness
+//                  (whether a pipeline serves) to the readiness observer.
+//   "planner":     closes broken pipelines, re-plans onto the workers that are left, and goes
+//                  back to the topology asked for once enough workers are up again.
 //   "p<id>a<n>-<s>": one reader per stage stream of a pipeline (PipelineLink).
 // All shared state, the scheduler's included, is behind mu_; the planner's slow work (loading
 // stages) runs outside it, serialized by plan_mu_.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -22,6 +25,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/random/random.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -55,6 +59,11 @@ class Coordinator {
   // How to reach the workers: TLS and the cluster secret (default: plain, no key). Set before
   // Start().
   void set_worker_auth(ClientAuth auth) { worker_auth_ = std::move(auth); }
+  // Told whether a pipeline serves: once when the health thread starts, then at every change
+  // (from the health thread, without locks held). Set before Start().
+  void set_readiness_observer(std::function<void(bool serving)> observer) {
+    readiness_observer_ = std::move(observer);
+  }
 
   void Start();
   void Shutdown();  // stops the threads, fails what is left with UNAVAILABLE, closes streams
@@ -72,15 +81,21 @@ class Coordinator {
   // Ends a request now (deadline, client cancel) and frees its KV slot at once.
   void Cancel(const std::shared_ptr<RequestState>& request, const absl::Status& why);
 
-  // Registry.
+  // Registry. Worker ids are random 64-bit numbers (positive), so that an id handed out before a
+  // restart of the coordinator is unknown after it. Heartbeat: false when the id is unknown or
+  // the worker was declared down; the worker then registers again.
   int64_t RegisterWorker(const std::string& address, const std::string& backend);
   bool Heartbeat(int64_t worker_id);
 
-  // Admin.
+  // Admin. The topology asked for (flags, config or SetTopology) is kept: when a loss leaves too
+  // few workers, pipelines serve with fewer stages until enough are up again. Workers declared
+  // down are forgotten after the next re-plan.
   v1::Topology GetTopology();
   absl::StatusOr<v1::Topology> SetTopology(int stages, int replicas);
   std::vector<v1::WorkerInfo> ListWorkers();
   absl::StatusOr<v1::Topology> Drain(int64_t worker_id);
+  // Undoes Drain: FAILED_PRECONDITION when the worker is not drained.
+  absl::StatusOr<v1::Topology> Undrain(int64_t worker_id);
 
  private:
   struct WorkerEntry {
@@ -114,6 +129,15 @@ class Coordinator {
   void OnLinkBroken(int pipeline, uint64_t assignment, int stage, const absl::Status& s);
   void FailPipeline(int pipeline, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkDown(int64_t worker_id, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkSilentWorkersDown() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the entries of workers declared down (a worker that comes back registers anew).
+  void ForgetDownWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<WorkerEntry*> FindWorker(int64_t worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t NewWorkerId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Workers that can take a stage (idle or serving).
+  int UsableWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Back to the stages asked for once enough workers are usable again.
+  void RestoreWantedStages() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Topology TopologyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int LivePipelines() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Copies queue, running, KV-slot and worker states into the metrics' gauges.
@@ -142,10 +166,15 @@ class Coordinator {
   int wanted_stages_ ABSL_GUARDED_BY(mu_) = 1;
   int wanted_replicas_ ABSL_GUARDED_BY(mu_) = 1;
   int effective_stages_ ABSL_GUARDED_BY(mu_) = 1;  // < wanted when too few workers are left
-  int64_t next_worker_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::BitGen random_ ABSL_GUARDED_BY(mu_);  // worker ids and the first assignment id
   int next_pipeline_id_ ABSL_GUARDED_BY(mu_) = 0;
+  // Starts at a random number: a worker must not take steps or activations of an assignment
+  // made before a restart for those of a new one.
   uint64_t next_assignment_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<int64_t, WorkerEntry> workers_ ABSL_GUARDED_BY(mu_);
+  // Every worker address seen and whether a live worker holds it, for the metrics' gauges (an
+  // address whose worker went away reads 0).
+  std::map<std::string, bool> addresses_up_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::unique_ptr<Pipeline>> pipelines_ ABSL_GUARDED_BY(mu_);
   // Waiting queue, sequences, slots and steps in flight of every pipeline in pipelines_.
   std::unique_ptr<Scheduler> scheduler_ ABSL_PT_GUARDED_BY(mu_);  // made by Create()
@@ -154,6 +183,7 @@ class Coordinator {
   std::vector<std::thread> threads_;
   CoordinatorMetrics* metrics_ = nullptr;
   ClientAuth worker_auth_;
+  std::function<void(bool serving)> readiness_observer_;
 };
 
 }  // namespace tandem

@@ -65,6 +65,13 @@ void AddLogprobs(const std::vector<TokenLogprob>& logprobs, size_t from, size_t 
   for (size_t i = from; i < std::min(to, logprobs.size()); ++i) ToProto(logprobs[i], out->Add());
 }
 
+// The answer of an Admin call that changes the topology: the new one, or why not.
+grpc::Status TopologyReply(absl::StatusOr<v1::Topology> topology, v1::Topology* resp) {
+  if (!topology.ok()) return ToGrpcStatus(topology.status());
+  *resp = *std::move(topology);
+  return grpc::Status::OK;
+}
+
 // Counts a request refused before it was submitted (invalid, or the queue is full).
 grpc::Status Rejected(Coordinator& c, const absl::Status& why) {
   RecordRejected(c, why);
@@ -193,10 +200,7 @@ grpc::Status AdminService::GetTopology(grpc::ServerContext* ctx, const v1::GetTo
 grpc::Status AdminService::SetTopology(grpc::ServerContext* ctx,
                                        const v1::SetTopologyRequest* req, v1::Topology* resp) {
   if (grpc::Status a = CheckCaller(*ctx, access_); !a.ok()) return a;
-  absl::StatusOr<v1::Topology> t = c_.SetTopology(req->stages(), req->replicas());
-  if (!t.ok()) return ToGrpcStatus(t.status());
-  *resp = *std::move(t);
-  return grpc::Status::OK;
+  return TopologyReply(c_.SetTopology(req->stages(), req->replicas()), resp);
 }
 
 grpc::Status AdminService::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
@@ -209,10 +213,13 @@ grpc::Status AdminService::ListWorkers(grpc::ServerContext* ctx, const v1::ListW
 grpc::Status AdminService::Drain(grpc::ServerContext* ctx, const v1::DrainRequest* req,
                                  v1::Topology* resp) {
   if (grpc::Status a = CheckCaller(*ctx, access_); !a.ok()) return a;
-  absl::StatusOr<v1::Topology> t = c_.Drain(req->worker_id());
-  if (!t.ok()) return ToGrpcStatus(t.status());
-  *resp = *std::move(t);
-  return grpc::Status::OK;
+  return TopologyReply(c_.Drain(req->worker_id()), resp);
+}
+
+grpc::Status AdminService::Undrain(grpc::ServerContext* ctx, const v1::UndrainRequest* req,
+                                   v1::Topology* resp) {
+  if (grpc::Status a = CheckCaller(*ctx, access_); !a.ok()) return a;
+  return TopologyReply(c_.Undrain(req->worker_id()), resp);
 }
 
 grpc::Status RegistryService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,

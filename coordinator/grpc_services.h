@@ -46,6 +46,8 @@ class AdminService final : public v1::Admin::Service {
                            v1::ListWorkersResponse* resp) override;
   grpc::Status Drain(grpc::ServerContext*, const v1::DrainRequest* req,
                      v1::Topology* resp) override;
+  grpc::Status Undrain(grpc::ServerContext*, const v1::UndrainRequest* req,
+                       v1::Topology* resp) override;
 
  private:
   Coordinator& c_;

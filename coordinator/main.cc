@@ -33,8 +33,10 @@ ABSL_FLAG(std::optional<int>, max_seq_len, std::nullopt, "KV-cache positions per
 ABSL_FLAG(std::optional<int>, micro_batches, std::nullopt, "steps in flight per pipeline (0: stages)");
 ABSL_FLAG(std::optional<int>, max_waiting, std::nullopt, "waiting queue bound");
 ABSL_FLAG(std::optional<int>, prefill_chunk, std::nullopt, "prompt tokens per sequence per step");
-ABSL_FLAG(std::optional<int>, heartbeat_interval_ms, std::nullopt, "worker heartbeat period");
-ABSL_FLAG(std::optional<int>, heartbeat_timeout_ms, std::nullopt, "silence before a worker is down");
+ABSL_FLAG(std::optional<int>, heartbeat_interval_ms, std::nullopt,
+          "worker heartbeat period (default 1000)");
+ABSL_FLAG(std::optional<int>, heartbeat_timeout_ms, std::nullopt,
+          "silence before a worker is declared down (default 10000)");
 ABSL_FLAG(std::optional<double>, drain_timeout_s, std::nullopt, "topology change drain limit");
 ABSL_FLAG(std::optional<std::string>, http_listen, std::nullopt,
           "host:port of the OpenAI-compatible HTTP API (port 0: any free port; unset: off)");
@@ -159,6 +161,13 @@ int main(int argc, char** argv) {
     spdlog::error("cannot listen on {}", config.listen);
     return 1;
   }
+  // Readiness per service: Inference is SERVING only while a pipeline serves; "" (the process)
+  // stays SERVING while it is up, for liveness probes.
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(tandem::v1::Inference::service_full_name(), false);
+  (*coordinator)->set_readiness_observer([health](bool serving) {
+    health->SetServingStatus(tandem::v1::Inference::service_full_name(), serving);
+  });
   (*coordinator)->Start();
   // A client that leaves mid-stream must fail the write, not kill the process.
   std::signal(SIGPIPE, SIG_IGN);

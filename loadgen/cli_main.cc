@@ -1,6 +1,7 @@
 // tandem-cli: a small command-line client of the Inference and Admin services.
 //   tandem-cli generate --prompt "Once upon a time" [--stream] [--addr HOST:PORT]
 //   tandem-cli info | topology | workers | set-topology --stages S --replicas R
+//   tandem-cli drain | undrain --worker_id ID
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -40,10 +41,11 @@ ABSL_FLAG(bool, show_ids, false, "also print the generated token ids");
 ABSL_FLAG(int, timeout_ms, 0, "request deadline (0: none)");
 ABSL_FLAG(int, stages, 1, "set-topology: stages per replica");
 ABSL_FLAG(int, replicas, 1, "set-topology: replicas");
+ABSL_FLAG(int64_t, worker_id, 0, "drain, undrain: the worker's id (from 'workers')");
 ABSL_FLAG(std::string, api_key, "", "key for generate and info (env TANDEM_API_KEY)");
 ABSL_FLAG(std::string, admin_key, "",
-          "key for topology, workers and set-topology (env TANDEM_ADMIN_KEY; empty: the "
-          "--api_key)");
+          "key for topology, workers, set-topology, drain and undrain (env TANDEM_ADMIN_KEY; "
+          "empty: the --api_key)");
 
 namespace {
 
@@ -53,7 +55,9 @@ constexpr const char* kUsage =
     "  info                      model information\n"
     "  topology                  pipelines and their workers\n"
     "  workers                   registered workers\n"
-    "  set-topology --stages S --replicas R\n";
+    "  set-topology --stages S --replicas R\n"
+    "  drain --worker_id ID      take a worker out of service\n"
+    "  undrain --worker_id ID    put a drained worker back\n";
 
 int Fail(const grpc::Status& s) {
   static const char* const kNames[] = {
@@ -210,6 +214,18 @@ int main(int argc, char** argv) {
     tandem::v1::ListWorkersResponse w;
     s = admin->ListWorkers(&ctx, {}, &w);
     out = w.DebugString();
+  } else if (command == "drain") {
+    tandem::v1::DrainRequest req;
+    req.set_worker_id(absl::GetFlag(FLAGS_worker_id));
+    tandem::v1::Topology t;
+    s = admin->Drain(&ctx, req, &t);
+    out = t.DebugString();
+  } else if (command == "undrain") {
+    tandem::v1::UndrainRequest req;
+    req.set_worker_id(absl::GetFlag(FLAGS_worker_id));
+    tandem::v1::Topology t;
+    s = admin->Undrain(&ctx, req, &t);
+    out = t.DebugString();
   } else if (command == "set-topology") {
     tandem::v1::SetTopologyRequest req;
     req.set_stages(absl::GetFlag(FLAGS_stages));

@@ -122,6 +122,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o)
   absl::StatusOr<int> port = c->coordinator_->WaitForPort();
   if (!port.ok()) return port.status();
   c->address_ = absl::StrCat("127.0.0.1:", *port);
+  argv[1] = absl::StrCat("--listen=", c->address_);  // a restart takes the same port
+  c->coordinator_argv_ = std::move(argv);
   for (int i = 0; i < o.workers; ++i) {
     std::vector<std::string> worker_argv = {Binary("tandem-worker", TANDEM_WORKER_BIN),
                                             absl::StrCat("--coordinator=", c->address_),
@@ -146,6 +148,15 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o)
     return absl::Status(s.code(), absl::StrCat(s.message(), "\n", c->Logs()));
   }
   return c;
+}
+
+absl::Status Cluster::KillAndRestartCoordinator() {
+  coordinator_->Kill(SIGKILL);
+  absl::StatusOr<std::unique_ptr<Process>> coord = Process::Start(
+      coordinator_argv_, dir_ / absl::StrFormat("coordinator-%d.log", ++coordinator_starts_));
+  if (!coord.ok()) return coord.status();
+  coordinator_ = *std::move(coord);
+  return coordinator_->WaitForPort().status();
 }
 
 Cluster::~Cluster() {

@@ -64,6 +64,9 @@ class Cluster {
 
   // Waits until exactly `pipelines` pipelines of `stages` stages each serve.
   absl::Status WaitForTopology(int pipelines, int stages, double timeout_s = 60);
+  // Kills the coordinator (SIGKILL) and starts it again with the same flags on the same port;
+  // returns once it listens (the workers find it on their own).
+  absl::Status KillAndRestartCoordinator();
   std::string address() const { return address_; }
   v1::Inference::Stub& inference() { return *inference_; }
   v1::Admin::Stub& admin() { return *admin_; }
@@ -76,6 +79,8 @@ class Cluster {
  private:
   std::filesystem::path dir_;
   std::unique_ptr<Process> coordinator_;
+  std::vector<std::string> coordinator_argv_;
+  int coordinator_starts_ = 0;
   std::vector<std::unique_ptr<Process>> workers_;
   std::vector<int> worker_ports_;
   std::string address_;

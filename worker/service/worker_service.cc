@@ -352,7 +352,12 @@ Registrar::~Registrar() {
 }
 
 void Registrar::Loop() {
-  auto stub = v1::Registry::NewStub(MakeChannel(coordinator_, auth_));
+  // A restarted coordinator is found within a second, not after gRPC's reconnect backoff of up
+  // to two minutes.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auto stub = v1::Registry::NewStub(MakeChannel(coordinator_, auth_, args));
   int64_t id = -1;
   absl::Duration interval = absl::Milliseconds(200);
   bool warned = false;
