@@ -69,6 +69,11 @@ struct SequenceLogprobs {
   std::vector<TokenLogprob> prompt;   // prompt_logprobs >= 0: one per scored row, in order
 };
 
+// A token of a step that stands for the one its row's slot sampled in the step before: the
+// coordinator sends a one-stage pipeline a sequence's next decode step while the step that samples
+// its input still runs, and the stage feeds what that step sampled (worker/service/step_runner.h).
+inline constexpr int32_t kPreviousSample = -1;
+
 // What every stage of a pipeline executes, in the order the coordinator issued it.
 struct StepDescriptor {
   uint64_t id = 0;

@@ -33,6 +33,7 @@ absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(std::string_view yaml_t
       else if (key == "micro_batches") c.micro_batches = v.as<int>();
       else if (key == "max_waiting") c.max_waiting = v.as<int>();
       else if (key == "prefill_chunk") c.prefill_chunk = v.as<int>();
+      else if (key == "decode_ahead") c.decode_ahead = v.as<bool>();
       else if (key == "heartbeat_interval_ms") c.heartbeat_interval_ms = v.as<int>();
       else if (key == "heartbeat_timeout_ms") c.heartbeat_timeout_ms = v.as<int>();
       else if (key == "drain_timeout_s") c.drain_timeout_s = v.as<double>();

@@ -77,6 +77,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
                            .max_batch = config.max_batch,
                            .prefill_chunk = config.prefill_chunk,
                            .micro_batches = config.micro_batches,
+                           .decode_ahead = config.decode_ahead,
                            .vocab_size = c->limits_.vocab_size,
                            .context_length = c->limits_.context_length,
                            .decode = {}};

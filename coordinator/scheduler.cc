@@ -117,7 +117,8 @@ SequenceStep Scheduler::RowOf(const Sequence& seq, int num_tokens, bool sample) 
   row.num_tokens = num_tokens;
   row.sample = sample;
   row.sampling = rq.sampling;
-  row.sample_index = static_cast<uint64_t>(seq.generated.size());
+  // Every step in flight samples for the sequence when this one goes ahead of them.
+  row.sample_index = static_cast<uint64_t>(seq.generated.size() + seq.in_flight);
   if (sample && rq.sampling.has_penalties()) {
     row.seen.reserve(seq.seen.size());
     for (const auto& [token, seen] : seq.seen) {
@@ -133,40 +134,71 @@ SequenceStep Scheduler::RowOf(const Sequence& seq, int num_tokens, bool sample) 
   return row;
 }
 
+bool Scheduler::EndsByLength(const Sequence& seq) const {
+  const int count = static_cast<int>(seq.generated.size()) + seq.in_flight;
+  return ReachesLength(seq.request->request(), count, options_.context_length);
+}
+
+bool Scheduler::Ready(const Sequence& seq, int stages) const {
+  if (seq.in_flight == 0) return true;
+  // Ahead: the one step in flight samples (nothing of the prompt is left to feed) and the stage
+  // that samples is the one that embeds.
+  const ValidatedRequest& rq = seq.request->request();
+  return options_.decode_ahead && stages == 1 && seq.in_flight == 1 && seq.pending.empty() &&
+         !rq.sampling.has_penalties() && rq.prompt_logprobs < 0 && !EndsByLength(seq);
+}
+
+Scheduler::StepEntry Scheduler::AddRow(Sequence& seq, StepDescriptor& step) {
+  if (seq.in_flight > 0) {
+    step.seqs.push_back(RowOf(seq, 1, true));
+    step.tokens.push_back(kPreviousSample);
+    ++seq.fed_ahead;
+    seq.position += 1;
+  } else {
+    const int pending = static_cast<int>(seq.pending.size());
+    const int nt = std::min(pending, options_.prefill_chunk);
+    step.seqs.push_back(RowOf(seq, nt, nt == pending));
+    step.tokens.insert(step.tokens.end(), seq.pending.begin(), seq.pending.begin() + nt);
+    seq.pending.erase(seq.pending.begin(), seq.pending.begin() + nt);
+    seq.position += nt;
+  }
+  ++seq.in_flight;
+  return {.seq = seq.id, .sample = step.seqs.back().sample};
+}
+
 std::vector<StepDescriptor> Scheduler::FormSteps(int id) {
   std::vector<StepDescriptor> out;
   auto pit = pipelines_.find(id);
   if (pit == pipelines_.end()) return out;
   Pipeline& p = pit->second;
-  // At least one micro-batch per stage in flight, so that no stage waits for the others.
-  const int micro = std::max(options_.micro_batches, p.stages);
-  int free = micro - static_cast<int>(p.inflight.size());
-  std::vector<Sequence*> ready;
-  for (uint64_t seq_id : p.running) {
-    Sequence& seq = *seqs_.at(seq_id);
-    if (!seq.in_flight) ready.push_back(&seq);
-  }
-  size_t i = 0;
-  while (free > 0 && i < ready.size()) {
-    const int left = static_cast<int>(ready.size() - i);
-    const int n = std::min(options_.max_batch, (left + free - 1) / free);
-    StepDescriptor step;
-    step.id = p.next_step++;
-    std::vector<StepEntry> entries;
-    for (int k = 0; k < n; ++k) {
-      Sequence& seq = *ready[i++];
-      const int pending = static_cast<int>(seq.pending.size());
-      const int nt = std::min(pending, options_.prefill_chunk);
-      const bool sample = nt == pending;
-      step.seqs.push_back(RowOf(seq, nt, sample));
-      step.tokens.insert(step.tokens.end(), seq.pending.begin(), seq.pending.begin() + nt);
-      seq.in_flight = true;
-      entries.push_back({seq.id, nt, sample});
+  // At least one micro-batch per stage in flight, so that no stage waits for the others; going
+  // ahead, each may have its successor in flight too.
+  const int lanes = std::max(options_.micro_batches, p.stages);
+  const int limit = options_.decode_ahead && p.stages == 1 ? 2 * lanes : lanes;
+  while (static_cast<int>(p.inflight.size()) < limit) {
+    std::vector<Sequence*> ready;
+    for (uint64_t seq_id : p.running) {
+      Sequence& seq = *seqs_.at(seq_id);
+      if (Ready(seq, p.stages)) ready.push_back(&seq);
     }
-    p.inflight.emplace(step.id, std::move(entries));
-    if (metrics_ != nullptr) metrics_->batch_size.Observe(n);
-    out.push_back(std::move(step));
-    --free;
+    if (ready.empty()) break;
+    // Sequences with nothing in flight first, so that going ahead never starves them.
+    std::stable_partition(ready.begin(), ready.end(),
+                          [](const Sequence* s) { return s->in_flight == 0; });
+    int free = std::min(lanes, limit - static_cast<int>(p.inflight.size()));
+    size_t i = 0;
+    while (free > 0 && i < ready.size()) {
+      const int left = static_cast<int>(ready.size() - i);
+      const int n = std::min(options_.max_batch, (left + free - 1) / free);
+      StepDescriptor step;
+      step.id = p.next_step++;
+      std::vector<StepEntry> entries;
+      for (int k = 0; k < n; ++k) entries.push_back(AddRow(*ready[i++], step));
+      p.inflight.emplace(step.id, std::move(entries));
+      if (metrics_ != nullptr) metrics_->batch_size.Observe(n);
+      out.push_back(std::move(step));
+      --free;
+    }
   }
   return out;
 }
@@ -206,9 +238,7 @@ absl::Status Scheduler::OnStepResult(int id, uint64_t step_id, std::span<const i
     auto sit = seqs_.find(e.seq);
     if (sit == seqs_.end()) continue;  // cancelled while the step ran
     Sequence& seq = *sit->second;
-    seq.in_flight = false;
-    seq.position += e.num_tokens;
-    seq.pending.erase(seq.pending.begin(), seq.pending.begin() + e.num_tokens);
+    --seq.in_flight;
     const SequenceLogprobs* lp = logprobs_of[i];
     if (lp != nullptr && !lp->prompt.empty()) seq.request->AppendPromptLogprobs(lp->prompt);
     if (!e.sample) continue;
@@ -245,6 +275,8 @@ void Scheduler::AppendToken(Sequence& seq, int32_t token, TokenLogprob* logprob,
   }
   if (stop.ends()) {
     EndSequence(seq.id, absl::OkStatus(), stop.finish, stop.text_limit, now);
+  } else if (seq.fed_ahead > 0) {
+    --seq.fed_ahead;  // the step after fed it already
   } else {
     seq.pending.assign(1, token);
   }

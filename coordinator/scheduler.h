@@ -36,6 +36,12 @@ struct SchedulerOptions {
   int max_batch = 16;       // sequences per step
   int prefill_chunk = 512;  // prompt tokens per sequence per step
   int micro_batches = 0;    // steps in flight per pipeline; at least one per stage
+  // A one-stage pipeline gets a sequence's next decode step while the step that samples its input
+  // runs (the row feeds kPreviousSample), so that the stage never waits for the round trip to the
+  // coordinator between two steps. Outputs are the same: the step feeds the token the stage
+  // sampled, with the RNG counter of that position; a sequence that ends drops the token sampled
+  // ahead. Sequences with penalties or prompt logprobs (which need the token first) wait.
+  bool decode_ahead = true;
   int vocab_size = 0;      // sampled tokens outside [0, vocab_size) fail the pipeline
   int context_length = 0;  // positions in the KV-cache, for the length rule
   TextDecoder decode;      // for stop strings; empty: none are matched
@@ -77,6 +83,9 @@ class Scheduler {
   // evenly over the free ones and at most max_batch per step. A sequence feeds its pending
   // tokens, at most prefill_chunk of them: the prompt in chunks, then one token per decode step,
   // and samples after its last pending token. Step ids count from 1 per pipeline.
+  // With decode_ahead, a one-stage pipeline may hold twice as many steps in flight, and a
+  // sequence whose one step in flight samples goes into the next step as well (kPreviousSample),
+  // unless that step's token is certain to end it (its length).
   std::vector<StepDescriptor> FormSteps(int id);
 
   // The result of step `step_id` of pipeline `id`: one sampled token per sequence that sampled,
@@ -101,19 +110,19 @@ class Scheduler {
     std::shared_ptr<RequestState> request;
     int pipeline = -1;
     int slot = -1;
-    int position = 0;               // tokens already in the KV-cache
+    int position = 0;               // tokens in the KV-cache once its steps in flight are done
     std::vector<int32_t> pending;   // tokens to feed: the prompt (rest), then the newest token
     std::vector<int32_t> generated;
+    int in_flight = 0;  // steps in flight that hold the sequence
+    int fed_ahead = 0;  // of them, steps that feed the token of the step before (kPreviousSample)
     // With a penalty set: every distinct token of the sequence the penalties look at (the prompt
     // only for repetition_penalty) -> {times generated, in the prompt}.
     absl::flat_hash_map<int32_t, std::pair<int32_t, bool>> seen;
-    bool in_flight = false;
     absl::Time last_token = absl::InfinitePast();  // for the inter-token latency
   };
   // One sequence's row of a step in flight.
   struct StepEntry {
     uint64_t seq = 0;
-    int num_tokens = 0;
     bool sample = false;
   };
   struct Pipeline {
@@ -127,6 +136,13 @@ class Scheduler {
   };
 
   SequenceStep RowOf(const Sequence& seq, int num_tokens, bool sample) const;
+  // Whether `seq` may go into the next step of a pipeline of `stages` stages now.
+  bool Ready(const Sequence& seq, int stages) const;
+  // Whether the token of the step in flight ends `seq` whatever it is (its length).
+  bool EndsByLength(const Sequence& seq) const;
+  // Adds `seq`'s row to `step`: its pending tokens (at most prefill_chunk), or kPreviousSample
+  // for a sequence ahead of its step in flight.
+  StepEntry AddRow(Sequence& seq, StepDescriptor& step);
   void AppendToken(Sequence& seq, int32_t token, TokenLogprob* logprob, absl::Time now);
   void EndSequence(uint64_t seq_id, absl::Status status, v1::FinishReason finish, int text_limit,
                    absl::Time now);

@@ -36,11 +36,15 @@ StopDecision CheckStop(const ValidatedRequest& request, std::span<const int32_t>
     d.finish = v1::FINISH_REASON_STOP;
     d.text_limit = at;
   }
-  const int prompt = static_cast<int>(request.prompt.size());
-  if (!d.ends() && (count >= request.max_new_tokens || prompt + count > context_length)) {
+  if (!d.ends() && ReachesLength(request, count, context_length)) {
     d.finish = v1::FINISH_REASON_LENGTH;
   }
   return d;
+}
+
+bool ReachesLength(const ValidatedRequest& request, int count, int context_length) {
+  const int prompt = static_cast<int>(request.prompt.size());
+  return count >= request.max_new_tokens || prompt + count > context_length;
 }
 
 }  // namespace tandem

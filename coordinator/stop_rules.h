@@ -34,4 +34,8 @@ struct StopDecision {
 StopDecision CheckStop(const ValidatedRequest& request, std::span<const int32_t> generated,
                        int context_length, const TextDecoder& decode);
 
+// Rule 5 alone: whether `request`'s sequence has reached its length once it generated `count`
+// tokens, whatever they are.
+bool ReachesLength(const ValidatedRequest& request, int count, int context_length);
+
 }  // namespace tandem

@@ -20,6 +20,7 @@ max_seq_len: 128
 micro_batches: 4
 max_waiting: 10
 prefill_chunk: 64
+decode_ahead: false
 heartbeat_interval_ms: 100
 heartbeat_timeout_ms: 900
 drain_timeout_s: 5.5
@@ -35,6 +36,7 @@ drain_timeout_s: 5.5
   EXPECT_EQ(c->micro_batches, 4);
   EXPECT_EQ(c->max_waiting, 10);
   EXPECT_EQ(c->prefill_chunk, 64);
+  EXPECT_FALSE(c->decode_ahead);
   EXPECT_EQ(c->heartbeat_interval_ms, 100);
   EXPECT_EQ(c->heartbeat_timeout_ms, 900);
   EXPECT_DOUBLE_EQ(c->drain_timeout_s, 5.5);
@@ -45,6 +47,7 @@ TEST(CoordinatorConfigTest, EmptyFileGivesDefaults) {
   absl::StatusOr<CoordinatorConfig> c = ParseCoordinatorConfig("", "empty.yaml");
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->stages, 1);
+  EXPECT_TRUE(c->decode_ahead);
 }
 
 TEST(CoordinatorConfigTest, UnknownKeyIsNamed) {
@@ -58,6 +61,12 @@ TEST(CoordinatorConfigTest, WrongTypeNamesTheSetting) {
   absl::StatusOr<CoordinatorConfig> c = ParseCoordinatorConfig("stages: two\n", "x.yaml");
   ASSERT_FALSE(c.ok());
   EXPECT_THAT(c.status().message(), HasSubstr("stages"));
+}
+
+TEST(CoordinatorConfigTest, ANonBooleanDecodeAheadNamesTheSetting) {
+  absl::StatusOr<CoordinatorConfig> c = ParseCoordinatorConfig("decode_ahead: maybe\n", "x.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("decode_ahead"));
 }
 
 TEST(CoordinatorConfigTest, MalformedYamlIsAnErrorNotACrash) {

@@ -38,6 +38,7 @@ SchedulerOptions Options() {
   o.max_batch = 16;
   o.prefill_chunk = 512;
   o.micro_batches = 1;
+  o.decode_ahead = false;  // one step at a time; the decode-ahead tests turn it on
   o.vocab_size = 100;
   o.context_length = 1000;
   o.decode = TableDecoder();
@@ -164,6 +165,136 @@ TEST(Scheduler, SendsSeenTokensOnlyWithAPenaltyAndOnlyOnSamplingRows) {
   for (const SeenToken& t : steps[0].seqs[0].seen) seen[t.id] = {t.output_count, t.in_prompt};
   EXPECT_EQ(seen, (std::map<int32_t, std::pair<int32_t, bool>>{{4, {0, true}}, {5, {1, true}}}));
   EXPECT_THAT(steps[0].seqs[1].seen, IsEmpty());  // no penalty
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode ahead
+
+SchedulerOptions AheadOptions() {
+  SchedulerOptions o = Options();
+  o.decode_ahead = true;
+  return o;
+}
+
+TEST(Scheduler, DecodeAheadSendsTheNextStepFeedingThePreviousSampleWithTheNextCounter) {
+  Scheduler s(AheadOptions());
+  s.AddPipeline(0, 1);
+  ValidatedRequest r = Request({1, 2, 3});
+  r.sampling.temperature = 0.5f;
+  r.sampling.seed = 42;
+  auto req = s.Enqueue(r, kNow);
+  s.Admit(kNow);
+  std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 2u);  // the prompt, and the decode step behind it
+  EXPECT_THAT(steps[0].tokens, ElementsAre(1, 2, 3));
+  EXPECT_EQ(steps[0].seqs[0].sample_index, 0u);
+  EXPECT_THAT(steps[1].tokens, ElementsAre(kPreviousSample));
+  const SequenceStep& ahead = steps[1].seqs[0];
+  EXPECT_EQ(ahead.slot, steps[0].seqs[0].slot);
+  EXPECT_EQ(ahead.position, 3);
+  EXPECT_EQ(ahead.num_tokens, 1);
+  EXPECT_TRUE(ahead.sample);
+  EXPECT_EQ(ahead.sample_index, 1u);
+  EXPECT_THAT(s.FormSteps(0), IsEmpty());  // two steps in flight
+  ASSERT_TRUE(Answer(s, 0, steps[0], 7).ok());
+  std::vector<StepDescriptor> next = s.FormSteps(0);
+  ASSERT_EQ(next.size(), 1u);  // the token 7 is fed already: the next one goes ahead again
+  EXPECT_THAT(next[0].tokens, ElementsAre(kPreviousSample));
+  EXPECT_EQ(next[0].seqs[0].position, 4);
+  EXPECT_EQ(next[0].seqs[0].sample_index, 2u);
+  ASSERT_TRUE(Answer(s, 0, steps[1], 8).ok());
+  ASSERT_TRUE(Answer(s, 0, next[0], 9).ok());
+  EXPECT_THAT(Peek(req).tokens, ElementsAre(7, 8, 9));
+  next = s.FormSteps(0);
+  ASSERT_EQ(next.size(), 2u);  // nothing in flight: the newest token, and a step ahead of it
+  EXPECT_THAT(next[0].tokens, ElementsAre(9));
+  EXPECT_EQ(next[0].seqs[0].position, 5);
+  EXPECT_EQ(next[0].seqs[0].sample_index, 3u);
+  EXPECT_EQ(next[1].seqs[0].position, 6);
+}
+
+TEST(Scheduler, DecodeAheadDropsTheTokenSampledAfterTheEnd) {
+  Scheduler s(AheadOptions());
+  s.AddPipeline(0, 1);
+  ValidatedRequest r = Request({1});
+  r.stop_token_ids = {5};
+  auto req = s.Enqueue(r, kNow);
+  s.Admit(kNow);
+  const std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 2u);
+  ASSERT_TRUE(Answer(s, 0, steps[0], 5).ok());
+  EXPECT_TRUE(Peek(req).done);
+  EXPECT_EQ(s.free_slots(0), 4);  // freed at once, with the step ahead still in flight
+  ASSERT_TRUE(Answer(s, 0, steps[1], 6).ok());  // its token goes nowhere
+  EXPECT_THAT(Peek(req).tokens, ElementsAre(5));
+  EXPECT_EQ(Peek(req).finish, v1::FINISH_REASON_STOP);
+  EXPECT_THAT(s.FormSteps(0), IsEmpty());
+}
+
+TEST(Scheduler, DecodeAheadStopsAtTheLengthWithoutAStepPast) {
+  Scheduler s(AheadOptions());
+  s.AddPipeline(0, 1);
+  auto req = s.Enqueue(Request({1}, /*max_new_tokens=*/2), kNow);
+  s.Admit(kNow);
+  std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 2u);  // tokens 1 and 2
+  ASSERT_TRUE(Answer(s, 0, steps[0], 7).ok());
+  EXPECT_THAT(s.FormSteps(0), IsEmpty());  // the token in flight is the last one
+  ASSERT_TRUE(Answer(s, 0, steps[1], 8).ok());
+  EXPECT_THAT(Peek(req).tokens, ElementsAre(7, 8));
+  EXPECT_EQ(Peek(req).finish, v1::FINISH_REASON_LENGTH);
+
+  s.Enqueue(Request({1}, /*max_new_tokens=*/1), kNow);
+  s.Admit(kNow);
+  EXPECT_EQ(s.FormSteps(0).size(), 1u);  // one token: nothing to go ahead with
+}
+
+TEST(Scheduler, DecodeAheadWaitsForTheTokenWithPenaltiesPromptLogprobsOrSeveralStages) {
+  Scheduler s(AheadOptions());
+  s.AddPipeline(0, 1);
+  ValidatedRequest penalty = Request({1});
+  penalty.sampling.presence_penalty = 0.5f;
+  s.Enqueue(penalty, kNow);
+  ValidatedRequest scored = Request({1, 2});
+  scored.prompt_logprobs = 0;
+  s.Enqueue(scored, kNow);
+  s.Admit(kNow);
+  EXPECT_EQ(s.FormSteps(0).size(), 1u);
+
+  Scheduler two(AheadOptions());
+  two.AddPipeline(0, 2);
+  two.Enqueue(Request({1}), kNow);
+  two.Admit(kNow);
+  const std::vector<StepDescriptor> steps = two.FormSteps(0);
+  ASSERT_EQ(steps.size(), 1u);  // the first stage cannot feed what the last one sampled
+  EXPECT_THAT(steps[0].tokens, ElementsAre(1));
+}
+
+TEST(Scheduler, DecodeAheadPutsSequencesWithNothingInFlightFirst) {
+  SchedulerOptions o = AheadOptions();
+  o.max_batch = 2;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  for (int i = 0; i < 4; ++i) s.Enqueue(Request({10 + i}), kNow);
+  s.Admit(kNow);
+  const std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_THAT(steps[0].tokens, ElementsAre(10, 11));
+  EXPECT_THAT(steps[1].tokens, ElementsAre(12, 13));  // not the first two again, ahead
+}
+
+TEST(Scheduler, DecodeAheadCancelSkipsBothStepsInFlight) {
+  Scheduler s(AheadOptions());
+  s.AddPipeline(0, 1);
+  auto req = s.Enqueue(Request({1}), kNow);
+  s.Admit(kNow);
+  const std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 2u);
+  s.Cancel(req, absl::CancelledError("client"), kNow);
+  ASSERT_TRUE(Answer(s, 0, steps[0], 7).ok());
+  ASSERT_TRUE(Answer(s, 0, steps[1], 8).ok());
+  EXPECT_THAT(Peek(req).tokens, IsEmpty());
+  EXPECT_EQ(Peek(req).status.code(), absl::StatusCode::kCancelled);
 }
 
 // ---------------------------------------------------------------------------------------------

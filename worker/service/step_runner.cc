@@ -1,6 +1,7 @@
 // StepRunner: receive, step, send, in the order every stage of a pipeline shares.
 #include "worker/service/step_runner.h"
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -67,8 +68,48 @@ absl::Status StepRunner::SendFromDevice(const StepDescriptor& step, const Activa
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepRun> StepRunner::Run(const StepDescriptor& step,
+absl::StatusOr<std::unique_ptr<StepDescriptor>> StepRunner::FeedPreviousSamples(
+    const StepDescriptor& step) const {
+  if (std::find(step.tokens.begin(), step.tokens.end(), kPreviousSample) == step.tokens.end()) {
+    return nullptr;
+  }
+  if (!first() || !last()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step.id, ": a token stands for the previous sample, which only the single stage of ",
+        "a pipeline holds (this is stage ", opt_.stage, " of ", opt_.num_stages, ")"));
+  }
+  auto fed = std::make_unique<StepDescriptor>(step);
+  size_t at = 0;
+  for (size_t i = 0; i < step.seqs.size(); ++i) {
+    const SequenceStep& row = step.seqs[i];
+    for (int k = 0; k < row.num_tokens && at < fed->tokens.size(); ++k, ++at) {
+      if (fed->tokens[at] != kPreviousSample) continue;
+      const bool known = row.slot >= 0 && row.slot < static_cast<int>(last_sample_.size()) &&
+                         last_sample_[row.slot] >= 0;
+      if (!known) {
+        return absl::InvalidArgumentError(absl::StrCat("step ", step.id, " row ", i, ": slot ",
+                                                       row.slot, " sampled no token before"));
+      }
+      fed->tokens[at] = last_sample_[row.slot];
+    }
+  }
+  return fed;
+}
+
+void StepRunner::KeepSamples(const StepDescriptor& step, const std::vector<int32_t>& tokens) {
+  size_t k = 0;
+  for (const SequenceStep& row : step.seqs) {
+    if (!row.sample || k >= tokens.size()) continue;
+    if (row.slot >= static_cast<int>(last_sample_.size())) last_sample_.resize(row.slot + 1, -1);
+    if (row.slot >= 0) last_sample_[row.slot] = tokens[k];
+    ++k;
+  }
+}
+
+absl::StatusOr<StepRun> StepRunner::Run(const StepDescriptor& given,
                                         const std::function<bool()>& cancelled) {
+  ASSIGN_OR_RETURN(std::unique_ptr<StepDescriptor> fed, FeedPreviousSamples(given));
+  const StepDescriptor& step = fed != nullptr ? *fed : given;
   StepRun run;
   Activations in;
   const absl::Time t0 = absl::Now();
@@ -109,6 +150,7 @@ absl::StatusOr<StepRun> StepRunner::Run(const StepDescriptor& step,
   }
   if (last() && !opt_.tokens_to_first) {
     run.tokens = o.tokens;
+    if (first()) KeepSamples(step, run.tokens);
   } else if (first() && opt_.tokens_to_first) {
     ASSIGN_OR_RETURN(run.tokens, transport_->RecvTokens(step.id, cancelled));
   }

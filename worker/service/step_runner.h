@@ -9,6 +9,10 @@
 // decode step's send is queued right behind its forward pass from inside Stage::Step, so it starts
 // when the forward pass ends rather than once the host has seen the step finish.
 //
+// A pipeline's single stage, which both embeds and samples, feeds a token kPreviousSample
+// (common/step.h) of a row as the token its slot sampled in the step before, so that the
+// coordinator can send a decode step before it has seen the token it feeds.
+//
 // One thread runs a runner's steps (the worker's "steps" executor, the benchmark's main thread).
 #pragma once
 
@@ -80,7 +84,9 @@ class StepRunner {
 
   // Runs step `step` on this stage. A wait for the input or the tokens ends with CANCELLED once
   // `cancelled()` returns true. An error leaves the runner usable for the next step (the
-  // transport may have aborted itself, and then fails that one too).
+  // transport may have aborted itself, and then fails that one too). INVALID_ARGUMENT for a
+  // kPreviousSample token on a stage that is not a pipeline's only one, or in a row whose slot
+  // sampled nothing before.
   absl::StatusOr<StepRun> Run(const StepDescriptor& step, const std::function<bool()>& cancelled);
 
   bool first() const { return opt_.stage == 0; }
@@ -92,11 +98,18 @@ class StepRunner {
   // The decode tail: sends the step's output from the device; marks it sent.
   absl::Status SendFromDevice(const StepDescriptor& step, const Activations& hidden,
                               const int32_t* device_tokens);
+  // `step`'s tokens with every kPreviousSample replaced by its slot's last sampled token; null
+  // when `step` has none.
+  absl::StatusOr<std::unique_ptr<StepDescriptor>> FeedPreviousSamples(
+      const StepDescriptor& step) const;
+  // Remembers the tokens `step` sampled, by slot (a single stage only).
+  void KeepSamples(const StepDescriptor& step, const std::vector<int32_t>& tokens);
 
   Stage& stage_;
   ActivationTransport* const transport_;
   const StepRunnerOptions opt_;
   bool sent_ = false;  // the running step's output went out from the device
+  std::vector<int32_t> last_sample_;  // by slot: the token it sampled last; -1: none
 };
 
 }  // namespace tandem

@@ -40,6 +40,7 @@ class FakeStage final : public Stage {
   explicit FakeStage(std::vector<std::string>& log) : log_(log) {}
   absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) override {
     log_.push_back(absl::StrCat("step ", step.id, " in ", in.rows));
+    fed = step.tokens;
     if (in.arrival) {
       absl::StatusOr<absl::Time> t = in.arrival();
       if (!t.ok()) return t.status();
@@ -66,6 +67,7 @@ class FakeStage final : public Stage {
   const ModelConfig& config() const override { return config_; }
 
   bool head = false;
+  std::vector<int32_t> fed;  // the tokens of the last step
   Where output_where = Where::kHost;
   absl::Status fail;
   DecodeSend tail;
@@ -341,6 +343,51 @@ TEST_F(StepRunnerTest, HostLinkCopiesDeviceOutputToTheHostFirst) {
   absl::StatusOr<StepRun> run = (*bare)->Run(Decode(2, 2), kNever);
   EXPECT_EQ(run.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(std::string(run.status().message()), HasSubstr("device-to-host"));
+}
+
+TEST_F(StepRunnerTest, SingleStageFeedsTheTokenItsSlotSampledInTheStepBefore) {
+  stage.head = true;
+  auto runner = StepRunner::Create(stage, nullptr, Opt(0, 1));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  StepDescriptor first = Decode(1, 3);  // slots 0, 1, 2 sample 100, 101, 102
+  first.seqs[1].sample = false;         // slot 1 samples nothing: 100, 102
+  ASSERT_TRUE((*runner)->Run(first, kNever).ok());
+  StepDescriptor next = Decode(2, 3);
+  next.seqs[0].slot = 2;
+  next.seqs[1].slot = 0;
+  next.seqs[2].slot = 1;
+  next.tokens = {kPreviousSample, kPreviousSample, 5};
+  absl::StatusOr<StepRun> run = (*runner)->Run(next, kNever);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_THAT(stage.fed, ElementsAre(102, 100, 5));
+  EXPECT_THAT(next.tokens, ElementsAre(kPreviousSample, kPreviousSample, 5));  // a copy is fed
+  // The newest sample of each slot: slot 2 sampled 100 in step 2.
+  StepDescriptor third = Decode(3, 1);
+  third.seqs[0].slot = 2;
+  third.tokens = {kPreviousSample};
+  ASSERT_TRUE((*runner)->Run(third, kNever).ok());
+  EXPECT_THAT(stage.fed, ElementsAre(100));
+}
+
+TEST_F(StepRunnerTest, APreviousSampleNoSlotHoldsOrOnAStageOfSeveralIsRefused) {
+  stage.head = true;
+  auto single = StepRunner::Create(stage, nullptr, Opt(0, 1));
+  ASSERT_TRUE(single.ok()) << single.status();
+  StepDescriptor d = Decode(1, 2);
+  d.seqs[1].slot = 3;
+  d.tokens = {1, kPreviousSample};
+  absl::StatusOr<StepRun> run = (*single)->Run(d, kNever);
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(run.status().message(), HasSubstr("slot 3 sampled no token before"));
+  EXPECT_TRUE(log.empty());  // the stage ran nothing
+
+  auto first = StepRunner::Create(stage, &transport, Opt(0, 2));
+  ASSERT_TRUE(first.ok()) << first.status();
+  run = (*first)->Run(d, kNever);
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(run.status().message(), HasSubstr("only the single stage"));
+  EXPECT_TRUE(log.empty());
+  ASSERT_TRUE((*single)->Run(Decode(2, 1), kNever).ok());  // still usable
 }
 
 TEST_F(StepRunnerTest, OptionsThatDescribeNoStageAreRefused) {
