@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/dtype.h"
+#include "worker/transport/activation_frame.h"
 
 namespace tandem {
 
@@ -59,35 +60,11 @@ grpc::Status StageLinkService::Activations(grpc::ServerContext* ctx,
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
   v1::ActivationsMessage msg;
   while (reader->Read(&msg)) {
-    const int64_t rows = msg.rows(), cols = msg.cols();
-    DType dtype = DType::kF32;
-    if (!msg.dtype().empty()) {
-      absl::StatusOr<DType> t = ParseDType(msg.dtype());
-      if (!t.ok()) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrFormat("step %d: activations dtype '%s': %s", msg.step_id(),
-                                            msg.dtype(), std::string(t.status().message())));
-      }
-      dtype = *t;
+    absl::StatusOr<tandem::Activations> a = DecodeActivations(msg);
+    if (!a.ok()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(a.status().message()));
     }
-    if (rows < 0 || cols <= 0 ||
-        static_cast<size_t>(rows * cols) * DTypeSize(dtype) != msg.data().size()) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrFormat("step %d: %d bytes for [%d, %d] %s activations",
-                                          msg.step_id(), msg.data().size(), rows, cols,
-                                          std::string(DTypeName(dtype))));
-    }
-    tandem::Activations a;
-    a.rows = rows;
-    a.cols = cols;
-    a.dtype = dtype;
-    a.where = Where::kHost;
-    // float elements keep the buffer aligned for every dtype.
-    const size_t floats = std::max<size_t>((msg.data().size() + sizeof(float) - 1) / sizeof(float), 1);
-    auto buf = std::shared_ptr<float[]>(new float[floats]);
-    std::memcpy(buf.get(), msg.data().data(), msg.data().size());
-    a.data = std::shared_ptr<void>(buf, buf.get());
-    inbox_.Put(msg.assignment_id(), msg.step_id(), std::move(a));
+    inbox_.Put(msg.assignment_id(), msg.step_id(), std::move(*a));
   }
   return grpc::Status::OK;
 }
@@ -126,14 +103,7 @@ absl::Status GrpcTransport::Send(uint64_t step_id, const Activations& a) {
     context_ = std::make_unique<grpc::ClientContext>();
     writer_ = stub_->Activations(context_.get(), &ack_);
   }
-  v1::ActivationsMessage msg;
-  msg.set_assignment_id(assignment_);
-  msg.set_step_id(step_id);
-  msg.set_rows(a.rows);
-  msg.set_cols(a.cols);
-  msg.set_data(static_cast<const char*>(a.data.get()), a.nbytes());
-  if (a.dtype != DType::kF32) msg.set_dtype(std::string(DTypeName(a.dtype)));
-  if (!writer_->Write(msg)) {
+  if (!writer_->Write(EncodeActivations(assignment_, step_id, a))) {
     return absl::UnavailableError(absl::StrFormat(
         "step %d: cannot send activations to the next stage at %s", step_id, next_address_));
   }
