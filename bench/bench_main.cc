@@ -41,6 +41,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/flags_usage.h"
 #include "common/model_config.h"
 #include "common/rng.h"
 #include "common/status_macros.h"
@@ -470,6 +471,9 @@ absl::Status CpuLoad() {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
+  tandem::SetProgramUsage(
+      "tandem-bench --model DIR [--batch 1,64] [--prompt 128] [--new_tokens 128] "
+      "[--dtype f16|bf16] [--json FILE]");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_model).empty()) {
     std::cerr << "tandem-bench: --model DIR is required\n";

@@ -39,6 +39,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/flags_usage.h"
 #include "common/model_config.h"
 #include "common/rng.h"
 #include "common/status_macros.h"
@@ -509,6 +510,9 @@ absl::StatusOr<int> Run() {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
+  tandem::SetProgramUsage(
+      "tandem-pipeline-bench --model DIR (--single | --rank R --world N --id_file FILE) "
+      "[--batch 1,8,64] [--json FILE]");
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_model).empty()) {
     std::cerr << "tandem-pipeline-bench: --model DIR is required\n";

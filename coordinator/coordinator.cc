@@ -203,9 +203,7 @@ absl::StatusOr<std::shared_ptr<RequestState>> Coordinator::Submit(ValidatedReque
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
   if (absl::Status room = scheduler_->CheckQueueRoom(); !room.ok()) return room;
-  if (pipelines_.empty() && !planning_ && !replan_needed_) {
-    return absl::UnavailableError("no pipeline is serving: no (or too few) workers are up");
-  }
+  if (pipelines_.empty() && !planning_ && !replan_needed_) return NoPipelineErrorLocked();
   if (request.prompt_logprobs >= 0) {
     // The CUDA backend's head scores only the rows it samples.
     for (const auto& [id, w] : workers_) {
@@ -432,12 +430,14 @@ absl::Status Coordinator::RunPlan() {
   planning_ = false;
   ForgetDownWorkers();
   if (!pipelines_.empty()) planned_once_ = true;
+  if (!result.ok()) {
+    plan_error_ = result;
+  } else if (static_cast<int>(pipelines_.size()) >= wanted_replicas_) {
+    plan_error_ = absl::OkStatus();
+  }
   if (pipelines_.empty() && !replan_needed_) {
     // Nothing can serve: waiting requests would otherwise wait for their deadlines.
-    const absl::Status why = absl::UnavailableError(
-        result.ok() ? "no pipeline is serving: no (or too few) workers are up"
-                    : absl::StrCat("no pipeline is serving: ", result.message()));
-    scheduler_->FailWaiting(why, absl::Now());
+    scheduler_->FailWaiting(NoPipelineErrorLocked(), absl::Now());
   }
   wake_scheduler_ = true;
   return result;
@@ -605,11 +605,18 @@ void Coordinator::UpdateGauges() {
   metrics_->SetWorkersUp(addresses_up_);
 }
 
+absl::Status Coordinator::NoPipelineErrorLocked() const {
+  return absl::UnavailableError(
+      plan_error_.ok() ? "no pipeline is serving: no (or too few) workers are up"
+                       : absl::StrCat("no pipeline is serving: ", plan_error_.message()));
+}
+
 v1::Topology Coordinator::TopologyLocked() {
   v1::Topology t;
   t.set_stages(wanted_stages_);
   t.set_replicas(wanted_replicas_);
   t.set_waiting_requests(scheduler_->waiting());
+  if (!plan_error_.ok()) t.set_plan_error(plan_error_.ToString());
   for (auto& [id, p] : pipelines_) {
     v1::PipelineInfo* pi = t.add_pipelines();
     pi->set_pipeline_id(id);

@@ -146,6 +146,8 @@ class Coordinator {
   // Brings the pipelines to the wanted topology: closes failed ones, drains and removes those
   // that no longer fit, builds missing ones from idle workers. Serialized by plan_mu_.
   absl::Status RunPlan();
+  // UNAVAILABLE for a request that no pipeline can serve, saying why (plan_error_).
+  absl::Status NoPipelineErrorLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status BuildPipeline(int id, uint64_t assignment, const std::vector<int64_t>& workers,
                              const std::vector<LayerRange>& ranges);
   void CloseLinks();
@@ -163,6 +165,9 @@ class Coordinator {
   bool replan_needed_ ABSL_GUARDED_BY(mu_) = false;
   bool planning_ ABSL_GUARDED_BY(mu_) = false;
   bool planned_once_ ABSL_GUARDED_BY(mu_) = false;
+  // Why the last plan left fewer pipelines than wanted (a worker's load error, a bad
+  // checkpoint); OK once the wanted pipelines serve. Clients and GetTopology are told.
+  absl::Status plan_error_ ABSL_GUARDED_BY(mu_);
   int wanted_stages_ ABSL_GUARDED_BY(mu_) = 1;
   int wanted_replicas_ ABSL_GUARDED_BY(mu_) = 1;
   int effective_stages_ ABSL_GUARDED_BY(mu_) = 1;  // < wanted when too few workers are left

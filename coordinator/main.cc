@@ -4,12 +4,13 @@
 // Keys and TLS come from flags (keys also from the environment) only: they do not belong in a
 // config file that is copied around.
 #include <csignal>
+#include <filesystem>
 #include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "common/flags_usage.h"
 #include "coordinator/config.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/grpc_services.h"
@@ -72,7 +73,7 @@ void OnSignal(int) { g_stop.store(true); }
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("tandem-coordinator --model_dir DIR [--config FILE] [--listen ADDR]");
+  tandem::SetProgramUsage("tandem-coordinator --model_dir DIR [--config FILE] [--listen ADDR]");
   absl::ParseCommandLine(argc, argv);
   using tandem::CoordinatorConfig;
   CoordinatorConfig config;
@@ -101,6 +102,11 @@ int main(int argc, char** argv) {
   if (auto v = absl::GetFlag(FLAGS_http_listen)) config.http_listen = *v;
   if (auto v = absl::GetFlag(FLAGS_http_threads)) config.http_threads = *v;
   if (auto v = absl::GetFlag(FLAGS_served_model_name)) config.served_model_name = *v;
+  // Workers run in folders (and on nodes) of their own: a relative folder means this process's
+  // working directory, so the workers are sent the absolute path.
+  if (!config.model_dir.empty()) {
+    config.model_dir = std::filesystem::absolute(config.model_dir).lexically_normal();
+  }
 
   absl::StatusOr<std::unique_ptr<tandem::Coordinator>> coordinator =
       tandem::Coordinator::Create(config);

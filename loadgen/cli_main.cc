@@ -10,9 +10,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/flags_usage.h"
 #include "common/security/credentials.h"
 #include "common/security/tls_flags.h"
 #include "grpcpp/grpcpp.h"
@@ -176,7 +176,7 @@ int Generate(const std::shared_ptr<grpc::Channel>& channel) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsage);
+  tandem::SetProgramUsage(kUsage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
     std::fputs(kUsage, stderr);

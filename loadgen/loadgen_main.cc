@@ -8,11 +8,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/flags_usage.h"
 #include "common/security/credentials.h"
 #include "common/security/tls_flags.h"
 #include "loadgen/sweep.h"
@@ -73,7 +73,7 @@ bool ParseList(const char* flag, const std::vector<std::string>& in, std::vector
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  tandem::SetProgramUsage(
       "tandem-loadgen sweep --addr HOST:PORT [--worker_metrics H:P,...] [--nodes 1,2] "
       "[--batch 1,2,4,8 | --mode open --rates 1,2] [--out DIR]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);

@@ -10,8 +10,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_join.h"
+#include "common/flags_usage.h"
 #include "tools/model_generator.h"
 
 ABSL_FLAG(std::string, preset, "", "model shape to start from (required); see --help for names");
@@ -54,7 +54,7 @@ bool BoolFlagGiven(int argc, char** argv, std::string_view name) {
 
 int main(int argc, char** argv) {
   const std::string presets = absl::StrJoin(tandem::PresetNames(), ", ");
-  absl::SetProgramUsageMessage(
+  tandem::SetProgramUsage(
       "writes a random-weight Hugging Face checkpoint folder (config.json, safetensors, "
       "tokenizer.json).\nPresets: " +
       presets + "\nExample: tandem-make-model --preset=tiny-llama --out=/tmp/m --seed=1");

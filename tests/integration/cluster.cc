@@ -21,7 +21,8 @@
 namespace tandem::testing {
 
 absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::vector<std::string>& argv,
-                                                        const std::filesystem::path& log) {
+                                                        const std::filesystem::path& log,
+                                                        const std::filesystem::path& cwd) {
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
@@ -29,6 +30,7 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::vector<std::s
     // Die with the test, whatever happens to it.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
+    if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(127);
     const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
     if (fd >= 0) {
       dup2(fd, 1);
@@ -112,11 +114,13 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o)
                                    "--listen=127.0.0.1:0",
                                    absl::StrCat("--model_dir=", o.model_dir.string()),
                                    absl::StrCat("--stages=", o.stages),
-                                   absl::StrCat("--replicas=", o.replicas),
-                                   "--heartbeat_interval_ms=100",
-                                   "--heartbeat_timeout_ms=700"};
+                                   absl::StrCat("--replicas=", o.replicas)};
+  if (!o.default_heartbeats) {
+    argv.insert(argv.end(), {"--heartbeat_interval_ms=100", "--heartbeat_timeout_ms=700"});
+  }
   argv.insert(argv.end(), o.coordinator_flags.begin(), o.coordinator_flags.end());
-  absl::StatusOr<std::unique_ptr<Process>> coord = Process::Start(argv, c->dir_ / "coordinator.log");
+  absl::StatusOr<std::unique_ptr<Process>> coord =
+      Process::Start(argv, c->dir_ / "coordinator.log", o.coordinator_cwd);
   if (!coord.ok()) return coord.status();
   c->coordinator_ = *std::move(coord);
   absl::StatusOr<int> port = c->coordinator_->WaitForPort();
@@ -144,6 +148,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o)
   c->channel_ = MakeChannel(c->address_, o.inference_auth);
   c->inference_ = v1::Inference::NewStub(c->channel_);
   c->admin_ = v1::Admin::NewStub(MakeChannel(c->address_, o.admin_auth));
+  if (!o.wait_until_serving) return c;
   if (absl::Status s = c->WaitForTopology(o.replicas, o.stages); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(s.message(), "\n", c->Logs()));
   }

@@ -26,8 +26,10 @@ int PrintedMetricsPort(const std::string& log, const std::string& program);
 // destruction.
 class Process {
  public:
+  // `cwd`: the working directory (empty: the test's).
   static absl::StatusOr<std::unique_ptr<Process>> Start(const std::vector<std::string>& argv,
-                                                        const std::filesystem::path& log);
+                                                        const std::filesystem::path& log,
+                                                        const std::filesystem::path& cwd = {});
   ~Process();
   // Waits for the "listening on port N" line that the daemons print; returns N.
   absl::StatusOr<int> WaitForPort(double timeout_s = 30);
@@ -54,6 +56,12 @@ struct ClusterOptions {
   ClientAuth inference_auth;
   ClientAuth admin_auth;
   std::vector<std::vector<std::string>> flags_of_worker;  // more flags of worker i (e.g. --gpu=i)
+  // The coordinator's working directory (empty: the test's, as the workers').
+  std::filesystem::path coordinator_cwd;
+  // The coordinator's own heartbeat settings instead of the short ones of the tests.
+  bool default_heartbeats = false;
+  // false: Start returns once every process listens, serving or not.
+  bool wait_until_serving = true;
 };
 
 class Cluster {

@@ -11,8 +11,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/flags_usage.h"
 #include "common/metrics.h"
 #include "common/nvml.h"
 #include "common/security/credentials.h"
@@ -249,7 +249,7 @@ void StartMonitoring(Monitoring& m, tandem::WorkerService& worker) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  tandem::SetProgramUsage(
       "tandem-worker --coordinator HOST:PORT [--listen ADDR] [--backend cpu|cuda [--gpu N] "
       "[--dtype f16|bf16] [--transport grpc|nccl]]");
   absl::ParseCommandLine(argc, argv);
