@@ -57,7 +57,14 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->registry_ = std::move(registry);
   server->http_ = std::make_unique<httplib::Server>();
-  server->http_->new_task_queue = [] { return new httplib::ThreadPool(2); };
+  // A connection holds one thread until it closes: a client that connects and sends nothing, or
+  // reads nothing, gives it back after these timeouts, and kMetricsThreads of them leave the
+  // scraper room. (Two threads with httplib's 5 s defaults let two idle clients stall it.)
+  server->http_->new_task_queue = [] { return new httplib::ThreadPool(kMetricsThreads); };
+  server->http_->set_keep_alive_timeout(kMetricsIdleSeconds);
+  server->http_->set_keep_alive_max_count(kMetricsRequestsPerConnection);
+  server->http_->set_read_timeout(kMetricsIdleSeconds, 0);
+  server->http_->set_write_timeout(kMetricsIdleSeconds, 0);
   server->http_->Get("/metrics", [reg = server->registry_](const httplib::Request&,
                                                            httplib::Response& res) {
     res.set_content(prometheus::TextSerializer().Serialize(reg->Collect()),

@@ -28,6 +28,12 @@ class Server;
 
 namespace tandem {
 
+// The /metrics server's connection threads, how long a connection may stay silent (seconds, for
+// each read, write and keep-alive wait) and how many requests one connection may make.
+inline constexpr int kMetricsThreads = 8;
+inline constexpr int kMetricsIdleSeconds = 2;
+inline constexpr int kMetricsRequestsPerConnection = 16;
+
 // Serves one registry at http://address/metrics until destroyed.
 class MetricsServer {
  public:

@@ -7,11 +7,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
 #include "common/status_macros.h"
 
 namespace tandem {
@@ -72,6 +72,34 @@ absl::Status Positive(int v, const char* key, const std::string& source) {
   if (v <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": field \"", key, "\" must be positive, got ", v));
+  }
+  return absl::OkStatus();
+}
+
+// v in [1, limit].
+absl::Status InRange(int v, const char* key, int limit, const std::string& source) {
+  RETURN_IF_ERROR(Positive(v, key, source));
+  if (v > limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": field \"", key, "\" is ", v, ", above tandem's limit of ", limit));
+  }
+  return absl::OkStatus();
+}
+
+// Every size the engine multiplies, each within its bound (model_config.h).
+absl::Status CheckDimensions(const ModelConfig& c, const std::string& source) {
+  RETURN_IF_ERROR(InRange(c.vocab_size, "vocab_size", kMaxVocabSize, source));
+  RETURN_IF_ERROR(InRange(c.hidden_size, "hidden_size", kMaxHiddenSize, source));
+  RETURN_IF_ERROR(InRange(c.intermediate_size, "intermediate_size", kMaxIntermediateSize, source));
+  RETURN_IF_ERROR(InRange(c.num_layers, "num_layers", kMaxLayers, source));
+  RETURN_IF_ERROR(InRange(c.num_heads, "num_attention_heads", kMaxHeads, source));
+  RETURN_IF_ERROR(InRange(c.num_kv_heads, "num_key_value_heads", kMaxHeads, source));
+  RETURN_IF_ERROR(InRange(c.head_dim, "head_dim", kMaxHeadDim, source));
+  RETURN_IF_ERROR(Positive(c.max_positions, "max_positions", source));
+  if (!CheckedProduct({c.num_heads, c.head_dim}, kMaxAttentionWidth)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": num_attention_heads ", c.num_heads, " x head_dim ", c.head_dim,
+        " is above tandem's limit of ", kMaxAttentionWidth, " for the attention width"));
   }
   return absl::OkStatus();
 }
@@ -316,13 +344,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
         absl::StrCat(source, ": unknown architecture model_type \"", type,
                      "\" (supported: gpt2, llama, mistral, qwen2)"));
   }
-  RETURN_IF_ERROR(Positive(c.vocab_size, "vocab_size", source));
-  RETURN_IF_ERROR(Positive(c.hidden_size, "hidden_size", source));
-  RETURN_IF_ERROR(Positive(c.intermediate_size, "intermediate_size", source));
-  RETURN_IF_ERROR(Positive(c.num_layers, "num_layers", source));
   RETURN_IF_ERROR(Positive(c.num_heads, "num_attention_heads", source));
   RETURN_IF_ERROR(Positive(c.num_kv_heads, "num_key_value_heads", source));
-  RETURN_IF_ERROR(Positive(c.max_positions, "max_positions", source));
   if (c.num_heads % c.num_kv_heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": num_attention_heads ", c.num_heads,
@@ -345,6 +368,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
           absl::StrCat(source, ": head_dim ", c.head_dim, " must be even for rotary embeddings"));
     }
   }
+  RETURN_IF_ERROR(CheckDimensions(c, source));
   if (!(c.norm_eps > 0)) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": norm epsilon must be positive"));
   }

@@ -1,6 +1,7 @@
 // The model's shape, read from a Hugging Face config.json: one struct for every architecture.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -64,17 +65,30 @@ struct ModelConfig {
   int eos_token_id = -1;         // -1: none
   DType dtype = DType::kF32;     // torch_dtype: the checkpoint's weight type
 
-  int q_dim() const { return num_heads * head_dim; }
-  int kv_dim() const { return num_kv_heads * head_dim; }
+  // Formed in 64 bits; a parsed config keeps them within kMaxAttentionWidth, so they fit an int.
+  int q_dim() const { return static_cast<int>(int64_t{num_heads} * head_dim); }
+  int kv_dim() const { return static_cast<int>(int64_t{num_kv_heads} * head_dim); }
   // Attention of layer `layer` (0-based, of the whole model): the factor of q·k, and the window
   // (0: the whole causal prefix).
   float attention_scale(int layer) const;
   int attention_window(int layer) const;
 };
 
+// The largest dimensions a config may give: well above every published checkpoint (a 405B Llama
+// has hidden 16384, intermediate 53248, 126 layers, 128 heads of 128; vocabularies reach 262144),
+// and small enough that every product the engine forms from them (vocab x hidden elements,
+// rows x q_dim) fits 64 bits, and each width an int.
+inline constexpr int kMaxVocabSize = 1 << 22;
+inline constexpr int kMaxHiddenSize = 1 << 16;
+inline constexpr int kMaxIntermediateSize = 1 << 18;
+inline constexpr int kMaxLayers = 1 << 10;
+inline constexpr int kMaxHeads = 1 << 10;
+inline constexpr int kMaxHeadDim = 1 << 12;
+inline constexpr int kMaxAttentionWidth = 1 << 20;  // num_attention_heads x head_dim
+
 // Parses config.json text; `source` names the file in error messages. Checks every field that the
-// engine relies on (positive sizes, heads dividing hidden size and each other) and names the field
-// that is wrong.
+// engine relies on (positive sizes within the bounds above, heads dividing hidden size and each
+// other) and names the field that is wrong.
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text, std::string_view source);
 // Reads `dir`/config.json.
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::filesystem::path& dir);

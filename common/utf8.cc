@@ -54,14 +54,16 @@ void AppendUtf8(char32_t cp, std::string& out) {
   }
 }
 
-bool IsValidUtf8(std::string_view s) {
+size_t FirstInvalidUtf8(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
     const auto [cp, len] = DecodeUtf8(s.substr(i));
-    if (cp == kInvalidCodePoint) return false;
+    if (cp == kInvalidCodePoint) return i;
     i += len;
   }
-  return true;
+  return s.size();
 }
+
+bool IsValidUtf8(std::string_view s) { return FirstInvalidUtf8(s) == s.size(); }
 
 std::string ToValidUtf8(std::string_view s) {
   if (IsValidUtf8(s)) return std::string(s);

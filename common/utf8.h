@@ -27,6 +27,10 @@ std::string ToValidUtf8(std::string_view s);
 // True when `s` is well-formed UTF-8.
 bool IsValidUtf8(std::string_view s);
 
+// The offset of the first byte of `s` that does not begin a well-formed sequence (the start of
+// the first ill-formed subpart); s.size() when `s` is well-formed.
+size_t FirstInvalidUtf8(std::string_view s);
+
 // Number of code points of well-formed UTF-8 `s` (of other bytes: those that are not
 // continuation bytes).
 size_t CountCodePoints(std::string_view s);

@@ -4,8 +4,66 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "common/utf8.h"
 
 namespace tandem {
+namespace {
+
+absl::Status CheckUtf8(std::string_view field, std::string_view text) {
+  const size_t bad = FirstInvalidUtf8(text);
+  if (bad == text.size()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s: not valid UTF-8: byte %d (0x%02X) does not begin a well-formed character", field, bad,
+      static_cast<unsigned char>(text[bad])));
+}
+
+// Stop strings: how many, the bytes of each, and their encoding.
+absl::Status CheckStopStrings(const v1::GenerateRequest& request) {
+  if (request.stop_size() > kMaxStopStrings) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("stop: %d stop strings, more than the %d a request may give",
+                        request.stop_size(), kMaxStopStrings));
+  }
+  for (int i = 0; i < request.stop_size(); ++i) {
+    const std::string field = absl::StrFormat("stop[%d]", i);
+    const std::string& stop = request.stop(i);
+    if (stop.empty()) return absl::InvalidArgumentError(field + ": empty stop string");
+    if (stop.size() > static_cast<size_t>(kMaxStopStringBytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: %d bytes, more than the %d a stop string may have", field,
+                          stop.size(), kMaxStopStringBytes));
+    }
+    RETURN_IF_ERROR(CheckUtf8(field, stop));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t MaxPromptBytes(const ModelLimits& limits) {
+  return std::max<int64_t>(limits.context_length, 1) * kPromptBytesPerToken;
+}
+
+int64_t MaxRequestBytes(const ModelLimits& limits) {
+  // Token ids take at most 5 bytes each as varints; 1 MiB covers the other fields.
+  const int64_t stops = int64_t{kMaxStopStrings} * (kMaxStopStringBytes + 8);
+  const int64_t bytes =
+      MaxPromptBytes(limits) + 5 * int64_t{limits.context_length} + stops + (int64_t{1} << 20);
+  return std::max<int64_t>(bytes, 4 << 20);
+}
+
+absl::Status CheckPromptText(std::string_view field, std::string_view text,
+                             const ModelLimits& limits) {
+  const int64_t max_bytes = MaxPromptBytes(limits);
+  if (static_cast<int64_t>(text.size()) > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %d bytes, more than the %d this model takes (%d bytes for each of the %d tokens of "
+        "its context)",
+        field, text.size(), max_bytes, kPromptBytesPerToken, limits.context_length));
+  }
+  return CheckUtf8(field, text);
+}
 
 absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& request,
                                                  const ModelLimits& limits,
@@ -30,6 +88,8 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& requ
     if (request.prompt().empty()) {
       return absl::InvalidArgumentError("prompt: empty (give prompt text or token_ids)");
     }
+    // Before the tokenizer: its time and memory grow with the text.
+    RETURN_IF_ERROR(CheckPromptText("prompt", request.prompt(), limits));
     if (tokenizer == nullptr) {
       return absl::InvalidArgumentError(
           "prompt: this model has no tokenizer; give token_ids instead");
@@ -137,16 +197,12 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& requ
     }
     out.stop_token_ids.push_back(id);
   }
-  for (int i = 0; i < request.stop_size(); ++i) {
-    if (request.stop(i).empty()) {
-      return absl::InvalidArgumentError(absl::StrFormat("stop[%d]: empty stop string", i));
-    }
-    if (tokenizer == nullptr) {
-      return absl::InvalidArgumentError(
-          "stop: this model has no tokenizer, so stop strings cannot be matched");
-    }
-    out.stop_strings.push_back(request.stop(i));
+  RETURN_IF_ERROR(CheckStopStrings(request));
+  if (request.stop_size() > 0 && tokenizer == nullptr) {
+    return absl::InvalidArgumentError(
+        "stop: this model has no tokenizer, so stop strings cannot be matched");
   }
+  out.stop_strings.assign(request.stop().begin(), request.stop().end());
   out.eos_token_id = request.ignore_eos() ? -1 : limits.eos_token_id;
   if (!request.ignore_eos()) out.eos_token_ids = limits.eos_token_ids;
   if (request.timeout_ms() > 0) out.timeout = absl::Milliseconds(request.timeout_ms());

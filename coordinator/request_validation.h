@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -47,6 +48,25 @@ inline constexpr int kMaxChoices = 16;
 
 // Generations without max_new_tokens stop at this many tokens or the end of the context.
 inline constexpr int kDefaultMaxNewTokens = 256;
+
+// A text prompt is refused before it is tokenized when it has more bytes than this many per token
+// of the context (text averages about 4 bytes a token; long whitespace or symbol runs stay well
+// under 32).
+inline constexpr int64_t kPromptBytesPerToken = 32;
+// Stop strings: how many one request may give, and the bytes of each.
+inline constexpr int kMaxStopStrings = 32;
+inline constexpr int kMaxStopStringBytes = 1024;
+
+// The most bytes of a text prompt: kPromptBytesPerToken for each token of the context.
+int64_t MaxPromptBytes(const ModelLimits& limits);
+// The largest legal GenerateRequest (or HTTP body) on the wire, with room for every other field:
+// what the coordinator's servers accept, at least gRPC's default of 4 MiB.
+int64_t MaxRequestBytes(const ModelLimits& limits);
+
+// A text prompt before it is tokenized: at most MaxPromptBytes and well-formed UTF-8.
+// INVALID_ARGUMENT naming `field` (and the offset of the first ill-formed byte).
+absl::Status CheckPromptText(std::string_view field, std::string_view text,
+                             const ModelLimits& limits);
 
 // Whether generating `token` ends the request with finish reason EOS: it is one of the
 // model's EOS ids (generation_config.json may list several) and the request does not ignore EOS.

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_format.h"
+#include "common/checked_math.h"
 
 namespace tandem {
 
@@ -22,6 +23,26 @@ absl::Status CheckPromptFitsContext(int prompt, int new_tokens, int max_position
         prompt, new_tokens, needed, max_positions, model_dir));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> KvCacheBytes(const KvCacheShape& shape, int64_t budget_bytes,
+                                     std::string_view budget_what) {
+  const std::string sizes = absl::StrFormat(
+      "%d slots x %d layers x %d positions x %d (kv_dim) x %d bytes x 2 (K and V)", shape.slots,
+      shape.layers, shape.positions, shape.kv_dim, shape.element_bytes);
+  const std::optional<int64_t> bytes = CheckedProduct(
+      {shape.slots, shape.layers, shape.positions, shape.kv_dim, shape.element_bytes, 2});
+  if (!bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "KV-cache of %s: the size overflows 64 bits; lower max_slots or max_seq_len", sizes));
+  }
+  if (*bytes > budget_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "KV-cache of %s needs %d bytes; %d bytes of %s are available; lower max_slots or "
+        "max_seq_len",
+        sizes, *bytes, budget_bytes, budget_what));
+  }
+  return *bytes;
 }
 
 }  // namespace tandem

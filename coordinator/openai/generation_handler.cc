@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "common/utf8.h"
 #include "coordinator/openai/api_error.h"
 #include "coordinator/openai/response_format.h"
@@ -68,9 +69,12 @@ absl::StatusOr<Submitted> Submit(Coordinator& c, ApiRequest api,
 }
 
 // The prompts of a request as token ids, with the text of each for echo.
-absl::StatusOr<std::vector<std::vector<int32_t>>> PromptIds(
-    const ApiRequest& api, const Tokenizer* tokenizer, const ChatRenderer& render_chat,
-    std::vector<std::string>& texts) {
+// Text is bounded before it is tokenized (CheckPromptText).
+absl::StatusOr<std::vector<std::vector<int32_t>>> PromptIds(const ApiRequest& api,
+                                                            const Tokenizer* tokenizer,
+                                                            const ModelLimits& limits,
+                                                            const ChatRenderer& render_chat,
+                                                            std::vector<std::string>& texts) {
   std::vector<std::vector<int32_t>> ids;
   if (api.endpoint == Endpoint::kChat) {
     if (!render_chat) {
@@ -78,6 +82,7 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> PromptIds(
     }
     absl::StatusOr<std::string> text = render_chat(api);
     if (!text.ok()) return text.status();
+    RETURN_IF_ERROR(ToApiError(CheckPromptText("prompt", *text, limits), api.endpoint, "messages"));
     // The rendered text carries the template's BOS already: no special tokens are added.
     ids.push_back(tokenizer->Encode(*text, /*add_special_tokens=*/false));
     if (ids.back().empty()) return InvalidField("messages", "the conversation renders to no tokens");
@@ -96,10 +101,12 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> PromptIds(
       texts.push_back(std::move(text));
       continue;
     }
+    const std::string param = api.prompts.size() == 1 ? "prompt" : absl::StrCat("prompt[", p, "]");
     if (tokenizer == nullptr) {
-      return InvalidField(api.prompts.size() == 1 ? "prompt" : absl::StrCat("prompt[", p, "]"),
-                          "this model has no tokenizer; give token ids");
+      return InvalidField(param, "this model has no tokenizer; give token ids");
     }
+    RETURN_IF_ERROR(
+        ToApiError(CheckPromptText("prompt", prompt.text, limits), api.endpoint, param));
     ids.push_back(tokenizer->Encode(prompt.text));
     texts.push_back(prompt.text);
   }
@@ -285,7 +292,7 @@ void GenerationHandler::Handle(Endpoint endpoint, const httplib::Request& req,
   }
   std::vector<std::string> texts;
   absl::StatusOr<std::vector<std::vector<int32_t>>> ids =
-      PromptIds(*api, c_.tokenizer(), render_chat_, texts);
+      PromptIds(*api, c_.tokenizer(), c_.limits(), render_chat_, texts);
   if (!ids.ok()) {
     RecordRejected(c_, ids.status());
     return SetError(res, ids.status());

@@ -11,6 +11,7 @@
 #include "coordinator/openai/api_error.h"
 #include "coordinator/openai/response_format.h"
 #include "coordinator/request_stream.h"
+#include "coordinator/request_validation.h"
 
 #ifndef TANDEM_VERSION
 #define TANDEM_VERSION "unknown"
@@ -123,6 +124,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Coordinator& c,
   }
   const int threads = options.threads > 0 ? options.threads : DefaultHttpThreads(c.config());
   server->http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // Bodies beyond twice the largest legal request (JSON escapes included) get 413 unread.
+  server->http_->set_payload_max_length(static_cast<size_t>(2 * MaxRequestBytes(c.limits())));
   server->Route();
   std::string host = address.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/step.h"
+#include "common/utf8.h"
 #include "coordinator/openai/api_error.h"
 #include "coordinator/request_validation.h"
 
@@ -99,6 +100,13 @@ class Fields {
   auto lhs = *std::move(lhs##_or)
 
 absl::StatusOr<json> ParseBody(absl::string_view body) {
+  if (const size_t bad = FirstInvalidUtf8(std::string_view(body.data(), body.size()));
+      bad < body.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the request body is not valid UTF-8: byte %d (0x%02X) does not begin a well-formed "
+        "character",
+        bad, static_cast<unsigned char>(body[bad])));
+  }
   json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) {
     return absl::InvalidArgumentError("the request body is not valid JSON");

@@ -2,8 +2,17 @@
 // uses to read it.
 #include "common/metrics.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <memory>
+#include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -125,6 +134,74 @@ TEST(MetricsServerTest, ServesTheRegistryOverHttpOnAnEphemeralPort) {
   absl::StatusOr<std::vector<MetricSample>> s = ParseMetricsText(*page);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(SumSamples(*s, "tandem_generated_tokens_total"), 42);
+}
+
+// A TCP connection to 127.0.0.1:port that has sent `sent`; closed on destruction.
+class RawClient {
+ public:
+  RawClient(int port, const std::string& sent) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    if (connected_ && !sent.empty()) Send(sent);
+  }
+  ~RawClient() { close(fd_); }
+  bool connected() const { return connected_; }
+  void Send(const std::string& bytes) { send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
+
+ private:
+  int fd_;
+  bool connected_ = false;
+};
+
+// Served while kMetricsThreads - 2 clients keep their connections busy by sending a header byte
+// every 100 ms (with two threads, two such clients held the endpoint for as long as they liked).
+TEST(MetricsServerTest, SlowClientsDoNotStopAScrape) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  CoordinatorMetrics m(*registry);
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start("127.0.0.1:0", registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<std::unique_ptr<RawClient>> slow;
+  for (int i = 0; i < kMetricsThreads - 2; ++i) {
+    slow.push_back(
+        std::make_unique<RawClient>((*server)->port(), "GET /metrics HTTP/1.1\r\nX-Slow: "));
+    ASSERT_TRUE(slow.back()->connected());
+  }
+  std::atomic<bool> done{false};
+  std::thread trickle([&] {
+    while (!done.load()) {
+      for (auto& c : slow) c->Send("a");
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  absl::StatusOr<std::string> page =
+      FetchMetricsPage(absl::StrCat("127.0.0.1:", (*server)->port()), absl::Seconds(60));
+  done.store(true);
+  trickle.join();
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_THAT(*page, HasSubstr("tandem_generated_tokens_total"));
+}
+
+// Connections that send nothing are closed after kMetricsIdleSeconds, so twice as many idle
+// clients as threads delay a scrape by seconds (with httplib's defaults: 5 s for every two).
+TEST(MetricsServerTest, IdleConnectionsAreClosedAndAScrapeStillAnswers) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  CoordinatorMetrics m(*registry);
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start("127.0.0.1:0", registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<std::unique_ptr<RawClient>> idle;
+  for (int i = 0; i < 2 * kMetricsThreads; ++i) {
+    idle.push_back(std::make_unique<RawClient>((*server)->port(), ""));
+    ASSERT_TRUE(idle.back()->connected());
+  }
+  absl::StatusOr<std::string> page =
+      FetchMetricsPage(absl::StrCat("127.0.0.1:", (*server)->port()), absl::Seconds(30));
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_THAT(*page, HasSubstr("tandem_generated_tokens_total"));
 }
 
 TEST(MetricsServerTest, RejectsAnAddressWithoutPort) {

@@ -107,6 +107,44 @@ TEST(ModelConfigTest, BadConfigsGetErrorsNamingTheProblem) {
   }
 }
 
+// Sizes whose products would wrap (head_dim 2^30 made q_dim() overflow) are refused at load,
+// naming the field and the bound; the largest published shapes still load.
+TEST(ModelConfigTest, DimensionsBeyondTheBoundsAreRefusedNamingFieldAndLimit) {
+  auto with = [](std::string base, const std::string& from, const std::string& to) {
+    base.replace(base.find(from), from.size(), to);
+    return base;
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {with(kLlama, "\"rope_theta\"", "\"head_dim\": 1073741824, \"rope_theta\""),
+       "\"head_dim\" is 1073741824, above tandem's limit of 4096"},
+      {with(kLlama, "\"vocab_size\": 32000", "\"vocab_size\": 2147483647"),
+       "\"vocab_size\" is 2147483647, above tandem's limit of 4194304"},
+      {with(kLlama, "\"hidden_size\": 3200", "\"hidden_size\": 131072"),
+       "\"hidden_size\" is 131072, above tandem's limit of 65536"},
+      {with(kLlama, "\"intermediate_size\": 8640", "\"intermediate_size\": 1000000"),
+       "\"intermediate_size\" is 1000000"},
+      {with(kLlama, "\"num_hidden_layers\": 26", "\"num_hidden_layers\": 100000"),
+       "\"num_layers\" is 100000"},
+      {with(with(kLlama, "\"num_attention_heads\": 32", "\"num_attention_heads\": 1024"),
+            "\"rope_theta\"", "\"head_dim\": 4096, \"rope_theta\""),
+       "num_attention_heads 1024 x head_dim 4096 is above tandem's limit of 1048576"},
+  };
+  for (const auto& [json, message] : cases) {
+    auto c = ParseModelConfig(json, "/models/x/config.json");
+    ASSERT_FALSE(c.ok()) << message;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+    EXPECT_NE(c.status().message().find(message), std::string::npos) << c.status();
+  }
+  auto largest = ParseModelConfig(
+      R"({"model_type": "llama", "vocab_size": 262144, "hidden_size": 16384,
+          "intermediate_size": 53248, "num_hidden_layers": 126, "num_attention_heads": 128,
+          "num_key_value_heads": 8, "max_position_embeddings": 2147483647})",
+      "config.json");
+  ASSERT_TRUE(largest.ok()) << largest.status();
+  EXPECT_EQ(largest->q_dim(), 16384);
+  EXPECT_EQ(largest->max_positions, 2147483647);
+}
+
 TEST(ModelConfigTest, Llama31RopeScalingIsRead) {
   std::string j = kLlama;
   j.replace(j.find("\"rope_theta\": 10000.0"), 21,

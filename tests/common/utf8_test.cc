@@ -32,6 +32,15 @@ TEST(IsValidUtf8, AcceptsOnlyWellFormedText) {
   EXPECT_FALSE(IsValidUtf8("\xED\xA0\x80"));
 }
 
+TEST(FirstInvalidUtf8, PointsAtTheFirstIllFormedByte) {
+  EXPECT_EQ(FirstInvalidUtf8(""), 0u);
+  EXPECT_EQ(FirstInvalidUtf8("h\xC3\xA9 \xF0\x9F\x98\x80"), 8u);  // well-formed: the size
+  EXPECT_EQ(FirstInvalidUtf8("abc\xFF"), 3u);
+  EXPECT_EQ(FirstInvalidUtf8("h\xC3\xA9\xC3"), 3u);      // a truncated character at the end
+  EXPECT_EQ(FirstInvalidUtf8("ab\xED\xA0\x80z"), 2u);    // a surrogate
+  EXPECT_EQ(FirstInvalidUtf8("\xE2\x82\xAC\x80"), 3u);  // a stray continuation byte
+}
+
 TEST(AppendUtf8, EncodesWhatDecodeUtf8Reads) {
   for (char32_t cp : {U'A', U'\u00E9', U'\u20AC', U'\U0001F600', U'\U0010FFFF'}) {
     std::string s;

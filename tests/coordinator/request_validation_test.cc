@@ -160,6 +160,60 @@ TEST(RequestValidationTest, BadStopTokenIdsAndStopStringsAreNamed) {
   ExpectInvalid(r, "stop");
 }
 
+// The byte bound comes before tokenizing (a 60 MB prompt was tokenized in full, then refused):
+// with no tokenizer at all the bound is what answers.
+TEST(RequestValidationTest, PromptOverTheByteBoundIsRefusedBeforeTokenizing) {
+  ASSERT_EQ(MaxPromptBytes(kLimits), 32 * kPromptBytesPerToken);
+  v1::GenerateRequest r = Good();
+  r.clear_token_ids();
+  r.set_prompt(std::string(MaxPromptBytes(kLimits) + 1, 'a'));
+  absl::StatusOr<ValidatedRequest> v = ValidateRequest(r, kLimits, nullptr);
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(v.status().message(),
+              HasSubstr("prompt: 1025 bytes, more than the 1024 this model takes"));
+  // At the bound the text goes on to the tokenizer (here: there is none).
+  r.set_prompt(std::string(MaxPromptBytes(kLimits), 'a'));
+  EXPECT_THAT(ValidateRequest(r, kLimits, nullptr).status().message(), HasSubstr("no tokenizer"));
+}
+
+TEST(RequestValidationTest, InvalidUtf8NamesTheFieldAndTheByteOffset) {
+  v1::GenerateRequest r = Good();
+  r.clear_token_ids();
+  r.set_prompt("caf\xC3\xA9 \xFFok");
+  absl::StatusOr<ValidatedRequest> v = ValidateRequest(r, kLimits, nullptr);
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(v.status().message(), HasSubstr("prompt: not valid UTF-8: byte 6 (0xFF)"));
+  r = Good();
+  r.add_stop("fine");
+  r.add_stop("ab\xED\xA0\x80");  // a UTF-16 surrogate
+  v = ValidateRequest(r, kLimits, nullptr);
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(v.status().message(), HasSubstr("stop[1]: not valid UTF-8: byte 2 (0xED)"));
+}
+
+TEST(RequestValidationTest, StopStringCountAndBytesAreBounded) {
+  v1::GenerateRequest r = Good();
+  for (int i = 0; i <= kMaxStopStrings; ++i) r.add_stop("x");
+  absl::StatusOr<ValidatedRequest> v = ValidateRequest(r, kLimits, nullptr);
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(v.status().message(), HasSubstr("stop: 33 stop strings, more than the 32"));
+  r = Good();
+  r.add_stop("x");
+  r.add_stop(std::string(kMaxStopStringBytes + 1, 'y'));
+  v = ValidateRequest(r, kLimits, nullptr);
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(v.status().message(), HasSubstr("stop[1]: 1025 bytes, more than the 1024"));
+}
+
+TEST(RequestValidationTest, RequestByteBoundCoversTheLargestLegalRequest) {
+  EXPECT_EQ(MaxRequestBytes(kLimits), 4 << 20);  // gRPC's default for a small context
+  const ModelLimits large{.vocab_size = 128256, .context_length = 131072};
+  EXPECT_GT(MaxRequestBytes(large),
+            MaxPromptBytes(large) + 5 * 131072 + kMaxStopStrings * (kMaxStopStringBytes + 2));
+  EXPECT_LT(MaxRequestBytes(large), 2 * MaxPromptBytes(large) + (4 << 20));
+}
+
 TEST(RequestValidationTest, SamplingControlsKeepTheirValuesAndDefaultsAreNeutral) {
   v1::GenerateRequest r = Good();
   absl::StatusOr<ValidatedRequest> plain = ValidateRequest(r, kLimits, nullptr);

@@ -1,8 +1,11 @@
-// CheckPromptFitsContext: the refusal tandem-bench gives a prompt + new tokens beyond the context.
+// CheckPromptFitsContext: the refusal tandem-bench gives a prompt + new tokens beyond the context;
+// KvCacheBytes: the checked size of a KV-cache.
 #include "worker/context_fit.h"
 
 #include <climits>
+#include <cstdint>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -37,6 +40,32 @@ TEST(ContextFitTest, HugeLengthsDoNotWrapAround) {
 TEST(ContextFitTest, NonPositiveLengthsAreRefused) {
   EXPECT_THAT(CheckPromptFitsContext(0, 1, 2048, "/m").message(), HasSubstr("prompt length 0"));
   EXPECT_THAT(CheckPromptFitsContext(5, 0, 2048, "/m").message(), HasSubstr("new tokens 0"));
+}
+
+// max_slots 2^27 x 4 layers x max_seq_len 2^30 x kv_dim 32 floats is 2^64: it wrapped to a
+// zero-byte cache that the first step wrote past.
+TEST(KvCacheBytesTest, ASizeThatOverflowsIsInvalidNamingEverySize) {
+  const absl::StatusOr<int64_t> bytes = KvCacheBytes(
+      {.slots = 1 << 27, .layers = 4, .positions = 1 << 30, .kv_dim = 32, .element_bytes = 4},
+      INT64_MAX, "host memory");
+  ASSERT_EQ(bytes.status().code(), absl::StatusCode::kInvalidArgument) << bytes.status();
+  EXPECT_THAT(bytes.status().message(),
+              HasSubstr("134217728 slots x 4 layers x 1073741824 positions x 32 (kv_dim) x 4 "
+                        "bytes x 2 (K and V)"));
+  EXPECT_THAT(bytes.status().message(), HasSubstr("overflows 64 bits"));
+}
+
+TEST(KvCacheBytesTest, ASizeBeyondTheBudgetIsResourceExhaustedAndOneWithinIsExact) {
+  const KvCacheShape shape{
+      .slots = 16, .layers = 26, .positions = 2048, .kv_dim = 3200, .element_bytes = 2};
+  const int64_t exact = int64_t{16} * 26 * 2048 * 3200 * 2 * 2;
+  const absl::StatusOr<int64_t> fits = KvCacheBytes(shape, exact, "GPU memory");
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ(*fits, exact);
+  const absl::StatusOr<int64_t> over = KvCacheBytes(shape, exact - 1, "GPU memory");
+  ASSERT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(), HasSubstr(absl::StrCat("needs ", exact, " bytes")));
+  EXPECT_THAT(over.status().message(), HasSubstr("of GPU memory are available"));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "worker/cpu/cpu_stage.h"
 
 #include <cblas.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -27,6 +28,7 @@
 #include "common/rope.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "worker/context_fit.h"
 #include "worker/sampling.h"
 #include "worker/step_check.h"
 #include "worker/weights.h"
@@ -367,6 +369,11 @@ class CpuStage final : public Stage {
   std::vector<float> inv_freq_;       // (head_dim / 2) RoPE frequencies
 };
 
+// The host's physical memory: no KV-cache larger than it can be served.
+int64_t HostMemoryBytes() {
+  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
@@ -384,8 +391,14 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
   }
   ASSIGN_OR_RETURN(StageWeights weights, LoadStageWeights(*ckpt, spec.first_layer, last));
 
-  const size_t cache_floats = static_cast<size_t>(spec.max_slots) * weights.layers.size() *
-                              static_cast<size_t>(max_seq_len) * c.kv_dim();
+  ASSIGN_OR_RETURN(const int64_t cache_bytes,
+                   KvCacheBytes({.slots = spec.max_slots,
+                                 .layers = static_cast<int64_t>(weights.layers.size()),
+                                 .positions = max_seq_len,
+                                 .kv_dim = c.kv_dim(),
+                                 .element_bytes = sizeof(float)},
+                                HostMemoryBytes(), "host memory"));
+  const size_t cache_floats = static_cast<size_t>(cache_bytes) / 2 / sizeof(float);
   // Left uninitialised: a position is only read after a step has written it.
   std::unique_ptr<float[]> k_cache, v_cache;
   try {
@@ -393,8 +406,8 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
     v_cache = std::make_unique_for_overwrite<float[]>(cache_floats);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "KV-cache of ", 2 * cache_floats * sizeof(float), " bytes (", spec.max_slots, " slots x ",
-        weights.layers.size(), " layers x ", max_seq_len, " positions) does not fit in memory"));
+        "KV-cache of ", cache_bytes, " bytes (", spec.max_slots, " slots x ", weights.layers.size(),
+        " layers x ", max_seq_len, " positions) does not fit in memory"));
   }
   return std::make_unique<CpuStage>(c, std::move(weights), spec.max_slots, max_seq_len,
                                     std::move(k_cache), std::move(v_cache));

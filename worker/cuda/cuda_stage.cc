@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <span>
 #include <thread>
@@ -31,6 +32,7 @@
 #include "common/rope.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "worker/context_fit.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/kernels.h"
 #include "worker/cuda/prefill_attention.h"
@@ -118,6 +120,8 @@ class CudaStage final : public Stage {
   absl::Status UploadWeights(const StageSpec& spec);
   absl::Status AllocateWorkspace();
   absl::Status AllocateKvCache();
+  // Bytes of the KV-cache of `layers` layers at the checked sizes, at most `budget`.
+  absl::StatusOr<int64_t> KvBytes(int layers, int64_t budget, std::string_view budget_what) const;
   absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) override;
   const ModelConfig& config() const override { return c_; }
   void set_observer(DecodeObserver* observer) { observer_ = observer; }
@@ -242,6 +246,18 @@ absl::Status CudaStage::CheckOptions(const StageSpec& spec) {
                                                    "] (the model's max positions) or 0, got ",
                                                    spec.max_seq_len));
   }
+  const int64_t capacity =
+      (int64_t{max_seq_len_} + cuda::kKvSeqAlign - 1) / cuda::kKvSeqAlign * cuda::kKvSeqAlign;
+  if (capacity > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("max_seq_len ", max_seq_len_, " rounds up to ",
+                                                   capacity, " cached positions, beyond int"));
+  }
+  seq_capacity_ = static_cast<int>(capacity);
+  // Refused before anything is allocated: a cache whose size overflows or exceeds the whole GPU.
+  const int last = spec.last_layer == -1 ? c_.num_layers : spec.last_layer;
+  RETURN_IF_ERROR(KvBytes(std::clamp(last - spec.first_layer, 1, c_.num_layers),
+                          static_cast<int64_t>(prop.totalGlobalMem), "GPU memory in all")
+                      .status());
   if (c_.hidden_size % 8 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("CUDA backend needs hidden_size a multiple of 8, got ", c_.hidden_size));
@@ -376,21 +392,28 @@ absl::Status CudaStage::AllocateWorkspace() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> CudaStage::KvBytes(int layers, int64_t budget,
+                                           std::string_view budget_what) const {
+  return KvCacheBytes({.slots = int64_t{max_slots_} + 1,  // and the padding rows' slot
+                       .layers = std::max(layers, 1),
+                       .positions = seq_capacity_,
+                       .kv_dim = c_.kv_dim(),
+                       .element_bytes = static_cast<int64_t>(DTypeSize(opt_.dtype))},
+                      budget, budget_what);
+}
+
 absl::Status CudaStage::AllocateKvCache() {
-  seq_capacity_ = (max_seq_len_ + cuda::kKvSeqAlign - 1) / cuda::kKvSeqAlign * cuda::kKvSeqAlign;
-  kv_layer_bytes_ = static_cast<size_t>(max_slots_ + 1) * c_.num_kv_heads * seq_capacity_ *
-                    c_.head_dim * DTypeSize(opt_.dtype);
-  const size_t kv_bytes = 2 * kv_layer_bytes_ * std::max(num_layers_, 1);
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   const size_t budget = static_cast<size_t>(static_cast<double>(free_bytes) * opt_.kv_memory_fraction);
-  if (kv_bytes > budget) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "KV-cache for %d layers x %d slots x %d positions (%s) needs %d bytes of GPU memory; "
-        "%d bytes are available (kv_memory_fraction %.2f of the %d bytes free after the weights)",
-        num_layers_, max_slots_, max_seq_len_, std::string(DTypeName(opt_.dtype)), kv_bytes, budget,
-        opt_.kv_memory_fraction, free_bytes));
-  }
+  ASSIGN_OR_RETURN(
+      const int64_t kv_bytes,
+      KvBytes(num_layers_, static_cast<int64_t>(budget),
+              absl::StrFormat("GPU memory (%s; kv_memory_fraction %.2f of the %d bytes free after "
+                              "the weights)",
+                              std::string(DTypeName(opt_.dtype)), opt_.kv_memory_fraction,
+                              free_bytes)));
+  kv_layer_bytes_ = static_cast<size_t>(kv_bytes) / 2 / std::max(num_layers_, 1);
   RETURN_IF_ERROR(kv_.Allocate(kv_bytes));
   // Zeroed so that padding rows and never-written positions hold finite values.
   CUDA_CHECK(cudaMemset(kv_.get(), 0, kv_bytes));

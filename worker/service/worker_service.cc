@@ -3,9 +3,12 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/checked_math.h"
 #include "common/metrics.h"
 #include "common/model_config.h"
 #include "common/thread_name.h"
@@ -67,6 +70,26 @@ StepDescriptor ToDescriptor(const v1::StepRequest& req) {
   }
   d.tokens.assign(req.tokens().begin(), req.tokens().end());
   return d;
+}
+
+// Rows of the largest step of an assignment: max_step_rows, or every slot's whole context when
+// the coordinator gave none.
+int64_t MaxStepRows(const v1::AssignStageRequest& req) {
+  if (req.max_step_rows() > 0) return req.max_step_rows();
+  return CheckedProduct({std::max(req.max_slots(), 1), std::max(req.max_seq_len(), 1)})
+      .value_or(std::numeric_limits<int64_t>::max());
+}
+
+// Over gRPC, the largest step's activations must fit one StageLink message.
+grpc::Status CheckStepFitsLink(const v1::AssignStageRequest& req, int hidden_size) {
+  const int64_t rows = MaxStepRows(req);
+  const std::optional<int64_t> bytes = StageMessageBytes(rows, hidden_size);
+  if (bytes && *bytes <= kMaxStageMessageBytes) return grpc::Status::OK;
+  return grpc::Status(
+      grpc::StatusCode::INVALID_ARGUMENT,
+      absl::StrFormat("max_step_rows: a step of %d rows x hidden_size %d x 4 bytes does not fit "
+                      "the %d bytes of a StageLink message; lower max_batch or prefill_chunk",
+                      rows, hidden_size, kMaxStageMessageBytes - kStageMessageHeadroom));
 }
 
 }  // namespace
@@ -144,22 +167,29 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
   // NCCL: join before loading. Every stage joins at once (the coordinator assigns them
   // concurrently), so a slow load elsewhere does not eat the join's timeout, and the link's
   // buffers are taken before the KV-cache sizes itself from the free memory.
-  std::unique_ptr<ActivationTransport> nccl;
-  if (transport == "nccl") {
-    absl::StatusOr<ModelConfig> config = LoadModelConfig(spec.model_dir);
+  // A pipeline's link is sized from the model's width (a single stage has none; nccl is only
+  // chosen for more than one).
+  absl::StatusOr<ModelConfig> config = absl::FailedPreconditionError("no link");
+  if (req->num_stages() > 1) {
+    config = LoadModelConfig(spec.model_dir);
     if (!config.ok()) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           std::string(config.status().message()));
     }
+    if (transport == "grpc") {
+      if (grpc::Status fits = CheckStepFitsLink(*req, config->hidden_size); !fits.ok()) {
+        return fits;
+      }
+    }
+  }
+  std::unique_ptr<ActivationTransport> nccl;
+  if (transport == "nccl") {
     NcclJoin join;
     join.unique_id = req->nccl_id();
     join.rank = req->stage();
     join.world = req->num_stages();
     join.hidden_size = config->hidden_size;
-    join.max_rows = req->max_step_rows() > 0
-                        ? req->max_step_rows()
-                        : static_cast<int64_t>(std::max(req->max_slots(), 1)) *
-                              std::max(req->max_seq_len(), 1);
+    join.max_rows = MaxStepRows(*req);
     absl::StatusOr<std::unique_ptr<ActivationTransport>> t = link_.join_nccl(join);
     if (!t.ok()) {
       spdlog::error("assignment {}: NCCL: {}", req->assignment_id(), t.status().ToString());
@@ -174,7 +204,13 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
   absl::StatusOr<std::unique_ptr<Stage>> stage = factory_(spec);
   if (!stage.ok()) {
     spdlog::error("assignment {}: {}", req->assignment_id(), stage.status().ToString());
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+    // INVALID_ARGUMENT (sizes that overflow, a malformed checkpoint) and RESOURCE_EXHAUSTED (a
+    // KV-cache that does not fit) keep their code; other failures are the worker's state.
+    const absl::StatusCode code = stage.status().code();
+    const bool sizes = code == absl::StatusCode::kInvalidArgument ||
+                       code == absl::StatusCode::kResourceExhausted;
+    return grpc::Status(sizes ? static_cast<grpc::StatusCode>(code)
+                              : grpc::StatusCode::FAILED_PRECONDITION,
                         std::string(stage.status().message()));
   }
   if (nccl != nullptr && link_.bind_nccl) {

@@ -4,22 +4,75 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "common/checked_math.h"
 #include "common/dtype.h"
 #include "worker/transport/activation_frame.h"
 
 namespace tandem {
 
+std::optional<int64_t> StageMessageBytes(int64_t rows, int64_t cols) {
+  const std::optional<int64_t> data = CheckedProduct({rows, cols, sizeof(float)});
+  if (!data) return std::nullopt;
+  return CheckedSum({*data, kStageMessageHeadroom});
+}
+
 void ActivationInbox::Reset(uint64_t assignment) {
   absl::MutexLock lock(&mu_);
   assignment_ = assignment;
+  first_wanted_ = 0;
   steps_.clear();
+  bytes_ = 0;
 }
 
-bool ActivationInbox::Put(uint64_t assignment, uint64_t step, Activations activations) {
+bool ActivationInbox::HasRoomLocked(int64_t bytes) const {
+  if (steps_.empty()) return true;
+  return static_cast<int>(steps_.size()) < limits_.entries && bytes_ + bytes <= limits_.bytes;
+}
+
+void ActivationInbox::PassLocked(uint64_t step) {
+  first_wanted_ = std::max(first_wanted_, step);
+  for (auto it = steps_.begin(); it != steps_.end() && it->first < first_wanted_;) {
+    bytes_ -= static_cast<int64_t>(it->second.nbytes());
+    it = steps_.erase(it);
+  }
+}
+
+absl::Status ActivationInbox::Put(uint64_t assignment, uint64_t step, Activations activations,
+                                  const std::function<bool()>& cancelled) {
+  const int64_t bytes = static_cast<int64_t>(activations.nbytes());
+  const absl::Time deadline = absl::Now() + limits_.put_timeout;
   absl::MutexLock lock(&mu_);
-  if (assignment != assignment_) return false;
-  steps_[step] = std::move(activations);
-  return true;
+  while (true) {
+    if (assignment != assignment_ || step < first_wanted_) return absl::OkStatus();  // dropped
+    if (HasRoomLocked(bytes)) break;
+    if (cancelled()) return absl::CancelledError(absl::StrFormat("step %d: cancelled", step));
+    if (absl::Now() >= deadline) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "step %d: the StageLink inbox stayed full for %s (%d steps, %d bytes held; limits %d "
+          "steps, %d bytes): the stage takes no input",
+          step, absl::FormatDuration(limits_.put_timeout), steps_.size(), bytes_, limits_.entries,
+          limits_.bytes));
+    }
+    auto room = [this, assignment, bytes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return assignment != assignment_ || HasRoomLocked(bytes);
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&room), absl::Milliseconds(20));
+  }
+  auto [it, added] = steps_.try_emplace(step);
+  if (!added) bytes_ -= static_cast<int64_t>(it->second.nbytes());
+  it->second = std::move(activations);
+  bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+size_t ActivationInbox::entries() {
+  absl::MutexLock lock(&mu_);
+  return steps_.size();
+}
+
+int64_t ActivationInbox::bytes() {
+  absl::MutexLock lock(&mu_);
+  return bytes_;
 }
 
 absl::StatusOr<Activations> ActivationInbox::Take(uint64_t assignment, uint64_t step,
@@ -27,6 +80,7 @@ absl::StatusOr<Activations> ActivationInbox::Take(uint64_t assignment, uint64_t 
                                                   const std::function<bool()>& cancelled) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock lock(&mu_);
+  if (assignment == assignment_) PassLocked(step);
   while (true) {
     if (assignment != assignment_) {
       return absl::AbortedError(absl::StrFormat(
@@ -35,7 +89,9 @@ absl::StatusOr<Activations> ActivationInbox::Take(uint64_t assignment, uint64_t 
     auto it = steps_.find(step);
     if (it != steps_.end()) {
       Activations a = std::move(it->second);
+      bytes_ -= static_cast<int64_t>(a.nbytes());
       steps_.erase(it);
+      PassLocked(step + 1);
       return a;
     }
     if (cancelled()) {
@@ -64,7 +120,11 @@ grpc::Status StageLinkService::Activations(grpc::ServerContext* ctx,
     if (!a.ok()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(a.status().message()));
     }
-    inbox_.Put(msg.assignment_id(), msg.step_id(), std::move(*a));
+    const absl::Status put = inbox_.Put(msg.assignment_id(), msg.step_id(), std::move(*a),
+                                        [ctx] { return ctx->IsCancelled(); });
+    if (!put.ok()) {
+      return grpc::Status(static_cast<grpc::StatusCode>(put.code()), std::string(put.message()));
+    }
   }
   return grpc::Status::OK;
 }
@@ -97,8 +157,7 @@ absl::Status GrpcTransport::Send(uint64_t step_id, const Activations& a) {
   }
   if (!writer_) {
     grpc::ChannelArguments args;
-    args.SetMaxSendMessageSize(-1);
-    args.SetMaxReceiveMessageSize(-1);
+    args.SetMaxSendMessageSize(static_cast<int>(kMaxStageMessageBytes));
     stub_ = v1::StageLink::NewStub(MakeChannel(next_address_, auth_, args));
     context_ = std::make_unique<grpc::ClientContext>();
     writer_ = stub_->Activations(context_.get(), &ack_);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -18,20 +19,56 @@
 
 namespace tandem {
 
-// Activations that arrived for the current assignment, by step id.
+// The largest StageLink message a worker receives or sends: one step's activations, at most
+// kMaxStageMessageBytes - kStageMessageHeadroom bytes of rows (AssignStage refuses assignments
+// whose largest step would not fit), plus the message's other fields.
+inline constexpr int64_t kMaxStageMessageBytes = int64_t{1} << 30;
+inline constexpr int64_t kStageMessageHeadroom = int64_t{1} << 16;
+
+// The wire bytes of a step of `rows` x `cols` activations sent as fp32 (the widest), headroom
+// included; nullopt when the product overflows.
+std::optional<int64_t> StageMessageBytes(int64_t rows, int64_t cols);
+
+// Activations that arrived for the current assignment, by step id, bounded in entries and bytes.
+// Steps run in the order of their ids, so Take(step) drops every earlier step still held (those
+// steps failed or were cancelled and will not run here) and later messages for them. A Put that
+// finds the inbox full waits for the step loop to take something, which holds back the sending
+// stage through its stream; when nothing is taken within put_timeout it is refused.
 class ActivationInbox {
  public:
+  struct Limits {
+    int entries = 64;                       // steps held at once
+    int64_t bytes = kMaxStageMessageBytes;  // their activations' bytes
+    absl::Duration put_timeout = absl::Seconds(60);
+  };
+  ActivationInbox() : ActivationInbox(Limits{}) {}
+  explicit ActivationInbox(Limits limits) : limits_(limits) {}
+
   // Forgets everything that is not for `assignment` and accepts only that from now on.
   void Reset(uint64_t assignment);
-  // Files one step's activations; false (dropped) when they belong to another assignment.
-  bool Put(uint64_t assignment, uint64_t step, Activations activations);
+  // Files one step's activations. OK also when they are dropped (another assignment, or a step
+  // already passed); RESOURCE_EXHAUSTED naming the limits when no room comes within put_timeout;
+  // CANCELLED when `cancelled` turns true while waiting. An empty inbox takes any one message.
+  absl::Status Put(
+      uint64_t assignment, uint64_t step, Activations activations,
+      const std::function<bool()>& cancelled = [] { return false; });
   absl::StatusOr<Activations> Take(uint64_t assignment, uint64_t step, absl::Duration timeout,
                                    const std::function<bool()>& cancelled);
+  // What is held now: steps and bytes.
+  size_t entries();
+  int64_t bytes();
 
  private:
+  bool HasRoomLocked(int64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops held steps before `step`; later messages for them are dropped on arrival.
+  void PassLocked(uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Limits limits_;
   absl::Mutex mu_;
   uint64_t assignment_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t first_wanted_ ABSL_GUARDED_BY(mu_) = 0;  // steps before it will not be taken
   std::map<uint64_t, Activations> steps_ ABSL_GUARDED_BY(mu_);
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class StageLinkService final : public v1::StageLink::Service {

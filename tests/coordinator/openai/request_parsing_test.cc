@@ -3,7 +3,10 @@
 #include "coordinator/openai/request_parsing.h"
 
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "coordinator/openai/api_error.h"
 #include "coordinator/request_validation.h"
 #include "gmock/gmock.h"
@@ -227,6 +230,21 @@ TEST(ParseChatRequest, JoinsTextPartsAndKeepsTheRest) {
   EXPECT_EQ(r->logprobs, 0);
 }
 
+// JSON text must be UTF-8; a body that is not gets a 400 naming the first bad byte rather than
+// an error without a message.
+TEST(ParseCompletionRequest, InvalidUtf8BodyIsRefusedNamingTheByteOffset) {
+  for (const std::string body : {"{\"prompt\": \"ab\xFF\"}", "{\"prompt\": \"ab\xC3\"}"}) {
+    absl::StatusOr<ApiRequest> r = ParseCompletionRequest(body);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(HttpStatusOf(r.status()), 400);
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("not valid UTF-8: byte 14"));
+  }
+  absl::StatusOr<ApiRequest> r =
+      ParseChatRequest("{\"messages\": [{\"role\": \"user\", \"content\": \"\xED\xA0\x80\"}]}");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("not valid UTF-8: byte 43 (0xED)"));
+}
+
 // What the model limits is checked by ValidateRequest; its errors name the API's fields.
 TEST(ToApiError, NamesTheApisFieldsForTheModelsLimits) {
   ModelLimits limits{.vocab_size = 100, .context_length = 32, .eos_token_id = 0};
@@ -239,6 +257,11 @@ TEST(ToApiError, NamesTheApisFieldsForTheModelsLimits) {
       {R"({"prompt": "x"})", {1, 200}, "prompt"},
       {R"({"prompt": "x", "max_tokens": 33})", {1}, "max_tokens"},
       {R"({"prompt": "x", "stop_token_ids": [100]})", {1}, "stop_token_ids"},
+      {absl::StrCat(R"({"prompt": "x", "stop": [)",
+                    absl::StrJoin(std::vector<std::string>(33, R"("s")"), ","), "]}"),
+       {1},
+       "stop"},
+      {absl::StrCat(R"({"prompt": "x", "stop": ")", std::string(1025, 's'), R"("})"), {1}, "stop"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.body);
