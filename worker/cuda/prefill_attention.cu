@@ -10,8 +10,8 @@
 // Rows are the forward pass's rows: each has its own slot and position. A run of rows with one
 // slot and consecutive positions is a segment (one sequence's chunk); a block whose 128 rows span
 // several segments runs its key loop once per segment, each time writing only that segment's rows.
-// head_dim is padded to a multiple of 16 in shared memory with zeros. Hopper with head_dim 128
-// takes prefill_attention_sm90.cu instead (warpgroup MMA and TMA).
+// head_dim is padded to a multiple of 16 in shared memory with zeros. Hopper with head_dim 64 and
+// 128 takes prefill_attention_sm90.cu instead (warpgroup MMA and TMA).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -457,7 +457,8 @@ absl::Status LaunchPrefillAttention(DType dtype, const void* q, const void* k_ca
   }
   if (PrefillAttentionSm90Usable(head_dim, q, k_cache, v_cache)) {
     return LaunchPrefillAttentionSm90(dtype, q, k_cache, v_cache, positions, slots, out, rows,
-                                      num_heads, num_kv_heads, seq_capacity, params, stream, pdl);
+                                      num_heads, num_kv_heads, head_dim, seq_capacity, params,
+                                      stream, pdl);
   }
   const int d = PaddedDim(head_dim);
   TANDEM_DISPATCH_HALF(dtype, {

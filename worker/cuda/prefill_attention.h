@@ -23,7 +23,7 @@ bool PrefillAttentionSupported(int head_dim);
 // a multiple of 64. Fast when rows come in runs of one slot at consecutive positions (a prompt or
 // a chunk of one: the chunk's queries see the cached prefix and themselves); any rows are correct,
 // a block of 128 rows doing its key loop once per such run. On a device of compute capability 9.0
-// with head_dim 128 the warpgroup-MMA kernel of prefill_attention_sm90.cu runs; elsewhere the
+// with head_dim 64 or 128 the warpgroup-MMA kernel of prefill_attention_sm90.cu runs; elsewhere the
 // mma.sync kernel of prefill_attention.cu.
 absl::Status LaunchPrefillAttention(DType dtype, const void* q, const void* k_cache,
                                     const void* v_cache, const int32_t* positions,

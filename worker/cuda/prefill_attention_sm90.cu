@@ -1,14 +1,15 @@
-// Prefill attention for Hopper (sm_90a) with warpgroup MMA, head_dim 128: the same rows, segments
-// and KV-cache layout as prefill_attention.cu, in the manner of FlashAttention-3.
+// Prefill attention for Hopper (sm_90a) with warpgroup MMA, head_dim 64 and 128: the same rows,
+// segments and KV-cache layout as prefill_attention.cu, in the manner of FlashAttention-3.
 //
 // A block takes 128 consecutive query rows of one head and has three roles: warpgroups 0 and 1
 // (consumers) own 64 query rows each, and warpgroup 2 (the producer, one thread of it; the others
 // give their registers to the consumers with setmaxnreg) loads. The producer brings Q once and then
 // K and V tiles of 128 keys into a three-stage ring with TMA (cp.async.bulk.tensor, 128-byte
-// swizzle, completion counted in bytes on an mbarrier per stage and operand). A consumer computes
-// S = Q·Kᵀ (wgmma m64n128k16, Q and K from shared memory through matrix descriptors), masks (only
-// tiles that some row of the warpgroup does not wholly see), runs the online softmax in fp32
-// registers, adds P·V into O (wgmma with P from registers, V from shared memory read transposed),
+// swizzle, completion counted in bytes on an mbarrier per stage and operand). A consumer
+// computes S = Q·Kᵀ (wgmma m64n128k16, Q and K from shared memory through matrix descriptors),
+// masks (only tiles that some row of the warpgroup does not wholly see), runs the online softmax in
+// fp32 registers, adds P·V into O (wgmma m64nDk16 with P from registers, V from shared memory read
+// transposed),
 // and hands the stage back through its "empty" mbarrier. Within a warpgroup, S of the next tile and
 // P·V of this one are issued together, and the softmax of the next tile runs while P·V does; the
 // two warpgroups take turns at issuing (named barriers), so that one's softmax overlaps the other's
@@ -35,12 +36,12 @@
 namespace tandem::cuda {
 namespace {
 
-constexpr int kD = 128;           // head_dim
-constexpr int kRows = 128;        // query rows per block
-constexpr int kWgRows = 64;       // query rows per consumer warpgroup
-constexpr int kKeys = 128;        // keys per K/V tile
-constexpr int kStages = 3;        // K/V ring depth
-constexpr int kHalfCols = 64;     // head_dim columns per 128-byte swizzled half of a tile
+constexpr int kMaxD = 128;     // largest head_dim (64 and 128 are compiled)
+constexpr int kRows = 128;     // query rows per block
+constexpr int kWgRows = 64;    // query rows per consumer warpgroup
+constexpr int kKeys = 128;     // keys per K/V tile
+constexpr int kStages = 3;     // K/V ring depth
+constexpr int kHalfCols = 64;  // head_dim columns per 128-byte swizzled half of a tile
 constexpr int kConsumerWarps = 8;
 constexpr int kThreads = kConsumerWarps * 32 + 128;  // two consumer warpgroups and the producer's
 // Registers per thread: the producer warpgroup gives most of its share to the consumers, which
@@ -55,7 +56,7 @@ constexpr int kHalfBytes = 128 * kHalfCols * 2;  // 128 rows (or keys) of one ha
 constexpr int kQOffset = 0;
 constexpr int kStageOffset = 2 * kHalfBytes;  // K then V of stage 0, then of stage 1
 constexpr int kStageBytes = 4 * kHalfBytes;
-constexpr int kTileBytes = 2 * kHalfBytes;  // one K (or V) tile, the bytes its barrier expects
+constexpr int kTileBytes = 2 * kHalfBytes;  // room for one K (or V) tile of head_dim 128
 constexpr int kBarrierOffset = kStageOffset + kStages * kStageBytes;
 constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);  // Q's, then K, V and empty per stage
 constexpr int kSmemBytes = kBarrierOffset + kBarrierBytes + 1024;  // and alignment slack
@@ -113,7 +114,9 @@ __device__ __forceinline__ uint64_t Descriptor(uint32_t addr, uint32_t lead, uin
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | static_cast<uint64_t>(lead >> 4) << 16 |
          static_cast<uint64_t>(stride >> 4) << 32 | 1ull << 62;
 }
-__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void WgmmaCommit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
@@ -123,35 +126,51 @@ __device__ __forceinline__ void WgmmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 // Keeps the compiler from moving reads or writes of the accumulators across an asynchronous MMA.
-__device__ __forceinline__ void FenceAccumulators(float (&d)[64]) {
+template <int kN>
+__device__ __forceinline__ void FenceAccumulators(float (&d)[kN]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-#define TANDEM_ACC8(i)                                                                  \
+#define TANDEM_ACC8(i)                                                                        \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
-#define TANDEM_ACC64                                                                          \
-  TANDEM_ACC8(0), TANDEM_ACC8(8), TANDEM_ACC8(16), TANDEM_ACC8(24), TANDEM_ACC8(32),         \
+#define TANDEM_ACC64                                                                 \
+  TANDEM_ACC8(0), TANDEM_ACC8(8), TANDEM_ACC8(16), TANDEM_ACC8(24), TANDEM_ACC8(32), \
       TANDEM_ACC8(40), TANDEM_ACC8(48), TANDEM_ACC8(56)
-#define TANDEM_ACC_LIST                                                                       \
-  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"   \
-  "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,"  \
+#define TANDEM_ACC32 TANDEM_ACC8(0), TANDEM_ACC8(8), TANDEM_ACC8(16), TANDEM_ACC8(24)
+#define TANDEM_ACC32_LIST                                                                   \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23," \
+  "%24,%25,%26,%27,%28,%29,%30,%31}"
+#define TANDEM_ACC_LIST                                                                      \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"  \
+  "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45," \
   "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
 // d (64 x 128, fp32) (+)= A (64 x 16, shared, K-major) · B (16 x 128, shared, K-major).
-#define TANDEM_WGMMA_SS(TY)                                                          \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                          \
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " TANDEM_ACC_LIST \
-               ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                     \
-               : TANDEM_ACC64                                                        \
-               : "l"(a), "l"(b), "r"(accumulate))
+#define TANDEM_WGMMA_SS(TY)                                                        \
+  asm volatile(                                                                    \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                 \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " TANDEM_ACC_LIST \
+      ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                            \
+      : TANDEM_ACC64                                                               \
+      : "l"(a), "l"(b), "r"(accumulate))
 // d (64 x 128, fp32) += A (64 x 16, registers) · B (16 x 128, shared, N-major: read transposed).
-#define TANDEM_WGMMA_RS(TY)                                                          \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                          \
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " TANDEM_ACC_LIST \
-               ", {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"                          \
-               : TANDEM_ACC64                                                        \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+#define TANDEM_WGMMA_RS(TY)                                                        \
+  asm volatile(                                                                    \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                 \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " TANDEM_ACC_LIST \
+      ", {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"                                 \
+      : TANDEM_ACC64                                                               \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+
+// d (64 x 64, fp32) += A (64 x 16, registers) · B (16 x 64, shared, N-major: read transposed).
+#define TANDEM_WGMMA_RS64(TY)                                                       \
+  asm volatile(                                                                     \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                  \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " TANDEM_ACC32_LIST \
+      ", {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"                                  \
+      : TANDEM_ACC32                                                                \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
 
 template <typename T>
 __device__ __forceinline__ void WgmmaSS(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
@@ -167,6 +186,14 @@ __device__ __forceinline__ void WgmmaRS(float (&d)[64], const uint32_t (&a)[4], 
     TANDEM_WGMMA_RS("f16");
   } else {
     TANDEM_WGMMA_RS("bf16");
+  }
+}
+template <typename T>
+__device__ __forceinline__ void WgmmaRS(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+  if constexpr (std::is_same_v<T, __half>) {
+    TANDEM_WGMMA_RS64("f16");
+  } else {
+    TANDEM_WGMMA_RS64("bf16");
   }
 }
 
@@ -212,13 +239,15 @@ struct Ring {
   __device__ uint32_t parity() const { return (n / kStages) & 1; }
 };
 
-// The producer warp's lane 0: Q once, then every segment's K and V tiles.
-__device__ void Produce(const CUtensorMap* q_map, const CUtensorMap* k_map, const CUtensorMap* v_map,
-                        uint32_t smem, uint32_t q_full, Ring ring, int row0, int n_rows, int h,
-                        int kvh, int num_kv_heads, const int* pos_s, const int* slot_s,
-                        int window) {
-  BarrierExpectBytes(q_full, 2 * kHalfBytes);
-  for (int half = 0; half < 2; ++half) {
+// The producer's one thread: Q once, then every segment's K and V tiles, in 64-column halves.
+template <int kD>
+__device__ void Produce(const CUtensorMap* q_map, const CUtensorMap* k_map,
+                        const CUtensorMap* v_map, uint32_t smem, uint32_t q_full, Ring ring,
+                        int row0, int n_rows, int h, int kvh, int num_kv_heads, const int* pos_s,
+                        const int* slot_s, int window) {
+  constexpr int kHalves = kD / kHalfCols;
+  BarrierExpectBytes(q_full, kHalves * kHalfBytes);
+  for (int half = 0; half < kHalves; ++half) {
     TmaLoad2d(smem + kQOffset + half * kHalfBytes, q_map, h * kD + half * kHalfCols, row0, q_full);
   }
   for (int r = 0; r < n_rows;) {
@@ -229,12 +258,12 @@ __device__ void Produce(const CUtensorMap* q_map, const CUtensorMap* k_map, cons
       BarrierWait(ring.empty + 8 * st, ring.parity() ^ 1);
       const uint32_t k_s = smem + kStageOffset + st * kStageBytes, v_s = k_s + kTileBytes;
       const int t0 = seg.tile_lo + it * kKeys;
-      BarrierExpectBytes(ring.k_full + 8 * st, kTileBytes);
-      for (int half = 0; half < 2; ++half) {
+      BarrierExpectBytes(ring.k_full + 8 * st, kHalves * kHalfBytes);
+      for (int half = 0; half < kHalves; ++half) {
         TmaLoad3d(k_s + half * kHalfBytes, k_map, half * kHalfCols, t0, head, ring.k_full + 8 * st);
       }
-      BarrierExpectBytes(ring.v_full + 8 * st, kTileBytes);
-      for (int half = 0; half < 2; ++half) {
+      BarrierExpectBytes(ring.v_full + 8 * st, kHalves * kHalfBytes);
+      for (int half = 0; half < kHalves; ++half) {
         TmaLoad3d(v_s + half * kHalfBytes, v_map, half * kHalfCols, t0, head, ring.v_full + 8 * st);
       }
     }
@@ -244,10 +273,11 @@ __device__ void Produce(const CUtensorMap* q_map, const CUtensorMap* k_map, cons
 
 // A consumer thread's state over one segment: its two rows (fragment rows g and g + 8 of its
 // warp's 16), the online-softmax running max and sum, and O.
+template <int kD>
 struct RowState {
   int pos[2], lo[2];  // visible keys [lo, pos]; pos -1 for a row outside the segment
   float m[2], l[2];
-  float o[64];
+  float o[kD / 2];
 };
 
 __device__ __forceinline__ float Exp2(float x) {
@@ -257,7 +287,8 @@ __device__ __forceinline__ float Exp2(float x) {
 }
 
 // Scores of keys a row may not see (outside [lo, pos]) to -infinity, on a tile at key t0.
-__device__ __forceinline__ void Mask(float (&s)[64], const RowState& rs, int t0, int tq) {
+template <int kD>
+__device__ __forceinline__ void Mask(float (&s)[64], const RowState<kD>& rs, int t0, int tq) {
 #pragma unroll
   for (int nb = 0; nb < kKeys / 8; ++nb) {
 #pragma unroll
@@ -272,7 +303,8 @@ __device__ __forceinline__ void Mask(float (&s)[64], const RowState& rs, int t0,
 // to the new running max: masks what `rs` may not see (unless the whole tile is visible),
 // updates m (unscaled) and l, and returns in `corr` the factor that takes O from the old max to
 // the new one.
-__device__ __forceinline__ void Softmax(float (&s)[64], RowState& rs, int t0, bool unmasked,
+template <int kD>
+__device__ __forceinline__ void Softmax(float (&s)[64], RowState<kD>& rs, int t0, bool unmasked,
                                         float scale2, int tq, float (&corr)[2]) {
   if (!unmasked) Mask(s, rs, t0, tq);
   // Row maxima and sums over 8 partial results each, so that the reductions are not one chain of
@@ -326,9 +358,10 @@ __device__ __forceinline__ void ToOperand(const float (&s)[64], uint32_t (&p)[32
   for (int i = 0; i < 32; ++i) p[i] = Pack<T>(s[2 * i], s[2 * i + 1]);
 }
 
-__device__ __forceinline__ void Rescale(float (&o)[64], const float (&corr)[2]) {
+template <int kN>
+__device__ __forceinline__ void Rescale(float (&o)[kN], const float (&corr)[2]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] *= corr[(i >> 1) & 1];
+  for (int i = 0; i < kN; ++i) o[i] *= corr[(i >> 1) & 1];
 }
 
 // The keys that rows of a warpgroup see within a segment, and the stage ring as it walks tiles.
@@ -340,13 +373,15 @@ struct WarpgroupTiles {
   float scale2;
   int tq;
 
-  __device__ uint32_t k_tile(int n) const { return smem + kStageOffset + (n % kStages) * kStageBytes; }
+  __device__ uint32_t k_tile(int n) const {
+    return smem + kStageOffset + (n % kStages) * kStageBytes;
+  }
   __device__ int key0(int it) const { return tile_lo + it * kKeys; }
   __device__ bool unmasked(int it) const {
     return key0(it) + kKeys - 1 <= all_hi && key0(it) >= all_lo;
   }
   // Issues S = Q·Kᵀ of ring tile n for warpgroup `wg` (not waited for).
-  template <typename T>
+  template <typename T, int kD>
   __device__ void IssueScores(float (&s)[64], int n, int wg) const {
     const uint32_t k_s = k_tile(n);
     WgmmaFence();
@@ -359,8 +394,8 @@ struct WarpgroupTiles {
     WgmmaCommit();
   }
   // Issues O += P·V of ring tile n (not waited for).
-  template <typename T>
-  __device__ void IssueValues(float (&o)[64], const uint32_t (&p)[32], int n) const {
+  template <typename T, int kN>
+  __device__ void IssueValues(float (&o)[kN], const uint32_t (&p)[32], int n) const {
     const uint32_t v_s = k_tile(n) + kTileBytes;
     WgmmaFence();
 #pragma unroll
@@ -385,8 +420,6 @@ struct WarpgroupTiles {
   }
 };
 
-// The warpgroup's tiles [a, b) of a segment (ring tile n0 + it for tile it): S of tile it + 1 is
-// computed while P·V of tile it runs, and its softmax while P·V finishes.
 // Turns of the two consumer warpgroups at issuing MMAs (named barriers 1 and 2, 256 threads), so
 // that one's softmax runs while the other's products do. Only where both walk the same tiles of a
 // segment, so that their turns pair up.
@@ -405,15 +438,17 @@ struct Turns {
   }
 };
 
-template <typename T>
-__device__ __forceinline__ void AttendTiles(const WarpgroupTiles& w, RowState& rs, int wg, int n0,
-                                            int a, int b, Turns turns) {
+// The warpgroup's tiles [a, b) of a segment (ring tile n0 + it for tile it): S of tile it + 1 is
+// computed while P·V of tile it runs, and its softmax while P·V finishes.
+template <typename T, int kD>
+__device__ __forceinline__ void AttendTiles(const WarpgroupTiles& w, RowState<kD>& rs, int wg,
+                                            int n0, int a, int b, Turns turns) {
   float s[64], corr[2];
   uint32_t p[32];
   turns.Begin();
   w.WaitK(n0 + a);
   turns.Take();
-  w.IssueScores<T>(s, n0 + a, wg);
+  w.IssueScores<T, kD>(s, n0 + a, wg);
   turns.Pass(false);
   WgmmaWait<0>();
   FenceAccumulators(s);
@@ -424,8 +459,8 @@ __device__ __forceinline__ void AttendTiles(const WarpgroupTiles& w, RowState& r
     w.WaitK(n + 1);
     w.WaitV(n);
     turns.Take();
-    w.IssueScores<T>(s, n + 1, wg);
-    w.IssueValues<T>(rs.o, p, n);
+    w.IssueScores<T, kD>(s, n + 1, wg);
+    w.IssueValues<T, kD / 2>(rs.o, p, n);
     turns.Pass(false);
     WgmmaWait<1>();
     FenceAccumulators(s);
@@ -438,7 +473,7 @@ __device__ __forceinline__ void AttendTiles(const WarpgroupTiles& w, RowState& r
   }
   w.WaitV(n0 + b - 1);
   turns.Take();
-  w.IssueValues<T>(rs.o, p, n0 + b - 1);
+  w.IssueValues<T, kD / 2>(rs.o, p, n0 + b - 1);
   turns.Pass(true);
   WgmmaWait<0>();
   FenceAccumulators(rs.o);
@@ -466,7 +501,7 @@ __device__ __forceinline__ WarpgroupRange RangeOf(const Segment& seg, int wg, co
 }
 
 // One consumer warpgroup (`wg`, 64 rows) over every segment of the block.
-template <typename T>
+template <typename T, int kD>
 __device__ void Consume(uint32_t smem, uint32_t q_full, Ring ring, int wg, int row0, int n_rows,
                         int h, T* out, size_t q_stride, const int* pos_s, const int* slot_s,
                         float scale2, int window) {
@@ -482,7 +517,7 @@ __device__ void Consume(uint32_t smem, uint32_t q_full, Ring ring, int wg, int r
     const WarpgroupRange other = RangeOf(seg, 1 - wg, pos_s, window);
     const int a = mine.a, b = mine.b;
     const WarpgroupTiles w{smem, ring, seg.tile_lo, mine.all_lo, mine.all_hi, scale2, tq};
-    RowState rs;
+    RowState<kD> rs;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const bool in = my_row[i] >= seg.row0 && my_row[i] < seg.row1;
@@ -492,10 +527,10 @@ __device__ void Consume(uint32_t smem, uint32_t q_full, Ring ring, int wg, int r
       rs.l[i] = 0.0f;
     }
 #pragma unroll
-    for (int i = 0; i < 64; ++i) rs.o[i] = 0.0f;
+    for (int i = 0; i < kD / 2; ++i) rs.o[i] = 0.0f;
 
     for (int it = 0; it < a; ++it) w.Skip(ring.n + it);
-    if (a < b) AttendTiles<T>(w, rs, wg, ring.n, a, b, Turns{a == other.a && b == other.b, wg});
+    if (a < b) AttendTiles<T, kD>(w, rs, wg, ring.n, a, b, Turns{a == other.a && b == other.b, wg});
     for (int it = max(a, b); it < seg.n_tiles; ++it) w.Skip(ring.n + it);
     ring.n += seg.n_tiles;
 
@@ -517,8 +552,8 @@ __device__ void Consume(uint32_t smem, uint32_t q_full, Ring ring, int wg, int r
   }
 }
 
-// grid (num_heads, ceil(rows / kRows)), kThreads threads.
-template <typename T>
+// grid (num_heads, ceil(rows / kRows)), kThreads threads; kD: head_dim.
+template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillAttentionSm90Kernel(const __grid_constant__ CUtensorMap q_map,
                                const __grid_constant__ CUtensorMap k_map,
@@ -562,13 +597,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp >= kConsumerWarps) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     if (threadIdx.x == kConsumerWarps * 32) {
-      Produce(&q_map, &k_map, &v_map, smem, q_full, ring, row0, n_rows, h, kvh, num_kv_heads,
-              pos_s, slot_s, window);
+      Produce<kD>(&q_map, &k_map, &v_map, smem, q_full, ring, row0, n_rows, h, kvh, num_kv_heads,
+                  pos_s, slot_s, window);
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
-    Consume<T>(smem, q_full, ring, warp / 4, row0, n_rows, h, out,
-               static_cast<size_t>(num_heads) * kD, pos_s, slot_s, scale * kLog2e, window);
+    Consume<T, kD>(smem, q_full, ring, warp / 4, row0, n_rows, h, out,
+                   static_cast<size_t>(num_heads) * kD, pos_s, slot_s, scale * kLog2e, window);
   }
 #endif
 }
@@ -600,7 +635,8 @@ absl::Status MakeMap(CUtensorMap* map, DType dtype, const void* base, int rank,
                      const cuuint64_t* dims, const cuuint64_t* strides, const char* what) {
   const cuuint32_t box[3] = {kHalfCols, 128, 1}, unit[3] = {1, 1, 1};
   const CUresult r = EncodeTiled()(
-      map, dtype == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+      map,
+      dtype == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
       rank, const_cast<void*>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -611,7 +647,7 @@ absl::Status MakeMap(CUtensorMap* map, DType dtype, const void* base, int rank,
   return absl::OkStatus();
 }
 
-template <typename T>
+template <typename T, int kD>
 absl::Status Launch(DType dtype, const void* q, const void* k_cache, const void* v_cache,
                     const int32_t* positions, const int32_t* slots, void* out, int rows,
                     int num_heads, int num_kv_heads, int seq_capacity,
@@ -629,9 +665,8 @@ absl::Status Launch(DType dtype, const void* q, const void* k_cache, const void*
                                    static_cast<cuuint64_t>(seq_capacity) * kD * sizeof(T)};
   RETURN_IF_ERROR(MakeMap(&k_map, dtype, k_cache, 3, c_dims, c_strides, "the key cache"));
   RETURN_IF_ERROR(MakeMap(&v_map, dtype, v_cache, 3, c_dims, c_strides, "the value cache"));
-  auto* kernel = PrefillAttentionSm90Kernel<T>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  kSmemBytes));
+  auto* kernel = PrefillAttentionSm90Kernel<T, kD>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   const dim3 grid(num_heads, (rows + kRows - 1) / kRows);
   CUDA_CHECK(LaunchKernel(kernel, grid, dim3(kThreads), kSmemBytes, stream, pdl, q_map, k_map,
                           v_map, positions, slots, static_cast<T*>(out), rows, num_heads,
@@ -646,7 +681,9 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 bool PrefillAttentionSm90Usable(int head_dim, const void* q, const void* k_cache,
                                 const void* v_cache) {
-  if (head_dim != kD || !Aligned16(q) || !Aligned16(k_cache) || !Aligned16(v_cache)) return false;
+  if ((head_dim != 64 && head_dim != kMaxD) || !Aligned16(q) || !Aligned16(k_cache) ||
+      !Aligned16(v_cache))
+    return false;
   int device = 0, major = 0, minor = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
@@ -660,12 +697,16 @@ bool PrefillAttentionSm90Usable(int head_dim, const void* q, const void* k_cache
 absl::Status LaunchPrefillAttentionSm90(DType dtype, const void* q, const void* k_cache,
                                         const void* v_cache, const int32_t* positions,
                                         const int32_t* slots, void* out, int rows, int num_heads,
-                                        int num_kv_heads, int seq_capacity,
+                                        int num_kv_heads, int head_dim, int seq_capacity,
                                         const AttentionParams& params, cudaStream_t stream,
                                         bool pdl) {
   TANDEM_DISPATCH_HALF(dtype, {
-    return Launch<T>(dtype, q, k_cache, v_cache, positions, slots, out, rows, num_heads,
-                     num_kv_heads, seq_capacity, params, stream, pdl);
+    if (head_dim == 64) {
+      return Launch<T, 64>(dtype, q, k_cache, v_cache, positions, slots, out, rows, num_heads,
+                           num_kv_heads, seq_capacity, params, stream, pdl);
+    }
+    return Launch<T, kMaxD>(dtype, q, k_cache, v_cache, positions, slots, out, rows, num_heads,
+                            num_kv_heads, seq_capacity, params, stream, pdl);
   });
   return absl::OkStatus();
 }
