@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "common/dtype.h"
 #include "common/utf8.h"
 #include "coordinator/peer_address.h"
 #include "coordinator/request_group.h"
@@ -187,6 +188,9 @@ grpc::Status InferenceService::GetModelInfo(grpc::ServerContext* ctx,
   resp->set_add_bos_token(text.add_bos_token);
   resp->set_has_chat_template(!text.chat_template.empty());
   resp->set_max_length(text.max_length.value_or(0));
+  resp->set_dtype(std::string(TorchDTypeName(m.dtype)));
+  resp->set_max_slots(c_.config().max_slots);
+  resp->set_max_batch(c_.config().max_batch);
   return grpc::Status::OK;
 }
 

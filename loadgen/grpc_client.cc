@@ -1,5 +1,6 @@
 // The sweep's client of tandem's gRPC API: GetModelInfo, Admin.SetTopology, GenerateStream.
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -37,7 +38,24 @@ class GrpcClient final : public LoadClient {
     v1::ModelInfo info;
     grpc::Status s = inference_->GetModelInfo(&ctx, {}, &info);
     if (!s.ok()) return absl::UnavailableError(absl::StrCat("GetModelInfo: ", s.error_message()));
-    return ServedModel{.vocab_size = info.vocab_size(), .context_length = info.context_length()};
+    ServedModel out{.vocab_size = info.vocab_size(),
+                    .context_length = info.context_length(),
+                    .name = std::filesystem::path(info.model_dir()).filename().string(),
+                    .model_dir = info.model_dir(),
+                    .architecture = info.architecture(),
+                    .dtype = info.dtype(),
+                    .num_layers = info.num_layers(),
+                    .max_slots = info.max_slots(),
+                    .max_batch = info.max_batch()};
+    // The topology is the admin's to read: without its key the report goes without it.
+    grpc::ClientContext tctx;
+    tctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::Topology topology;
+    if (admin_->GetTopology(&tctx, {}, &topology).ok()) {
+      out.stages = topology.stages();
+      out.replicas = topology.replicas();
+    }
+    return out;
   }
 
   absl::Status SetTopology(int stages, int replicas) override {

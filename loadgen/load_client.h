@@ -17,6 +17,16 @@ namespace tandem::loadgen {
 struct ServedModel {
   int vocab_size = 0;      // token ids of the generated prompts are below this
   int context_length = 0;  // prompt + output must fit
+  // What the server says of itself, recorded with the results ("" or 0: it did not say).
+  std::string name;  // the model's name (OpenAI's id; over gRPC, its folder's name)
+  std::string model_dir;
+  std::string architecture;
+  std::string dtype;  // the checkpoint's weight type
+  int num_layers = 0;
+  int max_slots = 0;  // KV-cache slots per pipeline: sequences one pipeline runs at once
+  int max_batch = 0;  // sequences in one step
+  int stages = 0;     // the topology that served when the sweep began
+  int replicas = 0;
 };
 
 struct RequestRecord {

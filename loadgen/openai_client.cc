@@ -64,6 +64,7 @@ class OpenAiClient final : public LoadClient {
       if (!grpc.ok()) return grpc.status();
       out = *grpc;
     }
+    out.name = model_;
     if (out.vocab_size <= 0) out.vocab_size = kForeignVocab;
     if (out.context_length <= 0) out.context_length = 1 << 30;  // the server will say
     return out;

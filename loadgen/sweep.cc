@@ -405,6 +405,17 @@ void AddScaling(const SweepOptions& o, std::vector<ConfigResult>& configs) {
 
 }  // namespace
 
+std::string SlotWarning(const ServedModel& server, int batch, int replicas) {
+  const int64_t slots = static_cast<int64_t>(server.max_slots) * replicas;
+  if (server.max_slots <= 0 || batch <= slots) return "";
+  return absl::StrFormat(
+      "batch %d is more than the %d sequences the server runs at once (%d pipeline(s) x %d KV "
+      "slots, the coordinator's --max_slots): the other %d requests wait in its queue, so this "
+      "row measures queueing, not a batch of %d; give the coordinator --max_slots %d",
+      batch, slots, replicas, server.max_slots, batch - slots, batch,
+      (batch + replicas - 1) / replicas);
+}
+
 absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
   if (absl::Status s = ValidateSweepOptions(o); !s.ok()) return s;
   std::unique_ptr<LoadClient> client =
@@ -417,6 +428,7 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
   if (absl::Status s = CheckLengthsFit(o, *info); !s.ok()) return s;
   SweepResult result;
   result.options = o;
+  result.server = *info;
   Progress progress(o.progress);
   Baseline baseline;
   const std::vector<double> loads =
@@ -437,6 +449,12 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
           c.replicas = replicas;
           c.mode = o.mode;
           if (o.mode == "closed") c.batch = static_cast<int>(load);
+          const std::string warning = SlotWarning(*info, c.batch, replicas);
+          if (!warning.empty() && std::find(result.warnings.begin(), result.warnings.end(),
+                                            warning) == result.warnings.end()) {
+            std::fprintf(stderr, "warning: %s\n", warning.c_str());
+            result.warnings.push_back(warning);
+          }
           if (o.mode == "open") c.rate = load;
           c.prompt_len = prompt_len;
           c.output_len = output_len;

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
 #include "common/security/credentials.h"
+#include "loadgen/load_client.h"
 
 namespace tandem::loadgen {
 
@@ -88,9 +89,16 @@ struct ConfigResult {
 
 struct SweepResult {
   SweepOptions options;
+  ServedModel server;  // the model and the server's settings, as it told them at the start
   std::vector<ConfigResult> configs;
   bool all_correct = true;
+  std::vector<std::string> warnings;  // about what the figures mean (e.g. a batch above the slots)
 };
+
+// A warning when a closed-loop `batch` is more than the sequences `replicas` pipelines of `server`
+// run at once: the rest wait in the queue, so the row measures queueing as much as the batch.
+// "" otherwise, or when the server did not say its slots.
+std::string SlotWarning(const ServedModel& server, int batch, int replicas);
 
 // p-th percentile (0..100, linear interpolation) of `v`; 0 for an empty vector.
 double Percentile(std::vector<double> v, double p);

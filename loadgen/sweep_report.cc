@@ -66,6 +66,19 @@ nlohmann::json Json(const SweepResult& r) {
                   {"output_lens", o.output_lens}, {"requests", o.requests},
                   {"scaling", o.weak_scaling ? "weak" : "strong"}, {"warmup", o.warmup},
                   {"prompt_pool", o.prompt_pool}, {"seed", o.seed}};
+  const ServedModel& m = r.server;
+  j["server"] = {{"model", m.name},
+                 {"model_dir", m.model_dir},
+                 {"architecture", m.architecture},
+                 {"dtype", m.dtype},
+                 {"num_layers", m.num_layers},
+                 {"context_length", m.context_length},
+                 {"vocab_size", m.vocab_size},
+                 {"max_slots", m.max_slots},
+                 {"max_batch", m.max_batch},
+                 {"stages", m.stages},
+                 {"replicas", m.replicas}};
+  j["warnings"] = r.warnings;
   j["all_correct"] = r.all_correct;
   j["configs"] = nlohmann::json::array();
   for (const ConfigResult& c : r.configs) {
@@ -109,6 +122,15 @@ std::string Markdown(const SweepResult& r) {
           o.mode, o.weak_scaling ? "weak" : "strong", o.requests, o.warmup,
           absl::StrJoin(o.nodes, ","), o.data_parallel ? "replicas" : "pipeline stages", baseline,
           r.all_correct ? "pass" : "FAIL"));
+  const ServedModel& m = r.server;
+  if (!m.name.empty() || !m.model_dir.empty()) {
+    absl::StrAppend(&md, absl::StrFormat(
+        "Server: model %s (%s, %s, %d layers, weights %s), %d KV slots per pipeline, steps of up "
+        "to %d sequences; %d stage(s) x %d replica(s) when the sweep began.\n\n",
+        m.name, m.model_dir, m.architecture, m.num_layers, m.dtype, m.max_slots, m.max_batch,
+        m.stages, m.replicas));
+  }
+  for (const std::string& w : r.warnings) absl::StrAppend(&md, "**Warning:** ", w, ".\n\n");
   bool gpu = false;
   for (const ConfigResult& c : r.configs) gpu |= c.has_gpu;
   if (!r.all_correct && gpu) {
@@ -248,6 +270,24 @@ absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
     read.Get(*oj, "seed", &o.seed);
     o.weak_scaling = scaling == "weak";
   }
+  // Run folders from before the server's settings were recorded have neither field.
+  if (j.contains("server")) {
+    if (const nlohmann::json* sj = read.Object(j, "server")) {
+      ServedModel& m = r.server;
+      read.Get(*sj, "model", &m.name);
+      read.Get(*sj, "model_dir", &m.model_dir);
+      read.Get(*sj, "architecture", &m.architecture);
+      read.Get(*sj, "dtype", &m.dtype);
+      read.Get(*sj, "num_layers", &m.num_layers);
+      read.Get(*sj, "context_length", &m.context_length);
+      read.Get(*sj, "vocab_size", &m.vocab_size);
+      read.Get(*sj, "max_slots", &m.max_slots);
+      read.Get(*sj, "max_batch", &m.max_batch);
+      read.Get(*sj, "stages", &m.stages);
+      read.Get(*sj, "replicas", &m.replicas);
+    }
+  }
+  if (j.contains("warnings")) read.Get(j, "warnings", &r.warnings);
   read.Get(j, "all_correct", &r.all_correct);
   nlohmann::json configs;
   read.Get(j, "configs", &configs);

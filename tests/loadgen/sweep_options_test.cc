@@ -68,6 +68,19 @@ TEST(SweepOptionsTest, EachBadFieldIsNamed) {
   }
 }
 
+TEST(SlotWarningTest, WarnsOnlyForABatchAboveEveryPipelinesSlots) {
+  ServedModel server;
+  server.max_slots = 16;
+  const std::string w = SlotWarning(server, 32, 1);
+  EXPECT_THAT(w, HasSubstr("batch 32 is more than the 16 sequences"));
+  EXPECT_THAT(w, HasSubstr("--max_slots 32"));
+  EXPECT_EQ(SlotWarning(server, 16, 1), "");  // exactly the slots: every request runs
+  EXPECT_EQ(SlotWarning(server, 32, 2), "");  // two pipelines of 16
+  EXPECT_THAT(SlotWarning(server, 33, 2), HasSubstr("the other 1 requests wait"));
+  server.max_slots = 0;  // a server that did not say
+  EXPECT_EQ(SlotWarning(server, 1000, 1), "");
+}
+
 TEST(PercentileTest, InterpolatesBetweenRanks) {
   EXPECT_EQ(Percentile({}, 50), 0);
   EXPECT_EQ(Percentile({7}, 99), 7);

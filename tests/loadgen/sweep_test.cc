@@ -35,7 +35,7 @@ TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
 
   absl::StatusOr<std::unique_ptr<Cluster>> cluster =
       Cluster::Start({.model_dir = dir / "model", .workers = 2, .stages = 1, .replicas = 1,
-                      .coordinator_flags = {"--metrics_address=127.0.0.1:0"}});
+                      .coordinator_flags = {"--metrics_address=127.0.0.1:0", "--max_slots=4"}});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   std::vector<std::string> workers;
   for (int i = 0; i < 2; ++i) {
@@ -85,9 +85,26 @@ TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
     }
   }
 
+  // The server's settings and the model, and a warning for batch 8 on 4 KV slots (the rows of
+  // batch 8 measure its queue).
+  const nlohmann::json& server = j["server"];
+  EXPECT_EQ(server["model"], "model");
+  EXPECT_EQ(server["model_dir"], (dir / "model").string());
+  EXPECT_EQ(server["architecture"], "gpt2");
+  EXPECT_EQ(server["dtype"], "float32");
+  EXPECT_EQ(server["max_slots"], 4);
+  EXPECT_EQ(server["max_batch"], 16);
+  EXPECT_EQ(server["stages"], 1);
+  EXPECT_EQ(server["replicas"], 1);
+  ASSERT_EQ(j["warnings"].size(), 1u) << j["warnings"].dump();
+  EXPECT_THAT(j["warnings"][0].get<std::string>(), HasSubstr("batch 8 is more than the 4"));
+  EXPECT_THAT(ReadFile(dir / "loadgen.log"), HasSubstr("warning: batch 8 is more than the 4"));
+
   const std::string md = ReadFile(run / "summary.md");
   EXPECT_THAT(md, HasSubstr("| nodes | batch |"));
   EXPECT_THAT(md, HasSubstr("**pass**"));
+  EXPECT_THAT(md, HasSubstr("4 KV slots per pipeline"));
+  EXPECT_THAT(md, HasSubstr("**Warning:** batch 8"));
 
   for (const char* png : {"throughput_vs_batch.png", "latency_vs_batch.png",
                           "speedup_vs_nodes.png", "efficiency_vs_nodes.png", "compute_comm.png"}) {
