@@ -124,81 +124,73 @@ class PinnedBuffer {
   size_t size_ = 0;
 };
 
-class Stream {
+// Owns one handle of a CUDA library (a stream, an event, a cuBLAS handle, a graph) and releases
+// it with `Destroy` when it goes or takes another; null: none. Creating it is the owner's business
+// (put() hands the create call the place to write to).
+template <typename T, auto Destroy>
+class CudaHandle {
  public:
-  Stream() = default;
-  ~Stream() { if (s_ != nullptr) cudaStreamDestroy(s_); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  absl::Status Create() {
-    CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
-    return absl::OkStatus();
+  CudaHandle() = default;
+  explicit CudaHandle(T handle) : h_(handle) {}
+  ~CudaHandle() { Reset(); }
+  CudaHandle(const CudaHandle&) = delete;
+  CudaHandle& operator=(const CudaHandle&) = delete;
+  CudaHandle(CudaHandle&& other) noexcept : h_(std::exchange(other.h_, nullptr)) {}
+  CudaHandle& operator=(CudaHandle&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      h_ = std::exchange(other.h_, nullptr);
+    }
+    return *this;
   }
-  cudaStream_t get() const { return s_; }
+  T get() const { return h_; }
+  // Releases the handle held, if any, and returns where a create call writes the new one.
+  T* put() {
+    Reset();
+    return &h_;
+  }
+  void Reset() {
+    if (h_ != nullptr) (void)Destroy(h_);
+    h_ = nullptr;
+  }
 
  private:
-  cudaStream_t s_ = nullptr;
+  T h_ = nullptr;
 };
 
-class Event {
+class Stream : public CudaHandle<cudaStream_t, cudaStreamDestroy> {
  public:
-  Event() = default;
-  ~Event() { if (e_ != nullptr) cudaEventDestroy(e_); }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
   absl::Status Create() {
-    CUDA_CHECK(cudaEventCreate(&e_));
+    CUDA_CHECK(cudaStreamCreateWithFlags(put(), cudaStreamNonBlocking));
     return absl::OkStatus();
   }
-  cudaEvent_t get() const { return e_; }
-
- private:
-  cudaEvent_t e_ = nullptr;
 };
 
-class CublasHandle {
+class Event : public CudaHandle<cudaEvent_t, cudaEventDestroy> {
  public:
-  CublasHandle() = default;
-  ~CublasHandle() { if (h_ != nullptr) cublasDestroy(h_); }
-  CublasHandle(const CublasHandle&) = delete;
-  CublasHandle& operator=(const CublasHandle&) = delete;
   absl::Status Create() {
-    CUBLAS_CHECK(cublasCreate(&h_));
+    CUDA_CHECK(cudaEventCreate(put()));
     return absl::OkStatus();
   }
-  cublasHandle_t get() const { return h_; }
+};
 
- private:
-  cublasHandle_t h_ = nullptr;
+class CublasHandle : public CudaHandle<cublasHandle_t, cublasDestroy> {
+ public:
+  absl::Status Create() {
+    CUBLAS_CHECK(cublasCreate(put()));
+    return absl::OkStatus();
+  }
 };
 
 // An instantiated CUDA graph (the captured graph itself is dropped once instantiated).
-class GraphExec {
+class GraphExec : public CudaHandle<cudaGraphExec_t, cudaGraphExecDestroy> {
  public:
-  GraphExec() = default;
-  ~GraphExec() { if (g_ != nullptr) cudaGraphExecDestroy(g_); }
-  GraphExec(const GraphExec&) = delete;
-  GraphExec& operator=(const GraphExec&) = delete;
   absl::Status Instantiate(cudaGraph_t graph) {
-    CUDA_CHECK(cudaGraphInstantiate(&g_, graph, 0));
+    CUDA_CHECK(cudaGraphInstantiate(put(), graph, 0));
     return absl::OkStatus();
   }
-  cudaGraphExec_t get() const { return g_; }
-
- private:
-  cudaGraphExec_t g_ = nullptr;
 };
 
-class Graph {
- public:
-  explicit Graph(cudaGraph_t g = nullptr) : g_(g) {}
-  ~Graph() { if (g_ != nullptr) cudaGraphDestroy(g_); }
-  Graph(const Graph&) = delete;
-  Graph& operator=(const Graph&) = delete;
-  cudaGraph_t get() const { return g_; }
-
- private:
-  cudaGraph_t g_ = nullptr;
-};
+using Graph = CudaHandle<cudaGraph_t, cudaGraphDestroy>;
 
 }  // namespace tandem::cuda
