@@ -6,12 +6,16 @@
 #include <atomic>
 #include <filesystem>
 #include <future>
+#include <regex>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/httplib.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/integration/cluster.h"
 #include "tools/model_generator.h"
 #include "worker/cpu/cpu_stage.h"
@@ -50,11 +54,14 @@ class ServiceTest : public ::testing::Test {
     std::filesystem::remove_all(ModelDir(), ec);
   }
 
+  // `default_heartbeats`: the coordinator's own heartbeat settings (what README's claims are
+  // about) instead of the short ones of the tests.
   std::unique_ptr<Cluster> StartCluster(int workers, int stages, int replicas,
-                                        std::vector<std::string> flags = {}) {
+                                        std::vector<std::string> flags = {},
+                                        bool default_heartbeats = false) {
     absl::StatusOr<std::unique_ptr<Cluster>> c = Cluster::Start(
         {.model_dir = ModelDir(), .workers = workers, .stages = stages, .replicas = replicas,
-         .coordinator_flags = std::move(flags)});
+         .coordinator_flags = std::move(flags), .default_heartbeats = default_heartbeats});
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? *std::move(c) : nullptr;
   }
@@ -259,7 +266,7 @@ TEST_F(ServiceTest, TopologyNeedingMoreWorkersThanRegisteredIsRefused) {
 
 TEST_F(ServiceTest, KilledWorkerFailsOnlyItsPipelineAndServiceRecovers) {
   // Two replicas of one stage plus a spare worker for the re-plan.
-  auto cluster = StartCluster(3, 1, 2);
+  auto cluster = StartCluster(3, 1, 2, {}, /*default_heartbeats=*/true);
   ASSERT_NE(cluster, nullptr);
   grpc::ClientContext tctx;
   v1::Topology topo;
@@ -322,17 +329,26 @@ TEST_F(ServiceTest, KilledWorkerFailsOnlyItsPipelineAndServiceRecovers) {
 }
 
 TEST_F(ServiceTest, KilledStageWorkerReplansOntoRemainingWorker) {
-  auto cluster = StartCluster(2, 2, 1);
+  auto cluster = StartCluster(2, 2, 1, {}, /*default_heartbeats=*/true);
   ASSERT_NE(cluster, nullptr);
   Case c{.prompt = {1, 2, 3}, .max_new_tokens = 1000, .sampling = {}};
+  std::promise<void> first_token;
   auto f = std::async(std::launch::async, [&] {
     grpc::ClientContext ctx;
     v1::GenerateRequest req = ToRequest(c);
     req.set_ignore_eos(true);
-    v1::GenerateResponse resp;
-    return cluster->inference().Generate(&ctx, req, &resp);
+    auto reader = cluster->inference().GenerateStream(&ctx, req);
+    v1::GenerateStreamResponse msg;
+    bool told = false;
+    while (reader->Read(&msg)) {
+      if (!told && msg.token_ids_size() > 0) first_token.set_value();
+      told |= msg.token_ids_size() > 0;
+    }
+    if (!told) first_token.set_value();
+    return reader->Finish();
   });
-  absl::SleepFor(absl::Milliseconds(100));
+  // Killed mid-generation: once a token has streamed, both stages hold the sequence.
+  first_token.get_future().wait();
   const absl::Time killed = absl::Now();
   cluster->worker(1).Kill(SIGKILL);
   grpc::Status s = f.get();
@@ -621,6 +637,81 @@ TEST_F(ServiceTest, TextPromptStreamsTextAndStopsAtStopString) {
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(cut.finish_reason(), v1::FINISH_REASON_STOP);
   EXPECT_EQ(cut.text(), full.text().substr(0, at));
+
+  // Streamed, with a stop string that never comes listed first: the pieces add up to the same
+  // cut text, and none of them shows the stop string.
+  req.clear_stop();
+  req.add_stop("<<a stop string this text never holds>>");
+  req.add_stop(stop);
+  grpc::ClientContext ctx3;
+  auto reader = cluster->inference().GenerateStream(&ctx3, req);
+  std::string streamed;
+  v1::GenerateStreamResponse msg;
+  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+  while (reader->Read(&msg)) {
+    streamed += msg.text();
+    if (msg.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) finish = msg.finish_reason();
+  }
+  s = reader->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(finish, v1::FINISH_REASON_STOP);
+  EXPECT_EQ(streamed, full.text().substr(0, at));
+}
+
+// Text of the first choice of an OpenAI completion answer, whole or streamed as server-sent
+// events (the pieces of every "data:" event joined); `finish` gets its finish_reason.
+std::string CompletionText(const std::string& body, bool streamed, std::string* finish) {
+  std::vector<nlohmann::json> events;
+  if (!streamed) events.push_back(nlohmann::json::parse(body, nullptr, false));
+  std::istringstream lines(body);
+  for (std::string line; streamed && std::getline(lines, line);) {
+    if (line.rfind("data: {", 0) == 0) {
+      events.push_back(nlohmann::json::parse(line.substr(6), nullptr, false));
+    }
+  }
+  std::string text;
+  for (const nlohmann::json& e : events) {
+    if (!e.is_object() || !e.contains("choices") || e["choices"].empty()) continue;
+    const nlohmann::json& choice = e["choices"][0];
+    text += choice.value("text", "");
+    if (choice.contains("finish_reason") && choice["finish_reason"].is_string()) {
+      *finish = choice["finish_reason"].get<std::string>();
+    }
+  }
+  return text;
+}
+
+TEST_F(ServiceTest, HttpStreamEndsBeforeTheStopString) {
+  auto cluster = StartCluster(1, 1, 1, {"--http_listen=127.0.0.1:0"});
+  ASSERT_NE(cluster, nullptr);
+  std::smatch m;
+  const std::string logs = cluster->Logs();
+  ASSERT_TRUE(std::regex_search(logs, m, std::regex("http on port ([0-9]+)"))) << logs;
+  httplib::Client http("127.0.0.1", std::stoi(m[1].str()));
+  http.set_read_timeout(120);
+  // As in the gRPC test above: seeded text with ASCII in it, and a stop string taken from there.
+  nlohmann::json body = {
+      {"prompt", "Hello, tandem"}, {"max_tokens", 24}, {"temperature", 2.0}, {"ignore_eos", true}};
+  std::string full, finish;
+  size_t from = 0;
+  for (int seed = 1; seed <= 20; ++seed) {
+    body["seed"] = seed;
+    httplib::Result r = http.Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r && r->status == 200) << (r ? r->body : httplib::to_string(r.error()));
+    full = CompletionText(r->body, false, &finish);
+    from = 1;
+    while (from < full.size() && static_cast<unsigned char>(full[from]) >= 0x80) ++from;
+    if (from < full.size()) break;
+  }
+  ASSERT_LT(from, full.size()) << "no ASCII in the generated text";
+  const std::string stop = full.substr(from, 1);
+  body["stop"] = {"<<a stop string this text never holds>>", stop};
+  body["stream"] = true;
+  httplib::Result r = http.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r && r->status == 200) << (r ? r->body : httplib::to_string(r.error()));
+  finish.clear();
+  EXPECT_EQ(CompletionText(r->body, true, &finish), full.substr(0, full.find(stop))) << r->body;
+  EXPECT_EQ(finish, "stop");
 }
 
 }  // namespace
