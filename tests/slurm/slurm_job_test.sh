@@ -91,10 +91,22 @@ wait_job() {
   return 1
 }
 
-# Our processes: the binaries of this build, the worker task wrapper, and the batch scripts that
-# the slurmd of this cluster runs from its spool folder.
+# The job's own processes, whatever else runs on this machine (another tandem, another job):
+# those whose environment holds SLURM_JOB_ID of one of `job_ids` (the job and, for a
+# heterogeneous job, its components) and this cluster's SLURM_CONF. slurmd puts both into every
+# process of a job: the batch script, the steps, and what they start. One "PID COMMAND" line each.
+job_ids=()
 our_processes() {
-  pgrep -af "$bin_dir/tandem-|$slurm_dir/lib.sh|$cluster_dir/spool" | grep -v pgrep || true
+  [ ${#job_ids[@]} -gt 0 ] || fail "our_processes: the job's ids are not known yet"
+  local ids env pid
+  ids=$(IFS='|'; echo "${job_ids[*]}")
+  for pid in $(ls /proc | grep -E '^[0-9]+$'); do
+    [ "$pid" = $$ ] || [ "$pid" = "$BASHPID" ] && continue
+    env=$(tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ") || continue
+    grep -qxE "SLURM_JOB_ID=($ids)" <<<"$env" && grep -qxF "SLURM_CONF=$SLURM_CONF" <<<"$env" ||
+      continue
+    echo "$pid $(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline")"
+  done
 }
 
 # The single-process reference: one coordinator and one worker holding every layer, outside Slurm.
@@ -196,7 +208,10 @@ case "$mode" in
       sleep 1
     done
     [ -s "$work/run/busy" ] || fail "the workload did not start within 180 s"
-    [ -n "$(our_processes)" ] || fail "no process of the job found while it runs (pgrep pattern wrong?)"
+    job_ids=($(scontrol show job "$job_id" | sed -n 's/^JobId=\([0-9]*\).*/\1/p'))
+    procs=$(our_processes)
+    grep -q tandem-coordinator <<<"$procs" && grep -q tandem-worker <<<"$procs" ||
+      fail "the job's coordinator and workers are not among its processes while it runs: $procs"
     echo "workload running; processes: $(our_processes | wc -l)"
     # Every /metrics target the job lists for Prometheus answers with tandem's metrics.
     python3 - "$work/run/prometheus-targets.json" <<'EOF' ||
