@@ -10,7 +10,9 @@
 #include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/checked_math.h"
 #include "common/metrics.h"
+#include "common/status_macros.h"
 #include "common/thread_name.h"
 #include "coordinator/step_proto.h"
 #include "spdlog/spdlog.h"
@@ -19,6 +21,18 @@ namespace tandem {
 namespace {
 
 constexpr int kMaxMessageBytes = 512 << 20;
+
+// The most workers one topology may ask for: stages x replicas is formed as an int.
+constexpr int kMaxTopologyWorkers = 1 << 16;
+
+absl::Status CheckTopologySize(int stages, int replicas) {
+  if (!CheckedProduct({stages, replicas}, kMaxTopologyWorkers)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "stages x replicas: %d x %d is more than the %d workers a topology may have", stages,
+        replicas, kMaxTopologyWorkers));
+  }
+  return absl::OkStatus();
+}
 // A stage may load gigabytes from disk before it answers AssignStage.
 constexpr absl::Duration kAssignTimeout = absl::Seconds(300);
 
@@ -68,6 +82,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
   c->limits_.eos_token_ids = c->text_config_.eos_token_ids;
   c->limits_.eos_token_id =
       c->limits_.eos_token_ids.empty() ? model->eos_token_id : c->limits_.eos_token_ids.front();
+  RETURN_IF_ERROR(CheckTopologySize(config.stages, config.replicas));
   if (config.stages > model->num_layers) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "config: stages (%d) exceeds the model's %d layers", config.stages, model->num_layers));
@@ -648,13 +663,15 @@ absl::StatusOr<v1::Topology> Coordinator::SetTopology(int stages, int replicas) 
     return absl::InvalidArgumentError(
         absl::StrFormat("replicas: must be >= 1, got %d", replicas));
   }
+  RETURN_IF_ERROR(CheckTopologySize(stages, replicas));
+  const int needed = stages * replicas;  // at most kMaxTopologyWorkers
   {
     absl::MutexLock lock(&mu_);
     const int usable = UsableWorkers();
-    if (stages * replicas > usable) {
+    if (needed > usable) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "%d stages x %d replicas needs %d workers; %d are registered and up", stages, replicas,
-          stages * replicas, usable));
+          needed, usable));
     }
     spdlog::info("topology change: {} stage(s) x {} replica(s)", stages, replicas);
     wanted_stages_ = effective_stages_ = stages;

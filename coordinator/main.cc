@@ -161,7 +161,9 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(config.listen, *server_credentials, &port);
-  builder.SetMaxReceiveMessageSize(64 << 20);
+  // Sized from the largest legal request (prompt bytes, token ids, stop strings).
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<int64_t>(tandem::MaxRequestBytes((*coordinator)->limits()), INT32_MAX)));
   builder.RegisterService(&inference);
   builder.RegisterService(&admin);
   builder.RegisterService(&registry);

@@ -284,8 +284,8 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), access->server_credentials, &port);
-  builder.SetMaxReceiveMessageSize(-1);
-  builder.SetMaxSendMessageSize(-1);
+  // The largest message is a step's activations on StageLink (AssignStage keeps steps within).
+  builder.SetMaxReceiveMessageSize(static_cast<int>(tandem::kMaxStageMessageBytes));
   builder.RegisterService(&worker);
   builder.RegisterService(&link);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
