@@ -137,13 +137,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o)
       worker_argv.insert(worker_argv.end(), o.flags_of_worker[i].begin(),
                          o.flags_of_worker[i].end());
     }
-    absl::StatusOr<std::unique_ptr<Process>> w =
-        Process::Start(worker_argv, c->dir_ / absl::StrFormat("worker-%d.log", i));
-    if (!w.ok()) return w.status();
-    c->workers_.push_back(*std::move(w));
-    absl::StatusOr<int> wp = c->workers_.back()->WaitForPort();
-    if (!wp.ok()) return wp.status();
-    c->worker_ports_.push_back(*wp);
+    c->worker_argv_.push_back(std::move(worker_argv));
+    c->workers_.emplace_back();
+    c->worker_ports_.push_back(0);
+    if (absl::Status s = c->StartWorker(i, absl::StrFormat("worker-%d.log", i)); !s.ok()) return s;
   }
   c->channel_ = MakeChannel(c->address_, o.inference_auth);
   c->inference_ = v1::Inference::NewStub(c->channel_);
@@ -162,6 +159,22 @@ absl::Status Cluster::KillAndRestartCoordinator() {
   if (!coord.ok()) return coord.status();
   coordinator_ = *std::move(coord);
   return coordinator_->WaitForPort().status();
+}
+
+absl::Status Cluster::StartWorker(int i, const std::string& log_name) {
+  absl::StatusOr<std::unique_ptr<Process>> worker =
+      Process::Start(worker_argv_[i], dir_ / log_name);
+  if (!worker.ok()) return worker.status();
+  workers_[i] = *std::move(worker);
+  absl::StatusOr<int> port = workers_[i]->WaitForPort();
+  if (!port.ok()) return port.status();
+  worker_ports_[i] = *port;
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::RestartWorker(int i) {
+  workers_[i]->Kill(SIGKILL);
+  return StartWorker(i, absl::StrFormat("worker-%d-%d.log", i, ++worker_starts_));
 }
 
 Cluster::~Cluster() {

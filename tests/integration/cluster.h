@@ -75,6 +75,10 @@ class Cluster {
   // Kills the coordinator (SIGKILL) and starts it again with the same flags on the same port;
   // returns once it listens (the workers find it on their own).
   absl::Status KillAndRestartCoordinator();
+  // Kills worker i (SIGKILL, if it still runs) and starts it again with the same flags; it listens
+  // on a new port (worker_port(i)) and registers as a new worker. Returns once it listens.
+  absl::Status RestartWorker(int i);
+  pid_t coordinator_pid() const { return coordinator_->pid(); }
   std::string address() const { return address_; }
   v1::Inference::Stub& inference() { return *inference_; }
   v1::Admin::Stub& admin() { return *admin_; }
@@ -89,7 +93,12 @@ class Cluster {
   std::unique_ptr<Process> coordinator_;
   std::vector<std::string> coordinator_argv_;
   int coordinator_starts_ = 0;
+  // Starts worker i from worker_argv_[i], logging to `log_name`, and waits until it listens.
+  absl::Status StartWorker(int i, const std::string& log_name);
+
   std::vector<std::unique_ptr<Process>> workers_;
+  std::vector<std::vector<std::string>> worker_argv_;
+  int worker_starts_ = 0;
   std::vector<int> worker_ports_;
   std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
