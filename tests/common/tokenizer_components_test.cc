@@ -2,6 +2,7 @@
 // added tokens, post-processor, decoder), each against what Hugging Face's tokenizers does with
 // the same tokenizer.json section, and the refusal of what is not implemented.
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -211,7 +212,11 @@ TEST(TokenizerBpe, SubwordPrefixAndWordSuffix) {
 
 // Added tokens.
 
-AddedVocabulary Added(json list, const Normalizer* normalizer = nullptr) {
+// The tokens as a list: an initializer list, since a braced single json would be copied, not
+// wrapped in an array, by some compilers (clang).
+AddedVocabulary Added(std::initializer_list<json> tokens, const Normalizer* normalizer = nullptr) {
+  json list = json::array();
+  for (const json& token : tokens) list.push_back(token);
   auto v = AddedVocabulary::FromJson(list, "tokenizer.json", normalizer);
   EXPECT_TRUE(v.ok()) << v.status();
   return v.ok() ? std::move(*v) : AddedVocabulary();
