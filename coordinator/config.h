@@ -22,6 +22,7 @@ struct CoordinatorConfig {
   int micro_batches = 0;                  // steps in flight per pipeline; 0: = stages
   int max_waiting = 64;                   // waiting queue bound; beyond it: RESOURCE_EXHAUSTED
   int prefill_chunk = 512;                // prompt tokens per sequence per step
+  int prefill_budget = 0;                 // prompt tokens per step, all sequences; 0: no bound
   bool decode_ahead = true;               // one stage: the next decode step sent while one runs
   int heartbeat_interval_ms = 1000;       // told to workers when they register
   // A silent worker is down after this: ten beats, so that a busy host's scheduling delays are

@@ -91,6 +91,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
                            .max_slots = config.max_slots,
                            .max_batch = config.max_batch,
                            .prefill_chunk = config.prefill_chunk,
+                           .prefill_budget = config.prefill_budget,
                            .micro_batches = config.micro_batches,
                            .decode_ahead = config.decode_ahead,
                            .vocab_size = c->limits_.vocab_size,

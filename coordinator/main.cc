@@ -34,6 +34,8 @@ ABSL_FLAG(std::optional<int>, max_seq_len, std::nullopt, "KV-cache positions per
 ABSL_FLAG(std::optional<int>, micro_batches, std::nullopt, "steps in flight per pipeline (0: stages)");
 ABSL_FLAG(std::optional<int>, max_waiting, std::nullopt, "waiting queue bound");
 ABSL_FLAG(std::optional<int>, prefill_chunk, std::nullopt, "prompt tokens per sequence per step");
+ABSL_FLAG(std::optional<int>, prefill_budget, std::nullopt,
+          "prompt tokens per step across its sequences (0: no bound)");
 ABSL_FLAG(std::optional<bool>, decode_ahead, std::nullopt,
           "one-stage pipelines: send a sequence's next decode step while the step before runs");
 ABSL_FLAG(std::optional<int>, heartbeat_interval_ms, std::nullopt,
@@ -95,6 +97,7 @@ int main(int argc, char** argv) {
   if (auto v = absl::GetFlag(FLAGS_micro_batches)) config.micro_batches = *v;
   if (auto v = absl::GetFlag(FLAGS_max_waiting)) config.max_waiting = *v;
   if (auto v = absl::GetFlag(FLAGS_prefill_chunk)) config.prefill_chunk = *v;
+  if (auto v = absl::GetFlag(FLAGS_prefill_budget)) config.prefill_budget = *v;
   if (auto v = absl::GetFlag(FLAGS_decode_ahead)) config.decode_ahead = *v;
   if (auto v = absl::GetFlag(FLAGS_heartbeat_interval_ms)) config.heartbeat_interval_ms = *v;
   if (auto v = absl::GetFlag(FLAGS_heartbeat_timeout_ms)) config.heartbeat_timeout_ms = *v;

@@ -2,6 +2,7 @@
 #include "coordinator/scheduler.h"
 
 #include <algorithm>
+#include <climits>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -148,7 +149,12 @@ bool Scheduler::Ready(const Sequence& seq, int stages) const {
          !rq.sampling.has_penalties() && rq.prompt_logprobs < 0 && !EndsByLength(seq);
 }
 
-Scheduler::StepEntry Scheduler::AddRow(Sequence& seq, StepDescriptor& step) {
+int Scheduler::PromptTokens(const Sequence& seq) const {
+  if (seq.in_flight > 0 || !seq.generated.empty()) return 0;
+  return std::min(static_cast<int>(seq.pending.size()), options_.prefill_chunk);
+}
+
+Scheduler::StepEntry Scheduler::AddRow(Sequence& seq, StepDescriptor& step, int max_tokens) {
   if (seq.in_flight > 0) {
     step.seqs.push_back(RowOf(seq, 1, true));
     step.tokens.push_back(kPreviousSample);
@@ -156,7 +162,7 @@ Scheduler::StepEntry Scheduler::AddRow(Sequence& seq, StepDescriptor& step) {
     seq.position += 1;
   } else {
     const int pending = static_cast<int>(seq.pending.size());
-    const int nt = std::min(pending, options_.prefill_chunk);
+    const int nt = std::min({pending, options_.prefill_chunk, max_tokens});
     step.seqs.push_back(RowOf(seq, nt, nt == pending));
     step.tokens.insert(step.tokens.end(), seq.pending.begin(), seq.pending.begin() + nt);
     seq.pending.erase(seq.pending.begin(), seq.pending.begin() + nt);
@@ -186,21 +192,36 @@ std::vector<StepDescriptor> Scheduler::FormSteps(int id) {
     std::stable_partition(ready.begin(), ready.end(),
                           [](const Sequence* s) { return s->in_flight == 0; });
     int free = std::min(lanes, limit - static_cast<int>(p.inflight.size()));
-    size_t i = 0;
-    while (free > 0 && i < ready.size()) {
-      const int left = static_cast<int>(ready.size() - i);
-      const int n = std::min(options_.max_batch, (left + free - 1) / free);
-      StepDescriptor step;
-      step.id = p.next_step++;
-      std::vector<StepEntry> entries;
-      for (int k = 0; k < n; ++k) entries.push_back(AddRow(*ready[i++], step));
-      p.inflight.emplace(step.id, std::move(entries));
-      if (metrics_ != nullptr) metrics_->batch_size.Observe(n);
-      out.push_back(std::move(step));
+    while (free > 0 && !ready.empty()) {
+      const int left = static_cast<int>(ready.size());
+      out.push_back(FormStep(p, ready, std::min(options_.max_batch, (left + free - 1) / free)));
       --free;
     }
   }
   return out;
+}
+
+StepDescriptor Scheduler::FormStep(Pipeline& p, std::vector<Sequence*>& ready, int n) {
+  StepDescriptor step;
+  step.id = p.next_step++;
+  int budget = options_.prefill_budget > 0 ? options_.prefill_budget : INT_MAX;
+  std::vector<StepEntry> entries;
+  // The first of `ready` always fits (the budget is at least one token), so no step is empty.
+  for (auto it = ready.begin(); it != ready.end() && static_cast<int>(entries.size()) < n;) {
+    const bool prompt = PromptTokens(**it) > 0;
+    if (prompt && budget == 0) {
+      ++it;
+      continue;
+    }
+    entries.push_back(AddRow(**it, step, prompt ? budget : INT_MAX));
+    if (prompt) budget -= step.seqs.back().num_tokens;
+    it = ready.erase(it);
+  }
+  if (metrics_ != nullptr && !entries.empty()) {
+    metrics_->batch_size.Observe(static_cast<double>(entries.size()));
+  }
+  p.inflight.emplace(step.id, std::move(entries));
+  return step;
 }
 
 // ---------------------------------------------------------------------------------------------

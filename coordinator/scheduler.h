@@ -35,6 +35,9 @@ struct SchedulerOptions {
   int max_slots = 16;       // KV slots (concurrent sequences) per pipeline
   int max_batch = 16;       // sequences per step
   int prefill_chunk = 512;  // prompt tokens per sequence per step
+  // Prompt tokens per step across all of its sequences; 0: no bound. Decodes always go; prompts
+  // fill what is left, oldest first, the last one that fits in part fed in a chunk of that size.
+  int prefill_budget = 0;
   int micro_batches = 0;    // steps in flight per pipeline; at least one per stage
   // A one-stage pipeline gets a sequence's next decode step while the step that samples its input
   // runs (the row feeds kPreviousSample), so that the stage never waits for the round trip to the
@@ -82,7 +85,9 @@ class Scheduler {
   // step already, at most max(micro_batches, stages) steps in flight, the ready sequences spread
   // evenly over the free ones and at most max_batch per step. A sequence feeds its pending
   // tokens, at most prefill_chunk of them: the prompt in chunks, then one token per decode step,
-  // and samples after its last pending token. Step ids count from 1 per pipeline.
+  // and samples after its last pending token. A step's prompt tokens stay within prefill_budget:
+  // a prompt left out waits for the next step, ahead of the younger ones. Step ids count from 1
+  // per pipeline.
   // With decode_ahead, a one-stage pipeline may hold twice as many steps in flight, and a
   // sequence whose one step in flight samples goes into the next step as well (kPreviousSample),
   // unless that step's token is certain to end it (its length).
@@ -140,9 +145,14 @@ class Scheduler {
   bool Ready(const Sequence& seq, int stages) const;
   // Whether the token of the step in flight ends `seq` whatever it is (its length).
   bool EndsByLength(const Sequence& seq) const;
-  // Adds `seq`'s row to `step`: its pending tokens (at most prefill_chunk), or kPreviousSample
-  // for a sequence ahead of its step in flight.
-  StepEntry AddRow(Sequence& seq, StepDescriptor& step);
+  // The prompt tokens `seq` would feed in its next row (at most prefill_chunk); 0 once it decodes.
+  int PromptTokens(const Sequence& seq) const;
+  // Adds `seq`'s row to `step`: its pending tokens (at most prefill_chunk and `max_tokens`), or
+  // kPreviousSample for a sequence ahead of its step in flight.
+  StepEntry AddRow(Sequence& seq, StepDescriptor& step, int max_tokens);
+  // Moves up to `n` rows out of `ready` into a new step of `p`, in order: every decode, and
+  // prompts while the step's prefill budget lasts.
+  StepDescriptor FormStep(Pipeline& p, std::vector<Sequence*>& ready, int n);
   void AppendToken(Sequence& seq, int32_t token, TokenLogprob* logprob, absl::Time now);
   void EndSequence(uint64_t seq_id, absl::Status status, v1::FinishReason finish, int text_limit,
                    absl::Time now);

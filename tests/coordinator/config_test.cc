@@ -20,6 +20,7 @@ max_seq_len: 128
 micro_batches: 4
 max_waiting: 10
 prefill_chunk: 64
+prefill_budget: 96
 decode_ahead: false
 heartbeat_interval_ms: 100
 heartbeat_timeout_ms: 900
@@ -36,6 +37,7 @@ drain_timeout_s: 5.5
   EXPECT_EQ(c->micro_batches, 4);
   EXPECT_EQ(c->max_waiting, 10);
   EXPECT_EQ(c->prefill_chunk, 64);
+  EXPECT_EQ(c->prefill_budget, 96);
   EXPECT_FALSE(c->decode_ahead);
   EXPECT_EQ(c->heartbeat_interval_ms, 100);
   EXPECT_EQ(c->heartbeat_timeout_ms, 900);
@@ -48,6 +50,7 @@ TEST(CoordinatorConfigTest, EmptyFileGivesDefaults) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->stages, 1);
   EXPECT_TRUE(c->decode_ahead);
+  EXPECT_EQ(c->prefill_budget, 0);
 }
 
 TEST(CoordinatorConfigTest, UnknownKeyIsNamed) {
@@ -90,6 +93,11 @@ TEST(CoordinatorConfigTest, ValidationNamesTheBadField) {
   c.max_batch = 0;
   EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("max_batch"));
   c.max_batch = 1;
+  c.prefill_budget = 0;  // no bound
+  EXPECT_TRUE(ValidateCoordinatorConfig(c).ok());
+  c.prefill_budget = -1;
+  EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("prefill_budget"));
+  c.prefill_budget = 0;
   c.heartbeat_timeout_ms = c.heartbeat_interval_ms;
   EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("heartbeat_timeout_ms"));
 }

@@ -324,6 +324,103 @@ TEST(Scheduler, FeedsALongPromptInChunksAndSamplesAfterTheLast) {
   EXPECT_EQ(steps[0].seqs[0].num_tokens, 1);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Prefill budget
+
+TEST(Scheduler, PrefillBudgetBoundsAStepsPromptTokensAndChunksTheLastThatFits) {
+  SchedulerOptions o = Options();
+  o.prefill_budget = 6;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  s.Enqueue(Request({1, 2}), kNow);
+  s.Admit(kNow);
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 7).ok());
+  s.Enqueue(Request({1, 2, 3, 4, 5}), kNow);
+  s.Enqueue(Request({11, 12, 13, 14, 15}), kNow);
+  s.Admit(kNow);
+  // The decode, the older prompt whole, one token of the younger.
+  StepDescriptor step = NextStep(s, 0);
+  ASSERT_EQ(step.seqs.size(), 3u);
+  EXPECT_EQ(step.seqs[0].num_tokens, 1);
+  EXPECT_TRUE(step.seqs[0].sample);
+  EXPECT_EQ(step.seqs[1].num_tokens, 5);
+  EXPECT_TRUE(step.seqs[1].sample);
+  EXPECT_EQ(step.seqs[2].num_tokens, 1);
+  EXPECT_FALSE(step.seqs[2].sample);
+  EXPECT_EQ(step.tokens, (std::vector<int32_t>{7, 1, 2, 3, 4, 5, 11}));
+  ASSERT_TRUE(Answer(s, 0, step, 7).ok());
+  // Two decodes, the rest of the younger prompt from where it stopped.
+  step = NextStep(s, 0);
+  ASSERT_EQ(step.seqs.size(), 3u);
+  EXPECT_EQ(step.seqs[2].position, 1);
+  EXPECT_EQ(step.seqs[2].num_tokens, 4);
+  EXPECT_TRUE(step.seqs[2].sample);
+  EXPECT_EQ(step.tokens, (std::vector<int32_t>{7, 7, 12, 13, 14, 15}));
+}
+
+TEST(Scheduler, PrefillBudgetFeedsALongPromptAcrossStepsToItsEnd) {
+  SchedulerOptions o = Options();
+  o.prefill_chunk = 4;
+  o.prefill_budget = 3;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  s.Enqueue(Request({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}), kNow);
+  s.Admit(kNow);
+  for (int chunk = 0; chunk < 4; ++chunk) {
+    const StepDescriptor step = NextStep(s, 0);
+    ASSERT_EQ(step.seqs.size(), 1u) << chunk;
+    EXPECT_EQ(step.seqs[0].position, 3 * chunk);
+    EXPECT_EQ(step.seqs[0].num_tokens, chunk < 3 ? 3 : 1);
+    EXPECT_EQ(step.seqs[0].sample, chunk == 3);
+    ASSERT_TRUE(Answer(s, 0, step, 6).ok());
+  }
+  const StepDescriptor step = NextStep(s, 0);
+  EXPECT_EQ(step.seqs[0].position, 10);
+  EXPECT_THAT(step.tokens, ElementsAre(6));
+}
+
+TEST(Scheduler, PrefillBudgetServesPromptsOldestFirstWhileNewOnesArrive) {
+  SchedulerOptions o = Options();
+  o.prefill_budget = 4;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  s.Enqueue(Request({1, 2, 3, 4, 5, 6}), kNow);
+  s.Enqueue(Request({11, 12}), kNow);
+  s.Admit(kNow);
+  StepDescriptor step = NextStep(s, 0);
+  EXPECT_EQ(step.tokens, (std::vector<int32_t>{1, 2, 3, 4}));
+  ASSERT_TRUE(Answer(s, 0, step, 7).ok());
+  // A younger prompt that would fit whole waits behind the older ones.
+  s.Enqueue(Request({21, 22, 23, 24}), kNow);
+  s.Admit(kNow);
+  step = NextStep(s, 0);
+  EXPECT_EQ(step.tokens, (std::vector<int32_t>{5, 6, 11, 12}));
+  ASSERT_TRUE(Answer(s, 0, step, 7).ok());
+  step = NextStep(s, 0);
+  EXPECT_EQ(step.tokens, (std::vector<int32_t>{7, 7, 21, 22, 23, 24}));
+}
+
+TEST(Scheduler, PrefillBudgetNeverHoldsBackADecodeBehindAPromptLeftOut) {
+  SchedulerOptions o = AheadOptions();
+  o.prefill_budget = 4;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  s.Enqueue(Request({1, 2}), kNow);
+  s.Admit(kNow);
+  const std::vector<StepDescriptor> first = s.FormSteps(0);
+  ASSERT_EQ(first.size(), 2u);  // the prompt, and the decode step behind it
+  ASSERT_TRUE(Answer(s, 0, first[0], 7).ok());
+  s.Enqueue(Request({11, 12, 13, 14, 15, 16}), kNow);
+  s.Enqueue(Request({21, 22}), kNow);
+  s.Admit(kNow);
+  // Ready: the two prompts, then the sequence going ahead; the second prompt does not fit.
+  const StepDescriptor step = NextStep(s, 0);
+  ASSERT_EQ(step.seqs.size(), 2u);
+  EXPECT_EQ(step.seqs[0].num_tokens, 4);
+  EXPECT_EQ(step.seqs[1].num_tokens, 1);
+  EXPECT_EQ(step.tokens, (std::vector<int32_t>{11, 12, 13, 14, kPreviousSample}));
+}
+
 TEST(Scheduler, ScoresPromptLogprobsChunkByChunkWithTheNextPromptToken) {
   SchedulerOptions o = Options();
   o.prefill_chunk = 3;
