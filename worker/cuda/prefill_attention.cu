@@ -95,18 +95,6 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
   }
 }
 
-// Two floats as one register of two T (lower address: a).
-template <typename T>
-__device__ __forceinline__ uint32_t Pack(float a, float b) {
-  if constexpr (std::is_same_v<T, __half>) {
-    __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-  } else {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-}
-
 // A thread's share of copying rows of head_dim elements as kVec-byte pieces: pieces
 // threadIdx.x, + kThreads, ... of the rows' per_row each, walked without a division per piece
 // (the divisions by a head_dim known only at run time cost more than the copies).

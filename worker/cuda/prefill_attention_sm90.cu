@@ -197,18 +197,6 @@ __device__ __forceinline__ void WgmmaRS(float (&d)[32], const uint32_t (&a)[4], 
   }
 }
 
-// Two floats as one register of two T (lower address: a).
-template <typename T>
-__device__ __forceinline__ uint32_t Pack(float a, float b) {
-  if constexpr (std::is_same_v<T, __half>) {
-    __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-  } else {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-}
-
 // One segment of the block's rows (one slot, consecutive positions) and its K/V tiles.
 struct Segment {
   int row0, row1;  // block rows [row0, row1)
