@@ -59,7 +59,8 @@ constexpr int kStageBytes = 4 * kHalfBytes;
 constexpr int kTileBytes = 2 * kHalfBytes;  // room for one K (or V) tile of head_dim 128
 constexpr int kBarrierOffset = kStageOffset + kStages * kStageBytes;
 constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);  // Q's, then K, V and empty per stage
-constexpr int kSmemBytes = kBarrierOffset + kBarrierBytes + 1024;  // and alignment slack
+constexpr int kStartsOffset = kBarrierOffset + kBarrierBytes;  // the segment starts' 4 words
+constexpr int kSmemBytes = kStartsOffset + 16 + 1024;           // and alignment slack
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -205,13 +206,28 @@ struct Segment {
   int n_tiles;
 };
 
+// The first row after `row` that begins a segment (kRows if none). `starts` has bit r % 32 of
+// word r / 32 set for each row r that begins one: row 0, a row whose slot differs from the row
+// before or whose position does not follow it, and every row past the block's. Computed once per
+// block, so that finding a segment's end costs a few instructions instead of a walk over its rows
+// at the start of every role.
+__device__ __forceinline__ int NextStart(const uint32_t* starts, int row) {
+  const int from = row + 1;
+  for (int w = from / 32; w < kRows / 32; ++w) {
+    uint32_t bits = starts[w];
+    if (w == from / 32) bits &= ~0u << (from % 32);
+    if (bits != 0) return w * 32 + __ffs(bits) - 1;
+  }
+  return kRows;
+}
+
 __device__ __forceinline__ Segment NextSegment(int row0, int n_rows, const int* pos_s,
-                                               const int* slot_s, int window) {
+                                               const int* slot_s, const uint32_t* starts,
+                                               int window) {
   Segment s;
   s.row0 = row0;
   s.slot = slot_s[row0];
-  int r = row0 + 1;
-  while (r < n_rows && slot_s[r] == s.slot && pos_s[r] == pos_s[r - 1] + 1) ++r;
+  const int r = min(NextStart(starts, row0), n_rows);
   s.row1 = r;
   const int first_pos = pos_s[row0], last_pos = pos_s[r - 1];
   const int key_lo = window > 0 ? max(0, first_pos - window + 1) : 0;
@@ -232,14 +248,14 @@ template <int kD>
 __device__ void Produce(const CUtensorMap* q_map, const CUtensorMap* k_map,
                         const CUtensorMap* v_map, uint32_t smem, uint32_t q_full, Ring ring,
                         int row0, int n_rows, int h, int kvh, int num_kv_heads, const int* pos_s,
-                        const int* slot_s, int window) {
+                        const int* slot_s, const uint32_t* starts, int window) {
   constexpr int kHalves = kD / kHalfCols;
   BarrierExpectBytes(q_full, kHalves * kHalfBytes);
   for (int half = 0; half < kHalves; ++half) {
     TmaLoad2d(smem + kQOffset + half * kHalfBytes, q_map, h * kD + half * kHalfCols, row0, q_full);
   }
   for (int r = 0; r < n_rows;) {
-    const Segment seg = NextSegment(r, n_rows, pos_s, slot_s, window);
+    const Segment seg = NextSegment(r, n_rows, pos_s, slot_s, starts, window);
     const int head = seg.slot * num_kv_heads + kvh;
     for (int it = 0; it < seg.n_tiles; ++it, ++ring.n) {
       const int st = ring.stage();
@@ -492,6 +508,7 @@ __device__ __forceinline__ WarpgroupRange RangeOf(const Segment& seg, int wg, co
 template <typename T, int kD>
 __device__ void Consume(uint32_t smem, uint32_t q_full, Ring ring, int wg, int row0, int n_rows,
                         int h, T* out, size_t q_stride, const int* pos_s, const int* slot_s,
+                        const uint32_t* starts,
                         float scale2, int window) {
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
   const int g = lane >> 2, tq = lane & 3;
@@ -499,7 +516,7 @@ __device__ void Consume(uint32_t smem, uint32_t q_full, Ring ring, int wg, int r
   BarrierWait(q_full, 0);
 
   for (int r = 0; r < n_rows;) {
-    const Segment seg = NextSegment(r, n_rows, pos_s, slot_s, window);
+    const Segment seg = NextSegment(r, n_rows, pos_s, slot_s, starts, window);
     r = seg.row1;
     const WarpgroupRange mine = RangeOf(seg, wg, pos_s, window);
     const WarpgroupRange other = RangeOf(seg, 1 - wg, pos_s, window);
@@ -551,9 +568,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                                int num_heads, int num_kv_heads, float scale, int window) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // Static shared memory stays at 1 KB: with the dynamic part aligned to 1 KB after it, more
+  // would pass the 227 KB a block may have.
   __shared__ int pos_s[kRows], slot_s[kRows];
   const uint32_t smem = (SmemAddr(smem_raw) + 1023) & ~1023u;
   const uint32_t q_full = smem + kBarrierOffset;
+  uint32_t* starts = reinterpret_cast<uint32_t*>(smem_raw + (smem - SmemAddr(smem_raw)) +
+                                                 kStartsOffset);
   Ring ring;
   ring.k_full = q_full + 8;
   ring.v_full = ring.k_full + 8 * kStages;
@@ -580,18 +601,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     slot_s[i] = i < n_rows ? slots[row0 + i] : -1;
   }
   __syncthreads();
+  static_assert(kThreads >= kRows && kRows % 32 == 0);
+  if (threadIdx.x < kRows) {
+    const int i = threadIdx.x;
+    const bool start = i == 0 || i >= n_rows || slot_s[i] != slot_s[i - 1] ||
+                       pos_s[i] != pos_s[i - 1] + 1;
+    const uint32_t bits = __ballot_sync(0xffffffffu, start);
+    if (i % 32 == 0) starts[i / 32] = bits;
+  }
+  __syncthreads();
 
   const int warp = threadIdx.x >> 5;
   if (warp >= kConsumerWarps) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     if (threadIdx.x == kConsumerWarps * 32) {
       Produce<kD>(&q_map, &k_map, &v_map, smem, q_full, ring, row0, n_rows, h, kvh, num_kv_heads,
-                  pos_s, slot_s, window);
+                  pos_s, slot_s, starts, window);
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
     Consume<T, kD>(smem, q_full, ring, warp / 4, row0, n_rows, h, out,
-                   static_cast<size_t>(num_heads) * kD, pos_s, slot_s, scale * kLog2e, window);
+                   static_cast<size_t>(num_heads) * kD, pos_s, slot_s, starts, scale * kLog2e,
+                   window);
   }
 #endif
 }

@@ -1,10 +1,13 @@
 // Each CUDA kernel against a CPU reference on inputs already rounded to the device type, so that
 // the comparison sees only the kernel's own arithmetic. Skipped where no GPU is present.
+#include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -86,29 +89,34 @@ class KernelTest : public ::testing::TestWithParam<DType> {
   float tol() const { return t() == DType::kF16 ? 4e-3f : 3e-2f; }
 };
 
+// Widths at both sides of each register-count instantiation of the norm kernel (rows of up to
+// 2,048, 4,096, 8,192 and 16,384 columns), and openllama-3b's 3,200.
 TEST_P(KernelTest, RmsNormAddsPendingBiasAndMatchesReference) {
   SKIP_WITHOUT_GPU();
-  const int rows = 3, cols = 3200;
-  auto x = Quantize(t(), Random(rows * cols, 1, 2.0f));
-  auto bias = Quantize(t(), Random(cols, 2, 0.5f));
-  auto w = Quantize(t(), Random(cols, 3, 1.0f));
-  DeviceBuffer dx = Upload(t(), x), db = Upload(t(), bias), dw = Upload(t(), w);
-  DeviceBuffer out;
-  ASSERT_TRUE(out.Allocate(rows * cols * 2).ok());
-  ASSERT_TRUE(LaunchNorm(t(), true, dx.get(), db.get(), dw.get(), nullptr, nullptr, out.get(),
-                         rows, cols, 1e-6f, nullptr).ok());
-  std::vector<float> want(rows * cols), want_x(rows * cols);
-  for (int r = 0; r < rows; ++r) {
-    double ss = 0;
-    for (int c = 0; c < cols; ++c) {
-      want_x[r * cols + c] = Quantize(t(), {x[r * cols + c] + bias[c]})[0];
-      ss += double(want_x[r * cols + c]) * want_x[r * cols + c];
+  for (const int cols : {8, 2048, 2056, 3200, 4096, 4104, 8192, 8200, 16384}) {
+    SCOPED_TRACE(cols);
+    const int rows = 3;
+    auto x = Quantize(t(), Random(rows * cols, 1, 2.0f));
+    auto bias = Quantize(t(), Random(cols, 2, 0.5f));
+    auto w = Quantize(t(), Random(cols, 3, 1.0f));
+    DeviceBuffer dx = Upload(t(), x), db = Upload(t(), bias), dw = Upload(t(), w);
+    DeviceBuffer out;
+    ASSERT_TRUE(out.Allocate(rows * cols * 2).ok());
+    ASSERT_TRUE(LaunchNorm(t(), true, dx.get(), db.get(), dw.get(), nullptr, nullptr, out.get(),
+                           rows, cols, 1e-6f, nullptr).ok());
+    std::vector<float> want(rows * cols), want_x(rows * cols);
+    for (int r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int c = 0; c < cols; ++c) {
+        want_x[r * cols + c] = Quantize(t(), {x[r * cols + c] + bias[c]})[0];
+        ss += double(want_x[r * cols + c]) * want_x[r * cols + c];
+      }
+      const double inv = 1.0 / std::sqrt(ss / cols + 1e-6);
+      for (int c = 0; c < cols; ++c) want[r * cols + c] = want_x[r * cols + c] * inv * w[c];
     }
-    const double inv = 1.0 / std::sqrt(ss / cols + 1e-6);
-    for (int c = 0; c < cols; ++c) want[r * cols + c] = want_x[r * cols + c] * inv * w[c];
+    ExpectClose(Download(t(), out, rows * cols), want, 2 * tol(), 1e-3f, "rmsnorm");
+    ExpectClose(Download(t(), dx, rows * cols), want_x, 0, 0, "residual with bias");
   }
-  ExpectClose(Download(t(), out, rows * cols), want, 2 * tol(), 1e-3f, "rmsnorm");
-  ExpectClose(Download(t(), dx, rows * cols), want_x, 0, 0, "residual with bias");
 }
 
 TEST_P(KernelTest, LayerNormGathersRowsAndMatchesReference) {
@@ -1292,6 +1300,98 @@ TEST(SamplingKernelTest, GreedyArgmaxOverALargeVocabularyMatchesTheHostRule) {
     EXPECT_EQ(got[r], want) << "row " << r;
     EXPECT_EQ(got[r], SampleToken(row, params[r], 0)) << "row " << r;
   }
+}
+
+// With --gtest_also_run_disabled_tests: the projections of an 8,192-row prefill of the
+// llama3.1-8b shape through cublasGemmEx (what Matmul runs) and through each of cuBLASLt's first
+// 16 heuristic candidates with a 32 MiB workspace, with their rates: whether choosing among them by
+// measurement would beat cuBLAS's own choice.
+TEST(GemmBenchmark, DISABLED_PrefillProjections) {
+  SKIP_WITHOUT_GPU();
+  const int rows = 8192;
+  const std::vector<std::pair<int, int>> shapes = {{6144, 4096}, {4096, 4096}, {28672, 4096},
+                                                   {4096, 14336}};
+  size_t max_elems = 0;
+  for (auto [out, in] : shapes) {
+    max_elems = std::max({max_elems, static_cast<size_t>(out) * in,
+                          static_cast<size_t>(rows) * in, static_cast<size_t>(rows) * out});
+  }
+  DeviceBuffer w, x, y, workspace;
+  ASSERT_TRUE(w.Allocate(max_elems * 2).ok());
+  ASSERT_TRUE(x.Allocate(max_elems * 2).ok());
+  ASSERT_TRUE(y.Allocate(max_elems * 2).ok());
+  constexpr size_t kWorkspace = 32u << 20;
+  ASSERT_TRUE(workspace.Allocate(kWorkspace).ok());
+  ASSERT_EQ(cudaMemset(w.get(), 0x11, max_elems * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemset(x.get(), 0x22, max_elems * 2), cudaSuccess);
+  cublasHandle_t blas = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
+  cudaEvent_t start, stop;
+  ASSERT_EQ(cudaEventCreate(&start), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&stop), cudaSuccess);
+  // Mean microseconds of `reps` launches after two.
+  auto time_us = [&](const std::function<bool()>& launch, int reps) {
+    for (int i = 0; i < 2; ++i) EXPECT_TRUE(launch());
+    EXPECT_EQ(cudaEventRecord(start), cudaSuccess);
+    for (int i = 0; i < reps; ++i) EXPECT_TRUE(launch());
+    EXPECT_EQ(cudaEventRecord(stop), cudaSuccess);
+    EXPECT_EQ(cudaEventSynchronize(stop), cudaSuccess);
+    float ms = 0.0f;
+    EXPECT_EQ(cudaEventElapsedTime(&ms, start, stop), cudaSuccess);
+    return ms * 1e3 / reps;
+  };
+  for (auto [out, in] : shapes) {
+    const double flops = 2.0 * rows * out * in;
+    const double base = time_us(
+        [&] {
+          return Gemm(blas, DType::kF16, x.get(), w.get(), y.get(), rows, out, in, 0.0f, false)
+              .ok();
+        },
+        10);
+    std::printf("gemm rows %d out %d in %d: cublasGemmEx %.1f us (%.0f TFLOP/s)\n", rows, out,
+                in, base, flops / base * 1e-6);
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    ASSERT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+              CUBLAS_STATUS_SUCCESS);
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+    cublasLtMatrixLayoutCreate(&a, CUDA_R_16F, in, out, in);
+    cublasLtMatrixLayoutCreate(&b, CUDA_R_16F, in, rows, in);
+    cublasLtMatrixLayoutCreate(&c, CUDA_R_16F, out, rows, out);
+    cublasLtMatmulPreference_t pref = nullptr;
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                         &kWorkspace, sizeof(kWorkspace));
+    std::vector<cublasLtMatmulHeuristicResult_t> found(16);
+    int count = 0;
+    ASSERT_EQ(cublasLtMatmulAlgoGetHeuristic(lt, desc, a, b, c, c, pref, 16, found.data(), &count),
+              CUBLAS_STATUS_SUCCESS);
+    const float alpha = 1.0f, beta = 0.0f;
+    for (int i = 0; i < count; ++i) {
+      const double us = time_us(
+          [&] {
+            return cublasLtMatmul(lt, desc, &alpha, w.get(), a, x.get(), b, &beta, y.get(), c,
+                                  y.get(), c, &found[i].algo, workspace.get(), kWorkspace,
+                                  nullptr) == CUBLAS_STATUS_SUCCESS;
+          },
+          10);
+      std::printf("  lt #%d: %.1f us (%.0f TFLOP/s, %.3f of cublasGemmEx's time)\n", i, us,
+                  flops / us * 1e-6, us / base);
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(c);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatmulDescDestroy(desc);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cublasLtDestroy(lt);
+  cublasDestroy(blas);
 }
 
 }  // namespace
