@@ -1,6 +1,9 @@
 // UTF-8 by Unicode's Table 3-7 (well-formed byte sequences): decoding, encoding, repair with
-// U+FFFD by maximal ill-formed subparts, counting, whole-character prefixes.
+// U+FFFD by maximal ill-formed subparts, counting, whole-character prefixes, the error for a
+// field that is not UTF-8.
 #include "common/utf8.h"
+
+#include "absl/strings/str_format.h"
 
 namespace tandem {
 
@@ -64,6 +67,14 @@ size_t FirstInvalidUtf8(std::string_view s) {
 }
 
 bool IsValidUtf8(std::string_view s) { return FirstInvalidUtf8(s) == s.size(); }
+
+absl::Status CheckUtf8(std::string_view field, std::string_view text) {
+  const size_t bad = FirstInvalidUtf8(text);
+  if (bad == text.size()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s: not valid UTF-8: byte %d (0x%02X) does not begin a well-formed character", field, bad,
+      static_cast<unsigned char>(text[bad])));
+}
 
 std::string ToValidUtf8(std::string_view s) {
   if (IsValidUtf8(s)) return std::string(s);

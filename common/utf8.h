@@ -1,12 +1,15 @@
 // UTF-8 helpers every part shares (the tokenizer, the text streams of the front ends, the model
 // generator): decoding one code point, appending one, finding where the last whole character
-// ends, and turning arbitrary bytes into well-formed UTF-8 the way Hugging Face's callers see them.
+// ends, turning arbitrary bytes into well-formed UTF-8 the way Hugging Face's callers see them,
+// and the one error every front end gives for a field that is not UTF-8.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
+
+#include "absl/status/status.h"
 
 namespace tandem {
 
@@ -30,6 +33,11 @@ bool IsValidUtf8(std::string_view s);
 // The offset of the first byte of `s` that does not begin a well-formed sequence (the start of
 // the first ill-formed subpart); s.size() when `s` is well-formed.
 size_t FirstInvalidUtf8(std::string_view s);
+
+// OK when `text` is well-formed UTF-8; otherwise INVALID_ARGUMENT naming `field` and the offset
+// and value of FirstInvalidUtf8's byte: "stop[1]: not valid UTF-8: byte 3 (0xFF) does not begin
+// a well-formed character".
+absl::Status CheckUtf8(std::string_view field, std::string_view text);
 
 // Number of code points of well-formed UTF-8 `s` (of other bytes: those that are not
 // continuation bytes).

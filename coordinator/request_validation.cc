@@ -10,14 +10,6 @@
 namespace tandem {
 namespace {
 
-absl::Status CheckUtf8(std::string_view field, std::string_view text) {
-  const size_t bad = FirstInvalidUtf8(text);
-  if (bad == text.size()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "%s: not valid UTF-8: byte %d (0x%02X) does not begin a well-formed character", field, bad,
-      static_cast<unsigned char>(text[bad])));
-}
-
 // Stop strings: how many, the bytes of each, and their encoding.
 absl::Status CheckStopStrings(const v1::GenerateRequest& request) {
   if (request.stop_size() > kMaxStopStrings) {

@@ -41,6 +41,14 @@ TEST(FirstInvalidUtf8, PointsAtTheFirstIllFormedByte) {
   EXPECT_EQ(FirstInvalidUtf8("\xE2\x82\xAC\x80"), 3u);  // a stray continuation byte
 }
 
+TEST(CheckUtf8, NamesTheFieldTheOffsetAndTheByte) {
+  EXPECT_TRUE(CheckUtf8("prompt", "h\xC3\xA9").ok());
+  const absl::Status s = CheckUtf8("stop[1]", "ab\xE2\x82\xAC\x80z");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "stop[1]: not valid UTF-8: byte 5 (0x80) does not begin a well-formed character");
+}
+
 TEST(AppendUtf8, EncodesWhatDecodeUtf8Reads) {
   for (char32_t cp : {U'A', U'\u00E9', U'\u20AC', U'\U0001F600', U'\U0010FFFF'}) {
     std::string s;

@@ -1,7 +1,7 @@
 // Sizes a client or a peer controls, through real processes: a KV-cache whose size overflows, a
 // topology whose worker count overflows, prompts and stop strings beyond their bounds, messages
 // beyond the servers' receive limits, and text that is not UTF-8 (gRPC and HTTP). Each is refused
-// with an error naming the sizes, and the process keeps serving.
+// with an error naming the sizes or the bad byte, and the process keeps serving.
 #include <unistd.h>
 
 #include <filesystem>
@@ -176,6 +176,43 @@ TEST_F(BoundsClusterTest, InvalidUtf8OverHttpNamesTheByteOffset) {
   EXPECT_EQ(r->status, 400) << r->body;
   EXPECT_THAT(r->body, HasSubstr("not valid UTF-8: byte 18 (0xFF)"));
   ExpectServing();
+}
+
+// protobuf refused these before the service saw them, and the client got INTERNAL with an empty
+// message; now the traits that read the request (proto/grpc_request_traits.h) name the field and
+// the offset of the first bad byte inside it.
+TEST_F(BoundsClusterTest, InvalidUtf8OverGrpcNamesTheFieldAndByteOffset) {
+  v1::GenerateRequest req;
+  req.set_prompt("0123456789abcdef\xC3\xA9\xFF tail");  // byte 18: after a whole 2-byte 'e'
+  req.set_max_new_tokens(2);
+  grpc::Status s = Generate(req);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("prompt: not valid UTF-8: byte 18 (0xFF)"));
+
+  req.set_prompt("Hello");
+  req.add_stop("fine");
+  req.add_stop("ab\xE2\x82");  // a euro sign cut after 2 of its 3 bytes
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+  std::unique_ptr<grpc::ClientReader<v1::GenerateStreamResponse>> reader =
+      cluster_->inference().GenerateStream(&ctx, req);
+  v1::GenerateStreamResponse msg;
+  EXPECT_FALSE(reader->Read(&msg));
+  s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("stop[1]: not valid UTF-8: byte 2 (0xE2)"));
+
+  // The same service then answers a well-formed request with tokens.
+  v1::GenerateRequest ok;
+  ok.set_prompt("Hello \xE2\x82\xAC");
+  ok.set_max_new_tokens(3);
+  ok.set_ignore_eos(true);
+  grpc::ClientContext ok_ctx;
+  ok_ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+  v1::GenerateResponse resp;
+  s = cluster_->inference().Generate(&ok_ctx, ok, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message() << cluster_->Logs();
+  EXPECT_EQ(resp.token_ids_size(), 3);
 }
 
 // 2 x 2^30 replicas overflowed the int product (stored as 1,073,741,824 replicas).
