@@ -155,6 +155,37 @@ __device__ __forceinline__ uint32_t Pack(float a, float b) {
   }
 }
 
+// Segments of a prefill attention block's rows (runs of one slot at consecutive positions): the
+// rows that begin one, as bits (bit r % 32 of word r / 32 for row r), so that a segment's end is
+// found in a few instructions instead of a walk over its rows.
+//
+// Called by the block's first kRows threads (whole warps) after pos_s and slot_s hold the block's
+// rows (rows at n_rows and past are marked as starts); `starts` needs kRows / 32 words and a
+// __syncthreads before it is read.
+template <int kRows>
+__device__ __forceinline__ void MarkSegmentStarts(const int* pos_s, const int* slot_s, int n_rows,
+                                                  uint32_t* starts) {
+  static_assert(kRows % 32 == 0);
+  const int i = threadIdx.x;
+  if (i >= kRows) return;
+  const bool start =
+      i == 0 || i >= n_rows || slot_s[i] != slot_s[i - 1] || pos_s[i] != pos_s[i - 1] + 1;
+  const uint32_t bits = __ballot_sync(0xffffffffu, start);
+  if (i % 32 == 0) starts[i / 32] = bits;
+}
+
+// The first row after `row` that begins a segment (kRows if none).
+template <int kRows>
+__device__ __forceinline__ int NextSegmentStart(const uint32_t* starts, int row) {
+  const int from = row + 1;
+  for (int w = from / 32; w < kRows / 32; ++w) {
+    uint32_t bits = starts[w];
+    if (w == from / 32) bits &= ~0u << (from % 32);
+    if (bits != 0) return w * 32 + __ffs(bits) - 1;
+  }
+  return kRows;
+}
+
 }  // namespace tandem::cuda
 
 // Calls `body` with T bound to the CUDA type of `dtype` (fp16 or bf16), or returns an error.

@@ -145,6 +145,7 @@ __global__ void __launch_bounds__(kThreads)
   T* q_s = reinterpret_cast<T*>(smem_raw);  // (kRows, kStride)
   T* kv_s = q_s + kRows * kStride;          // 2 stages of K then V, (kKeys, kStride) each
   __shared__ int pos_s[kRows], slot_s[kRows];
+  __shared__ uint32_t starts[kRows / 32];
 
   AllowDependentLaunch();
   const int h = blockIdx.x;
@@ -171,6 +172,9 @@ __global__ void __launch_bounds__(kThreads)
   LoadRows<T, kStride, kVec, kRows>(q_s, q + row0 * q_stride + static_cast<size_t>(h) * head_dim,
                                     q_stride, n_rows, walk);
   CpAsyncCommit();
+  __syncthreads();  // pos_s and slot_s
+  static_assert(kThreads >= kRows);
+  MarkSegmentStarts<kRows>(pos_s, slot_s, n_rows, starts);
   CpAsyncWait<0>();
   __syncthreads();
 
@@ -189,8 +193,7 @@ __global__ void __launch_bounds__(kThreads)
   // Segments of the tile, one after the other.
   for (int seg0 = 0; seg0 < n_rows;) {
     const int slot = slot_s[seg0];
-    int seg1 = seg0 + 1;
-    while (seg1 < n_rows && slot_s[seg1] == slot && pos_s[seg1] == pos_s[seg1 - 1] + 1) ++seg1;
+    const int seg1 = min(NextSegmentStart<kRows>(starts, seg0), n_rows);
     const int first_pos = pos_s[seg0], last_pos = pos_s[seg1 - 1];
     const int key_lo = window > 0 ? max(0, first_pos - window + 1) : 0;
     const int tile_lo = key_lo / kKeys * kKeys;

@@ -206,28 +206,13 @@ struct Segment {
   int n_tiles;
 };
 
-// The first row after `row` that begins a segment (kRows if none). `starts` has bit r % 32 of
-// word r / 32 set for each row r that begins one: row 0, a row whose slot differs from the row
-// before or whose position does not follow it, and every row past the block's. Computed once per
-// block, so that finding a segment's end costs a few instructions instead of a walk over its rows
-// at the start of every role.
-__device__ __forceinline__ int NextStart(const uint32_t* starts, int row) {
-  const int from = row + 1;
-  for (int w = from / 32; w < kRows / 32; ++w) {
-    uint32_t bits = starts[w];
-    if (w == from / 32) bits &= ~0u << (from % 32);
-    if (bits != 0) return w * 32 + __ffs(bits) - 1;
-  }
-  return kRows;
-}
-
 __device__ __forceinline__ Segment NextSegment(int row0, int n_rows, const int* pos_s,
                                                const int* slot_s, const uint32_t* starts,
                                                int window) {
   Segment s;
   s.row0 = row0;
   s.slot = slot_s[row0];
-  const int r = min(NextStart(starts, row0), n_rows);
+  const int r = min(NextSegmentStart<kRows>(starts, row0), n_rows);
   s.row1 = r;
   const int first_pos = pos_s[row0], last_pos = pos_s[r - 1];
   const int key_lo = window > 0 ? max(0, first_pos - window + 1) : 0;
@@ -601,14 +586,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     slot_s[i] = i < n_rows ? slots[row0 + i] : -1;
   }
   __syncthreads();
-  static_assert(kThreads >= kRows && kRows % 32 == 0);
-  if (threadIdx.x < kRows) {
-    const int i = threadIdx.x;
-    const bool start = i == 0 || i >= n_rows || slot_s[i] != slot_s[i - 1] ||
-                       pos_s[i] != pos_s[i - 1] + 1;
-    const uint32_t bits = __ballot_sync(0xffffffffu, start);
-    if (i % 32 == 0) starts[i / 32] = bits;
-  }
+  static_assert(kThreads >= kRows);
+  MarkSegmentStarts<kRows>(pos_s, slot_s, n_rows, starts);
   __syncthreads();
 
   const int warp = threadIdx.x >> 5;
