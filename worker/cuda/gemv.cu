@@ -7,16 +7,6 @@
 // in flight; x (a few KB, shared by every warp) comes through L1. fp32 accumulation, a warp
 // reduction, then the epilogue (bias, residual add, GELU, SwiGLU or fp32 logits) in registers.
 //
-// GemvNorm folds the LayerNorm/RMSNorm in front of the QKV, MLP-in and LM-head projections into
-// the product instead of running a norm kernel first. Every warp reads all of x anyway, so it
-// sums each row's statistics (Σx, Σx²) alongside the product, with no shared memory and no
-// barrier, and applies the norm to its dot products afterwards (per row of w, per input row):
-//   RMSNorm:   W·(g ⊙ x·r)           = r · Σ w·g·x                 r = rsqrt(E[x²] + eps)
-//   LayerNorm: W·(g ⊙ (x − μ)·r + b) = r · (Σ w·g·x − μ·wg) + wb   r = rsqrt(E[x²] − μ² + eps)
-// with wg = w·g and wb = w·b precomputed per projection (ComputeLayerNormFold). Every warp sums
-// the statistics in the same order, so the result does not depend on the grid. The normalised x is
-// never rounded to the activation type, which the norm kernel's output is: the two paths differ
-// by about one rounding of each normalised element.
 #include "common/status_macros.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/device_util.cuh"
@@ -63,10 +53,6 @@ __device__ __forceinline__ float GeluTanh(float x) {
   return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
-// Rows of w that warp `unit` reads: R consecutive rows, or for SwiGLU the gate row j and the up
-// row N + j.
-enum class NormKind { kNone, kLayer, kRms };
-
 // Everything a GEMV launch needs, passed by value.
 struct GemvParams {
   const void* x;
@@ -77,14 +63,6 @@ struct GemvParams {
   int k;      // input width
   int units;  // groups of R weight rows, one per `split` warps
   int split;  // warps that divide one unit's K between them (1, 2 or 4)
-  // N != kNone: x holds the residual stream; input row m is its row gather[m] (m without
-  // gather), normalised on the fly with the norm weight g (k) and eps, and for LayerNorm wg and
-  // wb (fp32, one per row of w). N == kNone: x is (M, k) and these are unused.
-  const int32_t* gather;
-  const void* g;
-  const float* wg;
-  const float* wb;
-  float eps;
   QkvCacheArgs cache;  // kQkvCache only
 };
 
@@ -102,13 +80,11 @@ __device__ __forceinline__ int WeightRow(const GemvParams& p, int unit, int r) {
   }
 }
 
-template <typename T, int M, int R, GemvEpilogue E, NormKind N>
+template <typename T, int M, int R, GemvEpilogue E>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvParams p) {
-  constexpr bool kFold = N != NormKind::kNone;
   const T* __restrict__ x = static_cast<const T*>(p.x);
   const T* __restrict__ w = static_cast<const T*>(p.w);
   const T* __restrict__ bias = static_cast<const T*>(p.bias);
-  const T* __restrict__ g = static_cast<const T*>(p.g);
   const int k = p.k, n = p.n, split = p.split;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   // This warp's share of its unit's K: the 256-element steps part, part + split, ...
@@ -120,16 +96,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
   // Rows past N (the last unit of an odd N with R = 2) read row N - 1 and are not stored.
   const int rows_total = E == GemvEpilogue::kSwiGlu ? 2 * n : n;
   const T* wrow[R];
-  [[maybe_unused]] float fold_wg[R], fold_wb[R];  // LayerNorm: wg and wb of the rows read
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int row = min(WeightRow<E, R>(p, unit, r), rows_total - 1);
     wrow[r] = w + static_cast<size_t>(row) * k;
-    // Derived from the weights at load time, so read before the wait too.
-    if constexpr (N == NormKind::kLayer) {
-      fold_wg[r] = p.wg[row];
-      fold_wb[r] = p.wb[row];
-    }
   }
   float acc[R][M];
 #pragma unroll
@@ -137,10 +107,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
   }
-  // This lane's share of each row's Σx (LayerNorm) and Σx² (both norms).
-  [[maybe_unused]] float sum_x[M], sum_xx[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) sum_x[m] = sum_xx[m] = 0.0f;
   constexpr int kStep = 32 * 8;
   const int step = kStep * split;  // from one of this warp's steps to its next
   constexpr int U = kUnroll;
@@ -163,10 +129,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
   WaitForPrerequisites();
   const T* xrow[M];
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const int row = kFold && p.gather != nullptr ? p.gather[m] : m;
-    xrow[m] = x + static_cast<size_t>(row) * k;
-  }
+  for (int m = 0; m < M; ++m) xrow[m] = x + static_cast<size_t>(m) * k;
   for (int base = first; base < k; base += stride) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -180,20 +143,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
       for (int r = 0; r < R; ++r) {
         if (next < k) wv[u][r] = LoadStreaming(wrow[r] + next);
       }
-      [[maybe_unused]] float gf[8];
-      if constexpr (kFold) Unpack<T>(__ldg(reinterpret_cast<const uint4*>(g + kk)), gf);
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         float xf[8];
         Unpack<T>(__ldg(reinterpret_cast<const uint4*>(xrow[m] + kk)), xf);
-        if constexpr (kFold) {
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            if constexpr (N == NormKind::kLayer) sum_x[m] += xf[i];
-            sum_xx[m] = fmaf(xf[i], xf[i], sum_xx[m]);
-            xf[i] *= gf[i];  // exact: a product of two 2-byte floats fits in a float
-          }
-        }
 #pragma unroll
         for (int r = 0; r < R; ++r) {
 #pragma unroll
@@ -229,39 +182,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
     }
   }
   if (!active) return;
-  // The norm of each row, from the whole row's sums (every lane gets them), with eps inside the
-  // root as in norm.cu; the variance as E[x²] − μ², clamped at 0 against rounding.
-  [[maybe_unused]] float mean[M], inv[M];
-  if constexpr (kFold) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const float mean_sq = WarpSum(sum_xx[m]) / k;
-      if constexpr (N == NormKind::kRms) {
-        inv[m] = rsqrtf(mean_sq + p.eps);
-      } else {
-        mean[m] = WarpSum(sum_x[m]) / k;
-        inv[m] = rsqrtf(fmaxf(mean_sq - mean[m] * mean[m], 0.0f) + p.eps);
-      }
-    }
-  }
-  // The output of weight row r for input row m before the epilogue: the sum, normalised.
-  auto project = [&](float a, int m, int r) {
-    if constexpr (N == NormKind::kRms) {
-      return a * inv[m];
-    } else if constexpr (N == NormKind::kLayer) {
-      return fmaf(inv[m], fmaf(-mean[m], fold_wg[r], a), fold_wb[r]);
-    } else {
-      return a;
-    }
-  };
   // Every lane holds every sum; lane (r', m) stores output (r', m) (one per lane).
   if constexpr (E == GemvEpilogue::kSwiGlu) {
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       if (lane != m) continue;
       // As Hugging Face: both projections rounded, silu(gate) rounded, then the product.
-      const float gate = RoundTo<T>(project(acc[0][m], m, 0));
-      const float up = RoundTo<T>(project(acc[1][m], m, 1));
+      const float gate = RoundTo<T>(acc[0][m]);
+      const float up = RoundTo<T>(acc[1][m]);
       const float s = RoundTo<T>(gate / (1.0f + expf(-gate)));
       static_cast<T*>(p.y)[static_cast<size_t>(m) * n + unit] = FromF<T>(s * up);
     }
@@ -305,7 +233,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
       for (int m = 0; m < M; ++m) {
         const int col = unit * R + r;
         if (lane != r * M + m || col >= n) continue;
-        float v = project(acc[r][m], m, r);
+        float v = acc[r][m];
         if (bias != nullptr) v += ToF(bias[col]);
         const size_t at = static_cast<size_t>(m) * n + col;
         if constexpr (E == GemvEpilogue::kF32) {
@@ -324,7 +252,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
   }
 }
 
-template <typename T, int M, int R, GemvEpilogue E, NormKind N>
+template <typename T, int M, int R, GemvEpilogue E>
 cudaError_t Launch(GemvParams p, cudaStream_t stream, bool pdl) {
   if constexpr (E == GemvEpilogue::kSwiGlu) {
     p.units = p.n;
@@ -336,13 +264,13 @@ cudaError_t Launch(GemvParams p, cudaStream_t stream, bool pdl) {
   const int units_per_block = kWarpsPerBlock / p.split;
   const int blocks = (p.units + units_per_block - 1) / units_per_block;
   // With pdl: start before the previous kernel ends (see WaitForPrerequisites).
-  return LaunchKernel(GemvKernel<T, M, R, E, N>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream,
+  return LaunchKernel(GemvKernel<T, M, R, E>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream,
                       pdl, p);
 }
 
 // Rows per warp: two halve the x traffic through L1 per weight byte (always at M >= 4, and
 // SwiGLU and kQkvCache read two rows by construction); one gives twice the warps at M <= 2.
-template <typename T, GemvEpilogue E, NormKind N>
+template <typename T, GemvEpilogue E>
 cudaError_t LaunchForRows(int m, int rows_per_warp, const GemvParams& p, cudaStream_t stream,
                           bool pdl) {
   constexpr bool kPaired = E == GemvEpilogue::kSwiGlu || E == GemvEpilogue::kQkvCache;
@@ -350,50 +278,38 @@ cudaError_t LaunchForRows(int m, int rows_per_warp, const GemvParams& p, cudaStr
   const bool two = kPaired || rows_per_warp == 2;
   switch (m) {
     case 1:
-      if constexpr (N == NormKind::kNone && !kPaired) {
-        if (two) return Launch<T, 1, 2, E, N>(p, stream, pdl);
+      if constexpr (!kPaired) {
+        if (two) return Launch<T, 1, 2, E>(p, stream, pdl);
       }
-      return Launch<T, 1, R1, E, N>(p, stream, pdl);
+      return Launch<T, 1, R1, E>(p, stream, pdl);
     case 2:
-      if constexpr (N == NormKind::kNone && !kPaired) {
-        if (two) return Launch<T, 2, 2, E, N>(p, stream, pdl);
+      if constexpr (!kPaired) {
+        if (two) return Launch<T, 2, 2, E>(p, stream, pdl);
       }
-      return Launch<T, 2, R1, E, N>(p, stream, pdl);
+      return Launch<T, 2, R1, E>(p, stream, pdl);
     case 4:
-      return Launch<T, 4, 2, E, N>(p, stream, pdl);
+      return Launch<T, 4, 2, E>(p, stream, pdl);
     default:
-      if constexpr (N == NormKind::kNone) {
-        return Launch<T, 8, 2, E, N>(p, stream, pdl);
-      } else {
-        return cudaErrorInvalidValue;  // refused by GemvNorm before this point
-      }
+      return Launch<T, 8, 2, E>(p, stream, pdl);
   }
 }
 
-template <typename T, NormKind N>
+template <typename T>
 cudaError_t LaunchEpilogue(GemvEpilogue epilogue, int m, int rows_per_warp, const GemvParams& p,
                            cudaStream_t stream, bool pdl) {
   switch (epilogue) {
     case GemvEpilogue::kStore:
-      return LaunchForRows<T, GemvEpilogue::kStore, N>(m, rows_per_warp, p, stream, pdl);
+      return LaunchForRows<T, GemvEpilogue::kStore>(m, rows_per_warp, p, stream, pdl);
     case GemvEpilogue::kResidual:
-      if constexpr (N == NormKind::kNone) {
-        return LaunchForRows<T, GemvEpilogue::kResidual, N>(m, rows_per_warp, p, stream, pdl);
-      } else {
-        return cudaErrorInvalidValue;  // refused by GemvNorm before this point
-      }
+      return LaunchForRows<T, GemvEpilogue::kResidual>(m, rows_per_warp, p, stream, pdl);
     case GemvEpilogue::kGelu:
-      return LaunchForRows<T, GemvEpilogue::kGelu, N>(m, rows_per_warp, p, stream, pdl);
+      return LaunchForRows<T, GemvEpilogue::kGelu>(m, rows_per_warp, p, stream, pdl);
     case GemvEpilogue::kSwiGlu:
-      return LaunchForRows<T, GemvEpilogue::kSwiGlu, N>(m, rows_per_warp, p, stream, pdl);
+      return LaunchForRows<T, GemvEpilogue::kSwiGlu>(m, rows_per_warp, p, stream, pdl);
     case GemvEpilogue::kF32:
-      return LaunchForRows<T, GemvEpilogue::kF32, N>(m, rows_per_warp, p, stream, pdl);
+      return LaunchForRows<T, GemvEpilogue::kF32>(m, rows_per_warp, p, stream, pdl);
     case GemvEpilogue::kQkvCache:
-      if constexpr (N == NormKind::kNone) {
-        return LaunchForRows<T, GemvEpilogue::kQkvCache, N>(m, rows_per_warp, p, stream, pdl);
-      } else {
-        return cudaErrorInvalidValue;  // refused by GemvNorm before this point
-      }
+      return LaunchForRows<T, GemvEpilogue::kQkvCache>(m, rows_per_warp, p, stream, pdl);
   }
   return cudaErrorInvalidValue;
 }
@@ -506,8 +422,7 @@ absl::Status Gemv(DType dtype, GemvEpilogue epilogue, const void* x, const void*
   const GemvParams p = ProductParams(x, w, bias, y, out, in, t.k_split);
   // On a stream of our own, always as a programmatic dependent launch.
   TANDEM_DISPATCH_HALF(dtype, {
-    CUDA_CHECK((LaunchEpilogue<T, NormKind::kNone>(epilogue, rows, t.rows_per_warp, p, stream,
-                                                   true)));
+    CUDA_CHECK((LaunchEpilogue<T>(epilogue, rows, t.rows_per_warp, p, stream, true)));
   });
   CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
@@ -535,72 +450,7 @@ absl::Status GemvQkvCache(DType dtype, const void* x, const void* w, const void*
   GemvParams p = ProductParams(x, w, bias, nullptr, out, in, t.k_split);
   p.cache = cache;
   TANDEM_DISPATCH_HALF(dtype, {
-    CUDA_CHECK((LaunchEpilogue<T, NormKind::kNone>(GemvEpilogue::kQkvCache, rows, 2, p, stream,
-                                                   true)));
-  });
-  CUDA_CHECK_LAUNCH();
-  return absl::OkStatus();
-}
-
-bool GemvNormSupported(int rows, int in) {
-  return (rows == 1 || rows == 2 || rows == 4) && in > 0 && in % 8 == 0 && in <= kGemvNormMaxIn;
-}
-
-absl::Status ComputeLayerNormFold(DType dtype, const void* w, const void* norm_w,
-                                  const void* norm_b, int w_rows, int in, float* wg, float* wb,
-                                  cudaStream_t stream) {
-  if (norm_w == nullptr || norm_b == nullptr || wg == nullptr || wb == nullptr) {
-    return absl::InvalidArgumentError(
-        "a LayerNorm fold needs the norm's weight and bias and two outputs");
-  }
-  // One-row products: wg = g · wᵀ, wb = b · wᵀ, unrounded.
-  absl::Status s = Gemv(dtype, GemvEpilogue::kF32, norm_w, w, nullptr, wg, 1, w_rows, in, stream);
-  if (!s.ok()) return s;
-  return Gemv(dtype, GemvEpilogue::kF32, norm_b, w, nullptr, wb, 1, w_rows, in, stream);
-}
-
-absl::Status GemvNorm(DType dtype, GemvEpilogue epilogue, bool rms, const void* x,
-                      const int32_t* gather, const void* norm_w, const LayerNormFold& layer_norm,
-                      float eps, const void* w, const void* bias, void* y, int rows, int out,
-                      int in, cudaStream_t stream, bool pdl) {
-  if (!GemvNormSupported(rows, in)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GEMV with a folded norm takes 1, 2 or 4 rows and an input width that is a multiple of 8 "
-        "and at most ",
-        kGemvNormMaxIn, ", got rows ", rows, ", in ", in));
-  }
-  if (out < 1) return absl::InvalidArgumentError(absl::StrCat("GEMV output width ", out, " < 1"));
-  if (epilogue == GemvEpilogue::kResidual) {
-    return absl::InvalidArgumentError(
-        "GEMV with a folded norm does not add into the stream it normalises");
-  }
-  if (epilogue == GemvEpilogue::kQkvCache) {
-    return absl::InvalidArgumentError("GEMV with a folded norm does not write the KV-cache");
-  }
-  if (norm_w == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(rms ? "RMSNorm" : "LayerNorm", " folded into a GEMV needs the norm weight"));
-  }
-  if (!rms && (layer_norm.wg == nullptr || layer_norm.wb == nullptr)) {
-    return absl::InvalidArgumentError(
-        "LayerNorm folded into a GEMV needs w·g and w·b (ComputeLayerNormFold)");
-  }
-  if (!Aligned16(x) || !Aligned16(w) || !Aligned16(norm_w)) {
-    return absl::InvalidArgumentError(
-        "GEMV with a folded norm needs 16-byte aligned x, w and norm weight");
-  }
-  GemvParams p = ProductParams(x, w, bias, y, out, in, 1);  // the folded statistics are per warp
-  p.gather = gather;
-  p.g = norm_w;
-  p.wg = layer_norm.wg;
-  p.wb = layer_norm.wb;
-  p.eps = eps;
-  TANDEM_DISPATCH_HALF(dtype, {
-    if (rms) {
-      CUDA_CHECK((LaunchEpilogue<T, NormKind::kRms>(epilogue, rows, 1, p, stream, pdl)));
-    } else {
-      CUDA_CHECK((LaunchEpilogue<T, NormKind::kLayer>(epilogue, rows, 1, p, stream, pdl)));
-    }
+    CUDA_CHECK((LaunchEpilogue<T>(GemvEpilogue::kQkvCache, rows, 2, p, stream, true)));
   });
   CUDA_CHECK_LAUNCH();
   return absl::OkStatus();

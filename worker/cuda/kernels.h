@@ -181,31 +181,6 @@ absl::Status GemvQkvCache(DType dtype, const void* x, const void* w, const void*
                           const QkvCacheArgs& cache, int rows, int in, cudaStream_t stream,
                           GemvTuning tuning = {});
 
-// The same with the norm in front folded in: x rows (gather ? gather[i] : i) of the residual
-// stream (.., in) are normalised inside the product with LaunchNorm's formulas (fp32 statistics,
-// eps inside the root; no pending bias) but without rounding the normalised row to dtype: the
-// result differs from LaunchNorm then Gemv by about one rounding of each normalised element.
-// RMSNorm (rms == true) with norm_w (in); LayerNorm with norm_w and the precomputed `layer_norm`
-// terms of w. Takes rows in {1, 2, 4}, in % 8 == 0, in <= kGemvNormMaxIn (see GemvNormSupported),
-// every epilogue but kResidual (which writes the stream it would normalise); x, w and norm_w
-// 16-byte aligned.
-constexpr int kGemvNormMaxIn = 8192;
-bool GemvNormSupported(int rows, int in);
-// A LayerNorm (weight g, bias b) folded into the projection w (w_rows, in): fp32 (w_rows) each,
-// wg = w·g and wb = w·b, where w_rows = out, or 2 * out for kSwiGlu (gate rows then up rows).
-struct LayerNormFold {
-  const float* wg = nullptr;
-  const float* wb = nullptr;
-};
-// Computes wg and wb (w_rows floats each) once per projection, at load time.
-absl::Status ComputeLayerNormFold(DType dtype, const void* w, const void* norm_w,
-                                  const void* norm_b, int w_rows, int in, float* wg, float* wb,
-                                  cudaStream_t stream);
-absl::Status GemvNorm(DType dtype, GemvEpilogue epilogue, bool rms, const void* x,
-                      const int32_t* gather, const void* norm_w, const LayerNormFold& layer_norm,
-                      float eps, const void* w, const void* bias, void* y, int rows, int out,
-                      int in, cudaStream_t stream, bool pdl);
-
 // sampling.cu: one token per row of logits (rows, vocab) fp32 by the rule of worker/sampling.h.
 // probs: scratch of rows * vocab floats. Parameters per row.
 struct SamplingArrays {

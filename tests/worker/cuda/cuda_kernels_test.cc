@@ -723,185 +723,9 @@ TEST_P(KernelTest, GemvAgreesWithCublas) {
   }
 }
 
-// CPU reference of the norm in front of a folded GEMV: rows gathered, normalised with double
-// statistics and no rounding (the fold never rounds the normalised row to the device type).
-std::vector<double> NormRowsHost(bool rms, const std::vector<float>& x,
-                                 const std::vector<int32_t>& gather, int rows, int k,
-                                 const std::vector<float>& nw, const std::vector<float>& nb,
-                                 float eps) {
-  std::vector<double> out(size_t(rows) * k);
-  for (int m = 0; m < rows; ++m) {
-    const float* row = &x[size_t(gather.empty() ? m : gather[m]) * k];
-    double mean = 0, sq = 0;
-    if (!rms) {
-      for (int c = 0; c < k; ++c) mean += row[c];
-      mean /= k;
-    }
-    for (int c = 0; c < k; ++c) sq += (row[c] - mean) * (row[c] - mean);
-    const double inv = 1.0 / std::sqrt(sq / k + eps);
-    for (int c = 0; c < k; ++c) {
-      out[size_t(m) * k + c] = rms ? row[c] * inv * nw[c] : (row[c] - mean) * inv * nw[c] + nb[c];
-    }
-  }
-  return out;
-}
-
-struct GemvNormCase {
-  bool rms;
-  GemvEpilogue epilogue;
-  int n, k;
-  bool gather;
-};
-
-// Every epilogue the folded norm takes, with RMSNorm and LayerNorm, at 1, 2 and 4 rows, against
-// norm then product on the CPU. Widths: the tiny test models (64: a quarter of the lanes hold
-// data), GPT-2 (768), OpenLLaMA-3B (3200, not a multiple of 256), a partial 256-element step
-// (520) and the largest (8192); odd output widths leave the last warp at 4 rows one valid row of
-// two.
-//
-// Tolerances: the device sums in fp32 where the reference sums in double (relative differences of
-// about 1e-6 at these widths), so fp32 outputs (kF32) are compared tightly. An output of the
-// device type may land on the neighbouring representable value at each rounding the epilogue
-// makes (once for store, twice for GELU, four times for SwiGLU; an ulp is 2^-10 relative in fp16,
-// 2^-7 in bf16), hence 2 * tol() relative; the absolute term covers outputs near zero, where a
-// flipped rounding of GELU's or SiLU's input moves the output by more than its own ulp.
-TEST_P(KernelTest, GemvWithFoldedNormMatchesNormThenProductOnCpu) {
-  SKIP_WITHOUT_GPU();
-  const std::vector<GemvNormCase> cases = {
-      {false, GemvEpilogue::kStore, 37, 768, false},
-      {false, GemvEpilogue::kGelu, 40, 768, false},
-      {false, GemvEpilogue::kSwiGlu, 13, 520, false},
-      {false, GemvEpilogue::kF32, 33, 768, true},
-      {false, GemvEpilogue::kStore, 21, 520, true},
-      {false, GemvEpilogue::kF32, 7, 8192, true},
-      {false, GemvEpilogue::kStore, 5, 64, true},
-      {true, GemvEpilogue::kStore, 37, 3200, false},
-      {true, GemvEpilogue::kGelu, 19, 520, true},
-      {true, GemvEpilogue::kSwiGlu, 24, 3200, false},
-      {true, GemvEpilogue::kSwiGlu, 6, 64, false},
-      {true, GemvEpilogue::kF32, 29, 3200, true},
-      {true, GemvEpilogue::kStore, 11, 8192, false},
-  };
-  const float eps = 1e-5f;
-  int ci = 0;
-  for (const GemvNormCase& c : cases) {
-    for (int m : {1, 2, 4}) {
-      SCOPED_TRACE(testing::Message() << (c.rms ? "rmsnorm" : "layernorm") << ", epilogue "
-                                      << static_cast<int>(c.epilogue) << ", rows " << m << ", k "
-                                      << c.k << (c.gather ? ", gathered" : ""));
-      const uint64_t seed = 7000 + 100 * ci++ + m;
-      const int k = c.k, n = c.n;
-      const bool swiglu = c.epilogue == GemvEpilogue::kSwiGlu;
-      const bool f32 = c.epilogue == GemvEpilogue::kF32;
-      // The residual stream: 6 rows with an offset (a large LayerNorm mean), gathered or not.
-      const int stream_rows = 6;
-      auto x = Random(stream_rows * k, seed, 3.0f);
-      for (float& v : x) v += 1.5f;
-      x = Quantize(t(), x);
-      std::vector<int32_t> gather;
-      if (c.gather) {
-        for (int i = 0; i < m; ++i) gather.push_back((5 - 2 * i + stream_rows) % stream_rows);
-      }
-      auto nw = Quantize(t(), Random(k, seed + 1, 1.0f));
-      auto nb = Quantize(t(), Random(k, seed + 2, 0.3f));
-      const int wrows = swiglu ? 2 * n : n;
-      auto w = Quantize(t(), Random(size_t(wrows) * k, seed + 3, 0.05f));
-      auto b = Quantize(t(), Random(n, seed + 4, 0.5f));
-      const bool has_bias = !swiglu;
-      DeviceBuffer dx = Upload(t(), x), dnw = Upload(t(), nw), dnb = Upload(t(), nb),
-                   dw = Upload(t(), w), db = Upload(t(), b),
-                   dg = UploadRaw(gather.empty() ? std::vector<int32_t>{0} : gather);
-      const int32_t* g = c.gather ? dg.as<int32_t>() : nullptr;
-      LayerNormFold fold;
-      DeviceBuffer wg, wb;
-      if (!c.rms) {
-        ASSERT_TRUE(wg.Allocate(wrows * sizeof(float)).ok());
-        ASSERT_TRUE(wb.Allocate(wrows * sizeof(float)).ok());
-        ASSERT_TRUE(ComputeLayerNormFold(t(), dw.get(), dnw.get(), dnb.get(), wrows, k,
-                                         wg.as<float>(), wb.as<float>(), nullptr)
-                        .ok());
-        fold = {wg.as<float>(), wb.as<float>()};
-      }
-      const size_t ybytes = size_t(m) * n * (f32 ? 4 : 2);
-      DeviceBuffer y;
-      ASSERT_TRUE(y.Allocate(ybytes).ok());
-      ASSERT_EQ(cudaMemset(y.get(), 0xff, ybytes), cudaSuccess);  // NaN: every output written
-      ASSERT_TRUE(GemvNorm(t(), c.epilogue, c.rms, dx.get(), g, dnw.get(), fold, eps, dw.get(),
-                           has_bias ? db.get() : nullptr, y.get(), m, n, k, nullptr, false)
-                      .ok());
-
-      const auto xn = NormRowsHost(c.rms, x, gather, m, k, nw, nb, eps);
-      std::vector<float> want(m * n);
-      for (int r = 0; r < m; ++r) {
-        for (int o = 0; o < n; ++o) {
-          auto dot = [&](int row) {
-            double s = 0;
-            for (int i = 0; i < k; ++i) s += xn[size_t(r) * k + i] * w[size_t(row) * k + i];
-            return s;
-          };
-          const double v = dot(o) + (has_bias ? b[o] : 0.0);
-          float& out = want[r * n + o];
-          switch (c.epilogue) {
-            case GemvEpilogue::kStore:
-            case GemvEpilogue::kF32:
-              out = v;
-              break;
-            case GemvEpilogue::kGelu:
-              out = GeluHost(RoundHost(t(), v));
-              break;
-            case GemvEpilogue::kSwiGlu: {
-              const double gg = RoundHost(t(), dot(o)), u = RoundHost(t(), dot(n + o));
-              out = RoundHost(t(), gg / (1.0 + std::exp(-gg))) * u;
-              break;
-            }
-            case GemvEpilogue::kResidual:
-              break;  // not folded
-          }
-        }
-      }
-      if (f32) {
-        std::vector<float> got(m * n);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(got.data(), y.get(), ybytes, cudaMemcpyDeviceToHost), cudaSuccess);
-        ExpectClose(got, want, 2e-4f, 2e-4f, "gemv+norm fp32");
-      } else {
-        ExpectClose(Download(t(), y, m * n), want, 2 * tol(), 1e-3f, "gemv+norm");
-      }
-    }
-  }
-}
-
-// The folded norm sums its statistics in the same order in every warp and every launch: two runs
-// give the same bits, and so do outputs of the same weight row placed in different blocks.
-TEST_P(KernelTest, GemvWithFoldedNormIsDeterministicAcrossBlocks) {
-  SKIP_WITHOUT_GPU();
-  const int k = 3200, n = 64, m = 4;
-  auto x = Quantize(t(), Random(m * k, 91, 2.0f));
-  auto nw = Quantize(t(), Random(k, 92, 1.0f));
-  auto row = Quantize(t(), Random(k, 93, 0.05f));
-  std::vector<float> w;
-  for (int i = 0; i < n; ++i) w.insert(w.end(), row.begin(), row.end());  // every row the same
-  DeviceBuffer dx = Upload(t(), x), dnw = Upload(t(), nw), dw = Upload(t(), w), y1, y2;
-  ASSERT_TRUE(y1.Allocate(m * n * 4).ok());
-  ASSERT_TRUE(y2.Allocate(m * n * 4).ok());
-  for (DeviceBuffer* y : {&y1, &y2}) {
-    ASSERT_TRUE(GemvNorm(t(), GemvEpilogue::kF32, true, dx.get(), nullptr, dnw.get(), {}, 1e-6f,
-                         dw.get(), nullptr, y->get(), m, n, k, nullptr, false)
-                    .ok());
-  }
-  std::vector<float> a(m * n), b(m * n);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(a.data(), y1.get(), a.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(b.data(), y2.get(), b.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
-  for (int r = 0; r < m; ++r) {
-    for (int o = 1; o < n; ++o) ASSERT_EQ(a[r * n + o], a[r * n]) << "row " << r << ", out " << o;
-  }
-}
-
 // A chain of dependent launches on a stream of our own, each reading the previous one's output
-// and overwriting the buffer the one before read (ping-pong): with the norms and folded GEMVs
-// launched programmatically, the same bits as with them launched plainly.
+// and overwriting the buffer the one before read (ping-pong): with the norms launched
+// programmatically (the GEMVs always are), the same bits as with them launched plainly.
 TEST_P(KernelTest, ProgrammaticLaunchChainEqualsPlainLaunches) {
   SKIP_WITHOUT_GPU();
   const int k = 1024, steps = 24;
@@ -909,13 +733,7 @@ TEST_P(KernelTest, ProgrammaticLaunchChainEqualsPlainLaunches) {
   auto nw = Quantize(t(), Random(k, 32, 1.0f));
   auto nb = Quantize(t(), Random(k, 33, 0.3f));
   auto w = Quantize(t(), Random(size_t(k) * k, 34, 0.05f));
-  DeviceBuffer dnw = Upload(t(), nw), dnb = Upload(t(), nb), dw = Upload(t(), w), wg, wb;
-  ASSERT_TRUE(wg.Allocate(k * sizeof(float)).ok());
-  ASSERT_TRUE(wb.Allocate(k * sizeof(float)).ok());
-  ASSERT_TRUE(ComputeLayerNormFold(t(), dw.get(), dnw.get(), dnb.get(), k, k, wg.as<float>(),
-                                   wb.as<float>(), nullptr)
-                  .ok());
-  const LayerNormFold fold{wg.as<float>(), wb.as<float>()};
+  DeviceBuffer dnw = Upload(t(), nw), dnb = Upload(t(), nb), dw = Upload(t(), w);
   Stream stream;
   ASSERT_TRUE(stream.Create().ok());
   std::vector<float> results[2];
@@ -926,21 +744,12 @@ TEST_P(KernelTest, ProgrammaticLaunchChainEqualsPlainLaunches) {
     for (int i = 0; i < steps; ++i) {
       DeviceBuffer& src = i % 2 ? b : a;
       DeviceBuffer& dst = i % 2 ? a : b;
-      const bool rms = i % 3 == 0;
-      if (i % 4 == 3) {
-        // The two-kernel form in the chain too: a norm, then the GEMV.
-        ASSERT_TRUE(LaunchNorm(t(), rms, src.get(), nullptr, dnw.get(), dnb.get(), nullptr,
-                               xn.get(), 1, k, 1e-5f, stream.get(), pdl == 1)
-                        .ok());
-        ASSERT_TRUE(Gemv(t(), GemvEpilogue::kStore, xn.get(), dw.get(), nullptr, dst.get(), 1, k, k,
-                         stream.get())
-                        .ok());
-      } else {
-        ASSERT_TRUE(GemvNorm(t(), GemvEpilogue::kStore, rms, src.get(), nullptr, dnw.get(), fold,
-                             1e-5f, dw.get(), nullptr, dst.get(), 1, k, k, stream.get(),
-                             pdl == 1 && i > 0)
-                        .ok());
-      }
+      ASSERT_TRUE(LaunchNorm(t(), i % 3 == 0, src.get(), nullptr, dnw.get(), dnb.get(), nullptr,
+                             xn.get(), 1, k, 1e-5f, stream.get(), pdl == 1 && i > 0)
+                      .ok());
+      ASSERT_TRUE(Gemv(t(), GemvEpilogue::kStore, xn.get(), dw.get(), nullptr, dst.get(), 1, k, k,
+                       stream.get())
+                      .ok());
     }
     ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
     results[pdl] = Download(t(), steps % 2 ? b : a, k);
@@ -1057,54 +866,6 @@ TEST(GemvTest, TuningSplitsKWhereTheSweepMeasuredItFaster) {
       }
     }
   }
-}
-
-// Shapes and arguments the folded norm does not take are refused before anything is launched,
-// with a message that names the problem.
-TEST(GemvNormTest, RejectsUnsupportedShapesAndMissingNormWeights) {
-  using ::testing::HasSubstr;
-  alignas(16) static uint16_t buf[16384];
-  alignas(16) static float terms[16];
-  const LayerNormFold fold{terms, terms};
-  auto call = [&](GemvEpilogue e, bool rms, int rows, int in, const void* nw,
-                  const LayerNormFold& f, const void* x, int out = 4, DType dtype = DType::kF16) {
-    const absl::Status s = GemvNorm(dtype, e, rms, x, nullptr, nw, f, 1e-5f, buf, nullptr, buf,
-                                    rows, out, in, nullptr, false);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    return std::string(s.message());
-  };
-  for (int rows : {0, 3, 8}) {
-    EXPECT_THAT(call(GemvEpilogue::kStore, true, rows, 64, buf, {}, buf),
-                HasSubstr("got rows " + std::to_string(rows)));
-  }
-  EXPECT_FALSE(GemvNormSupported(8, 64));
-  EXPECT_FALSE(GemvNormSupported(1, 12));
-  EXPECT_FALSE(GemvNormSupported(1, kGemvNormMaxIn + 8));
-  EXPECT_TRUE(GemvNormSupported(4, kGemvNormMaxIn));
-  EXPECT_THAT(call(GemvEpilogue::kStore, true, 1, 12, buf, {}, buf), HasSubstr("in 12"));
-  EXPECT_THAT(call(GemvEpilogue::kStore, true, 1, kGemvNormMaxIn + 8, buf, {}, buf),
-              HasSubstr("at most " + std::to_string(kGemvNormMaxIn)));
-  EXPECT_THAT(call(GemvEpilogue::kStore, true, 1, 64, buf, {}, buf, 0), HasSubstr("output width"));
-  EXPECT_THAT(call(GemvEpilogue::kResidual, true, 1, 64, buf, {}, buf),
-              HasSubstr("does not add into the stream"));
-  EXPECT_THAT(call(GemvEpilogue::kStore, true, 1, 64, nullptr, {}, buf),
-              HasSubstr("RMSNorm folded into a GEMV needs the norm weight"));
-  EXPECT_THAT(call(GemvEpilogue::kStore, false, 1, 64, nullptr, fold, buf),
-              HasSubstr("LayerNorm folded into a GEMV needs the norm weight"));
-  EXPECT_THAT(call(GemvEpilogue::kStore, false, 1, 64, buf, {}, buf),
-              HasSubstr("ComputeLayerNormFold"));  // LayerNorm without w·g and w·b
-  EXPECT_THAT(call(GemvEpilogue::kStore, false, 1, 64, buf, {terms, nullptr}, buf),
-              HasSubstr("ComputeLayerNormFold"));
-  EXPECT_THAT(call(GemvEpilogue::kStore, true, 1, 64, buf, {}, reinterpret_cast<char*>(buf) + 2),
-              HasSubstr("16-byte aligned"));
-  EXPECT_THAT(call(GemvEpilogue::kStore, true, 1, 64, reinterpret_cast<char*>(buf) + 2, {}, buf),
-              HasSubstr("16-byte aligned"));
-  EXPECT_THAT(call(GemvEpilogue::kStore, true, 1, 64, buf, {}, buf, 4, DType::kF32),
-              HasSubstr("fp16 or bf16"));
-  const absl::Status s =
-      ComputeLayerNormFold(DType::kF16, buf, buf, nullptr, 4, 64, terms, terms, nullptr);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("bias"));
 }
 
 // Runs the device sampler on `logits` (rows, vocab) with one parameter set per row.
