@@ -1,6 +1,8 @@
-// How gRPC reads the public requests off the wire. Included by the generated tandem.grpc.pb.h
-// (proto/CMakeLists.txt: grpc_cpp_plugin's additional_header_includes), so that every piece of
-// generated service and stub code uses these traits instead of gRPC's generic protobuf ones.
+// How gRPC reads a GenerateRequest (Inference's Generate and GenerateStream) off the wire.
+// Included by the generated tandem.grpc.pb.h (proto/CMakeLists.txt: grpc_cpp_plugin's
+// additional_header_includes), so that the generated service and stub code sees these
+// specializations before it uses gRPC's generic protobuf ones. The other requests keep gRPC's;
+// Admin's have no strings, and the internal services' come from the cluster's own processes.
 //
 // gRPC's own traits answer a request that does not parse with INTERNAL and an empty message; the
 // usual cause is a client's text field that is not UTF-8, which protobuf refuses for proto3
