@@ -100,12 +100,9 @@ class Fields {
   auto lhs = *std::move(lhs##_or)
 
 absl::StatusOr<json> ParseBody(absl::string_view body) {
-  if (const size_t bad = FirstInvalidUtf8(std::string_view(body.data(), body.size()));
-      bad < body.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the request body is not valid UTF-8: byte %d (0x%02X) does not begin a well-formed "
-        "character",
-        bad, static_cast<unsigned char>(body[bad])));
+  if (absl::Status utf8 = CheckUtf8("the request body", std::string_view(body.data(), body.size()));
+      !utf8.ok()) {
+    return utf8;
   }
   json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) {
