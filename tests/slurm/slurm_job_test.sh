@@ -111,17 +111,22 @@ our_processes() {
 
 # The single-process reference: one coordinator and one worker holding every layer, outside Slurm.
 reference_run() {
-  local out=$1 cport wport
-  cport=$(cluster_free_port)
+  local out=$1 cport="" t
   mkdir -p "$out"
-  "$bin_dir/tandem-coordinator" --listen="127.0.0.1:$cport" --model_dir="$work/model" \
+  # Port 0: the coordinator binds a port of the kernel's choice and prints it.
+  "$bin_dir/tandem-coordinator" --listen=127.0.0.1:0 --model_dir="$work/model" \
     --stages=1 --replicas=1 $(tandem_metrics_arg tandem-coordinator 0) \
     >"$out/coordinator.log" 2>&1 &
   local_pids+=($!)
+  for t in $(seq 1 100); do
+    cport=$(sed -n 's/^tandem-coordinator listening on port \([0-9]*\)$/\1/p' "$out/coordinator.log")
+    [ -n "$cport" ] && break
+    sleep 0.2
+  done
+  [ -n "$cport" ] || fail "the reference coordinator did not report its port: $out/coordinator.log"
   "$bin_dir/tandem-worker" --coordinator="127.0.0.1:$cport" --listen=127.0.0.1:0 \
     --advertise_host=127.0.0.1 --backend=cpu >"$out/worker.log" 2>&1 &
   local_pids+=($!)
-  local t
   for t in $(seq 1 60); do
     grep -q '^pipelines {' <<<"$("$bin_dir/tandem-cli" topology --addr="127.0.0.1:$cport" 2>/dev/null)" &&
       break
