@@ -74,12 +74,13 @@ absl::Status Parse(const nlohmann::json& json, const std::string& where, PostPro
           return absl::InvalidArgumentError(
               absl::StrCat(at, ": special token \"", name, "\" is not in special_tokens"));
         }
-        const nlohmann::json& ids = (*specials)[name]["ids"];
-        if (!ids.is_array()) {
+        const nlohmann::json& special = (*specials)[name];
+        const auto ids_at = special.find("ids");  // end() for a value that is not an object
+        if (ids_at == special.end() || !ids_at->is_array()) {
           return absl::InvalidArgumentError(
               absl::StrCat(here, ".special_tokens.", name, ".ids must be an array"));
         }
-        for (const auto& id : ids) {
+        for (const auto& id : *ids_at) {
           if (!id.is_number_integer() || id.get<int64_t>() < 0) {
             return absl::InvalidArgumentError(
                 absl::StrCat(here, ".special_tokens.", name, ".ids holds ", id.dump()));

@@ -290,6 +290,25 @@ TEST(TokenizerPostProcessor, TemplateAndSequenceWrapTheText) {
   EXPECT_THAT(roberta->suffix, ElementsAre(2));
 }
 
+// A template's special token whose entry in special_tokens has no "ids" array (or is not an
+// object) is refused by name; looking the key up unchecked read past the entry.
+TEST(TokenizerPostProcessor, SpecialTokenEntryWithoutIdsIsRefused) {
+  for (const json& entry : {json{{"id", "<s>"}, {"idS", {1}}, {"tokens", {"<s>"}}},
+                            json{{"id", "<s>"}, {"ids", 1}}, json(7), json::array()}) {
+    SCOPED_TRACE(entry.dump());
+    auto p = PostProcessor::FromJson(
+        {{"type", "TemplateProcessing"},
+         {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                     {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+         {"pair", json::array()},
+         {"special_tokens", {{"<s>", entry}}}},
+        "post_processor");
+    ASSERT_FALSE(p.ok());
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << p.status();
+    EXPECT_THAT(p.status().message(), HasSubstr(".special_tokens.<s>.ids must be an array"));
+  }
+}
+
 TEST(TokenizerDecoder, Llama2ChainByteLevelAndMetaspace) {
   const std::string m = "\xE2\x96\x81";
   const json llama2 = {
