@@ -519,7 +519,7 @@ TEST(TokenizerBadFiles, MalformedMergeEntries) {
   nlohmann::json json = TokenizerJson({});
   for (const nlohmann::json& bad : {nlohmann::json("ab"), nlohmann::json("a b c"),
                                     nlohmann::json(" a"), nlohmann::json("a ")}) {
-    json["model"]["merges"] = {bad};
+    json["model"]["merges"] = nlohmann::json::array({bad});  // {bad} alone is a copy with clang
     ExpectBadTokenizerJson(json, "model.merges[0]");
   }
   for (const nlohmann::json& bad : {nlohmann::json({"a", "b", "c"}), nlohmann::json({"a", 1}),
