@@ -266,6 +266,17 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
                             .Help("Requests waiting for admission")
                             .Register(r)
                             .Add({})),
+      recomputed_sequences(BuildCounter()
+                               .Name("tandem_sequences_recomputed_total")
+                               .Help("Running sequences whose pipeline was lost and that continued "
+                                     "on another after recomputing their KV-cache")
+                               .Register(r)
+                               .Add({})),
+      recomputed_tokens(BuildCounter()
+                            .Name("tandem_recomputed_tokens_total")
+                            .Help("Tokens fed again to rebuild the KV-cache of resumed sequences")
+                            .Register(r)
+                            .Add({})),
       requests_(BuildCounter()
                     .Name("tandem_requests_total")
                     .Help("Generation requests that ended, by outcome")

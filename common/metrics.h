@@ -92,6 +92,10 @@ struct CoordinatorMetrics {
   prometheus::Histogram& batch_size;  // sequences per step (micro-batch)
   prometheus::Gauge& running_sequences;
   prometheus::Gauge& waiting_sequences;
+  // Sequences that lost their pipeline and went back to the queue, and the tokens (prompt and
+  // generated) the pipeline that took them fed again to rebuild their KV-cache.
+  prometheus::Counter& recomputed_sequences;
+  prometheus::Counter& recomputed_tokens;
 
   void CountRequest(const absl::Status& outcome);
   // Replaces the set of known workers: tandem_worker_up{worker=address} is 1 or 0.

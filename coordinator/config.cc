@@ -35,6 +35,7 @@ absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(std::string_view yaml_t
       else if (key == "prefill_chunk") c.prefill_chunk = v.as<int>();
       else if (key == "prefill_budget") c.prefill_budget = v.as<int>();
       else if (key == "decode_ahead") c.decode_ahead = v.as<bool>();
+      else if (key == "max_resumes") c.max_resumes = v.as<int>();
       else if (key == "heartbeat_interval_ms") c.heartbeat_interval_ms = v.as<int>();
       else if (key == "heartbeat_timeout_ms") c.heartbeat_timeout_ms = v.as<int>();
       else if (key == "drain_timeout_s") c.drain_timeout_s = v.as<double>();
@@ -87,6 +88,7 @@ absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
                               {"max_waiting", c.max_waiting, 0},
                               {"prefill_chunk", c.prefill_chunk, 1},
                               {"prefill_budget", c.prefill_budget, 0},
+                              {"max_resumes", c.max_resumes, 0},
                               {"heartbeat_interval_ms", c.heartbeat_interval_ms, 10},
                               {"heartbeat_timeout_ms", c.heartbeat_timeout_ms, 50},
                               {"drain_timeout_s", c.drain_timeout_s, 0},

@@ -24,6 +24,7 @@ struct CoordinatorConfig {
   int prefill_chunk = 512;                // prompt tokens per sequence per step
   int prefill_budget = 0;                 // prompt tokens per step, all sequences; 0: no bound
   bool decode_ahead = true;               // one stage: the next decode step sent while one runs
+  int max_resumes = 3;                    // a running request's pipeline lost: resumed this often
   int heartbeat_interval_ms = 1000;       // told to workers when they register
   // A silent worker is down after this: ten beats, so that a busy host's scheduling delays are
   // not taken for a death (a worker declared down by mistake registers again).

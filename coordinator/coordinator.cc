@@ -94,6 +94,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
                            .prefill_budget = config.prefill_budget,
                            .micro_batches = config.micro_batches,
                            .decode_ahead = config.decode_ahead,
+                           .max_resumes = config.max_resumes,
                            .vocab_size = c->limits_.vocab_size,
                            .context_length = c->limits_.context_length,
                            .decode = {}};
@@ -292,23 +293,25 @@ void Coordinator::MarkDown(int64_t worker_id, const std::string& why) {
   const int pipeline = w.pipeline;
   w.state = v1::WORKER_STATE_DOWN;
   if (pipeline >= 0) {
-    FailPipeline(pipeline, absl::UnavailableError(absl::StrFormat(
-                               "worker %d (%s) of pipeline %d is down: %s", w.id, w.address,
-                               pipeline, why)));
+    // Its running requests continue on the pipeline that takes them next.
+    FailPipeline(pipeline,
+                 absl::UnavailableError(absl::StrFormat("worker %d (%s) of pipeline %d is down: %s",
+                                                        w.id, w.address, pipeline, why)),
+                 /*resume=*/true);
   }
   w.pipeline = -1;
   replan_needed_ = true;
 }
 
-void Coordinator::FailPipeline(int pipeline, const absl::Status& why) {
+void Coordinator::FailPipeline(int pipeline, const absl::Status& why, bool resume) {
   auto pit = pipelines_.find(pipeline);
   if (pit == pipelines_.end()) return;
   Pipeline& p = *pit->second;
   if (const int running = scheduler_->running(pipeline); running > 0) {
-    spdlog::warn("pipeline {} removed, failing {} requests: {}", pipeline, running,
-                 why.ToString());
+    spdlog::warn("pipeline {} removed, {} {} requests: {}", pipeline,
+                 resume ? "resuming elsewhere" : "failing", running, why.ToString());
   }
-  scheduler_->RemovePipeline(pipeline, why, absl::Now());
+  scheduler_->RemovePipeline(pipeline, why, absl::Now(), resume);
   for (int64_t wid : p.workers) {
     auto wit = workers_.find(wid);
     if (wit == workers_.end()) continue;
@@ -369,8 +372,10 @@ absl::Status Coordinator::RunPlan() {
       };
       mu_.AwaitWithTimeout(absl::Condition(&drained), absl::Seconds(drain_s));
       for (int id : retiring) {
-        FailPipeline(id, absl::UnavailableError(
-                             "the pipeline was retired by a topology change before it drained"));
+        FailPipeline(id,
+                     absl::UnavailableError(
+                         "the pipeline was retired by a topology change before it drained"),
+                     /*resume=*/true);
       }
     }
   }

@@ -127,7 +127,10 @@ class Coordinator {
 
   void OnStepResult(int pipeline, uint64_t assignment, int stage, const v1::StepResult& r);
   void OnLinkBroken(int pipeline, uint64_t assignment, int stage, const absl::Status& s);
-  void FailPipeline(int pipeline, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With `resume`, its running requests go back to the queue to continue elsewhere (see
+  // Scheduler::RemovePipeline) instead of failing with `why`.
+  void FailPipeline(int pipeline, const absl::Status& why, bool resume = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkDown(int64_t worker_id, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkSilentWorkersDown() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the entries of workers declared down (a worker that comes back registers anew).

@@ -33,6 +33,8 @@ std::shared_ptr<RequestState> Scheduler::Enqueue(ValidatedRequest request, absl:
 }
 
 void Scheduler::FailWaiting(const absl::Status& why, absl::Time now) {
+  const std::deque<uint64_t> resumed = resumed_;
+  for (uint64_t seq : resumed) EndSequence(seq, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
   for (auto& r : waiting_) r->Finish(why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
   waiting_.clear();
 }
@@ -42,11 +44,39 @@ void Scheduler::AddPipeline(int id, int stages) {
                      std::forward_as_tuple(stages, options_.max_slots));
 }
 
-void Scheduler::RemovePipeline(int id, const absl::Status& why, absl::Time now) {
+void Scheduler::RemovePipeline(int id, const absl::Status& why, absl::Time now, bool resume) {
   auto it = pipelines_.find(id);
   if (it == pipelines_.end()) return;
   const std::vector<uint64_t> running = it->second.running;
-  for (uint64_t seq : running) EndSequence(seq, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
+  for (uint64_t seq_id : running) {
+    Sequence& seq = *seqs_.at(seq_id);
+    const ValidatedRequest& rq = seq.request->request();
+    if (!resume || (rq.prompt_logprobs >= 0 && seq.generated.empty())) {
+      EndSequence(seq_id, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
+      continue;
+    }
+    if (seq.resumes >= options_.max_resumes) {
+      EndSequence(seq_id,
+                  absl::Status(why.code(), absl::StrFormat("%s (request %s resumed %d times before)",
+                                                           why.message(), rq.request_id,
+                                                           seq.resumes)),
+                  v1::FINISH_REASON_UNSPECIFIED, -1, now);
+      continue;
+    }
+    // What its lost steps fed and sampled is gone: the KV-cache is rebuilt from every token the
+    // sequence has, and the next sample is the one the lost steps would have made.
+    it->second.slots.Free(seq.slot);
+    ++seq.resumes;
+    seq.pipeline = seq.slot = -1;
+    seq.position = seq.in_flight = seq.fed_ahead = 0;
+    seq.pending = rq.prompt;
+    seq.pending.insert(seq.pending.end(), seq.generated.begin(), seq.generated.end());
+    resumed_.push_back(seq_id);
+    if (metrics_ != nullptr) {
+      metrics_->recomputed_sequences.Increment();
+      metrics_->recomputed_tokens.Increment(static_cast<double>(seq.pending.size()));
+    }
+  }
   pipelines_.erase(it);
 }
 
@@ -78,28 +108,43 @@ int Scheduler::free_slots(int id) const {
 // ---------------------------------------------------------------------------------------------
 // Admission and steps
 
+std::optional<int> Scheduler::PipelineForNext() const {
+  std::optional<int> best;
+  for (const auto& [id, p] : pipelines_) {
+    if (p.draining || p.slots.free() == 0) continue;
+    if (!best || p.running.size() < pipelines_.at(*best).running.size()) best = id;
+  }
+  return best;
+}
+
+void Scheduler::Place(Sequence& seq, int id) {
+  Pipeline& p = pipelines_.at(id);
+  seq.pipeline = id;
+  seq.slot = *p.slots.Allocate();
+  p.running.push_back(seq.id);
+}
+
 void Scheduler::Admit(absl::Time now) {
-  while (!waiting_.empty()) {
-    std::optional<int> best;
-    for (auto& [id, p] : pipelines_) {
-      if (p.draining || p.slots.free() == 0) continue;
-      if (!best || p.running.size() < pipelines_.at(*best).running.size()) best = id;
-    }
+  while (!resumed_.empty()) {
+    const std::optional<int> best = PipelineForNext();
     if (!best) return;
-    Pipeline& p = pipelines_.at(*best);
+    Place(*seqs_.at(resumed_.front()), *best);
+    resumed_.pop_front();
+  }
+  while (!waiting_.empty()) {
+    const std::optional<int> best = PipelineForNext();
+    if (!best) return;
     std::shared_ptr<RequestState> req = std::move(waiting_.front());
     waiting_.pop_front();
     auto seq = std::make_unique<Sequence>();
     seq->id = next_seq_id_++;
     seq->request = req;
-    seq->pipeline = *best;
-    seq->slot = *p.slots.Allocate();
     seq->pending = req->request().prompt;
     const SamplingParams& sp = req->request().sampling;
     if (sp.repetition_penalty != 1.0f) {
       for (int32_t t : seq->pending) seq->seen[t].second = true;
     }
-    p.running.push_back(seq->id);
+    Place(*seq, *best);
     seq_of_request_[req.get()] = seq->id;
     req->Admitted(now);
     if (metrics_ != nullptr) {
@@ -150,7 +195,8 @@ bool Scheduler::Ready(const Sequence& seq, int stages) const {
 }
 
 int Scheduler::PromptTokens(const Sequence& seq) const {
-  if (seq.in_flight > 0 || !seq.generated.empty()) return 0;
+  // A decode feeds one token; a resumed sequence feeds its prompt and its tokens again.
+  if (seq.in_flight > 0 || (!seq.generated.empty() && seq.pending.size() <= 1)) return 0;
   return std::min(static_cast<int>(seq.pending.size()), options_.prefill_chunk);
 }
 
@@ -313,6 +359,8 @@ void Scheduler::EndSequence(uint64_t seq_id, absl::Status status, v1::FinishReas
     pit->second.slots.Free(seq.slot);
     auto& running = pit->second.running;
     running.erase(std::remove(running.begin(), running.end(), seq_id), running.end());
+  } else {
+    resumed_.erase(std::remove(resumed_.begin(), resumed_.end(), seq_id), resumed_.end());
   }
   seq.request->Finish(std::move(status), finish, text_limit, now);
   seq_of_request_.erase(seq.request.get());

@@ -12,6 +12,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -45,6 +46,11 @@ struct SchedulerOptions {
   // sampled, with the RNG counter of that position; a sequence that ends drops the token sampled
   // ahead. Sequences with penalties or prompt logprobs (which need the token first) wait.
   bool decode_ahead = true;
+  // Times a running sequence whose pipeline is lost (a worker down, a layout retired before it
+  // drained) goes back to the front of the queue, to continue on the next pipeline that takes it
+  // after recomputing its KV-cache from its prompt and the tokens generated so far, before it
+  // fails with the cause instead; 0: it fails at once.
+  int max_resumes = 3;
   int vocab_size = 0;      // sampled tokens outside [0, vocab_size) fail the pipeline
   int context_length = 0;  // positions in the KV-cache, for the length rule
   TextDecoder decode;      // for stop strings; empty: none are matched
@@ -61,15 +67,20 @@ class Scheduler {
   absl::Status CheckQueueRoom() const;
   // Queues `request` (an empty request_id becomes "req-<n>"); no room check (CheckQueueRoom).
   std::shared_ptr<RequestState> Enqueue(ValidatedRequest request, absl::Time now);
-  // Ends every waiting request with `why`.
+  // Ends every waiting request with `why`, the resumed sequences among them.
   void FailWaiting(const absl::Status& why, absl::Time now);
-  int waiting() const { return static_cast<int>(waiting_.size()); }
+  // Requests not in a pipeline: new ones and resumed sequences.
+  int waiting() const { return static_cast<int>(waiting_.size() + resumed_.size()); }
 
   // Pipelines. A new one takes sequences from the next Admit on.
   void AddPipeline(int id, int stages);
-  // Ends every sequence running on pipeline `id` with `why` and forgets the pipeline and its
-  // steps in flight; results for them are then refused.
-  void RemovePipeline(int id, const absl::Status& why, absl::Time now);
+  // Forgets pipeline `id` and its steps in flight (results for them are then refused). Its
+  // running sequences end with `why`, or with `resume` go back to the queue ahead of every
+  // waiting request, in admission order, to be fed their prompt and every token generated so far
+  // (no token is lost or repeated; sampling continues at the same counter) by the next pipeline
+  // that admits them, at most max_resumes times each. A sequence that asked for prompt logprobs
+  // and has none of its tokens yet is not resumed (its prompt's logprobs would be sent twice).
+  void RemovePipeline(int id, const absl::Status& why, absl::Time now, bool resume = false);
   // A draining pipeline admits nothing new; its running sequences go on.
   void SetDraining(int id);
   bool draining(int id) const;
@@ -77,7 +88,7 @@ class Scheduler {
   int used_slots(int id) const;
   int free_slots(int id) const;
 
-  // Moves waiting requests, oldest first, into the pipeline with the fewest running sequences
+  // Moves resumed sequences, then waiting requests, oldest first, into the pipeline with the fewest running sequences
   // (the lowest id on ties) that is not draining and has a free slot, until none is left.
   void Admit(absl::Time now);
 
@@ -124,6 +135,7 @@ class Scheduler {
     // only for repetition_penalty) -> {times generated, in the prompt}.
     absl::flat_hash_map<int32_t, std::pair<int32_t, bool>> seen;
     absl::Time last_token = absl::InfinitePast();  // for the inter-token latency
+    int resumes = 0;  // times its pipeline was lost and it went back to the queue
   };
   // One sequence's row of a step in flight.
   struct StepEntry {
@@ -145,6 +157,11 @@ class Scheduler {
   bool Ready(const Sequence& seq, int stages) const;
   // Whether the token of the step in flight ends `seq` whatever it is (its length).
   bool EndsByLength(const Sequence& seq) const;
+  // The pipeline that admits the next sequence: not draining, a free slot, the fewest running
+  // sequences (the lowest id on ties); none if no pipeline can.
+  std::optional<int> PipelineForNext() const;
+  // Puts `seq` into pipeline `id` (a free slot).
+  void Place(Sequence& seq, int id);
   // The prompt tokens `seq` would feed in its next row (at most prefill_chunk); 0 once it decodes.
   int PromptTokens(const Sequence& seq) const;
   // Adds `seq`'s row to `step`: its pending tokens (at most prefill_chunk and `max_tokens`), or
@@ -161,6 +178,7 @@ class Scheduler {
   CoordinatorMetrics* metrics_;
   uint64_t next_seq_id_ = 1;
   std::deque<std::shared_ptr<RequestState>> waiting_;
+  std::deque<uint64_t> resumed_;  // sequences whose pipeline was lost, admitted before waiting_
   std::map<int, Pipeline> pipelines_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   absl::flat_hash_map<const RequestState*, uint64_t> seq_of_request_;

@@ -22,6 +22,7 @@ max_waiting: 10
 prefill_chunk: 64
 prefill_budget: 96
 decode_ahead: false
+max_resumes: 5
 heartbeat_interval_ms: 100
 heartbeat_timeout_ms: 900
 drain_timeout_s: 5.5
@@ -39,6 +40,7 @@ drain_timeout_s: 5.5
   EXPECT_EQ(c->prefill_chunk, 64);
   EXPECT_EQ(c->prefill_budget, 96);
   EXPECT_FALSE(c->decode_ahead);
+  EXPECT_EQ(c->max_resumes, 5);
   EXPECT_EQ(c->heartbeat_interval_ms, 100);
   EXPECT_EQ(c->heartbeat_timeout_ms, 900);
   EXPECT_DOUBLE_EQ(c->drain_timeout_s, 5.5);
@@ -51,6 +53,7 @@ TEST(CoordinatorConfigTest, EmptyFileGivesDefaults) {
   EXPECT_EQ(c->stages, 1);
   EXPECT_TRUE(c->decode_ahead);
   EXPECT_EQ(c->prefill_budget, 0);
+  EXPECT_EQ(c->max_resumes, 3);
 }
 
 TEST(CoordinatorConfigTest, UnknownKeyIsNamed) {
@@ -98,6 +101,11 @@ TEST(CoordinatorConfigTest, ValidationNamesTheBadField) {
   c.prefill_budget = -1;
   EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("prefill_budget"));
   c.prefill_budget = 0;
+  c.max_resumes = 0;  // fail at once
+  EXPECT_TRUE(ValidateCoordinatorConfig(c).ok());
+  c.max_resumes = -1;
+  EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("max_resumes"));
+  c.max_resumes = 3;
   c.heartbeat_timeout_ms = c.heartbeat_interval_ms;
   EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("heartbeat_timeout_ms"));
 }

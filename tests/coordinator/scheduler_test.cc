@@ -708,6 +708,158 @@ TEST(Scheduler, RemovingAPipelineFailsItsSequencesAndForgetsItsSteps) {
   EXPECT_EQ(Answer(s, 0, steps[0], 7).code(), absl::StatusCode::kInternal);
 }
 
+// Resuming after a lost pipeline: the sequence is fed its prompt and every token it has, on the
+// pipeline that takes it next, and continues where it was, with the same sampling counter.
+TEST(Scheduler, ResumedSequenceRecomputesPromptAndTokensAndContinuesWithTheSameCounter) {
+  Scheduler s(Options());
+  s.AddPipeline(0, 1);
+  ValidatedRequest r = Request({1, 2, 3}, 5);
+  r.sampling.temperature = 0.5f;
+  r.sampling.seed = 42;
+  std::shared_ptr<RequestState> req = s.Enqueue(r, kNow);
+  s.Admit(kNow);
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 7).ok());
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 8).ok());
+  const StepDescriptor lost = NextStep(s, 0);  // feeds 8, would sample the third token
+  s.RemovePipeline(0, absl::UnavailableError("worker 1 is down"), kNow, /*resume=*/true);
+  EXPECT_FALSE(Peek(req).done);
+  EXPECT_EQ(s.waiting(), 1);
+  EXPECT_EQ(Answer(s, 0, lost, 9).code(), absl::StatusCode::kInternal);  // forgotten
+  s.AddPipeline(1, 1);
+  s.Admit(kNow);
+  EXPECT_EQ(s.waiting(), 0);
+  EXPECT_EQ(s.running(1), 1);
+  const StepDescriptor again = NextStep(s, 1);
+  EXPECT_THAT(again.tokens, ElementsAre(1, 2, 3, 7, 8));
+  ASSERT_EQ(again.seqs.size(), 1u);
+  EXPECT_EQ(again.seqs[0].position, 0);
+  EXPECT_EQ(again.seqs[0].num_tokens, 5);
+  EXPECT_TRUE(again.seqs[0].sample);
+  EXPECT_EQ(again.seqs[0].sample_index, 2u);  // the third token's counter, as without the loss
+  ASSERT_TRUE(Answer(s, 1, again, 9).ok());
+  const StepDescriptor decode = NextStep(s, 1);
+  EXPECT_THAT(decode.tokens, ElementsAre(9));
+  EXPECT_EQ(decode.seqs[0].position, 5);
+  EXPECT_EQ(decode.seqs[0].sample_index, 3u);
+  ASSERT_TRUE(Answer(s, 1, decode, 4).ok());
+  ASSERT_TRUE(Answer(s, 1, NextStep(s, 1), 5).ok());  // the fifth token: max_new_tokens
+  const RequestState::Snapshot done = Peek(req);
+  EXPECT_TRUE(done.done);
+  EXPECT_TRUE(done.status.ok()) << done.status;
+  EXPECT_EQ(done.finish, v1::FINISH_REASON_LENGTH);
+  EXPECT_THAT(done.tokens, ElementsAre(7, 8, 9, 4, 5));  // none lost, none repeated
+  EXPECT_EQ(s.used_slots(1), 0);
+}
+
+// A sequence lost in the middle of its prompt starts the prompt over; stop strings see the text
+// of the tokens from before the loss.
+TEST(Scheduler, ResumedSequenceKeepsItsChunksAndItsStopStringAcrossTheLoss) {
+  SchedulerOptions o = Options();
+  o.prefill_chunk = 2;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  ValidatedRequest r = Request({1, 2, 3});
+  r.stop_strings = {"world"};
+  std::shared_ptr<RequestState> req = s.Enqueue(r, kNow);
+  s.Admit(kNow);
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 0).ok());  // the first chunk, no sample
+  s.RemovePipeline(0, absl::UnavailableError("worker 1 is down"), kNow, /*resume=*/true);
+  s.AddPipeline(1, 1);
+  s.Admit(kNow);
+  StepDescriptor step = NextStep(s, 1);
+  EXPECT_THAT(step.tokens, ElementsAre(1, 2));
+  EXPECT_FALSE(step.seqs[0].sample);
+  ASSERT_TRUE(Answer(s, 1, step, 0).ok());
+  step = NextStep(s, 1);
+  EXPECT_THAT(step.tokens, ElementsAre(3));
+  ASSERT_TRUE(Answer(s, 1, step, 2).ok());  // " wor"
+  s.RemovePipeline(1, absl::UnavailableError("worker 2 is down"), kNow, /*resume=*/true);
+  s.AddPipeline(2, 1);
+  s.Admit(kNow);
+  step = NextStep(s, 2);
+  EXPECT_THAT(step.tokens, ElementsAre(1, 2));
+  ASSERT_TRUE(Answer(s, 2, step, 0).ok());
+  step = NextStep(s, 2);
+  EXPECT_THAT(step.tokens, ElementsAre(3, 2));
+  ASSERT_TRUE(Answer(s, 2, step, 3).ok());  // "ld": " world" ends it
+  const RequestState::Snapshot done = Peek(req);
+  EXPECT_TRUE(done.done);
+  EXPECT_EQ(done.finish, v1::FINISH_REASON_STOP);
+  EXPECT_THAT(done.tokens, ElementsAre(2, 3));
+}
+
+// Resumed sequences go ahead of every request that was waiting, in their admission order.
+TEST(Scheduler, ResumedSequencesAreAdmittedBeforeWaitingRequests) {
+  SchedulerOptions o = Options();
+  o.max_slots = 2;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  std::shared_ptr<RequestState> a = s.Enqueue(Request({1}), kNow);
+  std::shared_ptr<RequestState> b = s.Enqueue(Request({2}), kNow);
+  s.Admit(kNow);
+  std::shared_ptr<RequestState> c = s.Enqueue(Request({3}), kNow);  // no slot: waits
+  s.Admit(kNow);
+  EXPECT_EQ(s.waiting(), 1);
+  s.RemovePipeline(0, absl::UnavailableError("worker 1 is down"), kNow, /*resume=*/true);
+  EXPECT_EQ(s.waiting(), 3);
+  s.AddPipeline(1, 1);
+  s.Admit(kNow);
+  EXPECT_EQ(s.running(1), 2);
+  EXPECT_EQ(s.waiting(), 1);
+  const StepDescriptor step = NextStep(s, 1);
+  EXPECT_THAT(step.tokens, ElementsAre(1, 2));  // a and b; c still waits
+}
+
+// Each sequence is resumed at most max_resumes times, then fails with the cause; without resume
+// (a failed step, the coordinator stopping) it fails at once, as does one scoring its prompt.
+TEST(Scheduler, ResumesAtMostMaxResumesTimesAndOnlyWhenAsked) {
+  SchedulerOptions o = Options();
+  o.max_resumes = 2;
+  Scheduler s(o);
+  std::shared_ptr<RequestState> req = s.Enqueue(Request({1}), kNow);
+  for (int id = 0; id < 3; ++id) {
+    s.AddPipeline(id, 1);
+    s.Admit(kNow);
+    (void)s.FormSteps(id);
+    s.RemovePipeline(id, absl::UnavailableError("worker is down"), kNow, /*resume=*/true);
+  }
+  const RequestState::Snapshot third = Peek(req);
+  EXPECT_TRUE(third.done);
+  EXPECT_EQ(third.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(third.status.message(), HasSubstr("worker is down"));
+  EXPECT_THAT(third.status.message(), HasSubstr("resumed 2 times"));
+  EXPECT_EQ(s.waiting(), 0);
+
+  std::shared_ptr<RequestState> plain = s.Enqueue(Request({1}), kNow);
+  ValidatedRequest scored = Request({1, 2});
+  scored.prompt_logprobs = 1;
+  std::shared_ptr<RequestState> scoring = s.Enqueue(scored, kNow);
+  s.AddPipeline(9, 1);
+  s.Admit(kNow);
+  s.RemovePipeline(9, absl::InternalError("step failed"), kNow);
+  EXPECT_EQ(Peek(plain).status.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(Peek(scoring).status.code(), absl::StatusCode::kInternal);
+}
+
+// A resumed sequence still waiting can be cancelled (a deadline) or failed with the queue.
+TEST(Scheduler, ResumedSequenceWaitingCanBeCancelledOrFailed) {
+  Scheduler s(Options());
+  s.AddPipeline(0, 1);
+  std::shared_ptr<RequestState> a = s.Enqueue(Request({1}), kNow);
+  std::shared_ptr<RequestState> b = s.Enqueue(Request({2}), kNow);
+  s.Admit(kNow);
+  s.RemovePipeline(0, absl::UnavailableError("worker 1 is down"), kNow, /*resume=*/true);
+  s.Cancel(a, absl::DeadlineExceededError("deadline"), kNow);
+  EXPECT_EQ(Peek(a).status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(s.waiting(), 1);
+  s.FailWaiting(absl::UnavailableError("no pipeline"), kNow);
+  EXPECT_EQ(Peek(b).status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(s.waiting(), 0);
+  s.AddPipeline(1, 1);
+  s.Admit(kNow);
+  EXPECT_EQ(s.running(1), 0);
+}
+
 TEST(Scheduler, FailWaitingEndsEveryQueuedRequest) {
   Scheduler s(Options());
   std::shared_ptr<RequestState> a = s.Enqueue(Request({1}), kNow);

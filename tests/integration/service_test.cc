@@ -264,7 +264,10 @@ TEST_F(ServiceTest, TopologyNeedingMoreWorkersThanRegisteredIsRefused) {
   ExpectMatchesOracle(*cluster, MixedCases(5));
 }
 
-TEST_F(ServiceTest, KilledWorkerFailsOnlyItsPipelineAndServiceRecovers) {
+// A worker killed under load: the requests of its pipeline continue on the other replica or on
+// the pipeline the spare worker forms (their KV-cache recomputed from prompt and tokens so far),
+// and every request ends with exactly the tokens of an undisturbed greedy run.
+TEST_F(ServiceTest, KilledWorkersRequestsContinueElsewhereWithTheSameTokens) {
   // Two replicas of one stage plus a spare worker for the re-plan.
   auto cluster = StartCluster(3, 1, 2, {}, /*default_heartbeats=*/true);
   ASSERT_NE(cluster, nullptr);
@@ -305,34 +308,30 @@ TEST_F(ServiceTest, KilledWorkerFailsOnlyItsPipelineAndServiceRecovers) {
     }));
   }
   while (started.load() < kRequests) absl::SleepFor(absl::Milliseconds(1));
-  const absl::Time killed = absl::Now();
   cluster->worker(victim).Kill(SIGKILL);
 
-  int failed = 0, succeeded = 0;
   for (int i = 0; i < kRequests; ++i) {
     auto [status, tokens, ended] = futures[i].get();
-    if (status.ok()) {
-      ++succeeded;
-      EXPECT_EQ(tokens.size(), 1000u);
-    } else {
-      ++failed;
-      EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
-      EXPECT_LT(ended - killed, absl::Seconds(2)) << "request " << i << " failed too late";
-    }
+    ASSERT_TRUE(status.ok()) << "request " << i << ": " << status.error_message() << "\n"
+                             << cluster->Logs();
+    EXPECT_EQ(tokens, Oracle(cases[i])) << "request " << i;
   }
-  EXPECT_GT(failed, 0) << "no request was on the killed worker's pipeline";
-  EXPECT_GT(succeeded, 0) << "the other replica's requests must be unaffected";
+  // Some of them were on the killed worker's pipeline (else this test shows nothing).
+  EXPECT_THAT(cluster->Logs(), HasSubstr("resuming elsewhere")) << "no request was resumed";
 
   // The spare worker replaces the dead one; new requests succeed and are right.
   ASSERT_TRUE(cluster->WaitForTopology(2, 1).ok()) << cluster->Logs();
   ExpectMatchesOracle(*cluster, MixedCases(3));
 }
 
-TEST_F(ServiceTest, KilledStageWorkerReplansOntoRemainingWorker) {
+// A stage's worker killed mid-generation: the coordinator serves the whole model on the worker
+// left, and the request continues there with the tokens of an undisturbed run.
+TEST_F(ServiceTest, KilledStageWorkerReplansOntoRemainingWorkerAndTheRequestContinues) {
   auto cluster = StartCluster(2, 2, 1, {}, /*default_heartbeats=*/true);
   ASSERT_NE(cluster, nullptr);
   Case c{.prompt = {1, 2, 3}, .max_new_tokens = 1000, .sampling = {}};
   std::promise<void> first_token;
+  std::vector<int32_t> tokens;
   auto f = std::async(std::launch::async, [&] {
     grpc::ClientContext ctx;
     v1::GenerateRequest req = ToRequest(c);
@@ -343,22 +342,23 @@ TEST_F(ServiceTest, KilledStageWorkerReplansOntoRemainingWorker) {
     while (reader->Read(&msg)) {
       if (!told && msg.token_ids_size() > 0) first_token.set_value();
       told |= msg.token_ids_size() > 0;
+      tokens.insert(tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
     }
     if (!told) first_token.set_value();
     return reader->Finish();
   });
   // Killed mid-generation: once a token has streamed, both stages hold the sequence.
   first_token.get_future().wait();
-  const absl::Time killed = absl::Now();
   cluster->worker(1).Kill(SIGKILL);
   grpc::Status s = f.get();
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
-  EXPECT_LT(absl::Now() - killed, absl::Seconds(2));
+  ASSERT_TRUE(s.ok()) << s.error_message() << "\n" << cluster->Logs();
+  EXPECT_EQ(tokens, Oracle(c));
   // One worker is left: the coordinator serves the whole model on it.
   ASSERT_TRUE(cluster->WaitForTopology(1, 1).ok()) << cluster->Logs();
   ExpectMatchesOracle(*cluster, MixedCases(9));
 }
 
+// With no other worker to resume on, the request of a frozen worker fails with UNAVAILABLE.
 TEST_F(ServiceTest, WorkerThatStopsAnsweringFailsItsRequestsWithUnavailable) {
   auto cluster = StartCluster(1, 1, 1);
   ASSERT_NE(cluster, nullptr);
