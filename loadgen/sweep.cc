@@ -305,7 +305,7 @@ using Baseline = std::map<std::tuple<int, int, int>, std::string>;
 // The first node count's outputs become the baseline.
 void SummarizeRequests(const LoadRun& run, const SweepOptions& o, const Point& point,
                        Baseline& baseline, ConfigResult& c) {
-  std::vector<double> ttft, itl, e2e;
+  std::vector<double> ttft, itl, e2e, pause;
   std::set<std::string> error_kinds;  // a few distinct messages, so failures say why
   for (size_t i = 0; i < run.records.size(); ++i) {
     const RequestRecord& r = run.records[i];
@@ -318,6 +318,7 @@ void SummarizeRequests(const LoadRun& run, const SweepOptions& o, const Point& p
     ttft.push_back(r.ttft);
     e2e.push_back(r.e2e);
     itl.insert(itl.end(), r.gaps.begin(), r.gaps.end());
+    pause.push_back(r.gaps.empty() ? 0.0 : *std::max_element(r.gaps.begin(), r.gaps.end()));
     const auto key = std::make_tuple(c.prompt_len, c.output_len, run.prompt_ids[i]);
     auto it = baseline.find(key);
     if (it == baseline.end()) {
@@ -342,6 +343,9 @@ void SummarizeRequests(const LoadRun& run, const SweepOptions& o, const Point& p
   c.e2e_p50 = Percentile(e2e, 50);
   c.e2e_p90 = Percentile(e2e, 90);
   c.e2e_p99 = Percentile(e2e, 99);
+  c.pause_p50 = Percentile(pause, 50);
+  c.pause_p99 = Percentile(pause, 99);
+  c.pause_max = Percentile(pause, 100);
 }
 
 // GPU energy, power and peak memory, and each stage's compute and transfer time and bytes, from

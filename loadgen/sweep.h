@@ -75,6 +75,9 @@ struct ConfigResult {
   double ttft_p50 = 0, ttft_p90 = 0, ttft_p99 = 0;
   double itl_p50 = 0, itl_p90 = 0, itl_p99 = 0;
   double e2e_p50 = 0, e2e_p90 = 0, e2e_p99 = 0;
+  // Each request's longest gap between two of its tokens (a stream's pause, e.g. while a lost
+  // worker's requests are resumed elsewhere), over the requests.
+  double pause_p50 = 0, pause_p99 = 0, pause_max = 0;
   double speedup = 0;     // tokens/s over the first node count's, same load and lengths
   double efficiency = 0;  // speedup / (nodes / first node count)
   bool has_gpu = false;

@@ -96,6 +96,7 @@ nlohmann::json Json(const SweepResult& r) {
          {"ttft_s", {{"p50", c.ttft_p50}, {"p90", c.ttft_p90}, {"p99", c.ttft_p99}}},
          {"itl_s", {{"p50", c.itl_p50}, {"p90", c.itl_p90}, {"p99", c.itl_p99}}},
          {"e2e_s", {{"p50", c.e2e_p50}, {"p90", c.e2e_p90}, {"p99", c.e2e_p99}}},
+         {"pause_s", {{"p50", c.pause_p50}, {"p99", c.pause_p99}, {"max", c.pause_max}}},
          {"speedup", c.speedup}, {"efficiency", c.efficiency}, {"has_gpu", c.has_gpu},
          {"energy_j", c.energy_j}, {"power_w", c.power_w},
          {"tokens_per_joule", c.tokens_per_joule},
@@ -161,6 +162,14 @@ std::string Markdown(const SweepResult& r) {
         mem, Shares(c), c.correct ? "yes" : absl::StrCat("NO (", c.mismatches, " differ, ",
                                                           c.errors, " failed)")));
   }
+  md += "\nLongest pause within a request's stream (its largest gap between two tokens), over the "
+        "requests, p50 / p99 / max (ms):";
+  for (const ConfigResult& c : r.configs) {
+    absl::StrAppend(&md, absl::StrFormat(" %s %g: %.1f / %.1f / %.1f;",
+                                         o.mode == "closed" ? "batch" : "rate", Load(c),
+                                         c.pause_p50 * 1e3, c.pause_p99 * 1e3, c.pause_max * 1e3));
+  }
+  md += "\n";
   md += "\nCompute share = compute / (compute + transfer) seconds per stage, from the workers' "
         "`tandem_stage_compute_seconds` and `tandem_stage_transfer_seconds` (receive time includes "
         "waiting for the previous stage).\n\n";
@@ -320,6 +329,13 @@ absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
         rc.Get(*q, "p50", p50);
         rc.Get(*q, "p90", p90);
         rc.Get(*q, "p99", p99);
+      }
+    }
+    if (cj.contains("pause_s")) {  // absent from results written before it was recorded
+      if (const nlohmann::json* q = rc.Object(cj, "pause_s")) {
+        rc.Get(*q, "p50", &c.pause_p50);
+        rc.Get(*q, "p99", &c.pause_p99);
+        rc.Get(*q, "max", &c.pause_max);
       }
     }
     rc.Get(cj, "speedup", &c.speedup);

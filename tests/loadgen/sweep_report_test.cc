@@ -50,6 +50,8 @@ SweepResult Sample(const fs::path& out) {
     c.ttft_p50 = 0.01 * nodes;
     c.itl_p99 = 0.003;
     c.e2e_p90 = 0.2;
+    c.pause_p99 = 0.75 * nodes;
+    c.pause_max = 1.25 * nodes;
     c.speedup = nodes;
     c.efficiency = 1;
     c.has_gpu = true;
@@ -86,6 +88,8 @@ TEST(ReadResultsTest, ReadsBackWhatWriteReportWrote) {
     EXPECT_DOUBLE_EQ(a.ttft_p50, b.ttft_p50);
     EXPECT_DOUBLE_EQ(a.itl_p99, b.itl_p99);
     EXPECT_DOUBLE_EQ(a.e2e_p90, b.e2e_p90);
+    EXPECT_DOUBLE_EQ(a.pause_p99, b.pause_p99);
+    EXPECT_DOUBLE_EQ(a.pause_max, b.pause_max);
     EXPECT_DOUBLE_EQ(a.energy_j, b.energy_j);
     EXPECT_EQ(a.correct, b.correct);
     EXPECT_EQ(a.mismatches, b.mismatches);
