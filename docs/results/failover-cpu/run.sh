@@ -5,12 +5,22 @@
 # worker killed (SIGKILL) a few seconds in. Prints the sweep's summary (its failures must be 0),
 # the coordinator's resume counters, and the longest pause of any request's stream.
 # usage: docs/results/failover-cpu/run.sh [BUILD_DIR]   (default: build)   Output in $OUT.
+# On the GPU machine (after scripts/gpu-check packed the binaries): BIN=carry PRESET=openllama-3b
+# WORKER_FLAGS="--backend=cuda --gpu=0 --dtype=f16 --kv_memory_fraction=0.4" (both workers on
+# the one GPU).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-bin=$PWD/${1:-build}/bin
+if [ "${BIN:-}" = carry ]; then
+  source scripts/carry-unpack
+  bin=$PWD/.carry/bin
+else
+  bin=$PWD/${1:-build}/bin
+fi
 out=${OUT:-/tmp/tandem-failover}
-rm -rf "$out" && mkdir -p "$out"
-"$bin/tandem-make-model" --preset=tiny-llama --seed=1 --out="$out/model" > /dev/null || exit 1
+mkdir -p "$out" && rm -rf "$out/sweep"
+[ -f "$out/model/config.json" ] ||
+  "$bin/tandem-make-model" --preset="${PRESET:-tiny-llama}" --seed=1 --out="$out/model" > /dev/null ||
+  exit 1
 "$bin/tandem-coordinator" --listen=127.0.0.1:0 --model_dir="$out/model" --stages=1 --replicas=1 \
   --max_slots=16 --max_batch=16 --metrics_address=127.0.0.1:0 > "$out/coordinator.log" 2>&1 &
 pids=($!)
@@ -23,12 +33,13 @@ for _ in $(seq 100); do
 done
 metrics=$(sed -n 's/^tandem-coordinator metrics on port \([0-9]*\)$/\1/p' "$out/coordinator.log")
 for i in 0 1; do
-  "$bin/tandem-worker" --coordinator=127.0.0.1:$port --listen=127.0.0.1:0 --backend=cpu \
-    > "$out/worker-$i.log" 2>&1 &
+  # shellcheck disable=SC2086
+  "$bin/tandem-worker" --coordinator=127.0.0.1:$port --listen=127.0.0.1:0 \
+    ${WORKER_FLAGS:---backend=cpu} > "$out/worker-$i.log" 2>&1 &
   pids+=($!)
   worker[$i]=$!
 done
-for _ in $(seq 100); do
+for _ in $(seq 300); do
   "$bin/tandem-cli" topology --addr=127.0.0.1:$port 2>/dev/null | grep -q '^pipelines {' && break
   sleep 0.2
 done
@@ -37,9 +48,10 @@ done
   > "$out/loadgen.log" 2>&1 &
 loadgen=$!
 sleep "${KILL_AFTER_S:-4}"
+# KILL=0: the same run without the kill (the control for the sweep's correctness column).
 serving=$("$bin/tandem-cli" topology --addr=127.0.0.1:$port | sed -n 's/.*worker_address: "127.0.0.1:\([0-9]*\)".*/\1/p' | head -1)
 for i in 0 1; do
-  if grep -q "listening on port $serving\$" "$out/worker-$i.log"; then
+  if [ "${KILL:-1}" != 0 ] && grep -q "listening on port $serving\$" "$out/worker-$i.log"; then
     echo "killing worker $i (port $serving) at $(date +%T.%N)"
     kill -9 "${worker[$i]}"
   fi
