@@ -46,6 +46,23 @@ struct StepOutput {
   std::vector<SequenceLogprobs> logprobs;  // last stage: one per sequence that wants_logprobs()
 };
 
+// The KV-cache of one sequence over some of a model's layers, positions [0, positions): what a
+// stage exports for another to import when the sequence moves. k and v are each
+// [layer][position][num_kv_heads * head_dim] elements of `dtype`. The fields say what the bytes
+// are, so that a stage refuses a block that does not fit it instead of reading it wrongly.
+struct KvBlock {
+  static constexpr int kVersion = 1;
+  int version = kVersion;
+  DType dtype = DType::kF32;
+  int first_layer = 0;  // model layers [first_layer, first_layer + num_layers)
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int positions = 0;
+  std::vector<uint8_t> k, v;
+  size_t expected_bytes() const;  // of k (and of v) by the fields above; 0 when they are invalid
+};
+
 class Stage {
  public:
   virtual ~Stage() = default;
@@ -53,7 +70,30 @@ class Stage {
   // Errors (bad slot, position past the context, shape mismatch) leave the stage usable.
   virtual absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) = 0;
   virtual const ModelConfig& config() const = 0;
+  // The KV-cache of slot `slot`, positions [0, positions), of the model layers
+  // [first_layer, first_layer + num_layers), all within this stage's. INVALID_ARGUMENT naming
+  // what is out of range (a slot, positions the slot does not hold, layers it does not have).
+  virtual absl::StatusOr<KvBlock> ExportKv(int slot, int positions, int first_layer,
+                                           int num_layers) const {
+    (void)slot, (void)positions, (void)first_layer, (void)num_layers;
+    return absl::UnimplementedError("this backend does not export its KV-cache");
+  }
+  // Writes `block` into slot `slot`, which then holds its positions [0, block.positions): the next
+  // step of the sequence starts there. A block of other dims, another version, a dtype other than
+  // the cache's, layers outside this stage's, positions past its capacity or a byte count that
+  // does not match is INVALID_ARGUMENT naming it, and nothing is written. Every layer of the stage
+  // must come (in one block or several) before the slot's next step.
+  virtual absl::Status ImportKv(int slot, const KvBlock& block) {
+    (void)slot, (void)block;
+    return absl::UnimplementedError("this backend does not import a KV-cache");
+  }
 };
+
+// The checks every backend's ImportKv makes, against a stage of model config `c` holding the
+// model layers [first_layer, last_layer) in `dtype` with `max_slots` slots of `max_seq_len`
+// positions: OK, or INVALID_ARGUMENT naming the first mismatch.
+absl::Status CheckKvBlock(const KvBlock& block, int slot, const ModelConfig& c, DType dtype,
+                          int first_layer, int last_layer, int max_slots, int max_seq_len);
 
 // What a stage loads and how much KV-cache it keeps.
 struct StageSpec {

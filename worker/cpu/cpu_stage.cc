@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <span>
@@ -128,6 +129,55 @@ class CpuStage final : public Stage {
         inv_freq_(RopeInverseFrequencies(c_)) {}
 
   const ModelConfig& config() const override { return c_; }
+
+  absl::StatusOr<KvBlock> ExportKv(int slot, int positions, int first_layer,
+                                   int num_layers) const override {
+    const int last = w_.first_layer + static_cast<int>(w_.layers.size());
+    if (slot < 0 || slot >= max_slots_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV export: slot ", slot, " is outside [0, ", max_slots_, ")"));
+    }
+    if (positions < 1 || positions > cached_len_[slot]) {
+      return absl::InvalidArgumentError(absl::StrCat("KV export: slot ", slot, " holds ",
+                                                     cached_len_[slot], " positions, asked for ",
+                                                     positions));
+    }
+    if (num_layers < 1 || first_layer < w_.first_layer || num_layers > last - first_layer) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV export: layers [", first_layer, ", ", static_cast<int64_t>(first_layer) + num_layers,
+          ") are not within this stage's [", w_.first_layer, ", ", last, ")"));
+    }
+    KvBlock b;
+    b.dtype = DType::kF32;
+    b.first_layer = first_layer;
+    b.num_layers = num_layers;
+    b.num_kv_heads = c_.num_kv_heads;
+    b.head_dim = c_.head_dim;
+    b.positions = positions;
+    b.k.resize(b.expected_bytes());
+    b.v.resize(b.expected_bytes());
+    const size_t row_bytes = static_cast<size_t>(positions) * c_.kv_dim() * sizeof(float);
+    for (int l = 0; l < num_layers; ++l) {
+      const size_t at = CacheOffset(slot, first_layer - w_.first_layer + l, 0);
+      std::memcpy(b.k.data() + l * row_bytes, k_cache_.get() + at, row_bytes);
+      std::memcpy(b.v.data() + l * row_bytes, v_cache_.get() + at, row_bytes);
+    }
+    return b;
+  }
+
+  absl::Status ImportKv(int slot, const KvBlock& block) override {
+    RETURN_IF_ERROR(CheckKvBlock(block, slot, c_, DType::kF32, w_.first_layer,
+                                 w_.first_layer + static_cast<int>(w_.layers.size()), max_slots_,
+                                 max_seq_len_));
+    const size_t row_bytes = static_cast<size_t>(block.positions) * c_.kv_dim() * sizeof(float);
+    for (int l = 0; l < block.num_layers; ++l) {
+      const size_t at = CacheOffset(slot, block.first_layer - w_.first_layer + l, 0);
+      std::memcpy(k_cache_.get() + at, block.k.data() + l * row_bytes, row_bytes);
+      std::memcpy(v_cache_.get() + at, block.v.data() + l * row_bytes, row_bytes);
+    }
+    cached_len_[slot] = block.positions;
+    return absl::OkStatus();
+  }
 
   absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) override {
     RETURN_IF_ERROR(Validate(step, in));

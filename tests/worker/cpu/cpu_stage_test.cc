@@ -419,6 +419,54 @@ TEST_P(CpuStageTest, SplitIntoTwoAndThreeRangesGivesTheOneRangeLogits) {
   }
 }
 
+// A sequence moved mid-generation: its KV-cache exported from a one-stage pipeline and
+// imported, layer range by layer range, into the stages of a two-stage pipeline (another slot)
+// continues there with the logits it would have had where it was.
+TEST_P(CpuStageTest, KvMovedToAnotherLayoutContinuesWithTheSameLogits) {
+  const int v = vocab();
+  const int layers = LoadModelConfig(dir())->num_layers;
+  Pipeline one = MakePipeline(dir(), {});
+  Pipeline two = MakePipeline(dir(), {2});
+  Seq a{1, 0, Prompt(7, 8, v)};
+  for (int step = 0; step < 3; ++step) {  // prefill, then two decode steps on `one`
+    const StepOutput o = RunPipeline(one, MakeStep({a}));
+    a.position += static_cast<int32_t>(a.tokens.size());
+    a.tokens = o.tokens;
+  }
+  for (auto [first, last, stage] : {std::tuple{0, 2, 0}, std::tuple{2, layers, 1}}) {
+    absl::StatusOr<KvBlock> block = one[0]->ExportKv(1, a.position, first, last - first);
+    ASSERT_TRUE(block.ok()) << block.status();
+    EXPECT_EQ(block->positions, a.position);
+    ASSERT_TRUE(two[stage]->ImportKv(3, *block).ok());
+  }
+  Seq moved = a;
+  moved.slot = 3;
+  for (int step = 0; step < 3; ++step) {
+    const StepOutput x = RunPipeline(one, MakeStep({a}));
+    const StepOutput y = RunPipeline(two, MakeStep({moved}));
+    EXPECT_LE(RelDiff(y.logits, x.logits), 1e-6) << "step " << step;
+    ASSERT_EQ(y.tokens, x.tokens);
+    a.position = moved.position += 1;
+    a.tokens = moved.tokens = x.tokens;
+  }
+  // And back: both stages' blocks into one stage (slot 2), the second at its layer 2.
+  for (auto [first, last, stage] : {std::tuple{0, 2, 0}, std::tuple{2, layers, 1}}) {
+    absl::StatusOr<KvBlock> block = two[stage]->ExportKv(3, moved.position, first, last - first);
+    ASSERT_TRUE(block.ok()) << block.status();
+    ASSERT_TRUE(one[0]->ImportKv(2, *block).ok());
+  }
+  Seq back = a;
+  back.slot = 2;
+  for (int step = 0; step < 3; ++step) {
+    const StepOutput x = RunPipeline(one, MakeStep({a}));
+    const StepOutput y = RunPipeline(one, MakeStep({back}));
+    EXPECT_LE(RelDiff(y.logits, x.logits), 1e-6) << "back, step " << step;
+    ASSERT_EQ(y.tokens, x.tokens);
+    a.position = back.position += 1;
+    a.tokens = back.tokens = x.tokens;
+  }
+}
+
 TEST_P(CpuStageTest, SequenceLogitsDoNotDependOnTheBatch) {
   const int v = vocab();
   Pipeline alone = MakePipeline(dir(), {});
@@ -715,6 +763,55 @@ TEST_F(CpuStageErrorTest, LaterStageConvertsHalfPrecisionActivations) {
   ASSERT_TRUE(want.ok()) << want.status();
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_LE(RelDiff(got->logits, want->logits), 0.05);
+}
+
+// Every field of a KV block that does not fit the stage is named, and nothing is written: the
+// slot goes on as before.
+TEST_F(CpuStageErrorTest, KvBlocksThatDoNotFitAreRejectedNamingTheField) {
+  using ::testing::HasSubstr;
+  std::unique_ptr<Stage> src = MakeStage(dir_, 0, 2, 2, 64);
+  std::unique_ptr<Stage> dst = MakeStage(dir_, 0, 2, 2, 32);
+  ASSERT_TRUE(src->Step(MakeStep({{0, 0, Prompt(20, 1, vocab_)}}), {}).ok());
+  EXPECT_THAT(src->ExportKv(0, 21, 0, 2).status().message(), HasSubstr("holds 20 positions"));
+  EXPECT_THAT(src->ExportKv(2, 20, 0, 2).status().message(), HasSubstr("slot 2"));
+  EXPECT_THAT(src->ExportKv(0, 20, 1, 2).status().message(), HasSubstr("layers [1, 3)"));
+  absl::StatusOr<KvBlock> good = src->ExportKv(0, 20, 0, 2);
+  ASSERT_TRUE(good.ok()) << good.status();
+  auto expect_refused = [&](KvBlock b, int slot, const std::string& what) {
+    const absl::Status s = dst->ImportKv(slot, b);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << what;
+    EXPECT_THAT(s.message(), HasSubstr(what));
+  };
+  KvBlock b = *good;
+  b.version = 2;
+  expect_refused(b, 0, "version 2");
+  expect_refused(*good, 2, "slot 2");
+  b = *good;
+  b.dtype = DType::kF16;
+  expect_refused(b, 0, "dtype F16");
+  b = *good;
+  b.num_kv_heads += 1;
+  expect_refused(b, 0, "KV heads");
+  b = *good;
+  b.head_dim *= 2;
+  expect_refused(b, 0, "KV heads of");
+  b = *good;
+  b.first_layer = 1;
+  expect_refused(b, 0, "layers [1, 3)");
+  b = *good;
+  b.num_layers = 0;
+  expect_refused(b, 0, "layers [0, 0)");
+  b = *good;
+  b.positions = 33;  // past the destination's 32
+  expect_refused(b, 0, "33 positions");
+  b = *good;
+  b.v.pop_back();
+  expect_refused(b, 0, "bytes of K");
+  // The slot is untouched: it holds nothing, so a decode step at position 20 is refused ...
+  EXPECT_FALSE(dst->Step(MakeStep({{0, 20, {1}}}), {}).ok());
+  // ... and the good block is taken, after which that step runs.
+  ASSERT_TRUE(dst->ImportKv(0, *good).ok());
+  EXPECT_TRUE(dst->Step(MakeStep({{0, 20, {1}}}), {}).ok());
 }
 
 TEST_F(CpuStageErrorTest, BadSpecsAreRejected) {
