@@ -1,18 +1,34 @@
 // KvBlock (worker/stage.h): its size and the checks a stage makes before importing one.
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
+#include "common/status_macros.h"
 #include "worker/stage.h"
 
 namespace tandem {
 
 size_t KvBlock::expected_bytes() const {
-  if (num_layers < 0 || num_kv_heads < 1 || head_dim < 1 || positions < 0) return 0;
-  // In 128 bits: the fields may come from anywhere, and no product of them overflows there.
-  const __int128 bytes = static_cast<__int128>(num_layers) * positions * num_kv_heads * head_dim *
-                         static_cast<__int128>(DTypeSize(dtype));
-  return bytes > static_cast<__int128>(INT64_MAX) ? 0 : static_cast<size_t>(bytes);
+  if (num_kv_heads < 1 || head_dim < 1) return 0;
+  const std::optional<int64_t> bytes = CheckedProduct(
+      {num_layers, positions, num_kv_heads, head_dim, static_cast<int64_t>(DTypeSize(dtype))});
+  return bytes ? static_cast<size_t>(*bytes) : 0;
+}
+
+absl::Status CheckKvRange(const char* what, int slot, int first_layer, int num_layers,
+                          int stage_first, int stage_last, int max_slots) {
+  if (slot < 0 || slot >= max_slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": slot ", slot, " is outside [0, ", max_slots, ")"));
+  }
+  if (num_layers < 1 || first_layer < stage_first || num_layers > stage_last - first_layer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": layers [", first_layer, ", ", static_cast<int64_t>(first_layer) + num_layers,
+        ") are not within this stage's [", stage_first, ", ", stage_last, ")"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckKvBlock(const KvBlock& block, int slot, const ModelConfig& c, DType dtype,
@@ -23,9 +39,8 @@ absl::Status CheckKvBlock(const KvBlock& block, int slot, const ModelConfig& c, 
   if (block.version != KvBlock::kVersion) {
     return bad("version ", block.version, ", this stage reads version ", KvBlock::kVersion);
   }
-  if (slot < 0 || slot >= max_slots) {
-    return bad("slot ", slot, " is outside [0, ", max_slots, ")");
-  }
+  RETURN_IF_ERROR(CheckKvRange("KV block", slot, block.first_layer, block.num_layers, first_layer,
+                               last_layer, max_slots));
   if (block.dtype != dtype) {
     return bad("dtype ", std::string(DTypeName(block.dtype)), ", this stage's KV-cache holds ",
                std::string(DTypeName(dtype)));
@@ -33,12 +48,6 @@ absl::Status CheckKvBlock(const KvBlock& block, int slot, const ModelConfig& c, 
   if (block.num_kv_heads != c.num_kv_heads || block.head_dim != c.head_dim) {
     return bad(block.num_kv_heads, " KV heads of ", block.head_dim, ", the model has ",
                c.num_kv_heads, " of ", c.head_dim);
-  }
-  if (block.num_layers < 1 || block.first_layer < first_layer ||
-      block.num_layers > last_layer - block.first_layer) {
-    return bad("layers [", block.first_layer, ", ",
-               static_cast<int64_t>(block.first_layer) + block.num_layers,
-               ") are not within this stage's [", first_layer, ", ", last_layer, ")");
   }
   if (block.positions < 1 || block.positions > max_seq_len) {
     return bad(block.positions, " positions, this stage holds 1 to ", max_seq_len, " per slot");

@@ -94,6 +94,10 @@ class Stage {
 // positions: OK, or INVALID_ARGUMENT naming the first mismatch.
 absl::Status CheckKvBlock(const KvBlock& block, int slot, const ModelConfig& c, DType dtype,
                           int first_layer, int last_layer, int max_slots, int max_seq_len);
+// Slot `slot` within [0, max_slots) and the layers [first_layer, first_layer + num_layers)
+// within the stage's [stage_first, stage_last): OK, or INVALID_ARGUMENT beginning with `what`.
+absl::Status CheckKvRange(const char* what, int slot, int first_layer, int num_layers,
+                          int stage_first, int stage_last, int max_slots);
 
 // What a stage loads and how much KV-cache it keeps.
 struct StageSpec {

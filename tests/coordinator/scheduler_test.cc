@@ -708,6 +708,14 @@ TEST(Scheduler, RemovingAPipelineFailsItsSequencesAndForgetsItsSteps) {
   EXPECT_EQ(Answer(s, 0, steps[0], 7).code(), absl::StatusCode::kInternal);
 }
 
+// Pipeline `lost` goes (a worker down: its sequences resume) and a one-stage pipeline `next`
+// comes and admits.
+void LoseAndReplace(Scheduler& s, int lost, int next) {
+  s.RemovePipeline(lost, absl::UnavailableError("a worker is down"), kNow, /*resume=*/true);
+  s.AddPipeline(next, 1);
+  s.Admit(kNow);
+}
+
 // Resuming after a lost pipeline: the sequence is fed its prompt and every token it has, on the
 // pipeline that takes it next, and continues where it was, with the same sampling counter.
 TEST(Scheduler, ResumedSequenceRecomputesPromptAndTokensAndContinuesWithTheSameCounter) {
@@ -763,9 +771,7 @@ TEST(Scheduler, ResumedSequenceKeepsItsChunksAndItsStopStringAcrossTheLoss) {
   std::shared_ptr<RequestState> req = s.Enqueue(r, kNow);
   s.Admit(kNow);
   ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 0).ok());  // the first chunk, no sample
-  s.RemovePipeline(0, absl::UnavailableError("worker 1 is down"), kNow, /*resume=*/true);
-  s.AddPipeline(1, 1);
-  s.Admit(kNow);
+  LoseAndReplace(s, 0, 1);
   StepDescriptor step = NextStep(s, 1);
   EXPECT_THAT(step.tokens, ElementsAre(1, 2));
   EXPECT_FALSE(step.seqs[0].sample);
@@ -773,9 +779,7 @@ TEST(Scheduler, ResumedSequenceKeepsItsChunksAndItsStopStringAcrossTheLoss) {
   step = NextStep(s, 1);
   EXPECT_THAT(step.tokens, ElementsAre(3));
   ASSERT_TRUE(Answer(s, 1, step, 2).ok());  // " wor"
-  s.RemovePipeline(1, absl::UnavailableError("worker 2 is down"), kNow, /*resume=*/true);
-  s.AddPipeline(2, 1);
-  s.Admit(kNow);
+  LoseAndReplace(s, 1, 2);
   step = NextStep(s, 2);
   EXPECT_THAT(step.tokens, ElementsAre(1, 2));
   ASSERT_TRUE(Answer(s, 2, step, 0).ok());

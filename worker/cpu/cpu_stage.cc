@@ -132,20 +132,12 @@ class CpuStage final : public Stage {
 
   absl::StatusOr<KvBlock> ExportKv(int slot, int positions, int first_layer,
                                    int num_layers) const override {
-    const int last = w_.first_layer + static_cast<int>(w_.layers.size());
-    if (slot < 0 || slot >= max_slots_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("KV export: slot ", slot, " is outside [0, ", max_slots_, ")"));
-    }
+    RETURN_IF_ERROR(CheckKvRange("KV export", slot, first_layer, num_layers, w_.first_layer,
+                                 last_layer(), max_slots_));
     if (positions < 1 || positions > cached_len_[slot]) {
       return absl::InvalidArgumentError(absl::StrCat("KV export: slot ", slot, " holds ",
                                                      cached_len_[slot], " positions, asked for ",
                                                      positions));
-    }
-    if (num_layers < 1 || first_layer < w_.first_layer || num_layers > last - first_layer) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KV export: layers [", first_layer, ", ", static_cast<int64_t>(first_layer) + num_layers,
-          ") are not within this stage's [", w_.first_layer, ", ", last, ")"));
     }
     KvBlock b;
     b.dtype = DType::kF32;
@@ -166,9 +158,8 @@ class CpuStage final : public Stage {
   }
 
   absl::Status ImportKv(int slot, const KvBlock& block) override {
-    RETURN_IF_ERROR(CheckKvBlock(block, slot, c_, DType::kF32, w_.first_layer,
-                                 w_.first_layer + static_cast<int>(w_.layers.size()), max_slots_,
-                                 max_seq_len_));
+    RETURN_IF_ERROR(CheckKvBlock(block, slot, c_, DType::kF32, w_.first_layer, last_layer(),
+                                 max_slots_, max_seq_len_));
     const size_t row_bytes = static_cast<size_t>(block.positions) * c_.kv_dim() * sizeof(float);
     for (int l = 0; l < block.num_layers; ++l) {
       const size_t at = CacheOffset(slot, block.first_layer - w_.first_layer + l, 0);
@@ -273,6 +264,7 @@ class CpuStage final : public Stage {
   }
 
  private:
+  int last_layer() const { return w_.first_layer + static_cast<int>(w_.layers.size()); }
   size_t CacheOffset(int slot, int layer, int position) const {
     return ((static_cast<size_t>(slot) * w_.layers.size() + layer) * max_seq_len_ + position) *
            c_.kv_dim();

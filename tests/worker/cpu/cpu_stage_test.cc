@@ -419,6 +419,21 @@ TEST_P(CpuStageTest, SplitIntoTwoAndThreeRangesGivesTheOneRangeLogits) {
   }
 }
 
+// Moves the first `positions` of slot `from_slot` of `from` into slot `to_slot` of `to` (two
+// pipelines of the same model), block by block: each layer range of `to`'s stages from the stage
+// of `from` that holds it (the pipelines here split at layer 2 or not at all).
+void MoveKv(const Pipeline& from, int from_slot, Pipeline& to, int to_slot, int positions,
+            int layers) {
+  for (auto [first, last] : {std::pair{0, 2}, std::pair{2, layers}}) {
+    const Stage& src = *from[from.size() == 1 || first == 0 ? 0 : 1];
+    Stage& dst = *to[to.size() == 1 || first == 0 ? 0 : 1];
+    absl::StatusOr<KvBlock> block = src.ExportKv(from_slot, positions, first, last - first);
+    ASSERT_TRUE(block.ok()) << block.status();
+    EXPECT_EQ(block->positions, positions);
+    ASSERT_TRUE(dst.ImportKv(to_slot, *block).ok());
+  }
+}
+
 // A sequence moved mid-generation: its KV-cache exported from a one-stage pipeline and
 // imported, layer range by layer range, into the stages of a two-stage pipeline (another slot)
 // continues there with the logits it would have had where it was.
@@ -433,12 +448,7 @@ TEST_P(CpuStageTest, KvMovedToAnotherLayoutContinuesWithTheSameLogits) {
     a.position += static_cast<int32_t>(a.tokens.size());
     a.tokens = o.tokens;
   }
-  for (auto [first, last, stage] : {std::tuple{0, 2, 0}, std::tuple{2, layers, 1}}) {
-    absl::StatusOr<KvBlock> block = one[0]->ExportKv(1, a.position, first, last - first);
-    ASSERT_TRUE(block.ok()) << block.status();
-    EXPECT_EQ(block->positions, a.position);
-    ASSERT_TRUE(two[stage]->ImportKv(3, *block).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(MoveKv(one, 1, two, 3, a.position, layers));
   Seq moved = a;
   moved.slot = 3;
   for (int step = 0; step < 3; ++step) {
@@ -450,11 +460,7 @@ TEST_P(CpuStageTest, KvMovedToAnotherLayoutContinuesWithTheSameLogits) {
     a.tokens = moved.tokens = x.tokens;
   }
   // And back: both stages' blocks into one stage (slot 2), the second at its layer 2.
-  for (auto [first, last, stage] : {std::tuple{0, 2, 0}, std::tuple{2, layers, 1}}) {
-    absl::StatusOr<KvBlock> block = two[stage]->ExportKv(3, moved.position, first, last - first);
-    ASSERT_TRUE(block.ok()) << block.status();
-    ASSERT_TRUE(one[0]->ImportKv(2, *block).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(MoveKv(two, 3, one, 2, moved.position, layers));
   Seq back = a;
   back.slot = 2;
   for (int step = 0; step < 3; ++step) {
