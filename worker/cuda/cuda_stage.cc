@@ -5,8 +5,8 @@
 // Device memory, all allocated at load time so that no step can run out of memory:
 //   weights_   every tensor of the stage, one arena
 //   kv_        K and V: (layers, 2, max_slots + 1, kv_heads, seq_capacity, head_dim); the extra
-//   slot
-//              takes the writes of the padding rows of a decode bucket
+//              slot takes the writes of the padding rows of a decode bucket, and stages KV blocks
+//              (ExportKv, ImportKv) in the block's layout on their way to and from the host
 //   work       activations for rows_cap rows: x (residual), xn, qkv, q, attn, mlp, partials and
 //              the attention split counters; logits and sampling for samples_cap rows
 //   inputs_    per-row and per-sample step inputs, mirrored by a pinned host block and copied in
@@ -124,6 +124,9 @@ class CudaStage final : public Stage {
   absl::StatusOr<int64_t> KvBytes(int layers, int64_t budget, std::string_view budget_what) const;
   absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) override;
   const ModelConfig& config() const override { return c_; }
+  absl::StatusOr<KvBlock> ExportKv(int slot, int positions, int first_layer,
+                                   int num_layers) const override;
+  absl::Status ImportKv(int slot, const KvBlock& block) override;
   void set_observer(DecodeObserver* observer) { observer_ = observer; }
   cudaStream_t stream() const { return stream_.get(); }
   void set_tail(DecodeTail tail) { tail_ = std::move(tail); }
@@ -143,7 +146,14 @@ class CudaStage final : public Stage {
   absl::Status AwaitInput(const Activations& in);
   absl::Status Replay(int bucket);
   // Waits for the stream: in the driver, or polling watch_ where one is set.
-  absl::Status Drain();
+  absl::Status Drain() const;
+  // Where a KV block's layer `layer` (of the stage) passes through on its way to or from the
+  // host, as (positions, kv_dim): the spare slot's rows of that layer's K and V. No sequence owns
+  // the spare slot; padding rows of decode steps write there and nothing reads it back.
+  std::pair<void*, void*> KvStaging(int layer) const {
+    const size_t spare = static_cast<size_t>(max_slots_) * seq_capacity_ * RowBytes(c_.kv_dim());
+    return {static_cast<char*>(KCache(layer)) + spare, static_cast<char*>(VCache(layer)) + spare};
+  }
   // The observer's mark at `point` of the step, where one is set.
   absl::Status Mark(DecodeObserver::Point point) {
     return observer_ != nullptr ? observer_->Mark(point, stream_.get()) : absl::OkStatus();
@@ -595,6 +605,65 @@ absl::Status CudaStage::Validate(const StepDescriptor& step, const Activations& 
   return absl::OkStatus();
 }
 
+absl::StatusOr<KvBlock> CudaStage::ExportKv(int slot, int positions, int first_layer,
+                                            int num_layers) const {
+  RETURN_IF_ERROR(CheckKvRange("KV export", slot, first_layer, num_layers, first_layer_,
+                               first_layer_ + num_layers_, max_slots_));
+  if (positions < 1 || positions > cached_len_[slot]) {
+    return absl::InvalidArgumentError(absl::StrCat("KV export: slot ", slot, " holds ",
+                                                   cached_len_[slot], " positions, asked for ",
+                                                   positions));
+  }
+  KvBlock b;
+  b.dtype = opt_.dtype;
+  b.first_layer = first_layer;
+  b.num_layers = num_layers;
+  b.num_kv_heads = c_.num_kv_heads;
+  b.head_dim = c_.head_dim;
+  b.positions = positions;
+  b.k.resize(b.expected_bytes());
+  b.v.resize(b.expected_bytes());
+  // Per layer: the slot's rows gathered into the block's layout on the device, then one copy
+  // each of K and V to the host, all on the stage's stream behind the steps queued before.
+  CUDA_CHECK(cudaSetDevice(opt_.device));
+  const size_t layer_bytes = static_cast<size_t>(positions) * RowBytes(c_.kv_dim());
+  for (int l = 0; l < num_layers; ++l) {
+    const int layer = first_layer - first_layer_ + l;
+    const auto [k_stage, v_stage] = KvStaging(layer);
+    RETURN_IF_ERROR(cuda::LaunchKvBlockCopy(KCache(layer), VCache(layer), slot, k_stage, v_stage,
+                                            positions, c_.num_kv_heads, c_.head_dim,
+                                            seq_capacity_, /*to_block=*/true, stream_.get()));
+    CUDA_CHECK(cudaMemcpyAsync(b.k.data() + l * layer_bytes, k_stage, layer_bytes,
+                               cudaMemcpyDeviceToHost, stream_.get()));
+    CUDA_CHECK(cudaMemcpyAsync(b.v.data() + l * layer_bytes, v_stage, layer_bytes,
+                               cudaMemcpyDeviceToHost, stream_.get()));
+  }
+  RETURN_IF_ERROR(Drain());
+  return b;
+}
+
+absl::Status CudaStage::ImportKv(int slot, const KvBlock& block) {
+  RETURN_IF_ERROR(CheckKvBlock(block, slot, c_, opt_.dtype, first_layer_,
+                               first_layer_ + num_layers_, max_slots_, max_seq_len_));
+  // The reverse of ExportKv's copies, per layer.
+  CUDA_CHECK(cudaSetDevice(opt_.device));
+  const size_t layer_bytes = static_cast<size_t>(block.positions) * RowBytes(c_.kv_dim());
+  for (int l = 0; l < block.num_layers; ++l) {
+    const int layer = block.first_layer - first_layer_ + l;
+    const auto [k_stage, v_stage] = KvStaging(layer);
+    CUDA_CHECK(cudaMemcpyAsync(k_stage, block.k.data() + l * layer_bytes, layer_bytes,
+                               cudaMemcpyHostToDevice, stream_.get()));
+    CUDA_CHECK(cudaMemcpyAsync(v_stage, block.v.data() + l * layer_bytes, layer_bytes,
+                               cudaMemcpyHostToDevice, stream_.get()));
+    RETURN_IF_ERROR(cuda::LaunchKvBlockCopy(KCache(layer), VCache(layer), slot, k_stage, v_stage,
+                                            block.positions, c_.num_kv_heads, c_.head_dim,
+                                            seq_capacity_, /*to_block=*/false, stream_.get()));
+  }
+  RETURN_IF_ERROR(Drain());
+  cached_len_[slot] = block.positions;
+  return absl::OkStatus();
+}
+
 // Before the host waits for a step whose input may still be arriving: the transport's verdict on
 // that input. On an error the transfer was aborted, so the stream drains (over data discarded).
 absl::Status CudaStage::AwaitInput(const Activations& in) {
@@ -605,7 +674,7 @@ absl::Status CudaStage::AwaitInput(const Activations& in) {
   return arrived.status();
 }
 
-absl::Status CudaStage::Drain() {
+absl::Status CudaStage::Drain() const {
   if (!watch_) {
     CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
     return absl::OkStatus();

@@ -88,6 +88,14 @@ constexpr int kMaxAttentionGroupWidth = 1024;
 // Seq capacity of the KV-cache is a multiple of this (aligned 16-byte tile loads).
 constexpr int kKvSeqAlign = 64;
 
+// kv_block.cu: K and V of slot `slot`, positions [0, positions), between one layer's cache
+// (slots, kv_heads, seq_capacity, head_dim) and a layer of a KV block (positions,
+// kv_heads * head_dim): into k_block and v_block when to_block, from them otherwise. 16-bit
+// elements (f16 or bf16: the bits are copied), head_dim even, every pointer 4-byte aligned.
+absl::Status LaunchKvBlockCopy(void* k_cache, void* v_cache, int slot, void* k_block,
+                               void* v_block, int positions, int num_kv_heads, int head_dim,
+                               int seq_capacity, bool to_block, cudaStream_t stream);
+
 // activation.cu: h (rows, cols) = gelu_tanh(h + b) in place (b may be null).
 absl::Status LaunchGeluBias(DType dtype, void* h, const void* b, int rows, int cols,
                             cudaStream_t stream);

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -436,6 +437,81 @@ TEST_P(CudaStageVsCpu, TwoStagesGiveTheSameLogitsAsOne) {
   auto got2 = third->Step(step, in);
   ASSERT_TRUE(got2.ok()) << got2.status();
   EXPECT_EQ(got2->logits, got->logits);
+}
+
+// The first `positions` of slot `from_slot` of `from`, layers [first, last), exported and
+// imported into slot `to_slot` of `to`.
+void MoveKv(const Stage& from, int from_slot, Stage& to, int to_slot, int positions, int first,
+            int last) {
+  absl::StatusOr<KvBlock> block = from.ExportKv(from_slot, positions, first, last - first);
+  ASSERT_TRUE(block.ok()) << block.status();
+  const absl::Status imported = to.ImportKv(to_slot, *block);
+  ASSERT_TRUE(imported.ok()) << imported;
+}
+
+// A sequence's KV-cache exported mid-generation continues, imported into another slot of a whole
+// stage and (layer range by layer range) into another slot of a pipeline split at layer 2, with
+// the logits it has where it was, bit for bit (the same kernels on the same values). The exported
+// bytes are the CPU stage's block in fp16, laid out as KvBlock says.
+TEST_P(CudaStageVsCpu, KvMovedToAnotherSlotAndLayoutContinuesWithTheSameLogits) {
+  SKIP_WITHOUT_GPU();
+  const auto dir = Checkpoint(GetParam());
+  auto whole = MakeCuda(dir, DType::kF16, true);
+  auto other = MakeCuda(dir, DType::kF16, true);
+  auto first = MakeCuda(dir, DType::kF16, true, 0, 2);
+  auto second = MakeCuda(dir, DType::kF16, true, 2, -1);
+  auto cpu = MakeCpu(dir);
+  ASSERT_TRUE(whole && other && first && second && cpu);
+  const int v = whole->config().vocab_size, layers = whole->config().num_layers;
+  const std::vector<Seq> seqs = {{1, Prompt(13, 30, v)}};
+  const Trace before = RunSteps(*whole, seqs, 2);  // prefill, then 2 decode steps: 15 positions
+  ASSERT_EQ(before.tokens.size(), 3u);
+
+  // The prompt's 13 positions as the CPU stage caches them (fp32).
+  ASSERT_EQ(RunSteps(*cpu, seqs, 0).logits.size(), 1u);
+  absl::StatusOr<KvBlock> want = cpu->ExportKv(1, 13, 0, layers);
+  absl::StatusOr<KvBlock> got = whole->ExportKv(1, 13, 0, layers);
+  ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+  EXPECT_EQ(got->dtype, DType::kF16);
+  EXPECT_EQ(got->first_layer, 0);
+  EXPECT_EQ(got->num_layers, layers);
+  EXPECT_EQ(got->num_kv_heads, whole->config().num_kv_heads);
+  EXPECT_EQ(got->head_dim, whole->config().head_dim);
+  EXPECT_EQ(got->positions, 13);
+  ASSERT_EQ(got->k.size(), got->expected_bytes());
+  const size_t n = want->k.size() / sizeof(float);
+  ASSERT_EQ(got->k.size(), n * 2);
+  std::vector<float> k(n), v16(n), want_k(n), want_v(n);
+  ToFloat(DType::kF16, got->k.data(), n, k.data());
+  ToFloat(DType::kF16, got->v.data(), n, v16.data());
+  std::memcpy(want_k.data(), want->k.data(), n * sizeof(float));
+  std::memcpy(want_v.data(), want->v.data(), n * sizeof(float));
+  EXPECT_LE(RelError(k, want_k), 1e-2);
+  EXPECT_LE(RelError(v16, want_v), 1e-2);
+
+  ASSERT_NO_FATAL_FAILURE(MoveKv(*whole, 1, *other, 2, 15, 0, layers));
+  ASSERT_NO_FATAL_FAILURE(MoveKv(*whole, 1, *first, 3, 15, 0, 2));
+  ASSERT_NO_FATAL_FAILURE(MoveKv(*whole, 1, *second, 3, 15, 2, layers));
+  int32_t token = before.tokens.back()[0];
+  for (int i = 2; i < 6; ++i) {  // decode steps 2 to 5, at positions 15 to 18
+    const StepDescriptor at1 = DecodeStep({{1, seqs[0].prompt}}, i, {token});
+    StepDescriptor at2 = DecodeStep({{2, seqs[0].prompt}}, i, {token});
+    StepDescriptor at3 = DecodeStep({{3, seqs[0].prompt}}, i, {token});
+    StepDescriptor want_step = at1;
+    want_step.return_logits = at2.return_logits = at3.return_logits = true;
+    auto a = whole->Step(want_step, Activations{});
+    auto b = other->Step(at2, Activations{});
+    auto mid = first->Step(at3, Activations{});
+    ASSERT_TRUE(a.ok() && b.ok() && mid.ok()) << a.status() << b.status() << mid.status();
+    auto c = second->Step(at3, mid->hidden);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_EQ(a->tokens.size(), 1u);
+    EXPECT_EQ(b->logits, a->logits) << "step " << i;
+    EXPECT_EQ(c->logits, a->logits) << "step " << i;
+    EXPECT_EQ(b->tokens, a->tokens) << "step " << i;
+    EXPECT_EQ(c->tokens, a->tokens) << "step " << i;
+    token = a->tokens[0];
+  }
 }
 
 // The decode profile (a DecodeProfiler observing the stage, bench/decode_profile.h) counts the
@@ -880,6 +956,96 @@ TEST(CudaStageTest, LongPrefillRunsInChunksLikeShortOnes) {
     EXPECT_LE(RelError(g.logits[i], c.logits[i]), 1e-2) << "step " << i;
   }
   EXPECT_EQ(g.tokens, c.tokens);
+}
+
+// Every field of a KV block that does not fit the stage is refused naming it, and nothing is
+// written: the slot it was aimed at goes on with its own sequence, bit for bit as elsewhere.
+TEST(CudaStageTest, KvBlocksThatDoNotFitAreRejectedAndNothingIsWritten) {
+  using ::testing::HasSubstr;
+  SKIP_WITHOUT_GPU();
+  const auto dir = Checkpoint("tiny-llama");
+  auto src = MakeCuda(dir, DType::kF16, true);
+  auto dst = MakeCuda(dir, DType::kF16, true);
+  ASSERT_TRUE(src && dst);
+  const int v = src->config().vocab_size, layers = src->config().num_layers;
+  const std::vector<int32_t> a = Prompt(20, 40, v), b = Prompt(9, 41, v);
+  ASSERT_TRUE(src->Step(StepOf(0, 0, 20, a), {}).ok());  // sequence a, the block's
+  ASSERT_TRUE(src->Step(StepOf(1, 0, 9, b), {}).ok());   // sequence b undisturbed
+  ASSERT_TRUE(dst->Step(StepOf(0, 0, 9, b), {}).ok());   // sequence b, under the bad blocks
+  absl::StatusOr<KvBlock> good = src->ExportKv(0, 20, 0, layers);
+  ASSERT_TRUE(good.ok()) << good.status();
+  auto expect_refused = [&](KvBlock block, int slot, const std::string& what) {
+    const absl::Status s = dst->ImportKv(slot, block);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << what;
+    EXPECT_THAT(s.message(), HasSubstr(what));
+  };
+  KvBlock bad = *good;
+  bad.version = 2;
+  expect_refused(bad, 0, "version 2");
+  expect_refused(*good, 4, "slot 4");
+  bad = *good;
+  bad.dtype = DType::kBF16;
+  expect_refused(bad, 0, "dtype BF16");
+  bad = *good;
+  bad.num_kv_heads += 1;
+  expect_refused(bad, 0, "KV heads");
+  bad = *good;
+  bad.head_dim *= 2;
+  expect_refused(bad, 0, "KV heads of");
+  bad = *good;
+  bad.first_layer = 1;
+  expect_refused(bad, 0, "layers [1, 5)");
+  bad = *good;
+  bad.num_layers = 0;
+  expect_refused(bad, 0, "layers [0, 0)");
+  bad = *good;
+  bad.positions = 129;  // past the stage's 128
+  expect_refused(bad, 0, "129 positions");
+  bad = *good;
+  bad.v.pop_back();
+  expect_refused(bad, 0, "bytes of K");
+  bad = *good;
+  bad.k.push_back(0);
+  expect_refused(bad, 0, "bytes of K");
+
+  // Slot 0 still holds b's 9 positions only (a step at a's 20 is refused) and b's values.
+  EXPECT_EQ(dst->Step(StepOf(0, 20, 1, {5}), {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto want_b = src->Step(StepOf(1, 9, 1, {5}, true), {});
+  auto got_b = dst->Step(StepOf(0, 9, 1, {5}, true), {});
+  ASSERT_TRUE(want_b.ok() && got_b.ok()) << want_b.status() << got_b.status();
+  EXPECT_EQ(got_b->logits, want_b->logits);
+  // The good block is taken, into another slot, which then continues a.
+  ASSERT_TRUE(dst->ImportKv(2, *good).ok());
+  auto want_a = src->Step(StepOf(0, 20, 1, {5}, true), {});
+  auto got_a = dst->Step(StepOf(2, 20, 1, {5}, true), {});
+  ASSERT_TRUE(want_a.ok() && got_a.ok()) << want_a.status() << got_a.status();
+  EXPECT_EQ(got_a->logits, want_a->logits);
+}
+
+// An export names what the stage does not hold: positions past the slot's, a slot out of range,
+// layers outside the stage's.
+TEST(CudaStageTest, KvExportOfWhatTheStageDoesNotHoldIsRefused) {
+  using ::testing::HasSubstr;
+  SKIP_WITHOUT_GPU();
+  const auto dir = Checkpoint("tiny-llama");
+  auto whole = MakeCuda(dir, DType::kF16, true);
+  auto second = MakeCuda(dir, DType::kF16, true, 2, -1);
+  ASSERT_TRUE(whole && second);
+  ASSERT_TRUE(whole->Step(StepOf(0, 0, 20, Prompt(20, 42, whole->config().vocab_size)), {}).ok());
+  auto refused = [](const absl::StatusOr<KvBlock>& b, const std::string& what) {
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << what;
+    EXPECT_THAT(b.status().message(), HasSubstr(what));
+  };
+  refused(whole->ExportKv(0, 21, 0, 4), "slot 0 holds 20 positions, asked for 21");
+  refused(whole->ExportKv(0, 0, 0, 4), "asked for 0");
+  refused(whole->ExportKv(1, 1, 0, 4), "slot 1 holds 0 positions");
+  refused(whole->ExportKv(4, 20, 0, 4), "slot 4");
+  refused(whole->ExportKv(0, 20, 1, 4), "layers [1, 5)");
+  refused(second->ExportKv(0, 1, 0, 2), "layers [0, 2) are not within this stage's [2, 4)");
+  absl::StatusOr<KvBlock> all = whole->ExportKv(0, 20, 0, 4);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->k.size(), size_t{4} * 20 * whole->config().kv_dim() * 2);
 }
 
 }  // namespace
