@@ -766,6 +766,69 @@ INSTANTIATE_TEST_SUITE_P(Types, KernelTest, ::testing::Values(DType::kF16, DType
                          });
 
 // Shapes the GEMV kernels do not take are refused before anything is launched.
+// One slot's positions between the cache (slots, kv_heads, seq_capacity, head_dim) and a KV
+// block's (positions, kv_heads * head_dim), against the index arithmetic on the host: the gather
+// reads that slot's rows only, the scatter writes them only (the other slots and the positions
+// past the block keep their bits). A head_dim that is no multiple of 8, and a block larger than
+// one pass of the grid.
+TEST(KvBlockCopyTest, GathersAndScattersOneSlotBitForBit) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int slots, heads, head_dim, capacity, positions, slot;
+  };
+  for (const Shape& sh : {Shape{3, 3, 6, 64, 37, 1}, Shape{2, 8, 128, 2112, 2100, 1}}) {
+    SCOPED_TRACE(testing::Message() << sh.heads << " heads of " << sh.head_dim << ", "
+                                    << sh.positions << " positions");
+    const size_t cache_n = size_t(sh.slots) * sh.heads * sh.capacity * sh.head_dim;
+    const size_t block_n = size_t(sh.positions) * sh.heads * sh.head_dim;
+    auto bits = [](size_t n, uint64_t seed) {
+      std::vector<uint16_t> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint16_t>(RandomBits(seed, i));
+      return v;
+    };
+    auto at = [&](int slot, int p, int h, int d) {
+      return ((size_t(slot) * sh.heads + h) * sh.capacity + p) * sh.head_dim + d;
+    };
+    const std::vector<uint16_t> k = bits(cache_n, 1), v = bits(cache_n, 2);
+    const std::vector<uint16_t> k_in = bits(block_n, 3), v_in = bits(block_n, 4);
+    std::vector<uint16_t> k_want(block_n), v_want(block_n), k_after = k, v_after = v;
+    for (int p = 0; p < sh.positions; ++p) {
+      for (int h = 0; h < sh.heads; ++h) {
+        for (int d = 0; d < sh.head_dim; ++d) {
+          const size_t b = (size_t(p) * sh.heads + h) * sh.head_dim + d;
+          k_want[b] = k[at(sh.slot, p, h, d)];
+          v_want[b] = v[at(sh.slot, p, h, d)];
+          k_after[at(sh.slot, p, h, d)] = k_in[b];
+          v_after[at(sh.slot, p, h, d)] = v_in[b];
+        }
+      }
+    }
+    DeviceBuffer dk = UploadRaw(k), dv = UploadRaw(v), bk, bv;
+    ASSERT_TRUE(bk.Allocate(block_n * 2).ok());
+    ASSERT_TRUE(bv.Allocate(block_n * 2).ok());
+    ASSERT_TRUE(LaunchKvBlockCopy(dk.get(), dv.get(), sh.slot, bk.get(), bv.get(), sh.positions,
+                                  sh.heads, sh.head_dim, sh.capacity, /*to_block=*/true, nullptr)
+                    .ok());
+    std::vector<uint16_t> k_got(block_n), v_got(block_n);
+    ASSERT_EQ(cudaMemcpy(k_got.data(), bk.get(), block_n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(v_got.data(), bv.get(), block_n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_TRUE(k_got == k_want);
+    EXPECT_TRUE(v_got == v_want);
+
+    DeviceBuffer ik = UploadRaw(k_in), iv = UploadRaw(v_in);
+    ASSERT_TRUE(LaunchKvBlockCopy(dk.get(), dv.get(), sh.slot, ik.get(), iv.get(), sh.positions,
+                                  sh.heads, sh.head_dim, sh.capacity, /*to_block=*/false, nullptr)
+                    .ok());
+    std::vector<uint16_t> k_cache(cache_n), v_cache(cache_n);
+    ASSERT_EQ(cudaMemcpy(k_cache.data(), dk.get(), cache_n * 2, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(v_cache.data(), dv.get(), cache_n * 2, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_TRUE(k_cache == k_after);
+    EXPECT_TRUE(v_cache == v_after);
+  }
+}
+
 TEST(GemvTest, RejectsUnsupportedRowCountsAndWidths) {
   alignas(16) static uint16_t buf[64];
   for (int rows : {0, 3, 5, 16}) {
