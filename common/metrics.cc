@@ -277,6 +277,23 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
                             .Help("Tokens fed again to rebuild the KV-cache of resumed sequences")
                             .Register(r)
                             .Add({})),
+      migrated_sequences(BuildCounter()
+                             .Name("tandem_sequences_migrated_total")
+                             .Help("Running sequences moved with their KV-cache to the stages of "
+                                   "a new layout, without recomputation")
+                             .Register(r)
+                             .Add({})),
+      kv_transfer_bytes(BuildCounter()
+                            .Name("tandem_kv_transfer_bytes_total")
+                            .Help("KV-cache bytes written into stages by moves")
+                            .Register(r)
+                            .Add({})),
+      kv_move_seconds(BuildHistogram()
+                          .Name("tandem_kv_move_seconds")
+                          .Help("Pause of a layout change that moved sequences with their "
+                                "KV-cache: from the pause to the last import, seconds")
+                          .Register(r)
+                          .Add({}, LatencyBuckets())),
       requests_(BuildCounter()
                     .Name("tandem_requests_total")
                     .Help("Generation requests that ended, by outcome")

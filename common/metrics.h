@@ -96,6 +96,12 @@ struct CoordinatorMetrics {
   // generated) the pipeline that took them fed again to rebuild their KV-cache.
   prometheus::Counter& recomputed_sequences;
   prometheus::Counter& recomputed_tokens;
+  // Sequences moved with their KV-cache to the stages of a new layout (no recomputation), the KV
+  // bytes written into the new stages, and how long each move paused its sequences (from the
+  // pause to the last import).
+  prometheus::Counter& migrated_sequences;
+  prometheus::Counter& kv_transfer_bytes;
+  prometheus::Histogram& kv_move_seconds;
 
   void CountRequest(const absl::Status& outcome);
   // Replaces the set of known workers: tandem_worker_up{worker=address} is 1 or 0.

@@ -36,6 +36,7 @@ absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(std::string_view yaml_t
       else if (key == "prefill_budget") c.prefill_budget = v.as<int>();
       else if (key == "decode_ahead") c.decode_ahead = v.as<bool>();
       else if (key == "max_resumes") c.max_resumes = v.as<int>();
+      else if (key == "move_kv") c.move_kv = v.as<bool>();
       else if (key == "heartbeat_interval_ms") c.heartbeat_interval_ms = v.as<int>();
       else if (key == "heartbeat_timeout_ms") c.heartbeat_timeout_ms = v.as<int>();
       else if (key == "drain_timeout_s") c.drain_timeout_s = v.as<double>();

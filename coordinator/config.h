@@ -25,6 +25,9 @@ struct CoordinatorConfig {
   int prefill_budget = 0;                 // prompt tokens per step, all sequences; 0: no bound
   bool decode_ahead = true;               // one stage: the next decode step sent while one runs
   int max_resumes = 3;                    // a running request's pipeline lost: resumed this often
+  // Topology change with the old stages alive: running sequences move to the new layout with
+  // their KV-cache (worker to worker) and continue; false: they drain (drain_timeout_s).
+  bool move_kv = true;
   int heartbeat_interval_ms = 1000;       // told to workers when they register
   // A silent worker is down after this: ten beats, so that a busy host's scheduling delays are
   // not taken for a death (a worker declared down by mistake registers again).

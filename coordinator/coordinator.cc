@@ -35,6 +35,8 @@ absl::Status CheckTopologySize(int stages, int replicas) {
 }
 // A stage may load gigabytes from disk before it answers AssignStage.
 constexpr absl::Duration kAssignTimeout = absl::Seconds(300);
+// An export or import of a move: gigabytes of KV-cache over gRPC at worst.
+constexpr absl::Duration kMoveTimeout = absl::Seconds(300);
 
 std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address,
                                                 const ClientAuth& auth) {
@@ -343,6 +345,8 @@ absl::Status Coordinator::RunPlan() {
   absl::MutexLock plan(&plan_mu_);
   CloseLinks();
   std::vector<int> retiring;
+  std::vector<Departure> departures;
+  const absl::Time paused = absl::Now();
   double drain_s = config_.drain_timeout_s;
   {
     absl::MutexLock lock(&mu_);
@@ -362,7 +366,9 @@ absl::Status Coordinator::RunPlan() {
         ++kept;
       }
     }
-    if (!retiring.empty()) {
+    if (!retiring.empty() && config_.move_kv) {
+      departures = DetachForMove(retiring);
+    } else if (!retiring.empty()) {
       spdlog::info("draining {} pipeline(s) for the new topology", retiring.size());
       auto drained = [this, &retiring]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         for (int id : retiring) {
@@ -371,6 +377,8 @@ absl::Status Coordinator::RunPlan() {
         return true;
       };
       mu_.AwaitWithTimeout(absl::Condition(&drained), absl::Seconds(drain_s));
+    }
+    if (!retiring.empty()) {
       for (int id : retiring) {
         FailPipeline(id,
                      absl::UnavailableError(
@@ -380,6 +388,10 @@ absl::Status Coordinator::RunPlan() {
     }
   }
   CloseLinks();
+  // The old stages stash the KV-cache before any of them is given a new stage.
+  for (Departure& d : departures) {
+    if (d.status.ok()) d.status = ExportKvAll(d.holders, d.seqs, kMoveTimeout);
+  }
 
   absl::Status result;
   while (true) {
@@ -447,6 +459,7 @@ absl::Status Coordinator::RunPlan() {
     }
   }
 
+  ArriveMoved(departures, paused);
   absl::MutexLock lock(&mu_);
   planning_ = false;
   ForgetDownWorkers();
@@ -462,6 +475,103 @@ absl::Status Coordinator::RunPlan() {
   }
   wake_scheduler_ = true;
   return result;
+}
+
+std::vector<Coordinator::Departure> Coordinator::DetachForMove(const std::vector<int>& retiring) {
+  for (int id : retiring) scheduler_->Pause(id);
+  // Every step in flight ends (results are handled as usual), so that the KV-cache holds what
+  // the sequences were fed.
+  auto idle = [this, &retiring]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (int id : retiring) {
+      if (scheduler_->steps_in_flight(id) > 0) return false;
+    }
+    return true;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(config_.drain_timeout_s));
+  std::vector<Departure> out;
+  for (int id : retiring) {
+    auto pit = pipelines_.find(id);
+    if (pit == pipelines_.end() || scheduler_->steps_in_flight(id) > 0) continue;
+    const Pipeline& p = *pit->second;
+    Departure d;
+    d.pipeline = id;
+    for (size_t s = 0; s < p.workers.size(); ++s) {
+      const WorkerEntry& w = workers_[p.workers[s]];
+      d.holders.push_back({.worker = w.id,
+                           .address = w.address,
+                           .channel = w.channel,
+                           .assignment = p.assignment,
+                           .layers = p.ranges[s]});
+    }
+    for (const Scheduler::Held& h : scheduler_->Detach(id)) {
+      d.seqs.push_back({.key = h.seq, .slot = h.slot, .positions = h.positions});
+    }
+    if (!d.seqs.empty()) {
+      spdlog::info("pipeline {}: moving {} sequence(s) with their KV-cache", id, d.seqs.size());
+      out.push_back(std::move(d));
+    }
+  }
+  return out;
+}
+
+void Coordinator::ArriveMoved(std::vector<Departure>& departures, absl::Time paused) {
+  if (departures.empty()) return;
+  int64_t bytes = 0;
+  for (Departure& d : departures) {
+    // Where each sequence goes, grouped by the pipeline that takes it.
+    std::map<int, std::vector<KvSeq>> arrivals;
+    std::map<int, std::vector<KvStage>> takers;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const KvSeq& q : d.seqs) {
+        std::optional<Scheduler::Target> t;
+        if (d.status.ok()) t = scheduler_->PlaceHeld(q.key);
+        if (!t) {
+          scheduler_->Moved(q.key, false,
+                            d.status.ok() ? absl::UnavailableError("no pipeline had room for it")
+                                          : d.status,
+                            absl::Now());
+          continue;
+        }
+        arrivals[t->pipeline].push_back({.key = q.key, .slot = t->slot, .positions = q.positions});
+        if (takers.contains(t->pipeline)) continue;
+        const Pipeline& p = *pipelines_.at(t->pipeline);
+        for (size_t s = 0; s < p.workers.size(); ++s) {
+          const WorkerEntry& w = workers_[p.workers[s]];
+          takers[t->pipeline].push_back({.worker = w.id,
+                                         .address = w.address,
+                                         .channel = w.channel,
+                                         .assignment = p.assignment,
+                                         .layers = p.ranges[s]});
+        }
+      }
+    }
+    for (auto& [pipeline, seqs] : arrivals) {
+      absl::StatusOr<int64_t> written = ImportKvAll(takers[pipeline], d.holders, seqs,
+                                                    kMoveTimeout);
+      if (written.ok()) {
+        bytes += *written;
+      } else {
+        spdlog::warn("pipeline {}: sequences from pipeline {} are recomputed: {}", pipeline,
+                     d.pipeline, written.status().ToString());
+      }
+      absl::MutexLock lock(&mu_);
+      for (const KvSeq& q : seqs) {
+        scheduler_->Moved(q.key, written.ok(), written.status(), absl::Now());
+      }
+      wake_scheduler_ = true;
+    }
+    if (!d.status.ok()) {
+      spdlog::warn("pipeline {}: sequences are recomputed: {}", d.pipeline, d.status.ToString());
+    }
+    DropKvAll(d.holders);
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - paused);
+  spdlog::info("moved sequences with {} bytes of KV-cache in {:.3f} s", bytes, seconds);
+  if (metrics_ != nullptr) {
+    metrics_->kv_transfer_bytes.Increment(static_cast<double>(bytes));
+    metrics_->kv_move_seconds.Observe(seconds);
+  }
 }
 
 absl::Status Coordinator::BuildPipeline(int id, uint64_t assignment,

@@ -34,6 +34,7 @@
 #include "common/text_config.h"
 #include "common/tokenizer.h"
 #include "coordinator/config.h"
+#include "coordinator/kv_move.h"
 #include "coordinator/kv_slots.h"
 #include "coordinator/partition_planner.h"
 #include "coordinator/pipeline_link.h"
@@ -146,9 +147,24 @@ class Coordinator {
   // Copies queue, running, KV-slot and worker states into the metrics' gauges.
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Brings the pipelines to the wanted topology: closes failed ones, drains and removes those
-  // that no longer fit, builds missing ones from idle workers. Serialized by plan_mu_.
+  // Brings the pipelines to the wanted topology: closes failed ones, moves the sequences of those
+  // that no longer fit (or drains them without move_kv) and removes them, builds missing ones
+  // from idle workers. Serialized by plan_mu_.
   absl::Status RunPlan();
+  // Sequences leaving a retired pipeline with their KV-cache, and the stages that hold it.
+  struct Departure {
+    int pipeline = 0;
+    std::vector<KvStage> holders;
+    std::vector<KvSeq> seqs;  // keys are the scheduler's sequence ids
+    absl::Status status;      // not OK: they are recomputed instead
+  };
+  // Pauses the `retiring` pipelines and takes the sequences out of each one whose steps end within
+  // the drain limit (the others' resume elsewhere, recomputed).
+  std::vector<Departure> DetachForMove(const std::vector<int>& retiring)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Places every departed sequence in a pipeline and has its stages import the KV-cache; the
+  // sequences continue (or, where any of it failed, are recomputed). Outside mu_.
+  void ArriveMoved(std::vector<Departure>& departures, absl::Time paused);
   // UNAVAILABLE for a request that no pipeline can serve, saying why (plan_error_).
   absl::Status NoPipelineErrorLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status BuildPipeline(int id, uint64_t assignment, const std::vector<int64_t>& workers,

@@ -41,6 +41,9 @@ ABSL_FLAG(std::optional<bool>, decode_ahead, std::nullopt,
 ABSL_FLAG(std::optional<int>, max_resumes, std::nullopt,
           "times a running request whose pipeline is lost (a worker down) continues on another, "
           "its KV-cache recomputed, before it fails (default 3; 0: fails at once)");
+ABSL_FLAG(std::optional<bool>, move_kv, std::nullopt,
+          "on a topology change, move running requests with their KV-cache to the new layout "
+          "(default true; false: let them finish on the old one, up to --drain_timeout_s)");
 ABSL_FLAG(std::optional<int>, heartbeat_interval_ms, std::nullopt,
           "worker heartbeat period (default 1000)");
 ABSL_FLAG(std::optional<int>, heartbeat_timeout_ms, std::nullopt,
@@ -103,6 +106,7 @@ int main(int argc, char** argv) {
   if (auto v = absl::GetFlag(FLAGS_prefill_budget)) config.prefill_budget = *v;
   if (auto v = absl::GetFlag(FLAGS_decode_ahead)) config.decode_ahead = *v;
   if (auto v = absl::GetFlag(FLAGS_max_resumes)) config.max_resumes = *v;
+  if (auto v = absl::GetFlag(FLAGS_move_kv)) config.move_kv = *v;
   if (auto v = absl::GetFlag(FLAGS_heartbeat_interval_ms)) config.heartbeat_interval_ms = *v;
   if (auto v = absl::GetFlag(FLAGS_heartbeat_timeout_ms)) config.heartbeat_timeout_ms = *v;
   if (auto v = absl::GetFlag(FLAGS_drain_timeout_s)) config.drain_timeout_s = *v;

@@ -35,6 +35,8 @@ std::shared_ptr<RequestState> Scheduler::Enqueue(ValidatedRequest request, absl:
 void Scheduler::FailWaiting(const absl::Status& why, absl::Time now) {
   const std::deque<uint64_t> resumed = resumed_;
   for (uint64_t seq : resumed) EndSequence(seq, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
+  const std::vector<uint64_t> held = held_;
+  for (uint64_t seq : held) EndSequence(seq, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
   for (auto& r : waiting_) r->Finish(why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
   waiting_.clear();
 }
@@ -49,35 +51,101 @@ void Scheduler::RemovePipeline(int id, const absl::Status& why, absl::Time now, 
   if (it == pipelines_.end()) return;
   const std::vector<uint64_t> running = it->second.running;
   for (uint64_t seq_id : running) {
-    Sequence& seq = *seqs_.at(seq_id);
-    const ValidatedRequest& rq = seq.request->request();
-    if (!resume || (rq.prompt_logprobs >= 0 && seq.generated.empty())) {
+    if (!resume) {
       EndSequence(seq_id, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
       continue;
     }
-    if (seq.resumes >= options_.max_resumes) {
-      EndSequence(seq_id,
-                  absl::Status(why.code(), absl::StrFormat("%s (request %s resumed %d times before)",
-                                                           why.message(), rq.request_id,
-                                                           seq.resumes)),
-                  v1::FINISH_REASON_UNSPECIFIED, -1, now);
-      continue;
-    }
-    // What its lost steps fed and sampled is gone: the KV-cache is rebuilt from every token the
-    // sequence has, and the next sample is the one the lost steps would have made.
+    Sequence& seq = *seqs_.at(seq_id);
     it->second.slots.Free(seq.slot);
-    ++seq.resumes;
     seq.pipeline = seq.slot = -1;
-    seq.position = seq.in_flight = seq.fed_ahead = 0;
-    seq.pending = rq.prompt;
-    seq.pending.insert(seq.pending.end(), seq.generated.begin(), seq.generated.end());
-    resumed_.push_back(seq_id);
-    if (metrics_ != nullptr) {
-      metrics_->recomputed_sequences.Increment();
-      metrics_->recomputed_tokens.Increment(static_cast<double>(seq.pending.size()));
-    }
+    Recompute(seq, why, now);
   }
   pipelines_.erase(it);
+}
+
+void Scheduler::Recompute(Sequence& seq, const absl::Status& why, absl::Time now) {
+  const ValidatedRequest& rq = seq.request->request();
+  if (rq.prompt_logprobs >= 0 && seq.generated.empty()) {
+    EndSequence(seq.id, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
+    return;
+  }
+  if (seq.resumes >= options_.max_resumes) {
+    EndSequence(seq.id,
+                absl::Status(why.code(), absl::StrFormat("%s (request %s resumed %d times before)",
+                                                         why.message(), rq.request_id,
+                                                         seq.resumes)),
+                v1::FINISH_REASON_UNSPECIFIED, -1, now);
+    return;
+  }
+  // What its lost steps fed and sampled is gone: the KV-cache is rebuilt from every token the
+  // sequence has, and the next sample is the one the lost steps would have made.
+  ++seq.resumes;
+  seq.moving = false;
+  seq.position = seq.in_flight = seq.fed_ahead = 0;
+  seq.pending = rq.prompt;
+  seq.pending.insert(seq.pending.end(), seq.generated.begin(), seq.generated.end());
+  resumed_.push_back(seq.id);
+  if (metrics_ != nullptr) {
+    metrics_->recomputed_sequences.Increment();
+    metrics_->recomputed_tokens.Increment(static_cast<double>(seq.pending.size()));
+  }
+}
+
+void Scheduler::Pause(int id) {
+  auto it = pipelines_.find(id);
+  if (it == pipelines_.end()) return;
+  it->second.paused = true;
+  it->second.draining = true;
+}
+
+int Scheduler::steps_in_flight(int id) const {
+  auto it = pipelines_.find(id);
+  return it == pipelines_.end() ? 0 : static_cast<int>(it->second.inflight.size());
+}
+
+std::vector<Scheduler::Held> Scheduler::Detach(int id) {
+  std::vector<Held> out;
+  auto it = pipelines_.find(id);
+  if (it == pipelines_.end()) return out;
+  for (uint64_t seq_id : it->second.running) {
+    Sequence& seq = *seqs_.at(seq_id);
+    out.push_back({.seq = seq_id, .slot = seq.slot, .positions = seq.position});
+    seq.pipeline = seq.slot = -1;
+    seq.moving = true;
+    held_.push_back(seq_id);
+  }
+  pipelines_.erase(it);
+  return out;
+}
+
+std::optional<Scheduler::Target> Scheduler::PlaceHeld(uint64_t seq_id) {
+  auto h = std::find(held_.begin(), held_.end(), seq_id);
+  if (h == held_.end()) return std::nullopt;
+  const std::optional<int> best = PipelineForNext();
+  if (!best) return std::nullopt;
+  held_.erase(h);
+  Sequence& seq = *seqs_.at(seq_id);
+  Place(seq, *best);
+  return Target{.pipeline = seq.pipeline, .slot = seq.slot};
+}
+
+void Scheduler::Moved(uint64_t seq_id, bool ok, const absl::Status& why, absl::Time now) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end() || !it->second->moving) return;  // ended meanwhile
+  Sequence& seq = *it->second;
+  if (ok && seq.pipeline >= 0) {
+    seq.moving = false;
+    if (metrics_ != nullptr) metrics_->migrated_sequences.Increment();
+    return;
+  }
+  if (auto pit = pipelines_.find(seq.pipeline); pit != pipelines_.end()) {
+    pit->second.slots.Free(seq.slot);
+    auto& running = pit->second.running;
+    running.erase(std::remove(running.begin(), running.end(), seq_id), running.end());
+  }
+  held_.erase(std::remove(held_.begin(), held_.end(), seq_id), held_.end());
+  seq.pipeline = seq.slot = -1;
+  Recompute(seq, why, now);
 }
 
 void Scheduler::SetDraining(int id) {
@@ -125,6 +193,8 @@ void Scheduler::Place(Sequence& seq, int id) {
 }
 
 void Scheduler::Admit(absl::Time now) {
+  // Sequences on their way to a new layout take their slots first.
+  if (!held_.empty()) return;
   while (!resumed_.empty()) {
     const std::optional<int> best = PipelineForNext();
     if (!best) return;
@@ -186,6 +256,7 @@ bool Scheduler::EndsByLength(const Sequence& seq) const {
 }
 
 bool Scheduler::Ready(const Sequence& seq, int stages) const {
+  if (seq.moving) return false;
   if (seq.in_flight == 0) return true;
   // Ahead: the one step in flight samples (nothing of the prompt is left to feed) and the stage
   // that samples is the one that embeds.
@@ -223,6 +294,7 @@ std::vector<StepDescriptor> Scheduler::FormSteps(int id) {
   auto pit = pipelines_.find(id);
   if (pit == pipelines_.end()) return out;
   Pipeline& p = pit->second;
+  if (p.paused) return out;
   // At least one micro-batch per stage in flight, so that no stage waits for the others; going
   // ahead, each may have its successor in flight too.
   const int lanes = std::max(options_.micro_batches, p.stages);
@@ -361,6 +433,7 @@ void Scheduler::EndSequence(uint64_t seq_id, absl::Status status, v1::FinishReas
     running.erase(std::remove(running.begin(), running.end(), seq_id), running.end());
   } else {
     resumed_.erase(std::remove(resumed_.begin(), resumed_.end(), seq_id), resumed_.end());
+    held_.erase(std::remove(held_.begin(), held_.end(), seq_id), held_.end());
   }
   seq.request->Finish(std::move(status), finish, text_limit, now);
   seq_of_request_.erase(seq.request.get());

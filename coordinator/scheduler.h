@@ -81,6 +81,34 @@ class Scheduler {
   // that admits them, at most max_resumes times each. A sequence that asked for prompt logprobs
   // and has none of its tokens yet is not resumed (its prompt's logprobs would be sent twice).
   void RemovePipeline(int id, const absl::Status& why, absl::Time now, bool resume = false);
+  // Moving sequences with their KV-cache (a layout change whose old stages are alive):
+  // A paused pipeline forms no more steps and admits nothing; once none of its steps is in
+  // flight, each sequence's KV-cache holds exactly the positions it was fed.
+  void Pause(int id);
+  int steps_in_flight(int id) const;
+  struct Held {
+    uint64_t seq = 0;   // the sequence (its key while it moves)
+    int slot = -1;      // where its KV-cache is in the old pipeline
+    int positions = 0;  // how many positions it holds
+  };
+  // Takes the sequences out of paused pipeline `id`, whose steps are all done, and forgets the
+  // pipeline; they are held aside (neither waiting nor running) until placed. Where each one's
+  // KV-cache is, in admission order.
+  std::vector<Held> Detach(int id);
+  struct Target {
+    int pipeline = -1;
+    int slot = -1;
+  };
+  // Puts held sequence `seq` into the pipeline Admit would choose, at a free slot, where it takes
+  // no step until Moved. None when no pipeline has room or the sequence has ended meanwhile.
+  std::optional<Target> PlaceHeld(uint64_t seq);
+  // A held or placed sequence whose KV-cache is now in its slot (`ok`) continues from where it
+  // was; otherwise (its KV did not arrive, no pipeline had room) it goes back to the queue to be
+  // recomputed as RemovePipeline(resume) does, failing with `why` past max_resumes. A sequence
+  // that ended meanwhile is skipped.
+  void Moved(uint64_t seq, bool ok, const absl::Status& why, absl::Time now);
+  int held() const { return static_cast<int>(held_.size()); }
+
   // A draining pipeline admits nothing new; its running sequences go on.
   void SetDraining(int id);
   bool draining(int id) const;
@@ -88,8 +116,9 @@ class Scheduler {
   int used_slots(int id) const;
   int free_slots(int id) const;
 
-  // Moves resumed sequences, then waiting requests, oldest first, into the pipeline with the fewest running sequences
-  // (the lowest id on ties) that is not draining and has a free slot, until none is left.
+  // Moves resumed sequences, then waiting requests, oldest first, into the pipeline with the fewest
+  // running sequences (the lowest id on ties) that is not draining and has a free slot, until none
+  // is left. Nothing while sequences are held (they are placed first).
   void Admit(absl::Time now);
 
   // The steps pipeline `id` should run next: micro-batches of the sequences that are not in a
@@ -136,6 +165,7 @@ class Scheduler {
     absl::flat_hash_map<int32_t, std::pair<int32_t, bool>> seen;
     absl::Time last_token = absl::InfinitePast();  // for the inter-token latency
     int resumes = 0;  // times its pipeline was lost and it went back to the queue
+    bool moving = false;  // held aside, or placed while its KV-cache is put in its slot
   };
   // One sequence's row of a step in flight.
   struct StepEntry {
@@ -150,6 +180,7 @@ class Scheduler {
     std::map<uint64_t, std::vector<StepEntry>> inflight;  // by step id
     uint64_t next_step = 1;
     bool draining = false;
+    bool paused = false;  // forms no steps (its sequences are about to move)
   };
 
   SequenceStep RowOf(const Sequence& seq, int num_tokens, bool sample) const;
@@ -170,6 +201,10 @@ class Scheduler {
   // Moves up to `n` rows out of `ready` into a new step of `p`, in order: every decode, and
   // prompts while the step's prefill budget lasts.
   StepDescriptor FormStep(Pipeline& p, std::vector<Sequence*>& ready, int n);
+  // Back to the front of the queue, out of any pipeline, to be fed its prompt and every token it
+  // generated (or ended with `why` past max_resumes, or when it wants prompt logprobs and has no
+  // token yet).
+  void Recompute(Sequence& seq, const absl::Status& why, absl::Time now);
   void AppendToken(Sequence& seq, int32_t token, TokenLogprob* logprob, absl::Time now);
   void EndSequence(uint64_t seq_id, absl::Status status, v1::FinishReason finish, int text_limit,
                    absl::Time now);
@@ -179,6 +214,7 @@ class Scheduler {
   uint64_t next_seq_id_ = 1;
   std::deque<std::shared_ptr<RequestState>> waiting_;
   std::deque<uint64_t> resumed_;  // sequences whose pipeline was lost, admitted before waiting_
+  std::vector<uint64_t> held_;    // sequences taken out of a paused pipeline, not yet placed
   std::map<int, Pipeline> pipelines_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   absl::flat_hash_map<const RequestState*, uint64_t> seq_of_request_;

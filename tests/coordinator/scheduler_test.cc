@@ -864,6 +864,100 @@ TEST(Scheduler, ResumedSequenceWaitingCanBeCancelledOrFailed) {
   EXPECT_EQ(s.running(1), 0);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Moving sequences with their KV-cache
+
+// A paused pipeline forms no step and admits nothing; once its steps are done its sequences
+// leave with their slot and the positions they were fed, and continue in the slot of the new
+// pipeline where they stopped: the next step feeds the newest token at the next position with
+// the next counter, nothing fed again.
+TEST(Scheduler, MovedSequenceContinuesWhereItWasWithoutRecomputing) {
+  SchedulerOptions o = Options();
+  o.decode_ahead = true;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  std::shared_ptr<RequestState> other = s.Enqueue(Request({5}), kNow);
+  s.Admit(kNow);
+  std::shared_ptr<RequestState> req = s.Enqueue(Request({1, 2, 3}, 6), kNow);
+  s.Admit(kNow);
+  s.Cancel(other, absl::CancelledError("gone"), kNow);  // req keeps slot 1; slot 0 is free
+  // Two steps in flight (the prompt, and decode-ahead's next one) when the pause comes: both end
+  // as usual.
+  std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[1].tokens[0], kPreviousSample);
+  s.Pause(0);
+  EXPECT_THAT(s.FormSteps(0), IsEmpty());
+  std::shared_ptr<RequestState> late = s.Enqueue(Request({4}), kNow);
+  s.Admit(kNow);
+  EXPECT_EQ(s.running(0), 1) << "a paused pipeline admits nothing";
+  EXPECT_EQ(s.steps_in_flight(0), 2);
+  ASSERT_TRUE(Answer(s, 0, steps[0], 7).ok());
+  ASSERT_TRUE(Answer(s, 0, steps[1], 8).ok());
+  EXPECT_EQ(s.steps_in_flight(0), 0);
+  const std::vector<Scheduler::Held> held = s.Detach(0);
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].slot, 1);
+  EXPECT_EQ(held[0].positions, 4);  // 1 2 3 7 fed; 8 not yet
+  EXPECT_EQ(s.held(), 1);
+  EXPECT_EQ(s.waiting(), 1);  // `late` only
+  s.AddPipeline(1, 1);
+  s.Admit(kNow);
+  EXPECT_EQ(s.running(1), 0) << "held sequences take their slots before waiting requests";
+  const std::optional<Scheduler::Target> to = s.PlaceHeld(held[0].seq);
+  ASSERT_TRUE(to.has_value());
+  EXPECT_EQ(to->pipeline, 1);
+  EXPECT_EQ(to->slot, 0);
+  EXPECT_EQ(s.held(), 0);
+  EXPECT_THAT(s.FormSteps(1), IsEmpty()) << "no step before its KV-cache is in place";
+  s.Moved(held[0].seq, true, absl::OkStatus(), kNow);
+  s.Admit(kNow);  // now `late` comes in too
+  EXPECT_EQ(s.running(1), 2);
+  const std::vector<StepDescriptor> after = s.FormSteps(1);  // and decode-ahead's next one
+  ASSERT_FALSE(after.empty());
+  const StepDescriptor& next = after[0];
+  ASSERT_EQ(next.seqs.size(), 2u);
+  EXPECT_EQ(next.seqs[0].slot, 0);
+  EXPECT_EQ(next.seqs[0].position, 4);
+  EXPECT_EQ(next.seqs[0].num_tokens, 1);
+  EXPECT_EQ(next.seqs[0].sample_index, 2u);
+  EXPECT_EQ(next.tokens[0], 8);
+  ASSERT_TRUE(Answer(s, 1, next, 9).ok());
+  EXPECT_THAT(Peek(req).tokens, ElementsAre(7, 8, 9));
+  EXPECT_FALSE(Peek(req).done);
+}
+
+// A sequence whose KV-cache did not arrive, or that found no room, is recomputed instead; one
+// cancelled while held or while it moves is skipped.
+TEST(Scheduler, SequenceWhoseMoveFailsIsRecomputedAndCancelledOnesAreSkipped) {
+  SchedulerOptions o = Options();
+  o.max_slots = 2;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  std::shared_ptr<RequestState> a = s.Enqueue(Request({1, 2}), kNow);
+  std::shared_ptr<RequestState> b = s.Enqueue(Request({3}), kNow);
+  s.Admit(kNow);
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 7).ok());
+  s.Pause(0);
+  const std::vector<Scheduler::Held> held = s.Detach(0);
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_FALSE(s.PlaceHeld(held[0].seq).has_value()) << "no pipeline yet";
+  s.AddPipeline(1, 1);
+  ASSERT_TRUE(s.PlaceHeld(held[0].seq).has_value());
+  s.Moved(held[0].seq, false, absl::UnavailableError("ImportKv failed"), kNow);
+  EXPECT_EQ(s.running(1), 0);
+  EXPECT_EQ(s.used_slots(1), 0);
+  EXPECT_EQ(s.waiting(), 1);  // back in the queue, to be recomputed
+  s.Cancel(b, absl::CancelledError("client went away"), kNow);
+  EXPECT_EQ(s.held(), 0);
+  s.Moved(held[1].seq, true, absl::OkStatus(), kNow);  // ended meanwhile: nothing happens
+  s.Admit(kNow);
+  const StepDescriptor again = NextStep(s, 1);
+  EXPECT_THAT(again.tokens, ElementsAre(1, 2, 7));
+  EXPECT_EQ(again.seqs[0].position, 0);
+  EXPECT_EQ(Peek(b).status.code(), absl::StatusCode::kCancelled);
+}
+
 TEST(Scheduler, FailWaitingEndsEveryQueuedRequest) {
   Scheduler s(Options());
   std::shared_ptr<RequestState> a = s.Enqueue(Request({1}), kNow);

@@ -31,6 +31,7 @@ struct Case {
   int max_new_tokens = 8;
   SamplingParams sampling;
   bool stream = false;
+  bool ignore_eos = false;
 };
 
 std::filesystem::path& ModelDir() {
@@ -88,7 +89,9 @@ class ServiceTest : public ::testing::Test {
       if (!o.ok()) return out;
       const int32_t t = o->tokens.at(0);
       out.push_back(t);
-      if (t == eos || static_cast<int>(out.size()) >= c.max_new_tokens) return out;
+      if ((t == eos && !c.ignore_eos) || static_cast<int>(out.size()) >= c.max_new_tokens) {
+        return out;
+      }
       d.seqs[0].position += d.seqs[0].num_tokens;
       d.seqs[0].num_tokens = 1;
       d.seqs[0].sample_index = out.size();
@@ -104,6 +107,7 @@ class ServiceTest : public ::testing::Test {
     r.mutable_sampling()->set_top_k(c.sampling.top_k);
     r.mutable_sampling()->set_top_p(c.sampling.top_p);
     r.mutable_sampling()->set_seed(c.sampling.seed);
+    r.set_ignore_eos(c.ignore_eos);
     return r;
   }
 
@@ -167,6 +171,48 @@ class ServiceTest : public ::testing::Test {
       EXPECT_EQ(tokens, Oracle(cases[i])) << "request " << i;
     }
   }
+
+  // Long streamed generations running in the background: Start returns once each has streamed a
+  // token (so that its pipeline holds its KV-cache), Finish checks each against the oracle.
+  class LongStreams {
+   public:
+    LongStreams(Cluster& cluster, int n, uint64_t salt) : cluster_(cluster) {
+      for (int i = 0; i < n; ++i) {
+        Case c{.prompt = {static_cast<int32_t>(salt % 97 + i), 20, static_cast<int32_t>(30 + i)},
+               .max_new_tokens = 400, .ignore_eos = true};
+        if (i % 2 == 1) c.sampling = {.temperature = 0.9f, .seed = salt * 100 + i};
+        cases_.push_back(c);
+        futures_.push_back(std::async(std::launch::async, [this, c] {
+          grpc::ClientContext ctx;
+          ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+          auto reader = cluster_.inference().GenerateStream(&ctx, ToRequest(c));
+          std::vector<int32_t> tokens;
+          v1::GenerateStreamResponse msg;
+          while (reader->Read(&msg)) {
+            if (tokens.empty() && msg.token_ids_size() > 0) started_++;
+            tokens.insert(tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+          }
+          if (tokens.empty()) started_++;
+          return std::make_pair(reader->Finish(), tokens);
+        }));
+      }
+      while (started_.load() < n) absl::SleepFor(absl::Milliseconds(1));
+    }
+    void Finish() {
+      for (size_t i = 0; i < cases_.size(); ++i) {
+        auto [status, tokens] = futures_[i].get();
+        ASSERT_TRUE(status.ok()) << "request " << i << ": " << status.error_message() << "\n"
+                                 << cluster_.Logs();
+        EXPECT_EQ(tokens, Oracle(cases_[i])) << "request " << i;
+      }
+    }
+
+   private:
+    Cluster& cluster_;
+    std::vector<Case> cases_;
+    std::atomic<int> started_{0};
+    std::vector<std::future<std::pair<grpc::Status, std::vector<int32_t>>>> futures_;
+  };
 
   static absl::StatusOr<v1::Topology> SetTopology(Cluster& cluster, int stages, int replicas) {
     grpc::ClientContext ctx;
@@ -262,6 +308,54 @@ TEST_F(ServiceTest, TopologyNeedingMoreWorkersThanRegisteredIsRefused) {
   EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(SetTopology(*cluster, 0, 1).status().code(), absl::StatusCode::kInvalidArgument);
   ExpectMatchesOracle(*cluster, MixedCases(5));
+}
+
+// The coordinator's counter `name` from its /metrics (--metrics_address=127.0.0.1:0); -1 when
+// absent.
+double CoordinatorCounter(Cluster& cluster, const std::string& name) {
+  const int port = PrintedMetricsPort(cluster.Logs(), "tandem-coordinator");
+  httplib::Client http("127.0.0.1", port);
+  httplib::Result r = http.Get("/metrics");
+  if (!r || r->status != 200) return -1;
+  std::smatch m;
+  const std::regex re("\n" + name + " ([0-9.e+]+)");
+  if (!std::regex_search(r->body, m, re)) return -1;
+  return std::stod(m[1].str());
+}
+
+// Every layout change moves the running sequences with their KV-cache, worker to worker over
+// gRPC, into the stages that now hold their layers: each continues where it was (nothing is
+// recomputed) and ends with the tokens of an undisturbed run.
+TEST_F(ServiceTest, LayoutChangesMoveRunningSequencesWithTheirKvCache) {
+  auto cluster = StartCluster(3, 1, 1, {"--metrics_address=127.0.0.1:0"});
+  ASSERT_NE(cluster, nullptr);
+  int changes = 0;
+  for (auto [stages, replicas] : {std::pair{2, 1}, {3, 1}, {1, 2}, {1, 1}, {2, 1}}) {
+    SCOPED_TRACE(absl::StrFormat("to %d stages x %d replicas", stages, replicas));
+    LongStreams streams(*cluster, 6, ++changes);
+    absl::StatusOr<v1::Topology> t = SetTopology(*cluster, stages, replicas);
+    ASSERT_TRUE(t.ok()) << t.status() << cluster->Logs();
+    ASSERT_EQ(t->pipelines_size(), replicas);
+    streams.Finish();
+  }
+  EXPECT_GT(CoordinatorCounter(*cluster, "tandem_sequences_migrated_total"), 0);
+  EXPECT_GT(CoordinatorCounter(*cluster, "tandem_kv_transfer_bytes_total"), 0);
+  EXPECT_EQ(CoordinatorCounter(*cluster, "tandem_sequences_recomputed_total"), 0)
+      << cluster->Logs();
+  EXPECT_THAT(cluster->Logs(), HasSubstr("with their KV-cache"));
+}
+
+// Two replicas' sequences moving into one whose slots are all taken: those that find no slot are
+// recomputed there once slots free up, and every request still ends with the right tokens.
+TEST_F(ServiceTest, SequencesWithoutRoomInTheNewLayoutAreRecomputed) {
+  auto cluster = StartCluster(2, 1, 2, {"--max_slots=3", "--metrics_address=127.0.0.1:0"});
+  ASSERT_NE(cluster, nullptr);
+  LongStreams streams(*cluster, 6, 77);
+  absl::StatusOr<v1::Topology> t = SetTopology(*cluster, 1, 1);
+  ASSERT_TRUE(t.ok()) << t.status() << cluster->Logs();
+  streams.Finish();
+  EXPECT_GT(CoordinatorCounter(*cluster, "tandem_sequences_recomputed_total"), 0)
+      << cluster->Logs();
 }
 
 // A worker killed under load: the requests of its pipeline continue on the other replica or on

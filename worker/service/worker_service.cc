@@ -5,6 +5,7 @@
 #include <deque>
 #include <limits>
 #include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -14,6 +15,7 @@
 #include "common/thread_name.h"
 #include "spdlog/spdlog.h"
 #include "worker/model_root.h"
+#include "worker/transport/kv_wire.h"
 
 namespace tandem {
 namespace {
@@ -225,6 +227,10 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
   a->id = req->assignment_id();
   a->stage = req->stage();
   a->num_stages = req->num_stages();
+  a->first_layer = spec.first_layer;
+  a->last_layer = (*stage)->config().num_layers;
+  if (spec.last_layer >= 0 && spec.last_layer < a->last_layer) a->last_layer = spec.last_layer;
+  a->max_seq_len = req->max_seq_len() > 0 ? req->max_seq_len() : (*stage)->config().max_positions;
   a->engine = *std::move(stage);
   inbox_.Reset(a->id);
   StepRunnerOptions run;
@@ -366,6 +372,229 @@ grpc::Status WorkerService::Steps(
   executor.join();
   absl::MutexLock lock(&mu);
   return result;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Moving sequences with their KV-cache
+
+namespace {
+
+// K and V bytes of one stash chunk at most: a few MB, so that a fetch streams rather than
+// building one message per sequence.
+constexpr int64_t kKvChunkBytes = int64_t{4} << 20;
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<WorkerService::Assignment>> WorkerService::AssignmentFor(
+    uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  if (current_ == nullptr || current_->id != id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "assignment ", id, ": this worker holds ",
+        current_ ? absl::StrCat("assignment ", current_->id) : std::string("no stage")));
+  }
+  return current_;
+}
+
+grpc::Status WorkerService::ExportKv(grpc::ServerContext* ctx, const v1::ExportKvRequest* req,
+                                     v1::ExportKvResponse* resp) {
+  if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
+  absl::StatusOr<std::shared_ptr<Assignment>> a = AssignmentFor(req->assignment_id());
+  if (!a.ok()) return ToGrpc(a.status());
+  std::map<uint64_t, std::shared_ptr<const KvBlock>> blocks;
+  int64_t bytes = 0;
+  {
+    absl::MutexLock run(&(*a)->run_mu);
+    const int layers = (*a)->last_layer - (*a)->first_layer;
+    for (const v1::KvSequence& s : req->seqs()) {
+      absl::StatusOr<KvBlock> b =
+          (*a)->engine->ExportKv(s.slot(), s.positions(), (*a)->first_layer, layers);
+      if (!b.ok()) {
+        return ToGrpc(absl::Status(b.status().code(), absl::StrCat("sequence ", s.key(), ": ",
+                                                                    b.status().message())));
+      }
+      bytes += static_cast<int64_t>(b->k.size() + b->v.size());
+      blocks[s.key()] = std::make_shared<const KvBlock>(*std::move(b));
+    }
+  }
+  absl::MutexLock lock(&stash_mu_);
+  stash_ = std::move(blocks);
+  resp->set_bytes(bytes);
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchBlocks(
+    const Assignment& a, const std::string& address, const std::vector<uint64_t>& keys,
+    int first_layer, int num_layers) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(kMaxStageMessageBytes));
+  auto stub = v1::Worker::NewStub(MakeChannel(address, link_.peer_auth, args));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
+  v1::FetchKvRequest req;
+  req.mutable_keys()->Assign(keys.begin(), keys.end());
+  req.set_first_layer(first_layer);
+  req.set_num_layers(num_layers);
+  const ModelConfig& c = a.engine->config();
+  KvAssembler assembler({.first_layer = first_layer,
+                         .num_layers = num_layers,
+                         .num_kv_heads = c.num_kv_heads,
+                         .head_dim = c.head_dim,
+                         .max_positions = a.max_seq_len});
+  std::unique_ptr<grpc::ClientReader<v1::KvChunk>> reader = stub->FetchKv(&ctx, req);
+  v1::KvChunk chunk;
+  absl::Status bad;
+  while (reader->Read(&chunk)) {
+    bad = assembler.Add(chunk);
+    if (!bad.ok()) {
+      ctx.TryCancel();
+      break;
+    }
+  }
+  const grpc::Status done = reader->Finish();
+  auto from = [&address](absl::Status s) {
+    return absl::Status(s.code(), absl::StrCat("KV from ", address, ": ", s.message()));
+  };
+  if (!bad.ok()) return from(bad);
+  if (!done.ok()) {
+    return from(absl::Status(static_cast<absl::StatusCode>(done.error_code()),
+                             done.error_message()));
+  }
+  std::vector<KvBlock> blocks;
+  for (uint64_t key : keys) {
+    absl::StatusOr<KvBlock> b = assembler.Take(key);
+    if (!b.ok()) return from(b.status());
+    blocks.push_back(*std::move(b));
+  }
+  return blocks;
+}
+
+grpc::Status WorkerService::ImportKv(grpc::ServerContext* ctx, const v1::ImportKvRequest* req,
+                                     v1::ImportKvResponse* resp) {
+  if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
+  absl::StatusOr<std::shared_ptr<Assignment>> a = AssignmentFor(req->assignment_id());
+  if (!a.ok()) return ToGrpc(a.status());
+  // The sources must cover the stage's layers once each, so that no slot is left half filled.
+  std::vector<const v1::KvSource*> sources;
+  for (const v1::KvSource& src : req->sources()) sources.push_back(&src);
+  std::sort(sources.begin(), sources.end(), [](const v1::KvSource* x, const v1::KvSource* y) {
+    return x->first_layer() < y->first_layer();
+  });
+  int next = (*a)->first_layer;
+  for (const v1::KvSource* src : sources) {
+    if (src->first_layer() != next || src->num_layers() < 1 ||
+        src->num_layers() > (*a)->last_layer - next) {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrFormat("sources: layers [%d, %d) do not continue this stage's [%d, %d) at %d",
+                          src->first_layer(),
+                          static_cast<int64_t>(src->first_layer()) + src->num_layers(),
+                          (*a)->first_layer, (*a)->last_layer, next));
+    }
+    next += src->num_layers();
+  }
+  if (next != (*a)->last_layer) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrFormat("sources: layers [%d, %d) of this stage's [%d, %d) have "
+                                        "no source",
+                                        next, (*a)->last_layer, (*a)->first_layer,
+                                        (*a)->last_layer));
+  }
+  std::vector<uint64_t> keys;
+  std::set<int> slots;
+  for (const v1::KvSequence& s : req->seqs()) {
+    keys.push_back(s.key());
+    if (!slots.insert(s.slot()).second) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("seqs: slot ", s.slot(), " is given twice"));
+    }
+  }
+  // Every block first (fetches take long and need no lock), then the writes between steps.
+  std::vector<std::vector<KvBlock>> blocks;  // per source, per sequence
+  const absl::Time t0 = absl::Now();
+  int64_t fetched = 0;
+  for (const v1::KvSource* src : sources) {
+    std::vector<KvBlock> part;
+    if (src->address().empty()) {
+      absl::MutexLock lock(&stash_mu_);
+      for (uint64_t key : keys) {
+        auto it = stash_.find(key);
+        if (it == stash_.end()) {
+          return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                              absl::StrCat("sequence ", key, ": not in this worker's KV stash"));
+        }
+        absl::StatusOr<KvBlock> b =
+            SliceKvLayers(*it->second, src->first_layer(), src->num_layers());
+        if (!b.ok()) {
+          return ToGrpc(absl::Status(b.status().code(),
+                                     absl::StrCat("sequence ", key, ": ", b.status().message())));
+        }
+        part.push_back(*std::move(b));
+      }
+    } else {
+      absl::StatusOr<std::vector<KvBlock>> got =
+          FetchBlocks(**a, src->address(), keys, src->first_layer(), src->num_layers());
+      if (!got.ok()) return ToGrpc(got.status());
+      for (const KvBlock& b : *got) fetched += static_cast<int64_t>(b.k.size() + b.v.size());
+      part = *std::move(got);
+    }
+    blocks.push_back(std::move(part));
+  }
+  resp->set_fetch_seconds(absl::ToDoubleSeconds(absl::Now() - t0));
+  int64_t bytes = 0;
+  absl::MutexLock run(&(*a)->run_mu);
+  for (const std::vector<KvBlock>& part : blocks) {
+    for (size_t i = 0; i < part.size(); ++i) {
+      const v1::KvSequence& s = req->seqs(static_cast<int>(i));
+      if (absl::Status st = (*a)->engine->ImportKv(s.slot(), part[i]); !st.ok()) {
+        return ToGrpc(absl::Status(st.code(), absl::StrCat("sequence ", s.key(), ": ",
+                                                            st.message())));
+      }
+      bytes += static_cast<int64_t>(part[i].k.size() + part[i].v.size());
+    }
+  }
+  resp->set_bytes(bytes);
+  resp->set_fetched_bytes(fetched);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::FetchKv(grpc::ServerContext* ctx, const v1::FetchKvRequest* req,
+                                    grpc::ServerWriter<v1::KvChunk>* writer) {
+  if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
+  for (uint64_t key : req->keys()) {
+    std::shared_ptr<const KvBlock> held;
+    {
+      absl::MutexLock lock(&stash_mu_);
+      auto it = stash_.find(key);
+      if (it == stash_.end()) {
+        return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                            absl::StrCat("sequence ", key, ": not in this worker's KV stash"));
+      }
+      held = it->second;
+    }
+    absl::StatusOr<KvBlock> b = SliceKvLayers(*held, req->first_layer(), req->num_layers());
+    if (!b.ok()) {
+      return ToGrpc(absl::Status(b.status().code(),
+                                 absl::StrCat("sequence ", key, ": ", b.status().message())));
+    }
+    if (!ForEachKvChunk(key, *b, kKvChunkBytes,
+                        [&](const v1::KvChunk& c) { return writer->Write(c); })) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching worker went away");
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::DropKv(grpc::ServerContext* ctx, const v1::DropKvRequest*,
+                                   v1::DropKvResponse*) {
+  if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
+  absl::MutexLock lock(&stash_mu_);
+  stash_.clear();
+  return grpc::Status::OK;
 }
 
 // ---------------------------------------------------------------------------------------------

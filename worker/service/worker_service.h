@@ -10,9 +10,11 @@
 
 #include <atomic>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -81,6 +83,17 @@ class WorkerService final : public v1::Worker::Service {
                      grpc::ServerReaderWriter<v1::StepResult, v1::StepRequest>* stream) override;
   grpc::Status PrepareLink(grpc::ServerContext* ctx, const v1::PrepareLinkRequest* req,
                            v1::PrepareLinkResponse* resp) override;
+  // Moving sequences with their KV-cache (proto/tandem.proto, service Worker). Export and import
+  // run between steps (the stage's run lock); the stash lives in host memory until DropKv or the
+  // next ExportKv, across assignments.
+  grpc::Status ExportKv(grpc::ServerContext* ctx, const v1::ExportKvRequest* req,
+                        v1::ExportKvResponse* resp) override;
+  grpc::Status ImportKv(grpc::ServerContext* ctx, const v1::ImportKvRequest* req,
+                        v1::ImportKvResponse* resp) override;
+  grpc::Status FetchKv(grpc::ServerContext* ctx, const v1::FetchKvRequest* req,
+                       grpc::ServerWriter<v1::KvChunk>* writer) override;
+  grpc::Status DropKv(grpc::ServerContext* ctx, const v1::DropKvRequest* req,
+                      v1::DropKvResponse* resp) override;
 
  private:
   // One assignment: the loaded stage and its link to the neighbours.
@@ -88,6 +101,9 @@ class WorkerService final : public v1::Worker::Service {
     uint64_t id = 0;
     int stage = 0;
     int num_stages = 1;
+    int first_layer = 0;  // the model layers the stage holds, [first_layer, last_layer)
+    int last_layer = 0;
+    int max_seq_len = 0;
     std::unique_ptr<Stage> engine;
     std::unique_ptr<ActivationTransport> transport;
     std::unique_ptr<StepRunner> runner;  // over engine and transport; destroyed first
@@ -97,6 +113,13 @@ class WorkerService final : public v1::Worker::Service {
   // Executes one step; the result to send back (errors as error_code).
   v1::StepResult RunStep(Assignment& a, const v1::StepRequest& req,
                          const std::function<bool()>& cancelled);
+  // The current assignment when it is `id`; FAILED_PRECONDITION otherwise.
+  absl::StatusOr<std::shared_ptr<Assignment>> AssignmentFor(uint64_t id);
+  // The blocks of `keys` over layers [first_layer, first_layer + num_layers) from the stash of
+  // the worker at `address` (over FetchKv), put together for `a`'s stage.
+  absl::StatusOr<std::vector<KvBlock>> FetchBlocks(const Assignment& a, const std::string& address,
+                                                   const std::vector<uint64_t>& keys,
+                                                   int first_layer, int num_layers);
 
   const StageFactory factory_;
   ActivationInbox& inbox_;
@@ -105,6 +128,8 @@ class WorkerService final : public v1::Worker::Service {
   absl::Mutex assign_mu_;  // one AssignStage at a time
   absl::Mutex mu_;
   std::shared_ptr<Assignment> current_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex stash_mu_;
+  std::map<uint64_t, std::shared_ptr<const KvBlock>> stash_ ABSL_GUARDED_BY(stash_mu_);
   WorkerMetrics* metrics_ = nullptr;
   CallerPolicy callers_;
   std::filesystem::path model_root_;

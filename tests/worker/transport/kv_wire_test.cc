@@ -1,0 +1,168 @@
+// KV blocks on the wire: a block cut into chunks of any size comes back byte for byte, a layer
+// slice is the right bytes, and a chunk that does not fit the receiving stage, its sequence's
+// earlier chunks or its layer's position is refused naming the field; a block with a gap is not
+// handed out.
+#include "worker/transport/kv_wire.h"
+
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Layers [first, first + layers) of 2 KV heads of 3, `positions` positions, f16; byte i of K is
+// i % 251 and of V 255 - i % 251, so that any misplaced byte shows.
+KvBlock Block(int first, int layers, int positions) {
+  KvBlock b;
+  b.dtype = DType::kF16;
+  b.first_layer = first;
+  b.num_layers = layers;
+  b.num_kv_heads = 2;
+  b.head_dim = 3;
+  b.positions = positions;
+  b.k.resize(b.expected_bytes());
+  b.v.resize(b.expected_bytes());
+  for (size_t i = 0; i < b.k.size(); ++i) {
+    b.k[i] = static_cast<uint8_t>(i % 251);
+    b.v[i] = static_cast<uint8_t>(255 - i % 251);
+  }
+  return b;
+}
+
+KvShape ShapeOf(const KvBlock& b, int max_positions = 64) {
+  return {.first_layer = b.first_layer,
+          .num_layers = b.num_layers,
+          .num_kv_heads = b.num_kv_heads,
+          .head_dim = b.head_dim,
+          .max_positions = max_positions};
+}
+
+std::vector<v1::KvChunk> Chunks(uint64_t key, const KvBlock& b, int64_t max_bytes) {
+  std::vector<v1::KvChunk> out;
+  ForEachKvChunk(key, b, max_bytes, [&](const v1::KvChunk& c) {
+    out.push_back(c);
+    return true;
+  });
+  return out;
+}
+
+TEST(KvWireTest, ChunksOfAnySizeComeBackByteForByte) {
+  const KvBlock b = Block(2, 3, 7);  // 12 bytes per position of K
+  // One position per chunk, three (the last one short) and the whole layer.
+  for (int64_t max_bytes : {1, 24, 72, 1 << 20}) {
+    const std::vector<v1::KvChunk> chunks = Chunks(5, b, max_bytes);
+    const size_t per_layer = max_bytes <= 24 ? 7 : max_bytes == 72 ? 3 : 1;
+    EXPECT_EQ(chunks.size(), 3 * per_layer) << max_bytes;
+    KvAssembler a(ShapeOf(b));
+    for (const v1::KvChunk& c : chunks) ASSERT_TRUE(a.Add(c).ok()) << a.Add(c);
+    absl::StatusOr<KvBlock> got = a.Take(5);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->first_layer, 2);
+    EXPECT_EQ(got->num_layers, 3);
+    EXPECT_EQ(got->positions, 7);
+    EXPECT_EQ(got->dtype, DType::kF16);
+    EXPECT_EQ(got->k, b.k) << max_bytes;
+    EXPECT_EQ(got->v, b.v) << max_bytes;
+    EXPECT_FALSE(a.Take(5).ok()) << "taken twice";
+  }
+}
+
+TEST(KvWireTest, SequencesAndLayersInterleavedStayApart) {
+  const KvBlock x = Block(0, 2, 4);
+  KvBlock y = Block(0, 2, 5);
+  for (uint8_t& c : y.k) c ^= 0x5a;
+  std::vector<v1::KvChunk> cx = Chunks(1, x, 24), cy = Chunks(2, y, 24);
+  KvAssembler a(ShapeOf(x));
+  // Layer 1 of x before its layer 0, and y's chunks in between.
+  for (size_t i = cx.size() / 2; i < cx.size(); ++i) ASSERT_TRUE(a.Add(cx[i]).ok());
+  for (const v1::KvChunk& c : cy) ASSERT_TRUE(a.Add(c).ok());
+  for (size_t i = 0; i < cx.size() / 2; ++i) ASSERT_TRUE(a.Add(cx[i]).ok());
+  absl::StatusOr<KvBlock> gx = a.Take(1), gy = a.Take(2);
+  ASSERT_TRUE(gx.ok() && gy.ok());
+  EXPECT_EQ(gx->k, x.k);
+  EXPECT_EQ(gy->k, y.k);
+  EXPECT_EQ(gy->positions, 5);
+}
+
+TEST(KvWireTest, SliceTakesTheLayersBytes) {
+  const KvBlock b = Block(4, 4, 3);
+  absl::StatusOr<KvBlock> s = SliceKvLayers(b, 5, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->first_layer, 5);
+  EXPECT_EQ(s->num_layers, 2);
+  const size_t layer = 3 * 2 * 3 * 2;  // positions x heads x head_dim x 2 bytes
+  ASSERT_EQ(s->k.size(), 2 * layer);
+  EXPECT_TRUE(std::equal(s->k.begin(), s->k.end(), b.k.begin() + layer));
+  EXPECT_TRUE(std::equal(s->v.begin(), s->v.end(), b.v.begin() + layer));
+  EXPECT_TRUE(SliceKvLayers(b, 4, 4).ok());
+  EXPECT_THAT(SliceKvLayers(b, 3, 2).status().message(), HasSubstr("[3, 5)"));
+  EXPECT_THAT(SliceKvLayers(b, 7, 2).status().message(), HasSubstr("not within the held [4, 8)"));
+  EXPECT_FALSE(SliceKvLayers(b, 5, 0).ok());
+}
+
+TEST(KvWireTest, ChunksThatDoNotFitAreRefusedNamingTheField) {
+  const KvBlock b = Block(0, 2, 4);
+  const v1::KvChunk good = Chunks(9, b, 24).front();  // layer 0, positions [0, 1)
+  struct Case {
+    const char* says;
+    void (*spoil)(v1::KvChunk&);
+  };
+  const Case cases[] = {
+      {"version 2", [](v1::KvChunk& c) { c.set_version(2); }},
+      {"dtype 'Q4' is none of", [](v1::KvChunk& c) { c.set_dtype("Q4"); }},
+      {"layer 2 is not within the expected [0, 2)", [](v1::KvChunk& c) { c.set_layer(2); }},
+      {"layer -1", [](v1::KvChunk& c) { c.set_layer(-1); }},
+      {"3 KV heads of 3", [](v1::KvChunk& c) { c.set_num_kv_heads(3); }},
+      {"2 KV heads of 4", [](v1::KvChunk& c) { c.set_head_dim(4); }},
+      {"65 positions, this stage holds 1 to 64", [](v1::KvChunk& c) { c.set_total_positions(65); }},
+      {"0 positions", [](v1::KvChunk& c) { c.set_total_positions(0); }},
+      {"continues at position 1, expected 0", [](v1::KvChunk& c) { c.set_first_position(1); }},
+      {"0 positions from 0", [](v1::KvChunk& c) { c.set_positions(0); }},
+      {"5 positions from 0 of 4", [](v1::KvChunk& c) { c.set_positions(5); }},
+      {"11 bytes of K and 12 of V", [](v1::KvChunk& c) { c.mutable_k()->pop_back(); }},
+      {"12 bytes of K and 13 of V", [](v1::KvChunk& c) { c.mutable_v()->push_back('x'); }},
+  };
+  for (const Case& bad : cases) {
+    v1::KvChunk c = good;
+    bad.spoil(c);
+    KvAssembler a(ShapeOf(b));
+    const absl::Status s = a.Add(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad.says;
+    EXPECT_THAT(s.message(), HasSubstr(bad.says));
+    EXPECT_THAT(s.message(), HasSubstr("sequence 9"));
+  }
+}
+
+TEST(KvWireTest, LaterChunksMustAgreeWithTheFirstAndNotRepeat) {
+  const KvBlock b = Block(0, 1, 4);
+  std::vector<v1::KvChunk> chunks = Chunks(3, b, 24);  // four one-position chunks
+  KvAssembler a(ShapeOf(b));
+  ASSERT_TRUE(a.Add(chunks[0]).ok());
+  EXPECT_THAT(a.Add(chunks[0]).message(), HasSubstr("continues at position 0, expected 1"));
+  v1::KvChunk longer = chunks[1];
+  longer.set_total_positions(5);
+  EXPECT_THAT(a.Add(longer).message(), HasSubstr("5 positions, its earlier chunks said 4"));
+  v1::KvChunk other_dtype = chunks[1];
+  other_dtype.set_dtype("BF16");
+  EXPECT_THAT(a.Add(other_dtype).message(), HasSubstr("dtype BF16, its earlier chunks said F16"));
+  ASSERT_TRUE(a.Add(chunks[1]).ok());
+  ASSERT_TRUE(a.Add(chunks[2]).ok());
+  // The last position never came.
+  EXPECT_THAT(a.Take(3).status().message(), HasSubstr("layer 0 has 3 of its 4 positions"));
+  EXPECT_THAT(a.Take(4).status().message(), HasSubstr("no KV arrived for sequence 4"));
+}
+
+TEST(KvWireTest, ABlockMissingALayerIsNotHandedOut) {
+  const KvBlock b = Block(0, 2, 2);
+  std::vector<v1::KvChunk> chunks = Chunks(1, b, 1 << 20);  // one chunk per layer
+  KvAssembler a(ShapeOf(b));
+  ASSERT_TRUE(a.Add(chunks[1]).ok());
+  EXPECT_THAT(a.Take(1).status().message(), HasSubstr("layer 0 has 0 of its 2 positions"));
+}
+
+}  // namespace
+}  // namespace tandem

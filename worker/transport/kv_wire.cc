@@ -1,0 +1,149 @@
+// KvBlock <-> KvChunk (kv_wire.h).
+#include "worker/transport/kv_wire.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+namespace {
+
+// Bytes of one position of one layer, K or V.
+size_t RowBytes(DType dtype, int num_kv_heads, int head_dim) {
+  return DTypeSize(dtype) * static_cast<size_t>(num_kv_heads) * static_cast<size_t>(head_dim);
+}
+
+}  // namespace
+
+absl::StatusOr<KvBlock> SliceKvLayers(const KvBlock& block, int first_layer, int num_layers) {
+  if (num_layers < 1 || first_layer < block.first_layer ||
+      num_layers > block.first_layer + block.num_layers - first_layer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV layers [", first_layer, ", ", static_cast<int64_t>(first_layer) + num_layers,
+        ") are not within the held [", block.first_layer, ", ",
+        block.first_layer + block.num_layers, ")"));
+  }
+  KvBlock out = block;
+  out.first_layer = first_layer;
+  out.num_layers = num_layers;
+  const size_t layer_bytes = RowBytes(block.dtype, block.num_kv_heads, block.head_dim) *
+                             static_cast<size_t>(block.positions);
+  const size_t from = layer_bytes * static_cast<size_t>(first_layer - block.first_layer);
+  const size_t n = layer_bytes * static_cast<size_t>(num_layers);
+  out.k.assign(block.k.begin() + from, block.k.begin() + from + n);
+  out.v.assign(block.v.begin() + from, block.v.begin() + from + n);
+  return out;
+}
+
+bool ForEachKvChunk(uint64_t key, const KvBlock& block, int64_t max_chunk_bytes,
+                    const std::function<bool(const v1::KvChunk&)>& emit) {
+  const size_t row = RowBytes(block.dtype, block.num_kv_heads, block.head_dim);
+  const int per_chunk = static_cast<int>(std::clamp<int64_t>(
+      max_chunk_bytes / static_cast<int64_t>(2 * row), 1, std::max(block.positions, 1)));
+  v1::KvChunk c;
+  c.set_version(KvBlock::kVersion);
+  c.set_key(key);
+  c.set_dtype(std::string(DTypeName(block.dtype)));
+  c.set_num_kv_heads(block.num_kv_heads);
+  c.set_head_dim(block.head_dim);
+  c.set_total_positions(block.positions);
+  for (int l = 0; l < block.num_layers; ++l) {
+    c.set_layer(block.first_layer + l);
+    const size_t layer_at = row * static_cast<size_t>(block.positions) * static_cast<size_t>(l);
+    for (int p = 0; p < block.positions; p += per_chunk) {
+      const int n = std::min(per_chunk, block.positions - p);
+      const size_t at = layer_at + row * static_cast<size_t>(p);
+      const size_t bytes = row * static_cast<size_t>(n);
+      c.set_first_position(p);
+      c.set_positions(n);
+      c.set_k(block.k.data() + at, bytes);
+      c.set_v(block.v.data() + at, bytes);
+      if (!emit(c)) return false;
+    }
+  }
+  return true;
+}
+
+absl::Status KvAssembler::Add(const v1::KvChunk& c) {
+  auto bad = [&c](auto&&... parts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV chunk of sequence ", c.key(), ": ", parts...));
+  };
+  if (c.version() != static_cast<uint32_t>(KvBlock::kVersion)) {
+    return bad("version ", c.version(), ", this worker reads version ", KvBlock::kVersion);
+  }
+  absl::StatusOr<DType> dtype = ParseDType(c.dtype());
+  if (!dtype.ok()) return bad("dtype '", c.dtype(), "' is none of F32, F16, BF16");
+  if (c.layer() < shape_.first_layer || c.layer() - shape_.first_layer >= shape_.num_layers) {
+    return bad("layer ", c.layer(), " is not within the expected [", shape_.first_layer, ", ",
+               shape_.first_layer + shape_.num_layers, ")");
+  }
+  if (c.num_kv_heads() != shape_.num_kv_heads || c.head_dim() != shape_.head_dim) {
+    return bad(c.num_kv_heads(), " KV heads of ", c.head_dim(), ", the model has ",
+               shape_.num_kv_heads, " of ", shape_.head_dim);
+  }
+  if (c.total_positions() < 1 || c.total_positions() > shape_.max_positions) {
+    return bad(c.total_positions(), " positions, this stage holds 1 to ", shape_.max_positions,
+               " per slot");
+  }
+  auto [it, fresh] = partial_.try_emplace(c.key());
+  Partial& p = it->second;
+  if (fresh) {
+    p.block.dtype = *dtype;
+    p.block.first_layer = shape_.first_layer;
+    p.block.num_layers = shape_.num_layers;
+    p.block.num_kv_heads = shape_.num_kv_heads;
+    p.block.head_dim = shape_.head_dim;
+    p.block.positions = c.total_positions();
+    p.block.k.resize(p.block.expected_bytes());
+    p.block.v.resize(p.block.expected_bytes());
+    p.filled.assign(shape_.num_layers, 0);
+  } else if (c.total_positions() != p.block.positions) {
+    return bad(c.total_positions(), " positions, its earlier chunks said ", p.block.positions);
+  } else if (*dtype != p.block.dtype) {
+    return bad("dtype ", c.dtype(), ", its earlier chunks said ",
+               std::string(DTypeName(p.block.dtype)));
+  }
+  const int l = c.layer() - shape_.first_layer;
+  if (c.first_position() != p.filled[l]) {
+    return bad("layer ", c.layer(), " continues at position ", c.first_position(),
+               ", expected ", p.filled[l]);
+  }
+  if (c.positions() < 1 || c.positions() > p.block.positions - c.first_position()) {
+    return bad(c.positions(), " positions from ", c.first_position(), " of ",
+               p.block.positions);
+  }
+  const size_t row = RowBytes(p.block.dtype, shape_.num_kv_heads, shape_.head_dim);
+  const size_t bytes = row * static_cast<size_t>(c.positions());
+  if (c.k().size() != bytes || c.v().size() != bytes) {
+    return bad(c.k().size(), " bytes of K and ", c.v().size(), " of V, the fields say ", bytes,
+               " each");
+  }
+  const size_t at = row * (static_cast<size_t>(p.block.positions) * static_cast<size_t>(l) +
+                           static_cast<size_t>(c.first_position()));
+  std::memcpy(p.block.k.data() + at, c.k().data(), bytes);
+  std::memcpy(p.block.v.data() + at, c.v().data(), bytes);
+  p.filled[l] += c.positions();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KvBlock> KvAssembler::Take(uint64_t key) {
+  auto it = partial_.find(key);
+  if (it == partial_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("no KV arrived for sequence ", key));
+  }
+  Partial p = std::move(it->second);
+  partial_.erase(it);
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    if (p.filled[l] != p.block.positions) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV of sequence ", key, ": layer ", shape_.first_layer + l, " has ",
+                       p.filled[l], " of its ", p.block.positions, " positions"));
+    }
+  }
+  return std::move(p.block);
+}
+
+}  // namespace tandem

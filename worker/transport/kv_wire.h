@@ -1,0 +1,62 @@
+// KV-cache blocks (worker/stage.h KvBlock) on the wire: a block of one sequence is sent as
+// KvChunks (proto/tandem.proto), each one layer's positions [first, first + n), and put together
+// again on arrival, where every chunk is checked against the stage that will take the block
+// before any memory is sized from it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "proto/tandem.pb.h"
+#include "worker/stage.h"
+
+namespace tandem {
+
+// Layers [first_layer, first_layer + num_layers) of `block` (which must hold them) as a block of
+// their own. INVALID_ARGUMENT naming the layers when it does not.
+absl::StatusOr<KvBlock> SliceKvLayers(const KvBlock& block, int first_layer, int num_layers);
+
+// Calls `emit` with the chunks of `block` under `key`, layer by layer, positions in order, each
+// with at most `max_chunk_bytes` of K and V together (at least one position per chunk). Stops
+// early and returns false when `emit` does.
+bool ForEachKvChunk(uint64_t key, const KvBlock& block, int64_t max_chunk_bytes,
+                    const std::function<bool(const v1::KvChunk&)>& emit);
+
+// What the receiving stage holds: chunks that do not fit it are refused. (The dtype is the first
+// chunk's; the stage checks it when it imports the block.)
+struct KvShape {
+  int first_layer = 0;  // the layers expected, [first_layer, first_layer + num_layers)
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int max_positions = 0;  // per sequence
+};
+
+// Puts blocks together from their chunks. Chunks of a sequence's layer must come in position
+// order; the layers of a sequence in any order.
+class KvAssembler {
+ public:
+  explicit KvAssembler(KvShape shape) : shape_(shape) {}
+
+  // INVALID_ARGUMENT naming the field of `chunk` that does not fit the shape, the sequence's
+  // earlier chunks or the position where its layer stands.
+  absl::Status Add(const v1::KvChunk& chunk);
+  // The block of sequence `key`, every layer with every position; INVALID_ARGUMENT naming what is
+  // missing. The sequence is forgotten.
+  absl::StatusOr<KvBlock> Take(uint64_t key);
+
+ private:
+  struct Partial {
+    KvBlock block;
+    std::vector<int> filled;  // per layer: positions received
+  };
+  const KvShape shape_;
+  std::map<uint64_t, Partial> partial_;
+};
+
+}  // namespace tandem
