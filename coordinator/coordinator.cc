@@ -390,7 +390,11 @@ absl::Status Coordinator::RunPlan() {
   CloseLinks();
   // The old stages stash the KV-cache before any of them is given a new stage.
   for (Departure& d : departures) {
+    const absl::Time t0 = absl::Now();
     if (d.status.ok()) d.status = ExportKvAll(d.holders, d.seqs, kMoveTimeout);
+    spdlog::info("pipeline {}: {} sequence(s) stashed in {:.3f} s (paused {:.3f} s before)",
+                 d.pipeline, d.seqs.size(), absl::ToDoubleSeconds(absl::Now() - t0),
+                 absl::ToDoubleSeconds(t0 - paused));
   }
 
   absl::Status result;
@@ -517,6 +521,7 @@ std::vector<Coordinator::Departure> Coordinator::DetachForMove(const std::vector
 void Coordinator::ArriveMoved(std::vector<Departure>& departures, absl::Time paused) {
   if (departures.empty()) return;
   int64_t bytes = 0;
+  const absl::Time t0 = absl::Now();
   for (Departure& d : departures) {
     // Where each sequence goes, grouped by the pipeline that takes it.
     std::map<int, std::vector<KvSeq>> arrivals;
@@ -567,7 +572,8 @@ void Coordinator::ArriveMoved(std::vector<Departure>& departures, absl::Time pau
     DropKvAll(d.holders);
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - paused);
-  spdlog::info("moved sequences with {} bytes of KV-cache in {:.3f} s", bytes, seconds);
+  spdlog::info("moved sequences with {} bytes of KV-cache: imported in {:.3f} s, paused {:.3f} s",
+               bytes, absl::ToDoubleSeconds(absl::Now() - t0), seconds);
   if (metrics_ != nullptr) {
     metrics_->kv_transfer_bytes.Increment(static_cast<double>(bytes));
     metrics_->kv_move_seconds.Observe(seconds);

@@ -109,6 +109,13 @@ std::vector<Scheduler::Held> Scheduler::Detach(int id) {
   if (it == pipelines_.end()) return out;
   for (uint64_t seq_id : it->second.running) {
     Sequence& seq = *seqs_.at(seq_id);
+    if (seq.position == 0) {
+      // Admitted but not fed yet: nothing to move; it waits for its first step elsewhere, ahead
+      // of the waiting requests.
+      seq.pipeline = seq.slot = -1;
+      resumed_.push_back(seq_id);
+      continue;
+    }
     out.push_back({.seq = seq_id, .slot = seq.slot, .positions = seq.position});
     seq.pipeline = seq.slot = -1;
     seq.moving = true;

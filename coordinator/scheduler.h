@@ -93,7 +93,8 @@ class Scheduler {
   };
   // Takes the sequences out of paused pipeline `id`, whose steps are all done, and forgets the
   // pipeline; they are held aside (neither waiting nor running) until placed. Where each one's
-  // KV-cache is, in admission order.
+  // KV-cache is, in admission order. A sequence not fed yet has none: it goes back to the front
+  // of the queue instead.
   std::vector<Held> Detach(int id);
   struct Target {
     int pipeline = -1;

@@ -941,6 +941,7 @@ TEST(Scheduler, SequenceWhoseMoveFailsIsRecomputedAndCancelledOnesAreSkipped) {
   s.Pause(0);
   const std::vector<Scheduler::Held> held = s.Detach(0);
   ASSERT_EQ(held.size(), 2u);
+  ASSERT_EQ(s.waiting(), 0);
   EXPECT_FALSE(s.PlaceHeld(held[0].seq).has_value()) << "no pipeline yet";
   s.AddPipeline(1, 1);
   ASSERT_TRUE(s.PlaceHeld(held[0].seq).has_value());
@@ -956,6 +957,45 @@ TEST(Scheduler, SequenceWhoseMoveFailsIsRecomputedAndCancelledOnesAreSkipped) {
   EXPECT_THAT(again.tokens, ElementsAre(1, 2, 7));
   EXPECT_EQ(again.seqs[0].position, 0);
   EXPECT_EQ(Peek(b).status.code(), absl::StatusCode::kCancelled);
+}
+
+// A sequence admitted into the paused pipeline but not fed yet has no KV-cache to move: it
+// starts in the new layout from its prompt, before the waiting requests and after the moved ones
+// are placed, and is not counted as recomputed.
+TEST(Scheduler, SequenceNotFedYetStartsOverWithoutAMove) {
+  SchedulerOptions o = Options();
+  o.max_batch = 1;
+  o.micro_batches = 1;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  std::shared_ptr<RequestState> fed = s.Enqueue(Request({1, 2}, 2), kNow);
+  std::shared_ptr<RequestState> unfed = s.Enqueue(Request({3, 4}), kNow);
+  s.Admit(kNow);
+  const StepDescriptor first = NextStep(s, 0);  // max_batch 1: only `fed`'s prompt
+  ASSERT_THAT(first.tokens, ElementsAre(1, 2));
+  s.Pause(0);
+  ASSERT_TRUE(Answer(s, 0, first, 7).ok());
+  std::shared_ptr<RequestState> later = s.Enqueue(Request({5}), kNow);
+  const std::vector<Scheduler::Held> held = s.Detach(0);
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].positions, 2);
+  EXPECT_EQ(s.waiting(), 2);  // `unfed` and `later`
+  s.AddPipeline(1, 1);
+  s.Admit(kNow);
+  EXPECT_EQ(s.running(1), 0) << "the held sequence is placed first";
+  ASSERT_TRUE(s.PlaceHeld(held[0].seq).has_value());
+  s.Moved(held[0].seq, true, absl::OkStatus(), kNow);
+  s.Admit(kNow);
+  EXPECT_EQ(s.running(1), 3);
+  const StepDescriptor decode = NextStep(s, 1);  // `fed` decodes on at its position
+  EXPECT_THAT(decode.tokens, ElementsAre(7));
+  EXPECT_EQ(decode.seqs[0].position, 2);
+  ASSERT_TRUE(Answer(s, 1, decode, 8).ok());  // its second token: max_new_tokens
+  EXPECT_TRUE(Peek(fed).done);
+  const StepDescriptor prompt = NextStep(s, 1);  // then `unfed` from its prompt
+  EXPECT_THAT(prompt.tokens, ElementsAre(3, 4));
+  EXPECT_EQ(prompt.seqs[0].position, 0);
+  EXPECT_EQ(prompt.seqs[0].sample_index, 0u);
 }
 
 TEST(Scheduler, FailWaitingEndsEveryQueuedRequest) {
