@@ -379,9 +379,9 @@ grpc::Status WorkerService::Steps(
 
 namespace {
 
-// K and V bytes of one stash chunk at most: a few MB, so that a fetch streams rather than
+// K and V bytes of one stash chunk at most: some MB, so that a fetch streams rather than
 // building one message per sequence.
-constexpr int64_t kKvChunkBytes = int64_t{4} << 20;
+constexpr int64_t kKvChunkBytes = int64_t{16} << 20;
 
 grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
@@ -407,6 +407,7 @@ grpc::Status WorkerService::ExportKv(grpc::ServerContext* ctx, const v1::ExportK
   if (!a.ok()) return ToGrpc(a.status());
   std::map<uint64_t, std::shared_ptr<const KvBlock>> blocks;
   int64_t bytes = 0;
+  const absl::Time t0 = absl::Now();
   {
     absl::MutexLock run(&(*a)->run_mu);
     const int layers = (*a)->last_layer - (*a)->first_layer;
@@ -424,6 +425,9 @@ grpc::Status WorkerService::ExportKv(grpc::ServerContext* ctx, const v1::ExportK
   absl::MutexLock lock(&stash_mu_);
   stash_ = std::move(blocks);
   resp->set_bytes(bytes);
+  spdlog::info("assignment {}: stashed the KV-cache of {} sequence(s), {} bytes, in {:.3f} s",
+               req->assignment_id(), req->seqs_size(), bytes,
+               absl::ToDoubleSeconds(absl::Now() - t0));
   return grpc::Status::OK;
 }
 
@@ -513,52 +517,70 @@ grpc::Status WorkerService::ImportKv(grpc::ServerContext* ctx, const v1::ImportK
                           absl::StrCat("seqs: slot ", s.slot(), " is given twice"));
     }
   }
-  // Every block first (fetches take long and need no lock), then the writes between steps.
-  std::vector<std::vector<KvBlock>> blocks;  // per source, per sequence
+  // Every block first (fetches take long and need no lock; the remote ones all at once), then
+  // the writes between steps.
   const absl::Time t0 = absl::Now();
-  int64_t fetched = 0;
-  for (const v1::KvSource* src : sources) {
+  std::vector<absl::StatusOr<std::vector<KvBlock>>> blocks(sources.size());
+  std::vector<std::thread> fetches;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const v1::KvSource* src = sources[i];
+    if (src->address().empty()) continue;
+    fetches.emplace_back([&, i, src] {
+      blocks[i] = FetchBlocks(**a, src->address(), keys, src->first_layer(), src->num_layers());
+    });
+  }
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const v1::KvSource* src = sources[i];
+    if (!src->address().empty()) continue;
     std::vector<KvBlock> part;
-    if (src->address().empty()) {
-      absl::MutexLock lock(&stash_mu_);
-      for (uint64_t key : keys) {
-        auto it = stash_.find(key);
-        if (it == stash_.end()) {
-          return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                              absl::StrCat("sequence ", key, ": not in this worker's KV stash"));
-        }
-        absl::StatusOr<KvBlock> b =
-            SliceKvLayers(*it->second, src->first_layer(), src->num_layers());
-        if (!b.ok()) {
-          return ToGrpc(absl::Status(b.status().code(),
-                                     absl::StrCat("sequence ", key, ": ", b.status().message())));
-        }
-        part.push_back(*std::move(b));
+    absl::Status err;
+    absl::MutexLock lock(&stash_mu_);
+    for (uint64_t key : keys) {
+      auto it = stash_.find(key);
+      if (it == stash_.end()) {
+        err = absl::NotFoundError(absl::StrCat("sequence ", key, ": not in this worker's KV stash"));
+        break;
       }
-    } else {
-      absl::StatusOr<std::vector<KvBlock>> got =
-          FetchBlocks(**a, src->address(), keys, src->first_layer(), src->num_layers());
-      if (!got.ok()) return ToGrpc(got.status());
-      for (const KvBlock& b : *got) fetched += static_cast<int64_t>(b.k.size() + b.v.size());
-      part = *std::move(got);
+      absl::StatusOr<KvBlock> b = SliceKvLayers(*it->second, src->first_layer(), src->num_layers());
+      if (!b.ok()) {
+        err = absl::Status(b.status().code(),
+                           absl::StrCat("sequence ", key, ": ", b.status().message()));
+        break;
+      }
+      part.push_back(*std::move(b));
     }
-    blocks.push_back(std::move(part));
+    if (err.ok()) {
+      blocks[i] = std::move(part);
+    } else {
+      blocks[i] = err;
+    }
+  }
+  for (std::thread& t : fetches) t.join();
+  int64_t fetched = 0;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (!blocks[i].ok()) return ToGrpc(blocks[i].status());
+    if (sources[i]->address().empty()) continue;
+    for (const KvBlock& b : *blocks[i]) fetched += static_cast<int64_t>(b.k.size() + b.v.size());
   }
   resp->set_fetch_seconds(absl::ToDoubleSeconds(absl::Now() - t0));
   int64_t bytes = 0;
   absl::MutexLock run(&(*a)->run_mu);
-  for (const std::vector<KvBlock>& part : blocks) {
-    for (size_t i = 0; i < part.size(); ++i) {
+  for (const absl::StatusOr<std::vector<KvBlock>>& part : blocks) {
+    for (size_t i = 0; i < part->size(); ++i) {
       const v1::KvSequence& s = req->seqs(static_cast<int>(i));
-      if (absl::Status st = (*a)->engine->ImportKv(s.slot(), part[i]); !st.ok()) {
+      if (absl::Status st = (*a)->engine->ImportKv(s.slot(), (*part)[i]); !st.ok()) {
         return ToGrpc(absl::Status(st.code(), absl::StrCat("sequence ", s.key(), ": ",
                                                             st.message())));
       }
-      bytes += static_cast<int64_t>(part[i].k.size() + part[i].v.size());
+      bytes += static_cast<int64_t>((*part)[i].k.size() + (*part)[i].v.size());
     }
   }
   resp->set_bytes(bytes);
   resp->set_fetched_bytes(fetched);
+  spdlog::info("assignment {}: imported the KV-cache of {} sequence(s), {} bytes ({} fetched in "
+               "{:.3f} s), in {:.3f} s",
+               req->assignment_id(), req->seqs_size(), bytes, fetched, resp->fetch_seconds(),
+               absl::ToDoubleSeconds(absl::Now() - t0));
   return grpc::Status::OK;
 }
 
@@ -576,15 +598,14 @@ grpc::Status WorkerService::FetchKv(grpc::ServerContext* ctx, const v1::FetchKvR
       }
       held = it->second;
     }
-    absl::StatusOr<KvBlock> b = SliceKvLayers(*held, req->first_layer(), req->num_layers());
-    if (!b.ok()) {
-      return ToGrpc(absl::Status(b.status().code(),
-                                 absl::StrCat("sequence ", key, ": ", b.status().message())));
+    absl::StatusOr<bool> sent = ForEachKvChunk(
+        key, *held, kKvChunkBytes, [&](const v1::KvChunk& c) { return writer->Write(c); },
+        req->first_layer(), req->num_layers());
+    if (!sent.ok()) {
+      return ToGrpc(absl::Status(sent.status().code(),
+                                 absl::StrCat("sequence ", key, ": ", sent.status().message())));
     }
-    if (!ForEachKvChunk(key, *b, kKvChunkBytes,
-                        [&](const v1::KvChunk& c) { return writer->Write(c); })) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching worker went away");
-    }
+    if (!*sent) return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching worker went away");
   }
   return grpc::Status::OK;
 }

@@ -15,9 +15,8 @@ size_t RowBytes(DType dtype, int num_kv_heads, int head_dim) {
   return DTypeSize(dtype) * static_cast<size_t>(num_kv_heads) * static_cast<size_t>(head_dim);
 }
 
-}  // namespace
 
-absl::StatusOr<KvBlock> SliceKvLayers(const KvBlock& block, int first_layer, int num_layers) {
+absl::Status CheckHeldLayers(const KvBlock& block, int first_layer, int num_layers) {
   if (num_layers < 1 || first_layer < block.first_layer ||
       num_layers > block.first_layer + block.num_layers - first_layer) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -25,6 +24,13 @@ absl::StatusOr<KvBlock> SliceKvLayers(const KvBlock& block, int first_layer, int
         ") are not within the held [", block.first_layer, ", ",
         block.first_layer + block.num_layers, ")"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<KvBlock> SliceKvLayers(const KvBlock& block, int first_layer, int num_layers) {
+  if (absl::Status s = CheckHeldLayers(block, first_layer, num_layers); !s.ok()) return s;
   KvBlock out = block;
   out.first_layer = first_layer;
   out.num_layers = num_layers;
@@ -37,8 +43,12 @@ absl::StatusOr<KvBlock> SliceKvLayers(const KvBlock& block, int first_layer, int
   return out;
 }
 
-bool ForEachKvChunk(uint64_t key, const KvBlock& block, int64_t max_chunk_bytes,
-                    const std::function<bool(const v1::KvChunk&)>& emit) {
+absl::StatusOr<bool> ForEachKvChunk(uint64_t key, const KvBlock& block, int64_t max_chunk_bytes,
+                                    const std::function<bool(const v1::KvChunk&)>& emit,
+                                    int first_layer, int num_layers) {
+  if (first_layer < 0) first_layer = block.first_layer;
+  if (num_layers < 0) num_layers = block.first_layer + block.num_layers - first_layer;
+  if (absl::Status s = CheckHeldLayers(block, first_layer, num_layers); !s.ok()) return s;
   const size_t row = RowBytes(block.dtype, block.num_kv_heads, block.head_dim);
   const int per_chunk = static_cast<int>(std::clamp<int64_t>(
       max_chunk_bytes / static_cast<int64_t>(2 * row), 1, std::max(block.positions, 1)));
@@ -49,7 +59,8 @@ bool ForEachKvChunk(uint64_t key, const KvBlock& block, int64_t max_chunk_bytes,
   c.set_num_kv_heads(block.num_kv_heads);
   c.set_head_dim(block.head_dim);
   c.set_total_positions(block.positions);
-  for (int l = 0; l < block.num_layers; ++l) {
+  for (int l = first_layer - block.first_layer; l < first_layer - block.first_layer + num_layers;
+       ++l) {
     c.set_layer(block.first_layer + l);
     const size_t layer_at = row * static_cast<size_t>(block.positions) * static_cast<size_t>(l);
     for (int p = 0; p < block.positions; p += per_chunk) {

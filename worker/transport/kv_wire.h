@@ -21,11 +21,14 @@ namespace tandem {
 // their own. INVALID_ARGUMENT naming the layers when it does not.
 absl::StatusOr<KvBlock> SliceKvLayers(const KvBlock& block, int first_layer, int num_layers);
 
-// Calls `emit` with the chunks of `block` under `key`, layer by layer, positions in order, each
-// with at most `max_chunk_bytes` of K and V together (at least one position per chunk). Stops
-// early and returns false when `emit` does.
-bool ForEachKvChunk(uint64_t key, const KvBlock& block, int64_t max_chunk_bytes,
-                    const std::function<bool(const v1::KvChunk&)>& emit);
+// Calls `emit` with the chunks of `block`'s layers [first_layer, first_layer + num_layers) (all of
+// them by default) under `key`, layer by layer, positions in order, each with at most
+// `max_chunk_bytes` of K and V together (at least one position per chunk). Stops early and
+// returns false when `emit` does. INVALID_ARGUMENT naming the layers when the block does not hold
+// them.
+absl::StatusOr<bool> ForEachKvChunk(uint64_t key, const KvBlock& block, int64_t max_chunk_bytes,
+                                    const std::function<bool(const v1::KvChunk&)>& emit,
+                                    int first_layer = -1, int num_layers = -1);
 
 // What the receiving stage holds: chunks that do not fit it are refused. (The dtype is the first
 // chunk's; the stage checks it when it imports the block.)

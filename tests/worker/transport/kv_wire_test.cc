@@ -43,10 +43,11 @@ KvShape ShapeOf(const KvBlock& b, int max_positions = 64) {
 
 std::vector<v1::KvChunk> Chunks(uint64_t key, const KvBlock& b, int64_t max_bytes) {
   std::vector<v1::KvChunk> out;
-  ForEachKvChunk(key, b, max_bytes, [&](const v1::KvChunk& c) {
+  absl::StatusOr<bool> all = ForEachKvChunk(key, b, max_bytes, [&](const v1::KvChunk& c) {
     out.push_back(c);
     return true;
   });
+  EXPECT_TRUE(all.ok() && *all);
   return out;
 }
 
@@ -86,6 +87,39 @@ TEST(KvWireTest, SequencesAndLayersInterleavedStayApart) {
   EXPECT_EQ(gx->k, x.k);
   EXPECT_EQ(gy->k, y.k);
   EXPECT_EQ(gy->positions, 5);
+}
+
+// Chunks of some of a block's layers are the chunks of their slice.
+TEST(KvWireTest, ChunksOfALayerRangeAreThoseOfItsSlice) {
+  const KvBlock b = Block(4, 4, 3);
+  std::vector<v1::KvChunk> chunks;
+  absl::StatusOr<bool> sent = ForEachKvChunk(
+      1, b, 24,
+      [&](const v1::KvChunk& c) {
+        chunks.push_back(c);
+        return true;
+      },
+      5, 2);
+  ASSERT_TRUE(sent.ok() && *sent);
+  KvAssembler a({.first_layer = 5, .num_layers = 2, .num_kv_heads = 2, .head_dim = 3,
+                 .max_positions = 64});
+  for (const v1::KvChunk& c : chunks) ASSERT_TRUE(a.Add(c).ok());
+  absl::StatusOr<KvBlock> got = a.Take(1);
+  absl::StatusOr<KvBlock> slice = SliceKvLayers(b, 5, 2);
+  ASSERT_TRUE(got.ok() && slice.ok());
+  EXPECT_EQ(got->k, slice->k);
+  EXPECT_EQ(got->v, slice->v);
+  EXPECT_THAT(ForEachKvChunk(1, b, 24, [](const v1::KvChunk&) { return true; }, 7, 2)
+                  .status()
+                  .message(),
+              HasSubstr("[7, 9) are not within the held [4, 8)"));
+  // A receiver that stops the stream stops the chunks.
+  int calls = 0;
+  absl::StatusOr<bool> stopped =
+      ForEachKvChunk(1, b, 24, [&](const v1::KvChunk&) { return ++calls < 2; });
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_FALSE(*stopped);
+  EXPECT_EQ(calls, 2);
 }
 
 TEST(KvWireTest, SliceTakesTheLayersBytes) {
