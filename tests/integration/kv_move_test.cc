@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -99,11 +100,11 @@ class KvMoveTest : public ::testing::Test {
     return dir;
   }
 
-  Worker StartWorker(const std::string& name) {
+  Worker StartWorker(const std::string& name, const std::string& step_trace = "") {
     Worker w;
     absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(
         {TANDEM_WORKER_BIN, "--coordinator=127.0.0.1:1", "--listen=127.0.0.1:0",
-         "--metrics_address="},
+         "--metrics_address=", absl::StrCat("--step_trace=", step_trace)},
         TempPath(absl::StrCat("kv-", name, "-",
                               ::testing::UnitTest::GetInstance()->current_test_info()->name(),
                               ".log")));
@@ -156,7 +157,9 @@ const std::vector<int32_t> kPrompt = {5, 17, 99, 250, 3, 42};
 // A's whole-model stage runs the prompt in slot 0; B's, half of it from A over gRPC and half from
 // its own stash, takes it in slot 2; both sample the same next tokens.
 TEST_F(KvMoveTest, ASequenceMovedToAnotherWorkerContinuesWithTheSameTokens) {
-  Worker a = StartWorker("a"), b = StartWorker("b");
+  const std::filesystem::path trace = TempPath("kv-move-steps.tsv");
+  std::filesystem::remove(trace);
+  Worker a = StartWorker("a", trace.string()), b = StartWorker("b");
   ASSERT_TRUE(a.stub && b.stub);
   ASSERT_TRUE(a.Assign(1, Model(), 0, kLayers).ok());
   ASSERT_TRUE(b.Assign(2, Model(), 0, kLayers).ok());
@@ -182,6 +185,19 @@ TEST_F(KvMoveTest, ASequenceMovedToAnotherWorkerContinuesWithTheSameTokens) {
     ASSERT_GE(ta, 0);
     EXPECT_EQ(tb, ta) << "position " << pos;
   }
+  // A's step trace has a line per step: the prompt (1 sequence, 6 tokens, 1 prompt), then decodes.
+  std::vector<std::vector<std::string>> lines;
+  const std::string text = ReadFile(trace);
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    lines.push_back(absl::StrSplit(line, '\t'));
+  }
+  ASSERT_EQ(lines.size(), 7u);
+  ASSERT_EQ(lines[0].size(), 8u);
+  EXPECT_EQ(lines[0][2], "1");
+  EXPECT_EQ(lines[0][3], "6");
+  EXPECT_EQ(lines[0][4], "1");
+  EXPECT_EQ(lines[1][3], "1");
+  EXPECT_EQ(lines[1][4], "0");
   // A slot that got nothing refuses to continue.
   std::string error;
   EXPECT_EQ(b.Step(2, 3, 6, {first}, &error), -1);

@@ -59,6 +59,12 @@ TEST(WorkerLinkTest, BatchInvariantNeedsTheCudaBackend) {
   EXPECT_THAT(out, HasSubstr("--batch_invariant needs --backend=cuda"));
 }
 
+TEST(WorkerLinkTest, StepTraceThatCannotBeOpenedIsRefusedAtStart) {
+  auto [rc, out] = RunWorker({"--step_trace=/nonexistent-dir/steps.tsv"});
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_THAT(out, HasSubstr("--step_trace: cannot open '/nonexistent-dir/steps.tsv'"));
+}
+
 TEST(WorkerLinkTest, UnknownBackendIsRefusedAtStart) {
   auto [rc, out] = RunWorker({"--backend=tpu"});
   EXPECT_EQ(rc, 2) << out;

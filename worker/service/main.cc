@@ -47,6 +47,9 @@ ABSL_FLAG(std::string, transport, "grpc",
 ABSL_FLAG(bool, batch_invariant, false,
           "cuda: results independent of the batch (greedy outputs equal at every batch size and "
           "node count), slower at small batches");
+ABSL_FLAG(std::string, step_trace, "",
+          "file to append one line per step to (end time in us, step id, sequences, tokens, "
+          "sequences feeding a prompt chunk, receive / compute / send ms); empty: none");
 ABSL_FLAG(int, recv_timeout_s, 300, "how long a stage waits for its input before failing a step");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:0",
           "host:port serving Prometheus /metrics (0.0.0.0:PORT: every interface; port 0: any free "
@@ -275,6 +278,16 @@ int main(int argc, char** argv) {
                                absl::Seconds(absl::GetFlag(FLAGS_recv_timeout_s)),
                                std::move(backend->link));
   worker.set_access(access->callers, absl::GetFlag(FLAGS_model_root));
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> step_trace(nullptr, &std::fclose);
+  if (const std::string path = absl::GetFlag(FLAGS_step_trace); !path.empty()) {
+    step_trace.reset(std::fopen(path.c_str(), "a"));
+    if (step_trace == nullptr) {
+      spdlog::error("--step_trace: cannot open '{}' for appending", path);
+      return 2;
+    }
+    std::setvbuf(step_trace.get(), nullptr, _IOLBF, 0);  // whole lines, even if killed
+    worker.set_step_trace(step_trace.get());
+  }
   tandem::StageLinkService link(inbox, access->callers);
   Monitoring monitoring;
   StartMonitoring(monitoring, worker);

@@ -284,6 +284,16 @@ v1::StepResult WorkerService::RunStep(Assignment& a, const v1::StepRequest& req,
                                 static_cast<double>(t.send_bytes));
     }
   }
+  if (step_trace_ != nullptr) {
+    const StepTimes& t = run->times;
+    int prompts = 0;
+    for (const SequenceStep& s : d.seqs) prompts += s.num_tokens > 1 ? 1 : 0;
+    std::fprintf(step_trace_, "%lld\t%llu\t%zu\t%zu\t%d\t%.3f\t%.3f\t%.3f\n",
+                 static_cast<long long>(absl::ToUnixMicros(absl::Now())),
+                 static_cast<unsigned long long>(d.id), d.seqs.size(), d.tokens.size(), prompts,
+                 absl::ToDoubleMilliseconds(t.recv), absl::ToDoubleMilliseconds(t.compute),
+                 absl::ToDoubleMilliseconds(t.send));
+  }
   v1::StepResult r;
   r.set_step_id(d.id);
   if (a.runner->last()) {

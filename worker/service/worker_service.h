@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -70,6 +71,10 @@ class WorkerService final : public v1::Worker::Service {
                 LinkOptions link = {});
   // Where to record stage timings (common/metrics.h); null: nowhere. Set before serving.
   void set_metrics(WorkerMetrics* metrics) { metrics_ = metrics; }
+  // Where to write one line per step (tab-separated: end time in microseconds since the epoch,
+  // step id, sequences, tokens, sequences feeding more than one token, then receive, compute and
+  // send milliseconds); null: nowhere. Set before serving; the caller keeps it open.
+  void set_step_trace(std::FILE* trace) { step_trace_ = trace; }
   // Who may call this worker (the cluster secret) and the folder that every assigned checkpoint
   // must lie in (empty: anywhere; worker/model_root.h). Set before serving.
   void set_access(CallerPolicy callers, std::filesystem::path model_root) {
@@ -131,6 +136,7 @@ class WorkerService final : public v1::Worker::Service {
   absl::Mutex stash_mu_;
   std::map<uint64_t, std::shared_ptr<const KvBlock>> stash_ ABSL_GUARDED_BY(stash_mu_);
   WorkerMetrics* metrics_ = nullptr;
+  std::FILE* step_trace_ = nullptr;
   CallerPolicy callers_;
   std::filesystem::path model_root_;
 };
