@@ -127,7 +127,12 @@ class CudaStage final : public Stage {
   absl::StatusOr<KvBlock> ExportKv(int slot, int positions, int first_layer,
                                    int num_layers) const override;
   absl::Status ImportKv(int slot, const KvBlock& block) override;
-  void set_observer(DecodeObserver* observer) { observer_ = observer; }
+  // The observer's marks are recorded into the decode graphs: they are captured again.
+  void set_observer(DecodeObserver* observer) {
+    observer_ = observer;
+    graphs_.clear();
+  }
+  int decode_graphs() const { return static_cast<int>(graphs_.size()); }
   cudaStream_t stream() const { return stream_.get(); }
   void set_tail(DecodeTail tail) { tail_ = std::move(tail); }
   void set_watch(std::function<absl::Status()> watch) { watch_ = std::move(watch); }
@@ -145,6 +150,12 @@ class CudaStage final : public Stage {
   absl::Status CopyInput(const Activations& in, int64_t row0, int rows);
   absl::Status AwaitInput(const Activations& in);
   absl::Status Replay(int bucket);
+  // Captures the decode graph of batch-size bucket `bucket` (nothing runs).
+  absl::Status Capture(int bucket);
+  // Every bucket's graph, 1, 2, 4, ... up to the largest, when the stage loads: a bucket's first
+  // step would otherwise stall all of its sequences for the capture (tens of milliseconds, seen
+  // as inter-token latency spikes in a service whose batch grows and shrinks).
+  absl::Status CaptureDecodeGraphs();
   // Waits for the stream: in the driver, or polling watch_ where one is set.
   absl::Status Drain() const;
   // Where a KV block's layer `layer` (of the stage) passes through on its way to or from the
@@ -221,7 +232,8 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
   RETURN_IF_ERROR(CheckOptions(spec));
   RETURN_IF_ERROR(UploadWeights(spec));
   RETURN_IF_ERROR(AllocateWorkspace());
-  return AllocateKvCache();
+  RETURN_IF_ERROR(AllocateKvCache());
+  return CaptureDecodeGraphs();
 }
 
 absl::Status CudaStage::CheckOptions(const StageSpec& spec) {
@@ -726,21 +738,30 @@ absl::Status CudaStage::CopyInput(const Activations& in, int64_t row0, int rows)
   return absl::OkStatus();
 }
 
+absl::Status CudaStage::Capture(int bucket) {
+  prefill_attention_ = false;  // as in every decode step
+  CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+  absl::Status st = Forward(bucket, has_head_ ? bucket : 0);
+  cudaGraph_t g = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream_.get(), &g);
+  cuda::Graph graph(g);
+  RETURN_IF_ERROR(st);
+  CUDA_CHECK(end);
+  auto exec = std::make_unique<cuda::GraphExec>();
+  RETURN_IF_ERROR(exec->Instantiate(graph.get()));
+  graphs_[bucket] = std::move(exec);
+  return absl::OkStatus();
+}
+
+absl::Status CudaStage::CaptureDecodeGraphs() {
+  if (!opt_.cuda_graphs) return absl::OkStatus();
+  for (int bucket = 1; bucket <= max_bucket_; bucket *= 2) RETURN_IF_ERROR(Capture(bucket));
+  return absl::OkStatus();
+}
+
 absl::Status CudaStage::Replay(int bucket) {
-  auto it = graphs_.find(bucket);
-  if (it == graphs_.end()) {
-    CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
-    absl::Status st = Forward(bucket, has_head_ ? bucket : 0);
-    cudaGraph_t g = nullptr;
-    const cudaError_t end = cudaStreamEndCapture(stream_.get(), &g);
-    cuda::Graph graph(g);
-    RETURN_IF_ERROR(st);
-    CUDA_CHECK(end);
-    auto exec = std::make_unique<cuda::GraphExec>();
-    RETURN_IF_ERROR(exec->Instantiate(graph.get()));
-    it = graphs_.emplace(bucket, std::move(exec)).first;
-  }
-  CUDA_CHECK(cudaGraphLaunch(it->second->get(), stream_.get()));
+  if (!graphs_.contains(bucket)) RETURN_IF_ERROR(Capture(bucket));
+  CUDA_CHECK(cudaGraphLaunch(graphs_.at(bucket)->get(), stream_.get()));
   return absl::OkStatus();
 }
 
@@ -969,6 +990,12 @@ absl::StatusOr<CudaStage*> AsCudaStage(Stage& stage) {
   return cuda_stage;
 }
 }  // namespace
+
+absl::StatusOr<int> DecodeGraphCount(const Stage& stage) {
+  const auto* cuda_stage = dynamic_cast<const CudaStage*>(&stage);
+  if (cuda_stage == nullptr) return absl::InvalidArgumentError("not a CUDA stage");
+  return cuda_stage->decode_graphs();
+}
 
 absl::StatusOr<void*> CudaStageStream(Stage& stage) {
   ASSIGN_OR_RETURN(CudaStage * cuda_stage, AsCudaStage(stage));

@@ -68,6 +68,9 @@ class DecodeObserver {
 // the first step, so that the decode graphs hold its marks. INVALID_ARGUMENT for a stage of
 // another backend.
 absl::Status SetDecodeObserver(Stage& stage, DecodeObserver* observer);
+// How many decode graphs the stage holds (with cuda_graphs: one per batch-size bucket from the
+// load on). INVALID_ARGUMENT for a stage of another backend.
+absl::StatusOr<int> DecodeGraphCount(const Stage& stage);
 
 // The cudaStream_t every step of a CUDA stage runs on (NcclTransportOptions::stream);
 // INVALID_ARGUMENT for a stage of another backend.

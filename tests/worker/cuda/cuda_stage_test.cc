@@ -233,6 +233,10 @@ TEST_P(CudaStageVsCpu, GraphReplayEqualsDirectLaunches) {
   auto with = MakeCuda(dir, DType::kF16, true);
   auto without = MakeCuda(dir, DType::kF16, false);
   ASSERT_TRUE(with && without);
+  // Every bucket of the 4 slots (1, 2, 4) is captured when the stage loads, so that no step
+  // stalls for a capture; the steps below replay those graphs.
+  EXPECT_EQ(DecodeGraphCount(*with).value_or(-1), 3);
+  EXPECT_EQ(DecodeGraphCount(*without).value_or(-1), 0);
   const int v = with->config().vocab_size;
   const std::vector<Seq> seqs = {{0, Prompt(7, 6, v)}, {1, Prompt(11, 7, v)}, {2, Prompt(3, 8, v)}};
   Trace a = RunSteps(*with, seqs, 10), b = RunSteps(*without, seqs, 10);
