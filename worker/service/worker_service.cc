@@ -311,14 +311,40 @@ v1::StepResult WorkerService::RunStep(Assignment& a, const v1::StepRequest& req,
 grpc::Status WorkerService::Steps(
     grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::StepResult, v1::StepRequest>* stream) {
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
-  // This handler thread reads; the executor runs steps in arrival order and writes results, so a
-  // long step never stops the coordinator from queueing the next ones.
+  // This handler thread reads; the executor runs steps in arrival order; the writer sends their
+  // results. A long step never stops the coordinator from queueing the next ones, and the next
+  // step starts while the last one's result is still being written.
   absl::Mutex mu;
   std::deque<v1::StepRequest> queue;
+  std::deque<v1::StepResult> results;
   bool reading_done = false;
+  bool executing_done = false;
   std::atomic<bool> failed{false};
   grpc::Status result = grpc::Status::OK;
   auto cancelled = [&] { return ctx->IsCancelled() || failed.load(); };
+  auto send = [&](v1::StepResult r) {
+    absl::MutexLock lock(&mu);
+    results.push_back(std::move(r));
+  };
+
+  std::thread writer([&] {
+    SetThreadName("results");
+    while (true) {
+      v1::StepResult r;
+      {
+        absl::MutexLock lock(&mu);
+        auto ready = [&]() { return !results.empty() || executing_done; };
+        mu.Await(absl::Condition(&ready));
+        if (results.empty()) return;
+        r = std::move(results.front());
+        results.pop_front();
+      }
+      if (!stream->Write(r)) {
+        failed.store(true);
+        return;
+      }
+    }
+  });
 
   std::thread executor([&] {
     SetThreadName("steps");
@@ -341,7 +367,7 @@ grpc::Status WorkerService::Steps(
         const absl::Status s = absl::FailedPreconditionError(absl::StrFormat(
             "step %d is for assignment %d, but this worker holds %s", req.step_id(),
             req.assignment_id(), a ? absl::StrCat("assignment ", a->id) : "no stage"));
-        stream->Write(ErrorResult(req.step_id(), s));
+        send(ErrorResult(req.step_id(), s));
         failed.store(true);
         absl::MutexLock lock(&mu);
         result = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(s.message()));
@@ -357,14 +383,11 @@ grpc::Status WorkerService::Steps(
         if (!ctx->IsCancelled()) {
           spdlog::warn("assignment {} step {}: {}", a->id, r.step_id(), r.error_message());
         }
-        stream->Write(r);
+        send(std::move(r));
         failed.store(true);
         return;
       }
-      if (last && !stream->Write(r)) {
-        failed.store(true);
-        return;
-      }
+      if (last) send(std::move(r));
     }
   });
 
@@ -380,6 +403,11 @@ grpc::Status WorkerService::Steps(
   }
   failed.store(true);  // stops a Recv that waits for an input which will not come
   executor.join();
+  {
+    absl::MutexLock lock(&mu);
+    executing_done = true;  // the writer sends what is left, then ends
+  }
+  writer.join();
   absl::MutexLock lock(&mu);
   return result;
 }

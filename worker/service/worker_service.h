@@ -4,7 +4,8 @@
 // registers with the coordinator and keeps the heartbeat.
 //
 // Threads (named): gRPC handler threads (AssignStage, Steps readers, StageLink receivers);
-// "steps": one executor per open Steps stream, the only thread that runs the stage;
+// "steps": one executor per open Steps stream, the only thread that runs steps on the stage;
+// "results": one writer per open Steps stream, which sends the executor's results;
 // "registrar": registration and heartbeats.
 #pragma once
 
