@@ -3,8 +3,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <regex>
 #include <sstream>
@@ -97,6 +99,54 @@ class ServiceTest : public ::testing::Test {
       d.seqs[0].sample_index = out.size();
       d.tokens = {t};
     }
+  }
+
+  // For a greedy case: the oracle's tokens and, at each, the gap between its two best logits.
+  static std::vector<float> OracleGaps(const Case& c) {
+    absl::StatusOr<std::unique_ptr<Stage>> stage = MakeCpuStage(
+        {.model_dir = ModelDir(), .first_layer = 0, .last_layer = -1, .max_slots = 1});
+    EXPECT_TRUE(stage.ok()) << stage.status();
+    if (!stage.ok()) return {};
+    const std::vector<int32_t> tokens = Oracle(c);
+    std::vector<float> gaps;
+    StepDescriptor d;
+    d.return_logits = true;
+    d.seqs = {{.slot = 0, .position = 0, .num_tokens = static_cast<int>(c.prompt.size()),
+               .sample = true, .sampling = c.sampling, .sample_index = 0}};
+    d.tokens = c.prompt;
+    for (int32_t t : tokens) {
+      absl::StatusOr<StepOutput> o = (*stage)->Step(d, Activations{});
+      if (!o.ok()) break;
+      std::vector<float> top(2);
+      std::partial_sort_copy(o->logits.begin(), o->logits.end(), top.begin(), top.end(),
+                             std::greater<float>());
+      gaps.push_back(top[0] - top[1]);
+      d.seqs[0].position += d.seqs[0].num_tokens;
+      d.seqs[0].num_tokens = 1;
+      d.tokens = {t};
+    }
+    return gaps;
+  }
+
+  // A greedy request whose KV-cache was recomputed (a prefill over its prompt and tokens instead
+  // of the decode steps that made it) gives the oracle's tokens, or parts from them only where
+  // the oracle's two best logits are within rounding of each other (a near tie: the recomputed
+  // KV-cache differs from the decoded one in the last bits); past that point nothing is compared.
+  static void ExpectOracleUpToNearTie(const std::vector<int32_t>& got, const Case& c,
+                                      int request) {
+    const std::vector<int32_t> want = Oracle(c);
+    size_t k = 0;
+    while (k < got.size() && k < want.size() && got[k] == want[k]) ++k;
+    if (k == want.size() && got.size() == want.size()) return;
+    ASSERT_LT(k, want.size()) << "request " << request << ": " << got.size() << " tokens";
+    ASSERT_EQ(got.size(), want.size()) << "request " << request;
+    const std::vector<float> gaps = OracleGaps(c);
+    ASSERT_LT(k, gaps.size());
+    EXPECT_LT(gaps[k], 1e-5f) << "request " << request << " parts from the oracle at token " << k
+                              << " (" << got[k] << " for " << want[k]
+                              << ") where its top-2 gap is " << gaps[k];
+    std::printf("request %d: a near tie at token %zu (top-2 gap %.3g): %d for %d\n", request, k,
+                gaps[k], got[k], want[k]);
   }
 
   static v1::GenerateRequest ToRequest(const Case& c) {
@@ -198,12 +248,18 @@ class ServiceTest : public ::testing::Test {
       }
       while (started_.load() < n) absl::SleepFor(absl::Milliseconds(1));
     }
-    void Finish() {
+    // `recomputed`: some KV-caches may have been recomputed, so greedy requests may part from
+    // the oracle at a near tie (ExpectOracleUpToNearTie); without, every token must match.
+    void Finish(bool recomputed = false) {
       for (size_t i = 0; i < cases_.size(); ++i) {
         auto [status, tokens] = futures_[i].get();
         ASSERT_TRUE(status.ok()) << "request " << i << ": " << status.error_message() << "\n"
                                  << cluster_.Logs();
-        EXPECT_EQ(tokens, Oracle(cases_[i])) << "request " << i;
+        if (recomputed && cases_[i].sampling.temperature == 0.0f) {
+          ExpectOracleUpToNearTie(tokens, cases_[i], static_cast<int>(i));
+        } else {
+          EXPECT_EQ(tokens, Oracle(cases_[i])) << "request " << i;
+        }
       }
     }
 
@@ -360,7 +416,7 @@ TEST_F(ServiceTest, SequencesWithoutRoomInTheNewLayoutAreRecomputed) {
   LongStreams streams(*cluster, 6, 77);
   absl::StatusOr<v1::Topology> t = SetTopology(*cluster, 1, 1);
   ASSERT_TRUE(t.ok()) << t.status() << cluster->Logs();
-  streams.Finish();
+  streams.Finish(/*recomputed=*/true);
   EXPECT_GT(CoordinatorCounter(*cluster, "tandem_sequences_recomputed_total"), 0)
       << cluster->Logs();
 }
@@ -415,7 +471,7 @@ TEST_F(ServiceTest, KilledWorkersRequestsContinueElsewhereWithTheSameTokens) {
     auto [status, tokens, ended] = futures[i].get();
     ASSERT_TRUE(status.ok()) << "request " << i << ": " << status.error_message() << "\n"
                              << cluster->Logs();
-    EXPECT_EQ(tokens, Oracle(cases[i])) << "request " << i;
+    ExpectOracleUpToNearTie(tokens, cases[i], i);
   }
   // Some of them were on the killed worker's pipeline (else this test shows nothing).
   EXPECT_THAT(cluster->Logs(), HasSubstr("resuming elsewhere")) << "no request was resumed";
@@ -453,7 +509,7 @@ TEST_F(ServiceTest, KilledStageWorkerReplansOntoRemainingWorkerAndTheRequestCont
   cluster->worker(1).Kill(SIGKILL);
   grpc::Status s = f.get();
   ASSERT_TRUE(s.ok()) << s.error_message() << "\n" << cluster->Logs();
-  EXPECT_EQ(tokens, Oracle(c));
+  ExpectOracleUpToNearTie(tokens, c, 0);
   // One worker is left: the coordinator serves the whole model on it.
   ASSERT_TRUE(cluster->WaitForTopology(1, 1).ok()) << cluster->Logs();
   ExpectMatchesOracle(*cluster, MixedCases(9));
