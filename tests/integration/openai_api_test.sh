@@ -57,7 +57,9 @@ expect_status() {  # want method url [body]
   [ "$got" = "$want" ] || fail "$1 $2 ${3:-}: HTTP $got, want $want: $(cat "$run/body")"
 }
 
-"$bin/tandem-make-model" --preset=tiny-gpt2 --out="$run/model" --seed=3 >/dev/null
+# A long context, so that the abandoned stream below has 4,000 tokens to go when it is dropped.
+"$bin/tandem-make-model" --preset=tiny-gpt2 --max_positions=4096 --out="$run/model" --seed=3 \
+  >/dev/null
 model=$(basename "$run/model")
 node -e 'process.stdout.write(require(process.argv[1]).chat_template)' "$llama3" \
   >"$run/model/chat_template.jinja"

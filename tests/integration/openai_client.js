@@ -165,10 +165,10 @@ async function main() {
   }
 
   // An abandoned stream is cancelled at once and frees the only slot (--max_slots=1): it would
-  // otherwise run 200 tokens and end "ok".
+  // otherwise run 4,000 tokens (a second or more) and end "ok".
   const before = await metric('tandem_requests_total', 'outcome="cancelled"');
   const okBefore = await metric('tandem_requests_total', 'outcome="ok"');
-  const long = await client.completions.create({ model, prompt: 'x', max_tokens: 200,
+  const long = await client.completions.create({ model, prompt: 'x', max_tokens: 4000,
                                                  ignore_eos: true, stream: true });
   let seen = 0;
   for await (const chunk of long) {
