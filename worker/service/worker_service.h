@@ -126,6 +126,11 @@ class WorkerService final : public v1::Worker::Service {
   absl::StatusOr<std::vector<KvBlock>> FetchBlocks(const Assignment& a, const std::string& address,
                                                    const std::vector<uint64_t>& keys,
                                                    int first_layer, int num_layers);
+  // One FetchKv stream of FetchBlocks, over connection number `connection`.
+  absl::StatusOr<std::vector<KvBlock>> FetchGroup(const Assignment& a, const std::string& address,
+                                                  const std::vector<uint64_t>& keys,
+                                                  int first_layer, int num_layers,
+                                                  int connection);
 
   const StageFactory factory_;
   ActivationInbox& inbox_;
