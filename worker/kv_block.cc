@@ -31,6 +31,31 @@ absl::Status CheckKvRange(const char* what, int slot, int first_layer, int num_l
   return absl::OkStatus();
 }
 
+absl::Status CheckKvExport(int slot, int positions, int first_layer, int num_layers,
+                           int stage_first, int stage_last, int max_slots, int cached) {
+  RETURN_IF_ERROR(CheckKvRange("KV export", slot, first_layer, num_layers, stage_first,
+                               stage_last, max_slots));
+  if (positions < 1 || positions > cached) {
+    return absl::InvalidArgumentError(absl::StrCat("KV export: slot ", slot, " holds ", cached,
+                                                   " positions, asked for ", positions));
+  }
+  return absl::OkStatus();
+}
+
+KvBlock SizedKvBlock(DType dtype, int first_layer, int num_layers, int num_kv_heads, int head_dim,
+                     int positions) {
+  KvBlock b;
+  b.dtype = dtype;
+  b.first_layer = first_layer;
+  b.num_layers = num_layers;
+  b.num_kv_heads = num_kv_heads;
+  b.head_dim = head_dim;
+  b.positions = positions;
+  b.k.resize(b.expected_bytes());
+  b.v.resize(b.expected_bytes());
+  return b;
+}
+
 absl::Status CheckKvBlock(const KvBlock& block, int slot, const ModelConfig& c, DType dtype,
                           int first_layer, int last_layer, int max_slots, int max_seq_len) {
   auto bad = [](auto&&... parts) {

@@ -98,6 +98,13 @@ absl::Status CheckKvBlock(const KvBlock& block, int slot, const ModelConfig& c, 
 // within the stage's [stage_first, stage_last): OK, or INVALID_ARGUMENT beginning with `what`.
 absl::Status CheckKvRange(const char* what, int slot, int first_layer, int num_layers,
                           int stage_first, int stage_last, int max_slots);
+// The checks of every backend's ExportKv: CheckKvRange, and `positions` within [1, cached] (what
+// the slot holds). OK, or INVALID_ARGUMENT naming what is out of range.
+absl::Status CheckKvExport(int slot, int positions, int first_layer, int num_layers,
+                           int stage_first, int stage_last, int max_slots, int cached);
+// A block of the given fields with its K and V bytes allocated (zero), for ExportKv to fill.
+KvBlock SizedKvBlock(DType dtype, int first_layer, int num_layers, int num_kv_heads, int head_dim,
+                     int positions);
 
 // What a stage loads and how much KV-cache it keeps.
 struct StageSpec {

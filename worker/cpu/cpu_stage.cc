@@ -132,22 +132,11 @@ class CpuStage final : public Stage {
 
   absl::StatusOr<KvBlock> ExportKv(int slot, int positions, int first_layer,
                                    int num_layers) const override {
-    RETURN_IF_ERROR(CheckKvRange("KV export", slot, first_layer, num_layers, w_.first_layer,
-                                 last_layer(), max_slots_));
-    if (positions < 1 || positions > cached_len_[slot]) {
-      return absl::InvalidArgumentError(absl::StrCat("KV export: slot ", slot, " holds ",
-                                                     cached_len_[slot], " positions, asked for ",
-                                                     positions));
-    }
-    KvBlock b;
-    b.dtype = DType::kF32;
-    b.first_layer = first_layer;
-    b.num_layers = num_layers;
-    b.num_kv_heads = c_.num_kv_heads;
-    b.head_dim = c_.head_dim;
-    b.positions = positions;
-    b.k.resize(b.expected_bytes());
-    b.v.resize(b.expected_bytes());
+    RETURN_IF_ERROR(CheckKvExport(slot, positions, first_layer, num_layers, w_.first_layer,
+                                  last_layer(), max_slots_,
+                                  slot >= 0 && slot < max_slots_ ? cached_len_[slot] : 0));
+    KvBlock b = SizedKvBlock(DType::kF32, first_layer, num_layers, c_.num_kv_heads, c_.head_dim,
+                             positions);
     const size_t row_bytes = static_cast<size_t>(positions) * c_.kv_dim() * sizeof(float);
     for (int l = 0; l < num_layers; ++l) {
       const size_t at = CacheOffset(slot, first_layer - w_.first_layer + l, 0);

@@ -619,22 +619,11 @@ absl::Status CudaStage::Validate(const StepDescriptor& step, const Activations& 
 
 absl::StatusOr<KvBlock> CudaStage::ExportKv(int slot, int positions, int first_layer,
                                             int num_layers) const {
-  RETURN_IF_ERROR(CheckKvRange("KV export", slot, first_layer, num_layers, first_layer_,
-                               first_layer_ + num_layers_, max_slots_));
-  if (positions < 1 || positions > cached_len_[slot]) {
-    return absl::InvalidArgumentError(absl::StrCat("KV export: slot ", slot, " holds ",
-                                                   cached_len_[slot], " positions, asked for ",
-                                                   positions));
-  }
-  KvBlock b;
-  b.dtype = opt_.dtype;
-  b.first_layer = first_layer;
-  b.num_layers = num_layers;
-  b.num_kv_heads = c_.num_kv_heads;
-  b.head_dim = c_.head_dim;
-  b.positions = positions;
-  b.k.resize(b.expected_bytes());
-  b.v.resize(b.expected_bytes());
+  RETURN_IF_ERROR(CheckKvExport(slot, positions, first_layer, num_layers, first_layer_,
+                                first_layer_ + num_layers_, max_slots_,
+                                slot >= 0 && slot < max_slots_ ? cached_len_[slot] : 0));
+  KvBlock b = SizedKvBlock(opt_.dtype, first_layer, num_layers, c_.num_kv_heads, c_.head_dim,
+                           positions);
   // Per layer: the slot's rows gathered into the block's layout on the device, then one copy
   // each of K and V to the host, all on the stage's stream behind the steps queued before.
   CUDA_CHECK(cudaSetDevice(opt_.device));

@@ -102,14 +102,8 @@ absl::Status KvAssembler::Add(const v1::KvChunk& c) {
   auto [it, fresh] = partial_.try_emplace(c.key());
   Partial& p = it->second;
   if (fresh) {
-    p.block.dtype = *dtype;
-    p.block.first_layer = shape_.first_layer;
-    p.block.num_layers = shape_.num_layers;
-    p.block.num_kv_heads = shape_.num_kv_heads;
-    p.block.head_dim = shape_.head_dim;
-    p.block.positions = c.total_positions();
-    p.block.k.resize(p.block.expected_bytes());
-    p.block.v.resize(p.block.expected_bytes());
+    p.block = SizedKvBlock(*dtype, shape_.first_layer, shape_.num_layers, shape_.num_kv_heads,
+                           shape_.head_dim, c.total_positions());
     p.filled.assign(shape_.num_layers, 0);
   } else if (c.total_positions() != p.block.positions) {
     return bad(c.total_positions(), " positions, its earlier chunks said ", p.block.positions);
