@@ -481,6 +481,19 @@ absl::Status Coordinator::RunPlan() {
   return result;
 }
 
+std::vector<KvStage> Coordinator::StagesOf(const Pipeline& p) {
+  std::vector<KvStage> out;
+  for (size_t s = 0; s < p.workers.size(); ++s) {
+    const WorkerEntry& w = workers_[p.workers[s]];
+    out.push_back({.worker = w.id,
+                   .address = w.address,
+                   .channel = w.channel,
+                   .assignment = p.assignment,
+                   .layers = p.ranges[s]});
+  }
+  return out;
+}
+
 std::vector<Coordinator::Departure> Coordinator::DetachForMove(const std::vector<int>& retiring) {
   for (int id : retiring) scheduler_->Pause(id);
   // Every step in flight ends (results are handled as usual), so that the KV-cache holds what
@@ -499,14 +512,7 @@ std::vector<Coordinator::Departure> Coordinator::DetachForMove(const std::vector
     const Pipeline& p = *pit->second;
     Departure d;
     d.pipeline = id;
-    for (size_t s = 0; s < p.workers.size(); ++s) {
-      const WorkerEntry& w = workers_[p.workers[s]];
-      d.holders.push_back({.worker = w.id,
-                           .address = w.address,
-                           .channel = w.channel,
-                           .assignment = p.assignment,
-                           .layers = p.ranges[s]});
-    }
+    d.holders = StagesOf(p);
     for (const Scheduler::Held& h : scheduler_->Detach(id)) {
       d.seqs.push_back({.key = h.seq, .slot = h.slot, .positions = h.positions});
     }
@@ -539,15 +545,8 @@ void Coordinator::ArriveMoved(std::vector<Departure>& departures, absl::Time pau
           continue;
         }
         arrivals[t->pipeline].push_back({.key = q.key, .slot = t->slot, .positions = q.positions});
-        if (takers.contains(t->pipeline)) continue;
-        const Pipeline& p = *pipelines_.at(t->pipeline);
-        for (size_t s = 0; s < p.workers.size(); ++s) {
-          const WorkerEntry& w = workers_[p.workers[s]];
-          takers[t->pipeline].push_back({.worker = w.id,
-                                         .address = w.address,
-                                         .channel = w.channel,
-                                         .assignment = p.assignment,
-                                         .layers = p.ranges[s]});
+        if (!takers.contains(t->pipeline)) {
+          takers[t->pipeline] = StagesOf(*pipelines_.at(t->pipeline));
         }
       }
     }

@@ -151,6 +151,8 @@ class Coordinator {
   // that no longer fit (or drains them without move_kv) and removes them, builds missing ones
   // from idle workers. Serialized by plan_mu_.
   absl::Status RunPlan();
+  // Pipeline `p`'s stages as a move sees them.
+  std::vector<KvStage> StagesOf(const Pipeline& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sequences leaving a retired pipeline with their KV-cache, and the stages that hold it.
   struct Departure {
     int pipeline = 0;

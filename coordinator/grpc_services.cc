@@ -81,11 +81,6 @@ grpc::Status Rejected(Coordinator& c, const absl::Status& why) {
 
 }  // namespace
 
-grpc::Status ToGrpcStatus(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
 grpc::Status InferenceService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                                         v1::GenerateResponse* resp) {
   if (grpc::Status a = CheckCaller(*ctx, access_); !a.ok()) return a;

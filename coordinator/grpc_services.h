@@ -10,11 +10,10 @@
 #include "common/security/credentials.h"
 #include "coordinator/coordinator.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/grpc_status.h"
 #include "proto/tandem.grpc.pb.h"
 
 namespace tandem {
-
-grpc::Status ToGrpcStatus(const absl::Status& s);
 
 class InferenceService final : public v1::Inference::Service {
  public:

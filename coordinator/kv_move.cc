@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "proto/grpc_status.h"
 #include "proto/tandem.grpc.pb.h"
 #include "spdlog/spdlog.h"
 
@@ -26,10 +27,10 @@ absl::Status ForEachStage(size_t n, const std::function<absl::Status(size_t)>& c
 }
 
 absl::Status FromGrpc(const grpc::Status& s, const char* rpc, const KvStage& stage) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(rpc, " on worker ", stage.worker, " (", stage.address,
-                                   "): ", s.error_message()));
+  const absl::Status a = FromGrpcStatus(s);
+  if (a.ok()) return a;
+  return absl::Status(a.code(), absl::StrCat(rpc, " on worker ", stage.worker, " (",
+                                             stage.address, "): ", a.message()));
 }
 
 }  // namespace

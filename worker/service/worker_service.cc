@@ -13,6 +13,7 @@
 #include "common/metrics.h"
 #include "common/model_config.h"
 #include "common/thread_name.h"
+#include "proto/grpc_status.h"
 #include "spdlog/spdlog.h"
 #include "worker/model_root.h"
 #include "worker/transport/kv_wire.h"
@@ -423,11 +424,21 @@ constexpr int64_t kKvChunkBytes = int64_t{16} << 20;
 // Streams (and connections) one import fetches a worker's sequences over.
 constexpr size_t kFetchStreams = 4;
 
-grpc::Status ToGrpc(const absl::Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+// `s` with "sequence <key>: " before its message.
+absl::Status OfSequence(uint64_t key, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat("sequence ", key, ": ", s.message()));
 }
 
 }  // namespace
+
+absl::StatusOr<std::shared_ptr<const KvBlock>> WorkerService::Stashed(uint64_t key) {
+  absl::MutexLock lock(&stash_mu_);
+  auto it = stash_.find(key);
+  if (it == stash_.end()) {
+    return absl::NotFoundError(absl::StrCat("sequence ", key, ": not in this worker's KV stash"));
+  }
+  return it->second;
+}
 
 absl::StatusOr<std::shared_ptr<WorkerService::Assignment>> WorkerService::AssignmentFor(
     uint64_t id) {
@@ -444,7 +455,7 @@ grpc::Status WorkerService::ExportKv(grpc::ServerContext* ctx, const v1::ExportK
                                      v1::ExportKvResponse* resp) {
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
   absl::StatusOr<std::shared_ptr<Assignment>> a = AssignmentFor(req->assignment_id());
-  if (!a.ok()) return ToGrpc(a.status());
+  if (!a.ok()) return ToGrpcStatus(a.status());
   std::map<uint64_t, std::shared_ptr<const KvBlock>> blocks;
   int64_t bytes = 0;
   const absl::Time t0 = absl::Now();
@@ -454,10 +465,7 @@ grpc::Status WorkerService::ExportKv(grpc::ServerContext* ctx, const v1::ExportK
     for (const v1::KvSequence& s : req->seqs()) {
       absl::StatusOr<KvBlock> b =
           (*a)->engine->ExportKv(s.slot(), s.positions(), (*a)->first_layer, layers);
-      if (!b.ok()) {
-        return ToGrpc(absl::Status(b.status().code(), absl::StrCat("sequence ", s.key(), ": ",
-                                                                    b.status().message())));
-      }
+      if (!b.ok()) return ToGrpcStatus(OfSequence(s.key(), b.status()));
       bytes += static_cast<int64_t>(b->k.size() + b->v.size());
       blocks[s.key()] = std::make_shared<const KvBlock>(*std::move(b));
     }
@@ -530,10 +538,7 @@ absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchGroup(
     return absl::Status(s.code(), absl::StrCat("KV from ", address, ": ", s.message()));
   };
   if (!bad.ok()) return from(bad);
-  if (!done.ok()) {
-    return from(absl::Status(static_cast<absl::StatusCode>(done.error_code()),
-                             done.error_message()));
-  }
+  if (!done.ok()) return from(FromGrpcStatus(done));
   std::vector<KvBlock> blocks;
   for (uint64_t key : keys) {
     absl::StatusOr<KvBlock> b = assembler.Take(key);
@@ -547,7 +552,7 @@ grpc::Status WorkerService::ImportKv(grpc::ServerContext* ctx, const v1::ImportK
                                      v1::ImportKvResponse* resp) {
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
   absl::StatusOr<std::shared_ptr<Assignment>> a = AssignmentFor(req->assignment_id());
-  if (!a.ok()) return ToGrpc(a.status());
+  if (!a.ok()) return ToGrpcStatus(a.status());
   // The sources must cover the stage's layers once each, so that no slot is left half filled.
   std::vector<const v1::KvSource*> sources;
   for (const v1::KvSource& src : req->sources()) sources.push_back(&src);
@@ -595,36 +600,25 @@ grpc::Status WorkerService::ImportKv(grpc::ServerContext* ctx, const v1::ImportK
       blocks[i] = FetchBlocks(**a, src->address(), keys, src->first_layer(), src->num_layers());
     });
   }
-  for (size_t i = 0; i < sources.size(); ++i) {
-    const v1::KvSource* src = sources[i];
-    if (!src->address().empty()) continue;
+  // This worker's own stash meanwhile.
+  auto own = [&](const v1::KvSource& src) -> absl::StatusOr<std::vector<KvBlock>> {
     std::vector<KvBlock> part;
-    absl::Status err;
-    absl::MutexLock lock(&stash_mu_);
     for (uint64_t key : keys) {
-      auto it = stash_.find(key);
-      if (it == stash_.end()) {
-        err = absl::NotFoundError(absl::StrCat("sequence ", key, ": not in this worker's KV stash"));
-        break;
-      }
-      absl::StatusOr<KvBlock> b = SliceKvLayers(*it->second, src->first_layer(), src->num_layers());
-      if (!b.ok()) {
-        err = absl::Status(b.status().code(),
-                           absl::StrCat("sequence ", key, ": ", b.status().message()));
-        break;
-      }
+      absl::StatusOr<std::shared_ptr<const KvBlock>> held = Stashed(key);
+      if (!held.ok()) return held.status();
+      absl::StatusOr<KvBlock> b = SliceKvLayers(**held, src.first_layer(), src.num_layers());
+      if (!b.ok()) return OfSequence(key, b.status());
       part.push_back(*std::move(b));
     }
-    if (err.ok()) {
-      blocks[i] = std::move(part);
-    } else {
-      blocks[i] = err;
-    }
+    return part;
+  };
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (sources[i]->address().empty()) blocks[i] = own(*sources[i]);
   }
   for (std::thread& t : fetches) t.join();
   int64_t fetched = 0;
   for (size_t i = 0; i < sources.size(); ++i) {
-    if (!blocks[i].ok()) return ToGrpc(blocks[i].status());
+    if (!blocks[i].ok()) return ToGrpcStatus(blocks[i].status());
     if (sources[i]->address().empty()) continue;
     for (const KvBlock& b : *blocks[i]) fetched += static_cast<int64_t>(b.k.size() + b.v.size());
   }
@@ -635,8 +629,7 @@ grpc::Status WorkerService::ImportKv(grpc::ServerContext* ctx, const v1::ImportK
     for (size_t i = 0; i < part->size(); ++i) {
       const v1::KvSequence& s = req->seqs(static_cast<int>(i));
       if (absl::Status st = (*a)->engine->ImportKv(s.slot(), (*part)[i]); !st.ok()) {
-        return ToGrpc(absl::Status(st.code(), absl::StrCat("sequence ", s.key(), ": ",
-                                                            st.message())));
+        return ToGrpcStatus(OfSequence(s.key(), st));
       }
       bytes += static_cast<int64_t>((*part)[i].k.size() + (*part)[i].v.size());
     }
@@ -654,23 +647,12 @@ grpc::Status WorkerService::FetchKv(grpc::ServerContext* ctx, const v1::FetchKvR
                                     grpc::ServerWriter<v1::KvChunk>* writer) {
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
   for (uint64_t key : req->keys()) {
-    std::shared_ptr<const KvBlock> held;
-    {
-      absl::MutexLock lock(&stash_mu_);
-      auto it = stash_.find(key);
-      if (it == stash_.end()) {
-        return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                            absl::StrCat("sequence ", key, ": not in this worker's KV stash"));
-      }
-      held = it->second;
-    }
+    absl::StatusOr<std::shared_ptr<const KvBlock>> held = Stashed(key);
+    if (!held.ok()) return ToGrpcStatus(held.status());
     absl::StatusOr<bool> sent = ForEachKvChunk(
-        key, *held, kKvChunkBytes, [&](const v1::KvChunk& c) { return writer->Write(c); },
+        key, **held, kKvChunkBytes, [&](const v1::KvChunk& c) { return writer->Write(c); },
         req->first_layer(), req->num_layers());
-    if (!sent.ok()) {
-      return ToGrpc(absl::Status(sent.status().code(),
-                                 absl::StrCat("sequence ", key, ": ", sent.status().message())));
-    }
+    if (!sent.ok()) return ToGrpcStatus(OfSequence(key, sent.status()));
     if (!*sent) return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching worker went away");
   }
   return grpc::Status::OK;

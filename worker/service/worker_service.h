@@ -119,6 +119,8 @@ class WorkerService final : public v1::Worker::Service {
   // Executes one step; the result to send back (errors as error_code).
   v1::StepResult RunStep(Assignment& a, const v1::StepRequest& req,
                          const std::function<bool()>& cancelled);
+  // The stash's block of sequence `key`; NOT_FOUND naming it otherwise.
+  absl::StatusOr<std::shared_ptr<const KvBlock>> Stashed(uint64_t key);
   // The current assignment when it is `id`; FAILED_PRECONDITION otherwise.
   absl::StatusOr<std::shared_ptr<Assignment>> AssignmentFor(uint64_t id);
   // The blocks of `keys` over layers [first_layer, first_layer + num_layers) from the stash of

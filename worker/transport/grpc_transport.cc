@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "common/checked_math.h"
 #include "common/dtype.h"
+#include "proto/grpc_status.h"
 #include "worker/transport/activation_frame.h"
 
 namespace tandem {
@@ -123,7 +124,7 @@ grpc::Status StageLinkService::Activations(grpc::ServerContext* ctx,
     const absl::Status put = inbox_.Put(msg.assignment_id(), msg.step_id(), std::move(*a),
                                         [ctx] { return ctx->IsCancelled(); });
     if (!put.ok()) {
-      return grpc::Status(static_cast<grpc::StatusCode>(put.code()), std::string(put.message()));
+      return ToGrpcStatus(put);
     }
   }
   return grpc::Status::OK;
