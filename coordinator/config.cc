@@ -35,6 +35,7 @@ absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(std::string_view yaml_t
       else if (key == "prefill_chunk") c.prefill_chunk = v.as<int>();
       else if (key == "prefill_budget") c.prefill_budget = v.as<int>();
       else if (key == "decode_ahead") c.decode_ahead = v.as<bool>();
+      else if (key == "decode_ahead_ms") c.decode_ahead_ms = v.as<double>();
       else if (key == "max_resumes") c.max_resumes = v.as<int>();
       else if (key == "move_kv") c.move_kv = v.as<bool>();
       else if (key == "heartbeat_interval_ms") c.heartbeat_interval_ms = v.as<int>();
@@ -70,7 +71,7 @@ absl::StatusOr<CoordinatorConfig> LoadCoordinatorConfig(const std::filesystem::p
 
 absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
   auto at_least = [](std::string_view name, double v, double min) -> absl::Status {
-    if (v < min) {
+    if (!(v >= min)) {  // NaN too
       return absl::InvalidArgumentError(
           absl::StrFormat("config: %s must be >= %g, got %g", name, min, v));
     }
@@ -89,6 +90,7 @@ absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
                               {"max_waiting", c.max_waiting, 0},
                               {"prefill_chunk", c.prefill_chunk, 1},
                               {"prefill_budget", c.prefill_budget, 0},
+                              {"decode_ahead_ms", c.decode_ahead_ms, 0},
                               {"max_resumes", c.max_resumes, 0},
                               {"heartbeat_interval_ms", c.heartbeat_interval_ms, 10},
                               {"heartbeat_timeout_ms", c.heartbeat_timeout_ms, 50},

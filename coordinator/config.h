@@ -24,6 +24,7 @@ struct CoordinatorConfig {
   int prefill_chunk = 512;                // prompt tokens per sequence per step
   int prefill_budget = 0;                 // prompt tokens per step, all sequences; 0: no bound
   bool decode_ahead = true;               // one stage: the next decode step sent while one runs
+  double decode_ahead_ms = 1.0;           // ... and as many more as fit in this much step time
   int max_resumes = 3;                    // a running request's pipeline lost: resumed this often
   // Topology change with the old stages alive: running sequences move to the new layout with
   // their KV-cache (worker to worker) and continue; false: they drain (drain_timeout_s).

@@ -96,6 +96,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
                            .prefill_budget = config.prefill_budget,
                            .micro_batches = config.micro_batches,
                            .decode_ahead = config.decode_ahead,
+                           .decode_ahead_time = absl::Milliseconds(config.decode_ahead_ms),
                            .max_resumes = config.max_resumes,
                            .vocab_size = c->limits_.vocab_size,
                            .context_length = c->limits_.context_length,

@@ -38,6 +38,9 @@ ABSL_FLAG(std::optional<int>, prefill_budget, std::nullopt,
           "prompt tokens per step across its sequences (0: no bound)");
 ABSL_FLAG(std::optional<bool>, decode_ahead, std::nullopt,
           "one-stage pipelines: send a sequence's next decode step while the step before runs");
+ABSL_FLAG(std::optional<double>, decode_ahead_ms, std::nullopt,
+          "with --decode_ahead, a sequence goes as many steps ahead as fit in this much of its "
+          "pipeline's measured step time (at least 1, at most 16; default 1)");
 ABSL_FLAG(std::optional<int>, max_resumes, std::nullopt,
           "times a running request whose pipeline is lost (a worker down) continues on another, "
           "its KV-cache recomputed, before it fails (default 3; 0: fails at once)");
@@ -105,6 +108,7 @@ int main(int argc, char** argv) {
   if (auto v = absl::GetFlag(FLAGS_prefill_chunk)) config.prefill_chunk = *v;
   if (auto v = absl::GetFlag(FLAGS_prefill_budget)) config.prefill_budget = *v;
   if (auto v = absl::GetFlag(FLAGS_decode_ahead)) config.decode_ahead = *v;
+  if (auto v = absl::GetFlag(FLAGS_decode_ahead_ms)) config.decode_ahead_ms = *v;
   if (auto v = absl::GetFlag(FLAGS_max_resumes)) config.max_resumes = *v;
   if (auto v = absl::GetFlag(FLAGS_move_kv)) config.move_kv = *v;
   if (auto v = absl::GetFlag(FLAGS_heartbeat_interval_ms)) config.heartbeat_interval_ms = *v;

@@ -262,14 +262,26 @@ bool Scheduler::EndsByLength(const Sequence& seq) const {
   return ReachesLength(seq.request->request(), count, options_.context_length);
 }
 
-bool Scheduler::Ready(const Sequence& seq, int stages) const {
+bool Scheduler::Ready(const Sequence& seq, int ahead) const {
   if (seq.moving) return false;
   if (seq.in_flight == 0) return true;
-  // Ahead: the one step in flight samples (nothing of the prompt is left to feed) and the stage
-  // that samples is the one that embeds.
+  // Ahead: the steps in flight sample (nothing of the prompt is left to feed) and the stage
+  // that samples is the one that embeds (ahead > 0 only then).
   const ValidatedRequest& rq = seq.request->request();
-  return options_.decode_ahead && stages == 1 && seq.in_flight == 1 && seq.pending.empty() &&
-         !rq.sampling.has_penalties() && rq.prompt_logprobs < 0 && !EndsByLength(seq);
+  return seq.in_flight <= ahead && seq.pending.empty() && !rq.sampling.has_penalties() &&
+         rq.prompt_logprobs < 0 && !EndsByLength(seq);
+}
+
+int Scheduler::DecodeAhead(const Pipeline& p) const {
+  if (!options_.decode_ahead || p.stages != 1) return 0;
+  if (p.step_time <= absl::ZeroDuration()) return 1;
+  const int64_t fit = options_.decode_ahead_time / p.step_time;
+  return static_cast<int>(std::clamp<int64_t>(fit, 1, kMaxDecodeAhead));
+}
+
+int Scheduler::decode_ahead(int id) const {
+  auto it = pipelines_.find(id);
+  return it == pipelines_.end() ? 0 : DecodeAhead(it->second);
 }
 
 int Scheduler::PromptTokens(const Sequence& seq) const {
@@ -303,14 +315,15 @@ std::vector<StepDescriptor> Scheduler::FormSteps(int id) {
   Pipeline& p = pit->second;
   if (p.paused) return out;
   // At least one micro-batch per stage in flight, so that no stage waits for the others; going
-  // ahead, each may have its successor in flight too.
+  // ahead, each may have its successors in flight too.
   const int lanes = std::max(options_.micro_batches, p.stages);
-  const int limit = options_.decode_ahead && p.stages == 1 ? 2 * lanes : lanes;
+  const int ahead = DecodeAhead(p);
+  const int limit = (1 + ahead) * lanes;
   while (static_cast<int>(p.inflight.size()) < limit) {
     std::vector<Sequence*> ready;
     for (uint64_t seq_id : p.running) {
       Sequence& seq = *seqs_.at(seq_id);
-      if (Ready(seq, p.stages)) ready.push_back(&seq);
+      if (Ready(seq, ahead)) ready.push_back(&seq);
     }
     if (ready.empty()) break;
     // Sequences with nothing in flight first, so that going ahead never starves them.
@@ -366,6 +379,13 @@ absl::Status Scheduler::OnStepResult(int id, uint64_t step_id, std::span<const i
   }
   std::vector<StepEntry> entries = std::move(it->second);
   p.inflight.erase(it);
+  // The stage went from the step before straight to this one: the gap is its step time.
+  if (p.busy_at_last_result) {
+    const absl::Duration gap = now - p.last_result;
+    p.step_time = p.step_time <= absl::ZeroDuration() ? gap : (p.step_time * 4 + gap) / 5;
+  }
+  p.last_result = now;
+  p.busy_at_last_result = !p.inflight.empty();
   const int sampled = static_cast<int>(
       std::count_if(entries.begin(), entries.end(), [](const StepEntry& e) { return e.sample; }));
   if (sampled != static_cast<int>(tokens.size())) {

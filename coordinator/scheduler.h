@@ -46,6 +46,11 @@ struct SchedulerOptions {
   // sampled, with the RNG counter of that position; a sequence that ends drops the token sampled
   // ahead. Sequences with penalties or prompt logprobs (which need the token first) wait.
   bool decode_ahead = true;
+  // How far ahead: as many steps as fit in this much of the pipeline's step time, measured
+  // between results that came back to back (the stage never idle between them); at least one,
+  // at most kMaxDecodeAhead. Covers a round trip that is long against the step (a small model,
+  // a busy host) without queueing more than this much work before a new prompt's step.
+  absl::Duration decode_ahead_time = absl::Milliseconds(1);
   // Times a running sequence whose pipeline is lost (a worker down, a layout retired before it
   // drained) goes back to the front of the queue, to continue on the next pipeline that takes it
   // after recomputing its KV-cache from its prompt and the tokens generated so far, before it
@@ -55,6 +60,9 @@ struct SchedulerOptions {
   int context_length = 0;  // positions in the KV-cache, for the length rule
   TextDecoder decode;      // for stop strings; empty: none are matched
 };
+
+// The most steps a sequence goes ahead of the step that samples its input.
+inline constexpr int kMaxDecodeAhead = 16;
 
 class Scheduler {
  public:
@@ -129,10 +137,15 @@ class Scheduler {
   // and samples after its last pending token. A step's prompt tokens stay within prefill_budget:
   // a prompt left out waits for the next step, ahead of the younger ones. Step ids count from 1
   // per pipeline.
-  // With decode_ahead, a one-stage pipeline may hold twice as many steps in flight, and a
-  // sequence whose one step in flight samples goes into the next step as well (kPreviousSample),
-  // unless that step's token is certain to end it (its length).
+  // With decode_ahead, a one-stage pipeline may hold (1 + ahead) times as many steps in flight,
+  // and a sequence whose steps in flight sample goes into the next step as well
+  // (kPreviousSample), up to `ahead` steps beyond the first (decode_ahead_ahead()), unless the
+  // tokens of the steps in flight are certain to end it (its length).
   std::vector<StepDescriptor> FormSteps(int id);
+  // The steps a sequence of pipeline `id` may go ahead now: decode_ahead_time over the measured
+  // step time, in [1, kMaxDecodeAhead]; 1 until a step time is measured, 0 without decode_ahead
+  // or with more than one stage.
+  int decode_ahead(int id) const;
 
   // The result of step `step_id` of pipeline `id`: one sampled token per sequence that sampled,
   // in step order, and the logprobs that were asked for (SequenceLogprobs::seq indexes the
@@ -182,11 +195,17 @@ class Scheduler {
     uint64_t next_step = 1;
     bool draining = false;
     bool paused = false;  // forms no steps (its sequences are about to move)
+    // The stage's time per step: a moving average of the gaps between results that came back
+    // to back; zero until measured.
+    absl::Duration step_time;
+    absl::Time last_result = absl::InfinitePast();
+    bool busy_at_last_result = false;  // steps were still in flight when the last result came
   };
 
   SequenceStep RowOf(const Sequence& seq, int num_tokens, bool sample) const;
-  // Whether `seq` may go into the next step of a pipeline of `stages` stages now.
-  bool Ready(const Sequence& seq, int stages) const;
+  // Whether `seq` may go into the next step of a pipeline now, going up to `ahead` steps ahead.
+  bool Ready(const Sequence& seq, int ahead) const;
+  int DecodeAhead(const Pipeline& p) const;
   // Whether the token of the step in flight ends `seq` whatever it is (its length).
   bool EndsByLength(const Sequence& seq) const;
   // The pipeline that admits the next sequence: not draining, a free slot, the fewest running

@@ -1,5 +1,7 @@
 #include "coordinator/config.h"
 
+#include <cmath>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -22,6 +24,7 @@ max_waiting: 10
 prefill_chunk: 64
 prefill_budget: 96
 decode_ahead: false
+decode_ahead_ms: 2.5
 max_resumes: 5
 heartbeat_interval_ms: 100
 heartbeat_timeout_ms: 900
@@ -40,6 +43,7 @@ drain_timeout_s: 5.5
   EXPECT_EQ(c->prefill_chunk, 64);
   EXPECT_EQ(c->prefill_budget, 96);
   EXPECT_FALSE(c->decode_ahead);
+  EXPECT_DOUBLE_EQ(c->decode_ahead_ms, 2.5);
   EXPECT_EQ(c->max_resumes, 5);
   EXPECT_EQ(c->heartbeat_interval_ms, 100);
   EXPECT_EQ(c->heartbeat_timeout_ms, 900);
@@ -52,6 +56,7 @@ TEST(CoordinatorConfigTest, EmptyFileGivesDefaults) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->stages, 1);
   EXPECT_TRUE(c->decode_ahead);
+  EXPECT_DOUBLE_EQ(c->decode_ahead_ms, 1.0);
   EXPECT_EQ(c->prefill_budget, 0);
   EXPECT_EQ(c->max_resumes, 3);
 }
@@ -106,6 +111,12 @@ TEST(CoordinatorConfigTest, ValidationNamesTheBadField) {
   c.max_resumes = -1;
   EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("max_resumes"));
   c.max_resumes = 3;
+  c.decode_ahead_ms = -1;
+  EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("decode_ahead_ms"));
+  c.decode_ahead_ms = std::nan("");
+  EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("decode_ahead_ms"));
+  c.decode_ahead_ms = 0;  // one step ahead
+  EXPECT_TRUE(ValidateCoordinatorConfig(c).ok());
   c.heartbeat_timeout_ms = c.heartbeat_interval_ms;
   EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("heartbeat_timeout_ms"));
 }

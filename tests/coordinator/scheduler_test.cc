@@ -63,13 +63,19 @@ StepDescriptor NextStep(Scheduler& s, int id) {
   return steps.empty() ? StepDescriptor{} : std::move(steps[0]);
 }
 
-// Runs step `step` of pipeline `id` with every sampling row drawing `token`.
-absl::Status Answer(Scheduler& s, int id, const StepDescriptor& step, int32_t token) {
+// Runs step `step` of pipeline `id` with every sampling row drawing `token`; the result comes at
+// `at`.
+absl::Status AnswerAt(Scheduler& s, int id, const StepDescriptor& step, int32_t token,
+                      absl::Time at) {
   std::vector<int32_t> tokens;
   for (const SequenceStep& row : step.seqs) {
     if (row.sample) tokens.push_back(token);
   }
-  return s.OnStepResult(id, step.id, tokens, {}, kNow);
+  return s.OnStepResult(id, step.id, tokens, {}, at);
+}
+
+absl::Status Answer(Scheduler& s, int id, const StepDescriptor& step, int32_t token) {
+  return AnswerAt(s, id, step, token, kNow);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -281,6 +287,133 @@ TEST(Scheduler, DecodeAheadPutsSequencesWithNothingInFlightFirst) {
   ASSERT_EQ(steps.size(), 2u);
   EXPECT_THAT(steps[0].tokens, ElementsAre(10, 11));
   EXPECT_THAT(steps[1].tokens, ElementsAre(12, 13));  // not the first two again, ahead
+}
+
+// Results of a one-stage pipeline 0.1 ms apart, each with the next step queued behind it: the
+// stage's step time is 0.1 ms, so a sequence goes ten steps ahead within decode_ahead_time = 1 ms,
+// each row one position and one counter further, all feeding the slot's previous sample.
+TEST(Scheduler, DecodeAheadGoesAsManyStepsAheadAsFitInItsTime) {
+  SchedulerOptions o = AheadOptions();
+  o.decode_ahead_time = absl::Milliseconds(1);
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  auto req = s.Enqueue(Request({1, 2, 3}), kNow);
+  s.Admit(kNow);
+  EXPECT_EQ(s.decode_ahead(0), 1) << "one step until a step time is measured";
+  std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 2u);
+  const absl::Duration gap = absl::Microseconds(100);
+  ASSERT_TRUE(AnswerAt(s, 0, steps[0], 7, kNow).ok());
+  ASSERT_TRUE(AnswerAt(s, 0, steps[1], 8, kNow + gap).ok());
+  EXPECT_EQ(s.decode_ahead(0), 10);
+  steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 11u);  // the newest token, and ten steps ahead of it
+  EXPECT_THAT(steps[0].tokens, ElementsAre(8));
+  for (size_t i = 0; i < steps.size(); ++i) {
+    ASSERT_EQ(steps[i].seqs.size(), 1u);
+    EXPECT_EQ(steps[i].seqs[0].position, 4 + static_cast<int>(i));
+    EXPECT_EQ(steps[i].seqs[0].sample_index, 2 + i);
+    if (i > 0) EXPECT_THAT(steps[i].tokens, ElementsAre(kPreviousSample));
+  }
+  EXPECT_THAT(s.FormSteps(0), IsEmpty());
+  absl::Time t = kNow + gap;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    t += gap;
+    ASSERT_TRUE(AnswerAt(s, 0, steps[i], 20 + static_cast<int32_t>(i), t).ok());
+  }
+  EXPECT_EQ(Peek(req).tokens.size(), 13u);
+  EXPECT_EQ(Peek(req).tokens.back(), 30);
+}
+
+// The step time counts only gaps between results that came back to back: a result that left
+// nothing in flight (the stage then waits for the coordinator) starts no gap. Steps slower than
+// decode_ahead_time go one step ahead; fast ones at most kMaxDecodeAhead.
+TEST(Scheduler, DecodeAheadStepTimeSkipsIdleGapsAndStaysWithinOneAndTheMost) {
+  SchedulerOptions o = AheadOptions();
+  o.decode_ahead_time = absl::Milliseconds(1);
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  s.Enqueue(Request({1}), kNow);
+  s.Admit(kNow);
+  std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 2u);
+  ASSERT_TRUE(AnswerAt(s, 0, steps[0], 7, kNow).ok());
+  ASSERT_TRUE(AnswerAt(s, 0, steps[1], 8, kNow + absl::Milliseconds(5)).ok());
+  EXPECT_EQ(s.decode_ahead(0), 1) << "5 ms steps";
+  steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 2u);
+  ASSERT_TRUE(AnswerAt(s, 0, steps[0], 9, kNow + absl::Milliseconds(10)).ok());
+  // The last result left nothing in flight: the 100 ms until the next one are not a step.
+  ASSERT_TRUE(AnswerAt(s, 0, steps[1], 10, kNow + absl::Milliseconds(11)).ok());
+  const int before = s.decode_ahead(0);
+  steps = s.FormSteps(0);
+  ASSERT_FALSE(steps.empty());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    ASSERT_TRUE(AnswerAt(s, 0, steps[i], 11, kNow + absl::Milliseconds(111 + i)).ok());
+  }
+  EXPECT_EQ(s.decode_ahead(0), before);
+
+  Scheduler fast(o);
+  fast.AddPipeline(0, 1);
+  fast.Enqueue(Request({1}), kNow);
+  fast.Admit(kNow);
+  steps = fast.FormSteps(0);
+  ASSERT_TRUE(AnswerAt(fast, 0, steps[0], 7, kNow).ok());
+  ASSERT_TRUE(AnswerAt(fast, 0, steps[1], 8, kNow + absl::Microseconds(1)).ok());
+  EXPECT_EQ(fast.decode_ahead(0), kMaxDecodeAhead);
+  EXPECT_EQ(fast.FormSteps(0).size(), static_cast<size_t>(1 + kMaxDecodeAhead));
+
+  SchedulerOptions off = o;
+  off.decode_ahead = false;
+  Scheduler none(off);
+  none.AddPipeline(0, 1);
+  EXPECT_EQ(none.decode_ahead(0), 0);
+}
+
+// Far ahead, a sequence still stops exactly: at its length no step goes past the last token, and
+// at a stop token the tokens sampled ahead of it go nowhere.
+TEST(Scheduler, DecodeAheadFarAheadEndsExactlyAtTheLengthAndAtAStopToken) {
+  SchedulerOptions o = AheadOptions();
+  o.decode_ahead_time = absl::Milliseconds(1);
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  // Measure a 0.1 ms step time with a first request.
+  auto first = s.Enqueue(Request({1}, /*max_new_tokens=*/2), kNow);
+  s.Admit(kNow);
+  std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 2u);
+  ASSERT_TRUE(AnswerAt(s, 0, steps[0], 7, kNow).ok());
+  ASSERT_TRUE(AnswerAt(s, 0, steps[1], 8, kNow + absl::Microseconds(100)).ok());
+  ASSERT_TRUE(Peek(first).done);
+  ASSERT_EQ(s.decode_ahead(0), 10);
+
+  auto shortreq = s.Enqueue(Request({1}, /*max_new_tokens=*/4), kNow);
+  s.Admit(kNow);
+  steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 4u) << "four tokens: the prompt's and three ahead, none past";
+  absl::Time t = kNow + absl::Microseconds(100);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    t += absl::Microseconds(100);
+    ASSERT_TRUE(AnswerAt(s, 0, steps[i], 40 + static_cast<int32_t>(i), t).ok());
+  }
+  EXPECT_THAT(Peek(shortreq).tokens, ElementsAre(40, 41, 42, 43));
+  EXPECT_EQ(Peek(shortreq).finish, v1::FINISH_REASON_LENGTH);
+
+  ValidatedRequest r = Request({1});
+  r.stop_token_ids = {5};
+  auto stopped = s.Enqueue(r, kNow);
+  s.Admit(kNow);
+  steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 11u);
+  const std::vector<int32_t> sampled = {3, 4, 5, 6, 5, 7, 8, 9, 10, 11, 12};
+  for (size_t i = 0; i < steps.size(); ++i) {
+    t += absl::Microseconds(100);
+    ASSERT_TRUE(AnswerAt(s, 0, steps[i], sampled[i], t).ok());
+    if (i == 2) EXPECT_EQ(s.free_slots(0), 4) << "the slot is free at the stop token";
+  }
+  EXPECT_THAT(Peek(stopped).tokens, ElementsAre(3, 4, 5));
+  EXPECT_EQ(Peek(stopped).finish, v1::FINISH_REASON_STOP);
+  EXPECT_THAT(s.FormSteps(0), IsEmpty());
 }
 
 TEST(Scheduler, DecodeAheadCancelSkipsBothStepsInFlight) {

@@ -59,6 +59,12 @@ TEST(WorkerLinkTest, BatchInvariantNeedsTheCudaBackend) {
   EXPECT_THAT(out, HasSubstr("--batch_invariant needs --backend=cuda"));
 }
 
+TEST(WorkerLinkTest, FewerThanOneCpuThreadIsRefusedAtStart) {
+  auto [rc, out] = RunWorker({"--backend=cpu", "--cpu_threads=0"});
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_THAT(out, HasSubstr("--cpu_threads: 0 threads (expected at least 1)"));
+}
+
 TEST(WorkerLinkTest, StepTraceThatCannotBeOpenedIsRefusedAtStart) {
   auto [rc, out] = RunWorker({"--step_trace=/nonexistent-dir/steps.tsv"});
   EXPECT_EQ(rc, 2) << out;

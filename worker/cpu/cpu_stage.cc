@@ -407,6 +407,17 @@ int64_t HostMemoryBytes() {
 
 }  // namespace
 
+absl::Status SetCpuThreads(int threads) {
+  if (threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(threads, " threads (expected at least 1)"));
+  }
+  openblas_set_num_threads(threads);
+  return absl::OkStatus();
+}
+
+int CpuThreads() { return openblas_get_num_threads(); }
+
 absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(spec.model_dir));
   const ModelConfig& c = ckpt->config();

@@ -497,6 +497,32 @@ TEST_P(CpuStageTest, SequenceLogitsDoNotDependOnTheBatch) {
   }
 }
 
+// The GEMMs' thread count is the process's; a prompt's logits are the same with one thread and
+// with three (OpenBLAS splits rows and columns, not the sums).
+TEST_P(CpuStageTest, LogitsAreTheSameWithOneGemmThreadOrSeveral) {
+  const int v = vocab();
+  const std::vector<Seq> batch = {{0, 0, Prompt(40, 4, v)}, {1, 0, Prompt(23, 5, v)}};
+  ASSERT_TRUE(SetCpuThreads(1).ok());
+  EXPECT_EQ(CpuThreads(), 1);
+  Pipeline one = MakePipeline(dir(), {});
+  const StepOutput x = RunPipeline(one, MakeStep(batch));
+  ASSERT_TRUE(SetCpuThreads(3).ok());
+  EXPECT_EQ(CpuThreads(), 3);
+  Pipeline three = MakePipeline(dir(), {});
+  const StepOutput y = RunPipeline(three, MakeStep(batch));
+  ASSERT_TRUE(SetCpuThreads(1).ok());
+  EXPECT_LE(RelDiff(y.logits, x.logits), 1e-6);
+  EXPECT_EQ(y.tokens, x.tokens);
+}
+
+TEST(CpuThreadsTest, FewerThanOneIsRefused) {
+  const int before = CpuThreads();
+  absl::Status s = SetCpuThreads(0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("0 threads (expected at least 1)"));
+  EXPECT_EQ(CpuThreads(), before);
+}
+
 TEST_P(CpuStageTest, PrefillInOneGoEqualsChunksAndTokenByToken) {
   const int v = vocab();
   const std::vector<int32_t> prompt = Prompt(10, 7, v);
