@@ -285,7 +285,8 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
                              .Add({})),
       kv_transfer_bytes(BuildCounter()
                             .Name("tandem_kv_transfer_bytes_total")
-                            .Help("KV-cache bytes written into stages by moves")
+                            .Help("KV-cache bytes written into stages by moves and prefill "
+                                  "hand-offs")
                             .Register(r)
                             .Add({})),
       kv_move_seconds(BuildHistogram()
@@ -294,6 +295,18 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
                                 "KV-cache: from the pause to the last import, seconds")
                           .Register(r)
                           .Add({}, LatencyBuckets())),
+      prefill_handoffs(BuildCounter()
+                           .Name("tandem_prefill_handoffs_total")
+                           .Help("Sequences whose prompt ran in a prefill pipeline and whose "
+                                 "KV-cache went on to a decode pipeline")
+                           .Register(r)
+                           .Add({})),
+      prefill_handoff_seconds(BuildHistogram()
+                                  .Name("tandem_prefill_handoff_seconds")
+                                  .Help("Prefill to decode hand-offs: from the first token to the "
+                                        "KV-cache in the decode slot, seconds")
+                                  .Register(r)
+                                  .Add({}, LatencyBuckets())),
       requests_(BuildCounter()
                     .Name("tandem_requests_total")
                     .Help("Generation requests that ended, by outcome")

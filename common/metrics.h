@@ -102,6 +102,10 @@ struct CoordinatorMetrics {
   prometheus::Counter& migrated_sequences;
   prometheus::Counter& kv_transfer_bytes;
   prometheus::Histogram& kv_move_seconds;
+  // Sequences whose prompt ran in a prefill pipeline and whose KV-cache then went to a decode
+  // pipeline, and how long each batch of hand-offs took (export, fetch and import).
+  prometheus::Counter& prefill_handoffs;
+  prometheus::Histogram& prefill_handoff_seconds;
 
   void CountRequest(const absl::Status& outcome);
   // Replaces the set of known workers: tandem_worker_up{worker=address} is 1 or 0.

@@ -37,6 +37,7 @@ absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(std::string_view yaml_t
       else if (key == "decode_ahead") c.decode_ahead = v.as<bool>();
       else if (key == "decode_ahead_ms") c.decode_ahead_ms = v.as<double>();
       else if (key == "max_resumes") c.max_resumes = v.as<int>();
+      else if (key == "prefill_replicas") c.prefill_replicas = v.as<int>();
       else if (key == "move_kv") c.move_kv = v.as<bool>();
       else if (key == "heartbeat_interval_ms") c.heartbeat_interval_ms = v.as<int>();
       else if (key == "heartbeat_timeout_ms") c.heartbeat_timeout_ms = v.as<int>();
@@ -92,11 +93,17 @@ absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
                               {"prefill_budget", c.prefill_budget, 0},
                               {"decode_ahead_ms", c.decode_ahead_ms, 0},
                               {"max_resumes", c.max_resumes, 0},
+                              {"prefill_replicas", c.prefill_replicas, 0},
                               {"heartbeat_interval_ms", c.heartbeat_interval_ms, 10},
                               {"heartbeat_timeout_ms", c.heartbeat_timeout_ms, 50},
                               {"drain_timeout_s", c.drain_timeout_s, 0},
                               {"http_threads", c.http_threads, 0}}) {
     if (absl::Status s = at_least(name, v, min); !s.ok()) return s;
+  }
+  if (c.prefill_replicas > 0 && c.prefill_replicas >= c.replicas) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "config: prefill_replicas (%d) must leave at least one of the %d replicas to decode",
+        c.prefill_replicas, c.replicas));
   }
   if (c.heartbeat_timeout_ms <= c.heartbeat_interval_ms) {
     return absl::InvalidArgumentError(absl::StrFormat(

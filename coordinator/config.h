@@ -26,6 +26,9 @@ struct CoordinatorConfig {
   bool decode_ahead = true;               // one stage: the next decode step sent while one runs
   double decode_ahead_ms = 1.0;           // ... and as many more as fit in this much step time
   int max_resumes = 3;                    // a running request's pipeline lost: resumed this often
+  // Replicas that run prompts only, handing each sequence's KV-cache to the others (which then
+  // only decode) after its first token; 0: every replica does both.
+  int prefill_replicas = 0;
   // Topology change with the old stages alive: running sequences move to the new layout with
   // their KV-cache (worker to worker) and continue; false: they drain (drain_timeout_s).
   bool move_kv = true;

@@ -37,6 +37,8 @@ absl::Status CheckTopologySize(int stages, int replicas) {
 constexpr absl::Duration kAssignTimeout = absl::Seconds(300);
 // An export or import of a move: gigabytes of KV-cache over gRPC at worst.
 constexpr absl::Duration kMoveTimeout = absl::Seconds(300);
+// Each RPC of a prefill hand-off: the KV-cache of a few prompts.
+constexpr absl::Duration kHandoffTimeout = absl::Seconds(60);
 
 std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address,
                                                 const ClientAuth& auth) {
@@ -108,6 +110,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
   c->scheduler_ = std::make_unique<Scheduler>(std::move(options));
   c->wanted_stages_ = c->effective_stages_ = config.stages;
   c->wanted_replicas_ = config.replicas;
+  c->wanted_prefill_replicas_ = config.prefill_replicas;
   c->next_assignment_ = absl::Uniform<uint64_t>(c->random_, 1, uint64_t{1} << 62);
   return c;
 }
@@ -132,6 +135,10 @@ void Coordinator::Start() {
   threads_.emplace_back([this] {
     SetThreadName("planner");
     PlannerLoop();
+  });
+  threads_.emplace_back([this] {
+    SetThreadName("handoff");
+    HandoffLoop();
   });
 }
 
@@ -468,6 +475,7 @@ absl::Status Coordinator::RunPlan() {
   absl::MutexLock lock(&mu_);
   planning_ = false;
   ForgetDownWorkers();
+  AssignRoles();
   if (!pipelines_.empty()) planned_once_ = true;
   if (!result.ok()) {
     plan_error_ = result;
@@ -569,7 +577,7 @@ void Coordinator::ArriveMoved(std::vector<Departure>& departures, absl::Time pau
     if (!d.status.ok()) {
       spdlog::warn("pipeline {}: sequences are recomputed: {}", d.pipeline, d.status.ToString());
     }
-    DropKvAll(d.holders);
+    DropKvAll(d.holders, d.seqs);
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - paused);
   spdlog::info("moved sequences with {} bytes of KV-cache: imported in {:.3f} s, paused {:.3f} s",
@@ -652,9 +660,115 @@ absl::Status Coordinator::BuildPipeline(int id, uint64_t assignment,
   p->link = std::move(link);
   pipelines_.emplace(id, std::move(p));
   scheduler_->AddPipeline(id, stages);
-  wake_scheduler_ = true;
   spdlog::info("pipeline {} serves with {} stage(s)", id, stages);
+  AssignRoles();
+  wake_scheduler_ = true;
   return absl::OkStatus();
+}
+
+void Coordinator::AssignRoles() {
+  const int want = wanted_prefill_replicas_;
+  std::map<int, PipelineRole> roles;  // by id
+  if (want <= 0 || static_cast<int>(pipelines_.size()) <= want) {
+    for (const auto& [id, p] : pipelines_) roles[id] = PipelineRole::kBoth;
+  } else {
+    // Prefill pipelines stay so (the oldest first), then pipelines that did both, then decode
+    // ones (the newest first) make up the number.
+    int prefill = 0;
+    for (const auto& [id, p] : pipelines_) {
+      if (p->role == PipelineRole::kPrefill && prefill < want) {
+        roles[id] = PipelineRole::kPrefill;
+        ++prefill;
+      }
+    }
+    for (const auto& [id, p] : pipelines_) {
+      if (p->role == PipelineRole::kBoth && prefill < want) {
+        roles[id] = PipelineRole::kPrefill;
+        ++prefill;
+      }
+    }
+    for (auto it = pipelines_.rbegin(); it != pipelines_.rend() && prefill < want; ++it) {
+      if (!roles.contains(it->first)) {
+        roles[it->first] = PipelineRole::kPrefill;
+        ++prefill;
+      }
+    }
+    for (const auto& [id, p] : pipelines_) roles.try_emplace(id, PipelineRole::kDecode);
+  }
+  for (auto& [id, role] : roles) {
+    Pipeline& p = *pipelines_.at(id);
+    if (p.role == role) continue;
+    p.role = role;
+    scheduler_->SetRole(id, role);
+    spdlog::info("pipeline {} {}", id,
+                 role == PipelineRole::kPrefill  ? "runs prompts only"
+                 : role == PipelineRole::kDecode ? "decodes only"
+                                                 : "runs prompts and decodes");
+  }
+}
+
+void Coordinator::HandoffLoop() {
+  // Hand-offs between the same two pipelines go together: one export, import and drop each.
+  struct Batch {
+    std::vector<KvStage> holders;  // the prefill pipeline's stages
+    std::vector<KvStage> takers;   // the decode pipeline's
+    std::vector<Scheduler::Handoff> handoffs;
+  };
+  while (true) {
+    std::map<std::pair<int, int>, Batch> batches;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || scheduler_->handoffs_ready();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      for (const Scheduler::Handoff& h : scheduler_->TakeHandoffs()) {
+        auto from = pipelines_.find(h.from_pipeline);
+        auto to = pipelines_.find(h.to_pipeline);
+        if (from == pipelines_.end() || to == pipelines_.end()) {
+          scheduler_->HandedOff(h.id, false,
+                                absl::UnavailableError("its prefill or decode pipeline is gone"),
+                                absl::Now());
+          continue;
+        }
+        Batch& b = batches[{h.from_pipeline, h.to_pipeline}];
+        if (b.handoffs.empty()) {
+          b.holders = StagesOf(*from->second);
+          b.takers = StagesOf(*to->second);
+        }
+        b.handoffs.push_back(h);
+      }
+      wake_scheduler_ = true;
+    }
+    for (auto& [pipelines, b] : batches) {
+      const absl::Time t0 = absl::Now();
+      std::vector<KvSeq> out;
+      std::vector<KvSeq> in;
+      for (const Scheduler::Handoff& h : b.handoffs) {
+        out.push_back({.key = h.seq, .slot = h.from_slot, .positions = h.positions});
+        in.push_back({.key = h.seq, .slot = h.to_slot, .positions = h.positions});
+      }
+      const absl::Status exported = ExportKvAll(b.holders, out, kHandoffTimeout);
+      const absl::StatusOr<int64_t> written =
+          exported.ok() ? ImportKvAll(b.takers, b.holders, in, kHandoffTimeout)
+                        : absl::StatusOr<int64_t>(exported);
+      DropKvAll(b.holders, out);
+      if (!written.ok()) {
+        spdlog::warn("pipeline {} to {}: {} sequence(s) are recomputed: {}", pipelines.first,
+                     pipelines.second, b.handoffs.size(), written.status().ToString());
+      }
+      absl::MutexLock lock(&mu_);
+      for (const Scheduler::Handoff& h : b.handoffs) {
+        scheduler_->HandedOff(h.id, written.ok(), written.status(), absl::Now());
+      }
+      wake_scheduler_ = true;
+      if (metrics_ != nullptr && written.ok()) {
+        metrics_->kv_transfer_bytes.Increment(static_cast<double>(*written));
+        metrics_->prefill_handoff_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+      }
+    }
+  }
 }
 
 void Coordinator::RestoreWantedStages() {
@@ -752,6 +866,7 @@ v1::Topology Coordinator::TopologyLocked() {
   v1::Topology t;
   t.set_stages(wanted_stages_);
   t.set_replicas(wanted_replicas_);
+  t.set_prefill_replicas(wanted_prefill_replicas_);
   t.set_waiting_requests(scheduler_->waiting());
   if (!plan_error_.ok()) t.set_plan_error(plan_error_.ToString());
   for (auto& [id, p] : pipelines_) {
@@ -759,6 +874,9 @@ v1::Topology Coordinator::TopologyLocked() {
     pi->set_pipeline_id(id);
     pi->set_running_sequences(scheduler_->running(id));
     pi->set_free_slots(scheduler_->free_slots(id));
+    pi->set_role(p->role == PipelineRole::kPrefill  ? "prefill"
+                 : p->role == PipelineRole::kDecode ? "decode"
+                                                    : "both");
     for (size_t s = 0; s < p->workers.size(); ++s) {
       v1::StagePlacement* sp = pi->add_stages();
       sp->set_stage(static_cast<int>(s));
@@ -776,7 +894,8 @@ v1::Topology Coordinator::GetTopology() {
   return TopologyLocked();
 }
 
-absl::StatusOr<v1::Topology> Coordinator::SetTopology(int stages, int replicas) {
+absl::StatusOr<v1::Topology> Coordinator::SetTopology(int stages, int replicas,
+                                                      std::optional<int> prefill_replicas) {
   if (stages < 1 || stages > model_.num_layers) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "stages: must be between 1 and the model's %d layers, got %d", model_.num_layers, stages));
@@ -784,6 +903,12 @@ absl::StatusOr<v1::Topology> Coordinator::SetTopology(int stages, int replicas) 
   if (replicas < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("replicas: must be >= 1, got %d", replicas));
+  }
+  if (prefill_replicas && (*prefill_replicas < 0 ||
+                           (*prefill_replicas > 0 && *prefill_replicas >= replicas))) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "prefill_replicas: %d (expected 0, or fewer than the %d replicas, so that one decodes)",
+        *prefill_replicas, replicas));
   }
   RETURN_IF_ERROR(CheckTopologySize(stages, replicas));
   const int needed = stages * replicas;  // at most kMaxTopologyWorkers
@@ -798,6 +923,7 @@ absl::StatusOr<v1::Topology> Coordinator::SetTopology(int stages, int replicas) 
     spdlog::info("topology change: {} stage(s) x {} replica(s)", stages, replicas);
     wanted_stages_ = effective_stages_ = stages;
     wanted_replicas_ = replicas;
+    if (prefill_replicas) wanted_prefill_replicas_ = *prefill_replicas;
   }
   absl::Status s = RunPlan();
   absl::MutexLock lock(&mu_);

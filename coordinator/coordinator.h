@@ -11,6 +11,8 @@
 //                  (whether a pipeline serves) to the readiness observer.
 //   "planner":     closes broken pipelines, re-plans onto the workers that are left, and goes
 //                  back to the topology asked for once enough workers are up again.
+//   "handoff":     moves the KV-cache of sequences whose prompt a prefill pipeline finished to
+//                  their decode pipeline (Worker.ExportKv, ImportKv, DropKv), outside mu_.
 //   "p<id>a<n>-<s>": one reader per stage stream of a pipeline (PipelineLink).
 // All shared state, the scheduler's included, is behind mu_; the planner's slow work (loading
 // stages) runs outside it, serialized by plan_mu_.
@@ -20,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -92,7 +95,9 @@ class Coordinator {
   // few workers, pipelines serve with fewer stages until enough are up again. Workers declared
   // down are forgotten after the next re-plan.
   v1::Topology GetTopology();
-  absl::StatusOr<v1::Topology> SetTopology(int stages, int replicas);
+  // `prefill_replicas`: of the replicas, those that run prompts only (unset: as before).
+  absl::StatusOr<v1::Topology> SetTopology(int stages, int replicas,
+                                           std::optional<int> prefill_replicas = std::nullopt);
   std::vector<v1::WorkerInfo> ListWorkers();
   absl::StatusOr<v1::Topology> Drain(int64_t worker_id);
   // Undoes Drain: FAILED_PRECONDITION when the worker is not drained.
@@ -118,6 +123,7 @@ class Coordinator {
     std::vector<int64_t> workers;  // per stage
     std::vector<LayerRange> ranges;
     std::shared_ptr<PipelineLink> link;
+    PipelineRole role = PipelineRole::kBoth;
   };
 
   explicit Coordinator(const CoordinatorConfig& config);
@@ -125,6 +131,11 @@ class Coordinator {
   void SchedulerLoop();
   void HealthLoop();
   void PlannerLoop();
+  void HandoffLoop();
+  // Gives the serving pipelines their roles: with more of them than wanted_prefill_replicas_ (> 0),
+  // that many run prompts and the others decode, a pipeline keeping its role where it can;
+  // otherwise all do both.
+  void AssignRoles() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void OnStepResult(int pipeline, uint64_t assignment, int stage, const v1::StepResult& r);
   void OnLinkBroken(int pipeline, uint64_t assignment, int stage, const absl::Status& s);
@@ -191,6 +202,7 @@ class Coordinator {
   absl::Status plan_error_ ABSL_GUARDED_BY(mu_);
   int wanted_stages_ ABSL_GUARDED_BY(mu_) = 1;
   int wanted_replicas_ ABSL_GUARDED_BY(mu_) = 1;
+  int wanted_prefill_replicas_ ABSL_GUARDED_BY(mu_) = 0;
   int effective_stages_ ABSL_GUARDED_BY(mu_) = 1;  // < wanted when too few workers are left
   absl::BitGen random_ ABSL_GUARDED_BY(mu_);  // worker ids and the first assignment id
   int next_pipeline_id_ ABSL_GUARDED_BY(mu_) = 0;

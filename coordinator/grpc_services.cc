@@ -199,7 +199,11 @@ grpc::Status AdminService::GetTopology(grpc::ServerContext* ctx, const v1::GetTo
 grpc::Status AdminService::SetTopology(grpc::ServerContext* ctx,
                                        const v1::SetTopologyRequest* req, v1::Topology* resp) {
   if (grpc::Status a = CheckCaller(*ctx, access_); !a.ok()) return a;
-  return TopologyReply(c_.SetTopology(req->stages(), req->replicas()), resp);
+  return TopologyReply(
+      c_.SetTopology(req->stages(), req->replicas(),
+                     req->has_prefill_replicas() ? std::optional<int>(req->prefill_replicas())
+                                                 : std::nullopt),
+      resp);
 }
 
 grpc::Status AdminService::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,

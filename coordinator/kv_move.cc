@@ -102,14 +102,16 @@ absl::StatusOr<int64_t> ImportKvAll(std::span<const KvStage> takers,
   return bytes;
 }
 
-void DropKvAll(std::span<const KvStage> holders) {
+void DropKvAll(std::span<const KvStage> holders, std::span<const KvSeq> seqs) {
+  v1::DropKvRequest req;
+  for (const KvSeq& s : seqs) req.add_keys(s.key);
   (void)ForEachStage(holders.size(), [&](size_t i) {
     const KvStage& h = holders[i];
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     v1::DropKvResponse resp;
-    absl::Status s = FromGrpc(
-        v1::Worker::NewStub(h.channel)->DropKv(&ctx, v1::DropKvRequest(), &resp), "DropKv", h);
+    absl::Status s =
+        FromGrpc(v1::Worker::NewStub(h.channel)->DropKv(&ctx, req, &resp), "DropKv", h);
     if (!s.ok()) spdlog::warn("{}", s.ToString());
     return absl::OkStatus();
   });

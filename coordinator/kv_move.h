@@ -48,7 +48,7 @@ absl::Status ExportKvAll(std::span<const KvStage> holders, std::span<const KvSeq
 absl::StatusOr<int64_t> ImportKvAll(std::span<const KvStage> takers,
                                     std::span<const KvStage> holders, std::span<const KvSeq> seqs,
                                     absl::Duration timeout);
-// The holders free their stashes (failures are logged: a stash is replaced by the next move).
-void DropKvAll(std::span<const KvStage> holders);
+// The holders drop the sequences from their stashes (failures are logged).
+void DropKvAll(std::span<const KvStage> holders, std::span<const KvSeq> seqs);
 
 }  // namespace tandem

@@ -41,6 +41,9 @@ ABSL_FLAG(std::optional<bool>, decode_ahead, std::nullopt,
 ABSL_FLAG(std::optional<double>, decode_ahead_ms, std::nullopt,
           "with --decode_ahead, a sequence goes as many steps ahead as fit in this much of its "
           "pipeline's measured step time (at least 1, at most 16; default 1)");
+ABSL_FLAG(std::optional<int>, prefill_replicas, std::nullopt,
+          "replicas that run prompts only and hand each sequence's KV-cache to the other replicas, "
+          "which decode (default 0: every replica does both)");
 ABSL_FLAG(std::optional<int>, max_resumes, std::nullopt,
           "times a running request whose pipeline is lost (a worker down) continues on another, "
           "its KV-cache recomputed, before it fails (default 3; 0: fails at once)");
@@ -110,6 +113,7 @@ int main(int argc, char** argv) {
   if (auto v = absl::GetFlag(FLAGS_decode_ahead)) config.decode_ahead = *v;
   if (auto v = absl::GetFlag(FLAGS_decode_ahead_ms)) config.decode_ahead_ms = *v;
   if (auto v = absl::GetFlag(FLAGS_max_resumes)) config.max_resumes = *v;
+  if (auto v = absl::GetFlag(FLAGS_prefill_replicas)) config.prefill_replicas = *v;
   if (auto v = absl::GetFlag(FLAGS_move_kv)) config.move_kv = *v;
   if (auto v = absl::GetFlag(FLAGS_heartbeat_interval_ms)) config.heartbeat_interval_ms = *v;
   if (auto v = absl::GetFlag(FLAGS_heartbeat_timeout_ms)) config.heartbeat_timeout_ms = *v;

@@ -33,6 +33,9 @@ std::shared_ptr<RequestState> Scheduler::Enqueue(ValidatedRequest request, absl:
 }
 
 void Scheduler::FailWaiting(const absl::Status& why, absl::Time now) {
+  std::vector<uint64_t> handing_off;
+  for (const auto& [id, h] : handoffs_) handing_off.push_back(h.seq);
+  for (uint64_t seq : handing_off) EndSequence(seq, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
   const std::deque<uint64_t> resumed = resumed_;
   for (uint64_t seq : resumed) EndSequence(seq, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
   const std::vector<uint64_t> held = held_;
@@ -41,9 +44,14 @@ void Scheduler::FailWaiting(const absl::Status& why, absl::Time now) {
   waiting_.clear();
 }
 
-void Scheduler::AddPipeline(int id, int stages) {
+void Scheduler::AddPipeline(int id, int stages, PipelineRole role) {
   pipelines_.emplace(std::piecewise_construct, std::forward_as_tuple(id),
-                     std::forward_as_tuple(stages, options_.max_slots));
+                     std::forward_as_tuple(stages, options_.max_slots, role));
+}
+
+void Scheduler::SetRole(int id, PipelineRole role) {
+  auto it = pipelines_.find(id);
+  if (it != pipelines_.end()) it->second.role = role;
 }
 
 void Scheduler::RemovePipeline(int id, const absl::Status& why, absl::Time now, bool resume) {
@@ -79,6 +87,8 @@ void Scheduler::Recompute(Sequence& seq, const absl::Status& why, absl::Time now
   }
   // What its lost steps fed and sampled is gone: the KV-cache is rebuilt from every token the
   // sequence has, and the next sample is the one the lost steps would have made.
+  ReleaseDecodeSlot(seq);
+  seq.handoff = 0;
   ++seq.resumes;
   seq.moving = false;
   seq.position = seq.in_flight = seq.fed_ahead = 0;
@@ -117,6 +127,7 @@ std::vector<Scheduler::Held> Scheduler::Detach(int id) {
       continue;
     }
     out.push_back({.seq = seq_id, .slot = seq.slot, .positions = seq.position});
+    ReleaseDecodeSlot(seq);
     seq.pipeline = seq.slot = -1;
     seq.moving = true;
     held_.push_back(seq_id);
@@ -128,7 +139,7 @@ std::vector<Scheduler::Held> Scheduler::Detach(int id) {
 std::optional<Scheduler::Target> Scheduler::PlaceHeld(uint64_t seq_id) {
   auto h = std::find(held_.begin(), held_.end(), seq_id);
   if (h == held_.end()) return std::nullopt;
-  const std::optional<int> best = PipelineForNext();
+  const std::optional<Placement> best = PlacementForNext(/*fed=*/true);
   if (!best) return std::nullopt;
   held_.erase(h);
   Sequence& seq = *seqs_.at(seq_id);
@@ -183,33 +194,150 @@ int Scheduler::free_slots(int id) const {
 // ---------------------------------------------------------------------------------------------
 // Admission and steps
 
-std::optional<int> Scheduler::PipelineForNext() const {
-  std::optional<int> best;
+std::optional<Scheduler::Placement> Scheduler::PlacementForNext(bool fed) const {
+  bool prefill = false;
+  bool decode = false;
   for (const auto& [id, p] : pipelines_) {
-    if (p.draining || p.slots.free() == 0) continue;
-    if (!best || p.running.size() < pipelines_.at(*best).running.size()) best = id;
+    if (p.draining) continue;
+    prefill |= p.role == PipelineRole::kPrefill;
+    decode |= p.role == PipelineRole::kDecode;
   }
-  return best;
+  // Among pipelines with room that `take` accepts: the fewest running, or the fewest slots used.
+  auto fewest = [this](auto take, bool by_slots) -> std::optional<int> {
+    std::optional<int> best;
+    for (const auto& [id, p] : pipelines_) {
+      if (p.draining || p.slots.free() == 0 || !take(p)) continue;
+      const Pipeline& b = best ? pipelines_.at(*best) : p;
+      const size_t load = by_slots ? p.slots.used() : p.running.size();
+      if (!best || load < (by_slots ? static_cast<size_t>(b.slots.used()) : b.running.size())) {
+        best = id;
+      }
+    }
+    return best;
+  };
+  auto any = [](const Pipeline&) { return true; };
+  if (!(prefill && decode)) {
+    if (std::optional<int> p = fewest(any, false)) return Placement{.pipeline = *p};
+    return std::nullopt;
+  }
+  if (fed) {
+    std::optional<int> p =
+        fewest([](const Pipeline& q) { return q.role != PipelineRole::kPrefill; }, false);
+    if (!p) p = fewest(any, false);
+    if (p) return Placement{.pipeline = *p};
+    return std::nullopt;
+  }
+  const std::optional<int> p =
+      fewest([](const Pipeline& q) { return q.role == PipelineRole::kPrefill; }, false);
+  const std::optional<int> d =
+      fewest([](const Pipeline& q) { return q.role == PipelineRole::kDecode; }, true);
+  if (!p || !d) return std::nullopt;
+  return Placement{.pipeline = *p, .decode = *d};
 }
 
-void Scheduler::Place(Sequence& seq, int id) {
-  Pipeline& p = pipelines_.at(id);
-  seq.pipeline = id;
+void Scheduler::Place(Sequence& seq, const Placement& to) {
+  Pipeline& p = pipelines_.at(to.pipeline);
+  seq.pipeline = to.pipeline;
   seq.slot = *p.slots.Allocate();
   p.running.push_back(seq.id);
+  if (to.decode >= 0) {
+    seq.decode_pipeline = to.decode;
+    seq.decode_slot = *pipelines_.at(to.decode).slots.Allocate();
+  }
+}
+
+void Scheduler::ReleaseDecodeSlot(Sequence& seq) {
+  if (seq.decode_pipeline < 0) return;
+  if (auto it = pipelines_.find(seq.decode_pipeline); it != pipelines_.end()) {
+    it->second.slots.Free(seq.decode_slot);
+  }
+  seq.decode_pipeline = seq.decode_slot = -1;
+}
+
+void Scheduler::StartHandoff(Sequence& seq) {
+  Pipeline& from = pipelines_.at(seq.pipeline);
+  if (!pipelines_.contains(seq.decode_pipeline)) {
+    seq.decode_pipeline = seq.decode_slot = -1;  // decodes where it is
+    return;
+  }
+  const Handoff h{.id = next_handoff_++,
+                  .seq = seq.id,
+                  .from_pipeline = seq.pipeline,
+                  .from_slot = seq.slot,
+                  .positions = seq.position,
+                  .to_pipeline = seq.decode_pipeline,
+                  .to_slot = seq.decode_slot};
+  // The hand-off owns both slots from here on.
+  from.running.erase(std::remove(from.running.begin(), from.running.end(), seq.id),
+                     from.running.end());
+  seq.pipeline = seq.slot = seq.decode_pipeline = seq.decode_slot = -1;
+  seq.moving = true;
+  seq.handoff = h.id;
+  handoffs_.emplace(h.id, h);
+  ready_handoffs_.push_back(h);
+}
+
+bool Scheduler::HandoffCanStart(const Handoff& h) const {
+  auto to = pipelines_.find(h.to_pipeline);
+  if (to == pipelines_.end()) return true;  // it fails at once
+  for (const auto& [step, entries] : to->second.inflight) {
+    for (const StepEntry& e : entries) {
+      if (e.slot == h.to_slot) return false;
+    }
+  }
+  return true;
+}
+
+bool Scheduler::handoffs_ready() const {
+  return std::any_of(ready_handoffs_.begin(), ready_handoffs_.end(),
+                     [this](const Handoff& h) { return HandoffCanStart(h); });
+}
+
+std::vector<Scheduler::Handoff> Scheduler::TakeHandoffs() {
+  std::vector<Handoff> out;
+  std::vector<Handoff> wait;
+  for (Handoff& h : ready_handoffs_) (HandoffCanStart(h) ? out : wait).push_back(std::move(h));
+  ready_handoffs_ = std::move(wait);
+  return out;
+}
+
+void Scheduler::HandedOff(uint64_t id, bool ok, const absl::Status& why, absl::Time now) {
+  auto hit = handoffs_.find(id);
+  if (hit == handoffs_.end()) return;
+  const Handoff h = hit->second;
+  handoffs_.erase(hit);
+  std::erase_if(ready_handoffs_, [id](const Handoff& r) { return r.id == id; });
+  if (auto from = pipelines_.find(h.from_pipeline); from != pipelines_.end()) {
+    from->second.slots.Free(h.from_slot);
+  }
+  auto to = pipelines_.find(h.to_pipeline);
+  auto sit = seqs_.find(h.seq);
+  Sequence* seq = sit != seqs_.end() && sit->second->handoff == id ? sit->second.get() : nullptr;
+  if (seq != nullptr && ok && to != pipelines_.end()) {
+    seq->pipeline = h.to_pipeline;
+    seq->slot = h.to_slot;
+    seq->moving = false;
+    seq->handoff = 0;
+    to->second.running.push_back(seq->id);
+    if (metrics_ != nullptr) metrics_->prefill_handoffs.Increment();
+    return;
+  }
+  if (to != pipelines_.end()) to->second.slots.Free(h.to_slot);
+  if (seq == nullptr) return;  // ended meanwhile
+  Recompute(*seq, ok ? absl::UnavailableError("its decode pipeline is gone") : why, now);
 }
 
 void Scheduler::Admit(absl::Time now) {
   // Sequences on their way to a new layout take their slots first.
   if (!held_.empty()) return;
   while (!resumed_.empty()) {
-    const std::optional<int> best = PipelineForNext();
+    const std::optional<Placement> best = PlacementForNext();
     if (!best) return;
     Place(*seqs_.at(resumed_.front()), *best);
     resumed_.pop_front();
   }
   while (!waiting_.empty()) {
-    const std::optional<int> best = PipelineForNext();
+    const std::optional<Placement> best = PlacementForNext();
     if (!best) return;
     std::shared_ptr<RequestState> req = std::move(waiting_.front());
     waiting_.pop_front();
@@ -273,7 +401,7 @@ bool Scheduler::Ready(const Sequence& seq, int ahead) const {
 }
 
 int Scheduler::DecodeAhead(const Pipeline& p) const {
-  if (!options_.decode_ahead || p.stages != 1) return 0;
+  if (!options_.decode_ahead || p.stages != 1 || p.role == PipelineRole::kPrefill) return 0;
   if (p.step_time <= absl::ZeroDuration()) return 1;
   const int64_t fit = options_.decode_ahead_time / p.step_time;
   return static_cast<int>(std::clamp<int64_t>(fit, 1, kMaxDecodeAhead));
@@ -305,7 +433,7 @@ Scheduler::StepEntry Scheduler::AddRow(Sequence& seq, StepDescriptor& step, int 
     seq.position += nt;
   }
   ++seq.in_flight;
-  return {.seq = seq.id, .sample = step.seqs.back().sample};
+  return {.seq = seq.id, .slot = seq.slot, .sample = step.seqs.back().sample};
 }
 
 std::vector<StepDescriptor> Scheduler::FormSteps(int id) {
@@ -415,6 +543,11 @@ absl::Status Scheduler::OnStepResult(int id, uint64_t step_id, std::span<const i
     std::optional<TokenLogprob> logprob;
     if (lp != nullptr && lp->has_sampled) logprob = lp->sampled;
     AppendToken(seq, token, logprob ? &*logprob : nullptr, now);
+    // Its prompt is done in a prefill pipeline: on to its decode slot, unless it ended.
+    auto left = seqs_.find(e.seq);
+    if (left != seqs_.end() && left->second->decode_pipeline >= 0 && left->second->in_flight == 0) {
+      StartHandoff(*left->second);
+    }
   }
   return absl::OkStatus();
 }
@@ -453,6 +586,7 @@ void Scheduler::EndSequence(uint64_t seq_id, absl::Status status, v1::FinishReas
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end()) return;
   Sequence& seq = *it->second;
+  ReleaseDecodeSlot(seq);
   auto pit = pipelines_.find(seq.pipeline);
   if (pit != pipelines_.end()) {
     pit->second.slots.Free(seq.slot);

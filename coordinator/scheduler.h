@@ -64,6 +64,12 @@ struct SchedulerOptions {
 // The most steps a sequence goes ahead of the step that samples its input.
 inline constexpr int kMaxDecodeAhead = 16;
 
+// What a pipeline runs. With at least one prefill and one decode pipeline serving, a new sequence
+// runs its prompt in a prefill pipeline (with a slot of a decode pipeline set aside for it); once
+// its first token is sampled, its KV-cache is handed off to that decode pipeline, where it
+// decodes. Otherwise every pipeline takes sequences as kBoth does.
+enum class PipelineRole { kBoth, kPrefill, kDecode };
+
 class Scheduler {
  public:
   // `metrics` (common/metrics.h) may be null: nothing is recorded.
@@ -75,13 +81,40 @@ class Scheduler {
   absl::Status CheckQueueRoom() const;
   // Queues `request` (an empty request_id becomes "req-<n>"); no room check (CheckQueueRoom).
   std::shared_ptr<RequestState> Enqueue(ValidatedRequest request, absl::Time now);
-  // Ends every waiting request with `why`, the resumed sequences among them.
+  // Ends every waiting request with `why`, the resumed sequences among them, and the sequences
+  // in a prefill hand-off.
   void FailWaiting(const absl::Status& why, absl::Time now);
   // Requests not in a pipeline: new ones and resumed sequences.
   int waiting() const { return static_cast<int>(waiting_.size() + resumed_.size()); }
 
   // Pipelines. A new one takes sequences from the next Admit on.
-  void AddPipeline(int id, int stages);
+  void AddPipeline(int id, int stages, PipelineRole role = PipelineRole::kBoth);
+  // From the next Admit on; the sequences it runs go on there.
+  void SetRole(int id, PipelineRole role);
+  // Prefill/decode hand-offs (PipelineRole): a sequence whose prompt is done in a prefill
+  // pipeline is taken out of it (neither waiting nor running, its steps all done) while its
+  // KV-cache goes from the prefill pipeline's slot to the decode pipeline's. Both slots stay
+  // taken until HandedOff, whatever happens to the sequence meanwhile.
+  struct Handoff {
+    uint64_t id = 0;
+    uint64_t seq = 0;  // the sequence (its key while it moves)
+    int from_pipeline = -1;
+    int from_slot = -1;
+    int positions = 0;  // positions its KV-cache holds
+    int to_pipeline = -1;
+    int to_slot = -1;
+  };
+  // The hand-offs that can start, oldest first: the sequence's prompt is done, and no step in
+  // flight in the decode pipeline uses its decode slot any more (a sequence that ended there
+  // frees its slot at once, while its last steps may still run: the KV-cache is written outside
+  // the step order, so it waits for them).
+  std::vector<Handoff> TakeHandoffs();
+  bool handoffs_ready() const;
+  // Ends hand-off `id`: frees the prefill slot; a sequence whose KV-cache arrived (`ok`) decodes
+  // in the decode pipeline's slot from where it was; otherwise (or when the decode pipeline is
+  // gone) its decode slot is freed and it goes back to the queue to be recomputed as
+  // RemovePipeline(resume) does, failing with `why` past max_resumes.
+  void HandedOff(uint64_t id, bool ok, const absl::Status& why, absl::Time now);
   // Forgets pipeline `id` and its steps in flight (results for them are then refused). Its
   // running sequences end with `why`, or with `resume` go back to the queue ahead of every
   // waiting request, in admission order, to be fed their prompt and every token generated so far
@@ -127,7 +160,9 @@ class Scheduler {
 
   // Moves resumed sequences, then waiting requests, oldest first, into the pipeline with the fewest
   // running sequences (the lowest id on ties) that is not draining and has a free slot, until none
-  // is left. Nothing while sequences are held (they are placed first).
+  // is left. Nothing while sequences are held (they are placed first). With prefill and decode
+  // pipelines serving, a sequence goes into a prefill pipeline so chosen and takes a slot of the
+  // decode pipeline with the fewest slots in use as well; it waits until both have room.
   void Admit(absl::Time now);
 
   // The steps pipeline `id` should run next: micro-batches of the sequences that are not in a
@@ -180,16 +215,22 @@ class Scheduler {
     absl::Time last_token = absl::InfinitePast();  // for the inter-token latency
     int resumes = 0;  // times its pipeline was lost and it went back to the queue
     bool moving = false;  // held aside, or placed while its KV-cache is put in its slot
+    // In a prefill pipeline: the decode pipeline's slot set aside for it; -1: none.
+    int decode_pipeline = -1;
+    int decode_slot = -1;
+    uint64_t handoff = 0;  // the hand-off its KV-cache is on; 0: none
   };
   // One sequence's row of a step in flight.
   struct StepEntry {
     uint64_t seq = 0;
+    int slot = -1;
     bool sample = false;
   };
   struct Pipeline {
-    explicit Pipeline(int stages, int slots) : stages(stages), slots(slots) {}
+    Pipeline(int stages, int slots, PipelineRole role) : stages(stages), slots(slots), role(role) {}
     int stages = 1;
     KvSlotAllocator slots;
+    PipelineRole role = PipelineRole::kBoth;
     std::vector<uint64_t> running;  // sequence ids, admission order
     std::map<uint64_t, std::vector<StepEntry>> inflight;  // by step id
     uint64_t next_step = 1;
@@ -208,11 +249,24 @@ class Scheduler {
   int DecodeAhead(const Pipeline& p) const;
   // Whether the token of the step in flight ends `seq` whatever it is (its length).
   bool EndsByLength(const Sequence& seq) const;
-  // The pipeline that admits the next sequence: not draining, a free slot, the fewest running
-  // sequences (the lowest id on ties); none if no pipeline can.
-  std::optional<int> PipelineForNext() const;
-  // Puts `seq` into pipeline `id` (a free slot).
-  void Place(Sequence& seq, int id);
+  // Where the next sequence goes: a pipeline that is not draining and has a free slot, the fewest
+  // running sequences (the lowest id on ties), and, with prefill and decode pipelines serving, a
+  // prefill one and the decode one with the fewest slots in use; none if they have no room.
+  // `fed` (a sequence whose KV-cache is there already) prefers pipelines that decode.
+  struct Placement {
+    int pipeline = -1;
+    int decode = -1;  // the decode pipeline whose slot it takes after its prompt; -1: none
+  };
+  std::optional<Placement> PlacementForNext(bool fed = false) const;
+  // Puts `seq` into the placement's pipeline (a free slot), with a decode slot set aside.
+  void Place(Sequence& seq, const Placement& to);
+  // Whether hand-off `h` can start (TakeHandoffs).
+  bool HandoffCanStart(const Handoff& h) const;
+  // Frees the decode slot set aside for `seq`, if any.
+  void ReleaseDecodeSlot(Sequence& seq);
+  // `seq` has its first token from a prefill pipeline: hands it off to its decode slot (or, where
+  // that pipeline is gone, lets it decode where it is).
+  void StartHandoff(Sequence& seq);
   // The prompt tokens `seq` would feed in its next row (at most prefill_chunk); 0 once it decodes.
   int PromptTokens(const Sequence& seq) const;
   // Adds `seq`'s row to `step`: its pending tokens (at most prefill_chunk and `max_tokens`), or
@@ -235,6 +289,9 @@ class Scheduler {
   std::deque<std::shared_ptr<RequestState>> waiting_;
   std::deque<uint64_t> resumed_;  // sequences whose pipeline was lost, admitted before waiting_
   std::vector<uint64_t> held_;    // sequences taken out of a paused pipeline, not yet placed
+  uint64_t next_handoff_ = 1;
+  std::map<uint64_t, Handoff> handoffs_;  // by id: every hand-off until HandedOff (owns its slots)
+  std::vector<Handoff> ready_handoffs_;   // of them, those not taken yet, oldest first
   std::map<int, Pipeline> pipelines_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   absl::flat_hash_map<const RequestState*, uint64_t> seq_of_request_;

@@ -41,6 +41,8 @@ ABSL_FLAG(bool, show_ids, false, "also print the generated token ids");
 ABSL_FLAG(int, timeout_ms, 0, "request deadline (0: none)");
 ABSL_FLAG(int, stages, 1, "set-topology: stages per replica");
 ABSL_FLAG(int, replicas, 1, "set-topology: replicas");
+ABSL_FLAG(std::optional<int>, prefill_replicas, std::nullopt,
+          "set-topology: of the replicas, those that run prompts only (default: as before)");
 ABSL_FLAG(int64_t, worker_id, 0, "drain, undrain: the worker's id (from 'workers')");
 ABSL_FLAG(std::string, api_key, "", "key for generate and info (env TANDEM_API_KEY)");
 ABSL_FLAG(std::string, admin_key, "",
@@ -230,6 +232,7 @@ int main(int argc, char** argv) {
     tandem::v1::SetTopologyRequest req;
     req.set_stages(absl::GetFlag(FLAGS_stages));
     req.set_replicas(absl::GetFlag(FLAGS_replicas));
+    if (auto p = absl::GetFlag(FLAGS_prefill_replicas)) req.set_prefill_replicas(*p);
     tandem::v1::Topology t;
     s = admin->SetTopology(&ctx, req, &t);
     out = t.DebugString();

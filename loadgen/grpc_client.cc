@@ -58,7 +58,7 @@ class GrpcClient final : public LoadClient {
     return out;
   }
 
-  absl::Status SetTopology(int stages, int replicas) override {
+  absl::Status SetTopology(int stages, int replicas, int prefill) override {
     const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(300);
     std::string last;
     while (std::chrono::system_clock::now() < deadline) {
@@ -67,19 +67,25 @@ class GrpcClient final : public LoadClient {
       v1::SetTopologyRequest req;
       req.set_stages(stages);
       req.set_replicas(replicas);
+      req.set_prefill_replicas(prefill);
       v1::Topology t;
       grpc::Status s = admin_->SetTopology(&ctx, req, &t);
       if (s.ok()) {
         bool ok = t.pipelines_size() == replicas;
-        for (const auto& p : t.pipelines()) ok &= p.stages_size() == stages;
+        int prefilling = 0;
+        for (const auto& p : t.pipelines()) {
+          ok &= p.stages_size() == stages;
+          prefilling += p.role() == "prefill";
+        }
+        ok &= prefilling == prefill;
         if (ok) return absl::OkStatus();
       }
       last = s.error_message();
       // Workers may still be registering: FAILED_PRECONDITION until enough are up.
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
-    return absl::UnavailableError(absl::StrFormat("SetTopology %d stages x %d replicas: %s",
-                                                  stages, replicas, last));
+    return absl::UnavailableError(absl::StrFormat(
+        "SetTopology %d stages x %d replicas (%d prefill): %s", stages, replicas, prefill, last));
   }
 
   RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len) override {

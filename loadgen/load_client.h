@@ -43,8 +43,9 @@ class LoadClient {
  public:
   virtual ~LoadClient() = default;
   virtual absl::StatusOr<ServedModel> Info() = 0;
-  // Sets stages x replicas and waits until exactly that serves.
-  virtual absl::Status SetTopology(int stages, int replicas) = 0;
+  // Sets stages x replicas, `prefill` of them running prompts only, and waits until exactly that
+  // serves.
+  virtual absl::Status SetTopology(int stages, int replicas, int prefill) = 0;
   // Generates `output_len` tokens (EOS ignored) after the token-id `prompt`, streamed.
   virtual RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len) = 0;
 };

@@ -70,8 +70,8 @@ class OpenAiClient final : public LoadClient {
     return out;
   }
 
-  absl::Status SetTopology(int stages, int replicas) override {
-    if (admin_ != nullptr) return admin_->SetTopology(stages, replicas);
+  absl::Status SetTopology(int stages, int replicas, int prefill) override {
+    if (admin_ != nullptr) return admin_->SetTopology(stages, replicas, prefill);
     if (stages == 1 && replicas == 1) return absl::OkStatus();  // what serves is measured
     return absl::FailedPreconditionError(
         "--nodes above 1 needs tandem's gRPC Admin (--admin HOST:PORT) to re-partition");

@@ -195,6 +195,22 @@ absl::Status ValidateSweepOptions(const SweepOptions& o) {
   for (int n : o.nodes) {
     if (n < 1) return absl::InvalidArgumentError(absl::StrCat("--nodes: ", n, " is < 1"));
   }
+  if (o.prefill_nodes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prefill_nodes: ", o.prefill_nodes, " is < 0"));
+  }
+  if (o.prefill_nodes > 0) {
+    if (!o.data_parallel) {
+      return absl::InvalidArgumentError(
+          "--prefill_nodes: prompts run on replicas of their own; needs --parallelism data");
+    }
+    for (int n : o.nodes) {
+      if (n <= o.prefill_nodes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--prefill_nodes: ", o.prefill_nodes, " leaves none of --nodes ", n, " to decode"));
+      }
+    }
+  }
   if (o.mode != "closed" && o.mode != "open") {
     return absl::InvalidArgumentError(
         absl::StrCat("--mode: '", o.mode, "' is neither closed nor open"));
@@ -443,7 +459,9 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
   for (int nodes : o.nodes) {
     const int stages = o.data_parallel ? 1 : nodes;
     const int replicas = o.data_parallel ? nodes : 1;
-    if (absl::Status s = client->SetTopology(stages, replicas); !s.ok()) return s;
+    if (absl::Status s = client->SetTopology(stages, replicas, o.prefill_nodes); !s.ok()) {
+      return s;
+    }
     for (int prompt_len : o.prompt_lens) {
       for (int output_len : o.output_lens) {
         for (double load : loads) {

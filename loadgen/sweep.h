@@ -32,6 +32,9 @@ struct SweepOptions {
   std::vector<std::string> worker_metrics;  // host:port of each worker's /metrics
   std::vector<int> nodes = {1};             // workers per configuration
   bool data_parallel = false;               // nodes as replicas x 1 stage (default: stages)
+  // With data_parallel: of each configuration's replicas, those that run prompts only and hand
+  // the KV-cache to the others, which decode (disaggregated prefill); 0: every one does both.
+  int prefill_nodes = 0;
   std::string mode = "closed";              // "closed": concurrency; "open": Poisson arrivals
   std::vector<int> batch = {1};             // closed loop: requests in flight
   std::vector<double> rates;                // open loop: requests per second

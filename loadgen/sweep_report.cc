@@ -61,7 +61,8 @@ nlohmann::json Json(const SweepResult& r) {
   nlohmann::json j;
   j["options"] = {{"api", o.api}, {"coordinator", o.coordinator},
                   {"worker_metrics", o.worker_metrics},
-                  {"nodes", o.nodes}, {"data_parallel", o.data_parallel}, {"mode", o.mode},
+                  {"nodes", o.nodes}, {"data_parallel", o.data_parallel},
+                  {"prefill_nodes", o.prefill_nodes}, {"mode", o.mode},
                   {"batch", o.batch}, {"rates", o.rates}, {"prompt_lens", o.prompt_lens},
                   {"output_lens", o.output_lens}, {"requests", o.requests},
                   {"scaling", o.weak_scaling ? "weak" : "strong"}, {"warmup", o.warmup},
@@ -119,9 +120,14 @@ std::string Markdown(const SweepResult& r) {
       &md,
       absl::StrFormat(
           "Mode: %s loop, %s scaling, %d measured requests per configuration (%d warm-up), "
-          "nodes %s as %s.\n\nCorrectness (greedy outputs equal to those of the %s): **%s**.\n\n",
+          "nodes %s as %s%s.\n\nCorrectness (greedy outputs equal to those of the %s): **%s**.\n\n",
           o.mode, o.weak_scaling ? "weak" : "strong", o.requests, o.warmup,
-          absl::StrJoin(o.nodes, ","), o.data_parallel ? "replicas" : "pipeline stages", baseline,
+          absl::StrJoin(o.nodes, ","), o.data_parallel ? "replicas" : "pipeline stages",
+          o.prefill_nodes > 0
+              ? absl::StrFormat(", %d of them running prompts only (disaggregated prefill)",
+                                o.prefill_nodes)
+              : "",
+          baseline,
           r.all_correct ? "pass" : "FAIL"));
   const ServedModel& m = r.server;
   if (!m.name.empty() || !m.model_dir.empty()) {
@@ -267,6 +273,7 @@ absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
     read.Get(*oj, "worker_metrics", &o.worker_metrics);
     read.Get(*oj, "nodes", &o.nodes);
     read.Get(*oj, "data_parallel", &o.data_parallel);
+    if (oj->contains("prefill_nodes")) read.Get(*oj, "prefill_nodes", &o.prefill_nodes);
     read.Get(*oj, "mode", &o.mode);
     read.Get(*oj, "batch", &o.batch);
     read.Get(*oj, "rates", &o.rates);

@@ -998,6 +998,220 @@ TEST(Scheduler, ResumedSequenceWaitingCanBeCancelledOrFailed) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Prefill and decode pipelines
+
+// A prefill pipeline (0) and a decode pipeline (1), one stage each.
+Scheduler Disaggregated(SchedulerOptions o = AheadOptions()) {
+  Scheduler s(o);
+  s.AddPipeline(0, 1, PipelineRole::kPrefill);
+  s.AddPipeline(1, 1, PipelineRole::kDecode);
+  return s;
+}
+
+// The prompt runs in the prefill pipeline (no step ahead there), with a decode slot set aside; the
+// first token reaches the client at once; then the sequence leaves the prefill pipeline, both
+// slots held, until its KV-cache is in the decode slot, where it continues with the newest token
+// at the next position and counter.
+TEST(Scheduler, APromptRunsInAPrefillPipelineAndDecodesInADecodePipelineAfterItsHandoff) {
+  Scheduler s = Disaggregated();
+  auto req = s.Enqueue(Request({1, 2, 3}), kNow);
+  s.Admit(kNow);
+  EXPECT_EQ(s.running(0), 1);
+  EXPECT_EQ(s.running(1), 0);
+  EXPECT_EQ(s.used_slots(1), 1) << "a decode slot is set aside at admission";
+  EXPECT_EQ(s.decode_ahead(0), 0);
+  std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 1u) << "nothing goes ahead in a prefill pipeline";
+  EXPECT_THAT(steps[0].tokens, ElementsAre(1, 2, 3));
+  EXPECT_THAT(s.FormSteps(1), IsEmpty());
+  EXPECT_FALSE(s.handoffs_ready());
+  ASSERT_TRUE(Answer(s, 0, steps[0], 7).ok());
+  EXPECT_THAT(Peek(req).tokens, ElementsAre(7));
+  ASSERT_TRUE(s.handoffs_ready());
+  const std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 1u);
+  EXPECT_FALSE(s.handoffs_ready());
+  EXPECT_EQ(hs[0].from_pipeline, 0);
+  EXPECT_EQ(hs[0].from_slot, steps[0].seqs[0].slot);
+  EXPECT_EQ(hs[0].positions, 3);
+  EXPECT_EQ(hs[0].to_pipeline, 1);
+  EXPECT_EQ(s.running(0), 0);
+  EXPECT_EQ(s.used_slots(0), 1) << "the prefill slot is read until the hand-off ends";
+  EXPECT_THAT(s.FormSteps(0), IsEmpty());
+  EXPECT_THAT(s.FormSteps(1), IsEmpty()) << "no step before its KV-cache is there";
+  s.HandedOff(hs[0].id, true, absl::OkStatus(), kNow);
+  EXPECT_EQ(s.used_slots(0), 0);
+  EXPECT_EQ(s.running(1), 1);
+  steps = s.FormSteps(1);
+  ASSERT_EQ(steps.size(), 2u) << "the newest token, and a step ahead in the decode pipeline";
+  EXPECT_THAT(steps[0].tokens, ElementsAre(7));
+  EXPECT_EQ(steps[0].seqs[0].slot, hs[0].to_slot);
+  EXPECT_EQ(steps[0].seqs[0].position, 3);
+  EXPECT_EQ(steps[0].seqs[0].sample_index, 1u);
+  ASSERT_TRUE(Answer(s, 1, steps[0], 8).ok());
+  ASSERT_TRUE(Answer(s, 1, steps[1], 9).ok());
+  EXPECT_THAT(Peek(req).tokens, ElementsAre(7, 8, 9));
+  EXPECT_FALSE(s.handoffs_ready());
+}
+
+// A prompt in chunks hands off once, after the chunk that samples, with every position fed.
+TEST(Scheduler, AChunkedPromptIsHandedOffAfterItsLastChunk) {
+  SchedulerOptions o = AheadOptions();
+  o.prefill_chunk = 2;
+  Scheduler s = Disaggregated(o);
+  s.Enqueue(Request({1, 2, 3, 4, 5}), kNow);
+  s.Admit(kNow);
+  for (int chunk = 0; chunk < 2; ++chunk) {
+    ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 0).ok());
+    EXPECT_FALSE(s.handoffs_ready()) << "chunk " << chunk;
+  }
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 7).ok());
+  const std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 1u);
+  EXPECT_EQ(hs[0].positions, 5);
+}
+
+// Admission needs room in a prefill pipeline and in a decode pipeline: with four decode slots,
+// a fifth request waits although the prefill pipeline has room, until a sequence ends.
+TEST(Scheduler, AdmissionWaitsForADecodeSlotAsWellAsAPrefillSlot) {
+  SchedulerOptions o = AheadOptions();
+  o.max_slots = 4;
+  Scheduler s(o);
+  s.AddPipeline(0, 1, PipelineRole::kPrefill);
+  s.AddPipeline(1, 1, PipelineRole::kDecode);
+  s.AddPipeline(2, 1, PipelineRole::kPrefill);
+  std::vector<std::shared_ptr<RequestState>> reqs;
+  for (int i = 0; i < 5; ++i) reqs.push_back(s.Enqueue(Request({1}), kNow));
+  s.Admit(kNow);
+  EXPECT_EQ(s.running(0) + s.running(2), 4);
+  EXPECT_EQ(s.running(0), 2) << "prompts spread over the prefill pipelines";
+  EXPECT_EQ(s.used_slots(1), 4);
+  EXPECT_EQ(s.waiting(), 1);
+  s.Cancel(reqs[0], absl::CancelledError("client"), kNow);
+  EXPECT_EQ(s.used_slots(1), 3) << "a sequence that ends frees the decode slot set aside";
+  s.Admit(kNow);
+  EXPECT_EQ(s.waiting(), 0);
+  EXPECT_EQ(s.used_slots(1), 4);
+}
+
+// A hand-off that fails frees both slots and recomputes the sequence through a prefill pipeline
+// (its prompt and the token it has); one whose sequence ended meanwhile keeps both slots until
+// it is done, and the sequence is not recomputed.
+TEST(Scheduler, AFailedHandoffRecomputesAndAnEndedSequenceKeepsItsSlotsUntilTheHandoffEnds) {
+  Scheduler s = Disaggregated();
+  auto a = s.Enqueue(Request({1, 2}), kNow);
+  auto b = s.Enqueue(Request({3}), kNow);
+  s.Admit(kNow);
+  const std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 1u);
+  ASSERT_TRUE(Answer(s, 0, steps[0], 7).ok());
+  std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 2u);
+  s.Cancel(b, absl::CancelledError("client"), kNow);
+  EXPECT_EQ(s.used_slots(0), 2);
+  EXPECT_EQ(s.used_slots(1), 2);
+  s.HandedOff(hs[1].id, true, absl::OkStatus(), kNow);
+  EXPECT_EQ(s.used_slots(0), 1);
+  EXPECT_EQ(s.used_slots(1), 1);
+  EXPECT_EQ(s.running(1), 0);
+  s.HandedOff(hs[0].id, false, absl::UnavailableError("fetch failed"), kNow);
+  EXPECT_EQ(s.used_slots(0), 0);
+  EXPECT_EQ(s.used_slots(1), 0);
+  EXPECT_EQ(s.waiting(), 1);
+  s.Admit(kNow);
+  EXPECT_EQ(s.running(0), 1);
+  const StepDescriptor again = NextStep(s, 0);
+  EXPECT_THAT(again.tokens, ElementsAre(1, 2, 7));
+  EXPECT_EQ(again.seqs[0].sample_index, 1u);
+  ASSERT_TRUE(Answer(s, 0, again, 8).ok());
+  EXPECT_THAT(Peek(a).tokens, ElementsAre(7, 8));
+  EXPECT_EQ(s.TakeHandoffs().size(), 1u);
+}
+
+// A sequence that ends with its first token is not handed off, and its decode slot is free again.
+// Without a decode pipeline (or once its decode pipeline is gone) a prefill pipeline serves as
+// both.
+TEST(Scheduler, NoHandoffForASequenceThatEndsOrWithoutADecodePipeline) {
+  Scheduler s = Disaggregated();
+  auto one = s.Enqueue(Request({1}, /*max_new_tokens=*/1), kNow);
+  s.Admit(kNow);
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 7).ok());
+  EXPECT_TRUE(Peek(one).done);
+  EXPECT_FALSE(s.handoffs_ready());
+  EXPECT_EQ(s.used_slots(1), 0);
+
+  auto orphan = s.Enqueue(Request({1}, 3), kNow);
+  s.Admit(kNow);
+  const StepDescriptor prompt = NextStep(s, 0);
+  s.RemovePipeline(1, absl::UnavailableError("decode worker down"), kNow, /*resume=*/true);
+  ASSERT_TRUE(Answer(s, 0, prompt, 7).ok());
+  EXPECT_FALSE(s.handoffs_ready()) << "its decode pipeline is gone: it decodes where it is";
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 8).ok());
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 9).ok());
+  EXPECT_THAT(Peek(orphan).tokens, ElementsAre(7, 8, 9));
+
+  Scheduler only(AheadOptions());
+  only.AddPipeline(0, 1, PipelineRole::kPrefill);
+  auto r = only.Enqueue(Request({1}, 2), kNow);
+  only.Admit(kNow);
+  ASSERT_TRUE(Answer(only, 0, NextStep(only, 0), 7).ok());
+  EXPECT_FALSE(only.handoffs_ready());
+  ASSERT_TRUE(Answer(only, 0, NextStep(only, 0), 8).ok());
+  EXPECT_THAT(Peek(r).tokens, ElementsAre(7, 8));
+}
+
+// A decode slot freed while a step that uses it still runs (decode-ahead after a stop token) is
+// written by an import only once that step is done: the import is outside the step order.
+TEST(Scheduler, AHandoffWaitsForTheStepsStillUsingItsDecodeSlot) {
+  SchedulerOptions o = AheadOptions();
+  o.max_slots = 1;
+  Scheduler s = Disaggregated(o);
+  ValidatedRequest r = Request({1});
+  r.stop_token_ids = {5};
+  s.Enqueue(r, kNow);
+  s.Admit(kNow);
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 7).ok());
+  std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 1u);
+  s.HandedOff(hs[0].id, true, absl::OkStatus(), kNow);
+  const std::vector<StepDescriptor> decode = s.FormSteps(1);
+  ASSERT_EQ(decode.size(), 2u);
+  ASSERT_TRUE(Answer(s, 1, decode[0], 5).ok());  // the stop token: its slot is free at once
+  EXPECT_EQ(s.free_slots(1), 1);
+
+  s.Enqueue(Request({2}), kNow);
+  s.Admit(kNow);
+  EXPECT_EQ(s.used_slots(1), 1) << "the next sequence sets the slot aside";
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 8).ok());
+  EXPECT_FALSE(s.handoffs_ready()) << "the step ahead still uses the slot";
+  EXPECT_THAT(s.TakeHandoffs(), IsEmpty());
+  ASSERT_TRUE(Answer(s, 1, decode[1], 6).ok());
+  EXPECT_TRUE(s.handoffs_ready());
+  hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 1u);
+  EXPECT_EQ(hs[0].to_slot, decode[1].seqs[0].slot);
+}
+
+// A decode pipeline lost while a hand-off into it runs: the sequence is recomputed even though
+// its KV-cache was written (there is nowhere to decode it).
+TEST(Scheduler, AHandoffIntoALostDecodePipelineIsRecomputed) {
+  Scheduler s = Disaggregated();
+  s.AddPipeline(2, 1, PipelineRole::kDecode);
+  auto req = s.Enqueue(Request({1}), kNow);
+  s.Admit(kNow);
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 7).ok());
+  const std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 1u);
+  s.RemovePipeline(hs[0].to_pipeline, absl::UnavailableError("down"), kNow, true);
+  s.HandedOff(hs[0].id, true, absl::OkStatus(), kNow);
+  EXPECT_EQ(s.used_slots(0), 0);
+  EXPECT_EQ(s.waiting(), 1);
+  s.Admit(kNow);
+  EXPECT_EQ(s.running(0), 1) << "through the prefill pipeline again";
+  EXPECT_FALSE(Peek(req).done);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Moving sequences with their KV-cache
 
 // A paused pipeline forms no step and admits nothing; once its steps are done its sequences

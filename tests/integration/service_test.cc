@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -25,6 +26,7 @@
 namespace tandem::testing {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // A generation request of the tests and what the oracle says it must produce.
@@ -270,11 +272,13 @@ class ServiceTest : public ::testing::Test {
     std::vector<std::future<std::pair<grpc::Status, std::vector<int32_t>>>> futures_;
   };
 
-  static absl::StatusOr<v1::Topology> SetTopology(Cluster& cluster, int stages, int replicas) {
+  static absl::StatusOr<v1::Topology> SetTopology(Cluster& cluster, int stages, int replicas,
+                                                  std::optional<int> prefill_replicas = {}) {
     grpc::ClientContext ctx;
     v1::SetTopologyRequest req;
     req.set_stages(stages);
     req.set_replicas(replicas);
+    if (prefill_replicas) req.set_prefill_replicas(*prefill_replicas);
     v1::Topology t;
     grpc::Status s = cluster.admin().SetTopology(&ctx, req, &t);
     if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
@@ -406,6 +410,114 @@ TEST_F(ServiceTest, LayoutChangesMoveRunningSequencesWithTheirKvCache) {
   EXPECT_EQ(CoordinatorCounter(*cluster, "tandem_sequences_recomputed_total"), 0)
       << cluster->Logs();
   EXPECT_THAT(cluster->Logs(), HasSubstr("with their KV-cache"));
+}
+
+// The roles of a topology's pipelines, in pipeline order.
+std::vector<std::string> Roles(const v1::Topology& t) {
+  std::vector<std::string> roles;
+  for (const v1::PipelineInfo& p : t.pipelines()) roles.push_back(p.role());
+  return roles;
+}
+
+// With a prefill replica, every prompt runs there and its KV-cache goes to the decode replica
+// (a stage's layers to the stage with the same layers), which decodes: exactly the tokens of the
+// one-process engine, nothing recomputed, with one stage per replica and with two. Going back to
+// replicas that do both, and a prefill count that would leave nothing to decode, refused.
+TEST_F(ServiceTest, PrefillReplicasHandTheKvCacheToDecodeReplicasWithTheSameTokens) {
+  auto cluster = StartCluster(4, 1, 2, {"--prefill_replicas=1", "--max_slots=8",
+                                        "--metrics_address=127.0.0.1:0"});
+  ASSERT_NE(cluster, nullptr);
+  grpc::ClientContext tctx;
+  v1::Topology topo;
+  ASSERT_TRUE(cluster->admin().GetTopology(&tctx, {}, &topo).ok());
+  EXPECT_THAT(Roles(topo), ElementsAre("prefill", "decode"));
+  EXPECT_EQ(topo.prefill_replicas(), 1);
+  {
+    LongStreams streams(*cluster, 4, 5);
+    ExpectMatchesOracle(*cluster, MixedCases(3));
+    streams.Finish();
+  }
+  // Every request that outlives its first token was handed off once.
+  int outlive = 4;
+  for (const Case& c : MixedCases(3)) outlive += Oracle(c).size() > 1;
+  const double one_stage = CoordinatorCounter(*cluster, "tandem_prefill_handoffs_total");
+  EXPECT_EQ(one_stage, outlive);
+
+  absl::StatusOr<v1::Topology> t = SetTopology(*cluster, 2, 2);
+  ASSERT_TRUE(t.ok()) << t.status() << cluster->Logs();
+  EXPECT_THAT(Roles(*t), ElementsAre("prefill", "decode"));
+  {
+    LongStreams streams(*cluster, 4, 6);
+    ExpectMatchesOracle(*cluster, MixedCases(4));
+    streams.Finish();
+  }
+  EXPECT_GT(CoordinatorCounter(*cluster, "tandem_prefill_handoffs_total"), one_stage);
+  EXPECT_GT(CoordinatorCounter(*cluster, "tandem_kv_transfer_bytes_total"), 0);
+  EXPECT_EQ(CoordinatorCounter(*cluster, "tandem_sequences_recomputed_total"), 0)
+      << cluster->Logs();
+
+  t = SetTopology(*cluster, 2, 2, 0);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT(Roles(*t), ElementsAre("both", "both"));
+  const double before = CoordinatorCounter(*cluster, "tandem_prefill_handoffs_total");
+  ExpectMatchesOracle(*cluster, MixedCases(5));
+  EXPECT_EQ(CoordinatorCounter(*cluster, "tandem_prefill_handoffs_total"), before);
+
+  t = SetTopology(*cluster, 2, 2, 2);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(t.status().message(), HasSubstr("prefill_replicas: 2"));
+}
+
+// A prefill worker killed under load: its sequences, and those handed off or about to be, continue
+// (recomputed where their KV-cache was lost) on what is left, and no request fails. The worker is
+// stopped first, so that requests are surely in its prompts when it dies.
+TEST_F(ServiceTest, KilledPrefillWorkerFailsNoRequest) {
+  auto cluster = StartCluster(3, 1, 2, {"--prefill_replicas=1", "--max_slots=8",
+                                        "--metrics_address=127.0.0.1:0"},
+                              /*default_heartbeats=*/true);
+  ASSERT_NE(cluster, nullptr);
+  grpc::ClientContext tctx;
+  v1::Topology topo;
+  ASSERT_TRUE(cluster->admin().GetTopology(&tctx, {}, &topo).ok());
+  ASSERT_EQ(topo.pipelines(0).role(), "prefill");
+  const std::string victim_addr = topo.pipelines(0).stages(0).worker_address();
+  int victim = -1;
+  for (int i = 0; i < 3; ++i) {
+    if (victim_addr == absl::StrFormat("127.0.0.1:%d", cluster->worker_port(i))) victim = i;
+  }
+  ASSERT_GE(victim, 0);
+  LongStreams streams(*cluster, 6, 8);
+  cluster->worker(victim).Kill(SIGSTOP);
+  // Requests arriving all along; the first ones wait in the stopped worker's prompts.
+  auto arriving = std::async(std::launch::async, [&] {
+    for (int round = 0; round < 3; ++round) {
+      const std::vector<Case> cases = MixedCases(10 + round);
+      std::vector<std::future<std::pair<grpc::Status, std::vector<int32_t>>>> futures;
+      for (const Case& c : cases) {
+        futures.push_back(std::async(std::launch::async, [&cluster, c] {
+          grpc::Status s;
+          std::vector<int32_t> t = Run(*cluster, c, &s);
+          return std::make_pair(s, t);
+        }));
+      }
+      for (size_t i = 0; i < cases.size(); ++i) {
+        auto [status, tokens] = futures[i].get();
+        ASSERT_TRUE(status.ok()) << "request " << i << ": " << status.error_message() << "\n"
+                                 << cluster->Logs();
+        if (cases[i].sampling.temperature == 0.0f) {
+          ExpectOracleUpToNearTie(tokens, cases[i], static_cast<int>(i));
+        } else {
+          EXPECT_EQ(tokens, Oracle(cases[i])) << "request " << i;
+        }
+      }
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  cluster->worker(victim).Kill(SIGKILL);
+  arriving.get();
+  streams.Finish(/*recomputed=*/true);
+  EXPECT_GT(CoordinatorCounter(*cluster, "tandem_sequences_recomputed_total"), 0)
+      << cluster->Logs();
 }
 
 // Two replicas' sequences moving into one whose slots are all taken: those that find no slot are

@@ -424,6 +424,12 @@ constexpr int64_t kKvChunkBytes = int64_t{16} << 20;
 // Streams (and connections) one import fetches a worker's sequences over.
 constexpr size_t kFetchStreams = 4;
 
+// Moves of a layout change are logged; the many small prefill hand-offs only at debug level.
+spdlog::level::level_enum KvLogLevel(int64_t bytes, absl::Duration took) {
+  return bytes >= (int64_t{64} << 20) || took >= absl::Milliseconds(100) ? spdlog::level::info
+                                                                          : spdlog::level::debug;
+}
+
 // `s` with "sequence <key>: " before its message.
 absl::Status OfSequence(uint64_t key, const absl::Status& s) {
   return absl::Status(s.code(), absl::StrCat("sequence ", key, ": ", s.message()));
@@ -471,11 +477,12 @@ grpc::Status WorkerService::ExportKv(grpc::ServerContext* ctx, const v1::ExportK
     }
   }
   absl::MutexLock lock(&stash_mu_);
-  stash_ = std::move(blocks);
+  for (auto& [key, block] : blocks) stash_[key] = std::move(block);
   resp->set_bytes(bytes);
-  spdlog::info("assignment {}: stashed the KV-cache of {} sequence(s), {} bytes, in {:.3f} s",
-               req->assignment_id(), req->seqs_size(), bytes,
-               absl::ToDoubleSeconds(absl::Now() - t0));
+  const absl::Duration took = absl::Now() - t0;
+  spdlog::log(KvLogLevel(bytes, took),
+              "assignment {}: stashed the KV-cache of {} sequence(s), {} bytes, in {:.3f} s",
+              req->assignment_id(), req->seqs_size(), bytes, absl::ToDoubleSeconds(took));
   return grpc::Status::OK;
 }
 
@@ -636,10 +643,12 @@ grpc::Status WorkerService::ImportKv(grpc::ServerContext* ctx, const v1::ImportK
   }
   resp->set_bytes(bytes);
   resp->set_fetched_bytes(fetched);
-  spdlog::info("assignment {}: imported the KV-cache of {} sequence(s), {} bytes ({} fetched in "
-               "{:.3f} s), in {:.3f} s",
-               req->assignment_id(), req->seqs_size(), bytes, fetched, resp->fetch_seconds(),
-               absl::ToDoubleSeconds(absl::Now() - t0));
+  const absl::Duration took = absl::Now() - t0;
+  spdlog::log(KvLogLevel(bytes, took),
+              "assignment {}: imported the KV-cache of {} sequence(s), {} bytes ({} fetched in "
+              "{:.3f} s), in {:.3f} s",
+              req->assignment_id(), req->seqs_size(), bytes, fetched, resp->fetch_seconds(),
+              absl::ToDoubleSeconds(took));
   return grpc::Status::OK;
 }
 
@@ -658,11 +667,15 @@ grpc::Status WorkerService::FetchKv(grpc::ServerContext* ctx, const v1::FetchKvR
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::DropKv(grpc::ServerContext* ctx, const v1::DropKvRequest*,
+grpc::Status WorkerService::DropKv(grpc::ServerContext* ctx, const v1::DropKvRequest* req,
                                    v1::DropKvResponse*) {
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
   absl::MutexLock lock(&stash_mu_);
-  stash_.clear();
+  if (req->keys().empty()) {
+    stash_.clear();
+  } else {
+    for (uint64_t key : req->keys()) stash_.erase(key);
+  }
   return grpc::Status::OK;
 }
 

@@ -90,8 +90,8 @@ class WorkerService final : public v1::Worker::Service {
   grpc::Status PrepareLink(grpc::ServerContext* ctx, const v1::PrepareLinkRequest* req,
                            v1::PrepareLinkResponse* resp) override;
   // Moving sequences with their KV-cache (proto/tandem.proto, service Worker). Export and import
-  // run between steps (the stage's run lock); the stash lives in host memory until DropKv or the
-  // next ExportKv, across assignments.
+  // run between steps (the stage's run lock); a stashed sequence lives in host memory until DropKv
+  // drops it (or an ExportKv of the same key replaces it), across assignments.
   grpc::Status ExportKv(grpc::ServerContext* ctx, const v1::ExportKvRequest* req,
                         v1::ExportKvResponse* resp) override;
   grpc::Status ImportKv(grpc::ServerContext* ctx, const v1::ImportKvRequest* req,
