@@ -30,9 +30,10 @@ ABSL_FLAG(std::vector<std::string>, nodes, {"1"}, "node counts, comma-separated;
           "the baseline of speedup and of the correctness check");
 ABSL_FLAG(std::string, parallelism, "pipeline",
           "how nodes are used: pipeline (stages) or data (replicas of one stage)");
-ABSL_FLAG(int, prefill_nodes, 0,
-          "--parallelism data: of each configuration's replicas, those that run prompts only and "
-          "hand the KV-cache to the others, which decode (0: every replica does both)");
+ABSL_FLAG(std::vector<std::string>, prefill_nodes, {"0"},
+          "--parallelism data: of each node count's replicas, those that run prompts only and "
+          "hand the KV-cache to the others, which decode, comma-separated (0: every replica does "
+          "both; the first is the baseline of the correctness check with the first node count)");
 ABSL_FLAG(std::string, mode, "closed", "closed (fixed concurrency) or open (Poisson arrivals)");
 ABSL_FLAG(std::vector<std::string>, batch, std::vector<std::string>({"1", "2", "4", "8"}), "closed loop: requests in flight");
 ABSL_FLAG(std::vector<std::string>, rates, {}, "open loop: arrival rates, requests/s");
@@ -121,7 +122,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.data_parallel = parallelism == "data";
-  o.prefill_nodes = absl::GetFlag(FLAGS_prefill_nodes);
+  if (!ParseList("prefill_nodes", absl::GetFlag(FLAGS_prefill_nodes), &o.prefill_nodes)) return 2;
   o.mode = absl::GetFlag(FLAGS_mode);
   const std::string scaling = absl::GetFlag(FLAGS_scaling);
   if (scaling != "strong" && scaling != "weak") {

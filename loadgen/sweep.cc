@@ -195,19 +195,18 @@ absl::Status ValidateSweepOptions(const SweepOptions& o) {
   for (int n : o.nodes) {
     if (n < 1) return absl::InvalidArgumentError(absl::StrCat("--nodes: ", n, " is < 1"));
   }
-  if (o.prefill_nodes < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--prefill_nodes: ", o.prefill_nodes, " is < 0"));
-  }
-  if (o.prefill_nodes > 0) {
+  if (o.prefill_nodes.empty()) return absl::InvalidArgumentError("--prefill_nodes: empty");
+  for (int p : o.prefill_nodes) {
+    if (p < 0) return absl::InvalidArgumentError(absl::StrCat("--prefill_nodes: ", p, " is < 0"));
+    if (p == 0) continue;
     if (!o.data_parallel) {
       return absl::InvalidArgumentError(
           "--prefill_nodes: prompts run on replicas of their own; needs --parallelism data");
     }
     for (int n : o.nodes) {
-      if (n <= o.prefill_nodes) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--prefill_nodes: ", o.prefill_nodes, " leaves none of --nodes ", n, " to decode"));
+      if (n <= p) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--prefill_nodes: ", p, " leaves none of --nodes ", n, " to decode"));
       }
     }
   }
@@ -338,7 +337,9 @@ void SummarizeRequests(const LoadRun& run, const SweepOptions& o, const Point& p
     const auto key = std::make_tuple(c.prompt_len, c.output_len, run.prompt_ids[i]);
     auto it = baseline.find(key);
     if (it == baseline.end()) {
-      if (c.nodes == o.nodes.front()) baseline.emplace(key, r.output);
+      if (c.nodes == o.nodes.front() && c.prefill_nodes == o.prefill_nodes.front()) {
+        baseline.emplace(key, r.output);
+      }
     } else if (it->second != r.output) {
       ++c.mismatches;
     }
@@ -414,7 +415,8 @@ ConfigResult MeasureConfig(LoadClient& client, const SweepOptions& o, const Serv
 void AddScaling(const SweepOptions& o, std::vector<ConfigResult>& configs) {
   for (ConfigResult& c : configs) {
     for (const ConfigResult& b : configs) {
-      if (b.nodes == o.nodes.front() && b.batch == c.batch && b.rate == c.rate &&
+      if (b.nodes == o.nodes.front() && b.prefill_nodes == c.prefill_nodes &&
+          b.batch == c.batch && b.rate == c.rate &&
           b.prompt_len == c.prompt_len && b.output_len == c.output_len && b.tokens_per_s > 0) {
         c.speedup = c.tokens_per_s / b.tokens_per_s;
         c.efficiency = c.speedup / (static_cast<double>(c.nodes) / b.nodes);
@@ -453,43 +455,47 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
   Baseline baseline;
   const std::vector<double> loads =
       o.mode == "closed" ? std::vector<double>(o.batch.begin(), o.batch.end()) : o.rates;
-  const int total = static_cast<int>(o.nodes.size() * loads.size() * o.prompt_lens.size() *
-                                     o.output_lens.size());
+  const int total = static_cast<int>(o.nodes.size() * o.prefill_nodes.size() * loads.size() *
+                                     o.prompt_lens.size() * o.output_lens.size());
   int index = 0;
   for (int nodes : o.nodes) {
     const int stages = o.data_parallel ? 1 : nodes;
     const int replicas = o.data_parallel ? nodes : 1;
-    if (absl::Status s = client->SetTopology(stages, replicas, o.prefill_nodes); !s.ok()) {
-      return s;
-    }
-    for (int prompt_len : o.prompt_lens) {
-      for (int output_len : o.output_lens) {
-        for (double load : loads) {
-          ConfigResult c;
-          c.nodes = nodes;
-          c.stages = stages;
-          c.replicas = replicas;
-          c.mode = o.mode;
-          if (o.mode == "closed") c.batch = static_cast<int>(load);
-          const std::string warning = SlotWarning(*info, c.batch, replicas);
-          if (!warning.empty() && std::find(result.warnings.begin(), result.warnings.end(),
-                                            warning) == result.warnings.end()) {
-            std::fprintf(stderr, "warning: %s\n", warning.c_str());
-            result.warnings.push_back(warning);
+    for (int prefill : o.prefill_nodes) {
+      if (absl::Status s = client->SetTopology(stages, replicas, prefill); !s.ok()) return s;
+      for (int prompt_len : o.prompt_lens) {
+        for (int output_len : o.output_lens) {
+          for (double load : loads) {
+            ConfigResult c;
+            c.nodes = nodes;
+            c.stages = stages;
+            c.replicas = replicas;
+            c.prefill_nodes = prefill;
+            c.mode = o.mode;
+            if (o.mode == "closed") c.batch = static_cast<int>(load);
+            const std::string warning = SlotWarning(*info, c.batch, replicas - prefill);
+            if (!warning.empty() && std::find(result.warnings.begin(), result.warnings.end(),
+                                              warning) == result.warnings.end()) {
+              std::fprintf(stderr, "warning: %s\n", warning.c_str());
+              result.warnings.push_back(warning);
+            }
+            if (o.mode == "open") c.rate = load;
+            c.prompt_len = prompt_len;
+            c.output_len = output_len;
+            c.requests = std::max(o.requests * (o.weak_scaling ? nodes / o.nodes.front() : 1), 1);
+            ++index;
+            const Point point{
+                .index = index,
+                .label = absl::StrFormat("[%d/%d] nodes=%d%s %s=%g prompt=%d output=%d", index,
+                                         total, nodes,
+                                         prefill > 0 ? absl::StrCat(" (", prefill, " prefill)")
+                                                     : "",
+                                         o.mode == "closed" ? "batch" : "rate", load, prompt_len,
+                                         output_len)};
+            c = MeasureConfig(*client, o, *info, std::move(c), point, progress, baseline);
+            result.all_correct &= c.correct;
+            result.configs.push_back(std::move(c));
           }
-          if (o.mode == "open") c.rate = load;
-          c.prompt_len = prompt_len;
-          c.output_len = output_len;
-          c.requests = std::max(o.requests * (o.weak_scaling ? nodes / o.nodes.front() : 1), 1);
-          ++index;
-          const Point point{
-              .index = index,
-              .label = absl::StrFormat("[%d/%d] nodes=%d %s=%g prompt=%d output=%d", index, total,
-                                       nodes, o.mode == "closed" ? "batch" : "rate", load,
-                                       prompt_len, output_len)};
-          c = MeasureConfig(*client, o, *info, std::move(c), point, progress, baseline);
-          result.all_correct &= c.correct;
-          result.configs.push_back(std::move(c));
         }
       }
     }

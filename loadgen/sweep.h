@@ -32,9 +32,10 @@ struct SweepOptions {
   std::vector<std::string> worker_metrics;  // host:port of each worker's /metrics
   std::vector<int> nodes = {1};             // workers per configuration
   bool data_parallel = false;               // nodes as replicas x 1 stage (default: stages)
-  // With data_parallel: of each configuration's replicas, those that run prompts only and hand
-  // the KV-cache to the others, which decode (disaggregated prefill); 0: every one does both.
-  int prefill_nodes = 0;
+  // With data_parallel, a dimension of the sweep: of each node count's replicas, those that run
+  // prompts only and hand the KV-cache to the others, which decode (disaggregated prefill); 0:
+  // every one does both.
+  std::vector<int> prefill_nodes = {0};
   std::string mode = "closed";              // "closed": concurrency; "open": Poisson arrivals
   std::vector<int> batch = {1};             // closed loop: requests in flight
   std::vector<double> rates;                // open loop: requests per second
@@ -64,6 +65,7 @@ struct ConfigResult {
   int nodes = 1;
   int stages = 1;
   int replicas = 1;
+  int prefill_nodes = 0;  // of the replicas, those that ran prompts only
   std::string mode;
   int batch = 0;      // closed loop
   double rate = 0;    // open loop
@@ -81,7 +83,7 @@ struct ConfigResult {
   // Each request's longest gap between two of its tokens (a stream's pause, e.g. while a lost
   // worker's requests are resumed elsewhere), over the requests.
   double pause_p50 = 0, pause_p99 = 0, pause_max = 0;
-  double speedup = 0;     // tokens/s over the first node count's, same load and lengths
+  double speedup = 0;     // tokens/s over the first node count's, same load, lengths, prefill
   double efficiency = 0;  // speedup / (nodes / first node count)
   bool has_gpu = false;
   double energy_j = 0;

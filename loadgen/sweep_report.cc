@@ -42,16 +42,16 @@ std::string Csv(const SweepResult& r) {
       "nodes,stages,replicas,mode,batch,rate,prompt_len,output_len,requests,errors,wall_s,"
       "tokens,tokens_per_s,requests_per_s,ttft_p50_s,ttft_p90_s,ttft_p99_s,itl_p50_s,itl_p90_s,"
       "itl_p99_s,e2e_p50_s,e2e_p90_s,e2e_p99_s,speedup,efficiency,energy_j,power_w,"
-      "tokens_per_joule,peak_gpu_memory_bytes,compute_share_by_stage,correct\n";
+      "tokens_per_joule,peak_gpu_memory_bytes,compute_share_by_stage,correct,prefill_nodes\n";
   for (const ConfigResult& c : r.configs) {
     absl::StrAppend(&out, absl::StrFormat(
         "%d,%d,%d,%s,%d,%g,%d,%d,%d,%d,%.4f,%.0f,%.3f,%.4f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,"
-        "%.6f,%.6f,%.4f,%.4f,%.3f,%.2f,%.4f,%.0f,%s,%s\n",
+        "%.6f,%.6f,%.4f,%.4f,%.3f,%.2f,%.4f,%.0f,%s,%s,%d\n",
         c.nodes, c.stages, c.replicas, c.mode, c.batch, c.rate, c.prompt_len, c.output_len,
         c.requests, c.errors, c.wall_s, c.tokens, c.tokens_per_s, c.requests_per_s, c.ttft_p50,
         c.ttft_p90, c.ttft_p99, c.itl_p50, c.itl_p90, c.itl_p99, c.e2e_p50, c.e2e_p90, c.e2e_p99,
         c.speedup, c.efficiency, c.energy_j, c.power_w, c.tokens_per_joule,
-        c.peak_gpu_memory_bytes, Shares(c), c.correct ? "true" : "false"));
+        c.peak_gpu_memory_bytes, Shares(c), c.correct ? "true" : "false", c.prefill_nodes));
   }
   return out;
 }
@@ -89,7 +89,8 @@ nlohmann::json Json(const SweepResult& r) {
                                   {"transfer_bytes", sh.bytes}};
     }
     j["configs"].push_back(
-        {{"nodes", c.nodes}, {"stages", c.stages}, {"replicas", c.replicas}, {"mode", c.mode},
+        {{"nodes", c.nodes}, {"stages", c.stages}, {"replicas", c.replicas},
+         {"prefill_nodes", c.prefill_nodes}, {"mode", c.mode},
          {"batch", c.batch}, {"rate", c.rate}, {"prompt_len", c.prompt_len},
          {"output_len", c.output_len}, {"requests", c.requests}, {"errors", c.errors},
          {"wall_s", c.wall_s}, {"tokens", c.tokens}, {"tokens_per_s", c.tokens_per_s},
@@ -123,9 +124,10 @@ std::string Markdown(const SweepResult& r) {
           "nodes %s as %s%s.\n\nCorrectness (greedy outputs equal to those of the %s): **%s**.\n\n",
           o.mode, o.weak_scaling ? "weak" : "strong", o.requests, o.warmup,
           absl::StrJoin(o.nodes, ","), o.data_parallel ? "replicas" : "pipeline stages",
-          o.prefill_nodes > 0
-              ? absl::StrFormat(", %d of them running prompts only (disaggregated prefill)",
-                                o.prefill_nodes)
+          o.prefill_nodes.size() > 1 || o.prefill_nodes.front() > 0
+              ? absl::StrFormat(", of them %s running prompts only (disaggregated prefill; "
+                                "\"nodes\" below says how many)",
+                                absl::StrJoin(o.prefill_nodes, " or "))
               : "",
           baseline,
           r.all_correct ? "pass" : "FAIL"));
@@ -159,10 +161,13 @@ std::string Markdown(const SweepResult& r) {
     const std::string mem =
         c.has_gpu ? absl::StrFormat("%.2f", c.peak_gpu_memory_bytes / (1024.0 * 1024 * 1024))
                   : "n/a";
+    const std::string nodes =
+        c.prefill_nodes > 0 ? absl::StrFormat("%d (%d prefill)", c.nodes, c.prefill_nodes)
+                            : absl::StrCat(c.nodes);
     absl::StrAppend(&md, absl::StrFormat(
-        "| %d | %g | %d | %d | %.1f | %.2f | %.1f / %.1f / %.1f | %.1f / %.1f / %.1f | "
+        "| %s | %g | %d | %d | %.1f | %.2f | %.1f / %.1f / %.1f | %.1f / %.1f / %.1f | "
         "%.2f / %.2f / %.2f | %.2f | %.2f | %s | %s | %s | %s | %s |\n",
-        c.nodes, Load(c), c.prompt_len, c.output_len, c.tokens_per_s, c.requests_per_s,
+        nodes, Load(c), c.prompt_len, c.output_len, c.tokens_per_s, c.requests_per_s,
         c.ttft_p50 * 1e3, c.ttft_p90 * 1e3, c.ttft_p99 * 1e3, c.itl_p50 * 1e3, c.itl_p90 * 1e3,
         c.itl_p99 * 1e3, c.e2e_p50, c.e2e_p90, c.e2e_p99, c.speedup, c.efficiency, power, tpj,
         mem, Shares(c), c.correct ? "yes" : absl::StrCat("NO (", c.mismatches, " differ, ",
@@ -274,6 +279,7 @@ absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
     read.Get(*oj, "nodes", &o.nodes);
     read.Get(*oj, "data_parallel", &o.data_parallel);
     if (oj->contains("prefill_nodes")) read.Get(*oj, "prefill_nodes", &o.prefill_nodes);
+    if (o.prefill_nodes.empty()) o.prefill_nodes = {0};
     read.Get(*oj, "mode", &o.mode);
     read.Get(*oj, "batch", &o.batch);
     read.Get(*oj, "rates", &o.rates);
@@ -318,6 +324,7 @@ absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
     rc.Get(cj, "nodes", &c.nodes);
     rc.Get(cj, "stages", &c.stages);
     rc.Get(cj, "replicas", &c.replicas);
+    if (cj.contains("prefill_nodes")) rc.Get(cj, "prefill_nodes", &c.prefill_nodes);
     rc.Get(cj, "mode", &c.mode);
     rc.Get(cj, "batch", &c.batch);
     rc.Get(cj, "rate", &c.rate);

@@ -117,6 +117,16 @@ TEST(CoordinatorConfigTest, ValidationNamesTheBadField) {
   EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("decode_ahead_ms"));
   c.decode_ahead_ms = 0;  // one step ahead
   EXPECT_TRUE(ValidateCoordinatorConfig(c).ok());
+  c.replicas = 2;
+  c.prefill_replicas = 1;
+  EXPECT_TRUE(ValidateCoordinatorConfig(c).ok());
+  c.prefill_replicas = 2;
+  EXPECT_THAT(ValidateCoordinatorConfig(c).message(),
+              HasSubstr("prefill_replicas (2) must leave at least one of the 2 replicas"));
+  c.prefill_replicas = -1;
+  EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("prefill_replicas"));
+  c.prefill_replicas = 0;
+  c.replicas = 1;
   c.heartbeat_timeout_ms = c.heartbeat_interval_ms;
   EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("heartbeat_timeout_ms"));
 }

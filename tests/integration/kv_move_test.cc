@@ -270,6 +270,37 @@ TEST_F(KvMoveTest, BadExportsAndImportsAreRefusedNamingTheProblem) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
+// Prefill hand-offs stash one sequence at a time while earlier ones are still being fetched: a
+// stash keeps every key until DropKv names it (a key exported again is replaced), and a decode
+// worker importing from it meanwhile gets the right sequence.
+TEST_F(KvMoveTest, TheStashKeepsEachExportUntilItsKeyIsDropped) {
+  Worker a = StartWorker("a"), b = StartWorker("b");
+  ASSERT_TRUE(a.stub && b.stub);
+  ASSERT_TRUE(a.Assign(1, Model(), 0, kLayers).ok());
+  ASSERT_TRUE(b.Assign(2, Model(), 0, kLayers).ok());
+  const std::vector<int32_t> other = {9, 8, 7};
+  const int32_t first = a.Step(1, 0, 0, kPrompt);
+  const int32_t other_first = a.Step(1, 1, 0, other);
+  ASSERT_GE(first, 0);
+  ASSERT_GE(other_first, 0);
+  ASSERT_TRUE(Export(a, 1, 7, 0, 6).ok());
+  ASSERT_TRUE(Export(a, 1, 8, 1, 1).ok());
+  ASSERT_TRUE(Export(a, 1, 8, 1, 3).ok()) << "exported again: replaced";
+  v1::ImportKvResponse resp;
+  ASSERT_TRUE(Import(b, 2, 7, 0, {{a.address, 0, kLayers}}, &resp).ok());
+  ASSERT_TRUE(Import(b, 2, 8, 3, {{a.address, 0, kLayers}}, &resp).ok());
+  EXPECT_EQ(resp.bytes(), 2 * kLayers * 3 * 32 * 4) << "the second export of key 8, 3 positions";
+  EXPECT_EQ(b.Step(2, 0, 6, {first}), a.Step(1, 0, 6, {first}));
+  EXPECT_EQ(b.Step(2, 3, 3, {other_first}), a.Step(1, 1, 3, {other_first}));
+  v1::DropKvRequest drop;
+  drop.add_keys(7);
+  v1::DropKvResponse dropped;
+  ASSERT_TRUE(a.stub->DropKv(Context().get(), drop, &dropped).ok());
+  EXPECT_EQ(Import(b, 2, 7, 0, {{a.address, 0, kLayers}}, &resp).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  ASSERT_TRUE(Import(b, 2, 8, 3, {{a.address, 0, kLayers}}, &resp).ok()) << "key 8 is kept";
+}
+
 // A peer whose FetchKv sends a chunk that does not fit the importing stage.
 class BadPeer final : public v1::Worker::Service {
  public:

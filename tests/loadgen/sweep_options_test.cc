@@ -53,6 +53,14 @@ TEST(SweepOptionsTest, EachBadFieldIsNamed) {
       {"--out", [](SweepOptions& o) { o.out.clear(); }},
       {"--api", [](SweepOptions& o) { o.api = "rest"; }},
       {"--addr", [](SweepOptions& o) { o.api = "openai"; }},
+      {"--prefill_nodes", [](SweepOptions& o) { o.prefill_nodes = {}; }},
+      {"--prefill_nodes", [](SweepOptions& o) { o.prefill_nodes = {0, -1}; }},
+      {"--prefill_nodes", [](SweepOptions& o) { o.prefill_nodes = {1}; }},  // needs data
+      {"--prefill_nodes", [](SweepOptions& o) {
+         o.data_parallel = true;
+         o.nodes = {2, 1};
+         o.prefill_nodes = {0, 1};  // leaves nothing to decode at 1 node
+       }},
       {"--nodes", [](SweepOptions& o) {
          o.api = "openai";
          o.coordinator = "http://127.0.0.1:8000";

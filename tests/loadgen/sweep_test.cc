@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/httplib.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -113,6 +114,68 @@ TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
     EXPECT_EQ(bytes.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << png;
     EXPECT_EQ(bytes.substr(12, 4), "IHDR") << png;
   }
+  cluster->reset();
+  fs::remove_all(dir);
+}
+
+// Disaggregated prefill as a dimension of the sweep: two replicas, first both doing prompts and
+// decoding, then one of them running prompts only; the second layout's greedy outputs must equal
+// the first's, and its rows say so.
+TEST(SweepTest, PrefillNodesAreASweepDimensionCheckedAgainstColocatedReplicas) {
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / absl::StrFormat("sweep-prefill-test-%d", getpid());
+  fs::remove_all(dir);
+  absl::StatusOr<ModelConfig> config = PresetConfig("tiny-llama");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(WriteRandomCheckpoint(*config, GeneratorOptions{.seed = 4}, dir / "model").ok());
+  absl::StatusOr<std::unique_ptr<Cluster>> cluster =
+      Cluster::Start({.model_dir = dir / "model", .workers = 2, .stages = 1, .replicas = 2,
+                      .coordinator_flags = {"--metrics_address=127.0.0.1:0"}});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const fs::path run = dir / "run";
+  const std::string cmd = absl::StrCat(
+      TANDEM_LOADGEN_BIN, " sweep --addr=", (*cluster)->address(),
+      " --nodes=2 --parallelism=data --prefill_nodes=0,1 --batch=2,4 --requests=8 --warmup=1"
+      " --prompt_lens=12 --output_lens=10 --progress=false --out=",
+      run.string(), " > ", (dir / "loadgen.log").string(), " 2>&1");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << ReadFile(dir / "loadgen.log") << (*cluster)->Logs();
+
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(ReadFile(run / "results.json"));
+  } catch (const nlohmann::json::exception& e) {
+    FAIL() << e.what();
+  }
+  EXPECT_TRUE(j["all_correct"].get<bool>());
+  ASSERT_EQ(j["configs"].size(), 4u);
+  std::vector<int> prefill;
+  for (const auto& c : j["configs"]) {
+    EXPECT_TRUE(c["correct"].get<bool>()) << c.dump();
+    EXPECT_EQ(c["tokens"].get<double>(), 8 * 10) << c.dump();
+    prefill.push_back(c["prefill_nodes"].get<int>());
+  }
+  EXPECT_EQ(prefill, (std::vector<int>{0, 0, 1, 1}));
+  std::istringstream csv(ReadFile(run / "results.csv"));
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_THAT(line, ::testing::EndsWith(",correct,prefill_nodes"));
+  std::getline(csv, line);
+  EXPECT_THAT(line, ::testing::EndsWith(",true,0"));
+  const std::string md = ReadFile(run / "summary.md");
+  EXPECT_THAT(md, HasSubstr("| 2 (1 prefill) | 4 |"));
+  EXPECT_THAT(md, HasSubstr("of them 0 or 1 running prompts only"));
+
+  // The hand-offs happened: every request of the second layout outlives its first token.
+  const int port = PrintedMetricsPort((*cluster)->Logs(), "tandem-coordinator");
+  ASSERT_GT(port, 0);
+  httplib::Client http("127.0.0.1", port);
+  httplib::Result r = http.Get("/metrics");
+  ASSERT_TRUE(r) << "no /metrics";
+  std::smatch m;
+  const std::string metrics = r->body;
+  ASSERT_TRUE(std::regex_search(metrics, m, std::regex("tandem_prefill_handoffs_total ([0-9.e+]+)")))
+      << metrics;
+  EXPECT_GE(std::stod(m[1]), 2 * (8 + 1));
   cluster->reset();
   fs::remove_all(dir);
 }
