@@ -256,11 +256,15 @@ void Coordinator::OnStepResult(int pipeline, uint64_t assignment, int stage,
   absl::MutexLock lock(&mu_);
   auto pit = pipelines_.find(pipeline);
   if (pit == pipelines_.end() || pit->second->assignment != assignment) return;
+  // A failed step (or a result that cannot be trusted) ends the pipeline; its requests continue
+  // elsewhere, recomputed, as after a loss (each at most max_resumes times, so that a request
+  // that makes steps fail ends with the cause instead of taking the service down).
   if (r.error_code() != 0) {
-    FailPipeline(pipeline, absl::Status(static_cast<absl::StatusCode>(r.error_code()),
-                                        absl::StrFormat("pipeline %d stage %d step %d: %s",
-                                                        pipeline, stage, r.step_id(),
-                                                        r.error_message())));
+    FailPipeline(pipeline,
+                 absl::Status(static_cast<absl::StatusCode>(r.error_code()),
+                              absl::StrFormat("pipeline %d stage %d step %d: %s", pipeline, stage,
+                                              r.step_id(), r.error_message())),
+                 /*resume=*/true);
     return;
   }
   const std::vector<SequenceLogprobs> logprobs = LogprobsFromProto(r);
@@ -268,7 +272,7 @@ void Coordinator::OnStepResult(int pipeline, uint64_t assignment, int stage,
   if (absl::Status s = scheduler_->OnStepResult(pipeline, r.step_id(), tokens, logprobs,
                                                 absl::Now());
       !s.ok()) {
-    FailPipeline(pipeline, s);
+    FailPipeline(pipeline, s, /*resume=*/true);
     return;
   }
   wake_scheduler_ = true;
@@ -291,7 +295,7 @@ void Coordinator::OnLinkBroken(int pipeline, uint64_t assignment, int stage,
   if (s.code() == absl::StatusCode::kUnavailable) {
     MarkDown(worker, why);
   } else {
-    FailPipeline(pipeline, absl::UnavailableError(why));
+    FailPipeline(pipeline, absl::UnavailableError(why), /*resume=*/true);
   }
 }
 

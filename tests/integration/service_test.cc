@@ -627,6 +627,81 @@ TEST_F(ServiceTest, KilledStageWorkerReplansOntoRemainingWorkerAndTheRequestCont
   ExpectMatchesOracle(*cluster, MixedCases(9));
 }
 
+// A worker that takes any stage and fails the first step it is sent (a stage error), then stops
+// heartbeating and refuses stages, as a broken worker would.
+class FailingWorker final : public v1::Worker::Service {
+ public:
+  grpc::Status AssignStage(grpc::ServerContext*, const v1::AssignStageRequest*,
+                           v1::AssignStageResponse*) override {
+    if (failed_.load()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "broken");
+    return grpc::Status::OK;
+  }
+  grpc::Status Steps(grpc::ServerContext*,
+                     grpc::ServerReaderWriter<v1::StepResult, v1::StepRequest>* stream) override {
+    v1::StepRequest req;
+    if (stream->Read(&req)) {
+      v1::StepResult r;
+      r.set_step_id(req.step_id());
+      r.set_error_code(static_cast<int32_t>(absl::StatusCode::kInternal));
+      r.set_error_message("injected: the stage failed");
+      stream->Write(r);
+      failed_.store(true);
+    }
+    while (stream->Read(&req)) {
+    }
+    return grpc::Status::OK;
+  }
+  bool failed() const { return failed_.load(); }
+
+ private:
+  std::atomic<bool> failed_{false};
+};
+
+// A pipeline whose stage fails a step costs no request: the requests in it continue on the other
+// pipeline, recomputed, with the tokens of an undisturbed run.
+TEST_F(ServiceTest, AFailedStepResumesItsPipelinesRequestsInsteadOfFailingThem) {
+  absl::StatusOr<std::unique_ptr<Cluster>> c = Cluster::Start(
+      {.model_dir = ModelDir(), .workers = 1, .stages = 1, .replicas = 2,
+       .coordinator_flags = {"--metrics_address=127.0.0.1:0"}, .wait_until_serving = false});
+  ASSERT_TRUE(c.ok()) << c.status();
+  Cluster& cluster = **c;
+  FailingWorker failing;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&failing);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_GT(port, 0);
+  auto registry = v1::Registry::NewStub(
+      grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
+  v1::RegisterRequest reg;
+  reg.set_address(absl::StrFormat("127.0.0.1:%d", port));
+  reg.set_backend("cpu");
+  v1::RegisterResponse id;
+  grpc::ClientContext rctx;
+  ASSERT_TRUE(registry->Register(&rctx, reg, &id).ok());
+  std::atomic<bool> beating{true};
+  std::thread heartbeats([&] {
+    while (beating.load() && !failing.failed()) {
+      grpc::ClientContext hctx;
+      v1::HeartbeatRequest hb;
+      hb.set_worker_id(id.worker_id());
+      v1::HeartbeatResponse hr;
+      registry->Heartbeat(&hctx, hb, &hr);
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  });
+  ASSERT_TRUE(cluster.WaitForTopology(2, 1).ok()) << cluster.Logs();
+  ExpectMatchesOracle(cluster, MixedCases(12));
+  beating.store(false);
+  heartbeats.join();
+  EXPECT_TRUE(failing.failed()) << "no request went to the failing worker";
+  EXPECT_GT(CoordinatorCounter(cluster, "tandem_sequences_recomputed_total"), 0) << cluster.Logs();
+  EXPECT_THAT(cluster.Logs(), HasSubstr("injected: the stage failed"));
+  c->reset();
+  server->Shutdown();
+}
+
 // With no other worker to resume on, the request of a frozen worker fails with UNAVAILABLE.
 TEST_F(ServiceTest, WorkerThatStopsAnsweringFailsItsRequestsWithUnavailable) {
   auto cluster = StartCluster(1, 1, 1);
