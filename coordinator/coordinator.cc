@@ -161,7 +161,7 @@ void Coordinator::Shutdown() {
 
 void Coordinator::SchedulerLoop() {
   while (true) {
-    std::vector<std::pair<std::shared_ptr<PipelineLink>, v1::StepRequest>> out;
+    std::vector<std::shared_ptr<PipelineLink>> out;
     {
       absl::MutexLock lock(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(&wake_scheduler_), absl::Milliseconds(100));
@@ -169,16 +169,23 @@ void Coordinator::SchedulerLoop() {
       wake_scheduler_ = false;
       scheduler_->Admit(absl::Now());
       for (auto& [id, p] : pipelines_) {
-        for (const StepDescriptor& step : scheduler_->FormSteps(id)) {
-          out.emplace_back(p->link, ToStepRequest(step, p->assignment));
-        }
+        if (QueueSteps(*p)) out.push_back(p->link);
       }
       UpdateGauges();
     }
-    // Writes happen outside mu_ (a slow stream must not stall the callbacks); this thread is the
-    // only writer, so every stage sees the same order.
-    for (auto& [link, step] : out) link->Send(step);
+    // Writes happen outside mu_ (a slow stream must not stall the callbacks), in the order the
+    // steps were formed under it, whichever thread writes them (PipelineLink::Flush).
+    for (auto& link : out) link->Flush();
   }
+}
+
+bool Coordinator::QueueSteps(Pipeline& p) {
+  bool queued = false;
+  for (const StepDescriptor& step : scheduler_->FormSteps(p.id)) {
+    p.link->Queue(ToStepRequest(step, p.assignment));
+    queued = true;
+  }
+  return queued;
 }
 
 void Coordinator::HealthLoop() {
@@ -253,9 +260,20 @@ void Coordinator::Cancel(const std::shared_ptr<RequestState>& request, const abs
 
 void Coordinator::OnStepResult(int pipeline, uint64_t assignment, int stage,
                                const v1::StepResult& r) {
-  absl::MutexLock lock(&mu_);
+  std::shared_ptr<PipelineLink> link;
+  {
+    absl::MutexLock lock(&mu_);
+    link = OnStepResultLocked(pipeline, assignment, stage, r);
+  }
+  // This reader thread writes the pipeline's next steps itself: no hand-off to the scheduler
+  // thread between a result and the step it allows.
+  if (link != nullptr) link->Flush();
+}
+
+std::shared_ptr<PipelineLink> Coordinator::OnStepResultLocked(int pipeline, uint64_t assignment,
+                                                              int stage, const v1::StepResult& r) {
   auto pit = pipelines_.find(pipeline);
-  if (pit == pipelines_.end() || pit->second->assignment != assignment) return;
+  if (pit == pipelines_.end() || pit->second->assignment != assignment) return nullptr;
   // A failed step (or a result that cannot be trusted) ends the pipeline; its requests continue
   // elsewhere, recomputed, as after a loss (each at most max_resumes times, so that a request
   // that makes steps fail ends with the cause instead of taking the service down).
@@ -265,7 +283,7 @@ void Coordinator::OnStepResult(int pipeline, uint64_t assignment, int stage,
                               absl::StrFormat("pipeline %d stage %d step %d: %s", pipeline, stage,
                                               r.step_id(), r.error_message())),
                  /*resume=*/true);
-    return;
+    return nullptr;
   }
   const std::vector<SequenceLogprobs> logprobs = LogprobsFromProto(r);
   const std::span<const int32_t> tokens(r.tokens().data(), r.tokens().size());
@@ -273,9 +291,13 @@ void Coordinator::OnStepResult(int pipeline, uint64_t assignment, int stage,
                                                 absl::Now());
       !s.ok()) {
     FailPipeline(pipeline, s, /*resume=*/true);
-    return;
+    return nullptr;
   }
-  wake_scheduler_ = true;
+  // The scheduler thread admits waiting requests (a sequence that ended freed its slot) and
+  // forms the other pipelines' steps.
+  if (scheduler_->waiting() > 0) wake_scheduler_ = true;
+  Pipeline& p = *pit->second;
+  return QueueSteps(p) ? p.link : nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------

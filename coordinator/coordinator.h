@@ -6,7 +6,9 @@
 // Threads (all named; see Start()):
 //   gRPC handler threads: Submit/Cancel/RequestState waits, Admin calls, Registry calls.
 //   "scheduler":   admits waiting requests, forms micro-batch steps and writes them to the
-//                  pipelines' streams (the only writer, which keeps every stage's order).
+//                  pipelines' streams. A pipeline's reader of its last stage forms and writes
+//                  the steps a result allows itself; steps leave in the order they were formed
+//                  under mu_ whichever thread writes them (PipelineLink::Queue, Flush).
 //   "health":      declares workers down when their heartbeats stop, and reports readiness
 //                  (whether a pipeline serves) to the readiness observer.
 //   "planner":     closes broken pipelines, re-plans onto the workers that are left, and goes
@@ -138,6 +140,12 @@ class Coordinator {
   void AssignRoles() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void OnStepResult(int pipeline, uint64_t assignment, int stage, const v1::StepResult& r);
+  // The scheduler's part of a result; the link whose queued steps the caller flushes, if any.
+  std::shared_ptr<PipelineLink> OnStepResultLocked(int pipeline, uint64_t assignment, int stage,
+                                                   const v1::StepResult& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues the steps the scheduler forms for `p` on its link; whether there were any.
+  bool QueueSteps(Pipeline& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnLinkBroken(int pipeline, uint64_t assignment, int stage, const absl::Status& s);
   // With `resume`, its running requests go back to the queue to continue elsewhere (see
   // Scheduler::RemovePipeline) instead of failing with `why`.

@@ -25,7 +25,27 @@ PipelineLink::PipelineLink(std::vector<std::shared_ptr<grpc::Channel>> channels,
 
 PipelineLink::~PipelineLink() { Close(); }
 
-bool PipelineLink::Send(const v1::StepRequest& step) {
+void PipelineLink::Queue(v1::StepRequest step) {
+  absl::MutexLock lock(&queue_mu_);
+  queued_.push_back(std::move(step));
+}
+
+bool PipelineLink::Flush() {
+  absl::MutexLock flush(&flush_mu_);
+  bool ok = true;
+  while (true) {
+    v1::StepRequest step;
+    {
+      absl::MutexLock lock(&queue_mu_);
+      if (queued_.empty()) return ok;
+      step = std::move(queued_.front());
+      queued_.pop_front();
+    }
+    ok &= Write(step);
+  }
+}
+
+bool PipelineLink::Write(const v1::StepRequest& step) {
   for (auto& stage : stages_) {
     StageStream& st = *stage;
     absl::MutexLock lock(&st.write_mu);

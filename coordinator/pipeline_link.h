@@ -4,6 +4,7 @@
 // the stages before the streams open and sets up their activation link (gRPC or NCCL).
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -36,9 +37,12 @@ class PipelineLink {
   PipelineLink(const PipelineLink&) = delete;
   PipelineLink& operator=(const PipelineLink&) = delete;
 
-  // Writes `step` to every stage, stage 0 first (every stage checks the tokens against the
-  // sequences' lengths). False when any stream is broken or closed. Calls must come from one thread (that keeps the order).
-  bool Send(const v1::StepRequest& step);
+  // Steps leave in the order they are queued, whichever thread writes them: Queue (under the
+  // lock that orders step formation) then Flush (outside it) writes every queued step to every
+  // stage, stage 0 first (every stage checks the tokens against the sequences' lengths). False
+  // when any stream is broken or closed.
+  void Queue(v1::StepRequest step);
+  bool Flush();
   // Cancels every stream and joins the readers; no callback runs after it returns. Must not be
   // called from a callback or while holding a lock that a callback takes.
   void Close();
@@ -53,8 +57,13 @@ class PipelineLink {
   };
   void ReadLoop(int stage);
 
+  bool Write(const v1::StepRequest& step);
+
   Callbacks callbacks_;
   std::vector<std::unique_ptr<StageStream>> stages_;
+  absl::Mutex queue_mu_;
+  std::deque<v1::StepRequest> queued_ ABSL_GUARDED_BY(queue_mu_);
+  absl::Mutex flush_mu_;  // one writer at a time, so that queued steps leave in order
   std::atomic<bool> closing_{false};
   absl::Mutex close_mu_;
   bool closed_ ABSL_GUARDED_BY(close_mu_) = false;
