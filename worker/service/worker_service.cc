@@ -374,11 +374,9 @@ grpc::Status WorkerService::Steps(
         result = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(s.message()));
         return;
       }
-      v1::StepResult r;
-      {
-        absl::MutexLock run(&a->run_mu);
-        r = RunStep(*a, req, cancelled);
-      }
+      LockForStep(*a);
+      v1::StepResult r = RunStep(*a, req, cancelled);
+      a->run_mu.Unlock();
       const bool last = a->stage + 1 == a->num_stages;
       if (r.error_code() != 0) {
         if (!ctx->IsCancelled()) {
@@ -437,6 +435,17 @@ absl::Status OfSequence(uint64_t key, const absl::Status& s) {
 
 }  // namespace
 
+void WorkerService::LockForStep(Assignment& a) {
+  a.run_mu.LockWhen(absl::Condition(
+      +[](std::atomic<int>* waiting) { return waiting->load() == 0; }, &a.kv_waiting));
+}
+
+void WorkerService::LockForKv(Assignment& a) {
+  a.kv_waiting.fetch_add(1);
+  a.run_mu.Lock();
+  a.kv_waiting.fetch_sub(1);
+}
+
 absl::StatusOr<std::shared_ptr<const KvBlock>> WorkerService::Stashed(uint64_t key) {
   absl::MutexLock lock(&stash_mu_);
   auto it = stash_.find(key);
@@ -465,16 +474,17 @@ grpc::Status WorkerService::ExportKv(grpc::ServerContext* ctx, const v1::ExportK
   std::map<uint64_t, std::shared_ptr<const KvBlock>> blocks;
   int64_t bytes = 0;
   const absl::Time t0 = absl::Now();
-  {
-    absl::MutexLock run(&(*a)->run_mu);
-    const int layers = (*a)->last_layer - (*a)->first_layer;
-    for (const v1::KvSequence& s : req->seqs()) {
-      absl::StatusOr<KvBlock> b =
-          (*a)->engine->ExportKv(s.slot(), s.positions(), (*a)->first_layer, layers);
-      if (!b.ok()) return ToGrpcStatus(OfSequence(s.key(), b.status()));
-      bytes += static_cast<int64_t>(b->k.size() + b->v.size());
-      blocks[s.key()] = std::make_shared<const KvBlock>(*std::move(b));
-    }
+  // One sequence at a time between steps, so that a stage that keeps running steps (a prefill
+  // worker handing off) waits for one sequence's copies at most.
+  const int layers = (*a)->last_layer - (*a)->first_layer;
+  for (const v1::KvSequence& s : req->seqs()) {
+    LockForKv(**a);
+    absl::StatusOr<KvBlock> b =
+        (*a)->engine->ExportKv(s.slot(), s.positions(), (*a)->first_layer, layers);
+    (*a)->run_mu.Unlock();
+    if (!b.ok()) return ToGrpcStatus(OfSequence(s.key(), b.status()));
+    bytes += static_cast<int64_t>(b->k.size() + b->v.size());
+    blocks[s.key()] = std::make_shared<const KvBlock>(*std::move(b));
   }
   absl::MutexLock lock(&stash_mu_);
   for (auto& [key, block] : blocks) stash_[key] = std::move(block);
@@ -630,16 +640,20 @@ grpc::Status WorkerService::ImportKv(grpc::ServerContext* ctx, const v1::ImportK
     for (const KvBlock& b : *blocks[i]) fetched += static_cast<int64_t>(b.k.size() + b.v.size());
   }
   resp->set_fetch_seconds(absl::ToDoubleSeconds(absl::Now() - t0));
+  // One sequence at a time between steps (all its layers at once), so that the stage's running
+  // sequences wait for one sequence's copies at most.
   int64_t bytes = 0;
-  absl::MutexLock run(&(*a)->run_mu);
-  for (const absl::StatusOr<std::vector<KvBlock>>& part : blocks) {
-    for (size_t i = 0; i < part->size(); ++i) {
-      const v1::KvSequence& s = req->seqs(static_cast<int>(i));
-      if (absl::Status st = (*a)->engine->ImportKv(s.slot(), (*part)[i]); !st.ok()) {
-        return ToGrpcStatus(OfSequence(s.key(), st));
-      }
-      bytes += static_cast<int64_t>((*part)[i].k.size() + (*part)[i].v.size());
+  for (int i = 0; i < req->seqs_size(); ++i) {
+    const v1::KvSequence& s = req->seqs(i);
+    LockForKv(**a);
+    absl::Status st;
+    for (const absl::StatusOr<std::vector<KvBlock>>& part : blocks) {
+      const KvBlock& b = (*part)[i];
+      if (st = (*a)->engine->ImportKv(s.slot(), b); !st.ok()) break;
+      bytes += static_cast<int64_t>(b.k.size() + b.v.size());
     }
+    (*a)->run_mu.Unlock();
+    if (!st.ok()) return ToGrpcStatus(OfSequence(s.key(), st));
   }
   resp->set_bytes(bytes);
   resp->set_fetched_bytes(fetched);

@@ -113,9 +113,16 @@ class WorkerService final : public v1::Worker::Service {
     std::unique_ptr<Stage> engine;
     std::unique_ptr<ActivationTransport> transport;
     std::unique_ptr<StepRunner> runner;  // over engine and transport; destroyed first
-    // Serializes the executors of streams that overlap during a hand-over.
+    // Serializes the executors of streams that overlap during a hand-over, and the KV-cache
+    // exports and imports that run between steps.
     absl::Mutex run_mu;
+    // Exports and imports waiting for run_mu: an executor lets them in before its next step
+    // (RunLock), so that a busy stage does not keep a hand-off waiting step after step.
+    std::atomic<int> kv_waiting{0};
   };
+  // run_mu for a step (after every waiting export or import) or for one sequence's KV-cache.
+  static void LockForStep(Assignment& a);
+  static void LockForKv(Assignment& a);
   // Executes one step; the result to send back (errors as error_code).
   v1::StepResult RunStep(Assignment& a, const v1::StepRequest& req,
                          const std::function<bool()>& cancelled);
