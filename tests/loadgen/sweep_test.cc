@@ -27,12 +27,31 @@ using testing::Cluster;
 using testing::PrintedMetricsPort;
 using testing::ReadFile;
 
-TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
-  const fs::path dir = fs::path(::testing::TempDir()) / absl::StrFormat("sweep-test-%d", getpid());
+// A fresh folder under the test's temp dir, named `name` and the process id, with a random
+// checkpoint of `preset` in model/.
+fs::path ModelFolder(const std::string& name, const std::string& preset, uint64_t seed) {
+  const fs::path dir = fs::path(::testing::TempDir()) / absl::StrFormat("%s-%d", name, getpid());
   fs::remove_all(dir);
-  absl::StatusOr<ModelConfig> config = PresetConfig("tiny-gpt2");
-  ASSERT_TRUE(config.ok()) << config.status();
-  ASSERT_TRUE(WriteRandomCheckpoint(*config, GeneratorOptions{.seed = 3}, dir / "model").ok());
+  absl::StatusOr<ModelConfig> config = PresetConfig(preset);
+  EXPECT_TRUE(config.ok()) << config.status();
+  if (config.ok()) {
+    EXPECT_TRUE(WriteRandomCheckpoint(*config, GeneratorOptions{.seed = seed}, dir / "model").ok());
+  }
+  return dir;
+}
+
+// The run folder's results.json; null (and a test failure) where it does not parse.
+nlohmann::json ReadResults(const fs::path& run) {
+  try {
+    return nlohmann::json::parse(ReadFile(run / "results.json"));
+  } catch (const nlohmann::json::exception& e) {
+    ADD_FAILURE() << run << "/results.json: " << e.what();
+    return nullptr;
+  }
+}
+
+TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
+  const fs::path dir = ModelFolder("sweep-test", "tiny-gpt2", 3);
 
   absl::StatusOr<std::unique_ptr<Cluster>> cluster =
       Cluster::Start({.model_dir = dir / "model", .workers = 2, .stages = 1, .replicas = 1,
@@ -64,12 +83,8 @@ TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
   EXPECT_THAT(rows[0], HasSubstr("ttft_p99_s"));
 
   // results.json: every configuration correct, tokens generated, both stages timed at 2 nodes.
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(ReadFile(run / "results.json"));
-  } catch (const nlohmann::json::exception& e) {
-    FAIL() << e.what();
-  }
+  nlohmann::json j = ReadResults(run);
+  ASSERT_FALSE(j.is_null());
   EXPECT_TRUE(j["all_correct"].get<bool>());
   ASSERT_EQ(j["configs"].size(), 8u);
   for (const auto& c : j["configs"]) {
@@ -122,12 +137,7 @@ TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
 // decoding, then one of them running prompts only; the second layout's greedy outputs must equal
 // the first's, and its rows say so.
 TEST(SweepTest, PrefillNodesAreASweepDimensionCheckedAgainstColocatedReplicas) {
-  const fs::path dir =
-      fs::path(::testing::TempDir()) / absl::StrFormat("sweep-prefill-test-%d", getpid());
-  fs::remove_all(dir);
-  absl::StatusOr<ModelConfig> config = PresetConfig("tiny-llama");
-  ASSERT_TRUE(config.ok()) << config.status();
-  ASSERT_TRUE(WriteRandomCheckpoint(*config, GeneratorOptions{.seed = 4}, dir / "model").ok());
+  const fs::path dir = ModelFolder("sweep-prefill-test", "tiny-llama", 4);
   absl::StatusOr<std::unique_ptr<Cluster>> cluster =
       Cluster::Start({.model_dir = dir / "model", .workers = 2, .stages = 1, .replicas = 2,
                       .coordinator_flags = {"--metrics_address=127.0.0.1:0"}});
@@ -140,12 +150,8 @@ TEST(SweepTest, PrefillNodesAreASweepDimensionCheckedAgainstColocatedReplicas) {
       run.string(), " > ", (dir / "loadgen.log").string(), " 2>&1");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << ReadFile(dir / "loadgen.log") << (*cluster)->Logs();
 
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(ReadFile(run / "results.json"));
-  } catch (const nlohmann::json::exception& e) {
-    FAIL() << e.what();
-  }
+  nlohmann::json j = ReadResults(run);
+  ASSERT_FALSE(j.is_null());
   EXPECT_TRUE(j["all_correct"].get<bool>());
   ASSERT_EQ(j["configs"].size(), 4u);
   std::vector<int> prefill;
@@ -183,12 +189,7 @@ TEST(SweepTest, PrefillNodesAreASweepDimensionCheckedAgainstColocatedReplicas) {
 // The same sweep through the OpenAI-compatible HTTP API (--api openai), with the nodes set through
 // tandem's gRPC Admin: the same tables, every output the same as the first node count's.
 TEST(SweepTest, OpenAiApiSweepWritesTheSameTables) {
-  const fs::path dir =
-      fs::path(::testing::TempDir()) / absl::StrFormat("sweep-openai-%d", getpid());
-  fs::remove_all(dir);
-  absl::StatusOr<ModelConfig> config = PresetConfig("tiny-gpt2");
-  ASSERT_TRUE(config.ok()) << config.status();
-  ASSERT_TRUE(WriteRandomCheckpoint(*config, GeneratorOptions{.seed = 3}, dir / "model").ok());
+  const fs::path dir = ModelFolder("sweep-openai", "tiny-gpt2", 3);
   absl::StatusOr<std::unique_ptr<Cluster>> cluster =
       Cluster::Start({.model_dir = dir / "model", .workers = 2, .stages = 1, .replicas = 1,
                       .coordinator_flags = {"--metrics_address=", "--http_listen=127.0.0.1:0"}});
@@ -206,12 +207,8 @@ TEST(SweepTest, OpenAiApiSweepWritesTheSameTables) {
       run.string(), " > ", (dir / "loadgen.log").string(), " 2>&1");
   const int rc = std::system(cmd.c_str());
   ASSERT_EQ(rc, 0) << ReadFile(dir / "loadgen.log") << (*cluster)->Logs();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(ReadFile(run / "results.json"));
-  } catch (const nlohmann::json::exception& e) {
-    FAIL() << e.what();
-  }
+  nlohmann::json j = ReadResults(run);
+  ASSERT_FALSE(j.is_null());
   EXPECT_EQ(j["options"]["api"], "openai");
   EXPECT_TRUE(j["all_correct"].get<bool>());
   ASSERT_EQ(j["configs"].size(), 4u);

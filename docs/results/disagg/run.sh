@@ -27,30 +27,19 @@ mkdir -p "$out" && rm -rf "$out/sweep" "$out/prompts"
 [ -f "$out/model/config.json" ] ||
   "$bin/tandem-make-model" --preset="${PRESET:-tiny-llama}" --seed=1 --max_positions=4096 \
     --out="$out/model" > /dev/null || exit 1
-"$bin/tandem-coordinator" --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 --model_dir="$out/model" \
-  --stages=1 --replicas=2 --max_batch=64 --max_slots="${MAX_SLOTS:-64}" \
-  --max_seq_len="${MAX_SEQ_LEN:-0}" --metrics_address=127.0.0.1:0 \
-  > "$out/coordinator.log" 2>&1 &
-pids=($!)
+source docs/results/serve-lib.sh
+pids=()
 trap 'kill "${pids[@]}" 2>/dev/null' EXIT
-port=""
-for _ in $(seq 100); do
-  port=$(sed -n 's/^tandem-coordinator listening on port \([0-9]*\)$/\1/p' "$out/coordinator.log")
-  [ -n "$port" ] && break
-  sleep 0.1
-done
-http=$(sed -n 's/^tandem-coordinator http on port \([0-9]*\)$/\1/p' "$out/coordinator.log")
-metrics=$(sed -n 's/^tandem-coordinator metrics on port \([0-9]*\)$/\1/p' "$out/coordinator.log")
+start_coordinator "$out/coordinator.log" --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 \
+  --model_dir="$out/model" --stages=1 --replicas=2 --max_batch=64 --max_slots="${MAX_SLOTS:-64}" \
+  --max_seq_len="${MAX_SEQ_LEN:-0}" --metrics_address=127.0.0.1:0
 for w in 1 2; do
   # shellcheck disable=SC2086
   "$bin/tandem-worker" --coordinator=127.0.0.1:$port --listen=127.0.0.1:0 \
     ${WORKER_FLAGS:---backend=cpu} --metrics_address= > "$out/worker$w.log" 2>&1 &
   pids+=($!)
 done
-for _ in $(seq 600); do
-  [ "$(grep -c "serves with" "$out/coordinator.log")" -ge 2 ] && break
-  sleep 0.2
-done
+wait_serving "$out/coordinator.log" 2
 "$bin/tandem-loadgen" sweep --api=openai --addr=http://127.0.0.1:$http \
   --batch="${PROMPT_BATCH:-1}" --requests=100000 --warmup=0 --prompt_lens="${LONG:-2048}" \
   --output_lens=1 --progress=false --out="$out/prompts" > "$out/prompts.log" 2>&1 &

@@ -26,18 +26,12 @@ mkdir -p "$out" && rm -rf "$out/sweep"
 [ -f "$out/model/config.json" ] ||
   "$bin/tandem-make-model" --preset="${PRESET:-tiny-llama}" --seed=1 --out="$out/model" > /dev/null ||
   exit 1
-"$bin/tandem-coordinator" --listen=127.0.0.1:0 --model_dir="$out/model" --stages=1 --replicas=1 \
-  --max_slots="$batch" --max_batch="$batch" --max_seq_len="${MAX_SEQ_LEN:-512}" \
-  --metrics_address=127.0.0.1:0 > "$out/coordinator.log" 2>&1 &
-pids=($!)
+source docs/results/serve-lib.sh
+pids=()
 trap 'kill -9 "${pids[@]}" 2>/dev/null' EXIT
-port=""
-for _ in $(seq 100); do
-  port=$(sed -n 's/^tandem-coordinator listening on port \([0-9]*\)$/\1/p' "$out/coordinator.log")
-  [ -n "$port" ] && break
-  sleep 0.1
-done
-metrics=$(sed -n 's/^tandem-coordinator metrics on port \([0-9]*\)$/\1/p' "$out/coordinator.log")
+start_coordinator "$out/coordinator.log" --listen=127.0.0.1:0 --model_dir="$out/model" \
+  --stages=1 --replicas=1 --max_slots="$batch" --max_batch="$batch" \
+  --max_seq_len="${MAX_SEQ_LEN:-512}" --metrics_address=127.0.0.1:0
 for i in 0 1; do
   # shellcheck disable=SC2086
   "$bin/tandem-worker" --coordinator=127.0.0.1:$port --listen=127.0.0.1:0 \

@@ -15,25 +15,16 @@ requests=${REQUESTS:-64}
 mkdir -p "$out" && rm -rf "$out/sweep" "$out/steps.tsv"
 [ -f "$out/model/config.json" ] ||
   "$bin/tandem-make-model" --preset=tiny-llama --seed=1 --out="$out/model" > /dev/null || exit 1
-# shellcheck disable=SC2086
-"$bin/tandem-coordinator" --listen=127.0.0.1:0 --model_dir="$out/model" --stages=1 --replicas=1 \
-  --max_batch=64 --max_slots=64 --metrics_address= ${COORDINATOR_FLAGS:-} \
-  > "$out/coordinator.log" 2>&1 &
-pids=($!)
+source docs/results/serve-lib.sh
+pids=()
 trap 'kill "${pids[@]}" 2>/dev/null' EXIT
-port=""
-for _ in $(seq 100); do
-  port=$(sed -n 's/^tandem-coordinator listening on port \([0-9]*\)$/\1/p' "$out/coordinator.log")
-  [ -n "$port" ] && break
-  sleep 0.1
-done
+# shellcheck disable=SC2086
+start_coordinator "$out/coordinator.log" --listen=127.0.0.1:0 --model_dir="$out/model" \
+  --stages=1 --replicas=1 --max_batch=64 --max_slots=64 --metrics_address= ${COORDINATOR_FLAGS:-}
 "$bin/tandem-worker" --coordinator=127.0.0.1:$port --listen=127.0.0.1:0 --backend=cpu \
   --metrics_address= --step_trace="$out/steps.tsv" ${WORKER_FLAGS:-} > "$out/worker.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 100); do
-  grep -q "serves with" "$out/coordinator.log" && break
-  sleep 0.1
-done
+wait_serving "$out/coordinator.log" 1
 "$bin/tandem-loadgen" sweep --api=grpc --addr=127.0.0.1:$port --nodes=1 --batch="$batch" \
   --requests="$requests" --warmup=4 --prompt_lens=128 --output_lens=128 --progress=false \
   --out="$out/sweep" > "$out/loadgen.log" 2>&1
