@@ -565,7 +565,7 @@ TEST_F(ServiceTest, KilledPrefillWorkerFailsNoRequest) {
 TEST_F(ServiceTest, SequencesWithoutRoomInTheNewLayoutAreRecomputed) {
   auto cluster = StartCluster(2, 1, 2, {"--max_slots=3", "--metrics_address=127.0.0.1:0"});
   ASSERT_NE(cluster, nullptr);
-  LongStreams streams(*cluster, 6, 77);
+  LongStreams streams(*cluster, 6, 77, /*greedy=*/true);
   absl::StatusOr<v1::Topology> t = SetTopology(*cluster, 1, 1);
   ASSERT_TRUE(t.ok()) << t.status() << cluster->Logs();
   streams.Finish(/*recomputed=*/true);
