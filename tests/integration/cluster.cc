@@ -184,6 +184,24 @@ Cluster::~Cluster() {
   std::filesystem::remove_all(dir_, ec);
 }
 
+absl::Status Cluster::WaitForLiveWorkers(int n, double timeout_s) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
+  std::string last;
+  while (absl::Now() < deadline) {
+    grpc::ClientContext ctx;
+    v1::ListWorkersResponse resp;
+    if (admin().ListWorkers(&ctx, {}, &resp).ok()) {
+      bool ok = resp.workers_size() == n;
+      for (const v1::WorkerInfo& w : resp.workers()) ok &= w.state() != v1::WORKER_STATE_DOWN;
+      if (ok) return absl::OkStatus();
+      last = resp.DebugString();
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrFormat("ListWorkers did not show %d live workers; last seen:\n%s", n, last));
+}
+
 absl::Status Cluster::WaitForTopology(int pipelines, int stages, double timeout_s) {
   const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
   std::string last;

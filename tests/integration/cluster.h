@@ -72,6 +72,8 @@ class Cluster {
 
   // Waits until exactly `pipelines` pipelines of `stages` stages each serve.
   absl::Status WaitForTopology(int pipelines, int stages, double timeout_s = 60);
+  // Waits until ListWorkers shows `n` workers, none of them down.
+  absl::Status WaitForLiveWorkers(int n, double timeout_s = 60);
   // Kills the coordinator (SIGKILL) and starts it again with the same flags on the same port;
   // returns once it listens (the workers find it on their own).
   absl::Status KillAndRestartCoordinator();

@@ -80,25 +80,6 @@ class RecoveryTest : public ::testing::Test {
     return {resp.workers().begin(), resp.workers().end()};
   }
 
-  // Waits until ListWorkers shows `n` workers, none of them down.
-  static absl::Status WaitForLiveWorkers(Cluster& cluster, int n, double timeout_s = 60) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
-    std::string last;
-    while (absl::Now() < deadline) {
-      grpc::ClientContext ctx;
-      v1::ListWorkersResponse resp;
-      if (cluster.admin().ListWorkers(&ctx, {}, &resp).ok()) {
-        bool ok = resp.workers_size() == n;
-        for (const v1::WorkerInfo& w : resp.workers()) ok &= w.state() != v1::WORKER_STATE_DOWN;
-        if (ok) return absl::OkStatus();
-        last = resp.DebugString();
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return absl::DeadlineExceededError(
-        absl::StrFormat("ListWorkers did not show %d live workers; last seen:\n%s", n, last));
-  }
-
   static absl::StatusOr<v1::Topology> Undrain(Cluster& cluster, int64_t worker_id) {
     grpc::ClientContext ctx;
     v1::UndrainRequest req;
@@ -168,7 +149,7 @@ TEST_F(RecoveryTest, FrozenWorkerReturnsAndTheRequestedTopologyIsRestored) {
   // entry of its old registration is gone.
   cluster->worker(1).Kill(SIGCONT);
   ASSERT_TRUE(cluster->WaitForTopology(1, 2).ok()) << cluster->Logs();
-  ASSERT_TRUE(WaitForLiveWorkers(*cluster, 2).ok()) << cluster->Logs();
+  ASSERT_TRUE(cluster->WaitForLiveWorkers(2).ok()) << cluster->Logs();
   EXPECT_EQ(Generate(*cluster, &status), expected);
   EXPECT_TRUE(status.ok()) << status.error_message();
   EXPECT_THAT(cluster->worker(1).Log(), HasSubstr("registering again"));

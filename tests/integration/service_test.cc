@@ -460,6 +460,7 @@ TEST_F(ServiceTest, PrefillReplicasHandTheKvCacheToDecodeReplicasWithTheSameToke
   auto cluster = StartCluster(4, 1, 2, {"--prefill_replicas=1", "--max_slots=8",
                                         "--metrics_address=127.0.0.1:0"});
   ASSERT_NE(cluster, nullptr);
+  ASSERT_TRUE(cluster->WaitForLiveWorkers(4).ok()) << cluster->Logs();
   grpc::ClientContext tctx;
   v1::Topology topo;
   ASSERT_TRUE(cluster->admin().GetTopology(&tctx, {}, &topo).ok());
@@ -508,6 +509,7 @@ TEST_F(ServiceTest, LayoutChangesDuringHandoffsLoseNoRequest) {
   auto cluster = StartCluster(4, 1, 2, {"--prefill_replicas=1", "--max_slots=16",
                                         "--metrics_address=127.0.0.1:0"});
   ASSERT_NE(cluster, nullptr);
+  ASSERT_TRUE(cluster->WaitForLiveWorkers(4).ok()) << cluster->Logs();
   int round = 0;
   for (auto [stages, replicas, prefill] :
        {std::tuple{2, 2, 1}, {1, 2, 0}, {1, 3, 1}, {1, 2, 1}, {2, 2, 1}}) {
