@@ -32,12 +32,14 @@ async function main() {
   const h = await call(healthClient, 'Check', { service: '' });
   if (h.status !== 'SERVING') fail('health status ' + h.status);
 
-  const request = { token_ids: [5, 6, 7], max_new_tokens: 12, ignore_eos: true,
+  // Long enough that the stream shows several messages: the service coalesces tokens generated
+  // faster than the client takes them, and a dozen tokens of this model take under a millisecond.
+  const request = { token_ids: [5, 6, 7], max_new_tokens: 200, ignore_eos: true,
                     sampling: { temperature: 0.9, top_k: 20, seed: 3 } };
   const unary = await call(inference, 'Generate', request);
-  if (unary.token_ids.length !== 12) fail('Generate returned ' + unary.token_ids.length + ' tokens');
+  if (unary.token_ids.length !== 200) fail('Generate returned ' + unary.token_ids.length + ' tokens');
   if (unary.finish_reason !== 'FINISH_REASON_LENGTH') fail('finish ' + unary.finish_reason);
-  if (unary.usage.prompt_tokens !== 3 || unary.usage.completion_tokens !== 12) {
+  if (unary.usage.prompt_tokens !== 3 || unary.usage.completion_tokens !== 200) {
     fail('usage ' + JSON.stringify(unary.usage));
   }
 
