@@ -694,39 +694,26 @@ absl::Status Coordinator::BuildPipeline(int id, uint64_t assignment,
 
 void Coordinator::AssignRoles() {
   const int want = wanted_prefill_replicas_;
-  std::map<int, PipelineRole> roles;  // by id
-  if (want <= 0 || static_cast<int>(pipelines_.size()) <= want) {
-    for (const auto& [id, p] : pipelines_) roles[id] = PipelineRole::kBoth;
-  } else {
-    // Prefill pipelines stay so (the oldest first), then pipelines that did both, then decode
-    // ones (the newest first) make up the number.
-    int prefill = 0;
+  const bool split = want > 0 && static_cast<int>(pipelines_.size()) > want;
+  // Who runs prompts, in order of preference, so that roles change as little as they can: the
+  // prefill pipelines (oldest first), those that did both (oldest first), decode ones (newest
+  // first).
+  std::vector<int> order;
+  for (PipelineRole r : {PipelineRole::kPrefill, PipelineRole::kBoth}) {
     for (const auto& [id, p] : pipelines_) {
-      if (p->role == PipelineRole::kPrefill && prefill < want) {
-        roles[id] = PipelineRole::kPrefill;
-        ++prefill;
-      }
+      if (scheduler_->role(id) == r) order.push_back(id);
     }
-    for (const auto& [id, p] : pipelines_) {
-      if (p->role == PipelineRole::kBoth && prefill < want) {
-        roles[id] = PipelineRole::kPrefill;
-        ++prefill;
-      }
-    }
-    for (auto it = pipelines_.rbegin(); it != pipelines_.rend() && prefill < want; ++it) {
-      if (!roles.contains(it->first)) {
-        roles[it->first] = PipelineRole::kPrefill;
-        ++prefill;
-      }
-    }
-    for (const auto& [id, p] : pipelines_) roles.try_emplace(id, PipelineRole::kDecode);
   }
-  for (auto& [id, role] : roles) {
-    Pipeline& p = *pipelines_.at(id);
-    if (p.role == role) continue;
-    p.role = role;
-    scheduler_->SetRole(id, role);
-    spdlog::info("pipeline {} {}", id,
+  for (auto it = pipelines_.rbegin(); it != pipelines_.rend(); ++it) {
+    if (scheduler_->role(it->first) == PipelineRole::kDecode) order.push_back(it->first);
+  }
+  for (size_t i = 0; i < order.size(); ++i) {
+    const PipelineRole role = !split                          ? PipelineRole::kBoth
+                              : static_cast<int>(i) < want ? PipelineRole::kPrefill
+                                                           : PipelineRole::kDecode;
+    if (scheduler_->role(order[i]) == role) continue;
+    scheduler_->SetRole(order[i], role);
+    spdlog::info("pipeline {} {}", order[i],
                  role == PipelineRole::kPrefill  ? "runs prompts only"
                  : role == PipelineRole::kDecode ? "decodes only"
                                                  : "runs prompts and decodes");
@@ -900,8 +887,9 @@ v1::Topology Coordinator::TopologyLocked() {
     pi->set_pipeline_id(id);
     pi->set_running_sequences(scheduler_->running(id));
     pi->set_free_slots(scheduler_->free_slots(id));
-    pi->set_role(p->role == PipelineRole::kPrefill  ? "prefill"
-                 : p->role == PipelineRole::kDecode ? "decode"
+    const PipelineRole role = scheduler_->role(id);
+    pi->set_role(role == PipelineRole::kPrefill  ? "prefill"
+                 : role == PipelineRole::kDecode ? "decode"
                                                     : "both");
     for (size_t s = 0; s < p->workers.size(); ++s) {
       v1::StagePlacement* sp = pi->add_stages();

@@ -125,7 +125,6 @@ class Coordinator {
     std::vector<int64_t> workers;  // per stage
     std::vector<LayerRange> ranges;
     std::shared_ptr<PipelineLink> link;
-    PipelineRole role = PipelineRole::kBoth;
   };
 
   explicit Coordinator(const CoordinatorConfig& config);

@@ -34,7 +34,7 @@ std::shared_ptr<RequestState> Scheduler::Enqueue(ValidatedRequest request, absl:
 
 void Scheduler::FailWaiting(const absl::Status& why, absl::Time now) {
   std::vector<uint64_t> handing_off;
-  for (const auto& [id, h] : handoffs_) handing_off.push_back(h.seq);
+  for (const auto& [id, pending] : handoffs_) handing_off.push_back(pending.handoff.seq);
   for (uint64_t seq : handing_off) EndSequence(seq, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
   const std::deque<uint64_t> resumed = resumed_;
   for (uint64_t seq : resumed) EndSequence(seq, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
@@ -52,6 +52,11 @@ void Scheduler::AddPipeline(int id, int stages, PipelineRole role) {
 void Scheduler::SetRole(int id, PipelineRole role) {
   auto it = pipelines_.find(id);
   if (it != pipelines_.end()) it->second.role = role;
+}
+
+PipelineRole Scheduler::role(int id) const {
+  auto it = pipelines_.find(id);
+  return it == pipelines_.end() ? PipelineRole::kBoth : it->second.role;
 }
 
 void Scheduler::RemovePipeline(int id, const absl::Status& why, absl::Time now, bool resume) {
@@ -202,35 +207,38 @@ std::optional<Scheduler::Placement> Scheduler::PlacementForNext(bool fed) const 
     prefill |= p.role == PipelineRole::kPrefill;
     decode |= p.role == PipelineRole::kDecode;
   }
-  // Among pipelines with room that `take` accepts: the fewest running, or the fewest slots used.
-  auto fewest = [this](auto take, bool by_slots) -> std::optional<int> {
+  // Among pipelines with room that `take` accepts, the one of the least `load` (the lowest id on
+  // ties).
+  auto fewest = [this](auto take, auto load) -> std::optional<int> {
     std::optional<int> best;
+    size_t least = 0;
     for (const auto& [id, p] : pipelines_) {
       if (p.draining || p.slots.free() == 0 || !take(p)) continue;
-      const Pipeline& b = best ? pipelines_.at(*best) : p;
-      const size_t load = by_slots ? p.slots.used() : p.running.size();
-      if (!best || load < (by_slots ? static_cast<size_t>(b.slots.used()) : b.running.size())) {
+      if (!best || static_cast<size_t>(load(p)) < least) {
         best = id;
+        least = static_cast<size_t>(load(p));
       }
     }
     return best;
   };
   auto any = [](const Pipeline&) { return true; };
+  auto running = [](const Pipeline& q) { return q.running.size(); };
+  auto used = [](const Pipeline& q) { return q.slots.used(); };
   if (!(prefill && decode)) {
-    if (std::optional<int> p = fewest(any, false)) return Placement{.pipeline = *p};
+    if (std::optional<int> p = fewest(any, running)) return Placement{.pipeline = *p};
     return std::nullopt;
   }
   if (fed) {
     std::optional<int> p =
-        fewest([](const Pipeline& q) { return q.role != PipelineRole::kPrefill; }, false);
-    if (!p) p = fewest(any, false);
+        fewest([](const Pipeline& q) { return q.role != PipelineRole::kPrefill; }, running);
+    if (!p) p = fewest(any, running);
     if (p) return Placement{.pipeline = *p};
     return std::nullopt;
   }
   const std::optional<int> p =
-      fewest([](const Pipeline& q) { return q.role == PipelineRole::kPrefill; }, false);
+      fewest([](const Pipeline& q) { return q.role == PipelineRole::kPrefill; }, running);
   const std::optional<int> d =
-      fewest([](const Pipeline& q) { return q.role == PipelineRole::kDecode; }, true);
+      fewest([](const Pipeline& q) { return q.role == PipelineRole::kDecode; }, used);
   if (!p || !d) return std::nullopt;
   return Placement{.pipeline = *p, .decode = *d};
 }
@@ -273,8 +281,7 @@ void Scheduler::StartHandoff(Sequence& seq) {
   seq.pipeline = seq.slot = seq.decode_pipeline = seq.decode_slot = -1;
   seq.moving = true;
   seq.handoff = h.id;
-  handoffs_.emplace(h.id, h);
-  ready_handoffs_.push_back(h);
+  handoffs_.emplace(h.id, PendingHandoff{.handoff = h});
 }
 
 bool Scheduler::HandoffCanStart(const Handoff& h) const {
@@ -289,24 +296,26 @@ bool Scheduler::HandoffCanStart(const Handoff& h) const {
 }
 
 bool Scheduler::handoffs_ready() const {
-  return std::any_of(ready_handoffs_.begin(), ready_handoffs_.end(),
-                     [this](const Handoff& h) { return HandoffCanStart(h); });
+  return std::any_of(handoffs_.begin(), handoffs_.end(), [this](const auto& entry) {
+    return !entry.second.taken && HandoffCanStart(entry.second.handoff);
+  });
 }
 
 std::vector<Scheduler::Handoff> Scheduler::TakeHandoffs() {
   std::vector<Handoff> out;
-  std::vector<Handoff> wait;
-  for (Handoff& h : ready_handoffs_) (HandoffCanStart(h) ? out : wait).push_back(std::move(h));
-  ready_handoffs_ = std::move(wait);
+  for (auto& [id, pending] : handoffs_) {
+    if (pending.taken || !HandoffCanStart(pending.handoff)) continue;
+    pending.taken = true;
+    out.push_back(pending.handoff);
+  }
   return out;
 }
 
 void Scheduler::HandedOff(uint64_t id, bool ok, const absl::Status& why, absl::Time now) {
   auto hit = handoffs_.find(id);
   if (hit == handoffs_.end()) return;
-  const Handoff h = hit->second;
+  const Handoff h = hit->second.handoff;
   handoffs_.erase(hit);
-  std::erase_if(ready_handoffs_, [id](const Handoff& r) { return r.id == id; });
   if (auto from = pipelines_.find(h.from_pipeline); from != pipelines_.end()) {
     from->second.slots.Free(h.from_slot);
   }
@@ -542,12 +551,10 @@ absl::Status Scheduler::OnStepResult(int id, uint64_t step_id, std::span<const i
     }
     std::optional<TokenLogprob> logprob;
     if (lp != nullptr && lp->has_sampled) logprob = lp->sampled;
+    const bool prefilled = seq.decode_pipeline >= 0;  // in a prefill pipeline, its prompt done
     AppendToken(seq, token, logprob ? &*logprob : nullptr, now);
-    // Its prompt is done in a prefill pipeline: on to its decode slot, unless it ended.
-    auto left = seqs_.find(e.seq);
-    if (left != seqs_.end() && left->second->decode_pipeline >= 0 && left->second->in_flight == 0) {
-      StartHandoff(*left->second);
-    }
+    // On to its decode slot, unless the token ended it (AppendToken then forgot it).
+    if (prefilled && seqs_.contains(e.seq) && seq.in_flight == 0) StartHandoff(seq);
   }
   return absl::OkStatus();
 }

@@ -91,6 +91,7 @@ class Scheduler {
   void AddPipeline(int id, int stages, PipelineRole role = PipelineRole::kBoth);
   // From the next Admit on; the sequences it runs go on there.
   void SetRole(int id, PipelineRole role);
+  PipelineRole role(int id) const;  // kBoth for an unknown pipeline
   // Prefill/decode hand-offs (PipelineRole): a sequence whose prompt is done in a prefill
   // pipeline is taken out of it (neither waiting nor running, its steps all done) while its
   // KV-cache goes from the prefill pipeline's slot to the decode pipeline's. Both slots stay
@@ -289,9 +290,13 @@ class Scheduler {
   std::deque<std::shared_ptr<RequestState>> waiting_;
   std::deque<uint64_t> resumed_;  // sequences whose pipeline was lost, admitted before waiting_
   std::vector<uint64_t> held_;    // sequences taken out of a paused pipeline, not yet placed
+  struct PendingHandoff {
+    Handoff handoff;
+    bool taken = false;  // by TakeHandoffs
+  };
   uint64_t next_handoff_ = 1;
-  std::map<uint64_t, Handoff> handoffs_;  // by id: every hand-off until HandedOff (owns its slots)
-  std::vector<Handoff> ready_handoffs_;   // of them, those not taken yet, oldest first
+  // By id (oldest first): every hand-off until HandedOff; it owns its two slots.
+  std::map<uint64_t, PendingHandoff> handoffs_;
   std::map<int, Pipeline> pipelines_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   absl::flat_hash_map<const RequestState*, uint64_t> seq_of_request_;

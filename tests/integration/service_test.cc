@@ -206,8 +206,9 @@ class ServiceTest : public ::testing::Test {
     return cases;
   }
 
-  // Runs the cases concurrently and checks every answer against the oracle.
-  static void ExpectMatchesOracle(Cluster& cluster, const std::vector<Case>& cases) {
+  // Runs the cases concurrently: each one's status and tokens, in order.
+  static std::vector<std::pair<grpc::Status, std::vector<int32_t>>> RunAll(
+      Cluster& cluster, const std::vector<Case>& cases) {
     std::vector<std::future<std::pair<grpc::Status, std::vector<int32_t>>>> futures;
     for (const Case& c : cases) {
       futures.push_back(std::async(std::launch::async, [&cluster, c] {
@@ -216,8 +217,16 @@ class ServiceTest : public ::testing::Test {
         return std::make_pair(s, t);
       }));
     }
+    std::vector<std::pair<grpc::Status, std::vector<int32_t>>> answers;
+    for (auto& f : futures) answers.push_back(f.get());
+    return answers;
+  }
+
+  // Runs the cases concurrently and checks every answer against the oracle.
+  static void ExpectMatchesOracle(Cluster& cluster, const std::vector<Case>& cases) {
+    std::vector<std::pair<grpc::Status, std::vector<int32_t>>> answers = RunAll(cluster, cases);
     for (size_t i = 0; i < cases.size(); ++i) {
-      auto [status, tokens] = futures[i].get();
+      auto& [status, tokens] = answers[i];
       ASSERT_TRUE(status.ok()) << "request " << i << ": " << status.error_message() << "\n"
                                << cluster.Logs();
       EXPECT_EQ(tokens, Oracle(cases[i])) << "request " << i;
@@ -228,16 +237,9 @@ class ServiceTest : public ::testing::Test {
   // failed): every one must succeed; greedy ones match the oracle up to a near tie; sampled ones
   // are only checked to have tokens (see LongStreams' `greedy`).
   static void ExpectServedWhileRecomputing(Cluster& cluster, const std::vector<Case>& cases) {
-    std::vector<std::future<std::pair<grpc::Status, std::vector<int32_t>>>> futures;
-    for (const Case& c : cases) {
-      futures.push_back(std::async(std::launch::async, [&cluster, c] {
-        grpc::Status s;
-        std::vector<int32_t> t = Run(cluster, c, &s);
-        return std::make_pair(s, t);
-      }));
-    }
+    std::vector<std::pair<grpc::Status, std::vector<int32_t>>> answers = RunAll(cluster, cases);
     for (size_t i = 0; i < cases.size(); ++i) {
-      auto [status, tokens] = futures[i].get();
+      auto& [status, tokens] = answers[i];
       ASSERT_TRUE(status.ok()) << "request " << i << ": " << status.error_message() << "\n"
                                << cluster.Logs();
       if (cases[i].sampling.temperature == 0.0f) {
