@@ -10,7 +10,7 @@
 # usage: docs/results/disagg/run.sh [BUILD_DIR]   (default: build)   Output in $OUT.
 # Environment: PRESET (tiny-llama), BATCH (8), REQUESTS (decoding streams per layout, 32),
 # OUTPUT (512), LONG (2048), PROMPT_BATCH (1), MAX_SLOTS (64), MAX_SEQ_LEN (0: the model's),
-# WORKER_FLAGS (--backend=cpu).
+# WORKER_FLAGS (--backend=cpu), WORKER_GPUS (the workers' --gpu, one each, space-separated).
 # On the GPU machine (after scripts/gpu-check packed the binaries): BIN=carry PRESET=openllama-3b
 # MAX_SLOTS=24 MAX_SEQ_LEN=2304 WORKER_FLAGS="--backend=cuda --gpu=0 --dtype=f16
 # --kv_memory_fraction=0.4 --batch_invariant" (both workers on the one GPU).
@@ -28,6 +28,7 @@ mkdir -p "$out" && rm -rf "$out/sweep" "$out/prompts"
   "$bin/tandem-make-model" --preset="${PRESET:-tiny-llama}" --seed=1 --max_positions=4096 \
     --out="$out/model" > /dev/null || exit 1
 source docs/results/serve-lib.sh
+read -ra gpus <<< "${WORKER_GPUS:-}"
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null' EXIT
 start_coordinator "$out/coordinator.log" --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 \
@@ -36,7 +37,8 @@ start_coordinator "$out/coordinator.log" --listen=127.0.0.1:0 --http_listen=127.
 for w in 1 2; do
   # shellcheck disable=SC2086
   "$bin/tandem-worker" --coordinator=127.0.0.1:$port --listen=127.0.0.1:0 \
-    ${WORKER_FLAGS:---backend=cpu} --metrics_address= > "$out/worker$w.log" 2>&1 &
+    ${WORKER_FLAGS:---backend=cpu} ${gpus[$((w - 1))]:+--gpu=${gpus[$((w - 1))]}} \
+    --metrics_address= > "$out/worker$w.log" 2>&1 &
   pids+=($!)
 done
 wait_serving "$out/coordinator.log" 2

@@ -8,7 +8,8 @@
 # usage: docs/results/kv-move/run.sh [BUILD_DIR]   (default: build)   Output in $OUT.
 # Environment: PRESET (tiny-llama), BATCH (16), REQUESTS (400), PROMPT (32), OUTPUT (128),
 # MAX_SEQ_LEN (512), SWITCHES ("2 1 2 1": the stage counts switched to, one every SWITCH_EVERY_S
-# seconds, default 2), WORKER_FLAGS (--backend=cpu).
+# seconds, default 2), WORKER_FLAGS (--backend=cpu), WORKER_GPUS (the workers' --gpu, one each,
+# space-separated).
 # On the GPU machine (after scripts/gpu-check packed the binaries): BIN=carry PRESET=openllama-3b
 # WORKER_FLAGS="--backend=cuda --gpu=0 --dtype=f16 --kv_memory_fraction=0.4 --batch_invariant"
 # (both workers on the one GPU).
@@ -27,6 +28,7 @@ mkdir -p "$out" && rm -rf "$out/sweep"
   "$bin/tandem-make-model" --preset="${PRESET:-tiny-llama}" --seed=1 --out="$out/model" > /dev/null ||
   exit 1
 source docs/results/serve-lib.sh
+read -ra gpus <<< "${WORKER_GPUS:-}"
 pids=()
 trap 'kill -9 "${pids[@]}" 2>/dev/null' EXIT
 start_coordinator "$out/coordinator.log" --listen=127.0.0.1:0 --model_dir="$out/model" \
@@ -35,7 +37,7 @@ start_coordinator "$out/coordinator.log" --listen=127.0.0.1:0 --model_dir="$out/
 for i in 0 1; do
   # shellcheck disable=SC2086
   "$bin/tandem-worker" --coordinator=127.0.0.1:$port --listen=127.0.0.1:0 \
-    ${WORKER_FLAGS:---backend=cpu} > "$out/worker-$i.log" 2>&1 &
+    ${WORKER_FLAGS:---backend=cpu} ${gpus[$i]:+--gpu=${gpus[$i]}} > "$out/worker-$i.log" 2>&1 &
   pids+=($!)
 done
 for _ in $(seq 300); do
