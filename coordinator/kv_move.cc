@@ -29,8 +29,8 @@ absl::Status ForEachStage(size_t n, const std::function<absl::Status(size_t)>& c
 absl::Status FromGrpc(const grpc::Status& s, const char* rpc, const KvStage& stage) {
   const absl::Status a = FromGrpcStatus(s);
   if (a.ok()) return a;
-  return absl::Status(a.code(), absl::StrCat(rpc, " on worker ", stage.worker, " (",
-                                             stage.address, "): ", a.message()));
+  return absl::Status(a.code(), absl::StrCat(rpc, " on worker ", stage.worker, " (", stage.address,
+                                             "): ", a.message()));
 }
 
 }  // namespace
@@ -59,6 +59,7 @@ absl::Status ExportKvAll(std::span<const KvStage> holders, std::span<const KvSeq
     const KvStage& h = holders[i];
     v1::ExportKvRequest req;
     req.set_assignment_id(h.assignment);
+    req.set_device(true);  // kept on the GPU where the worker can send it over NCCL
     for (const KvSeq& s : seqs) {
       v1::KvSequence* m = req.add_seqs();
       m->set_key(s.key);

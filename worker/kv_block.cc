@@ -17,6 +17,8 @@ size_t KvBlock::expected_bytes() const {
   return bytes ? static_cast<size_t>(*bytes) : 0;
 }
 
+size_t KvBlock::bytes() const { return on_device() ? 2 * expected_bytes() : k.size() + v.size(); }
+
 absl::Status CheckKvRange(const char* what, int slot, int first_layer, int num_layers,
                           int stage_first, int stage_last, int max_slots) {
   if (slot < 0 || slot >= max_slots) {
@@ -33,8 +35,8 @@ absl::Status CheckKvRange(const char* what, int slot, int first_layer, int num_l
 
 absl::Status CheckKvExport(int slot, int positions, int first_layer, int num_layers,
                            int stage_first, int stage_last, int max_slots, int cached) {
-  RETURN_IF_ERROR(CheckKvRange("KV export", slot, first_layer, num_layers, stage_first,
-                               stage_last, max_slots));
+  RETURN_IF_ERROR(
+      CheckKvRange("KV export", slot, first_layer, num_layers, stage_first, stage_last, max_slots));
   if (positions < 1 || positions > cached) {
     return absl::InvalidArgumentError(absl::StrCat("KV export: slot ", slot, " holds ", cached,
                                                    " positions, asked for ", positions));
@@ -78,6 +80,16 @@ absl::Status CheckKvBlock(const KvBlock& block, int slot, const ModelConfig& c, 
     return bad(block.positions, " positions, this stage holds 1 to ", max_seq_len, " per slot");
   }
   const size_t want = block.expected_bytes();
+  if (block.on_device() != (block.device_v != nullptr)) {
+    return bad("K and V are not both in device memory");
+  }
+  if (block.on_device()) {
+    if (!block.k.empty() || !block.v.empty()) {
+      return bad("in device memory with ", block.k.size() + block.v.size(),
+                 " bytes in host memory too");
+    }
+    return absl::OkStatus();
+  }
   if (block.k.size() != want || block.v.size() != want) {
     return bad(block.k.size(), " bytes of K and ", block.v.size(), " of V, the fields say ", want,
                " each");

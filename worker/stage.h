@@ -60,7 +60,13 @@ struct KvBlock {
   int head_dim = 0;
   int positions = 0;
   std::vector<uint8_t> k, v;
+  // Instead of k and v (then empty): device memory of one GPU holding the same bytes (a block kept
+  // on its GPU by ExportKvToDevice, or received over NCCL), each pointer sharing the ownership of
+  // the allocation it points into.
+  std::shared_ptr<uint8_t> device_k, device_v;
   size_t expected_bytes() const;  // of k (and of v) by the fields above; 0 when they are invalid
+  bool on_device() const { return device_k != nullptr; }
+  size_t bytes() const;  // of K and V together, wherever they are
 };
 
 class Stage {
@@ -78,11 +84,20 @@ class Stage {
     (void)slot, (void)positions, (void)first_layer, (void)num_layers;
     return absl::UnimplementedError("this backend does not export its KV-cache");
   }
-  // Writes `block` into slot `slot`, which then holds its positions [0, block.positions): the next
-  // step of the sequence starts there. A block of other dims, another version, a dtype other than
-  // the cache's, layers outside this stage's, positions past its capacity or a byte count that
-  // does not match is INVALID_ARGUMENT naming it, and nothing is written. Every layer of the stage
-  // must come (in one block or several) before the slot's next step.
+  // As ExportKv, but the block stays in this stage's device memory (on_device()), for a copy to
+  // another GPU or back into this stage. UNIMPLEMENTED where the backend has no device.
+  virtual absl::StatusOr<KvBlock> ExportKvToDevice(int slot, int positions, int first_layer,
+                                                   int num_layers) const {
+    (void)slot, (void)positions, (void)first_layer, (void)num_layers;
+    return absl::UnimplementedError("this backend keeps no KV-cache in device memory");
+  }
+  // Writes `block` (in host memory or, where the backend has a device, in this stage's device
+  // memory) into slot `slot`, which then holds its positions [0, block.positions): the next step
+  // of the sequence starts there. A block of other dims, another version, a dtype other than the
+  // cache's, layers outside this stage's, positions past its capacity, a byte count that does not
+  // match or device memory this stage cannot read is INVALID_ARGUMENT naming it, and nothing is
+  // written. Every layer of the stage must come (in one block or several) before the slot's next
+  // step.
   virtual absl::Status ImportKv(int slot, const KvBlock& block) {
     (void)slot, (void)block;
     return absl::UnimplementedError("this backend does not import a KV-cache");
@@ -109,10 +124,10 @@ KvBlock SizedKvBlock(DType dtype, int first_layer, int num_layers, int num_kv_he
 // What a stage loads and how much KV-cache it keeps.
 struct StageSpec {
   std::filesystem::path model_dir;
-  int first_layer = 0;      // inclusive; 0 also loads the embeddings
-  int last_layer = -1;      // exclusive; -1 or num_layers also loads final norm + LM head
-  int max_slots = 8;        // concurrent sequences
-  int max_seq_len = 0;      // 0: the model's max_positions
+  int first_layer = 0;  // inclusive; 0 also loads the embeddings
+  int last_layer = -1;  // exclusive; -1 or num_layers also loads final norm + LM head
+  int max_slots = 8;    // concurrent sequences
+  int max_seq_len = 0;  // 0: the model's max_positions
 };
 
 }  // namespace tandem

@@ -301,6 +301,48 @@ TEST_F(KvMoveTest, TheStashKeepsEachExportUntilItsKeyIsDropped) {
   ASSERT_TRUE(Import(b, 2, 8, 3, {{a.address, 0, kLayers}}, &resp).ok()) << "key 8 is kept";
 }
 
+// The NCCL path's refusals on a worker that cannot take it (the CPU backend): an export asked to
+// stay on the GPU stashes in host memory as without the ask, and a fetch over NCCL is refused with
+// FAILED_PRECONDITION before anything is sent (the fetching worker then falls back to gRPC), while
+// the same keys still come over gRPC.
+TEST_F(KvMoveTest, AWorkerWithoutNcclStashesInHostMemoryAndRefusesNcclFetches) {
+  Worker a = StartWorker("a"), b = StartWorker("b");
+  ASSERT_TRUE(a.stub && b.stub);
+  ASSERT_TRUE(a.Assign(1, Model(), 0, kLayers).ok());
+  ASSERT_TRUE(b.Assign(2, Model(), 0, kLayers).ok());
+  const int32_t first = a.Step(1, 0, 0, kPrompt);
+  ASSERT_GE(first, 0);
+  v1::ExportKvRequest req;
+  req.set_assignment_id(1);
+  req.set_device(true);
+  v1::KvSequence* seq = req.add_seqs();
+  seq->set_key(4);
+  seq->set_slot(0);
+  seq->set_positions(6);
+  v1::ExportKvResponse exported;
+  ASSERT_TRUE(a.stub->ExportKv(Context().get(), req, &exported).ok());
+  EXPECT_EQ(exported.bytes(), 2 * kLayers * 6 * 32 * 4);
+
+  v1::FetchKvRequest fetch;
+  fetch.add_keys(4);
+  fetch.set_first_layer(0);
+  fetch.set_num_layers(kLayers);
+  fetch.set_nccl_id(std::string(128, 'x'));
+  fetch.set_nccl_join(true);
+  std::unique_ptr<grpc::ClientContext> ctx = Context();
+  std::unique_ptr<grpc::ClientReader<v1::KvChunk>> reader = a.stub->FetchKv(ctx.get(), fetch);
+  v1::KvChunk chunk;
+  EXPECT_FALSE(reader->Read(&chunk)) << "nothing is sent";
+  const grpc::Status refused = reader->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(refused.error_message(), HasSubstr("this worker has no NCCL"));
+
+  v1::ImportKvResponse resp;
+  ASSERT_TRUE(Import(b, 2, 4, 1, {{a.address, 0, kLayers}}, &resp).ok());
+  EXPECT_EQ(resp.fetched_bytes(), exported.bytes());
+  EXPECT_EQ(b.Step(2, 1, 6, {first}), a.Step(1, 0, 6, {first}));
+}
+
 // A peer whose FetchKv sends a chunk that does not fit the importing stage.
 class BadPeer final : public v1::Worker::Service {
  public:

@@ -14,9 +14,9 @@ namespace tandem {
 
 struct CudaOptions {
   int device = 0;
-  DType dtype = DType::kF16;       // kF16 or kBF16: weights, activations and KV-cache
-  float kv_memory_fraction = 0.9f; // share of the memory left after the weights for the KV-cache
-  bool cuda_graphs = true;         // replay decode steps from graphs per batch-size bucket
+  DType dtype = DType::kF16;        // kF16 or kBF16: weights, activations and KV-cache
+  float kv_memory_fraction = 0.9f;  // share of the memory left after the weights for the KV-cache
+  bool cuda_graphs = true;          // replay decode steps from graphs per batch-size bucket
   // Forward passes of at most this many rows (1, 2, 4 or 8) use the fused GEMV kernels of
   // gemv.cu for every projection instead of cuBLAS; 0 uses cuBLAS throughout. At 8 rows cuBLAS
   // was faster on an H100 (docs/performance.md).
@@ -97,6 +97,13 @@ absl::Status SetDecodeTail(Stage& stage, DecodeTail tail);
 // after 10 s more if it does not drain. An empty function restores the plain wait. The watch must
 // stay callable while set. INVALID_ARGUMENT for a stage of another backend.
 absl::Status SetStreamWatch(Stage& stage, std::function<absl::Status()> watch);
+
+// `bytes` of device memory of CUDA device `device`, freed (on that device) when the last owner,
+// aliases included, lets go.
+absl::StatusOr<std::shared_ptr<uint8_t>> SharedDeviceBytes(int device, size_t bytes);
+
+// `block` in host memory: a copy of one in device memory (Stage::ExportKvToDevice), or itself.
+absl::StatusOr<KvBlock> KvBlockToHost(const KvBlock& block);
 
 // True when a usable CUDA device is present (tests skip otherwise).
 bool CudaDeviceAvailable();

@@ -1,5 +1,6 @@
 // tandem-worker: one pipeline stage on one device. Serves Worker and StageLink (plus health and
 // reflection), registers with the coordinator and heartbeats; the coordinator assigns its layers.
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -27,6 +28,7 @@
 #ifdef TANDEM_HAVE_CUDA
 #include "worker/cuda/cuda_stage.h"
 #include "worker/cuda/host_copy.h"
+#include "worker/transport/nccl_kv_link.h"
 #include "worker/transport/nccl_transport.h"
 #endif
 
@@ -47,6 +49,9 @@ ABSL_FLAG(double, kv_memory_fraction, 0.9,
 ABSL_FLAG(std::string, transport, "grpc",
           "activations to the next stage: grpc (host bytes over StageLink) or nccl (cuda backend; "
           "offered when this worker is a pipeline's first stage)");
+ABSL_FLAG(bool, kv_over_nccl, true,
+          "cuda: move KV-cache to and from other CUDA workers over NCCL between the GPUs (false: "
+          "through host memory and gRPC)");
 ABSL_FLAG(bool, batch_invariant, false,
           "cuda: results independent of the batch (greedy outputs equal at every batch size and "
           "node count), slower at small batches");
@@ -155,6 +160,20 @@ absl::StatusOr<Backend> CudaBackend() {
     if (!t.ok()) return t.status();
     return std::unique_ptr<tandem::ActivationTransport>(*std::move(t));
   };
+  b.link.kv_to_host = tandem::KvBlockToHost;
+  if (absl::GetFlag(FLAGS_kv_over_nccl)) {
+    b.link.join_kv_link =
+        [device = options.device,
+         // Joining waits for the other worker, which joins as it takes the request.
+         timeout = std::min(absl::Seconds(absl::GetFlag(FLAGS_recv_timeout_s)), absl::Seconds(60))](
+            const std::string& id, int rank,
+            std::function<bool()> cancelled) -> absl::StatusOr<std::unique_ptr<tandem::KvLink>> {
+      absl::StatusOr<std::unique_ptr<tandem::NcclKvLink>> l =
+          tandem::NcclKvLink::Join(device, rank, id, timeout, std::move(cancelled));
+      if (!l.ok()) return l.status();
+      return std::unique_ptr<tandem::KvLink>(*std::move(l));
+    };
+  }
   return b;
 #else
   return absl::InvalidArgumentError(

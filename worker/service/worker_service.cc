@@ -6,7 +6,9 @@
 #include <limits>
 #include <optional>
 #include <set>
+#include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/checked_math.h"
@@ -48,18 +50,18 @@ StepDescriptor ToDescriptor(const v1::StepRequest& req) {
     q.position = s.position();
     q.num_tokens = s.num_tokens();
     q.sample = s.sample();
-    q.sampling = {.temperature = s.temperature(),
-                  .top_k = s.top_k(),
-                  .top_p = s.top_p(),
-                  .seed = s.seed(),
-                  .min_p = s.min_p(),
-                  .presence_penalty = s.presence_penalty(),
-                  .frequency_penalty = s.frequency_penalty(),
-                  .repetition_penalty =
-                      s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty()};
+    q.sampling = {
+        .temperature = s.temperature(),
+        .top_k = s.top_k(),
+        .top_p = s.top_p(),
+        .seed = s.seed(),
+        .min_p = s.min_p(),
+        .presence_penalty = s.presence_penalty(),
+        .frequency_penalty = s.frequency_penalty(),
+        .repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty()};
     q.sample_index = s.sample_index();
-    const int seen = std::min({s.seen_token_ids_size(), s.seen_output_counts_size(),
-                               s.seen_in_prompt_size()});
+    const int seen =
+        std::min({s.seen_token_ids_size(), s.seen_output_counts_size(), s.seen_in_prompt_size()});
     q.seen.reserve(seen);
     for (int k = 0; k < seen; ++k) {
       q.seen.push_back({.id = s.seen_token_ids(k),
@@ -104,8 +106,7 @@ WorkerService::WorkerService(StageFactory factory, ActivationInbox& inbox,
       recv_timeout_(recv_timeout),
       link_(std::move(link)) {}
 
-grpc::Status WorkerService::PrepareLink(grpc::ServerContext* ctx,
-                                        const v1::PrepareLinkRequest* req,
+grpc::Status WorkerService::PrepareLink(grpc::ServerContext* ctx, const v1::PrepareLinkRequest* req,
                                         v1::PrepareLinkResponse* resp) {
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
   if (link_.transport != "nccl" || req->num_stages() < 2) {
@@ -113,8 +114,9 @@ grpc::Status WorkerService::PrepareLink(grpc::ServerContext* ctx,
     return grpc::Status::OK;
   }
   if (!link_.make_nccl_id) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "transport nccl: this worker has no NCCL (a CUDA build with --backend=cuda)");
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        "transport nccl: this worker has no NCCL (a CUDA build with --backend=cuda)");
   }
   absl::StatusOr<std::string> id = link_.make_nccl_id();
   if (!id.ok()) {
@@ -127,8 +129,7 @@ grpc::Status WorkerService::PrepareLink(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
-                                        const v1::AssignStageRequest* req,
+grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx, const v1::AssignStageRequest* req,
                                         v1::AssignStageResponse* resp) {
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
   absl::MutexLock assign(&assign_mu_);
@@ -149,8 +150,9 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
                         absl::StrCat("transport: '", transport, "' (expected grpc or nccl)"));
   }
   if (transport == "nccl" && !link_.join_nccl) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "transport nccl: this worker has no NCCL (a CUDA build with --backend=cuda)");
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        "transport nccl: this worker has no NCCL (a CUDA build with --backend=cuda)");
   }
   absl::StatusOr<std::filesystem::path> model_dir = ResolveModelDir(model_root_, req->model_dir());
   if (!model_dir.ok()) {
@@ -205,16 +207,19 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
     nccl = *std::move(t);
   }
   absl::StatusOr<std::unique_ptr<Stage>> stage = factory_(spec);
+  if (absl::IsResourceExhausted(stage.status()) && SpillStashToHost() > 0) {
+    stage = factory_(spec);  // with the GPU memory the stash held
+  }
   if (!stage.ok()) {
     spdlog::error("assignment {}: {}", req->assignment_id(), stage.status().ToString());
     // INVALID_ARGUMENT (sizes that overflow, a malformed checkpoint) and RESOURCE_EXHAUSTED (a
     // KV-cache that does not fit) keep their code; other failures are the worker's state.
     const absl::StatusCode code = stage.status().code();
-    const bool sizes = code == absl::StatusCode::kInvalidArgument ||
-                       code == absl::StatusCode::kResourceExhausted;
-    return grpc::Status(sizes ? static_cast<grpc::StatusCode>(code)
-                              : grpc::StatusCode::FAILED_PRECONDITION,
-                        std::string(stage.status().message()));
+    const bool sizes =
+        code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kResourceExhausted;
+    return grpc::Status(
+        sizes ? static_cast<grpc::StatusCode>(code) : grpc::StatusCode::FAILED_PRECONDITION,
+        std::string(stage.status().message()));
   }
   if (nccl != nullptr && link_.bind_nccl) {
     if (absl::Status st = link_.bind_nccl(**stage, *nccl); !st.ok()) {
@@ -242,9 +247,9 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
     run.host_link = false;
     if (link_.bind_nccl) run.set_decode_tail = link_.set_decode_tail;
   } else {
-    a->transport = std::make_unique<GrpcTransport>(a->stage > 0 ? &inbox_ : nullptr, a->id,
-                                                   req->next_address(), recv_timeout_,
-                                                   link_.peer_auth);
+    a->transport =
+        std::make_unique<GrpcTransport>(a->stage > 0 ? &inbox_ : nullptr, a->id,
+                                        req->next_address(), recv_timeout_, link_.peer_auth);
     run.to_host = link_.to_host;
   }
   absl::StatusOr<std::unique_ptr<StepRunner>> runner =
@@ -261,9 +266,8 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
   }
   resp->set_load_seconds(absl::ToDoubleSeconds(absl::Now() - t0));
   spdlog::info("assignment {}: pipeline {} stage {}/{} layers [{}, {}) next {} over {}", a->id,
-               req->pipeline_id(), a->stage, a->num_stages, req->first_layer(),
-               req->last_layer(), req->next_address().empty() ? "-" : req->next_address(),
-               transport);
+               req->pipeline_id(), a->stage, a->num_stages, req->first_layer(), req->last_layer(),
+               req->next_address().empty() ? "-" : req->next_address(), transport);
   return grpc::Status::OK;
 }
 
@@ -425,7 +429,7 @@ constexpr size_t kFetchStreams = 4;
 // Moves of a layout change are logged; the many small prefill hand-offs only at debug level.
 spdlog::level::level_enum KvLogLevel(int64_t bytes, absl::Duration took) {
   return bytes >= (int64_t{64} << 20) || took >= absl::Milliseconds(100) ? spdlog::level::info
-                                                                          : spdlog::level::debug;
+                                                                         : spdlog::level::debug;
 }
 
 // `s` with "sequence <key>: " before its message.
@@ -444,6 +448,25 @@ void WorkerService::LockForKv(Assignment& a) {
   a.kv_waiting.fetch_add(1);
   a.run_mu.Lock();
   a.kv_waiting.fetch_sub(1);
+}
+
+int WorkerService::SpillStashToHost() {
+  if (!link_.kv_to_host) return 0;
+  absl::MutexLock lock(&stash_mu_);
+  int moved = 0;
+  for (auto& [key, block] : stash_) {
+    if (!block->on_device()) continue;
+    absl::StatusOr<KvBlock> host = link_.kv_to_host(*block);
+    if (!host.ok()) {
+      spdlog::warn("sequence {}: KV stash kept in device memory: {}", key,
+                   host.status().ToString());
+      continue;
+    }
+    block = std::make_shared<const KvBlock>(*std::move(host));
+    ++moved;
+  }
+  spdlog::info("moved {} stashed sequence(s) from device to host memory for a new stage", moved);
+  return moved;
 }
 
 absl::StatusOr<std::shared_ptr<const KvBlock>> WorkerService::Stashed(uint64_t key) {
@@ -477,13 +500,21 @@ grpc::Status WorkerService::ExportKv(grpc::ServerContext* ctx, const v1::ExportK
   // One sequence at a time between steps, so that a stage that keeps running steps (a prefill
   // worker handing off) waits for one sequence's copies at most.
   const int layers = (*a)->last_layer - (*a)->first_layer;
+  // On the GPU only where it can leave over NCCL.
+  const bool on_device = req->device() && link_.join_kv_link && link_.make_nccl_id;
   for (const v1::KvSequence& s : req->seqs()) {
     LockForKv(**a);
-    absl::StatusOr<KvBlock> b =
-        (*a)->engine->ExportKv(s.slot(), s.positions(), (*a)->first_layer, layers);
+    absl::StatusOr<KvBlock> b = absl::UnimplementedError("");
+    if (on_device) {
+      b = (*a)->engine->ExportKvToDevice(s.slot(), s.positions(), (*a)->first_layer, layers);
+    }
+    // No device, or no room there: host memory.
+    if (absl::IsUnimplemented(b.status()) || absl::IsResourceExhausted(b.status())) {
+      b = (*a)->engine->ExportKv(s.slot(), s.positions(), (*a)->first_layer, layers);
+    }
     (*a)->run_mu.Unlock();
     if (!b.ok()) return ToGrpcStatus(OfSequence(s.key(), b.status()));
-    bytes += static_cast<int64_t>(b->k.size() + b->v.size());
+    bytes += static_cast<int64_t>(b->bytes());
     blocks[s.key()] = std::make_shared<const KvBlock>(*std::move(b));
   }
   absl::MutexLock lock(&stash_mu_);
@@ -491,14 +522,23 @@ grpc::Status WorkerService::ExportKv(grpc::ServerContext* ctx, const v1::ExportK
   resp->set_bytes(bytes);
   const absl::Duration took = absl::Now() - t0;
   spdlog::log(KvLogLevel(bytes, took),
-              "assignment {}: stashed the KV-cache of {} sequence(s), {} bytes, in {:.3f} s",
-              req->assignment_id(), req->seqs_size(), bytes, absl::ToDoubleSeconds(took));
+              "assignment {}: stashed the KV-cache of {} sequence(s), {} bytes, in {} memory, "
+              "in {:.3f} s",
+              req->assignment_id(), req->seqs_size(), bytes, on_device ? "device" : "host",
+              absl::ToDoubleSeconds(took));
   return grpc::Status::OK;
 }
 
-absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchBlocks(
-    const Assignment& a, const std::string& address, const std::vector<uint64_t>& keys,
-    int first_layer, int num_layers) {
+absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchBlocks(const Assignment& a,
+                                                                const std::string& address,
+                                                                const std::vector<uint64_t>& keys,
+                                                                int first_layer, int num_layers) {
+  if (link_.join_kv_link && link_.make_nccl_id) {
+    absl::StatusOr<std::optional<std::vector<KvBlock>>> over =
+        FetchOverNccl(a, address, keys, first_layer, num_layers);
+    if (!over.ok()) return over.status();
+    if (over->has_value()) return **std::move(over);
+  }
   // The sequences in up to kFetchStreams groups, each over a connection of its own, at once: one
   // gRPC stream moves a few hundred MB/s, bound by its copies on one core.
   const size_t groups = std::min(keys.size(), kFetchStreams);
@@ -520,9 +560,11 @@ absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchBlocks(
   return blocks;
 }
 
-absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchGroup(
-    const Assignment& a, const std::string& address, const std::vector<uint64_t>& keys,
-    int first_layer, int num_layers, int connection) {
+absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchGroup(const Assignment& a,
+                                                               const std::string& address,
+                                                               const std::vector<uint64_t>& keys,
+                                                               int first_layer, int num_layers,
+                                                               int connection) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(kMaxStageMessageBytes));
   // A connection of its own per group (channels with other arguments share no subchannel).
@@ -590,11 +632,11 @@ grpc::Status WorkerService::ImportKv(grpc::ServerContext* ctx, const v1::ImportK
     next += src->num_layers();
   }
   if (next != (*a)->last_layer) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrFormat("sources: layers [%d, %d) of this stage's [%d, %d) have "
-                                        "no source",
-                                        next, (*a)->last_layer, (*a)->first_layer,
-                                        (*a)->last_layer));
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrFormat("sources: layers [%d, %d) of this stage's [%d, %d) have "
+                        "no source",
+                        next, (*a)->last_layer, (*a)->first_layer, (*a)->last_layer));
   }
   std::vector<uint64_t> keys;
   std::set<int> slots;
@@ -637,7 +679,7 @@ grpc::Status WorkerService::ImportKv(grpc::ServerContext* ctx, const v1::ImportK
   for (size_t i = 0; i < sources.size(); ++i) {
     if (!blocks[i].ok()) return ToGrpcStatus(blocks[i].status());
     if (sources[i]->address().empty()) continue;
-    for (const KvBlock& b : *blocks[i]) fetched += static_cast<int64_t>(b.k.size() + b.v.size());
+    for (const KvBlock& b : *blocks[i]) fetched += static_cast<int64_t>(b.bytes());
   }
   resp->set_fetch_seconds(absl::ToDoubleSeconds(absl::Now() - t0));
   // One sequence at a time between steps (all its layers at once), so that the stage's running
@@ -650,7 +692,7 @@ grpc::Status WorkerService::ImportKv(grpc::ServerContext* ctx, const v1::ImportK
     for (const absl::StatusOr<std::vector<KvBlock>>& part : blocks) {
       const KvBlock& b = (*part)[i];
       if (st = (*a)->engine->ImportKv(s.slot(), b); !st.ok()) break;
-      bytes += static_cast<int64_t>(b.k.size() + b.v.size());
+      bytes += static_cast<int64_t>(b.bytes());
     }
     (*a)->run_mu.Unlock();
     if (!st.ok()) return ToGrpcStatus(OfSequence(s.key(), st));
@@ -669,16 +711,205 @@ grpc::Status WorkerService::ImportKv(grpc::ServerContext* ctx, const v1::ImportK
 grpc::Status WorkerService::FetchKv(grpc::ServerContext* ctx, const v1::FetchKvRequest* req,
                                     grpc::ServerWriter<v1::KvChunk>* writer) {
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
+  if (!req->nccl_id().empty()) return SendOverNccl(ctx, *req, writer);
   for (uint64_t key : req->keys()) {
     absl::StatusOr<std::shared_ptr<const KvBlock>> held = Stashed(key);
     if (!held.ok()) return ToGrpcStatus(held.status());
+    std::shared_ptr<const KvBlock> block = *held;
+    if (block->on_device()) {  // kept on the GPU for NCCL; the host copy for this fetch only
+      absl::StatusOr<KvBlock> host =
+          link_.kv_to_host ? link_.kv_to_host(*block)
+                           : absl::InternalError("no copy from device memory in this worker");
+      if (!host.ok()) return ToGrpcStatus(OfSequence(key, host.status()));
+      block = std::make_shared<const KvBlock>(*std::move(host));
+    }
     absl::StatusOr<bool> sent = ForEachKvChunk(
-        key, **held, kKvChunkBytes, [&](const v1::KvChunk& c) { return writer->Write(c); },
+        key, *block, kKvChunkBytes, [&](const v1::KvChunk& c) { return writer->Write(c); },
         req->first_layer(), req->num_layers());
     if (!sent.ok()) return ToGrpcStatus(OfSequence(key, sent.status()));
     if (!*sent) return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching worker went away");
   }
   return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::SendOverNccl(grpc::ServerContext* ctx, const v1::FetchKvRequest& req,
+                                         grpc::ServerWriter<v1::KvChunk>* writer) {
+  auto refuse = [](auto&&... parts) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("KV over NCCL: ", parts...));
+  };
+  if (!link_.join_kv_link) return refuse("this worker has no NCCL");
+  // Every sequence first, on the GPU, so that a refusal comes before anything moves.
+  std::vector<KvBlock> blocks;
+  for (uint64_t key : req.keys()) {
+    absl::StatusOr<std::shared_ptr<const KvBlock>> held = Stashed(key);
+    if (!held.ok()) return ToGrpcStatus(held.status());
+    if (!(*held)->on_device()) return refuse("sequence ", key, " is stashed in host memory");
+    absl::StatusOr<KvBlock> b = SliceKvLayers(**held, req.first_layer(), req.num_layers());
+    if (!b.ok()) return ToGrpcStatus(OfSequence(key, b.status()));
+    blocks.push_back(*std::move(b));
+  }
+  std::shared_ptr<HeldKvLink> held;
+  {
+    absl::MutexLock lock(&kv_links_mu_);
+    auto it = send_links_.find(req.nccl_id());
+    if (it == send_links_.end()) {
+      if (!req.nccl_join()) return refuse("no link of that id here (joined anew)");
+      it = send_links_.emplace(req.nccl_id(), std::make_shared<HeldKvLink>()).first;
+      it->second->unique_id = req.nccl_id();
+    }
+    held = it->second;
+  }
+  absl::MutexLock lock(&held->mu);
+  auto drop = [&] {
+    held->link.reset();
+    absl::MutexLock links(&kv_links_mu_);
+    send_links_.erase(req.nccl_id());
+  };
+  if (held->link == nullptr) {
+    absl::StatusOr<std::unique_ptr<KvLink>> joined =
+        link_.join_kv_link(req.nccl_id(), /*rank=*/0, [ctx] { return ctx->IsCancelled(); });
+    if (!joined.ok()) {
+      drop();
+      return ToGrpcStatus(joined.status());
+    }
+    held->link = *std::move(joined);
+  }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const KvBlock& b = blocks[i];
+    if (!writer->Write(NcclKvHeader(req.keys(i), b))) {
+      drop();
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching worker went away");
+    }
+    absl::Status st = held->link->Send(b.device_k.get(), b.expected_bytes());
+    if (st.ok()) st = held->link->Send(b.device_v.get(), b.expected_bytes());
+    if (!st.ok()) {
+      drop();
+      return ToGrpcStatus(OfSequence(req.keys(i), st));
+    }
+  }
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::optional<std::vector<KvBlock>>> WorkerService::FetchOverNccl(
+    const Assignment& a, const std::string& address, const std::vector<uint64_t>& keys,
+    int first_layer, int num_layers) {
+  std::shared_ptr<HeldKvLink> held;
+  {
+    absl::MutexLock lock(&kv_links_mu_);
+    std::shared_ptr<HeldKvLink>& slot = fetch_links_[address];
+    if (slot == nullptr) slot = std::make_shared<HeldKvLink>();
+    held = slot;
+  }
+  absl::MutexLock lock(&held->mu);
+  if (held->unreachable) return std::nullopt;
+  auto from = [&address](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("KV over NCCL from ", address, ": ", s.message()));
+  };
+  const bool join = held->link == nullptr;
+  if (join) {
+    absl::StatusOr<std::string> id = link_.make_nccl_id();
+    if (!id.ok()) return from(id.status());
+    held->unique_id = *id;
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(kMaxStageMessageBytes));
+  auto stub = v1::Worker::NewStub(MakeChannel(address, link_.peer_auth, args));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
+  v1::FetchKvRequest req;
+  req.mutable_keys()->Assign(keys.begin(), keys.end());
+  req.set_first_layer(first_layer);
+  req.set_num_layers(num_layers);
+  req.set_nccl_id(held->unique_id);
+  req.set_nccl_join(join);
+  // A new link is joined while the other worker joins it on receiving the request; it gives up
+  // when that worker refuses instead (the stream ends before its first message).
+  std::atomic<bool> refused{false};
+  absl::StatusOr<std::unique_ptr<KvLink>> joined = absl::UnknownError("not joined");
+  std::thread joiner;
+  if (join) {
+    joiner = std::thread([&] {
+      joined =
+          link_.join_kv_link(held->unique_id, /*rank=*/1, [&refused] { return refused.load(); });
+    });
+  }
+  std::unique_ptr<grpc::ClientReader<v1::KvChunk>> reader = stub->FetchKv(&ctx, req);
+  v1::KvChunk chunk;
+  bool first = reader->Read(&chunk);
+  if (!first) refused.store(true);
+  if (join) {
+    joiner.join();
+    if (joined.ok()) held->link = *std::move(joined);
+  }
+  auto fail = [&](const absl::Status& s) {
+    held->link.reset();
+    ctx.TryCancel();
+    while (reader->Read(&chunk)) {
+    }
+    reader->Finish();
+    return from(s);
+  };
+  if (!first) {
+    // Nothing moved: over gRPC instead (which also names a sequence that is not stashed). A
+    // worker that could not join, or has no NCCL, is not asked again.
+    const grpc::Status done = reader->Finish();
+    held->link.reset();
+    // "has no NCCL": never will; a join that failed on its side (not a refusal to send, nor a
+    // sequence it does not hold): NCCL does not connect the two.
+    const bool cannot = absl::StrContains(done.error_message(), "has no NCCL");
+    const bool join_failed = join && done.error_code() != grpc::StatusCode::FAILED_PRECONDITION &&
+                             done.error_code() != grpc::StatusCode::NOT_FOUND;
+    if (cannot || join_failed) held->unreachable = true;
+    spdlog::log(held->unreachable ? spdlog::level::warn : spdlog::level::debug,
+                "KV from {}: over gRPC ({}; joining: {})", address, done.error_message(),
+                join ? joined.status().ToString() : std::string("-"));
+    return std::nullopt;
+  }
+  if (held->link == nullptr) {
+    held->unreachable = true;
+    return fail(joined.status());
+  }
+  const ModelConfig& c = a.engine->config();
+  const KvShape shape{.first_layer = first_layer,
+                      .num_layers = num_layers,
+                      .num_kv_heads = c.num_kv_heads,
+                      .head_dim = c.head_dim,
+                      .max_positions = a.max_seq_len};
+  std::vector<KvBlock> blocks;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i > 0 && !reader->Read(&chunk)) {
+      const grpc::Status done = reader->Finish();
+      held->link.reset();
+      return from(done.ok() ? absl::DataLossError(absl::StrCat("the stream ended after ", i, " of ",
+                                                               keys.size(), " sequences"))
+                            : FromGrpcStatus(done));
+    }
+    if (chunk.key() != keys[i]) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("sequence ", chunk.key(), " came where ", keys[i], " was expected")));
+    }
+    absl::StatusOr<KvBlock> b = KvBlockOfNcclHeader(chunk, shape);
+    if (!b.ok()) return fail(b.status());
+    const size_t bytes = b->expected_bytes();
+    absl::StatusOr<std::shared_ptr<uint8_t>> mem = held->link->Allocate(2 * bytes);
+    if (!mem.ok()) return fail(mem.status());
+    b->device_k = *mem;
+    b->device_v = std::shared_ptr<uint8_t>(*mem, mem->get() + bytes);
+    absl::Status st = held->link->Recv(b->device_k.get(), bytes);
+    if (st.ok()) st = held->link->Recv(b->device_v.get(), bytes);
+    if (!st.ok()) return fail(OfSequence(keys[i], st));
+    blocks.push_back(*std::move(b));
+  }
+  if (reader->Read(&chunk)) {
+    return fail(absl::InvalidArgumentError("more sequences came than were asked for"));
+  }
+  const grpc::Status done = reader->Finish();
+  if (!done.ok()) {
+    held->link.reset();
+    return from(FromGrpcStatus(done));
+  }
+  return std::optional<std::vector<KvBlock>>(std::move(blocks));
 }
 
 grpc::Status WorkerService::DropKv(grpc::ServerContext* ctx, const v1::DropKvRequest* req,

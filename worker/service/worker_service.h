@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,14 +28,14 @@
 #include "worker/service/step_runner.h"
 #include "worker/stage.h"
 #include "worker/transport/grpc_transport.h"
+#include "worker/transport/kv_link.h"
 
 namespace tandem {
 
 struct WorkerMetrics;  // common/metrics.h
 
 // Makes the compute backend's stage: "cpu" (and "cuda" where built).
-using StageFactory =
-    std::function<absl::StatusOr<std::unique_ptr<Stage>>(const StageSpec& spec)>;
+using StageFactory = std::function<absl::StatusOr<std::unique_ptr<Stage>>(const StageSpec& spec)>;
 
 // What a stage needs to join its pipeline's NCCL communicator.
 struct NcclJoin {
@@ -64,6 +65,15 @@ struct LinkOptions {
   std::function<absl::Status(Stage&, DecodeSend)> set_decode_tail;
   // How the gRPC link reaches the next stage's StageLink: TLS and the cluster secret.
   ClientAuth peer_auth;
+  // KV-cache between GPUs: joins the two-rank NCCL communicator of a unique id (make_nccl_id) as
+  // rank 0 (sends) or 1 (receives), giving up once `cancelled` says so. With it, ExportKv keeps
+  // stashes on the GPU when asked, and fetches between two such workers go over NCCL (gRPC when
+  // the other worker cannot). Empty: KV-cache moves through host memory and gRPC.
+  std::function<absl::StatusOr<std::unique_ptr<KvLink>>(const std::string& unique_id, int rank,
+                                                        std::function<bool()> cancelled)>
+      join_kv_link;
+  // A stashed block in device memory copied to host memory, for a fetch over gRPC.
+  std::function<absl::StatusOr<KvBlock>(const KvBlock&)> kv_to_host;
 };
 
 class WorkerService final : public v1::Worker::Service {
@@ -126,6 +136,9 @@ class WorkerService final : public v1::Worker::Service {
   // Executes one step; the result to send back (errors as error_code).
   v1::StepResult RunStep(Assignment& a, const v1::StepRequest& req,
                          const std::function<bool()>& cancelled);
+  // Copies the stash's blocks in device memory to host memory (a new stage needs the room);
+  // returns how many.
+  int SpillStashToHost();
   // The stash's block of sequence `key`; NOT_FOUND naming it otherwise.
   absl::StatusOr<std::shared_ptr<const KvBlock>> Stashed(uint64_t key);
   // The current assignment when it is `id`; FAILED_PRECONDITION otherwise.
@@ -135,11 +148,18 @@ class WorkerService final : public v1::Worker::Service {
   absl::StatusOr<std::vector<KvBlock>> FetchBlocks(const Assignment& a, const std::string& address,
                                                    const std::vector<uint64_t>& keys,
                                                    int first_layer, int num_layers);
+  // FetchBlocks over NCCL (LinkOptions::join_kv_link): the blocks in this worker's device memory,
+  // or, when the other worker refused before sending anything (it cannot), nullopt.
+  absl::StatusOr<std::optional<std::vector<KvBlock>>> FetchOverNccl(
+      const Assignment& a, const std::string& address, const std::vector<uint64_t>& keys,
+      int first_layer, int num_layers);
+  // FetchKv's side of FetchOverNccl: the blocks of `req` sent over the link of req.nccl_id.
+  grpc::Status SendOverNccl(grpc::ServerContext* ctx, const v1::FetchKvRequest& req,
+                            grpc::ServerWriter<v1::KvChunk>* writer);
   // One FetchKv stream of FetchBlocks, over connection number `connection`.
   absl::StatusOr<std::vector<KvBlock>> FetchGroup(const Assignment& a, const std::string& address,
                                                   const std::vector<uint64_t>& keys,
-                                                  int first_layer, int num_layers,
-                                                  int connection);
+                                                  int first_layer, int num_layers, int connection);
 
   const StageFactory factory_;
   ActivationInbox& inbox_;
@@ -150,6 +170,17 @@ class WorkerService final : public v1::Worker::Service {
   std::shared_ptr<Assignment> current_ ABSL_GUARDED_BY(mu_);
   absl::Mutex stash_mu_;
   std::map<uint64_t, std::shared_ptr<const KvBlock>> stash_ ABSL_GUARDED_BY(stash_mu_);
+  // NCCL links for KV-cache, kept for later moves: those this worker sends on, by unique id, and
+  // those it fetches on, by the other worker's address. A link is used by one move at a time.
+  struct HeldKvLink {
+    absl::Mutex mu;
+    std::string unique_id;
+    std::unique_ptr<KvLink> link ABSL_GUARDED_BY(mu);
+    bool unreachable ABSL_GUARDED_BY(mu) = false;  // a join failed: gRPC from then on
+  };
+  absl::Mutex kv_links_mu_;
+  std::map<std::string, std::shared_ptr<HeldKvLink>> send_links_ ABSL_GUARDED_BY(kv_links_mu_);
+  std::map<std::string, std::shared_ptr<HeldKvLink>> fetch_links_ ABSL_GUARDED_BY(kv_links_mu_);
   WorkerMetrics* metrics_ = nullptr;
   std::FILE* step_trace_ = nullptr;
   CallerPolicy callers_;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -15,14 +16,13 @@ size_t RowBytes(DType dtype, int num_kv_heads, int head_dim) {
   return DTypeSize(dtype) * static_cast<size_t>(num_kv_heads) * static_cast<size_t>(head_dim);
 }
 
-
 absl::Status CheckHeldLayers(const KvBlock& block, int first_layer, int num_layers) {
   if (num_layers < 1 || first_layer < block.first_layer ||
       num_layers > block.first_layer + block.num_layers - first_layer) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV layers [", first_layer, ", ", static_cast<int64_t>(first_layer) + num_layers,
-        ") are not within the held [", block.first_layer, ", ",
-        block.first_layer + block.num_layers, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV layers [", first_layer, ", ",
+                     static_cast<int64_t>(first_layer) + num_layers, ") are not within the held [",
+                     block.first_layer, ", ", block.first_layer + block.num_layers, ")"));
   }
   return absl::OkStatus();
 }
@@ -38,6 +38,11 @@ absl::StatusOr<KvBlock> SliceKvLayers(const KvBlock& block, int first_layer, int
                              static_cast<size_t>(block.positions);
   const size_t from = layer_bytes * static_cast<size_t>(first_layer - block.first_layer);
   const size_t n = layer_bytes * static_cast<size_t>(num_layers);
+  if (block.on_device()) {  // views into the same device memory
+    out.device_k = std::shared_ptr<uint8_t>(block.device_k, block.device_k.get() + from);
+    out.device_v = std::shared_ptr<uint8_t>(block.device_v, block.device_v.get() + from);
+    return out;
+  }
   out.k.assign(block.k.begin() + from, block.k.begin() + from + n);
   out.v.assign(block.v.begin() + from, block.v.begin() + from + n);
   return out;
@@ -49,6 +54,9 @@ absl::StatusOr<bool> ForEachKvChunk(uint64_t key, const KvBlock& block, int64_t 
   if (first_layer < 0) first_layer = block.first_layer;
   if (num_layers < 0) num_layers = block.first_layer + block.num_layers - first_layer;
   if (absl::Status s = CheckHeldLayers(block, first_layer, num_layers); !s.ok()) return s;
+  if (block.on_device()) {
+    return absl::FailedPreconditionError("the KV block is in device memory, not in host memory");
+  }
   const size_t row = RowBytes(block.dtype, block.num_kv_heads, block.head_dim);
   const int per_chunk = static_cast<int>(std::clamp<int64_t>(
       max_chunk_bytes / static_cast<int64_t>(2 * row), 1, std::max(block.positions, 1)));
@@ -77,28 +85,86 @@ absl::StatusOr<bool> ForEachKvChunk(uint64_t key, const KvBlock& block, int64_t 
   return true;
 }
 
-absl::Status KvAssembler::Add(const v1::KvChunk& c) {
-  auto bad = [&c](auto&&... parts) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV chunk of sequence ", c.key(), ": ", parts...));
-  };
+namespace {
+
+template <typename... Parts>
+absl::Status BadChunk(const v1::KvChunk& c, Parts&&... parts) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("KV chunk of sequence ", c.key(), ": ", std::forward<Parts>(parts)...));
+}
+
+// The checks of every chunk against the receiving stage: version, dtype, layer, dims, positions.
+absl::StatusOr<DType> CheckChunkFields(const v1::KvChunk& c, const KvShape& shape) {
   if (c.version() != static_cast<uint32_t>(KvBlock::kVersion)) {
-    return bad("version ", c.version(), ", this worker reads version ", KvBlock::kVersion);
+    return BadChunk(c, "version ", c.version(), ", this worker reads version ", KvBlock::kVersion);
   }
   absl::StatusOr<DType> dtype = ParseDType(c.dtype());
-  if (!dtype.ok()) return bad("dtype '", c.dtype(), "' is none of F32, F16, BF16");
-  if (c.layer() < shape_.first_layer || c.layer() - shape_.first_layer >= shape_.num_layers) {
-    return bad("layer ", c.layer(), " is not within the expected [", shape_.first_layer, ", ",
-               shape_.first_layer + shape_.num_layers, ")");
+  if (!dtype.ok()) return BadChunk(c, "dtype '", c.dtype(), "' is none of F32, F16, BF16");
+  if (c.layer() < shape.first_layer || c.layer() - shape.first_layer >= shape.num_layers) {
+    return BadChunk(c, "layer ", c.layer(), " is not within the expected [", shape.first_layer,
+                    ", ", shape.first_layer + shape.num_layers, ")");
   }
-  if (c.num_kv_heads() != shape_.num_kv_heads || c.head_dim() != shape_.head_dim) {
-    return bad(c.num_kv_heads(), " KV heads of ", c.head_dim(), ", the model has ",
-               shape_.num_kv_heads, " of ", shape_.head_dim);
+  if (c.num_kv_heads() != shape.num_kv_heads || c.head_dim() != shape.head_dim) {
+    return BadChunk(c, c.num_kv_heads(), " KV heads of ", c.head_dim(), ", the model has ",
+                    shape.num_kv_heads, " of ", shape.head_dim);
   }
-  if (c.total_positions() < 1 || c.total_positions() > shape_.max_positions) {
-    return bad(c.total_positions(), " positions, this stage holds 1 to ", shape_.max_positions,
-               " per slot");
+  if (c.total_positions() < 1 || c.total_positions() > shape.max_positions) {
+    return BadChunk(c, c.total_positions(), " positions, this stage holds 1 to ",
+                    shape.max_positions, " per slot");
   }
+  return *dtype;
+}
+
+}  // namespace
+
+v1::KvChunk NcclKvHeader(uint64_t key, const KvBlock& block) {
+  v1::KvChunk c;
+  c.set_version(KvBlock::kVersion);
+  c.set_key(key);
+  c.set_dtype(std::string(DTypeName(block.dtype)));
+  c.set_layer(block.first_layer);
+  c.set_num_layers(block.num_layers);
+  c.set_num_kv_heads(block.num_kv_heads);
+  c.set_head_dim(block.head_dim);
+  c.set_total_positions(block.positions);
+  c.set_first_position(0);
+  c.set_positions(block.positions);
+  c.set_nccl(true);
+  return c;
+}
+
+absl::StatusOr<KvBlock> KvBlockOfNcclHeader(const v1::KvChunk& c, const KvShape& shape) {
+  absl::StatusOr<DType> dtype = CheckChunkFields(c, shape);
+  if (!dtype.ok()) return dtype.status();
+  if (!c.nccl()) return BadChunk(c, "its bytes were to come over NCCL, it says they do not");
+  if (c.layer() != shape.first_layer || c.num_layers() != shape.num_layers) {
+    return BadChunk(c, "layers [", c.layer(), ", ",
+                    static_cast<int64_t>(c.layer()) + c.num_layers(), "), expected [",
+                    shape.first_layer, ", ", shape.first_layer + shape.num_layers, ")");
+  }
+  if (c.first_position() != 0 || c.positions() != c.total_positions()) {
+    return BadChunk(c, "positions [", c.first_position(), ", ",
+                    static_cast<int64_t>(c.first_position()) + c.positions(), ") of ",
+                    c.total_positions(), ", expected all of them");
+  }
+  if (!c.k().empty() || !c.v().empty()) {
+    return BadChunk(c, c.k().size() + c.v().size(), " bytes in the message, expected none");
+  }
+  KvBlock b;
+  b.dtype = *dtype;
+  b.first_layer = shape.first_layer;
+  b.num_layers = shape.num_layers;
+  b.num_kv_heads = shape.num_kv_heads;
+  b.head_dim = shape.head_dim;
+  b.positions = c.total_positions();
+  return b;
+}
+
+absl::Status KvAssembler::Add(const v1::KvChunk& c) {
+  auto bad = [&c](auto&&... parts) { return BadChunk(c, parts...); };
+  absl::StatusOr<DType> dtype = CheckChunkFields(c, shape_);
+  if (!dtype.ok()) return dtype.status();
+  if (c.nccl()) return bad("its bytes come over NCCL, this fetch is over gRPC");
   auto [it, fresh] = partial_.try_emplace(c.key());
   Partial& p = it->second;
   if (fresh) {
@@ -113,12 +179,11 @@ absl::Status KvAssembler::Add(const v1::KvChunk& c) {
   }
   const int l = c.layer() - shape_.first_layer;
   if (c.first_position() != p.filled[l]) {
-    return bad("layer ", c.layer(), " continues at position ", c.first_position(),
-               ", expected ", p.filled[l]);
+    return bad("layer ", c.layer(), " continues at position ", c.first_position(), ", expected ",
+               p.filled[l]);
   }
   if (c.positions() < 1 || c.positions() > p.block.positions - c.first_position()) {
-    return bad(c.positions(), " positions from ", c.first_position(), " of ",
-               p.block.positions);
+    return bad(c.positions(), " positions from ", c.first_position(), " of ", p.block.positions);
   }
   const size_t row = RowBytes(p.block.dtype, shape_.num_kv_heads, shape_.head_dim);
   const size_t bytes = row * static_cast<size_t>(c.positions());
@@ -143,9 +208,9 @@ absl::StatusOr<KvBlock> KvAssembler::Take(uint64_t key) {
   partial_.erase(it);
   for (int l = 0; l < shape_.num_layers; ++l) {
     if (p.filled[l] != p.block.positions) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("KV of sequence ", key, ": layer ", shape_.first_layer + l, " has ",
-                       p.filled[l], " of its ", p.block.positions, " positions"));
+      return absl::InvalidArgumentError(absl::StrCat("KV of sequence ", key, ": layer ",
+                                                     shape_.first_layer + l, " has ", p.filled[l],
+                                                     " of its ", p.block.positions, " positions"));
     }
   }
   return std::move(p.block);

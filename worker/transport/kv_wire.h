@@ -40,6 +40,15 @@ struct KvShape {
   int max_positions = 0;  // per sequence
 };
 
+// The message that announces a sequence's block sent over NCCL (FetchKvRequest.nccl_id): its
+// fields under `key`, every layer and position of `block`, no bytes.
+v1::KvChunk NcclKvHeader(uint64_t key, const KvBlock& block);
+
+// The block `header` announces, checked like a chunk against `shape` and to hold every layer of it
+// and all its positions, with no bytes in the message: its fields only, for the receiver to fill
+// device_k and device_v. INVALID_ARGUMENT naming the field that does not fit.
+absl::StatusOr<KvBlock> KvBlockOfNcclHeader(const v1::KvChunk& header, const KvShape& shape);
+
 // Puts blocks together from their chunks. Chunks of a sequence's layer must come in position
 // order; the layers of a sequence in any order.
 class KvAssembler {

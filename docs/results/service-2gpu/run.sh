@@ -9,7 +9,9 @@
 # tandem-loadgen's closed loop over gRPC at batch 1, 8 and 64 (64, 64 and 192 requests, EOS
 # ignored). Writes to $OUT: device.txt (GPUs, times, exits), tests.txt, bench.txt, sweeps.md (every
 # point's summary), summary.md (service tok/s of both layouts and their ratio) and logs.tar.gz.
-# Environment: PACK (default .carry-pack-2gpu), SKIP_TESTS=1 leaves the tests out.
+# Environment: PACK (default .carry-pack-2gpu), SKIP_TESTS=1 leaves the tests out, POINTS (batch and
+# requests per point, default "1 64,8 64,64 192"), STEP_TRACE=1 has each worker write a line per
+# step (tandem-worker --step_trace, into logs.tar.gz).
 set -u
 cd "$(dirname "$0")/../../.."
 export PACK=${PACK:-.carry-pack-2gpu}
@@ -47,6 +49,7 @@ start_coordinator "$work/coordinator.log" --listen=127.0.0.1:0 --model_dir="$mod
 for gpu in 0 1; do
   "$bin/tandem-worker" --coordinator=127.0.0.1:$port --listen=127.0.0.1:0 --backend=cuda \
     --gpu=$gpu --dtype=f16 --kv_memory_fraction=0.5 --metrics_address= \
+    ${STEP_TRACE:+--step_trace=$work/steps-gpu$gpu.tsv} \
     > "$work/worker-$gpu.log" 2>&1 &
   pids+=($!)
 done
@@ -58,7 +61,8 @@ for stages in 1 2; do
   wait_serving "$work/coordinator.log" "$stages" ||
     echo "no pipeline of $stages stage(s) serves" | tee -a "$out/device.txt"
   echo "$stages stage(s) serving at $((SECONDS - t0)) s" | tee -a "$out/device.txt"
-  for point in "1 64" "8 64" "64 192"; do
+  IFS=, read -ra points <<< "${POINTS:-1 64,8 64,64 192}"
+  for point in "${points[@]}"; do
     read -r batch requests <<< "$point"
     timeout 150 "$bin/tandem-loadgen" sweep --api=grpc --addr=127.0.0.1:$port --nodes="$stages" \
       --batch="$batch" --requests="$requests" --warmup=4 --prompt_lens=128 --output_lens=128 \

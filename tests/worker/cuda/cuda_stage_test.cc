@@ -453,6 +453,52 @@ void MoveKv(const Stage& from, int from_slot, Stage& to, int to_slot, int positi
   ASSERT_TRUE(imported.ok()) << imported;
 }
 
+// The same kept in device memory (ExportKvToDevice, for a move over NCCL): its bytes are those of
+// the host export, and imported from device memory into another slot of another stage, the
+// sequence continues with the same logits bit for bit. A block refused by the checks writes
+// nothing; host memory posing as device memory is refused naming the device.
+TEST_P(CudaStageVsCpu, KvKeptInDeviceMemoryContinuesWithTheSameLogits) {
+  SKIP_WITHOUT_GPU();
+  const auto dir = Checkpoint(GetParam());
+  auto whole = MakeCuda(dir, DType::kF16, true);
+  auto other = MakeCuda(dir, DType::kF16, true);
+  ASSERT_TRUE(whole && other);
+  const int v = whole->config().vocab_size, layers = whole->config().num_layers;
+  const std::vector<Seq> seqs = {{1, Prompt(13, 30, v)}};
+  const Trace before = RunSteps(*whole, seqs, 2);  // 15 positions
+  absl::StatusOr<KvBlock> dev = whole->ExportKvToDevice(1, 15, 0, layers);
+  absl::StatusOr<KvBlock> host = whole->ExportKv(1, 15, 0, layers);
+  ASSERT_TRUE(dev.ok() && host.ok()) << dev.status() << host.status();
+  ASSERT_TRUE(dev->on_device());
+  EXPECT_TRUE(dev->k.empty() && dev->v.empty());
+  EXPECT_EQ(dev->bytes(), host->bytes());
+  absl::StatusOr<KvBlock> back = KvBlockToHost(*dev);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->k, host->k);
+  EXPECT_EQ(back->v, host->v);
+  EXPECT_THAT(whole->ExportKvToDevice(1, 16, 0, layers).status().message(),
+              ::testing::HasSubstr("holds 15 positions, asked for 16"));
+
+  KvBlock posing = *dev;  // host memory where device memory should be
+  posing.device_k = std::shared_ptr<uint8_t>(back->k.data(), [](uint8_t*) {});
+  posing.device_v = std::shared_ptr<uint8_t>(back->v.data(), [](uint8_t*) {});
+  EXPECT_THAT(other->ImportKv(2, posing).message(),
+              ::testing::HasSubstr("this stage runs on device"));
+
+  ASSERT_TRUE(other->ImportKv(2, *dev).ok());
+  int32_t token = before.tokens.back()[0];
+  for (int i = 2; i < 5; ++i) {
+    StepDescriptor want_step = DecodeStep({{1, seqs[0].prompt}}, i, {token});
+    StepDescriptor moved = DecodeStep({{2, seqs[0].prompt}}, i, {token});
+    want_step.return_logits = moved.return_logits = true;
+    auto a = whole->Step(want_step, Activations{});
+    auto b = other->Step(moved, Activations{});
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    EXPECT_EQ(b->logits, a->logits) << "step " << i;
+    token = a->tokens[0];
+  }
+}
+
 // A sequence's KV-cache exported mid-generation continues, imported into another slot of a whole
 // stage and (layer range by layer range) into another slot of a pipeline split at layer 2, with
 // the logits it has where it was, bit for bit (the same kernels on the same values). The exported

@@ -1,9 +1,12 @@
 // KV blocks on the wire: a block cut into chunks of any size comes back byte for byte, a layer
 // slice is the right bytes, and a chunk that does not fit the receiving stage, its sequence's
 // earlier chunks or its layer's position is refused naming the field; a block with a gap is not
-// handed out.
+// handed out. A block in device memory is sliced as views into the same memory and never cut
+// into chunks of host bytes; the message that announces a block sent over NCCL carries its fields
+// only and is refused, naming the field, where it does not fit every layer and position asked for.
 #include "worker/transport/kv_wire.h"
 
+#include <memory>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -101,15 +104,16 @@ TEST(KvWireTest, ChunksOfALayerRangeAreThoseOfItsSlice) {
       },
       5, 2);
   ASSERT_TRUE(sent.ok() && *sent);
-  KvAssembler a({.first_layer = 5, .num_layers = 2, .num_kv_heads = 2, .head_dim = 3,
-                 .max_positions = 64});
+  KvAssembler a(
+      {.first_layer = 5, .num_layers = 2, .num_kv_heads = 2, .head_dim = 3, .max_positions = 64});
   for (const v1::KvChunk& c : chunks) ASSERT_TRUE(a.Add(c).ok());
   absl::StatusOr<KvBlock> got = a.Take(1);
   absl::StatusOr<KvBlock> slice = SliceKvLayers(b, 5, 2);
   ASSERT_TRUE(got.ok() && slice.ok());
   EXPECT_EQ(got->k, slice->k);
   EXPECT_EQ(got->v, slice->v);
-  EXPECT_THAT(ForEachKvChunk(1, b, 24, [](const v1::KvChunk&) { return true; }, 7, 2)
+  EXPECT_THAT(ForEachKvChunk(
+                  1, b, 24, [](const v1::KvChunk&) { return true; }, 7, 2)
                   .status()
                   .message(),
               HasSubstr("[7, 9) are not within the held [4, 8)"));
@@ -196,6 +200,87 @@ TEST(KvWireTest, ABlockMissingALayerIsNotHandedOut) {
   KvAssembler a(ShapeOf(b));
   ASSERT_TRUE(a.Add(chunks[1]).ok());
   EXPECT_THAT(a.Take(1).status().message(), HasSubstr("layer 0 has 0 of its 2 positions"));
+}
+
+// A block whose K and V stand in "device memory" (here host memory the test owns: slicing is
+// pointer arithmetic only).
+KvBlock DeviceBlock(int first, int layers, int positions, std::vector<uint8_t>& memory) {
+  KvBlock b = Block(first, layers, positions);
+  memory.assign(b.k.begin(), b.k.end());
+  memory.insert(memory.end(), b.v.begin(), b.v.end());
+  std::shared_ptr<uint8_t> all(memory.data(), [](uint8_t*) {});
+  b.device_k = all;
+  b.device_v = std::shared_ptr<uint8_t>(all, all.get() + b.k.size());
+  b.k.clear();
+  b.v.clear();
+  return b;
+}
+
+TEST(KvWireTest, ADeviceBlockIsSlicedAsViewsAndNeverChunkedFromTheHost) {
+  std::vector<uint8_t> memory;
+  const KvBlock b = DeviceBlock(4, 4, 3, memory);
+  ASSERT_TRUE(b.on_device());
+  const size_t layer = 3 * 2 * 3 * 2;
+  EXPECT_EQ(b.bytes(), 2 * 4 * layer);
+  absl::StatusOr<KvBlock> s = SliceKvLayers(b, 6, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->k.empty() && s->v.empty());
+  EXPECT_EQ(s->device_k.get(), memory.data() + 2 * layer);
+  EXPECT_EQ(s->device_v.get(), memory.data() + 4 * layer + 2 * layer);
+  EXPECT_EQ(s->bytes(), 2 * 2 * layer);
+  EXPECT_THAT(SliceKvLayers(b, 7, 2).status().message(), HasSubstr("not within the held [4, 8)"));
+  absl::StatusOr<bool> chunks =
+      ForEachKvChunk(1, b, 1 << 20, [](const v1::KvChunk&) { return true; });
+  EXPECT_EQ(chunks.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(KvWireTest, AnNcclHeaderCarriesTheFieldsOfEveryLayerAndPosition) {
+  std::vector<uint8_t> memory;
+  const KvBlock b = DeviceBlock(2, 3, 5, memory);
+  const v1::KvChunk h = NcclKvHeader(7, b);
+  EXPECT_TRUE(h.nccl());
+  EXPECT_TRUE(h.k().empty() && h.v().empty());
+  absl::StatusOr<KvBlock> got = KvBlockOfNcclHeader(h, ShapeOf(b));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->first_layer, 2);
+  EXPECT_EQ(got->num_layers, 3);
+  EXPECT_EQ(got->positions, 5);
+  EXPECT_EQ(got->dtype, DType::kF16);
+  EXPECT_EQ(got->expected_bytes(), b.expected_bytes());
+  EXPECT_FALSE(got->on_device());
+  // Over gRPC such a message is refused: its bytes are elsewhere.
+  KvAssembler a(ShapeOf(b));
+  EXPECT_THAT(a.Add(h).message(), HasSubstr("come over NCCL"));
+}
+
+TEST(KvWireTest, NcclHeadersThatDoNotFitAreRefusedNamingTheField) {
+  std::vector<uint8_t> memory;
+  const KvBlock b = DeviceBlock(2, 3, 5, memory);
+  const v1::KvChunk good = NcclKvHeader(7, b);
+  struct Case {
+    const char* says;
+    void (*spoil)(v1::KvChunk&);
+  };
+  const Case cases[] = {
+      {"version 3", [](v1::KvChunk& c) { c.set_version(3); }},
+      {"dtype 'X' is none of", [](v1::KvChunk& c) { c.set_dtype("X"); }},
+      {"layers [3, 6), expected [2, 5)", [](v1::KvChunk& c) { c.set_layer(3); }},
+      {"layers [2, 4), expected [2, 5)", [](v1::KvChunk& c) { c.set_num_layers(2); }},
+      {"1 KV heads of 3", [](v1::KvChunk& c) { c.set_num_kv_heads(1); }},
+      {"65 positions, this stage holds 1 to 64", [](v1::KvChunk& c) { c.set_total_positions(65); }},
+      {"positions [1, 6) of 5, expected all", [](v1::KvChunk& c) { c.set_first_position(1); }},
+      {"positions [0, 4) of 5, expected all", [](v1::KvChunk& c) { c.set_positions(4); }},
+      {"1 bytes in the message", [](v1::KvChunk& c) { c.set_k("x"); }},
+      {"were to come over NCCL", [](v1::KvChunk& c) { c.set_nccl(false); }},
+  };
+  for (const Case& bad : cases) {
+    v1::KvChunk c = good;
+    bad.spoil(c);
+    const absl::Status s = KvBlockOfNcclHeader(c, ShapeOf(b)).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad.says;
+    EXPECT_THAT(s.message(), HasSubstr(bad.says));
+    EXPECT_THAT(s.message(), HasSubstr("sequence 7"));
+  }
 }
 
 }  // namespace

@@ -1,0 +1,66 @@
+// KvBlock's checks before a stage imports it (worker/kv_block.cc): a block in host memory must
+// hold the bytes its fields say; one in device memory must have both K and V there and nothing in
+// host memory; its size counts K and V wherever they are.
+#include <memory>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/stage.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+ModelConfig TinyConfig() {
+  ModelConfig c;
+  c.num_layers = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 3;
+  return c;
+}
+
+// Layers [1, 3), 5 positions, f16, in host memory.
+KvBlock HostBlock() { return SizedKvBlock(DType::kF16, 1, 2, 2, 3, 5); }
+
+absl::Status Check(const KvBlock& b) {
+  return CheckKvBlock(b, /*slot=*/0, TinyConfig(), DType::kF16, /*first_layer=*/0,
+                      /*last_layer=*/4, /*max_slots=*/2, /*max_seq_len=*/8);
+}
+
+TEST(KvBlockTest, HostBlocksMustHoldTheBytesTheirFieldsSay) {
+  KvBlock b = HostBlock();
+  EXPECT_TRUE(Check(b).ok()) << Check(b);
+  EXPECT_EQ(b.bytes(), 2 * b.expected_bytes());
+  EXPECT_EQ(b.expected_bytes(), size_t{2} * 5 * 2 * 3 * 2);
+  b.v.pop_back();
+  EXPECT_THAT(Check(b).message(), HasSubstr("bytes of K and"));
+}
+
+TEST(KvBlockTest, DeviceBlocksHaveKAndVThereAndNothingInHostMemory) {
+  std::vector<uint8_t> memory(2 * HostBlock().expected_bytes());
+  std::shared_ptr<uint8_t> all(memory.data(), [](uint8_t*) {});
+  KvBlock b = HostBlock();
+  b.k.clear();
+  b.v.clear();
+  b.device_k = all;
+  b.device_v = std::shared_ptr<uint8_t>(all, all.get() + memory.size() / 2);
+  ASSERT_TRUE(b.on_device());
+  EXPECT_TRUE(Check(b).ok()) << Check(b);
+  EXPECT_EQ(b.bytes(), memory.size());
+
+  KvBlock only_k = b;
+  only_k.device_v.reset();
+  EXPECT_THAT(Check(only_k).message(), HasSubstr("not both in device memory"));
+  KvBlock both = b;
+  both.k.resize(4);
+  EXPECT_THAT(Check(both).message(), HasSubstr("with 4 bytes in host memory too"));
+  // The other checks come first, wherever the bytes are.
+  KvBlock wrong_dims = b;
+  wrong_dims.head_dim = 4;
+  EXPECT_THAT(Check(wrong_dims).message(), HasSubstr("2 KV heads of 4"));
+}
+
+}  // namespace
+}  // namespace tandem
