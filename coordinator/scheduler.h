@@ -39,7 +39,7 @@ struct SchedulerOptions {
   // Prompt tokens per step across all of its sequences; 0: no bound. Decodes always go; prompts
   // fill what is left, oldest first, the last one that fits in part fed in a chunk of that size.
   int prefill_budget = 0;
-  int micro_batches = 0;    // steps in flight per pipeline; at least one per stage
+  int micro_batches = 0;  // steps in flight per pipeline; at least one per stage
   // A one-stage pipeline gets a sequence's next decode step while the step that samples its input
   // runs (the row feeds kPreviousSample), so that the stage never waits for the round trip to the
   // coordinator between two steps. Outputs are the same: the step feeds the token the stage
@@ -168,14 +168,15 @@ class Scheduler {
 
   // The steps pipeline `id` should run next: micro-batches of the sequences that are not in a
   // step already, at most max(micro_batches, stages) steps in flight, the ready sequences spread
-  // evenly over the free ones and at most max_batch per step. A sequence feeds its pending
-  // tokens, at most prefill_chunk of them: the prompt in chunks, then one token per decode step,
-  // and samples after its last pending token. A step's prompt tokens stay within prefill_budget:
-  // a prompt left out waits for the next step, ahead of the younger ones. Step ids count from 1
-  // per pipeline.
-  // With decode_ahead, a one-stage pipeline may hold (1 + ahead) times as many steps in flight,
-  // and a sequence whose steps in flight sample goes into the next step as well
-  // (kPreviousSample), up to `ahead` steps beyond the first (decode_ahead_ahead()), unless the
+  // evenly over the free ones and at most max_batch per step. With several in flight, a step takes
+  // at most an even share of the pipeline's running sequences (a stage's step costs about as much
+  // at 3 rows as at 32): the rest wait for the next free one, ahead of the others. A sequence feeds
+  // its pending tokens, at most prefill_chunk of them: the prompt in chunks, then one token per
+  // decode step, and samples after its last pending token. A step's prompt tokens stay within
+  // prefill_budget: a prompt left out waits for the next step, ahead of the younger ones. Step ids
+  // count from 1 per pipeline. With decode_ahead, a one-stage pipeline may hold (1 + ahead) times
+  // as many steps in flight, and a sequence whose steps in flight sample goes into the next step as
+  // well (kPreviousSample), up to `ahead` steps beyond the first (decode_ahead_ahead()), unless the
   // tokens of the steps in flight are certain to end it (its length).
   std::vector<StepDescriptor> FormSteps(int id);
   // The steps a sequence of pipeline `id` may go ahead now: decode_ahead_time over the measured
@@ -205,16 +206,17 @@ class Scheduler {
     std::shared_ptr<RequestState> request;
     int pipeline = -1;
     int slot = -1;
-    int position = 0;               // tokens in the KV-cache once its steps in flight are done
-    std::vector<int32_t> pending;   // tokens to feed: the prompt (rest), then the newest token
+    int position = 0;              // tokens in the KV-cache once its steps in flight are done
+    std::vector<int32_t> pending;  // tokens to feed: the prompt (rest), then the newest token
     std::vector<int32_t> generated;
     int in_flight = 0;  // steps in flight that hold the sequence
     int fed_ahead = 0;  // of them, steps that feed the token of the step before (kPreviousSample)
+    bool left_out = false;  // ready when the last step was formed, but over its share: goes first
     // With a penalty set: every distinct token of the sequence the penalties look at (the prompt
     // only for repetition_penalty) -> {times generated, in the prompt}.
     absl::flat_hash_map<int32_t, std::pair<int32_t, bool>> seen;
     absl::Time last_token = absl::InfinitePast();  // for the inter-token latency
-    int resumes = 0;  // times its pipeline was lost and it went back to the queue
+    int resumes = 0;      // times its pipeline was lost and it went back to the queue
     bool moving = false;  // held aside, or placed while its KV-cache is put in its slot
     // In a prefill pipeline: the decode pipeline's slot set aside for it; -1: none.
     int decode_pipeline = -1;
@@ -232,7 +234,7 @@ class Scheduler {
     int stages = 1;
     KvSlotAllocator slots;
     PipelineRole role = PipelineRole::kBoth;
-    std::vector<uint64_t> running;  // sequence ids, admission order
+    std::vector<uint64_t> running;                        // sequence ids, admission order
     std::map<uint64_t, std::vector<StepEntry>> inflight;  // by step id
     uint64_t next_step = 1;
     bool draining = false;

@@ -104,6 +104,30 @@ TEST(Scheduler, FormsOneStepPerStageWithTheReadySequencesSpreadEvenly) {
   EXPECT_THAT(s.FormSteps(0), IsEmpty());  // every sequence is in a step already
 }
 
+// Sequences that arrive while a micro-batch is in flight do not all pile into the next one: a
+// step takes an even share of the pipeline's sequences (1 + 5 would stay 1 + 5 step after step,
+// each costing a stage nearly the same), and those left out go first once a step returns.
+TEST(Scheduler, MicroBatchesTakeAnEvenShareAndThoseLeftOutGoFirst) {
+  SchedulerOptions o = Options();
+  o.max_slots = 8;
+  Scheduler s(o);
+  s.AddPipeline(0, /*stages=*/2);
+  s.Enqueue(Request({1}), kNow);
+  s.Admit(kNow);
+  const StepDescriptor a = NextStep(s, 0);
+  ASSERT_EQ(a.seqs.size(), 1u);
+  for (int i = 0; i < 5; ++i) s.Enqueue(Request({2 + i}), kNow);
+  s.Admit(kNow);
+  const StepDescriptor b = NextStep(s, 0);
+  EXPECT_THAT(b.tokens, ElementsAre(2, 3, 4)) << "a share of ceil(6 / 2), not all five";
+  EXPECT_THAT(s.FormSteps(0), IsEmpty());
+  ASSERT_TRUE(Answer(s, 0, a, 9).ok());
+  const StepDescriptor c = NextStep(s, 0);
+  EXPECT_THAT(c.tokens, ElementsAre(5, 6, 9)) << "the two left out first, then the first one";
+  ASSERT_TRUE(Answer(s, 0, b, 9).ok());
+  EXPECT_EQ(NextStep(s, 0).seqs.size(), 3u);
+}
+
 TEST(Scheduler, CapsAStepAtMaxBatch) {
   SchedulerOptions o = Options();
   o.max_batch = 2;

@@ -775,18 +775,20 @@ grpc::Status WorkerService::SendOverNccl(grpc::ServerContext* ctx, const v1::Fet
     }
     held->link = *std::move(joined);
   }
+  // Every header, then every sequence's K and V as one NCCL transfer.
+  std::vector<std::pair<const void*, size_t>> buffers;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const KvBlock& b = blocks[i];
     if (!writer->Write(NcclKvHeader(req.keys(i), b))) {
       drop();
       return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching worker went away");
     }
-    absl::Status st = held->link->Send(b.device_k.get(), b.expected_bytes());
-    if (st.ok()) st = held->link->Send(b.device_v.get(), b.expected_bytes());
-    if (!st.ok()) {
-      drop();
-      return ToGrpcStatus(OfSequence(req.keys(i), st));
-    }
+    buffers.emplace_back(b.device_k.get(), b.expected_bytes());
+    buffers.emplace_back(b.device_v.get(), b.expected_bytes());
+  }
+  if (absl::Status st = held->link->Send(buffers); !st.ok()) {
+    drop();
+    return ToGrpcStatus(st);
   }
   return grpc::Status::OK;
 }
@@ -876,7 +878,9 @@ absl::StatusOr<std::optional<std::vector<KvBlock>>> WorkerService::FetchOverNccl
                       .num_kv_heads = c.num_kv_heads,
                       .head_dim = c.head_dim,
                       .max_positions = a.max_seq_len};
+  // Every header, then every sequence's K and V as one NCCL transfer into memory of this GPU.
   std::vector<KvBlock> blocks;
+  std::vector<std::pair<void*, size_t>> buffers;
   for (size_t i = 0; i < keys.size(); ++i) {
     if (i > 0 && !reader->Read(&chunk)) {
       const grpc::Status done = reader->Finish();
@@ -896,11 +900,11 @@ absl::StatusOr<std::optional<std::vector<KvBlock>>> WorkerService::FetchOverNccl
     if (!mem.ok()) return fail(mem.status());
     b->device_k = *mem;
     b->device_v = std::shared_ptr<uint8_t>(*mem, mem->get() + bytes);
-    absl::Status st = held->link->Recv(b->device_k.get(), bytes);
-    if (st.ok()) st = held->link->Recv(b->device_v.get(), bytes);
-    if (!st.ok()) return fail(OfSequence(keys[i], st));
+    buffers.emplace_back(b->device_k.get(), bytes);
+    buffers.emplace_back(b->device_v.get(), bytes);
     blocks.push_back(*std::move(b));
   }
+  if (absl::Status st = held->link->Recv(buffers); !st.ok()) return fail(st);
   if (reader->Read(&chunk)) {
     return fail(absl::InvalidArgumentError("more sequences came than were asked for"));
   }

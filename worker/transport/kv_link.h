@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -16,11 +18,12 @@ namespace tandem {
 class KvLink {
  public:
   virtual ~KvLink() = default;
-  // `bytes` of device memory of this worker's GPU to the peer; returns once they have left, or
-  // with the error that broke the link (a silent peer: DEADLINE_EXCEEDED at the link's timeout).
-  virtual absl::Status Send(const void* device, size_t bytes) = 0;
-  // `bytes` from the peer into device memory of this worker's GPU; returns once they are there.
-  virtual absl::Status Recv(void* device, size_t bytes) = 0;
+  // Buffers of device memory of this worker's GPU to the peer, in order, as one transfer; returns
+  // once they have left, or with the error that broke the link (a silent peer:
+  // DEADLINE_EXCEEDED at the link's timeout). The peer receives the same sizes in the same order.
+  virtual absl::Status Send(std::span<const std::pair<const void*, size_t>> buffers) = 0;
+  // Buffers from the peer into device memory of this worker's GPU; returns once they are there.
+  virtual absl::Status Recv(std::span<const std::pair<void*, size_t>> buffers) = 0;
   // Device memory of this worker's GPU for what Recv takes, freed when the last owner lets go.
   virtual absl::StatusOr<std::shared_ptr<uint8_t>> Allocate(size_t bytes) = 0;
   // After an error: every later call fails; the link is to be dropped and joined anew.

@@ -83,17 +83,24 @@ struct NcclKvLink::State {
     return st;
   }
 
-  // One ncclSend (`send`) or ncclRecv of `bytes` at `p`, waited for.
-  absl::Status Move(bool send, void* p, size_t bytes) {
+  // ncclSend (`send`) or ncclRecv of every buffer, in order, as one NCCL group, waited for.
+  template <typename Ptr>
+  absl::Status Move(bool send, std::span<const std::pair<Ptr, size_t>> buffers) {
     if (broken || comm == nullptr) {
       return absl::FailedPreconditionError("the KV link broke earlier; join a new one");
     }
-    if (bytes == 0) return absl::OkStatus();
     CUDA_CHECK(cudaSetDevice(device));
     const char* what = send ? "ncclSend (KV)" : "ncclRecv (KV)";
     const int peer = 1 - rank;
-    const ncclResult_t r = send ? ncclSend(p, bytes, ncclUint8, peer, comm, stream.get())
-                                : ncclRecv(p, bytes, ncclUint8, peer, comm, stream.get());
+    ncclResult_t r = ncclGroupStart();
+    for (const auto& [p, bytes] : buffers) {
+      if (r != ncclSuccess || bytes == 0) continue;
+      void* at = const_cast<void*>(static_cast<const void*>(p));
+      r = send ? ncclSend(at, bytes, ncclUint8, peer, comm, stream.get())
+               : ncclRecv(at, bytes, ncclUint8, peer, comm, stream.get());
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (r == ncclSuccess) r = end;
     if (r != ncclSuccess && r != ncclInProgress) return Fail(NcclFailure(r, what, comm));
     RETURN_IF_ERROR(Wait(what, /*event_recorded=*/false));
     const cudaError_t e = cudaEventRecord(done.get(), stream.get());
@@ -133,12 +140,12 @@ absl::StatusOr<std::unique_ptr<NcclKvLink>> NcclKvLink::Join(int device, int ran
   return std::unique_ptr<NcclKvLink>(new NcclKvLink(std::move(s)));
 }
 
-absl::Status NcclKvLink::Send(const void* device, size_t bytes) {
-  return s_->Move(/*send=*/true, const_cast<void*>(device), bytes);
+absl::Status NcclKvLink::Send(std::span<const std::pair<const void*, size_t>> buffers) {
+  return s_->Move(/*send=*/true, buffers);
 }
 
-absl::Status NcclKvLink::Recv(void* device, size_t bytes) {
-  return s_->Move(/*send=*/false, device, bytes);
+absl::Status NcclKvLink::Recv(std::span<const std::pair<void*, size_t>> buffers) {
+  return s_->Move(/*send=*/false, buffers);
 }
 
 absl::StatusOr<std::shared_ptr<uint8_t>> NcclKvLink::Allocate(size_t bytes) {

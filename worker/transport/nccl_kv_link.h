@@ -28,8 +28,8 @@ class NcclKvLink : public KvLink {
   NcclKvLink(const NcclKvLink&) = delete;
   NcclKvLink& operator=(const NcclKvLink&) = delete;
 
-  absl::Status Send(const void* device, size_t bytes) override;
-  absl::Status Recv(void* device, size_t bytes) override;
+  absl::Status Send(std::span<const std::pair<const void*, size_t>> buffers) override;
+  absl::Status Recv(std::span<const std::pair<void*, size_t>> buffers) override;
   absl::StatusOr<std::shared_ptr<uint8_t>> Allocate(size_t bytes) override;
   bool broken() const override;
 
