@@ -52,6 +52,7 @@ struct NcclKvLink::State {
                     const std::function<bool()>& cancelled = {}) {
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::nanoseconds(absl::ToInt64Nanoseconds(timeout));
+    const auto start = std::chrono::steady_clock::now();
     for (;;) {
       ncclResult_t state = ncclSuccess;
       const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
@@ -72,7 +73,13 @@ struct NcclKvLink::State {
         return Fail(absl::DeadlineExceededError(absl::StrCat(
             what, ": the peer did not take part within ", absl::FormatDuration(timeout))));
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      // Spinning the first millisecond (a transfer of tens of MB takes a fraction of one), then
+      // sleeping between looks.
+      if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(1)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
     }
   }
 

@@ -1,7 +1,9 @@
 // KvAssembler on any KvChunk a peer could send (the input in protobuf's text format, or else
 // KvChunk's wire format), given once and then again one position further: each chunk is taken or
 // refused with INVALID_ARGUMENT, and a block handed out holds exactly the bytes its fields say,
-// which cut into chunks again and put together give the same block.
+// which cut into chunks again and put together give the same block. The same chunk read as the
+// header of a block sent over NCCL is taken or refused with INVALID_ARGUMENT, and a block taken
+// has the shape's layers and the header's positions, and sizes its memory without overflow.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -19,6 +21,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const tandem::KvShape shape{
       .first_layer = 0, .num_layers = 1, .num_kv_heads = 2, .head_dim = 3, .max_positions = 64};
+  absl::StatusOr<tandem::KvBlock> over_nccl = tandem::KvBlockOfNcclHeader(chunk, shape);
+  if (!over_nccl.ok()) {
+    if (over_nccl.status().code() != absl::StatusCode::kInvalidArgument) std::abort();
+  } else if (over_nccl->first_layer != shape.first_layer ||
+             over_nccl->num_layers != shape.num_layers ||
+             over_nccl->positions != chunk.total_positions() || over_nccl->positions < 1 ||
+             over_nccl->positions > shape.max_positions || over_nccl->expected_bytes() == 0 ||
+             over_nccl->on_device()) {
+    std::abort();
+  }
   tandem::KvAssembler assembler(shape);
   tandem::v1::KvChunk next = chunk;
   next.set_first_position(chunk.first_position() + chunk.positions());
