@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # KV-cache over NCCL between two GPUs (nvidia-h100-x2), from the repository root, with the binaries
-# that `PACK=.carry-pack-kv scripts/gpu-check` packs: the KV link's tests and bandwidth
+# that `scripts/gpu-check` packs: the KV link's tests and bandwidth
 # (nccl_kv_link_test), the CUDA stage's device-memory export and import (cuda_stage_test), then
 # with one worker per GPU, the openllama-3b shape: disaggregated prefill against colocated replicas
 # (docs/results/disagg/run.sh: 2,048-token prompts all along, 64 decoding streams of 256 tokens at
@@ -8,10 +8,10 @@
 # (docs/results/kv-move/run.sh, --batch_invariant workers, so that its check compares every output
 # with an undisturbed run's). Prints the tests' lines, the sweeps' tables and the moves' log lines;
 # writes $OUT/kv-nccl.tar.gz (every log).
-# Environment: PACK (default .carry-pack-kv), KV_OVER_NCCL (true; false: the same over gRPC).
+# Environment: PACK (default .carry-pack), KV_OVER_NCCL (true; false: the same over gRPC).
 set -u
 cd "$(dirname "$0")/../../.."
-export PACK=${PACK:-.carry-pack-kv}
+export PACK=${PACK:-.carry-pack}
 out=${OUT:-/tmp/tandem-kv-nccl}
 mkdir -p "$out"
 source scripts/carry-unpack

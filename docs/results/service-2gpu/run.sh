@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One stage against two on a machine with two GPUs (nvidia-h100-x2), from the repository root, with
-# the binaries that `PACK=.carry-pack-2gpu scripts/gpu-check` packs. First the GPU tests that need
+# the binaries that `scripts/gpu-check` packs. First the GPU tests that need
 # two GPUs (the NCCL transport, the pipeline, real tandem-worker processes over NCCL), then the
 # openllama-3b shape (f16, seed 1): the engine alone (tandem-bench on GPU 0, batch 1, 8 and 64,
 # prompt 128, 128 new tokens), and the same work through one coordinator and two CUDA workers (one
@@ -9,12 +9,12 @@
 # tandem-loadgen's closed loop over gRPC at batch 1, 8 and 64 (64, 64 and 192 requests, EOS
 # ignored). Writes to $OUT: device.txt (GPUs, times, exits), tests.txt, bench.txt, sweeps.md (every
 # point's summary), summary.md (service tok/s of both layouts and their ratio) and logs.tar.gz.
-# Environment: PACK (default .carry-pack-2gpu), SKIP_TESTS=1 leaves the tests out, POINTS (batch and
+# Environment: PACK (default .carry-pack), SKIP_TESTS=1 leaves the tests out, POINTS (batch and
 # requests per point, default "1 64,8 64,64 192"), STEP_TRACE=1 has each worker write a line per
 # step (tandem-worker --step_trace, into logs.tar.gz).
 set -u
 cd "$(dirname "$0")/../../.."
-export PACK=${PACK:-.carry-pack-2gpu}
+export PACK=${PACK:-.carry-pack}
 out=${OUT:-/tmp/tandem-service-2gpu}
 mkdir -p "$out"
 source scripts/carry-unpack
