@@ -767,6 +767,14 @@ grpc::Status WorkerService::SendOverNccl(grpc::ServerContext* ctx, const v1::Fet
     send_links_.erase(req.nccl_id());
   };
   if (held->link == nullptr) {
+    // Ready to send: the other worker joins on reading this.
+    v1::KvChunk ready;
+    ready.set_version(KvBlock::kVersion);
+    ready.set_nccl(true);
+    if (!writer->Write(ready)) {
+      drop();
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching worker went away");
+    }
     absl::StatusOr<std::unique_ptr<KvLink>> joined =
         link_.join_kv_link(req.nccl_id(), /*rank=*/0, [ctx] { return ctx->IsCancelled(); });
     if (!joined.ok()) {
@@ -825,25 +833,11 @@ absl::StatusOr<std::optional<std::vector<KvBlock>>> WorkerService::FetchOverNccl
   req.set_num_layers(num_layers);
   req.set_nccl_id(held->unique_id);
   req.set_nccl_join(join);
-  // A new link is joined while the other worker joins it on receiving the request; it gives up
-  // when that worker refuses instead (the stream ends before its first message).
-  std::atomic<bool> refused{false};
-  absl::StatusOr<std::unique_ptr<KvLink>> joined = absl::UnknownError("not joined");
-  std::thread joiner;
-  if (join) {
-    joiner = std::thread([&] {
-      joined =
-          link_.join_kv_link(held->unique_id, /*rank=*/1, [&refused] { return refused.load(); });
-    });
-  }
+  // A new link: the other worker first checks that it can send everything and says so (a message
+  // with no sequence), then both join; a refusal ends the stream before any message.
   std::unique_ptr<grpc::ClientReader<v1::KvChunk>> reader = stub->FetchKv(&ctx, req);
   v1::KvChunk chunk;
-  bool first = reader->Read(&chunk);
-  if (!first) refused.store(true);
-  if (join) {
-    joiner.join();
-    if (joined.ok()) held->link = *std::move(joined);
-  }
+  const bool first = reader->Read(&chunk);
   auto fail = [&](const absl::Status& s) {
     held->link.reset();
     ctx.TryCancel();
@@ -854,23 +848,32 @@ absl::StatusOr<std::optional<std::vector<KvBlock>>> WorkerService::FetchOverNccl
   };
   if (!first) {
     // Nothing moved: over gRPC instead (which also names a sequence that is not stashed). A
-    // worker that could not join, or has no NCCL, is not asked again.
+    // worker that has no NCCL is not asked again.
     const grpc::Status done = reader->Finish();
     held->link.reset();
-    // "has no NCCL": never will; a join that failed on its side (not a refusal to send, nor a
-    // sequence it does not hold): NCCL does not connect the two.
-    const bool cannot = absl::StrContains(done.error_message(), "has no NCCL");
-    const bool join_failed = join && done.error_code() != grpc::StatusCode::FAILED_PRECONDITION &&
-                             done.error_code() != grpc::StatusCode::NOT_FOUND;
-    if (cannot || join_failed) held->unreachable = true;
-    spdlog::log(held->unreachable ? spdlog::level::warn : spdlog::level::debug,
-                "KV from {}: over gRPC ({}; joining: {})", address, done.error_message(),
-                join ? joined.status().ToString() : std::string("-"));
+    if (absl::StrContains(done.error_message(), "has no NCCL")) held->unreachable = true;
+    spdlog::debug("KV from {}: over gRPC ({})", address, done.error_message());
     return std::nullopt;
   }
-  if (held->link == nullptr) {
-    held->unreachable = true;
-    return fail(joined.status());
+  if (join) {
+    if (!chunk.nccl() || chunk.num_layers() != 0) {
+      return fail(absl::DataLossError("a sequence came before the link was joined"));
+    }
+    absl::StatusOr<std::unique_ptr<KvLink>> joined =
+        link_.join_kv_link(held->unique_id, /*rank=*/1, nullptr);
+    if (!joined.ok()) {
+      held->unreachable = true;  // NCCL does not connect the two: gRPC from now on
+      spdlog::warn("KV from {}: NCCL link not joined, over gRPC from now on: {}", address,
+                   joined.status().ToString());
+      return fail(joined.status());
+    }
+    held->link = *std::move(joined);
+    if (!reader->Read(&chunk)) {
+      const grpc::Status done = reader->Finish();
+      held->link.reset();
+      return from(done.ok() ? absl::DataLossError("the stream ended after the link was joined")
+                            : FromGrpcStatus(done));
+    }
   }
   const ModelConfig& c = a.engine->config();
   const KvShape shape{.first_layer = first_layer,

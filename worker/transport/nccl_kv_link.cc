@@ -1,13 +1,19 @@
-// NcclKvLink: ncclSend/ncclRecv of KV-cache bytes on a non-blocking two-rank communicator, every
-// wait polling the communicator's async error and a CUDA event against a deadline.
+// NcclKvLink: ncclSend/ncclRecv of KV-cache bytes on a blocking two-rank communicator. Joining it
+// (and connecting its two ranks) runs on a thread of its own that the caller gives up on at the
+// timeout or a cancellation; every transfer is queued without blocking (the ranks are connected)
+// and waited for by polling a CUDA event and the communicator's async error against a deadline,
+// aborting the communicator on any failure.
 #include "worker/transport/nccl_kv_link.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -19,11 +25,98 @@
 namespace tandem {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 absl::Status NcclFailure(ncclResult_t r, const char* what, ncclComm_t comm) {
   const char* last = ncclGetLastError(comm);
   return absl::InternalError(absl::StrCat("NCCL error ", ncclGetErrorString(r), " in ", what,
                                           last != nullptr && *last ? ": " : "",
                                           last != nullptr ? last : ""));
+}
+
+// Polls `done` (recorded behind the work) and `comm`'s async error until the work has run, the
+// deadline passes or `cancelled` says so; spins the first millisecond (a transfer of tens of MB
+// takes a fraction of one), then sleeps between looks.
+absl::Status AwaitEvent(cudaEvent_t done, ncclComm_t comm, Clock::time_point deadline,
+                        const std::function<bool()>& cancelled, const char* what) {
+  const Clock::time_point start = Clock::now();
+  for (;;) {
+    const cudaError_t q = cudaEventQuery(done);
+    if (q == cudaSuccess) return absl::OkStatus();
+    if (q != cudaErrorNotReady) return cuda::CudaError(q, what, __FILE__, __LINE__);
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) return NcclFailure(r, what, comm);
+    if (state != ncclSuccess && state != ncclInProgress) return NcclFailure(state, what, comm);
+    if (cancelled && cancelled()) return absl::CancelledError(absl::StrCat(what, ": cancelled"));
+    const Clock::time_point now = Clock::now();
+    if (now > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, ": the peer did not take part in time"));
+    }
+    if (now - start < std::chrono::milliseconds(1)) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+// The communicator a joining thread made, handed to the caller or, if the caller gave up before
+// it was done, aborted by the thread itself.
+struct Joining {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  bool abandoned = false;
+  absl::Status status;
+  ncclComm_t comm = nullptr;
+};
+
+// On the joining thread: the blocking communicator, then one byte each way so that both ranks'
+// connections exist before any transfer (a transfer then only queues work). Polls `abandoned`
+// while the byte moves; the blocking init itself cannot be interrupted.
+absl::Status JoinAndConnect(int device, int rank, const ncclUniqueId& id,
+                            const std::atomic<bool>& abandoned, ncclComm_t* out) {
+  CUDA_CHECK(cudaSetDevice(device));
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRank(&comm, 2, id, rank);
+  if (r != ncclSuccess) {
+    const absl::Status st = NcclFailure(r, "ncclCommInitRank (KV)", comm);
+    if (comm != nullptr) ncclCommAbort(comm);
+    return st;
+  }
+  cuda::Stream stream;
+  cuda::DeviceBuffer buf;
+  cuda::Event done;
+  absl::Status st = stream.Create();
+  if (st.ok()) st = buf.Allocate(2);
+  if (st.ok()) st = done.Create();
+  if (st.ok()) {
+    ncclResult_t g = ncclGroupStart();
+    if (g == ncclSuccess) g = ncclSend(buf.as<char>(), 1, ncclUint8, 1 - rank, comm, stream.get());
+    if (g == ncclSuccess) {
+      g = ncclRecv(buf.as<char>() + 1, 1, ncclUint8, 1 - rank, comm, stream.get());
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (g == ncclSuccess) g = end;
+    if (g != ncclSuccess) st = NcclFailure(g, "connecting the KV link", comm);
+  }
+  if (st.ok()) {
+    const cudaError_t e = cudaEventRecord(done.get(), stream.get());
+    if (e != cudaSuccess) st = cuda::CudaError(e, "cudaEventRecord", __FILE__, __LINE__);
+  }
+  if (st.ok()) {
+    st = AwaitEvent(
+        done.get(), comm, Clock::time_point::max(), [&abandoned] { return abandoned.load(); },
+        "connecting the KV link");
+  }
+  if (!st.ok()) {
+    ncclCommAbort(comm);
+    return st;
+  }
+  *out = comm;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -45,47 +138,9 @@ struct NcclKvLink::State {
     ncclCommAbort(comm);
   }
 
-  // Waits until the communicator has no call in progress, then, if `event_recorded`, until the
-  // stream's work up to `done` has run; polls both against the timeout (and `cancelled`). Any
-  // failure aborts the communicator.
-  absl::Status Wait(const char* what, bool event_recorded,
-                    const std::function<bool()>& cancelled = {}) {
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::nanoseconds(absl::ToInt64Nanoseconds(timeout));
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
-      if (r != ncclSuccess) return Fail(NcclFailure(r, what, comm));
-      if (state != ncclSuccess && state != ncclInProgress) {
-        return Fail(NcclFailure(state, what, comm));
-      }
-      if (state == ncclSuccess) {
-        if (!event_recorded) return absl::OkStatus();
-        const cudaError_t q = cudaEventQuery(done.get());
-        if (q == cudaSuccess) return absl::OkStatus();
-        if (q != cudaErrorNotReady) return Fail(cuda::CudaError(q, what, __FILE__, __LINE__));
-      }
-      if (cancelled && cancelled()) {
-        return Fail(absl::CancelledError(absl::StrCat(what, ": cancelled")));
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        return Fail(absl::DeadlineExceededError(absl::StrCat(
-            what, ": the peer did not take part within ", absl::FormatDuration(timeout))));
-      }
-      // Spinning the first millisecond (a transfer of tens of MB takes a fraction of one), then
-      // sleeping between looks.
-      if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(1)) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
-    }
-  }
-
   absl::Status Fail(absl::Status st) {
     broken = true;
-    ncclCommAbort(comm);
+    if (comm != nullptr) ncclCommAbort(comm);
     comm = nullptr;
     return st;
   }
@@ -108,11 +163,12 @@ struct NcclKvLink::State {
     }
     const ncclResult_t end = ncclGroupEnd();
     if (r == ncclSuccess) r = end;
-    if (r != ncclSuccess && r != ncclInProgress) return Fail(NcclFailure(r, what, comm));
-    RETURN_IF_ERROR(Wait(what, /*event_recorded=*/false));
+    if (r != ncclSuccess) return Fail(NcclFailure(r, what, comm));
     const cudaError_t e = cudaEventRecord(done.get(), stream.get());
     if (e != cudaSuccess) return Fail(cuda::CudaError(e, "cudaEventRecord", __FILE__, __LINE__));
-    return Wait(what, /*event_recorded=*/true);
+    const absl::Status st = AwaitEvent(
+        done.get(), comm, Clock::now() + absl::ToChronoNanoseconds(timeout), nullptr, what);
+    return st.ok() ? st : Fail(st);
   }
 };
 
@@ -136,14 +192,40 @@ absl::StatusOr<std::unique_ptr<NcclKvLink>> NcclKvLink::Join(int device, int ran
   RETURN_IF_ERROR(s->done.Create());
   ncclUniqueId id;
   std::memcpy(&id, unique_id.data(), sizeof(id));
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  const ncclResult_t r = ncclCommInitRankConfig(&s->comm, 2, id, rank, &config);
-  if (r != ncclSuccess && r != ncclInProgress) {
-    if (s->comm == nullptr) return NcclFailure(r, "ncclCommInitRankConfig (KV)", nullptr);
-    return s->Fail(NcclFailure(r, "ncclCommInitRankConfig (KV)", s->comm));
+  // The blocking init waits for the peer without end, so it runs on a thread of its own: given
+  // up on at the timeout or a cancellation, that thread aborts what it made if it ever finishes.
+  auto joining = std::make_shared<Joining>();
+  auto abandoned = std::make_shared<std::atomic<bool>>(false);
+  std::thread([joining, abandoned, device, rank, id] {
+    ncclComm_t comm = nullptr;
+    absl::Status st = JoinAndConnect(device, rank, id, *abandoned, &comm);
+    std::lock_guard<std::mutex> lock(joining->mu);
+    if (joining->abandoned) {
+      if (st.ok()) ncclCommAbort(comm);
+      return;
+    }
+    joining->status = std::move(st);
+    joining->comm = comm;
+    joining->done = true;
+    joining->cv.notify_all();
+  }).detach();
+  const Clock::time_point deadline = Clock::now() + absl::ToChronoNanoseconds(timeout);
+  std::unique_lock<std::mutex> lock(joining->mu);
+  while (!joining->done) {
+    joining->cv.wait_for(lock, std::chrono::milliseconds(5));
+    if (joining->done) break;
+    const bool gone = cancelled && cancelled();
+    if (gone || Clock::now() > deadline) {
+      joining->abandoned = true;
+      abandoned->store(true);
+      return gone ? absl::CancelledError("joining the KV link: cancelled")
+                  : absl::DeadlineExceededError(
+                        absl::StrCat("joining the KV link: the peer did not join within ",
+                                     absl::FormatDuration(timeout)));
+    }
   }
-  RETURN_IF_ERROR(s->Wait("joining the KV link", /*event_recorded=*/false, cancelled));
+  RETURN_IF_ERROR(joining->status);
+  s->comm = joining->comm;
   return std::unique_ptr<NcclKvLink>(new NcclKvLink(std::move(s)));
 }
 

@@ -1,8 +1,10 @@
-// KvLink over NCCL: a two-rank communicator between the GPUs of two workers (rank 0 sends, rank 1
-// receives), non-blocking, so that joining, every send and every receive are bounded by a
-// timeout and end in ncclCommAbort when the peer is gone or silent. The fetching worker makes the
-// ncclUniqueId (MakeNcclUniqueId, worker/transport/nccl_transport.h) and hands it to the sending
-// worker in FetchKvRequest.nccl_id; the link is kept for later moves between the two.
+// KvLink over NCCL: a two-rank blocking communicator between the GPUs of two workers (rank 0
+// sends, rank 1 receives). Joining runs on a thread of its own, given up on at the timeout or a
+// cancellation; it also connects the two ranks, so that a transfer only queues its work, which is
+// waited for against the timeout and ends in ncclCommAbort when the peer is gone or silent. The
+// fetching worker makes the ncclUniqueId (MakeNcclUniqueId, worker/transport/nccl_transport.h) and
+// hands it to the sending worker in FetchKvRequest.nccl_id; the link is kept for later moves
+// between the two.
 #pragma once
 
 #include <functional>
