@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <utility>
 
 #include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
@@ -41,7 +42,7 @@ constexpr absl::Duration kMoveTimeout = absl::Seconds(300);
 constexpr absl::Duration kHandoffTimeout = absl::Seconds(60);
 
 std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address,
-                                                const ClientAuth& auth) {
+                                                 const ClientAuth& auth) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -76,9 +77,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
                  config.model_dir.string(), tok.status().ToString());
   } else {
     // A tokenizer that would split text differently from the model's own is worse than none.
-    spdlog::error("the tokenizer in {} cannot be used: {}; only token_ids prompts will be "
-                  "accepted",
-                  config.model_dir.string(), tok.status().ToString());
+    spdlog::error(
+        "the tokenizer in {} cannot be used: {}; only token_ids prompts will be "
+        "accepted",
+        config.model_dir.string(), tok.status().ToString());
   }
   absl::StatusOr<TextConfig> text = LoadTextConfig(config.model_dir, *model, c->tokenizer_.get());
   if (!text.ok()) return text.status();
@@ -287,8 +289,8 @@ std::shared_ptr<PipelineLink> Coordinator::OnStepResultLocked(int pipeline, uint
   }
   const std::vector<SequenceLogprobs> logprobs = LogprobsFromProto(r);
   const std::span<const int32_t> tokens(r.tokens().data(), r.tokens().size());
-  if (absl::Status s = scheduler_->OnStepResult(pipeline, r.step_id(), tokens, logprobs,
-                                                absl::Now());
+  if (absl::Status s =
+          scheduler_->OnStepResult(pipeline, r.step_id(), tokens, logprobs, absl::Now());
       !s.ok()) {
     FailPipeline(pipeline, s, /*resume=*/true);
     return nullptr;
@@ -573,10 +575,10 @@ void Coordinator::ArriveMoved(std::vector<Departure>& departures, absl::Time pau
         std::optional<Scheduler::Target> t;
         if (d.status.ok()) t = scheduler_->PlaceHeld(q.key);
         if (!t) {
-          scheduler_->Moved(q.key, false,
-                            d.status.ok() ? absl::UnavailableError("no pipeline had room for it")
-                                          : d.status,
-                            absl::Now());
+          scheduler_->Moved(
+              q.key, false,
+              d.status.ok() ? absl::UnavailableError("no pipeline had room for it") : d.status,
+              absl::Now());
           continue;
         }
         arrivals[t->pipeline].push_back({.key = q.key, .slot = t->slot, .positions = q.positions});
@@ -586,8 +588,8 @@ void Coordinator::ArriveMoved(std::vector<Departure>& departures, absl::Time pau
       }
     }
     for (auto& [pipeline, seqs] : arrivals) {
-      absl::StatusOr<int64_t> written = ImportKvAll(takers[pipeline], d.holders, seqs,
-                                                    kMoveTimeout);
+      absl::StatusOr<int64_t> written =
+          ImportKvAll(takers[pipeline], d.holders, seqs, kMoveTimeout);
       if (written.ok()) {
         bytes += *written;
       } else {
@@ -708,7 +710,7 @@ void Coordinator::AssignRoles() {
     if (scheduler_->role(it->first) == PipelineRole::kDecode) order.push_back(it->first);
   }
   for (size_t i = 0; i < order.size(); ++i) {
-    const PipelineRole role = !split                          ? PipelineRole::kBoth
+    const PipelineRole role = !split                       ? PipelineRole::kBoth
                               : static_cast<int>(i) < want ? PipelineRole::kPrefill
                                                            : PipelineRole::kDecode;
     if (scheduler_->role(order[i]) == role) continue;
@@ -717,6 +719,16 @@ void Coordinator::AssignRoles() {
                  role == PipelineRole::kPrefill  ? "runs prompts only"
                  : role == PipelineRole::kDecode ? "decodes only"
                                                  : "runs prompts and decodes");
+  }
+  // Every prefill pipeline hands off to every decode one: their workers' KV links are made now
+  // (joining an NCCL communicator takes most of a second) rather than at the first hand-off.
+  if (!split) return;
+  for (const auto& [from, p] : pipelines_) {
+    if (scheduler_->role(from) != PipelineRole::kPrefill) continue;
+    for (const auto& [to, q] : pipelines_) {
+      if (scheduler_->role(to) != PipelineRole::kDecode) continue;
+      if (warmed_pairs_.insert({from, to}).second) link_warmups_.emplace_back(from, to);
+    }
   }
 }
 
@@ -729,13 +741,20 @@ void Coordinator::HandoffLoop() {
   };
   while (true) {
     std::map<std::pair<int, int>, Batch> batches;
+    std::vector<Batch> warmups;  // links to make: no hand-off
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || scheduler_->handoffs_ready();
+        return stopping_ || scheduler_->handoffs_ready() || !link_warmups_.empty();
       };
       mu_.Await(absl::Condition(&ready));
       if (stopping_) return;
+      for (const auto& [from_id, to_id] : std::exchange(link_warmups_, {})) {
+        auto from = pipelines_.find(from_id);
+        auto to = pipelines_.find(to_id);
+        if (from == pipelines_.end() || to == pipelines_.end()) continue;
+        warmups.push_back({StagesOf(*from->second), StagesOf(*to->second), {}});
+      }
       for (const Scheduler::Handoff& h : scheduler_->TakeHandoffs()) {
         auto from = pipelines_.find(h.from_pipeline);
         auto to = pipelines_.find(h.to_pipeline);
@@ -753,6 +772,17 @@ void Coordinator::HandoffLoop() {
         b.handoffs.push_back(h);
       }
       wake_scheduler_ = true;
+    }
+    for (const Batch& w : warmups) {
+      const absl::Time t0 = absl::Now();
+      const absl::StatusOr<int64_t> made = ImportKvAll(w.takers, w.holders, {}, kHandoffTimeout);
+      if (made.ok()) {
+        spdlog::info("KV links for hand-offs made in {:.3f} s",
+                     absl::ToDoubleSeconds(absl::Now() - t0));
+      } else {
+        spdlog::warn("KV links for hand-offs not made ahead (the first hand-off makes them): {}",
+                     made.status().ToString());
+      }
     }
     for (auto& [pipelines, b] : batches) {
       const absl::Time t0 = absl::Now();
@@ -792,9 +822,8 @@ void Coordinator::RestoreWantedStages() {
 }
 
 void Coordinator::ForgetDownWorkers() {
-  std::erase_if(workers_, [](const auto& entry) {
-    return entry.second.state == v1::WORKER_STATE_DOWN;
-  });
+  std::erase_if(workers_,
+                [](const auto& entry) { return entry.second.state == v1::WORKER_STATE_DOWN; });
 }
 
 int Coordinator::UsableWorkers() {
@@ -862,8 +891,7 @@ void Coordinator::UpdateGauges() {
   metrics_->SetKvSlots(kv);
   for (auto& [address, up] : addresses_up_) up = false;
   for (auto& [id, w] : workers_) {
-    const bool is_up =
-        w.state == v1::WORKER_STATE_IDLE || w.state == v1::WORKER_STATE_SERVING;
+    const bool is_up = w.state == v1::WORKER_STATE_IDLE || w.state == v1::WORKER_STATE_SERVING;
     addresses_up_[w.address] |= is_up;  // a restarted worker reuses its address
   }
   metrics_->SetWorkersUp(addresses_up_);
@@ -890,7 +918,7 @@ v1::Topology Coordinator::TopologyLocked() {
     const PipelineRole role = scheduler_->role(id);
     pi->set_role(role == PipelineRole::kPrefill  ? "prefill"
                  : role == PipelineRole::kDecode ? "decode"
-                                                    : "both");
+                                                 : "both");
     for (size_t s = 0; s < p->workers.size(); ++s) {
       v1::StagePlacement* sp = pi->add_stages();
       sp->set_stage(static_cast<int>(s));
@@ -915,11 +943,10 @@ absl::StatusOr<v1::Topology> Coordinator::SetTopology(int stages, int replicas,
         "stages: must be between 1 and the model's %d layers, got %d", model_.num_layers, stages));
   }
   if (replicas < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("replicas: must be >= 1, got %d", replicas));
+    return absl::InvalidArgumentError(absl::StrFormat("replicas: must be >= 1, got %d", replicas));
   }
-  if (prefill_replicas && (*prefill_replicas < 0 ||
-                           (*prefill_replicas > 0 && *prefill_replicas >= replicas))) {
+  if (prefill_replicas &&
+      (*prefill_replicas < 0 || (*prefill_replicas > 0 && *prefill_replicas >= replicas))) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "prefill_replicas: %d (expected 0, or fewer than the %d replicas, so that one decodes)",
         *prefill_replicas, replicas));
@@ -930,9 +957,9 @@ absl::StatusOr<v1::Topology> Coordinator::SetTopology(int stages, int replicas,
     absl::MutexLock lock(&mu_);
     const int usable = UsableWorkers();
     if (needed > usable) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "%d stages x %d replicas needs %d workers; %d are registered and up", stages, replicas,
-          needed, usable));
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%d stages x %d replicas needs %d workers; %d are registered and up",
+                          stages, replicas, needed, usable));
     }
     spdlog::info("topology change: {} stage(s) x {} replica(s)", stages, replicas);
     wanted_stages_ = effective_stages_ = stages;
@@ -943,9 +970,9 @@ absl::StatusOr<v1::Topology> Coordinator::SetTopology(int stages, int replicas,
   absl::MutexLock lock(&mu_);
   if (!s.ok()) return s;
   if (LivePipelines() < wanted_replicas_) {
-    return absl::UnavailableError(absl::StrFormat(
-        "only %d of %d pipelines could be built (workers failed while loading)", LivePipelines(),
-        wanted_replicas_));
+    return absl::UnavailableError(
+        absl::StrFormat("only %d of %d pipelines could be built (workers failed while loading)",
+                        LivePipelines(), wanted_replicas_));
   }
   return TopologyLocked();
 }

@@ -491,6 +491,15 @@ TEST_F(ServiceTest, PrefillReplicasHandTheKvCacheToDecodeReplicasWithTheSameToke
   EXPECT_GT(CoordinatorCounter(*cluster, "tandem_kv_transfer_bytes_total"), 0);
   EXPECT_EQ(CoordinatorCounter(*cluster, "tandem_sequences_recomputed_total"), 0)
       << cluster->Logs();
+  // The workers of each new prefill/decode pair made their KV links before the first hand-off
+  // (an import of no sequence): once for each layout.
+  const std::string logs = cluster->Logs();
+  int made = 0;
+  for (size_t at = logs.find("KV links for hand-offs made"); at != std::string::npos;
+       at = logs.find("KV links for hand-offs made", at + 1)) {
+    ++made;
+  }
+  EXPECT_EQ(made, 2) << logs;
 
   t = SetTopology(*cluster, 2, 2, 0);
   ASSERT_TRUE(t.ok()) << t.status();

@@ -817,6 +817,8 @@ absl::StatusOr<std::optional<std::vector<KvBlock>>> WorkerService::FetchOverNccl
     return absl::Status(s.code(), absl::StrCat("KV over NCCL from ", address, ": ", s.message()));
   };
   const bool join = held->link == nullptr;
+  // Nothing asked but the link, which is there.
+  if (!join && keys.empty()) return std::optional<std::vector<KvBlock>>(std::in_place);
   if (join) {
     absl::StatusOr<std::string> id = link_.make_nccl_id();
     if (!id.ok()) return from(id.status());
@@ -870,6 +872,8 @@ absl::StatusOr<std::optional<std::vector<KvBlock>>> WorkerService::FetchOverNccl
     held->link = *std::move(joined);
     if (!reader->Read(&chunk)) {
       const grpc::Status done = reader->Finish();
+      // No sequence asked: the link was all (made ahead of the moves that will use it).
+      if (done.ok() && keys.empty()) return std::optional<std::vector<KvBlock>>(std::in_place);
       held->link.reset();
       return from(done.ok() ? absl::DataLossError("the stream ended after the link was joined")
                             : FromGrpcStatus(done));
