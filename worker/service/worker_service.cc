@@ -437,7 +437,26 @@ absl::Status OfSequence(uint64_t key, const absl::Status& s) {
   return absl::Status(s.code(), absl::StrCat("sequence ", key, ": ", s.message()));
 }
 
+// A FetchKv request of the layers [first_layer, first_layer + num_layers) of `keys`.
+v1::FetchKvRequest FetchRequest(const std::vector<uint64_t>& keys, int first_layer,
+                                int num_layers) {
+  v1::FetchKvRequest req;
+  req.mutable_keys()->Assign(keys.begin(), keys.end());
+  req.set_first_layer(first_layer);
+  req.set_num_layers(num_layers);
+  return req;
+}
+
 }  // namespace
+
+std::unique_ptr<v1::Worker::Stub> WorkerService::KvStub(const std::string& address,
+                                                        int connection) const {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(kMaxStageMessageBytes));
+  // A connection of its own per number (channels with other arguments share no subchannel).
+  args.SetInt("tandem.kv_fetch_connection", connection);
+  return v1::Worker::NewStub(MakeChannel(address, link_.peer_auth, args));
+}
 
 void WorkerService::LockForStep(Assignment& a) {
   a.run_mu.LockWhen(absl::Condition(
@@ -565,17 +584,10 @@ absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchGroup(const Assignment&
                                                                const std::vector<uint64_t>& keys,
                                                                int first_layer, int num_layers,
                                                                int connection) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(static_cast<int>(kMaxStageMessageBytes));
-  // A connection of its own per group (channels with other arguments share no subchannel).
-  args.SetInt("tandem.kv_fetch_connection", connection);
-  auto stub = v1::Worker::NewStub(MakeChannel(address, link_.peer_auth, args));
+  auto stub = KvStub(address, connection);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
-  v1::FetchKvRequest req;
-  req.mutable_keys()->Assign(keys.begin(), keys.end());
-  req.set_first_layer(first_layer);
-  req.set_num_layers(num_layers);
+  const v1::FetchKvRequest req = FetchRequest(keys, first_layer, num_layers);
   const ModelConfig& c = a.engine->config();
   KvAssembler assembler({.first_layer = first_layer,
                          .num_layers = num_layers,
@@ -824,15 +836,10 @@ absl::StatusOr<std::optional<std::vector<KvBlock>>> WorkerService::FetchOverNccl
     if (!id.ok()) return from(id.status());
     held->unique_id = *id;
   }
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(static_cast<int>(kMaxStageMessageBytes));
-  auto stub = v1::Worker::NewStub(MakeChannel(address, link_.peer_auth, args));
+  auto stub = KvStub(address, /*connection=*/0);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
-  v1::FetchKvRequest req;
-  req.mutable_keys()->Assign(keys.begin(), keys.end());
-  req.set_first_layer(first_layer);
-  req.set_num_layers(num_layers);
+  v1::FetchKvRequest req = FetchRequest(keys, first_layer, num_layers);
   req.set_nccl_id(held->unique_id);
   req.set_nccl_join(join);
   // A new link: the other worker first checks that it can send everything and says so (a message

@@ -156,6 +156,8 @@ class WorkerService final : public v1::Worker::Service {
   // FetchKv's side of FetchOverNccl: the blocks of `req` sent over the link of req.nccl_id.
   grpc::Status SendOverNccl(grpc::ServerContext* ctx, const v1::FetchKvRequest& req,
                             grpc::ServerWriter<v1::KvChunk>* writer);
+  // A stub of the worker at `address` for KV-cache fetches, on connection number `connection`.
+  std::unique_ptr<v1::Worker::Stub> KvStub(const std::string& address, int connection) const;
   // One FetchKv stream of FetchBlocks, over connection number `connection`.
   absl::StatusOr<std::vector<KvBlock>> FetchGroup(const Assignment& a, const std::string& address,
                                                   const std::vector<uint64_t>& keys,

@@ -16,6 +16,18 @@ size_t RowBytes(DType dtype, int num_kv_heads, int head_dim) {
   return DTypeSize(dtype) * static_cast<size_t>(num_kv_heads) * static_cast<size_t>(head_dim);
 }
 
+// A chunk of sequence `key` with `block`'s fields that every chunk of it carries.
+v1::KvChunk ChunkOf(uint64_t key, const KvBlock& block) {
+  v1::KvChunk c;
+  c.set_version(KvBlock::kVersion);
+  c.set_key(key);
+  c.set_dtype(std::string(DTypeName(block.dtype)));
+  c.set_num_kv_heads(block.num_kv_heads);
+  c.set_head_dim(block.head_dim);
+  c.set_total_positions(block.positions);
+  return c;
+}
+
 absl::Status CheckHeldLayers(const KvBlock& block, int first_layer, int num_layers) {
   if (num_layers < 1 || first_layer < block.first_layer ||
       num_layers > block.first_layer + block.num_layers - first_layer) {
@@ -60,13 +72,7 @@ absl::StatusOr<bool> ForEachKvChunk(uint64_t key, const KvBlock& block, int64_t 
   const size_t row = RowBytes(block.dtype, block.num_kv_heads, block.head_dim);
   const int per_chunk = static_cast<int>(std::clamp<int64_t>(
       max_chunk_bytes / static_cast<int64_t>(2 * row), 1, std::max(block.positions, 1)));
-  v1::KvChunk c;
-  c.set_version(KvBlock::kVersion);
-  c.set_key(key);
-  c.set_dtype(std::string(DTypeName(block.dtype)));
-  c.set_num_kv_heads(block.num_kv_heads);
-  c.set_head_dim(block.head_dim);
-  c.set_total_positions(block.positions);
+  v1::KvChunk c = ChunkOf(key, block);
   for (int l = first_layer - block.first_layer; l < first_layer - block.first_layer + num_layers;
        ++l) {
     c.set_layer(block.first_layer + l);
@@ -118,15 +124,9 @@ absl::StatusOr<DType> CheckChunkFields(const v1::KvChunk& c, const KvShape& shap
 }  // namespace
 
 v1::KvChunk NcclKvHeader(uint64_t key, const KvBlock& block) {
-  v1::KvChunk c;
-  c.set_version(KvBlock::kVersion);
-  c.set_key(key);
-  c.set_dtype(std::string(DTypeName(block.dtype)));
+  v1::KvChunk c = ChunkOf(key, block);
   c.set_layer(block.first_layer);
   c.set_num_layers(block.num_layers);
-  c.set_num_kv_heads(block.num_kv_heads);
-  c.set_head_dim(block.head_dim);
-  c.set_total_positions(block.positions);
   c.set_first_position(0);
   c.set_positions(block.positions);
   c.set_nccl(true);
