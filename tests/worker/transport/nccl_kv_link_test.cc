@@ -17,25 +17,13 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/worker/transport/gpu_count.h"
 #include "worker/transport/nccl_transport.h"
 
 namespace tandem {
 namespace {
 
-int GpuCount() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-#define REQUIRE_GPUS(n)                                                         \
-  do {                                                                          \
-    if (GpuCount() < (n))                                                       \
-      GTEST_SKIP() << "needs " << (n) << " CUDA devices, found " << GpuCount(); \
-  } while (0)
+using testing::GpuCount;
 
 using Links = std::pair<std::unique_ptr<NcclKvLink>, std::unique_ptr<NcclKvLink>>;
 

@@ -14,24 +14,13 @@
 
 #include "common/dtype.h"
 #include "gtest/gtest.h"
+#include "tests/worker/transport/gpu_count.h"
 #include "worker/cuda/cuda_stage.h"
 
 namespace tandem {
 namespace {
 
-int GpuCount() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-#define REQUIRE_GPUS(n)                                                                  \
-  do {                                                                                   \
-    if (GpuCount() < (n)) GTEST_SKIP() << "needs " << (n) << " CUDA devices, found " << GpuCount(); \
-  } while (0)
+using testing::GpuCount;
 
 NcclTransportOptions Options(int rank, int world) {
   NcclTransportOptions o;
