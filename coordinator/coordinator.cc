@@ -42,7 +42,7 @@ constexpr absl::Duration kMoveTimeout = absl::Seconds(300);
 constexpr absl::Duration kHandoffTimeout = absl::Seconds(60);
 
 std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address,
-                                                 const ClientAuth& auth) {
+                                                const ClientAuth& auth) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -77,10 +77,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
                  config.model_dir.string(), tok.status().ToString());
   } else {
     // A tokenizer that would split text differently from the model's own is worse than none.
-    spdlog::error(
-        "the tokenizer in {} cannot be used: {}; only token_ids prompts will be "
-        "accepted",
-        config.model_dir.string(), tok.status().ToString());
+    spdlog::error("the tokenizer in {} cannot be used: {}; only token_ids prompts will be "
+                  "accepted",
+                  config.model_dir.string(), tok.status().ToString());
   }
   absl::StatusOr<TextConfig> text = LoadTextConfig(config.model_dir, *model, c->tokenizer_.get());
   if (!text.ok()) return text.status();
@@ -289,8 +288,8 @@ std::shared_ptr<PipelineLink> Coordinator::OnStepResultLocked(int pipeline, uint
   }
   const std::vector<SequenceLogprobs> logprobs = LogprobsFromProto(r);
   const std::span<const int32_t> tokens(r.tokens().data(), r.tokens().size());
-  if (absl::Status s =
-          scheduler_->OnStepResult(pipeline, r.step_id(), tokens, logprobs, absl::Now());
+  if (absl::Status s = scheduler_->OnStepResult(pipeline, r.step_id(), tokens, logprobs,
+                                                absl::Now());
       !s.ok()) {
     FailPipeline(pipeline, s, /*resume=*/true);
     return nullptr;
@@ -575,10 +574,10 @@ void Coordinator::ArriveMoved(std::vector<Departure>& departures, absl::Time pau
         std::optional<Scheduler::Target> t;
         if (d.status.ok()) t = scheduler_->PlaceHeld(q.key);
         if (!t) {
-          scheduler_->Moved(
-              q.key, false,
-              d.status.ok() ? absl::UnavailableError("no pipeline had room for it") : d.status,
-              absl::Now());
+          scheduler_->Moved(q.key, false,
+                            d.status.ok() ? absl::UnavailableError("no pipeline had room for it")
+                                          : d.status,
+                            absl::Now());
           continue;
         }
         arrivals[t->pipeline].push_back({.key = q.key, .slot = t->slot, .positions = q.positions});
@@ -588,8 +587,8 @@ void Coordinator::ArriveMoved(std::vector<Departure>& departures, absl::Time pau
       }
     }
     for (auto& [pipeline, seqs] : arrivals) {
-      absl::StatusOr<int64_t> written =
-          ImportKvAll(takers[pipeline], d.holders, seqs, kMoveTimeout);
+      absl::StatusOr<int64_t> written = ImportKvAll(takers[pipeline], d.holders, seqs,
+                                                    kMoveTimeout);
       if (written.ok()) {
         bytes += *written;
       } else {
@@ -710,7 +709,7 @@ void Coordinator::AssignRoles() {
     if (scheduler_->role(it->first) == PipelineRole::kDecode) order.push_back(it->first);
   }
   for (size_t i = 0; i < order.size(); ++i) {
-    const PipelineRole role = !split                       ? PipelineRole::kBoth
+    const PipelineRole role = !split                          ? PipelineRole::kBoth
                               : static_cast<int>(i) < want ? PipelineRole::kPrefill
                                                            : PipelineRole::kDecode;
     if (scheduler_->role(order[i]) == role) continue;
@@ -822,8 +821,9 @@ void Coordinator::RestoreWantedStages() {
 }
 
 void Coordinator::ForgetDownWorkers() {
-  std::erase_if(workers_,
-                [](const auto& entry) { return entry.second.state == v1::WORKER_STATE_DOWN; });
+  std::erase_if(workers_, [](const auto& entry) {
+    return entry.second.state == v1::WORKER_STATE_DOWN;
+  });
 }
 
 int Coordinator::UsableWorkers() {
@@ -891,7 +891,8 @@ void Coordinator::UpdateGauges() {
   metrics_->SetKvSlots(kv);
   for (auto& [address, up] : addresses_up_) up = false;
   for (auto& [id, w] : workers_) {
-    const bool is_up = w.state == v1::WORKER_STATE_IDLE || w.state == v1::WORKER_STATE_SERVING;
+    const bool is_up =
+        w.state == v1::WORKER_STATE_IDLE || w.state == v1::WORKER_STATE_SERVING;
     addresses_up_[w.address] |= is_up;  // a restarted worker reuses its address
   }
   metrics_->SetWorkersUp(addresses_up_);
@@ -918,7 +919,7 @@ v1::Topology Coordinator::TopologyLocked() {
     const PipelineRole role = scheduler_->role(id);
     pi->set_role(role == PipelineRole::kPrefill  ? "prefill"
                  : role == PipelineRole::kDecode ? "decode"
-                                                 : "both");
+                                                    : "both");
     for (size_t s = 0; s < p->workers.size(); ++s) {
       v1::StagePlacement* sp = pi->add_stages();
       sp->set_stage(static_cast<int>(s));
@@ -943,10 +944,11 @@ absl::StatusOr<v1::Topology> Coordinator::SetTopology(int stages, int replicas,
         "stages: must be between 1 and the model's %d layers, got %d", model_.num_layers, stages));
   }
   if (replicas < 1) {
-    return absl::InvalidArgumentError(absl::StrFormat("replicas: must be >= 1, got %d", replicas));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("replicas: must be >= 1, got %d", replicas));
   }
-  if (prefill_replicas &&
-      (*prefill_replicas < 0 || (*prefill_replicas > 0 && *prefill_replicas >= replicas))) {
+  if (prefill_replicas && (*prefill_replicas < 0 ||
+                           (*prefill_replicas > 0 && *prefill_replicas >= replicas))) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "prefill_replicas: %d (expected 0, or fewer than the %d replicas, so that one decodes)",
         *prefill_replicas, replicas));
@@ -957,9 +959,9 @@ absl::StatusOr<v1::Topology> Coordinator::SetTopology(int stages, int replicas,
     absl::MutexLock lock(&mu_);
     const int usable = UsableWorkers();
     if (needed > usable) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("%d stages x %d replicas needs %d workers; %d are registered and up",
-                          stages, replicas, needed, usable));
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%d stages x %d replicas needs %d workers; %d are registered and up", stages, replicas,
+          needed, usable));
     }
     spdlog::info("topology change: {} stage(s) x {} replica(s)", stages, replicas);
     wanted_stages_ = effective_stages_ = stages;
@@ -970,9 +972,9 @@ absl::StatusOr<v1::Topology> Coordinator::SetTopology(int stages, int replicas,
   absl::MutexLock lock(&mu_);
   if (!s.ok()) return s;
   if (LivePipelines() < wanted_replicas_) {
-    return absl::UnavailableError(
-        absl::StrFormat("only %d of %d pipelines could be built (workers failed while loading)",
-                        LivePipelines(), wanted_replicas_));
+    return absl::UnavailableError(absl::StrFormat(
+        "only %d of %d pipelines could be built (workers failed while loading)", LivePipelines(),
+        wanted_replicas_));
   }
   return TopologyLocked();
 }

@@ -217,7 +217,7 @@ class Coordinator {
   std::vector<std::pair<int, int>> link_warmups_ ABSL_GUARDED_BY(mu_);
   std::set<std::pair<int, int>> warmed_pairs_ ABSL_GUARDED_BY(mu_);
   int effective_stages_ ABSL_GUARDED_BY(mu_) = 1;  // < wanted when too few workers are left
-  absl::BitGen random_ ABSL_GUARDED_BY(mu_);       // worker ids and the first assignment id
+  absl::BitGen random_ ABSL_GUARDED_BY(mu_);  // worker ids and the first assignment id
   int next_pipeline_id_ ABSL_GUARDED_BY(mu_) = 0;
   // Starts at a random number: a worker must not take steps or activations of an assignment
   // made before a restart for those of a new one.

@@ -29,8 +29,8 @@ absl::Status ForEachStage(size_t n, const std::function<absl::Status(size_t)>& c
 absl::Status FromGrpc(const grpc::Status& s, const char* rpc, const KvStage& stage) {
   const absl::Status a = FromGrpcStatus(s);
   if (a.ok()) return a;
-  return absl::Status(a.code(), absl::StrCat(rpc, " on worker ", stage.worker, " (", stage.address,
-                                             "): ", a.message()));
+  return absl::Status(a.code(), absl::StrCat(rpc, " on worker ", stage.worker, " (",
+                                             stage.address, "): ", a.message()));
 }
 
 }  // namespace

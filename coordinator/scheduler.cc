@@ -83,11 +83,11 @@ void Scheduler::Recompute(Sequence& seq, const absl::Status& why, absl::Time now
     return;
   }
   if (seq.resumes >= options_.max_resumes) {
-    EndSequence(
-        seq.id,
-        absl::Status(why.code(), absl::StrFormat("%s (request %s resumed %d times before)",
-                                                 why.message(), rq.request_id, seq.resumes)),
-        v1::FINISH_REASON_UNSPECIFIED, -1, now);
+    EndSequence(seq.id,
+                absl::Status(why.code(), absl::StrFormat("%s (request %s resumed %d times before)",
+                                                         why.message(), rq.request_id,
+                                                         seq.resumes)),
+                v1::FINISH_REASON_UNSPECIFIED, -1, now);
     return;
   }
   // What its lost steps fed and sampled is gone: the KV-cache is rebuilt from every token the
@@ -464,22 +464,24 @@ std::vector<StepDescriptor> Scheduler::FormSteps(int id) {
       if (Ready(seq, ahead)) ready.push_back(&seq);
     }
     if (ready.empty()) break;
-    // Sequences with nothing in flight first, so that going ahead never starves them; of them,
-    // those left out of the last step first.
+    // Sequences with nothing in flight first, so that going ahead never starves them.
     std::stable_partition(ready.begin(), ready.end(),
                           [](const Sequence* s) { return s->in_flight == 0; });
-    std::stable_partition(ready.begin(), ready.end(),
-                          [](const Sequence* s) { return s->in_flight == 0 && s->left_out; });
     int free = std::min(lanes, limit - static_cast<int>(p.inflight.size()));
     // Micro-batches stay even (without going ahead, where every lane holds different sequences):
-    // a lane freed while another step holds most of the sequences takes its share only.
+    // a lane freed while another step holds most of the sequences takes its share only, and
+    // those left out go first next time.
     const bool even = lanes > 1 && ahead == 0;
+    if (even) {
+      std::stable_partition(ready.begin(), ready.end(),
+                            [](const Sequence* s) { return s->left_out; });
+    }
     const int share =
         even ? (static_cast<int>(p.running.size()) + lanes - 1) / lanes : options_.max_batch;
     while (free > 0 && !ready.empty()) {
       const int left = static_cast<int>(ready.size());
-      out.push_back(FormStep(
-          p, ready, std::max(1, std::min({options_.max_batch, share, (left + free - 1) / free}))));
+      const int n = std::min({options_.max_batch, share, (left + free - 1) / free});
+      out.push_back(FormStep(p, ready, n));
       --free;
     }
     if (even) {
@@ -539,9 +541,8 @@ absl::Status Scheduler::OnStepResult(int id, uint64_t step_id, std::span<const i
   const int sampled = static_cast<int>(
       std::count_if(entries.begin(), entries.end(), [](const StepEntry& e) { return e.sample; }));
   if (sampled != static_cast<int>(tokens.size())) {
-    return absl::InternalError(
-        absl::StrFormat("pipeline %d step %d: %d tokens returned, %d expected", id, step_id,
-                        tokens.size(), sampled));
+    return absl::InternalError(absl::StrFormat("pipeline %d step %d: %d tokens returned, %d expected",
+                                               id, step_id, tokens.size(), sampled));
   }
   // The logprobs of entry i, if its sequence asked for any.
   std::vector<const SequenceLogprobs*> logprobs_of(entries.size(), nullptr);
@@ -560,8 +561,8 @@ absl::Status Scheduler::OnStepResult(int id, uint64_t step_id, std::span<const i
     if (lp != nullptr && !lp->prompt.empty()) seq.request->AppendPromptLogprobs(lp->prompt);
     if (!e.sample) continue;
     if (token < 0 || token >= options_.vocab_size) {
-      return absl::InternalError(
-          absl::StrFormat("pipeline %d: sampled token %d outside the vocabulary", id, token));
+      return absl::InternalError(absl::StrFormat(
+          "pipeline %d: sampled token %d outside the vocabulary", id, token));
     }
     std::optional<TokenLogprob> logprob;
     if (lp != nullptr && lp->has_sampled) logprob = lp->sampled;

@@ -39,7 +39,7 @@ struct SchedulerOptions {
   // Prompt tokens per step across all of its sequences; 0: no bound. Decodes always go; prompts
   // fill what is left, oldest first, the last one that fits in part fed in a chunk of that size.
   int prefill_budget = 0;
-  int micro_batches = 0;  // steps in flight per pipeline; at least one per stage
+  int micro_batches = 0;    // steps in flight per pipeline; at least one per stage
   // A one-stage pipeline gets a sequence's next decode step while the step that samples its input
   // runs (the row feeds kPreviousSample), so that the stage never waits for the round trip to the
   // coordinator between two steps. Outputs are the same: the step feeds the token the stage
@@ -206,8 +206,8 @@ class Scheduler {
     std::shared_ptr<RequestState> request;
     int pipeline = -1;
     int slot = -1;
-    int position = 0;              // tokens in the KV-cache once its steps in flight are done
-    std::vector<int32_t> pending;  // tokens to feed: the prompt (rest), then the newest token
+    int position = 0;               // tokens in the KV-cache once its steps in flight are done
+    std::vector<int32_t> pending;   // tokens to feed: the prompt (rest), then the newest token
     std::vector<int32_t> generated;
     int in_flight = 0;  // steps in flight that hold the sequence
     int fed_ahead = 0;  // of them, steps that feed the token of the step before (kPreviousSample)
@@ -216,7 +216,7 @@ class Scheduler {
     // only for repetition_penalty) -> {times generated, in the prompt}.
     absl::flat_hash_map<int32_t, std::pair<int32_t, bool>> seen;
     absl::Time last_token = absl::InfinitePast();  // for the inter-token latency
-    int resumes = 0;      // times its pipeline was lost and it went back to the queue
+    int resumes = 0;  // times its pipeline was lost and it went back to the queue
     bool moving = false;  // held aside, or placed while its KV-cache is put in its slot
     // In a prefill pipeline: the decode pipeline's slot set aside for it; -1: none.
     int decode_pipeline = -1;
@@ -234,7 +234,7 @@ class Scheduler {
     int stages = 1;
     KvSlotAllocator slots;
     PipelineRole role = PipelineRole::kBoth;
-    std::vector<uint64_t> running;                        // sequence ids, admission order
+    std::vector<uint64_t> running;  // sequence ids, admission order
     std::map<uint64_t, std::vector<StepEntry>> inflight;  // by step id
     uint64_t next_step = 1;
     bool draining = false;

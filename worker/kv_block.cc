@@ -35,8 +35,8 @@ absl::Status CheckKvRange(const char* what, int slot, int first_layer, int num_l
 
 absl::Status CheckKvExport(int slot, int positions, int first_layer, int num_layers,
                            int stage_first, int stage_last, int max_slots, int cached) {
-  RETURN_IF_ERROR(
-      CheckKvRange("KV export", slot, first_layer, num_layers, stage_first, stage_last, max_slots));
+  RETURN_IF_ERROR(CheckKvRange("KV export", slot, first_layer, num_layers, stage_first,
+                               stage_last, max_slots));
   if (positions < 1 || positions > cached) {
     return absl::InvalidArgumentError(absl::StrCat("KV export: slot ", slot, " holds ", cached,
                                                    " positions, asked for ", positions));
@@ -44,8 +44,8 @@ absl::Status CheckKvExport(int slot, int positions, int first_layer, int num_lay
   return absl::OkStatus();
 }
 
-KvBlock SizedKvBlock(DType dtype, int first_layer, int num_layers, int num_kv_heads, int head_dim,
-                     int positions) {
+KvBlock KvBlockOf(DType dtype, int first_layer, int num_layers, int num_kv_heads, int head_dim,
+                  int positions) {
   KvBlock b;
   b.dtype = dtype;
   b.first_layer = first_layer;
@@ -53,6 +53,12 @@ KvBlock SizedKvBlock(DType dtype, int first_layer, int num_layers, int num_kv_he
   b.num_kv_heads = num_kv_heads;
   b.head_dim = head_dim;
   b.positions = positions;
+  return b;
+}
+
+KvBlock SizedKvBlock(DType dtype, int first_layer, int num_layers, int num_kv_heads, int head_dim,
+                     int positions) {
+  KvBlock b = KvBlockOf(dtype, first_layer, num_layers, num_kv_heads, head_dim, positions);
   b.k.resize(b.expected_bytes());
   b.v.resize(b.expected_bytes());
   return b;

@@ -117,17 +117,20 @@ absl::Status CheckKvRange(const char* what, int slot, int first_layer, int num_l
 // the slot holds). OK, or INVALID_ARGUMENT naming what is out of range.
 absl::Status CheckKvExport(int slot, int positions, int first_layer, int num_layers,
                            int stage_first, int stage_last, int max_slots, int cached);
-// A block of the given fields with its K and V bytes allocated (zero), for ExportKv to fill.
+// A block of the given fields, with no bytes anywhere (for device memory, or a header's block).
+KvBlock KvBlockOf(DType dtype, int first_layer, int num_layers, int num_kv_heads, int head_dim,
+                  int positions);
+// The same with its K and V bytes allocated in host memory (zero), for ExportKv to fill.
 KvBlock SizedKvBlock(DType dtype, int first_layer, int num_layers, int num_kv_heads, int head_dim,
                      int positions);
 
 // What a stage loads and how much KV-cache it keeps.
 struct StageSpec {
   std::filesystem::path model_dir;
-  int first_layer = 0;  // inclusive; 0 also loads the embeddings
-  int last_layer = -1;  // exclusive; -1 or num_layers also loads final norm + LM head
-  int max_slots = 8;    // concurrent sequences
-  int max_seq_len = 0;  // 0: the model's max_positions
+  int first_layer = 0;      // inclusive; 0 also loads the embeddings
+  int last_layer = -1;      // exclusive; -1 or num_layers also loads final norm + LM head
+  int max_slots = 8;        // concurrent sequences
+  int max_seq_len = 0;      // 0: the model's max_positions
 };
 
 }  // namespace tandem

@@ -179,13 +179,9 @@ class CudaStage final : public Stage {
                       bool y_f32);
 
   template <typename T>
-  T* HostIn(size_t off) {
-    return reinterpret_cast<T*>(host_in_.as<char>() + off);
-  }
+  T* HostIn(size_t off) { return reinterpret_cast<T*>(host_in_.as<char>() + off); }
   template <typename T>
-  T* DevIn(size_t off) const {
-    return reinterpret_cast<T*>(inputs_.as<char>() + off);
-  }
+  T* DevIn(size_t off) const { return reinterpret_cast<T*>(inputs_.as<char>() + off); }
   void* KCache(int layer) const {
     return kv_.as<char>() + (2 * static_cast<size_t>(layer)) * kv_layer_bytes_;
   }
@@ -231,7 +227,7 @@ class CudaStage final : public Stage {
   DecodeObserver* observer_ = nullptr;  // SetDecodeObserver
   DecodeTail tail_;
   std::function<absl::Status()> watch_;  // SetStreamWatch
-  std::vector<int> cached_len_;          // per slot: positions [0, len) hold K/V
+  std::vector<int> cached_len_;  // per slot: positions [0, len) hold K/V
 };
 
 absl::Status CudaStage::Load(const StageSpec& spec) {
@@ -248,12 +244,12 @@ absl::Status CudaStage::CheckOptions(const StageSpec& spec) {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, opt_.device));
   sm_count_ = prop.multiProcessorCount;
   if (opt_.dtype != DType::kF16 && opt_.dtype != DType::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat("CUDA backend dtype must be F16 or BF16, got ",
-                                                   std::string(DTypeName(opt_.dtype))));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA backend dtype must be F16 or BF16, got ", std::string(DTypeName(opt_.dtype))));
   }
   if (!(opt_.kv_memory_fraction > 0.0f && opt_.kv_memory_fraction <= 1.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("kv_memory_fraction must be in (0, 1], got ", opt_.kv_memory_fraction));
+    return absl::InvalidArgumentError(absl::StrCat("kv_memory_fraction must be in (0, 1], got ",
+                                                   opt_.kv_memory_fraction));
   }
   if (opt_.gemv_rows_per_warp < 0 || opt_.gemv_rows_per_warp > 2) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -261,8 +257,8 @@ absl::Status CudaStage::CheckOptions(const StageSpec& spec) {
   }
   if (opt_.gemv_k_split != 0 && opt_.gemv_k_split != 1 && opt_.gemv_k_split != 2 &&
       opt_.gemv_k_split != 4) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gemv_k_split must be 0 (per shape), 1, 2 or 4, got ", opt_.gemv_k_split));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gemv_k_split must be 0 (per shape), 1, 2 or 4, got ", opt_.gemv_k_split));
   }
   if (spec.max_slots < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_slots must be >= 1, got ", spec.max_slots));
@@ -313,8 +309,7 @@ absl::Status CudaStage::UploadWeights(const StageSpec& spec) {
   CUBLAS_CHECK(cublasSetStream(cublas_.get(), stream_.get()));
   // A workspace of our own, so that graph capture never sees cuBLAS allocate.
   RETURN_IF_ERROR(cublas_workspace_.Allocate(32 << 20));
-  CUBLAS_CHECK(
-      cublasSetWorkspace(cublas_.get(), cublas_workspace_.get(), cublas_workspace_.size()));
+  CUBLAS_CHECK(cublasSetWorkspace(cublas_.get(), cublas_workspace_.get(), cublas_workspace_.size()));
   if (opt_.batch_invariant) {
     ASSIGN_OR_RETURN(fixed_gemm_, cuda::FixedAlgoGemm::Create(stream_.get()));
     const int inter = c_.intermediate_size;
@@ -434,8 +429,7 @@ absl::StatusOr<int64_t> CudaStage::KvBytes(int layers, int64_t budget,
 absl::Status CudaStage::AllocateKvCache() {
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const size_t budget =
-      static_cast<size_t>(static_cast<double>(free_bytes) * opt_.kv_memory_fraction);
+  const size_t budget = static_cast<size_t>(static_cast<double>(free_bytes) * opt_.kv_memory_fraction);
   ASSIGN_OR_RETURN(
       const int64_t kv_bytes,
       KvBytes(num_layers_, static_cast<int64_t>(budget),
@@ -601,7 +595,8 @@ absl::Status CudaStage::Forward(int rows, int samples) {
 }
 
 absl::Status CudaStage::Validate(const StepDescriptor& step, const Activations& in) const {
-  const StepLimits limits{max_slots_, max_seq_len_, c_.vocab_size, c_.hidden_size, has_embedding_};
+  const StepLimits limits{max_slots_, max_seq_len_, c_.vocab_size, c_.hidden_size,
+                          has_embedding_};
   RETURN_IF_ERROR(ValidateStep(step, in, limits, cached_len_));
   for (size_t i = 0; has_head_ && i < step.seqs.size(); ++i) {
     if (step.seqs[i].prompt_logprobs >= 0) {
@@ -629,8 +624,8 @@ absl::StatusOr<KvBlock> CudaStage::ExportKv(int slot, int positions, int first_l
   RETURN_IF_ERROR(CheckKvExport(slot, positions, first_layer, num_layers, first_layer_,
                                 first_layer_ + num_layers_, max_slots_,
                                 slot >= 0 && slot < max_slots_ ? cached_len_[slot] : 0));
-  KvBlock b =
-      SizedKvBlock(opt_.dtype, first_layer, num_layers, c_.num_kv_heads, c_.head_dim, positions);
+  KvBlock b = SizedKvBlock(opt_.dtype, first_layer, num_layers, c_.num_kv_heads, c_.head_dim,
+                           positions);
   // Per layer: the slot's rows gathered into the block's layout on the device, then one copy
   // each of K and V to the host, all on the stage's stream behind the steps queued before.
   CUDA_CHECK(cudaSetDevice(opt_.device));
@@ -639,8 +634,8 @@ absl::StatusOr<KvBlock> CudaStage::ExportKv(int slot, int positions, int first_l
     const int layer = first_layer - first_layer_ + l;
     const auto [k_stage, v_stage] = KvStaging(layer);
     RETURN_IF_ERROR(cuda::LaunchKvBlockCopy(KCache(layer), VCache(layer), slot, k_stage, v_stage,
-                                            positions, c_.num_kv_heads, c_.head_dim, seq_capacity_,
-                                            /*to_block=*/true, stream_.get()));
+                                            positions, c_.num_kv_heads, c_.head_dim,
+                                            seq_capacity_, /*to_block=*/true, stream_.get()));
     CUDA_CHECK(cudaMemcpyAsync(b.k.data() + l * layer_bytes, k_stage, layer_bytes,
                                cudaMemcpyDeviceToHost, stream_.get()));
     CUDA_CHECK(cudaMemcpyAsync(b.v.data() + l * layer_bytes, v_stage, layer_bytes,
@@ -655,13 +650,8 @@ absl::StatusOr<KvBlock> CudaStage::ExportKvToDevice(int slot, int positions, int
   RETURN_IF_ERROR(CheckKvExport(slot, positions, first_layer, num_layers, first_layer_,
                                 first_layer_ + num_layers_, max_slots_,
                                 slot >= 0 && slot < max_slots_ ? cached_len_[slot] : 0));
-  KvBlock b;
-  b.dtype = opt_.dtype;
-  b.first_layer = first_layer;
-  b.num_layers = num_layers;
-  b.num_kv_heads = c_.num_kv_heads;
-  b.head_dim = c_.head_dim;
-  b.positions = positions;
+  KvBlock b = KvBlockOf(opt_.dtype, first_layer, num_layers, c_.num_kv_heads, c_.head_dim,
+                        positions);
   const size_t bytes = b.expected_bytes();
   ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> mem, SharedDeviceBytes(opt_.device, 2 * bytes));
   b.device_k = mem;
@@ -769,8 +759,8 @@ absl::Status CudaStage::CopyInput(const Activations& in, int64_t row0, int rows)
     if (in.ready != nullptr) {  // still arriving: the step runs once it is there
       CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), static_cast<cudaEvent_t>(in.ready), 0));
     }
-    CUDA_CHECK(
-        cudaMemcpyAsync(x_.get(), src, rows * row_bytes, cudaMemcpyDeviceToDevice, stream_.get()));
+    CUDA_CHECK(cudaMemcpyAsync(x_.get(), src, rows * row_bytes, cudaMemcpyDeviceToDevice,
+                               stream_.get()));
     return absl::OkStatus();
   }
   char* staging = host_hidden_.as<char>();
@@ -782,8 +772,8 @@ absl::Status CudaStage::CopyInput(const Activations& in, int64_t row0, int rows)
     ToFloat(in.dtype, src, n, f.data());
     FromFloat(opt_.dtype, f.data(), n, staging);
   }
-  CUDA_CHECK(
-      cudaMemcpyAsync(x_.get(), staging, rows * row_bytes, cudaMemcpyHostToDevice, stream_.get()));
+  CUDA_CHECK(cudaMemcpyAsync(x_.get(), staging, rows * row_bytes, cudaMemcpyHostToDevice,
+                             stream_.get()));
   return absl::OkStatus();
 }
 
@@ -869,8 +859,8 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
                                cudaMemcpyDeviceToHost, stream_.get()));
     if (step.return_logits) {
       CUDA_CHECK(cudaMemcpyAsync(host_logits_.get(), logits_.get(),
-                                 static_cast<size_t>(n) * c_.vocab_size * 4, cudaMemcpyDeviceToHost,
-                                 stream_.get()));
+                                 static_cast<size_t>(n) * c_.vocab_size * 4,
+                                 cudaMemcpyDeviceToHost, stream_.get()));
     }
   }
   RETURN_IF_ERROR(Mark(DecodeObserver::Point::kEnd));
@@ -934,8 +924,8 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
         tok = 0;
       }
     }
-    CUDA_CHECK(cudaMemcpyAsync(inputs_.get(), host_in_.get(), layout_.total, cudaMemcpyHostToDevice,
-                               stream_.get()));
+    CUDA_CHECK(cudaMemcpyAsync(inputs_.get(), host_in_.get(), layout_.total,
+                               cudaMemcpyHostToDevice, stream_.get()));
     if (!has_embedding_) RETURN_IF_ERROR(CopyInput(in, row0, rows));
     // Prompt runs of 8 rows or more on average; batch-invariant mode keeps the one-row kernel,
     // whose arithmetic decode steps share.
@@ -989,8 +979,8 @@ absl::StatusOr<StepOutput> CudaStage::Step(const StepDescriptor& step, const Act
                                   [](const SequenceStep& s) { return s.num_tokens == 1; });
   // Sequences with min_p, a penalty or logprobs take the host rule over the sampled rows' fp32
   // logits, copied back only in steps that hold one; every other step runs as it would.
-  const bool host_rule =
-      has_head_ && std::any_of(step.seqs.begin(), step.seqs.end(), NeedsHostRule);
+  const bool host_rule = has_head_ && std::any_of(step.seqs.begin(), step.seqs.end(),
+                                                  NeedsHostRule);
   StepDescriptor with_logits;
   const StepDescriptor* run = &step;
   if (host_rule && !step.return_logits) {

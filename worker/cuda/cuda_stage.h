@@ -14,9 +14,9 @@ namespace tandem {
 
 struct CudaOptions {
   int device = 0;
-  DType dtype = DType::kF16;        // kF16 or kBF16: weights, activations and KV-cache
-  float kv_memory_fraction = 0.9f;  // share of the memory left after the weights for the KV-cache
-  bool cuda_graphs = true;          // replay decode steps from graphs per batch-size bucket
+  DType dtype = DType::kF16;       // kF16 or kBF16: weights, activations and KV-cache
+  float kv_memory_fraction = 0.9f; // share of the memory left after the weights for the KV-cache
+  bool cuda_graphs = true;         // replay decode steps from graphs per batch-size bucket
   // Forward passes of at most this many rows (1, 2, 4 or 8) use the fused GEMV kernels of
   // gemv.cu for every projection instead of cuBLAS; 0 uses cuBLAS throughout. At 8 rows cuBLAS
   // was faster on an H100 (docs/performance.md).

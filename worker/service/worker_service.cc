@@ -50,18 +50,18 @@ StepDescriptor ToDescriptor(const v1::StepRequest& req) {
     q.position = s.position();
     q.num_tokens = s.num_tokens();
     q.sample = s.sample();
-    q.sampling = {
-        .temperature = s.temperature(),
-        .top_k = s.top_k(),
-        .top_p = s.top_p(),
-        .seed = s.seed(),
-        .min_p = s.min_p(),
-        .presence_penalty = s.presence_penalty(),
-        .frequency_penalty = s.frequency_penalty(),
-        .repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty()};
+    q.sampling = {.temperature = s.temperature(),
+                  .top_k = s.top_k(),
+                  .top_p = s.top_p(),
+                  .seed = s.seed(),
+                  .min_p = s.min_p(),
+                  .presence_penalty = s.presence_penalty(),
+                  .frequency_penalty = s.frequency_penalty(),
+                  .repetition_penalty =
+                      s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty()};
     q.sample_index = s.sample_index();
-    const int seen =
-        std::min({s.seen_token_ids_size(), s.seen_output_counts_size(), s.seen_in_prompt_size()});
+    const int seen = std::min({s.seen_token_ids_size(), s.seen_output_counts_size(),
+                               s.seen_in_prompt_size()});
     q.seen.reserve(seen);
     for (int k = 0; k < seen; ++k) {
       q.seen.push_back({.id = s.seen_token_ids(k),
@@ -106,7 +106,8 @@ WorkerService::WorkerService(StageFactory factory, ActivationInbox& inbox,
       recv_timeout_(recv_timeout),
       link_(std::move(link)) {}
 
-grpc::Status WorkerService::PrepareLink(grpc::ServerContext* ctx, const v1::PrepareLinkRequest* req,
+grpc::Status WorkerService::PrepareLink(grpc::ServerContext* ctx,
+                                        const v1::PrepareLinkRequest* req,
                                         v1::PrepareLinkResponse* resp) {
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
   if (link_.transport != "nccl" || req->num_stages() < 2) {
@@ -114,9 +115,8 @@ grpc::Status WorkerService::PrepareLink(grpc::ServerContext* ctx, const v1::Prep
     return grpc::Status::OK;
   }
   if (!link_.make_nccl_id) {
-    return grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        "transport nccl: this worker has no NCCL (a CUDA build with --backend=cuda)");
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "transport nccl: this worker has no NCCL (a CUDA build with --backend=cuda)");
   }
   absl::StatusOr<std::string> id = link_.make_nccl_id();
   if (!id.ok()) {
@@ -129,7 +129,8 @@ grpc::Status WorkerService::PrepareLink(grpc::ServerContext* ctx, const v1::Prep
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx, const v1::AssignStageRequest* req,
+grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
+                                        const v1::AssignStageRequest* req,
                                         v1::AssignStageResponse* resp) {
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
   absl::MutexLock assign(&assign_mu_);
@@ -150,9 +151,8 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx, const v1::Assi
                         absl::StrCat("transport: '", transport, "' (expected grpc or nccl)"));
   }
   if (transport == "nccl" && !link_.join_nccl) {
-    return grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        "transport nccl: this worker has no NCCL (a CUDA build with --backend=cuda)");
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "transport nccl: this worker has no NCCL (a CUDA build with --backend=cuda)");
   }
   absl::StatusOr<std::filesystem::path> model_dir = ResolveModelDir(model_root_, req->model_dir());
   if (!model_dir.ok()) {
@@ -215,11 +215,11 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx, const v1::Assi
     // INVALID_ARGUMENT (sizes that overflow, a malformed checkpoint) and RESOURCE_EXHAUSTED (a
     // KV-cache that does not fit) keep their code; other failures are the worker's state.
     const absl::StatusCode code = stage.status().code();
-    const bool sizes =
-        code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kResourceExhausted;
-    return grpc::Status(
-        sizes ? static_cast<grpc::StatusCode>(code) : grpc::StatusCode::FAILED_PRECONDITION,
-        std::string(stage.status().message()));
+    const bool sizes = code == absl::StatusCode::kInvalidArgument ||
+                       code == absl::StatusCode::kResourceExhausted;
+    return grpc::Status(sizes ? static_cast<grpc::StatusCode>(code)
+                              : grpc::StatusCode::FAILED_PRECONDITION,
+                        std::string(stage.status().message()));
   }
   if (nccl != nullptr && link_.bind_nccl) {
     if (absl::Status st = link_.bind_nccl(**stage, *nccl); !st.ok()) {
@@ -247,9 +247,9 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx, const v1::Assi
     run.host_link = false;
     if (link_.bind_nccl) run.set_decode_tail = link_.set_decode_tail;
   } else {
-    a->transport =
-        std::make_unique<GrpcTransport>(a->stage > 0 ? &inbox_ : nullptr, a->id,
-                                        req->next_address(), recv_timeout_, link_.peer_auth);
+    a->transport = std::make_unique<GrpcTransport>(a->stage > 0 ? &inbox_ : nullptr, a->id,
+                                                   req->next_address(), recv_timeout_,
+                                                   link_.peer_auth);
     run.to_host = link_.to_host;
   }
   absl::StatusOr<std::unique_ptr<StepRunner>> runner =
@@ -266,8 +266,9 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx, const v1::Assi
   }
   resp->set_load_seconds(absl::ToDoubleSeconds(absl::Now() - t0));
   spdlog::info("assignment {}: pipeline {} stage {}/{} layers [{}, {}) next {} over {}", a->id,
-               req->pipeline_id(), a->stage, a->num_stages, req->first_layer(), req->last_layer(),
-               req->next_address().empty() ? "-" : req->next_address(), transport);
+               req->pipeline_id(), a->stage, a->num_stages, req->first_layer(),
+               req->last_layer(), req->next_address().empty() ? "-" : req->next_address(),
+               transport);
   return grpc::Status::OK;
 }
 
@@ -429,7 +430,7 @@ constexpr size_t kFetchStreams = 4;
 // Moves of a layout change are logged; the many small prefill hand-offs only at debug level.
 spdlog::level::level_enum KvLogLevel(int64_t bytes, absl::Duration took) {
   return bytes >= (int64_t{64} << 20) || took >= absl::Milliseconds(100) ? spdlog::level::info
-                                                                         : spdlog::level::debug;
+                                                                          : spdlog::level::debug;
 }
 
 // `s` with "sequence <key>: " before its message.
@@ -523,12 +524,12 @@ grpc::Status WorkerService::ExportKv(grpc::ServerContext* ctx, const v1::ExportK
   const bool on_device = req->device() && link_.join_kv_link && link_.make_nccl_id;
   for (const v1::KvSequence& s : req->seqs()) {
     LockForKv(**a);
-    absl::StatusOr<KvBlock> b = absl::UnimplementedError("");
-    if (on_device) {
-      b = (*a)->engine->ExportKvToDevice(s.slot(), s.positions(), (*a)->first_layer, layers);
-    }
-    // No device, or no room there: host memory.
-    if (absl::IsUnimplemented(b.status()) || absl::IsResourceExhausted(b.status())) {
+    absl::StatusOr<KvBlock> b =
+        on_device
+            ? (*a)->engine->ExportKvToDevice(s.slot(), s.positions(), (*a)->first_layer, layers)
+            : (*a)->engine->ExportKv(s.slot(), s.positions(), (*a)->first_layer, layers);
+    // No device after all, or no room there: host memory.
+    if (on_device && (absl::IsUnimplemented(b.status()) || absl::IsResourceExhausted(b.status()))) {
       b = (*a)->engine->ExportKv(s.slot(), s.positions(), (*a)->first_layer, layers);
     }
     (*a)->run_mu.Unlock();
@@ -548,17 +549,16 @@ grpc::Status WorkerService::ExportKv(grpc::ServerContext* ctx, const v1::ExportK
   return grpc::Status::OK;
 }
 
-absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchBlocks(const Assignment& a,
-                                                                const std::string& address,
-                                                                const std::vector<uint64_t>& keys,
-                                                                int first_layer, int num_layers) {
+absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchBlocks(
+    const Assignment& a, const std::string& address, const std::vector<uint64_t>& keys,
+    int first_layer, int num_layers) {
+  // The sequences in up to kFetchStreams groups, each over a connection of its own, at once: one
   if (link_.join_kv_link && link_.make_nccl_id) {
     absl::StatusOr<std::optional<std::vector<KvBlock>>> over =
         FetchOverNccl(a, address, keys, first_layer, num_layers);
     if (!over.ok()) return over.status();
     if (over->has_value()) return **std::move(over);
   }
-  // The sequences in up to kFetchStreams groups, each over a connection of its own, at once: one
   // gRPC stream moves a few hundred MB/s, bound by its copies on one core.
   const size_t groups = std::min(keys.size(), kFetchStreams);
   std::vector<absl::StatusOr<std::vector<KvBlock>>> parts(groups);
@@ -579,11 +579,9 @@ absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchBlocks(const Assignment
   return blocks;
 }
 
-absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchGroup(const Assignment& a,
-                                                               const std::string& address,
-                                                               const std::vector<uint64_t>& keys,
-                                                               int first_layer, int num_layers,
-                                                               int connection) {
+absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchGroup(
+    const Assignment& a, const std::string& address, const std::vector<uint64_t>& keys,
+    int first_layer, int num_layers, int connection) {
   auto stub = KvStub(address, connection);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
@@ -644,11 +642,11 @@ grpc::Status WorkerService::ImportKv(grpc::ServerContext* ctx, const v1::ImportK
     next += src->num_layers();
   }
   if (next != (*a)->last_layer) {
-    return grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrFormat("sources: layers [%d, %d) of this stage's [%d, %d) have "
-                        "no source",
-                        next, (*a)->last_layer, (*a)->first_layer, (*a)->last_layer));
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrFormat("sources: layers [%d, %d) of this stage's [%d, %d) have "
+                                        "no source",
+                                        next, (*a)->last_layer, (*a)->first_layer,
+                                        (*a)->last_layer));
   }
   std::vector<uint64_t> keys;
   std::set<int> slots;
@@ -768,7 +766,6 @@ grpc::Status WorkerService::SendOverNccl(grpc::ServerContext* ctx, const v1::Fet
     if (it == send_links_.end()) {
       if (!req.nccl_join()) return refuse("no link of that id here (joined anew)");
       it = send_links_.emplace(req.nccl_id(), std::make_shared<HeldKvLink>()).first;
-      it->second->unique_id = req.nccl_id();
     }
     held = it->second;
   }

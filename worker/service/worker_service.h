@@ -35,7 +35,8 @@ namespace tandem {
 struct WorkerMetrics;  // common/metrics.h
 
 // Makes the compute backend's stage: "cpu" (and "cuda" where built).
-using StageFactory = std::function<absl::StatusOr<std::unique_ptr<Stage>>(const StageSpec& spec)>;
+using StageFactory =
+    std::function<absl::StatusOr<std::unique_ptr<Stage>>(const StageSpec& spec)>;
 
 // What a stage needs to join its pipeline's NCCL communicator.
 struct NcclJoin {
@@ -161,7 +162,8 @@ class WorkerService final : public v1::Worker::Service {
   // One FetchKv stream of FetchBlocks, over connection number `connection`.
   absl::StatusOr<std::vector<KvBlock>> FetchGroup(const Assignment& a, const std::string& address,
                                                   const std::vector<uint64_t>& keys,
-                                                  int first_layer, int num_layers, int connection);
+                                                  int first_layer, int num_layers,
+                                                  int connection);
 
   const StageFactory factory_;
   ActivationInbox& inbox_;
@@ -176,7 +178,7 @@ class WorkerService final : public v1::Worker::Service {
   // those it fetches on, by the other worker's address. A link is used by one move at a time.
   struct HeldKvLink {
     absl::Mutex mu;
-    std::string unique_id;
+    std::string unique_id;  // of a fetch link (a send link's is its key)
     std::unique_ptr<KvLink> link ABSL_GUARDED_BY(mu);
     bool unreachable ABSL_GUARDED_BY(mu) = false;  // a join failed: gRPC from then on
   };

@@ -16,6 +16,7 @@ size_t RowBytes(DType dtype, int num_kv_heads, int head_dim) {
   return DTypeSize(dtype) * static_cast<size_t>(num_kv_heads) * static_cast<size_t>(head_dim);
 }
 
+
 // A chunk of sequence `key` with `block`'s fields that every chunk of it carries.
 v1::KvChunk ChunkOf(uint64_t key, const KvBlock& block) {
   v1::KvChunk c;
@@ -31,10 +32,10 @@ v1::KvChunk ChunkOf(uint64_t key, const KvBlock& block) {
 absl::Status CheckHeldLayers(const KvBlock& block, int first_layer, int num_layers) {
   if (num_layers < 1 || first_layer < block.first_layer ||
       num_layers > block.first_layer + block.num_layers - first_layer) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV layers [", first_layer, ", ",
-                     static_cast<int64_t>(first_layer) + num_layers, ") are not within the held [",
-                     block.first_layer, ", ", block.first_layer + block.num_layers, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV layers [", first_layer, ", ", static_cast<int64_t>(first_layer) + num_layers,
+        ") are not within the held [", block.first_layer, ", ",
+        block.first_layer + block.num_layers, ")"));
   }
   return absl::OkStatus();
 }
@@ -150,14 +151,8 @@ absl::StatusOr<KvBlock> KvBlockOfNcclHeader(const v1::KvChunk& c, const KvShape&
   if (!c.k().empty() || !c.v().empty()) {
     return BadChunk(c, c.k().size() + c.v().size(), " bytes in the message, expected none");
   }
-  KvBlock b;
-  b.dtype = *dtype;
-  b.first_layer = shape.first_layer;
-  b.num_layers = shape.num_layers;
-  b.num_kv_heads = shape.num_kv_heads;
-  b.head_dim = shape.head_dim;
-  b.positions = c.total_positions();
-  return b;
+  return KvBlockOf(*dtype, shape.first_layer, shape.num_layers, shape.num_kv_heads, shape.head_dim,
+                   c.total_positions());
 }
 
 absl::Status KvAssembler::Add(const v1::KvChunk& c) {
@@ -179,11 +174,12 @@ absl::Status KvAssembler::Add(const v1::KvChunk& c) {
   }
   const int l = c.layer() - shape_.first_layer;
   if (c.first_position() != p.filled[l]) {
-    return bad("layer ", c.layer(), " continues at position ", c.first_position(), ", expected ",
-               p.filled[l]);
+    return bad("layer ", c.layer(), " continues at position ", c.first_position(),
+               ", expected ", p.filled[l]);
   }
   if (c.positions() < 1 || c.positions() > p.block.positions - c.first_position()) {
-    return bad(c.positions(), " positions from ", c.first_position(), " of ", p.block.positions);
+    return bad(c.positions(), " positions from ", c.first_position(), " of ",
+               p.block.positions);
   }
   const size_t row = RowBytes(p.block.dtype, shape_.num_kv_heads, shape_.head_dim);
   const size_t bytes = row * static_cast<size_t>(c.positions());
@@ -208,9 +204,9 @@ absl::StatusOr<KvBlock> KvAssembler::Take(uint64_t key) {
   partial_.erase(it);
   for (int l = 0; l < shape_.num_layers; ++l) {
     if (p.filled[l] != p.block.positions) {
-      return absl::InvalidArgumentError(absl::StrCat("KV of sequence ", key, ": layer ",
-                                                     shape_.first_layer + l, " has ", p.filled[l],
-                                                     " of its ", p.block.positions, " positions"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV of sequence ", key, ": layer ", shape_.first_layer + l, " has ",
+                       p.filled[l], " of its ", p.block.positions, " positions"));
     }
   }
   return std::move(p.block);

@@ -104,16 +104,15 @@ TEST(KvWireTest, ChunksOfALayerRangeAreThoseOfItsSlice) {
       },
       5, 2);
   ASSERT_TRUE(sent.ok() && *sent);
-  KvAssembler a(
-      {.first_layer = 5, .num_layers = 2, .num_kv_heads = 2, .head_dim = 3, .max_positions = 64});
+  KvAssembler a({.first_layer = 5, .num_layers = 2, .num_kv_heads = 2, .head_dim = 3,
+                 .max_positions = 64});
   for (const v1::KvChunk& c : chunks) ASSERT_TRUE(a.Add(c).ok());
   absl::StatusOr<KvBlock> got = a.Take(1);
   absl::StatusOr<KvBlock> slice = SliceKvLayers(b, 5, 2);
   ASSERT_TRUE(got.ok() && slice.ok());
   EXPECT_EQ(got->k, slice->k);
   EXPECT_EQ(got->v, slice->v);
-  EXPECT_THAT(ForEachKvChunk(
-                  1, b, 24, [](const v1::KvChunk&) { return true; }, 7, 2)
+  EXPECT_THAT(ForEachKvChunk(1, b, 24, [](const v1::KvChunk&) { return true; }, 7, 2)
                   .status()
                   .message(),
               HasSubstr("[7, 9) are not within the held [4, 8)"));

@@ -23,8 +23,6 @@
 namespace tandem {
 namespace {
 
-using testing::GpuCount;
-
 using Links = std::pair<std::unique_ptr<NcclKvLink>, std::unique_ptr<NcclKvLink>>;
 
 // Rank 0 on device 0 and rank 1 on device 1, joined from two threads.

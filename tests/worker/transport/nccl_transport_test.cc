@@ -20,8 +20,6 @@
 namespace tandem {
 namespace {
 
-using testing::GpuCount;
-
 NcclTransportOptions Options(int rank, int world) {
   NcclTransportOptions o;
   o.device = rank;
