@@ -686,8 +686,15 @@ absl::Status Coordinator::BuildPipeline(int id, uint64_t assignment,
   p->ranges = ranges;
   p->link = std::move(link);
   pipelines_.emplace(id, std::move(p));
-  scheduler_->AddPipeline(id, stages);
-  spdlog::info("pipeline {} serves with {} stage(s)", id, stages);
+  // Steps may go ahead of the tokens they feed where the first stage gets them from the last.
+  const bool fed_by_last =
+      stages > 1 && std::all_of(responses.begin(), responses.end(),
+                                [](const v1::AssignStageResponse& r) {
+                                  return r.feeds_previous_samples();
+                                });
+  scheduler_->AddPipeline(id, stages, PipelineRole::kBoth, fed_by_last);
+  spdlog::info("pipeline {} serves with {} stage(s){}", id, stages,
+               fed_by_last ? ", the last stage's tokens fed to the first over the link" : "");
   AssignRoles();
   wake_scheduler_ = true;
   return absl::OkStatus();

@@ -37,7 +37,8 @@ ABSL_FLAG(std::optional<int>, prefill_chunk, std::nullopt, "prompt tokens per se
 ABSL_FLAG(std::optional<int>, prefill_budget, std::nullopt,
           "prompt tokens per step across its sequences (0: no bound)");
 ABSL_FLAG(std::optional<bool>, decode_ahead, std::nullopt,
-          "one-stage pipelines: send a sequence's next decode step while the step before runs");
+          "send a sequence's next decode step while the step before runs (one-stage pipelines, "
+          "and NCCL pipelines, whose first stage gets the last one's tokens over the link)");
 ABSL_FLAG(std::optional<double>, decode_ahead_ms, std::nullopt,
           "with --decode_ahead, a sequence goes as many steps ahead as fit in this much of its "
           "pipeline's measured step time (at least 1, at most 16; default 1)");

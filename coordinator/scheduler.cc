@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <optional>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/metrics.h"
@@ -44,9 +46,9 @@ void Scheduler::FailWaiting(const absl::Status& why, absl::Time now) {
   waiting_.clear();
 }
 
-void Scheduler::AddPipeline(int id, int stages, PipelineRole role) {
+void Scheduler::AddPipeline(int id, int stages, PipelineRole role, bool fed_by_last) {
   pipelines_.emplace(std::piecewise_construct, std::forward_as_tuple(id),
-                     std::forward_as_tuple(stages, options_.max_slots, role));
+                     std::forward_as_tuple(stages, options_.max_slots, role, fed_by_last));
 }
 
 void Scheduler::SetRole(int id, PipelineRole role) {
@@ -403,14 +405,18 @@ bool Scheduler::Ready(const Sequence& seq, int ahead) const {
   if (seq.moving) return false;
   if (seq.in_flight == 0) return true;
   // Ahead: the steps in flight sample (nothing of the prompt is left to feed) and the stage
-  // that samples is the one that embeds (ahead > 0 only then).
+  // that embeds has the token the step feeds (ahead > 0 only then: a single stage, or a first
+  // stage fed by the last).
   const ValidatedRequest& rq = seq.request->request();
   return seq.in_flight <= ahead && seq.pending.empty() && !rq.sampling.has_penalties() &&
          rq.prompt_logprobs < 0 && !EndsByLength(seq);
 }
 
 int Scheduler::DecodeAhead(const Pipeline& p) const {
-  if (!options_.decode_ahead || p.stages != 1 || p.role == PipelineRole::kPrefill) return 0;
+  if (!options_.decode_ahead || (p.stages != 1 && !p.fed_by_last) ||
+      p.role == PipelineRole::kPrefill) {
+    return 0;
+  }
   if (p.step_time <= absl::ZeroDuration()) return 1;
   const int64_t fit = options_.decode_ahead_time / p.step_time;
   return static_cast<int>(std::clamp<int64_t>(fit, 1, kMaxDecodeAhead));
@@ -443,6 +449,7 @@ Scheduler::StepEntry Scheduler::AddRow(Sequence& seq, StepDescriptor& step, int 
   }
   ++seq.in_flight;
   seq.left_out = false;
+  seq.last_step = step.id;
   return {.seq = seq.id, .slot = seq.slot, .sample = step.seqs.back().sample};
 }
 
@@ -457,17 +464,62 @@ std::vector<StepDescriptor> Scheduler::FormSteps(int id) {
   const int lanes = std::max(options_.micro_batches, p.stages);
   const int ahead = DecodeAhead(p);
   const int limit = (1 + ahead) * lanes;
+  // Going ahead through several stages, a micro-batch's next step waits until another one's has
+  // gone in behind its newest (the first stage runs that one while the last samples the tokens it
+  // feeds), unless it is the pipeline's only micro-batch: the first stage's steps take turns.
+  const bool take_turns = p.stages > 1 && ahead > 0;
   while (static_cast<int>(p.inflight.size()) < limit) {
+    bool one_batch = true;
+    if (take_turns) {
+      for (uint64_t seq_id : p.running) {
+        const Sequence& seq = *seqs_.at(seq_id);
+        if (seq.in_flight == 0 || seq.last_step != seqs_.at(p.running.front())->last_step) {
+          one_batch = false;
+          break;
+        }
+      }
+    }
     std::vector<Sequence*> ready;
     for (uint64_t seq_id : p.running) {
       Sequence& seq = *seqs_.at(seq_id);
-      if (Ready(seq, ahead)) ready.push_back(&seq);
+      if (!Ready(seq, ahead)) continue;
+      if (take_turns && seq.in_flight > 0 && !one_batch &&
+          std::distance(p.inflight.upper_bound(seq.last_step), p.inflight.end()) < p.stages - 1) {
+        continue;
+      }
+      ready.push_back(&seq);
     }
     if (ready.empty()) break;
     // Sequences with nothing in flight first, so that going ahead never starves them.
     std::stable_partition(ready.begin(), ready.end(),
                           [](const Sequence* s) { return s->in_flight == 0; });
     int free = std::min(lanes, limit - static_cast<int>(p.inflight.size()));
+    if (take_turns) {
+      // Newcomers open micro-batches while there are fewer than lanes; otherwise they join the
+      // oldest micro-batch that may go ahead, which goes whole, as one step.
+      uint64_t oldest = UINT64_MAX;
+      for (const Sequence* s : ready) {
+        if (s->in_flight > 0) oldest = std::min(oldest, s->last_step);
+      }
+      absl::flat_hash_set<uint64_t> batches;
+      for (uint64_t seq_id : p.running) {
+        const Sequence& s = *seqs_.at(seq_id);
+        if (s.in_flight > 0) batches.insert(s.last_step);
+      }
+      const int open = lanes - static_cast<int>(batches.size());
+      const bool fresh = ready.front()->in_flight == 0;
+      if (fresh && open > 0) {
+        std::erase_if(ready, [](const Sequence* s) { return s->in_flight > 0; });
+        free = std::min(free, open);
+      } else if (oldest != UINT64_MAX) {
+        std::erase_if(ready, [oldest](const Sequence* s) {
+          return s->in_flight > 0 && s->last_step != oldest;
+        });
+        free = 1;
+      } else {
+        break;  // newcomers wait for a micro-batch to go ahead with
+      }
+    }
     // Micro-batches stay even (without going ahead, where every lane holds different sequences):
     // a lane freed while another step holds most of the sequences takes its share only, and
     // those left out go first next time.

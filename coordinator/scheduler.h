@@ -40,9 +40,10 @@ struct SchedulerOptions {
   // fill what is left, oldest first, the last one that fits in part fed in a chunk of that size.
   int prefill_budget = 0;
   int micro_batches = 0;    // steps in flight per pipeline; at least one per stage
-  // A one-stage pipeline gets a sequence's next decode step while the step that samples its input
-  // runs (the row feeds kPreviousSample), so that the stage never waits for the round trip to the
-  // coordinator between two steps. Outputs are the same: the step feeds the token the stage
+  // A one-stage pipeline, or one whose first stage gets the last one's tokens over the link
+  // (AddPipeline's fed_by_last), gets a sequence's next decode step while the step that samples its
+  // input runs (the row feeds kPreviousSample), so that the first stage never waits for the round
+  // trip to the coordinator between two steps. Outputs are the same: the step feeds the token the stage
   // sampled, with the RNG counter of that position; a sequence that ends drops the token sampled
   // ahead. Sequences with penalties or prompt logprobs (which need the token first) wait.
   bool decode_ahead = true;
@@ -88,7 +89,11 @@ class Scheduler {
   int waiting() const { return static_cast<int>(waiting_.size() + resumed_.size()); }
 
   // Pipelines. A new one takes sequences from the next Admit on.
-  void AddPipeline(int id, int stages, PipelineRole role = PipelineRole::kBoth);
+  // `fed_by_last`: a pipeline of several stages whose first stage gets the last one's sampled
+  // tokens over the link, so that its steps may go ahead of the tokens they feed as a single
+  // stage's do.
+  void AddPipeline(int id, int stages, PipelineRole role = PipelineRole::kBoth,
+                   bool fed_by_last = false);
   // From the next Admit on; the sequences it runs go on there.
   void SetRole(int id, PipelineRole role);
   PipelineRole role(int id) const;  // kBoth for an unknown pipeline
@@ -174,14 +179,15 @@ class Scheduler {
   // its pending tokens, at most prefill_chunk of them: the prompt in chunks, then one token per
   // decode step, and samples after its last pending token. A step's prompt tokens stay within
   // prefill_budget: a prompt left out waits for the next step, ahead of the younger ones. Step ids
-  // count from 1 per pipeline. With decode_ahead, a one-stage pipeline may hold (1 + ahead) times
-  // as many steps in flight, and a sequence whose steps in flight sample goes into the next step as
-  // well (kPreviousSample), up to `ahead` steps beyond the first (decode_ahead_ahead()), unless the
-  // tokens of the steps in flight are certain to end it (its length).
+  // count from 1 per pipeline. With decode_ahead, a one-stage (or fed_by_last) pipeline may hold
+  // (1 + ahead) times as many steps in flight, and a sequence whose steps in flight sample goes
+  // into the next step as well (kPreviousSample), up to `ahead` steps beyond the first
+  // (decode_ahead_ahead()), unless the tokens of the steps in flight are certain to end it (its
+  // length).
   std::vector<StepDescriptor> FormSteps(int id);
   // The steps a sequence of pipeline `id` may go ahead now: decode_ahead_time over the measured
   // step time, in [1, kMaxDecodeAhead]; 1 until a step time is measured, 0 without decode_ahead
-  // or with more than one stage.
+  // or with more than one stage unless the first is fed by the last.
   int decode_ahead(int id) const;
 
   // The result of step `step_id` of pipeline `id`: one sampled token per sequence that sampled,
@@ -212,6 +218,7 @@ class Scheduler {
     int in_flight = 0;  // steps in flight that hold the sequence
     int fed_ahead = 0;  // of them, steps that feed the token of the step before (kPreviousSample)
     bool left_out = false;  // ready when the last step was formed, but over its share: goes first
+    uint64_t last_step = 0;  // the newest step that holds it
     // With a penalty set: every distinct token of the sequence the penalties look at (the prompt
     // only for repetition_penalty) -> {times generated, in the prompt}.
     absl::flat_hash_map<int32_t, std::pair<int32_t, bool>> seen;
@@ -230,10 +237,12 @@ class Scheduler {
     bool sample = false;
   };
   struct Pipeline {
-    Pipeline(int stages, int slots, PipelineRole role) : stages(stages), slots(slots), role(role) {}
+    Pipeline(int stages, int slots, PipelineRole role, bool fed_by_last)
+        : stages(stages), slots(slots), role(role), fed_by_last(fed_by_last) {}
     int stages = 1;
     KvSlotAllocator slots;
     PipelineRole role = PipelineRole::kBoth;
+    bool fed_by_last = false;  // AddPipeline
     std::vector<uint64_t> running;  // sequence ids, admission order
     std::map<uint64_t, std::vector<StepEntry>> inflight;  // by step id
     uint64_t next_step = 1;

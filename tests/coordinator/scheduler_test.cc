@@ -300,6 +300,80 @@ TEST(Scheduler, DecodeAheadWaitsForTheTokenWithPenaltiesPromptLogprobsOrSeveralS
   EXPECT_THAT(steps[0].tokens, ElementsAre(1));
 }
 
+// Two stages whose first gets the last one's tokens over the link: each micro-batch's next step
+// goes out while its step before is in flight, the same sequences in the same order, so that the
+// first stage's rows feed the tokens of one step each.
+TEST(Scheduler, DecodeAheadOfTwoStagesFedByTheLastKeepsEachMicroBatchsSequences) {
+  Scheduler s(AheadOptions());
+  s.AddPipeline(0, 2, PipelineRole::kBoth, /*fed_by_last=*/true);
+  EXPECT_EQ(s.decode_ahead(0), 1);
+  for (int i = 0; i < 4; ++i) s.Enqueue(Request({1, 2}), kNow);
+  s.Admit(kNow);
+  std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 4u);  // two micro-batches, each with a step ahead behind it
+  auto slots = [](const StepDescriptor& d) {
+    std::vector<int> v;
+    for (const SequenceStep& r : d.seqs) v.push_back(r.slot);
+    return v;
+  };
+  EXPECT_EQ(slots(steps[0]).size(), 2u);
+  EXPECT_EQ(slots(steps[2]), slots(steps[0]));
+  EXPECT_EQ(slots(steps[3]), slots(steps[1]));
+  EXPECT_THAT(steps[2].tokens, ElementsAre(kPreviousSample, kPreviousSample));
+  EXPECT_EQ(steps[2].seqs[0].position, 2);
+  EXPECT_THAT(s.FormSteps(0), IsEmpty());
+  ASSERT_TRUE(Answer(s, 0, steps[0], 7).ok());
+  std::vector<StepDescriptor> next = s.FormSteps(0);
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_EQ(slots(next[0]), slots(steps[0]));
+  EXPECT_THAT(next[0].tokens, ElementsAre(kPreviousSample, kPreviousSample));
+  EXPECT_EQ(next[0].seqs[0].position, 3);
+
+  Scheduler off(Options());  // decode_ahead false
+  off.AddPipeline(0, 2, PipelineRole::kBoth, /*fed_by_last=*/true);
+  EXPECT_EQ(off.decode_ahead(0), 0);
+}
+
+// The first stage's steps take turns between micro-batches: a micro-batch's next step goes in
+// only once another's is behind its newest (so that the first stage runs that one while the last
+// samples the tokens it feeds), unless it is the only one.
+TEST(Scheduler, DecodeAheadOfTwoStagesTakesTurnsBetweenMicroBatches) {
+  SchedulerOptions o = AheadOptions();
+  o.max_slots = 8;
+  Scheduler s(o);
+  s.AddPipeline(0, 2, PipelineRole::kBoth, /*fed_by_last=*/true);
+  s.Enqueue(Request({1, 2}), kNow);
+  s.Admit(kNow);
+  std::vector<StepDescriptor> a = s.FormSteps(0);
+  ASSERT_EQ(a.size(), 2u);  // the only micro-batch: its step ahead right behind it
+  EXPECT_THAT(a[1].tokens, ElementsAre(kPreviousSample));
+  for (int i = 0; i < 3; ++i) s.Enqueue(Request({3}), kNow);
+  s.Admit(kNow);
+  std::vector<StepDescriptor> b = s.FormSteps(0);
+  ASSERT_EQ(b.size(), 1u);  // the newcomers; not their step ahead, which would follow at once
+  EXPECT_EQ(b[0].seqs.size(), 3u);
+  ASSERT_TRUE(Answer(s, 0, a[0], 7).ok());
+  // The first micro-batch again, behind the newcomers' step; then theirs, whole, behind that.
+  std::vector<StepDescriptor> next = s.FormSteps(0);
+  ASSERT_EQ(next.size(), 2u);
+  ASSERT_EQ(next[0].seqs.size(), 1u);
+  EXPECT_EQ(next[0].seqs[0].slot, a[0].seqs[0].slot);
+  EXPECT_EQ(next[0].seqs[0].position, 3);
+  EXPECT_EQ(next[1].seqs.size(), 3u);
+  EXPECT_THAT(next[1].tokens, ElementsAre(kPreviousSample, kPreviousSample, kPreviousSample));
+  EXPECT_THAT(s.FormSteps(0), IsEmpty());  // four steps in flight
+  // A newcomer while both micro-batches are in flight joins the next one to go ahead.
+  s.Enqueue(Request({4}), kNow);
+  s.Admit(kNow);
+  EXPECT_THAT(s.FormSteps(0), IsEmpty());
+  ASSERT_TRUE(Answer(s, 0, a[1], 8).ok());
+  next = s.FormSteps(0);
+  ASSERT_EQ(next.size(), 1u);
+  ASSERT_EQ(next[0].seqs.size(), 2u);
+  EXPECT_EQ(next[0].tokens.front(), 4);  // the newcomer's prompt, first
+  EXPECT_EQ(next[0].tokens.back(), kPreviousSample);
+}
+
 TEST(Scheduler, DecodeAheadPutsSequencesWithNothingInFlightFirst) {
   SchedulerOptions o = AheadOptions();
   o.max_batch = 2;

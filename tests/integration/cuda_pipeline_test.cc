@@ -2,13 +2,17 @@
 // one CUDA worker per GPU with NCCL between them (each stage's steps through its StepRunner, the
 // first stage's decode outputs sent from behind its forward pass), and the greedy tokens equal
 // those of one CUDA worker holding the whole model, over the GPUs' direct link and over NCCL's
-// socket transport (the stand-in for two hosts). Skipped without 2 GPUs.
+// socket transport (the stand-in for two hosts); the first stage gets the last one's tokens over
+// NCCL, so that the coordinator sends each micro-batch's next step ahead of its tokens, and
+// concurrent requests of batch-invariant workers give the tokens of one worker too. Skipped
+// without 2 GPUs.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -44,6 +48,28 @@ std::vector<std::vector<int32_t>> Generate(Cluster& cluster) {
     EXPECT_TRUE(s.ok()) << s.error_message() << "\n" << cluster.Logs();
     out.emplace_back(resp.token_ids().begin(), resp.token_ids().end());
   }
+  return out;
+}
+
+// Greedy generations of `n` requests at once, request i of prompt i % 3 with 24 new tokens.
+std::vector<std::vector<int32_t>> GenerateAtOnce(Cluster& cluster, int n) {
+  std::vector<std::vector<int32_t>> out(n);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < n; ++i) {
+    clients.emplace_back([&, i] {
+      const std::vector<int32_t> prompt = Prompts()[i % Prompts().size()];
+      v1::GenerateRequest req;
+      req.mutable_token_ids()->Assign(prompt.begin(), prompt.end());
+      req.set_max_new_tokens(24);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+      v1::GenerateResponse resp;
+      const grpc::Status s = cluster.inference().Generate(&ctx, req, &resp);
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      out[i].assign(resp.token_ids().begin(), resp.token_ids().end());
+    });
+  }
+  for (std::thread& t : clients) t.join();
   return out;
 }
 
@@ -91,10 +117,55 @@ TEST_P(CudaPipelineTest, TwoWorkersOverNcclGiveTheTokensOfOne) {
     ASSERT_TRUE(c.ok()) << c.status();
     two = Generate(**c);
     EXPECT_NE((*c)->Logs().find("over nccl"), std::string::npos) << (*c)->Logs();
+    EXPECT_NE((*c)->Logs().find("tokens fed to the first over the link"), std::string::npos)
+        << (*c)->Logs();
   }
   ASSERT_EQ(one.size(), Prompts().size());
   for (const std::vector<int32_t>& t : one) EXPECT_FALSE(t.empty());
   EXPECT_EQ(two, one);
+}
+
+// Twelve requests at once through two stages with steps ahead of their tokens: micro-batches
+// whose first-stage rows feed the tokens the last stage sent over NCCL. Batch-invariant workers,
+// so that every request's tokens equal those of its prompt alone on one worker.
+TEST_P(CudaPipelineTest, ConcurrentRequestsThroughTwoStagesGoingAheadGiveTheTokensOfOne) {
+  const bool socket = GetParam();
+  constexpr int kRequests = 12;
+  std::vector<std::vector<int32_t>> one;
+  {
+    testing::ClusterOptions o;
+    o.model_dir = ModelDir();
+    o.worker_flags = {"--backend=cuda", "--gpu=0", "--batch_invariant", "--metrics_address="};
+    absl::StatusOr<std::unique_ptr<Cluster>> c = Cluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    one = GenerateAtOnce(**c, static_cast<int>(Prompts().size()));
+  }
+  if (socket) {
+    setenv("NCCL_P2P_DISABLE", "1", 1);
+    setenv("NCCL_SHM_DISABLE", "1", 1);
+  }
+  std::vector<std::vector<int32_t>> two;
+  {
+    testing::ClusterOptions o;
+    o.model_dir = ModelDir();
+    o.workers = 2;
+    o.stages = 2;
+    o.worker_flags = {"--backend=cuda", "--transport=nccl", "--batch_invariant",
+                      "--metrics_address="};
+    o.flags_of_worker = {{"--gpu=0"}, {"--gpu=1"}};
+    absl::StatusOr<std::unique_ptr<Cluster>> c = Cluster::Start(o);
+    unsetenv("NCCL_P2P_DISABLE");
+    unsetenv("NCCL_SHM_DISABLE");
+    ASSERT_TRUE(c.ok()) << c.status();
+    two = GenerateAtOnce(**c, kRequests);
+    EXPECT_NE((*c)->Logs().find("tokens fed to the first over the link"), std::string::npos)
+        << (*c)->Logs();
+  }
+  ASSERT_EQ(two.size(), static_cast<size_t>(kRequests));
+  for (int i = 0; i < kRequests; ++i) {
+    EXPECT_FALSE(two[i].empty()) << "request " << i;
+    EXPECT_EQ(two[i], one[i % one.size()]) << "request " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Links, CudaPipelineTest, ::testing::Values(false, true),

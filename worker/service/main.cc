@@ -46,9 +46,10 @@ ABSL_FLAG(int, gpu, 0, "cuda: the CUDA device index");
 ABSL_FLAG(std::string, dtype, "f16", "cuda: weights, activations and KV-cache type, f16 or bf16");
 ABSL_FLAG(double, kv_memory_fraction, 0.9,
           "cuda: share of the GPU memory left after the weights that the KV-cache takes");
-ABSL_FLAG(std::string, transport, "grpc",
-          "activations to the next stage: grpc (host bytes over StageLink) or nccl (cuda backend; "
-          "offered when this worker is a pipeline's first stage)");
+ABSL_FLAG(std::string, transport, "auto",
+          "activations to the next stage: grpc (host bytes over StageLink), nccl (cuda backend; "
+          "offered when this worker is a pipeline's first stage) or auto (nccl with --backend=cuda, "
+          "grpc otherwise)");
 ABSL_FLAG(bool, kv_over_nccl, true,
           "cuda: move KV-cache to and from other CUDA workers over NCCL between the GPUs (false: "
           "through host memory and gRPC)");
@@ -80,7 +81,7 @@ struct Backend {
 };
 
 absl::StatusOr<Backend> CpuBackend(const std::string& transport) {
-  if (transport != "grpc")
+  if (transport == "nccl")
     return absl::InvalidArgumentError("--transport=nccl needs --backend=cuda");
   if (absl::GetFlag(FLAGS_batch_invariant)) {
     return absl::InvalidArgumentError(
@@ -184,9 +185,9 @@ absl::StatusOr<Backend> CudaBackend() {
 absl::StatusOr<Backend> BackendFromFlags() {
   const std::string backend = absl::GetFlag(FLAGS_backend);
   const std::string transport = absl::GetFlag(FLAGS_transport);
-  if (transport != "grpc" && transport != "nccl") {
+  if (transport != "grpc" && transport != "nccl" && transport != "auto") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--transport: '", transport, "' (expected grpc or nccl)"));
+        absl::StrCat("--transport: '", transport, "' (expected grpc, nccl or auto)"));
   }
   absl::StatusOr<Backend> b;
   if (backend == "cpu") {
@@ -197,7 +198,9 @@ absl::StatusOr<Backend> BackendFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend: '", backend, "' is not a backend (expected cpu or cuda)"));
   }
-  if (b.ok()) b->link.transport = transport;
+  if (b.ok()) {
+    b->link.transport = transport != "auto" ? transport : backend == "cuda" ? "nccl" : "grpc";
+  }
   return b;
 }
 
@@ -279,7 +282,7 @@ void StartMonitoring(Monitoring& m, tandem::WorkerService& worker) {
 int main(int argc, char** argv) {
   tandem::SetProgramUsage(
       "tandem-worker --coordinator HOST:PORT [--listen ADDR] [--backend cpu|cuda [--gpu N] "
-      "[--dtype f16|bf16] [--transport grpc|nccl]]");
+      "[--dtype f16|bf16] [--transport auto|grpc|nccl]]");
   absl::ParseCommandLine(argc, argv);
   absl::StatusOr<Backend> backend = BackendFromFlags();
   if (!backend.ok()) {

@@ -25,9 +25,16 @@ absl::StatusOr<std::unique_ptr<StepRunner>> StepRunner::Create(Stage& stage,
     return absl::InvalidArgumentError(
         "step runner: device sends need a transport of device activations (not a host link)");
   }
-  if (options.num_stages == 1) options.tokens_to_first = false;
-  // The last stage of a pipeline with a coordinator has nothing to send from the device.
-  if (options.stage + 1 == options.num_stages && !options.tokens_to_first) {
+  if (options.num_stages == 1) options.tokens_to_first = options.feed_first = false;
+  if (options.tokens_to_first && options.feed_first) {
+    return absl::InvalidArgumentError(
+        "step runner: the last stage's tokens go to the first stage either instead of the caller "
+        "(tokens_to_first) or as well (feed_first), not both");
+  }
+  // The last stage of a pipeline with a coordinator, unless it feeds the first, has nothing to
+  // send from the device.
+  if (options.stage + 1 == options.num_stages && !options.tokens_to_first &&
+      !options.feed_first) {
     options.set_decode_tail = nullptr;
   }
   std::unique_ptr<StepRunner> runner(new StepRunner(stage, transport, std::move(options)));
@@ -53,7 +60,7 @@ absl::Status StepRunner::SendFromDevice(const StepDescriptor& step, const Activa
                                         const int32_t* device_tokens) {
   if (!last()) {
     RETURN_IF_ERROR(transport_->Send(step.id, hidden));
-  } else if (opt_.tokens_to_first) {
+  } else if (opt_.tokens_to_first || opt_.feed_first) {
     // The device holds a token for every sequence; a step with sequences that do not sample
     // (prompt chunks) sends only the sampled ones, from the host.
     for (const SequenceStep& s : step.seqs) {
@@ -69,14 +76,29 @@ absl::Status StepRunner::SendFromDevice(const StepDescriptor& step, const Activa
 }
 
 absl::StatusOr<std::unique_ptr<StepDescriptor>> StepRunner::FeedPreviousSamples(
-    const StepDescriptor& step) const {
-  if (std::find(step.tokens.begin(), step.tokens.end(), kPreviousSample) == step.tokens.end()) {
-    return nullptr;
+    const StepDescriptor& step, const std::function<bool()>& cancelled) {
+  if (!first() ||
+      std::find(step.tokens.begin(), step.tokens.end(), kPreviousSample) == step.tokens.end()) {
+    return nullptr;  // stages after the first read no tokens
   }
-  if (!first() || !last()) {
+  if (!last() && !opt_.feed_first) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step ", step.id, ": a token stands for the previous sample, which only the single stage of ",
-        "a pipeline holds (this is stage ", opt_.stage, " of ", opt_.num_stages, ")"));
+        "a pipeline, or its first stage fed by its last, holds (this is stage ", opt_.stage, " of ",
+        opt_.num_stages, ")"));
+  }
+  if (!last()) {
+    // The tokens of the newest steps that sampled the rows' slots, and of every step before them.
+    uint64_t through = 0;
+    size_t at = 0;
+    for (const SequenceStep& row : step.seqs) {
+      for (int k = 0; k < row.num_tokens && at < step.tokens.size(); ++k, ++at) {
+        if (step.tokens[at] != kPreviousSample) continue;
+        auto it = awaited_step_of_slot_.find(row.slot);
+        if (it != awaited_step_of_slot_.end()) through = std::max(through, it->second);
+      }
+    }
+    if (through > 0) RETURN_IF_ERROR(TakeTokens(/*wait=*/true, through, cancelled));
   }
   auto fed = std::make_unique<StepDescriptor>(step);
   size_t at = 0;
@@ -96,23 +118,65 @@ absl::StatusOr<std::unique_ptr<StepDescriptor>> StepRunner::FeedPreviousSamples(
   return fed;
 }
 
-void StepRunner::KeepSamples(const StepDescriptor& step, const std::vector<int32_t>& tokens) {
-  size_t k = 0;
+std::vector<int> StepRunner::SampledSlots(const StepDescriptor& step) {
+  std::vector<int> slots;
   for (const SequenceStep& row : step.seqs) {
-    if (!row.sample || k >= tokens.size()) continue;
-    if (row.slot >= static_cast<int>(last_sample_.size())) last_sample_.resize(row.slot + 1, -1);
-    if (row.slot >= 0) last_sample_[row.slot] = tokens[k];
-    ++k;
+    if (row.sample) slots.push_back(row.slot);
   }
+  return slots;
+}
+
+void StepRunner::KeepSamples(const std::vector<int>& slots, const std::vector<int32_t>& tokens) {
+  for (size_t k = 0; k < slots.size() && k < tokens.size(); ++k) {
+    const int slot = slots[k];
+    if (slot < 0) continue;
+    if (slot >= static_cast<int>(last_sample_.size())) last_sample_.resize(slot + 1, -1);
+    last_sample_[slot] = tokens[k];
+  }
+}
+
+absl::Status StepRunner::TakeTokens(bool wait, uint64_t through,
+                                    const std::function<bool()>& cancelled) {
+  while (!awaited_.empty()) {
+    AwaitedTokens& front = awaited_.front();
+    if (wait ? front.step_id > through : !front.posted.arrived()) break;
+    absl::StatusOr<std::vector<int32_t>> tokens = front.posted.take(cancelled);
+    AwaitedTokens done = std::move(front);
+    awaited_.pop_front();
+    if (!tokens.ok()) return tokens.status();
+    KeepSamples(done.slots, *tokens);
+    for (int slot : done.slots) {
+      auto it = awaited_step_of_slot_.find(slot);
+      if (it != awaited_step_of_slot_.end() && it->second == done.step_id) {
+        awaited_step_of_slot_.erase(it);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepRunner::PostTokens(const StepDescriptor& step,
+                                    const std::function<bool()>& cancelled) {
+  if (static_cast<int>(awaited_.size()) >= kMaxPostedTokenReceives) {
+    RETURN_IF_ERROR(TakeTokens(/*wait=*/true, awaited_.front().step_id, cancelled));
+  }
+  std::vector<int> slots = SampledSlots(step);
+  ASSIGN_OR_RETURN(PostedTokens posted,
+                   transport_->PostRecvTokens(step.id, static_cast<int64_t>(slots.size())));
+  for (int slot : slots) awaited_step_of_slot_[slot] = step.id;
+  awaited_.push_back(AwaitedTokens{step.id, std::move(slots), std::move(posted)});
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepRun> StepRunner::Run(const StepDescriptor& given,
                                         const std::function<bool()>& cancelled) {
-  ASSIGN_OR_RETURN(std::unique_ptr<StepDescriptor> fed, FeedPreviousSamples(given));
+  const absl::Time t0 = absl::Now();
+  const bool fed_by_last = first() && !last() && opt_.feed_first;
+  if (fed_by_last) RETURN_IF_ERROR(TakeTokens(/*wait=*/false, 0, cancelled));
+  ASSIGN_OR_RETURN(std::unique_ptr<StepDescriptor> fed, FeedPreviousSamples(given, cancelled));
   const StepDescriptor& step = fed != nullptr ? *fed : given;
   StepRun run;
   Activations in;
-  const absl::Time t0 = absl::Now();
   if (!first()) {
     int64_t rows = 0;
     for (const SequenceStep& s : step.seqs) rows += s.num_tokens;
@@ -144,16 +208,17 @@ absl::StatusOr<StepRun> StepRunner::Run(const StepDescriptor& given,
     }
     RETURN_IF_ERROR(transport_->Send(step.id, o.hidden));
     run.times.send_bytes = static_cast<int64_t>(o.hidden.nbytes());
-  } else if (last() && opt_.tokens_to_first && !sent_) {
+  } else if (last() && (opt_.tokens_to_first || opt_.feed_first) && !sent_) {
     RETURN_IF_ERROR(transport_->SendTokens(step.id, o.tokens));
     run.times.send_bytes = static_cast<int64_t>(o.tokens.size() * sizeof(int32_t));
   }
   if (last() && !opt_.tokens_to_first) {
     run.tokens = o.tokens;
-    if (first()) KeepSamples(step, run.tokens);
+    if (first()) KeepSamples(SampledSlots(step), run.tokens);
   } else if (first() && opt_.tokens_to_first) {
     ASSIGN_OR_RETURN(run.tokens, transport_->RecvTokens(step.id, cancelled));
   }
+  if (fed_by_last) RETURN_IF_ERROR(PostTokens(step, cancelled));
   run.times.send = absl::Now() - stepped;
   return run;
 }

@@ -11,16 +11,22 @@
 //
 // A pipeline's single stage, which both embeds and samples, feeds a token kPreviousSample
 // (common/step.h) of a row as the token its slot sampled in the step before, so that the
-// coordinator can send a decode step before it has seen the token it feeds.
+// coordinator can send a decode step before it has seen the token it feeds. In a pipeline of
+// several stages with `feed_first`, the last stage also sends every step's sampled tokens to the
+// first over the transport, which posts the receive of each step's tokens once it has run the
+// step and feeds kPreviousSample from them, waiting only for the steps whose tokens a row feeds;
+// the stages between ignore the token.
 //
 // One thread runs a runner's steps (the worker's "steps" executor, the benchmark's main thread).
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "worker/stage.h"
@@ -45,6 +51,10 @@ struct StepRunnerOptions {
   // The last stage sends each step's sampled tokens to the first stage over the transport, whose
   // Run returns them (a pipeline without a coordinator); false: the last stage's Run returns them.
   bool tokens_to_first = false;
+  // A pipeline of several stages whose coordinator sends steps ahead of their input tokens: the
+  // last stage returns each step's sampled tokens to the caller and sends them to the first stage
+  // too, which feeds kPreviousSample tokens from them (ActivationTransport::PostRecvTokens).
+  bool feed_first = false;
   // The transport carries host activations only (gRPC): device outputs are copied to the host
   // with `to_host` first.
   bool host_link = true;
@@ -85,13 +95,16 @@ class StepRunner {
   // Runs step `step` on this stage. A wait for the input or the tokens ends with CANCELLED once
   // `cancelled()` returns true. An error leaves the runner usable for the next step (the
   // transport may have aborted itself, and then fails that one too). INVALID_ARGUMENT for a
-  // kPreviousSample token on a stage that is not a pipeline's only one, or in a row whose slot
-  // sampled nothing before.
+  // kPreviousSample token on the first stage of several without `feed_first`, or in a row whose
+  // slot sampled nothing before.
   absl::StatusOr<StepRun> Run(const StepDescriptor& step, const std::function<bool()>& cancelled);
 
   bool first() const { return opt_.stage == 0; }
   bool last() const { return opt_.stage + 1 == opt_.num_stages; }
   bool device_sends() const { return static_cast<bool>(opt_.set_decode_tail); }
+  // Steps whose tokens stand for the previous samples (kPreviousSample) run on this stage's
+  // pipeline: a single stage, or stages whose first is fed by the last.
+  bool feeds_previous_samples() const { return opt_.num_stages == 1 || opt_.feed_first; }
 
  private:
   StepRunner(Stage& stage, ActivationTransport* transport, StepRunnerOptions options);
@@ -99,17 +112,34 @@ class StepRunner {
   absl::Status SendFromDevice(const StepDescriptor& step, const Activations& hidden,
                               const int32_t* device_tokens);
   // `step`'s tokens with every kPreviousSample replaced by its slot's last sampled token; null
-  // when `step` has none.
+  // when `step` has none or this stage does not embed. A first stage fed by the last takes the
+  // tokens of the steps the rows feed from first.
   absl::StatusOr<std::unique_ptr<StepDescriptor>> FeedPreviousSamples(
-      const StepDescriptor& step) const;
-  // Remembers the tokens `step` sampled, by slot (a single stage only).
-  void KeepSamples(const StepDescriptor& step, const std::vector<int32_t>& tokens);
+      const StepDescriptor& step, const std::function<bool()>& cancelled);
+  // Remembers the tokens that the step whose sampled rows are in `slots` sampled, by slot.
+  void KeepSamples(const std::vector<int>& slots, const std::vector<int32_t>& tokens);
+  // The slots of `step`'s sampled rows, in order.
+  static std::vector<int> SampledSlots(const StepDescriptor& step);
+  // A first stage fed by the last: takes the posted token receives in order, while they have
+  // arrived (`wait` false) or through step `through` (`wait` true).
+  absl::Status TakeTokens(bool wait, uint64_t through, const std::function<bool()>& cancelled);
+  // ... and posts the receive of `step`'s tokens once the step has run.
+  absl::Status PostTokens(const StepDescriptor& step, const std::function<bool()>& cancelled);
 
   Stage& stage_;
   ActivationTransport* const transport_;
   const StepRunnerOptions opt_;
   bool sent_ = false;  // the running step's output went out from the device
   std::vector<int32_t> last_sample_;  // by slot: the token it sampled last; -1: none
+  // A first stage fed by the last: the posted receives of the steps it ran, oldest first, with
+  // the slots of their sampled rows, and by slot the newest step whose token it still awaits.
+  struct AwaitedTokens {
+    uint64_t step_id = 0;
+    std::vector<int> slots;
+    PostedTokens posted;
+  };
+  std::deque<AwaitedTokens> awaited_;
+  absl::flat_hash_map<int, uint64_t> awaited_step_of_slot_;
 };
 
 }  // namespace tandem

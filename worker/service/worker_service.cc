@@ -245,6 +245,7 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
   if (nccl != nullptr) {
     a->transport = std::move(nccl);
     run.host_link = false;
+    run.feed_first = true;  // the first stage gets the last one's tokens over NCCL
     if (link_.bind_nccl) run.set_decode_tail = link_.set_decode_tail;
   } else {
     a->transport = std::make_unique<GrpcTransport>(a->stage > 0 ? &inbox_ : nullptr, a->id,
@@ -265,6 +266,7 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
     current_ = a;
   }
   resp->set_load_seconds(absl::ToDoubleSeconds(absl::Now() - t0));
+  resp->set_feeds_previous_samples(a->runner->feeds_previous_samples());
   spdlog::info("assignment {}: pipeline {} stage {}/{} layers [{}, {}) next {} over {}", a->id,
                req->pipeline_id(), a->stage, a->num_stages, req->first_layer(),
                req->last_layer(), req->next_address().empty() ? "-" : req->next_address(),

@@ -12,6 +12,19 @@
 
 namespace tandem {
 
+// A posted receive of one step's sampled tokens (ActivationTransport::PostRecvTokens).
+struct PostedTokens {
+  // True once the tokens are there; never blocks.
+  std::function<bool()> arrived;
+  // Waits for the tokens (CANCELLED once `cancelled()` returns true, DEADLINE_EXCEEDED when the
+  // last stage stays silent), checks their frame (another step or count is DATA_LOSS) and
+  // returns them. Called once.
+  std::function<absl::StatusOr<std::vector<int32_t>>(const std::function<bool()>& cancelled)> take;
+};
+
+// Posted token receives a transport holds at most before the oldest is taken.
+inline constexpr int kMaxPostedTokenReceives = 16;
+
 class ActivationTransport {
  public:
   virtual ~ActivationTransport() = default;
@@ -51,6 +64,16 @@ class ActivationTransport {
                                                           const std::function<bool()>& cancelled) {
     (void)step_id;
     (void)cancelled;
+    return absl::UnimplementedError("this transport returns no tokens to the first stage");
+  }
+
+  // The first stage of a pipeline whose coordinator sends steps ahead of their input tokens: posts
+  // the receive of step `step_id`'s `count` sampled tokens from the last stage before they are
+  // sent, and returns at once. Receives are posted, and arrive, in step order; at most
+  // kMaxPostedTokenReceives may be posted and not yet taken. By default UNIMPLEMENTED.
+  virtual absl::StatusOr<PostedTokens> PostRecvTokens(uint64_t step_id, int64_t count) {
+    (void)step_id;
+    (void)count;
     return absl::UnimplementedError("this transport returns no tokens to the first stage");
   }
 };

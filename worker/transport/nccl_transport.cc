@@ -146,14 +146,15 @@ class BoundedNcclStep {
 // receives from i - 1: activations forward, tokens from the last rank to the first), so that no
 // later send or receive has to wait on the host for a peer to connect. On the step's own thread.
 absl::Status JoinDataComm(int device, int rank, int world, const ncclUniqueId& id,
-                          const std::atomic<bool>& abandoned, ncclComm_t* out) {
+                          const char* name, const std::atomic<bool>& abandoned, ncclComm_t* out) {
   CUDA_CHECK(cudaSetDevice(device));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 1;
   ncclComm_t comm = nullptr;
   const ncclResult_t r = ncclCommInitRankConfig(&comm, world, id, rank, &config);
   if (r != ncclSuccess) {
-    const absl::Status st = NcclError(r, "ncclCommInitRankConfig (data)", __FILE__, __LINE__, comm);
+    const absl::Status st = NcclError(r, absl::StrCat("ncclCommInitRankConfig (", name, ")").c_str(),
+                                      __FILE__, __LINE__, comm);
     if (comm != nullptr) ncclCommAbort(comm);
     return st;
   }
@@ -176,8 +177,10 @@ absl::Status JoinDataComm(int device, int rank, int world, const ncclUniqueId& i
       const ncclResult_t end = ncclGroupEnd();
       if (g == ncclSuccess) g = end;
     }
-    if (g != ncclSuccess)
-      st = NcclError(g, "connecting the data communicator", __FILE__, __LINE__, comm);
+    if (g != ncclSuccess) {
+      st = NcclError(g, absl::StrCat("connecting the ", name, " communicator").c_str(), __FILE__,
+                     __LINE__, comm);
+    }
   }
   if (st.ok()) {
     const cudaError_t e = cudaEventRecord(done.get(), stream.get());
@@ -193,19 +196,22 @@ absl::Status JoinDataComm(int device, int rank, int world, const ncclUniqueId& i
     ncclResult_t state = ncclSuccess;
     const ncclResult_t a = ncclCommGetAsyncError(comm, &state);
     if (a != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
-      st = NcclError(a != ncclSuccess ? a : state, "connecting the data communicator", __FILE__,
+      st = NcclError(a != ncclSuccess ? a : state,
+                     absl::StrCat("connecting the ", name, " communicator").c_str(), __FILE__,
                      __LINE__, comm);
       break;
     }
     if (abandoned) {
-      st = absl::DeadlineExceededError("connecting the data communicator was abandoned");
+      st = absl::DeadlineExceededError(
+          absl::StrCat("connecting the ", name, " communicator was abandoned"));
       break;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   if (!st.ok() || abandoned) {
     ncclCommAbort(comm);
-    return st.ok() ? absl::DeadlineExceededError("joining the data communicator was abandoned")
+    return st.ok() ? absl::DeadlineExceededError(
+                         absl::StrCat("joining the ", name, " communicator was abandoned"))
                    : st;
   }
   *out = comm;
@@ -217,7 +223,12 @@ absl::Status JoinDataComm(int device, int rank, int world, const ncclUniqueId& i
 struct NcclTransport::State {
   NcclTransportOptions opt;
   ncclComm_t root = nullptr;  // the non-blocking communicator every rank joined; aborts and joins
-  ncclComm_t data = nullptr;  // the blocking communicator every frame moves on
+  ncclComm_t data = nullptr;  // the blocking communicator activation frames move on
+  // The first and the last rank (world > 1): a blocking communicator of the two (the first is its
+  // rank 0) that token frames move on, on a stream of their own on both ranks, so that a token
+  // frame waiting for its peer never holds the stage's stream or the activations behind it.
+  ncclComm_t tokens = nullptr;
+  cuda::Stream token_stream;
   absl::Status broken;        // OK while the communicators are usable; the abort's reason after
   cuda::Stream comm_stream;   // every ncclSend/ncclRecv, in issue order (unless opt.stream)
   cuda::Stream copy_stream;  // staging copies into send buffers, never behind a waiting send
@@ -229,7 +240,7 @@ struct NcclTransport::State {
   }
 
   // Two send buffers ([kHeaderRegion][payload]), alternated: a send may wait for the next stage
-  // while the next is staged.
+  // while the next is staged. The last rank's hold token frames.
   struct SendSlot {
     cuda::DeviceBuffer frame;
     cuda::PinnedBuffer host_header;  // the header, and on the last rank the tokens behind it
@@ -253,11 +264,24 @@ struct NcclTransport::State {
   cuda::PinnedBuffer posted_header[2];
   cuda::Event posted_header_done[2];
 
+  // The first rank's posted token receives (PostRecvTokens), used in turn: the frame, its copy on
+  // the host, and the end of that copy.
+  struct PostedTokenRecv {
+    cuda::DeviceBuffer frame;
+    cuda::PinnedBuffer host;
+    cuda::Event done;
+    bool taken = true;
+  };
+  PostedTokenRecv token_recv[kMaxPostedTokenReceives];
+  uint64_t token_posts = 0;
+
   // A transport that failed to join (or whose close was cut short) leaves nothing joined behind.
   ~State() { Abort(absl::CancelledError("the transport was destroyed")); }
 
   size_t row_bytes() const { return static_cast<size_t>(opt.hidden_size) * DTypeSize(opt.dtype); }
   bool last() const { return opt.rank == opt.world - 1; }
+  // The other end of the token communicator.
+  int token_peer() const { return last() ? 0 : 1; }
 
   absl::Status Healthy() const {
     if (broken.ok()) return absl::OkStatus();
@@ -272,8 +296,9 @@ struct NcclTransport::State {
     broken = reason.ok() ? absl::CancelledError("aborted") : reason;
     cudaSetDevice(opt.device);
     if (data != nullptr) ncclCommAbort(data);
+    if (tokens != nullptr) ncclCommAbort(tokens);
     if (root != nullptr) ncclCommAbort(root);
-    data = root = nullptr;
+    data = tokens = root = nullptr;
   }
 
   // Fails (and aborts) with `st`.
@@ -332,8 +357,8 @@ struct NcclTransport::State {
         return Fail(std::move(st));
       }
       if ((i & 63) == 0) {
-        if (absl::Status st = CommError(data != nullptr ? root : nullptr, what); !st.ok()) {
-          return Fail(std::move(st));
+        for (ncclComm_t other : {data != nullptr ? root : nullptr, tokens}) {
+          if (absl::Status st = CommError(other, what); !st.ok()) return Fail(std::move(st));
         }
         if (cancelled != nullptr && *cancelled && (*cancelled)()) {
           return Fail(absl::CancelledError(
@@ -350,9 +375,13 @@ struct NcclTransport::State {
   }
 
   // Sends one frame to `peer` through send slot sends % 2: the header, and `bytes` of payload
-  // copied from `src` (`copy_kind`) behind it; one NCCL group of one or two messages.
+  // copied from `src` (`copy_kind`) behind it; one NCCL group of one or two messages, activations
+  // on the data communicator behind the copy, tokens on the token communicator and its stream.
   absl::Status SendFrame(int peer, uint32_t kind, uint64_t step_id, int64_t rows, int64_t cols,
                          const void* src, size_t bytes, cudaMemcpyKind copy_kind) {
+    const bool token = kind == kTokenFrame;
+    ncclComm_t on = token ? tokens : data;
+    const int to = token ? token_peer() : peer;
     SendSlot& slot = send[sends % 2];
     if (slot.in_flight) {
       RETURN_IF_ERROR(Wait(slot.sent.get(), nullptr,
@@ -384,14 +413,14 @@ struct NcclTransport::State {
       CUDA_CHECK(cudaMemcpyAsync(frame, h, sizeof(FrameHeader), cudaMemcpyHostToDevice, cs));
     }
     CUDA_CHECK(cudaEventRecord(slot.copied.get(), cs));
-    const cudaStream_t ns = comm();
+    const cudaStream_t ns = token ? token_stream.get() : comm();
     if (ns != cs) CUDA_CHECK(cudaStreamWaitEvent(ns, slot.copied.get(), 0));
     const size_t inline_bytes = InlineBytes(kind);
     NCCL_ISSUE(*this, ncclGroupStart());
-    ncclResult_t r = ncclSend(frame, kHeaderRegion + inline_bytes, ncclUint8, peer, data, ns);
+    ncclResult_t r = ncclSend(frame, kHeaderRegion + inline_bytes, ncclUint8, to, on, ns);
     if (r == ncclSuccess && bytes > inline_bytes) {
-      r = ncclSend(frame + kHeaderRegion + inline_bytes, bytes - inline_bytes, ncclUint8, peer,
-                   data, ns);
+      r = ncclSend(frame + kHeaderRegion + inline_bytes, bytes - inline_bytes, ncclUint8, to, on,
+                   ns);
     }
     const ncclResult_t end = ncclGroupEnd();
     NCCL_ISSUE(*this, r);
@@ -429,6 +458,44 @@ struct NcclTransport::State {
                      static_cast<size_t>(count) * sizeof(int32_t), kind);
   }
 
+  // Before a receive of tokens (RecvTokens, PostRecvTokens): a usable transport of the first rank
+  // of several.
+  absl::Status CanReceiveTokens() const {
+    RETURN_IF_ERROR(Healthy());
+    if (opt.rank != 0 || opt.world < 2) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", opt.rank, " of ", opt.world,
+                       ": only the first stage of a pipeline of 2 or more receives tokens"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The tokens of the receive posted into token_recv[i] for step `step_id` (PostRecvTokens): waits
+  // for the frame's copy to the host, then checks its header, `count` included.
+  absl::StatusOr<std::vector<int32_t>> TakeTokens(int i, uint64_t step_id, int64_t count,
+                                                  const std::function<bool()>& cancelled) {
+    PostedTokenRecv& r = token_recv[i];
+    r.taken = true;
+    RETURN_IF_ERROR(Healthy());
+    CUDA_CHECK(cudaSetDevice(opt.device));
+    const int peer = opt.world - 1;
+    RETURN_IF_ERROR(Wait(r.done.get(), &cancelled,
+                         absl::StrCat("step ", step_id, "'s tokens from rank ", peer)));
+    ASSIGN_OR_RETURN(const FrameHeader h,
+                     CheckHeader(*r.host.as<FrameHeader>(), peer, kTokenFrame, step_id));
+    if (h.rows != count) {
+      return Fail(absl::DataLossError(absl::StrCat("rank ", opt.rank, " expected step ", step_id,
+                                                   "'s ", count, " tokens from rank ", peer,
+                                                   " but got ", h.rows)));
+    }
+    std::vector<int32_t> tokens(static_cast<size_t>(count));
+    if (count > 0) {
+      std::memcpy(tokens.data(), r.host.as<char>() + kHeaderRegion,
+                  tokens.size() * sizeof(int32_t));
+    }
+    return tokens;
+  }
+
   // Before a receive of activations (Recv, PostRecv): a usable transport of a stage that has a
   // previous one, not cancelled yet; selects the device.
   absl::Status CanReceiveActivations(uint64_t step_id, const std::function<bool()>& cancelled) {
@@ -449,9 +516,11 @@ struct NcclTransport::State {
   // are copied to recv_host. The payload's rest, past the first message, is left to the caller.
   absl::StatusOr<FrameHeader> RecvFirst(int peer, uint32_t kind, uint64_t step_id, char* frame,
                                         size_t host_bytes, const std::function<bool()>& cancelled) {
-    const cudaStream_t ns = comm();
+    const bool token = kind == kTokenFrame;
+    const cudaStream_t ns = token ? token_stream.get() : comm();
     NCCL_ISSUE_C(*this,
-                 ncclRecv(frame, kHeaderRegion + InlineBytes(kind), ncclUint8, peer, data, ns),
+                 ncclRecv(frame, kHeaderRegion + InlineBytes(kind), ncclUint8,
+                          token ? token_peer() : peer, token ? tokens : data, ns),
                  cancelled);
     CUDA_CHECK(cudaMemcpyAsync(recv_host.get(), frame, host_bytes, cudaMemcpyDeviceToHost, ns));
     CUDA_CHECK(cudaEventRecord(header_done.get(), ns));
@@ -585,6 +654,14 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
     }
     RETURN_IF_ERROR(s->recv_host.Allocate(options.rank == 0 ? tok_bytes : kHeaderRegion));
     RETURN_IF_ERROR(s->header_done.Create());
+    if (options.rank == 0 || s->last()) RETURN_IF_ERROR(s->token_stream.Create());
+    if (options.rank == 0) {
+      for (State::PostedTokenRecv& r : s->token_recv) {
+        RETURN_IF_ERROR(r.frame.Allocate(tok_bytes));
+        RETURN_IF_ERROR(r.host.Allocate(tok_bytes));
+        RETURN_IF_ERROR(r.done.Create());
+      }
+    }
   }
 
   ncclUniqueId id;
@@ -622,41 +699,59 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
   }
   if (options.world == 1) return std::unique_ptr<NcclTransport>(new NcclTransport(std::move(s)));
 
-  // The data communicator's id: made by rank 0 (which hosts its bootstrap root), broadcast over
-  // the root communicator while every rank is known to be present.
+  // The ids of the data and token communicators: made by rank 0 (which hosts their bootstrap
+  // roots), broadcast over the root communicator while every rank is known to be present. Every
+  // rank joins the data communicator, the first and the last the token one, both at once.
   {
     cuda::DeviceBuffer id_dev;
-    RETURN_IF_ERROR(id_dev.Allocate(sizeof(ncclUniqueId)));
-    ncclUniqueId data_id;
+    ncclUniqueId ids[2];  // data, tokens
+    static_assert(sizeof(ids) <= kHeaderRegion);
+    RETURN_IF_ERROR(id_dev.Allocate(sizeof(ids)));
     if (options.rank == 0) {
-      NCCL_CHECK(ncclGetUniqueId(&data_id));
-      CUDA_CHECK(cudaMemcpy(id_dev.get(), &data_id, sizeof(data_id), cudaMemcpyHostToDevice));
+      NCCL_CHECK(ncclGetUniqueId(&ids[0]));
+      NCCL_CHECK(ncclGetUniqueId(&ids[1]));
+      CUDA_CHECK(cudaMemcpy(id_dev.get(), ids, sizeof(ids), cudaMemcpyHostToDevice));
     }
     const cudaStream_t ns = s->comm();
-    NCCL_ISSUE(*s, ncclBroadcast(id_dev.get(), id_dev.get(), sizeof(ncclUniqueId), ncclUint8, 0,
-                                 s->root, ns));
-    CUDA_CHECK(cudaMemcpyAsync(s->recv_host.get(), id_dev.get(), sizeof(ncclUniqueId),
+    NCCL_ISSUE(*s, ncclBroadcast(id_dev.get(), id_dev.get(), sizeof(ids), ncclUint8, 0, s->root,
+                                 ns));
+    CUDA_CHECK(cudaMemcpyAsync(s->recv_host.get(), id_dev.get(), sizeof(ids),
                                cudaMemcpyDeviceToHost, ns));
     CUDA_CHECK(cudaEventRecord(s->header_done.get(), ns));
     RETURN_IF_ERROR(s->Wait(s->header_done.get(), nullptr, "the data communicator's id"));
-    std::memcpy(&data_id, s->recv_host.get(), sizeof(data_id));
+    std::memcpy(ids, s->recv_host.get(), sizeof(ids));
 
-    auto joined = std::make_shared<ncclComm_t>(nullptr);
     const int device = options.device, rank = options.rank, world = options.world;
-    BoundedNcclStep join(
-        [=](const std::atomic<bool>& abandoned) {
-          return JoinDataComm(device, rank, world, data_id, abandoned, joined.get());
-        },
-        [=] {
-          cudaSetDevice(device);
-          ncclCommAbort(*joined);
-        });
-    const absl::Status st = join.Wait(
+    auto join = [device](int rank, int world, const ncclUniqueId& id, const char* name,
+                         std::shared_ptr<ncclComm_t> joined) {
+      return BoundedNcclStep(
+          [=](const std::atomic<bool>& abandoned) {
+            return JoinDataComm(device, rank, world, id, name, abandoned, joined.get());
+          },
+          [=] {
+            cudaSetDevice(device);
+            ncclCommAbort(*joined);
+          });
+    };
+    auto data = std::make_shared<ncclComm_t>(nullptr);
+    auto tokens = std::make_shared<ncclComm_t>(nullptr);
+    BoundedNcclStep join_data = join(rank, world, ids[0], "data", data);
+    std::optional<BoundedNcclStep> join_tokens;
+    if (rank == 0 || s->last()) join_tokens.emplace(join(rank == 0 ? 0 : 1, 2, ids[1], "token", tokens));
+    absl::Status st = join_data.Wait(
         options.timeout, absl::StrCat("rank ", rank, " of ", world,
                                       " joining and connecting the NCCL data communicator"));
+    if (st.ok()) s->data = *data;
+    if (join_tokens.has_value()) {
+      // Waited for even after a failed data join, so that its communicator is not left behind.
+      const absl::Status t = join_tokens->Wait(
+          options.timeout, absl::StrCat("rank ", rank, " of ", world,
+                                        " joining and connecting the NCCL token communicator"));
+      if (t.ok()) s->tokens = *tokens;
+      if (st.ok()) st = t;
+    }
     CUDA_CHECK(cudaSetDevice(options.device));
     if (!st.ok()) return s->Fail(st);
-    s->data = *joined;
   }
   return std::unique_ptr<NcclTransport>(new NcclTransport(std::move(s)));
 }
@@ -672,25 +767,39 @@ NcclTransport::~NcclTransport() {
       return;  // aborted
     }
   }
+  // Token receives posted for steps the last rank never ran (the pipeline ended first) would keep
+  // the token communicator from finalizing: a second for the last frames, then an abort.
+  const auto settle = Clock::now() + std::chrono::seconds(1);
+  for (State::PostedTokenRecv& r : s_->token_recv) {
+    if (r.taken) continue;
+    while (cudaEventQuery(r.done.get()) == cudaErrorNotReady) {
+      if (Clock::now() > settle) {
+        s_->Abort(absl::CancelledError("token receives were posted for steps never sent"));
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
   const absl::Duration limit = std::min(s_->opt.timeout, absl::Seconds(30));
-  if (s_->data != nullptr) {
+  for (ncclComm_t* held : {&s_->data, &s_->tokens}) {
+    if (*held == nullptr) continue;
     // Finalizing a blocking communicator blocks until the peers finalize too: bounded, and on
     // timeout left to its thread (aborting it under that thread is not allowed).
-    ncclComm_t data = s_->data;
-    s_->data = nullptr;
+    ncclComm_t comm = *held;
+    *held = nullptr;
     const int device = s_->opt.device;
     BoundedNcclStep close([=](const std::atomic<bool>&) -> absl::Status {
       cudaSetDevice(device);
-      const ncclResult_t r = ncclCommFinalize(data);
+      const ncclResult_t r = ncclCommFinalize(comm);
       if (r != ncclSuccess) {
-        ncclCommAbort(data);
-        return NcclError(r, "ncclCommFinalize (data)", __FILE__, __LINE__, nullptr);
+        ncclCommAbort(comm);
+        return NcclError(r, "ncclCommFinalize", __FILE__, __LINE__, nullptr);
       }
-      ncclCommDestroy(data);
+      ncclCommDestroy(comm);
       return absl::OkStatus();
     });
-    if (!close.Wait(limit, "closing the data communicator").ok()) {
-      s_->Abort(absl::CancelledError("the data communicator did not finalize"));
+    if (!close.Wait(limit, "closing a blocking communicator").ok()) {
+      s_->Abort(absl::CancelledError("a blocking communicator did not finalize"));
       return;
     }
     cudaSetDevice(s_->opt.device);
@@ -834,12 +943,7 @@ absl::Status NcclTransport::SendDeviceTokens(uint64_t step_id, const int32_t* de
 absl::StatusOr<std::vector<int32_t>> NcclTransport::RecvTokens(
     uint64_t step_id, const std::function<bool()>& cancelled) {
   State& s = *s_;
-  RETURN_IF_ERROR(s.Healthy());
-  if (s.opt.rank != 0 || s.opt.world < 2) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", s.opt.rank, " of ", s.opt.world,
-        ": only the first stage of a pipeline of 2 or more receives tokens"));
-  }
+  RETURN_IF_ERROR(s.CanReceiveTokens());
   if (cancelled && cancelled()) {
     return absl::CancelledError(absl::StrCat("step ", step_id, ": cancelled before receiving"));
   }
@@ -854,8 +958,8 @@ absl::StatusOr<std::vector<int32_t>> NcclTransport::RecvTokens(
   if (bytes > kInlineTokenBytes) {  // the rest in a second message
     const size_t rest = bytes - kInlineTokenBytes;
     char* dst = frame + kHeaderRegion + kInlineTokenBytes;
-    const cudaStream_t ns = s.comm();
-    NCCL_ISSUE_C(s, ncclRecv(dst, rest, ncclUint8, peer, s.data, ns), cancelled);
+    const cudaStream_t ns = s.token_stream.get();
+    NCCL_ISSUE_C(s, ncclRecv(dst, rest, ncclUint8, s.token_peer(), s.tokens, ns), cancelled);
     CUDA_CHECK(cudaMemcpyAsync(s.recv_host.as<char>() + kHeaderRegion + kInlineTokenBytes, dst,
                                rest, cudaMemcpyDeviceToHost, ns));
     CUDA_CHECK(cudaEventRecord(s.recv_done[0].get(), ns));
@@ -864,6 +968,49 @@ absl::StatusOr<std::vector<int32_t>> NcclTransport::RecvTokens(
   }
   if (bytes > 0) std::memcpy(tokens.data(), host, bytes);
   return tokens;
+}
+
+absl::StatusOr<PostedTokens> NcclTransport::PostRecvTokens(uint64_t step_id, int64_t count) {
+  State& s = *s_;
+  RETURN_IF_ERROR(s.CanReceiveTokens());
+  if (count < 0 || count > s.opt.max_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step_id, ": ", count, " tokens are outside [0, max_rows = ", s.opt.max_rows, "]"));
+  }
+  const int i = static_cast<int>(s.token_posts % kMaxPostedTokenReceives);
+  State::PostedTokenRecv& r = s.token_recv[i];
+  if (!r.taken) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step_id, ": ", kMaxPostedTokenReceives,
+        " token receives are posted and not taken; take the oldest first"));
+  }
+  CUDA_CHECK(cudaSetDevice(s.opt.device));
+  const size_t bytes = static_cast<size_t>(count) * sizeof(int32_t);
+  char* frame = r.frame.as<char>();
+  const cudaStream_t ns = s.token_stream.get();
+  // The frame's messages as the last rank groups them: the first of fixed size, then the rest.
+  NCCL_ISSUE(s, ncclGroupStart());
+  ncclResult_t e = ncclRecv(frame, kHeaderRegion + kInlineTokenBytes, ncclUint8, s.token_peer(),
+                            s.tokens, ns);
+  if (e == ncclSuccess && bytes > kInlineTokenBytes) {
+    e = ncclRecv(frame + kHeaderRegion + kInlineTokenBytes, bytes - kInlineTokenBytes, ncclUint8,
+                 s.token_peer(), s.tokens, ns);
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  NCCL_ISSUE(s, e);
+  NCCL_ISSUE(s, end);
+  CUDA_CHECK(cudaMemcpyAsync(r.host.get(), frame, kHeaderRegion + bytes, cudaMemcpyDeviceToHost,
+                             ns));
+  CUDA_CHECK(cudaEventRecord(r.done.get(), ns));
+  r.taken = false;
+  ++s.token_posts;
+  State* state = s_.get();
+  PostedTokens posted;
+  posted.arrived = [state, i] { return cudaEventQuery(state->token_recv[i].done.get()) == cudaSuccess; };
+  posted.take = [state, i, step_id, count](const std::function<bool()>& cancelled) {
+    return state->TakeTokens(i, step_id, count, cancelled);
+  };
+  return posted;
 }
 
 absl::Status NcclTransport::UseStream(void* stream) {
@@ -893,7 +1040,7 @@ absl::Status NcclTransport::Watch() {
           " within ", absl::FormatDuration(s.opt.timeout), "; the peer stage is silent or gone")));
     }
   }
-  for (ncclComm_t comm : {s.data, s.root}) {
+  for (ncclComm_t comm : {s.data, s.tokens, s.root}) {
     if (absl::Status st = s.CommError(comm, absl::StrCat("rank ", peer)); !st.ok()) {
       return s.Fail(std::move(st));
     }

@@ -3,12 +3,16 @@
 // transport's own). The ncclUniqueId is made by the first stage's worker and handed to the others
 // as bytes (MakeNcclUniqueId / the `unique_id` of NcclTransport::Create).
 //
-// Two communicators. The root one is non-blocking (ncclConfig_t.blocking = 0), so that joining,
-// which waits for every stage, ends at the timeout in ncclCommAbort. Over it rank 0 broadcasts a
-// second unique id, and every rank joins a blocking data communicator with it and connects it to
-// its neighbours while all are present (bounded by the timeout). Frames move on the data
-// communicator only: each send or receive there just enqueues a kernel, where a non-blocking
-// communicator starts a host thread per NCCL group (about 0.1 ms; docs/performance-pipeline.md).
+// Three communicators. The root one is non-blocking (ncclConfig_t.blocking = 0), so that joining,
+// which waits for every stage, ends at the timeout in ncclCommAbort. Over it rank 0 broadcasts two
+// more unique ids: every rank joins a blocking data communicator with the first and connects it
+// to its neighbours while all are present (bounded by the timeout), and the first and last rank
+// join a blocking token communicator of the two with the second. Activation frames move on the
+// data communicator, token frames (the last stage's sampled tokens, back to the first) on the
+// token one, on a stream of its own on both ends, so that a token frame waiting for its peer never
+// holds back the activations: each send or receive there just enqueues a kernel, where a
+// non-blocking communicator starts a host thread per NCCL group (about 0.1 ms;
+// docs/performance-pipeline.md).
 //
 // Every message is a frame: a 256-byte header region (step id, rows, cols, dtype in its first 64
 // bytes) and the payload right behind it, so that the receiver learns the size of a step it was
@@ -20,7 +24,7 @@
 // starts when its input lands, without a round trip through the host. A dead or silent peer never
 // hangs a worker: every wait polls a CUDA event and the
 // communicators' async errors against a deadline, and on an error, a timeout or a cancellation in
-// the middle of a transfer both communicators are aborted (ncclCommAbort). An aborted transport
+// the middle of a transfer every communicator is aborted (ncclCommAbort). An aborted transport
 // answers every later call with FAILED_PRECONDITION; the pipeline is then rebuilt with a new
 // unique id.
 #pragma once
@@ -112,6 +116,10 @@ class NcclTransport : public ActivationTransport {
                                 int64_t count) override;
   absl::StatusOr<std::vector<int32_t>> RecvTokens(uint64_t step_id,
                                                   const std::function<bool()>& cancelled) override;
+  // The first rank: posts the receive of step `step_id`'s `count` tokens on the token
+  // communicator's stream and returns at once (ActivationTransport::PostRecvTokens); the frame's
+  // header is checked when it is taken. Not to be mixed with RecvTokens on one transport.
+  absl::StatusOr<PostedTokens> PostRecvTokens(uint64_t step_id, int64_t count) override;
 
   // Moves every later copy and NCCL operation onto `stream` (a cudaStream_t of the options'
   // device, which must outlive the transport), as NcclTransportOptions::stream does for a
@@ -120,11 +128,11 @@ class NcclTransport : public ActivationTransport {
 
   // For a stage waiting on a stream it shares with this transport: OK while every queued send
   // has completed or is younger than the timeout and the communicators report no error;
-  // otherwise aborts both communicators (which ends the transport's kernels, so that the stream
+  // otherwise aborts every communicator (which ends the transport's kernels, so that the stream
   // drains) and returns why: DEADLINE_EXCEEDED for a send the next stage never took.
   absl::Status Watch();
 
-  // Aborts both communicators (idempotent); later calls return FAILED_PRECONDITION.
+  // Aborts every communicator (idempotent); later calls return FAILED_PRECONDITION.
   void Abort(const absl::Status& reason);
   bool aborted() const;
   int rank() const;

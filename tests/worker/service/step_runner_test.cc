@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -116,9 +117,27 @@ class FakeTransport final : public ActivationTransport {
     log_.push_back(absl::StrCat("recv tokens ", step_id));
     return std::vector<int32_t>{7, 8};
   }
+  // Posted token receives: step s's k-th token is 1000 * s + k; a step is there once `arrived`
+  // holds it (take waits for nothing).
+  absl::StatusOr<PostedTokens> PostRecvTokens(uint64_t step_id, int64_t count) override {
+    log_.push_back(absl::StrCat("post tokens ", step_id, " n ", count));
+    PostedTokens p;
+    p.arrived = [this, step_id] { return arrived.contains(step_id); };
+    p.take = [this, step_id, count](const std::function<bool()>&)
+        -> absl::StatusOr<std::vector<int32_t>> {
+      log_.push_back(absl::StrCat("take tokens ", step_id));
+      if (!take_error.ok()) return take_error;
+      std::vector<int32_t> t;
+      for (int64_t k = 0; k < count; ++k) t.push_back(static_cast<int32_t>(1000 * step_id + k));
+      return t;
+    };
+    return p;
+  }
 
   int64_t rows_on_recv = 2;
   absl::Status arrival_error;
+  absl::flat_hash_set<uint64_t> arrived;
+  absl::Status take_error;
 
  private:
   std::vector<std::string>& log_;
@@ -390,6 +409,107 @@ TEST_F(StepRunnerTest, APreviousSampleNoSlotHoldsOrOnAStageOfSeveralIsRefused) {
   ASSERT_TRUE((*single)->Run(Decode(2, 1), kNever).ok());  // still usable
 }
 
+// The first stage of two whose coordinator sends steps ahead: it posts the receive of each step's
+// tokens once it has run it, and a row feeding its slot's previous sample waits for the tokens of
+// the newest step that sampled that slot only.
+TEST_F(StepRunnerTest, FirstStageFedByTheLastWaitsOnlyForTheStepsItsRowsFeedFrom) {
+  auto runner = StepRunner::Create(
+      stage, &transport, Opt(0, 2, [&](StepRunnerOptions& o) { o.feed_first = true; }));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  EXPECT_TRUE((*runner)->feeds_previous_samples());
+  StepDescriptor a = Decode(1, 2);  // slots 0, 1
+  StepDescriptor b = Decode(2, 2);  // slots 2, 3
+  b.seqs[0].slot = 2;
+  b.seqs[1].slot = 3;
+  b.seqs[1].sample = false;  // a prompt chunk: slot 3 samples nothing
+  ASSERT_TRUE((*runner)->Run(a, kNever).ok());
+  ASSERT_TRUE((*runner)->Run(b, kNever).ok());
+  EXPECT_THAT(log, ElementsAre("step 1 in 0", "send 1 rows 2 host", "post tokens 1 n 2",
+                               "step 2 in 0", "send 2 rows 2 host", "post tokens 2 n 1"));
+  log.clear();
+  // a's sequences ahead of b's tokens: step 1's tokens are taken, step 2's are not waited for.
+  StepDescriptor a2 = Decode(3, 2);
+  a2.seqs[0].slot = 1;
+  a2.seqs[1].slot = 0;
+  a2.tokens = {kPreviousSample, kPreviousSample};
+  absl::StatusOr<StepRun> run = (*runner)->Run(a2, kNever);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_THAT(stage.fed, ElementsAre(1001, 1000));
+  EXPECT_THAT(log, ElementsAre("take tokens 1", "step 3 in 0", "send 3 rows 2 host",
+                               "post tokens 3 n 2"));
+  log.clear();
+  // Tokens that are there are taken before a step, in order, whether a row feeds them or not.
+  transport.arrived = {2};
+  StepDescriptor other = Decode(4, 1);
+  other.seqs[0].slot = 5;
+  ASSERT_TRUE((*runner)->Run(other, kNever).ok());
+  EXPECT_EQ(log.front(), "take tokens 2");
+  log.clear();
+  // Slot 0 sampled in step 3 after step 1: its newest token is step 3's (and slot 2's step 2's).
+  StepDescriptor next = Decode(5, 2);
+  next.seqs[1].slot = 2;
+  next.tokens = {kPreviousSample, kPreviousSample};
+  ASSERT_TRUE((*runner)->Run(next, kNever).ok());
+  EXPECT_THAT(stage.fed, ElementsAre(3001, 2000));
+  EXPECT_EQ(log.front(), "take tokens 3");
+}
+
+TEST_F(StepRunnerTest, FirstStageFedByTheLastTakesTheOldestBeforePostingTooMany) {
+  auto runner = StepRunner::Create(
+      stage, &transport, Opt(0, 2, [&](StepRunnerOptions& o) { o.feed_first = true; }));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  for (uint64_t id = 1; id <= kMaxPostedTokenReceives + 1; ++id) {
+    ASSERT_TRUE((*runner)->Run(Decode(id, 1), kNever).ok());
+  }
+  std::vector<std::string> tokens;
+  for (const std::string& l : log) {
+    if (l.find("tokens") != std::string::npos) tokens.push_back(l);
+  }
+  ASSERT_EQ(tokens.size(), kMaxPostedTokenReceives + 2u);
+  EXPECT_EQ(tokens[kMaxPostedTokenReceives], "take tokens 1");
+  EXPECT_EQ(tokens.back(), absl::StrCat("post tokens ", kMaxPostedTokenReceives + 1, " n 1"));
+}
+
+TEST_F(StepRunnerTest, FirstStageFedByTheLastFailsAStepWhoseTokensDoNotCome) {
+  auto runner = StepRunner::Create(
+      stage, &transport, Opt(0, 2, [&](StepRunnerOptions& o) { o.feed_first = true; }));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  ASSERT_TRUE((*runner)->Run(Decode(1, 1), kNever).ok());
+  transport.take_error = absl::DeadlineExceededError("the last stage is silent");
+  StepDescriptor d = Decode(2, 1);
+  d.tokens = {kPreviousSample};
+  log.clear();
+  absl::StatusOr<StepRun> run = (*runner)->Run(d, kNever);
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(log, ElementsAre("take tokens 1"));  // the step did not run
+}
+
+TEST_F(StepRunnerTest, LastStageFeedingTheFirstReturnsItsTokensAndSendsThemToo) {
+  stage.head = true;
+  auto runner = StepRunner::Create(stage, &transport, Opt(1, 2, [&](StepRunnerOptions& o) {
+                                     o.feed_first = true;
+                                     o.host_link = false;
+                                     o.set_decode_tail = TailSetter();
+                                   }));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  EXPECT_TRUE((*runner)->device_sends());
+  StepDescriptor d = Decode(1, 2);
+  d.tokens = {kPreviousSample, kPreviousSample};  // not read past the first stage
+  absl::StatusOr<StepRun> run = (*runner)->Run(d, kNever);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_THAT(run->tokens, ElementsAre(100, 101));
+  EXPECT_THAT(stage.fed, ElementsAre(kPreviousSample, kPreviousSample));
+  EXPECT_THAT(log, ElementsAre("post 1 rows 2", "step 1 in 2", "arrival 1",
+                               "send device tokens 1 n 2", "arrival 1"));
+  log.clear();
+  StepDescriptor p = Decode(2, 2);
+  p.seqs[1].sample = false;  // the host sends the sampled ones, after the step
+  run = (*runner)->Run(p, kNever);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_THAT(run->tokens, ElementsAre(100));
+  EXPECT_EQ(log.back(), "send tokens 2 n 1");
+}
+
 TEST_F(StepRunnerTest, OptionsThatDescribeNoStageAreRefused) {
   EXPECT_EQ(StepRunner::Create(stage, &transport, Opt(2, 2)).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -402,6 +522,11 @@ TEST_F(StepRunnerTest, OptionsThatDescribeNoStageAreRefused) {
                          Opt(0, 2, [&](StepRunnerOptions& o) { o.set_decode_tail = TailSetter(); }))
           .status();
   EXPECT_THAT(std::string(host_tail.message()), HasSubstr("device sends"));
+  absl::Status both = StepRunner::Create(stage, &transport, Opt(1, 2, [&](StepRunnerOptions& o) {
+                                           o.tokens_to_first = o.feed_first = true;
+                                         }))
+                          .status();
+  EXPECT_THAT(std::string(both.message()), HasSubstr("not both"));
   EXPECT_TRUE(StepRunner::Create(stage, nullptr, Opt(0, 1)).ok());
 }
 

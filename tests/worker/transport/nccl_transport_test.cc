@@ -13,12 +13,15 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/worker/transport/gpu_count.h"
 #include "worker/cuda/cuda_stage.h"
 
 namespace tandem {
 namespace {
+
+using ::testing::HasSubstr;
 
 NcclTransportOptions Options(int rank, int world) {
   NcclTransportOptions o;
@@ -251,6 +254,82 @@ TEST(NcclTransportTest, PostedReceivesArriveIntact) {
   ExchangeAndCheck(p, {2048, 512, 513, 1, 1024, 1025, 0, 2047}, /*posted=*/true);
   EXPECT_FALSE(p.first->aborted());
   EXPECT_FALSE(p.last->aborted());
+}
+
+std::vector<int32_t> TokensOf(uint64_t step, int count) {
+  std::vector<int32_t> t(count);
+  for (int k = 0; k < count; ++k) t[k] = static_cast<int32_t>(step * 10000 + k);
+  return t;
+}
+
+// The first rank posts each step's token receive right after sending its activations, as a first
+// stage fed by the last does; the last rank receives every step's activations before it sends the
+// first step's tokens (one frame from device memory), so a posted token receive must never hold
+// back the activations behind it. Counts on both sides of a first message (1,024 tokens) and 0.
+TEST(NcclTransportTest, PostedTokenReceivesNeverHoldBackActivations) {
+  REQUIRE_GPUS(2);
+  Pair p = Join(absl::Seconds(20), /*max_rows=*/2048);
+  ASSERT_TRUE(p.first && p.last);
+  const std::vector<int> counts = {3, 0, 1025, 1, 1024, 16};
+  std::thread first([&] {
+    cudaSetDevice(0);
+    std::vector<PostedTokens> posted;
+    for (size_t s = 0; s < counts.size(); ++s) {
+      ASSERT_TRUE(p.first->Send(s + 1, HostActivations(s + 1, 2)).ok());
+      absl::StatusOr<PostedTokens> t = p.first->PostRecvTokens(s + 1, counts[s]);
+      ASSERT_TRUE(t.ok()) << t.status();
+      posted.push_back(*std::move(t));
+    }
+    for (size_t s = 0; s < counts.size(); ++s) {
+      absl::StatusOr<std::vector<int32_t>> tokens = posted[s].take(kNever);
+      ASSERT_TRUE(tokens.ok()) << tokens.status();
+      EXPECT_EQ(*tokens, TokensOf(s + 1, counts[s])) << "step " << s + 1;
+      EXPECT_TRUE(posted[s].arrived());
+    }
+  });
+  cudaSetDevice(1);
+  for (size_t s = 0; s < counts.size(); ++s) {
+    absl::StatusOr<Activations> a = p.last->Recv(s + 1, kNever);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(ToHost(*a), Bytes(HostActivations(s + 1, 2))) << "step " << s + 1;
+  }
+  for (size_t s = 0; s < counts.size(); ++s) {
+    const std::vector<int32_t> t = TokensOf(s + 1, counts[s]);
+    if (s == 3) {
+      int32_t* d = nullptr;
+      ASSERT_EQ(cudaMalloc(&d, sizeof(int32_t)), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(d, t.data(), sizeof(int32_t), cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_TRUE(p.last->SendDeviceTokens(s + 1, d, 1).ok());
+      ASSERT_TRUE(p.last->Watch().ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      cudaFree(d);
+    } else {
+      ASSERT_TRUE(p.last->SendTokens(s + 1, t).ok());
+    }
+  }
+  first.join();
+  EXPECT_FALSE(p.first->aborted());
+  EXPECT_FALSE(p.last->aborted());
+}
+
+// A posted token receive whose frame holds another count or another step is DATA_LOSS, and the
+// transport is aborted.
+TEST(NcclTransportTest, PostedTokenReceiveOfAnotherCountIsDataLoss) {
+  REQUIRE_GPUS(2);
+  Pair p = Join(absl::Seconds(5));
+  ASSERT_TRUE(p.first && p.last);
+  EXPECT_EQ(p.last->PostRecvTokens(1, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p.first->PostRecvTokens(1, 17).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<PostedTokens> t = p.first->PostRecvTokens(1, 2);
+  ASSERT_TRUE(t.ok()) << t.status();
+  cudaSetDevice(1);
+  ASSERT_TRUE(p.last->SendTokens(1, {4, 5, 6}).ok());
+  cudaSetDevice(0);
+  absl::StatusOr<std::vector<int32_t>> tokens = t->take(kNever);
+  EXPECT_EQ(tokens.status().code(), absl::StatusCode::kDataLoss) << tokens.status();
+  EXPECT_THAT(std::string(tokens.status().message()), HasSubstr("2 tokens"));
+  EXPECT_TRUE(p.first->aborted());
+  p.last->Abort(absl::CancelledError("test over"));
 }
 
 // A receive posted for a peer that never sends: `arrival` ends at the timeout, the communicator
