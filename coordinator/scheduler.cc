@@ -494,9 +494,10 @@ std::vector<StepDescriptor> Scheduler::FormSteps(int id) {
     std::stable_partition(ready.begin(), ready.end(),
                           [](const Sequence* s) { return s->in_flight == 0; });
     int free = std::min(lanes, limit - static_cast<int>(p.inflight.size()));
+    bool ahead_first = false;  // the micro-batch going ahead before the newcomers joining it
     if (take_turns) {
       // Newcomers open micro-batches while there are fewer than lanes; otherwise they join the
-      // oldest micro-batch that may go ahead, which goes whole, as one step.
+      // oldest micro-batch that may go ahead, which goes as one step.
       uint64_t oldest = UINT64_MAX;
       for (const Sequence* s : ready) {
         if (s->in_flight > 0) oldest = std::min(oldest, s->last_step);
@@ -516,17 +517,23 @@ std::vector<StepDescriptor> Scheduler::FormSteps(int id) {
           return s->in_flight > 0 && s->last_step != oldest;
         });
         free = 1;
+        ahead_first = true;
       } else {
         break;  // newcomers wait for a micro-batch to go ahead with
       }
     }
-    // Micro-batches stay even (without going ahead, where every lane holds different sequences):
-    // a lane freed while another step holds most of the sequences takes its share only, and
-    // those left out go first next time.
-    const bool even = lanes > 1 && ahead == 0;
+    // Micro-batches stay even (without going ahead, where every lane holds different sequences,
+    // unless they take turns): a lane freed while another step holds most of the sequences takes
+    // its share only, and those left out go first next time (a micro-batch going ahead before
+    // them: those of it left out lose their step ahead once).
+    const bool even = lanes > 1 && (ahead == 0 || take_turns);
     if (even) {
       std::stable_partition(ready.begin(), ready.end(),
                             [](const Sequence* s) { return s->left_out; });
+    }
+    if (ahead_first) {
+      std::stable_partition(ready.begin(), ready.end(),
+                            [](const Sequence* s) { return s->in_flight > 0; });
     }
     const int share =
         even ? (static_cast<int>(p.running.size()) + lanes - 1) / lanes : options_.max_batch;
