@@ -37,6 +37,9 @@ absl::StatusOr<std::unique_ptr<StepRunner>> StepRunner::Create(Stage& stage,
       !options.feed_first) {
     options.set_decode_tail = nullptr;
   }
+  if (options.feed_first && (options.stage == 0 || options.stage + 1 == options.num_stages)) {
+    RETURN_IF_ERROR(transport->SeparateTokens());
+  }
   std::unique_ptr<StepRunner> runner(new StepRunner(stage, transport, std::move(options)));
   if (runner->opt_.set_decode_tail) {
     StepRunner* r = runner.get();

@@ -76,6 +76,10 @@ class ActivationTransport {
     (void)count;
     return absl::UnimplementedError("this transport returns no tokens to the first stage");
   }
+  // The first and the last stage of such a pipeline, before the first frame: token frames move
+  // apart from the activations, so that a receive posted ahead never holds them back. By default
+  // OK (nothing to separate).
+  virtual absl::Status SeparateTokens() { return absl::OkStatus(); }
 };
 
 }  // namespace tandem

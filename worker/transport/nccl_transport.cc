@@ -225,10 +225,15 @@ struct NcclTransport::State {
   ncclComm_t root = nullptr;  // the non-blocking communicator every rank joined; aborts and joins
   ncclComm_t data = nullptr;  // the blocking communicator activation frames move on
   // The first and the last rank (world > 1): a blocking communicator of the two (the first is its
-  // rank 0) that token frames move on, on a stream of their own on both ranks, so that a token
-  // frame waiting for its peer never holds the stage's stream or the activations behind it.
+  // rank 0) that token frames move on once both ranks have called SeparateTokens (tokens_apart),
+  // so that a receive of tokens waiting for the last rank never holds back the activations behind
+  // it. The first rank receives them on a stream of its own, so that its next steps run
+  // meanwhile; the last sends them on its usual stream, behind the sampling (the first rank posts
+  // each step's receive once it has run the step, before the last has it). Otherwise token frames
+  // move on the data communicator, as the activations do.
   ncclComm_t tokens = nullptr;
-  cuda::Stream token_stream;
+  cuda::Stream token_stream;  // the first rank's
+  bool tokens_apart = false;
   absl::Status broken;        // OK while the communicators are usable; the abort's reason after
   cuda::Stream comm_stream;   // every ncclSend/ncclRecv, in issue order (unless opt.stream)
   cuda::Stream copy_stream;  // staging copies into send buffers, never behind a waiting send
@@ -379,7 +384,7 @@ struct NcclTransport::State {
   // on the data communicator behind the copy, tokens on the token communicator and its stream.
   absl::Status SendFrame(int peer, uint32_t kind, uint64_t step_id, int64_t rows, int64_t cols,
                          const void* src, size_t bytes, cudaMemcpyKind copy_kind) {
-    const bool token = kind == kTokenFrame;
+    const bool token = kind == kTokenFrame && tokens_apart;
     ncclComm_t on = token ? tokens : data;
     const int to = token ? token_peer() : peer;
     SendSlot& slot = send[sends % 2];
@@ -413,7 +418,7 @@ struct NcclTransport::State {
       CUDA_CHECK(cudaMemcpyAsync(frame, h, sizeof(FrameHeader), cudaMemcpyHostToDevice, cs));
     }
     CUDA_CHECK(cudaEventRecord(slot.copied.get(), cs));
-    const cudaStream_t ns = token ? token_stream.get() : comm();
+    const cudaStream_t ns = comm();
     if (ns != cs) CUDA_CHECK(cudaStreamWaitEvent(ns, slot.copied.get(), 0));
     const size_t inline_bytes = InlineBytes(kind);
     NCCL_ISSUE(*this, ncclGroupStart());
@@ -516,11 +521,9 @@ struct NcclTransport::State {
   // are copied to recv_host. The payload's rest, past the first message, is left to the caller.
   absl::StatusOr<FrameHeader> RecvFirst(int peer, uint32_t kind, uint64_t step_id, char* frame,
                                         size_t host_bytes, const std::function<bool()>& cancelled) {
-    const bool token = kind == kTokenFrame;
-    const cudaStream_t ns = token ? token_stream.get() : comm();
+    const cudaStream_t ns = comm();
     NCCL_ISSUE_C(*this,
-                 ncclRecv(frame, kHeaderRegion + InlineBytes(kind), ncclUint8,
-                          token ? token_peer() : peer, token ? tokens : data, ns),
+                 ncclRecv(frame, kHeaderRegion + InlineBytes(kind), ncclUint8, peer, data, ns),
                  cancelled);
     CUDA_CHECK(cudaMemcpyAsync(recv_host.get(), frame, host_bytes, cudaMemcpyDeviceToHost, ns));
     CUDA_CHECK(cudaEventRecord(header_done.get(), ns));
@@ -654,7 +657,7 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
     }
     RETURN_IF_ERROR(s->recv_host.Allocate(options.rank == 0 ? tok_bytes : kHeaderRegion));
     RETURN_IF_ERROR(s->header_done.Create());
-    if (options.rank == 0 || s->last()) RETURN_IF_ERROR(s->token_stream.Create());
+    if (options.rank == 0) RETURN_IF_ERROR(s->token_stream.Create());
     if (options.rank == 0) {
       for (State::PostedTokenRecv& r : s->token_recv) {
         RETURN_IF_ERROR(r.frame.Allocate(tok_bytes));
@@ -944,6 +947,10 @@ absl::StatusOr<std::vector<int32_t>> NcclTransport::RecvTokens(
     uint64_t step_id, const std::function<bool()>& cancelled) {
   State& s = *s_;
   RETURN_IF_ERROR(s.CanReceiveTokens());
+  if (s.tokens_apart) {
+    return absl::FailedPreconditionError(
+        "token frames move apart from the activations (SeparateTokens): post their receives");
+  }
   if (cancelled && cancelled()) {
     return absl::CancelledError(absl::StrCat("step ", step_id, ": cancelled before receiving"));
   }
@@ -958,8 +965,8 @@ absl::StatusOr<std::vector<int32_t>> NcclTransport::RecvTokens(
   if (bytes > kInlineTokenBytes) {  // the rest in a second message
     const size_t rest = bytes - kInlineTokenBytes;
     char* dst = frame + kHeaderRegion + kInlineTokenBytes;
-    const cudaStream_t ns = s.token_stream.get();
-    NCCL_ISSUE_C(s, ncclRecv(dst, rest, ncclUint8, s.token_peer(), s.tokens, ns), cancelled);
+    const cudaStream_t ns = s.comm();
+    NCCL_ISSUE_C(s, ncclRecv(dst, rest, ncclUint8, peer, s.data, ns), cancelled);
     CUDA_CHECK(cudaMemcpyAsync(s.recv_host.as<char>() + kHeaderRegion + kInlineTokenBytes, dst,
                                rest, cudaMemcpyDeviceToHost, ns));
     CUDA_CHECK(cudaEventRecord(s.recv_done[0].get(), ns));
@@ -973,6 +980,10 @@ absl::StatusOr<std::vector<int32_t>> NcclTransport::RecvTokens(
 absl::StatusOr<PostedTokens> NcclTransport::PostRecvTokens(uint64_t step_id, int64_t count) {
   State& s = *s_;
   RETURN_IF_ERROR(s.CanReceiveTokens());
+  if (!s.tokens_apart) {
+    return absl::FailedPreconditionError(
+        "token frames move with the activations: SeparateTokens first, on both ranks");
+  }
   if (count < 0 || count > s.opt.max_rows) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step ", step_id, ": ", count, " tokens are outside [0, max_rows = ", s.opt.max_rows, "]"));
@@ -1011,6 +1022,18 @@ absl::StatusOr<PostedTokens> NcclTransport::PostRecvTokens(uint64_t step_id, int
     return state->TakeTokens(i, step_id, count, cancelled);
   };
   return posted;
+}
+
+absl::Status NcclTransport::SeparateTokens() {
+  State& s = *s_;
+  RETURN_IF_ERROR(s.Healthy());
+  if (s.tokens == nullptr) return absl::OkStatus();  // a rank between, or a single stage
+  if (s.sends > 0 || s.recvs > 0 || s.token_posts > 0) {
+    return absl::FailedPreconditionError(
+        "NCCL transport: token frames can move apart only before the first frame");
+  }
+  s.tokens_apart = true;
+  return absl::OkStatus();
 }
 
 absl::Status NcclTransport::UseStream(void* stream) {

@@ -7,12 +7,12 @@
 // which waits for every stage, ends at the timeout in ncclCommAbort. Over it rank 0 broadcasts two
 // more unique ids: every rank joins a blocking data communicator with the first and connects it
 // to its neighbours while all are present (bounded by the timeout), and the first and last rank
-// join a blocking token communicator of the two with the second. Activation frames move on the
-// data communicator, token frames (the last stage's sampled tokens, back to the first) on the
-// token one, on a stream of its own on both ends, so that a token frame waiting for its peer never
-// holds back the activations: each send or receive there just enqueues a kernel, where a
-// non-blocking communicator starts a host thread per NCCL group (about 0.1 ms;
-// docs/performance-pipeline.md).
+// join a blocking token communicator of the two with the second. Frames move on the data
+// communicator: each send or receive there just enqueues a kernel, where a non-blocking
+// communicator starts a host thread per NCCL group (about 0.1 ms; docs/performance-pipeline.md).
+// Token frames (the last stage's sampled tokens, back to the first) move there too, behind the
+// activations, or on the token communicator after SeparateTokens, received on a stream of their
+// own, so that a receive posted ahead never holds back the activations.
 //
 // Every message is a frame: a 256-byte header region (step id, rows, cols, dtype in its first 64
 // bytes) and the payload right behind it, so that the receiver learns the size of a step it was
@@ -116,10 +116,15 @@ class NcclTransport : public ActivationTransport {
                                 int64_t count) override;
   absl::StatusOr<std::vector<int32_t>> RecvTokens(uint64_t step_id,
                                                   const std::function<bool()>& cancelled) override;
-  // The first rank: posts the receive of step `step_id`'s `count` tokens on the token
-  // communicator's stream and returns at once (ActivationTransport::PostRecvTokens); the frame's
-  // header is checked when it is taken. Not to be mixed with RecvTokens on one transport.
+  // The first rank, once token frames move apart: posts the receive of step `step_id`'s `count`
+  // tokens on the token communicator, on a stream of its own, and returns at once
+  // (ActivationTransport::PostRecvTokens); the frame's header is checked when it is taken.
   absl::StatusOr<PostedTokens> PostRecvTokens(uint64_t step_id, int64_t count) override;
+  // Token frames move on the token communicator from now on (before the first frame; on the
+  // first and the last rank alike; a no-op on the ranks between), for PostRecvTokens; RecvTokens
+  // is then refused. Otherwise they move on the data communicator behind the activations, which
+  // suits a first rank that waits for each step's tokens before it runs the next step.
+  absl::Status SeparateTokens() override;
 
   // Moves every later copy and NCCL operation onto `stream` (a cudaStream_t of the options'
   // device, which must outlive the transport), as NcclTransportOptions::stream does for a

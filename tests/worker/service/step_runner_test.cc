@@ -134,8 +134,14 @@ class FakeTransport final : public ActivationTransport {
     return p;
   }
 
+  absl::Status SeparateTokens() override {
+    separated = true;
+    return absl::OkStatus();
+  }
+
   int64_t rows_on_recv = 2;
   absl::Status arrival_error;
+  bool separated = false;
   absl::flat_hash_set<uint64_t> arrived;
   absl::Status take_error;
 
@@ -244,6 +250,7 @@ TEST_F(StepRunnerTest, TokensGoBackToTheFirstStageWithoutACoordinator) {
   auto last = StepRunner::Create(
       stage, &transport, Opt(1, 2, [&](StepRunnerOptions& o) { o.tokens_to_first = true; }));
   ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_FALSE(transport.separated);  // the first stage waits for each step's tokens
   absl::StatusOr<StepRun> run = (*last)->Run(Decode(9, 2), kNever);
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_TRUE(run->tokens.empty());
@@ -417,6 +424,7 @@ TEST_F(StepRunnerTest, FirstStageFedByTheLastWaitsOnlyForTheStepsItsRowsFeedFrom
       stage, &transport, Opt(0, 2, [&](StepRunnerOptions& o) { o.feed_first = true; }));
   ASSERT_TRUE(runner.ok()) << runner.status();
   EXPECT_TRUE((*runner)->feeds_previous_samples());
+  EXPECT_TRUE(transport.separated);
   StepDescriptor a = Decode(1, 2);  // slots 0, 1
   StepDescriptor b = Decode(2, 2);  // slots 2, 3
   b.seqs[0].slot = 2;
@@ -493,6 +501,7 @@ TEST_F(StepRunnerTest, LastStageFeedingTheFirstReturnsItsTokensAndSendsThemToo) 
                                    }));
   ASSERT_TRUE(runner.ok()) << runner.status();
   EXPECT_TRUE((*runner)->device_sends());
+  EXPECT_TRUE(transport.separated);
   StepDescriptor d = Decode(1, 2);
   d.tokens = {kPreviousSample, kPreviousSample};  // not read past the first stage
   absl::StatusOr<StepRun> run = (*runner)->Run(d, kNever);

@@ -270,6 +270,8 @@ TEST(NcclTransportTest, PostedTokenReceivesNeverHoldBackActivations) {
   REQUIRE_GPUS(2);
   Pair p = Join(absl::Seconds(20), /*max_rows=*/2048);
   ASSERT_TRUE(p.first && p.last);
+  ASSERT_TRUE(p.first->SeparateTokens().ok());
+  ASSERT_TRUE(p.last->SeparateTokens().ok());
   const std::vector<int> counts = {3, 0, 1025, 1, 1024, 16};
   std::thread first([&] {
     cudaSetDevice(0);
@@ -318,6 +320,11 @@ TEST(NcclTransportTest, PostedTokenReceiveOfAnotherCountIsDataLoss) {
   REQUIRE_GPUS(2);
   Pair p = Join(absl::Seconds(5));
   ASSERT_TRUE(p.first && p.last);
+  // Posted receives only once token frames move apart, and then no waited ones.
+  EXPECT_EQ(p.first->PostRecvTokens(1, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(p.first->SeparateTokens().ok());
+  ASSERT_TRUE(p.last->SeparateTokens().ok());
+  EXPECT_EQ(p.first->RecvTokens(1, kNever).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(p.last->PostRecvTokens(1, 1).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(p.first->PostRecvTokens(1, 17).status().code(), absl::StatusCode::kInvalidArgument);
   absl::StatusOr<PostedTokens> t = p.first->PostRecvTokens(1, 2);
