@@ -256,6 +256,16 @@ TEST(NcclTransportTest, PostedReceivesArriveIntact) {
   EXPECT_FALSE(p.last->aborted());
 }
 
+// Both ranks move their token frames apart, at once (each joins the token communicator).
+void Separate(Pair& p) {
+  absl::Status a, b;
+  std::thread t([&] { a = p.first->SeparateTokens(); });
+  b = p.last->SeparateTokens();
+  t.join();
+  ASSERT_TRUE(a.ok()) << a;
+  ASSERT_TRUE(b.ok()) << b;
+}
+
 std::vector<int32_t> TokensOf(uint64_t step, int count) {
   std::vector<int32_t> t(count);
   for (int k = 0; k < count; ++k) t[k] = static_cast<int32_t>(step * 10000 + k);
@@ -270,8 +280,7 @@ TEST(NcclTransportTest, PostedTokenReceivesNeverHoldBackActivations) {
   REQUIRE_GPUS(2);
   Pair p = Join(absl::Seconds(20), /*max_rows=*/2048);
   ASSERT_TRUE(p.first && p.last);
-  ASSERT_TRUE(p.first->SeparateTokens().ok());
-  ASSERT_TRUE(p.last->SeparateTokens().ok());
+  Separate(p);
   const std::vector<int> counts = {3, 0, 1025, 1, 1024, 16};
   std::thread first([&] {
     cudaSetDevice(0);
@@ -322,8 +331,7 @@ TEST(NcclTransportTest, PostedTokenReceiveOfAnotherCountIsDataLoss) {
   ASSERT_TRUE(p.first && p.last);
   // Posted receives only once token frames move apart, and then no waited ones.
   EXPECT_EQ(p.first->PostRecvTokens(1, 1).status().code(), absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(p.first->SeparateTokens().ok());
-  ASSERT_TRUE(p.last->SeparateTokens().ok());
+  Separate(p);
   EXPECT_EQ(p.first->RecvTokens(1, kNever).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(p.last->PostRecvTokens(1, 1).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(p.first->PostRecvTokens(1, 17).status().code(), absl::StatusCode::kInvalidArgument);
