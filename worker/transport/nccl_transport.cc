@@ -1030,8 +1030,8 @@ absl::Status NcclTransport::SeparateTokens() {
     return absl::FailedPreconditionError(
         "NCCL transport: token frames can move apart only before the first frame");
   }
-  // Joined only here: an idle second communicator made every step of a pipeline whose first
-  // rank waits for the tokens 2% slower (tandem-pipeline-bench on nvidia-h100-x2).
+  // Joined only here: joined at every pipeline's start, idle or not, it added 1-3% to each step
+  // of a pipeline whose first rank waits for the tokens (tandem-pipeline-bench on two H100s).
   CUDA_CHECK(cudaSetDevice(s.opt.device));
   const absl::Status st =
       s.JoinBlocking(s.opt.rank == 0 ? 0 : 1, 2, s.token_id, "token", &s.tokens);
