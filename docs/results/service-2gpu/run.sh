@@ -5,7 +5,8 @@
 # openllama-3b shape (f16, seed 1): the engine alone (tandem-bench on GPU 0, batch 1, 8 and 64,
 # prompt 128, 128 new tokens), and the same work through one coordinator and two CUDA workers (one
 # per GPU), first as one pipeline of one stage (the second worker idle), then re-partitioned
-# (tandem-cli set-topology) into one pipeline of two stages with NCCL between the GPUs:
+# (tandem-cli set-topology) into one pipeline of two stages with NCCL between the GPUs (the
+# workers' default transport for CUDA; before --transport=auto it was gRPC):
 # tandem-loadgen's closed loop over gRPC at batch 1, 8 and 64 (64, 64 and 192 requests, EOS
 # ignored). Writes to $OUT: device.txt (GPUs, times, exits), tests.txt, bench.txt, sweeps.md (every
 # point's summary), summary.md (service tok/s of both layouts and their ratio) and logs.tar.gz.
