@@ -34,19 +34,25 @@ std::vector<std::vector<int32_t>> Prompts() {
   return {{5, 17, 99, 3}, {42}, {7, 7, 7, 7, 7, 7, 7, 7, 7, 12, 300, 2}};
 }
 
+// The greedy generation of `prompt`, `max_new_tokens` long.
+std::vector<int32_t> GenerateOne(Cluster& cluster, const std::vector<int32_t>& prompt,
+                                 int max_new_tokens) {
+  v1::GenerateRequest req;
+  req.mutable_token_ids()->Assign(prompt.begin(), prompt.end());
+  req.set_max_new_tokens(max_new_tokens);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::GenerateResponse resp;
+  const grpc::Status s = cluster.inference().Generate(&ctx, req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return {resp.token_ids().begin(), resp.token_ids().end()};
+}
+
 // Greedy generations of every prompt, one request at a time.
 std::vector<std::vector<int32_t>> Generate(Cluster& cluster) {
   std::vector<std::vector<int32_t>> out;
   for (const std::vector<int32_t>& prompt : Prompts()) {
-    v1::GenerateRequest req;
-    req.mutable_token_ids()->Assign(prompt.begin(), prompt.end());
-    req.set_max_new_tokens(16);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    v1::GenerateResponse resp;
-    const grpc::Status s = cluster.inference().Generate(&ctx, req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message() << "\n" << cluster.Logs();
-    out.emplace_back(resp.token_ids().begin(), resp.token_ids().end());
+    out.push_back(GenerateOne(cluster, prompt, 16));
   }
   return out;
 }
@@ -56,21 +62,41 @@ std::vector<std::vector<int32_t>> GenerateAtOnce(Cluster& cluster, int n) {
   std::vector<std::vector<int32_t>> out(n);
   std::vector<std::thread> clients;
   for (int i = 0; i < n; ++i) {
-    clients.emplace_back([&, i] {
-      const std::vector<int32_t> prompt = Prompts()[i % Prompts().size()];
-      v1::GenerateRequest req;
-      req.mutable_token_ids()->Assign(prompt.begin(), prompt.end());
-      req.set_max_new_tokens(24);
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-      v1::GenerateResponse resp;
-      const grpc::Status s = cluster.inference().Generate(&ctx, req, &resp);
-      EXPECT_TRUE(s.ok()) << s.error_message();
-      out[i].assign(resp.token_ids().begin(), resp.token_ids().end());
-    });
+    clients.emplace_back(
+        [&, i] { out[i] = GenerateOne(cluster, Prompts()[i % Prompts().size()], 24); });
   }
   for (std::thread& t : clients) t.join();
   return out;
+}
+
+// One CUDA worker on GPU 0 that holds the whole model, with `flags` added.
+absl::StatusOr<std::unique_ptr<Cluster>> StartOneWorker(std::vector<std::string> flags) {
+  testing::ClusterOptions o;
+  o.model_dir = ModelDir();
+  o.worker_flags = {"--backend=cuda", "--gpu=0", "--metrics_address="};
+  o.worker_flags.insert(o.worker_flags.end(), flags.begin(), flags.end());
+  return Cluster::Start(o);
+}
+
+// Two CUDA workers, one per GPU, as the two stages of one pipeline over NCCL (over its socket
+// transport, the stand-in for two hosts, with `socket`), with `flags` added.
+absl::StatusOr<std::unique_ptr<Cluster>> StartTwoStages(bool socket,
+                                                        std::vector<std::string> flags) {
+  if (socket) {
+    setenv("NCCL_P2P_DISABLE", "1", 1);
+    setenv("NCCL_SHM_DISABLE", "1", 1);
+  }
+  testing::ClusterOptions o;
+  o.model_dir = ModelDir();
+  o.workers = 2;
+  o.stages = 2;
+  o.worker_flags = {"--backend=cuda", "--transport=nccl", "--metrics_address="};
+  o.worker_flags.insert(o.worker_flags.end(), flags.begin(), flags.end());
+  o.flags_of_worker = {{"--gpu=0"}, {"--gpu=1"}};
+  absl::StatusOr<std::unique_ptr<Cluster>> c = Cluster::Start(o);
+  unsetenv("NCCL_P2P_DISABLE");
+  unsetenv("NCCL_SHM_DISABLE");
+  return c;
 }
 
 class CudaPipelineTest : public ::testing::TestWithParam<bool> {
@@ -92,28 +118,13 @@ TEST_P(CudaPipelineTest, TwoWorkersOverNcclGiveTheTokensOfOne) {
   const bool socket = GetParam();
   std::vector<std::vector<int32_t>> one;
   {
-    testing::ClusterOptions o;
-    o.model_dir = ModelDir();
-    o.worker_flags = {"--backend=cuda", "--gpu=0", "--metrics_address="};
-    absl::StatusOr<std::unique_ptr<Cluster>> c = Cluster::Start(o);
+    absl::StatusOr<std::unique_ptr<Cluster>> c = StartOneWorker({});
     ASSERT_TRUE(c.ok()) << c.status();
     one = Generate(**c);
   }
-  if (socket) {
-    setenv("NCCL_P2P_DISABLE", "1", 1);
-    setenv("NCCL_SHM_DISABLE", "1", 1);
-  }
   std::vector<std::vector<int32_t>> two;
   {
-    testing::ClusterOptions o;
-    o.model_dir = ModelDir();
-    o.workers = 2;
-    o.stages = 2;
-    o.worker_flags = {"--backend=cuda", "--transport=nccl", "--metrics_address="};
-    o.flags_of_worker = {{"--gpu=0"}, {"--gpu=1"}};
-    absl::StatusOr<std::unique_ptr<Cluster>> c = Cluster::Start(o);
-    unsetenv("NCCL_P2P_DISABLE");
-    unsetenv("NCCL_SHM_DISABLE");
+    absl::StatusOr<std::unique_ptr<Cluster>> c = StartTwoStages(socket, {});
     ASSERT_TRUE(c.ok()) << c.status();
     two = Generate(**c);
     EXPECT_NE((*c)->Logs().find("over nccl"), std::string::npos) << (*c)->Logs();
@@ -133,29 +144,13 @@ TEST_P(CudaPipelineTest, ConcurrentRequestsThroughTwoStagesGoingAheadGiveTheToke
   constexpr int kRequests = 12;
   std::vector<std::vector<int32_t>> one;
   {
-    testing::ClusterOptions o;
-    o.model_dir = ModelDir();
-    o.worker_flags = {"--backend=cuda", "--gpu=0", "--batch_invariant", "--metrics_address="};
-    absl::StatusOr<std::unique_ptr<Cluster>> c = Cluster::Start(o);
+    absl::StatusOr<std::unique_ptr<Cluster>> c = StartOneWorker({"--batch_invariant"});
     ASSERT_TRUE(c.ok()) << c.status();
     one = GenerateAtOnce(**c, static_cast<int>(Prompts().size()));
   }
-  if (socket) {
-    setenv("NCCL_P2P_DISABLE", "1", 1);
-    setenv("NCCL_SHM_DISABLE", "1", 1);
-  }
   std::vector<std::vector<int32_t>> two;
   {
-    testing::ClusterOptions o;
-    o.model_dir = ModelDir();
-    o.workers = 2;
-    o.stages = 2;
-    o.worker_flags = {"--backend=cuda", "--transport=nccl", "--batch_invariant",
-                      "--metrics_address="};
-    o.flags_of_worker = {{"--gpu=0"}, {"--gpu=1"}};
-    absl::StatusOr<std::unique_ptr<Cluster>> c = Cluster::Start(o);
-    unsetenv("NCCL_P2P_DISABLE");
-    unsetenv("NCCL_SHM_DISABLE");
+    absl::StatusOr<std::unique_ptr<Cluster>> c = StartTwoStages(socket, {"--batch_invariant"});
     ASSERT_TRUE(c.ok()) << c.status();
     two = GenerateAtOnce(**c, kRequests);
     EXPECT_NE((*c)->Logs().find("tokens fed to the first over the link"), std::string::npos)
