@@ -620,11 +620,13 @@ absl::Status Coordinator::BuildPipeline(int id, uint64_t assignment,
                                         const std::vector<LayerRange>& ranges) {
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   std::vector<std::string> addresses;
+  bool all_cuda = true;  // only CUDA workers link over NCCL
   {
     absl::MutexLock lock(&mu_);
     for (int64_t w : workers) {
       channels.push_back(workers_[w].channel);
       addresses.push_back(workers_[w].address);
+      all_cuda = all_cuda && workers_[w].backend == "cuda";
     }
   }
   const int stages = static_cast<int>(workers.size());
@@ -645,7 +647,8 @@ absl::Status Coordinator::BuildPipeline(int id, uint64_t assignment,
   }
   std::vector<v1::AssignStageResponse> responses;
   if (std::optional<StageAssignError> err =
-          AssignPipelineStages(channels, std::move(requests), kAssignTimeout, &responses)) {
+          AssignPipelineStages(channels, std::move(requests), kAssignTimeout, &responses,
+                               all_cuda)) {
     const int s = err->stage;
     const grpc::Status& st = err->status;
     const std::string why = absl::StrFormat("AssignStage to worker %d (%s): %s", workers[s],

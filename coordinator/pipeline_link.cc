@@ -82,7 +82,7 @@ void PipelineLink::ReadLoop(int stage) {
 std::optional<StageAssignError> AssignPipelineStages(
     const std::vector<std::shared_ptr<grpc::Channel>>& channels,
     std::vector<v1::AssignStageRequest> requests, absl::Duration timeout,
-    std::vector<v1::AssignStageResponse>* responses) {
+    std::vector<v1::AssignStageResponse>* responses, bool nccl_capable) {
   const int stages = static_cast<int>(requests.size());
   responses->assign(stages, v1::AssignStageResponse());
   auto assign = [&](int s) {
@@ -91,7 +91,7 @@ std::optional<StageAssignError> AssignPipelineStages(
     return v1::Worker::NewStub(channels[s])->AssignStage(&ctx, requests[s], &(*responses)[s]);
   };
   std::string transport = "grpc";
-  if (stages > 1) {
+  if (stages > 1 && nccl_capable) {
     v1::PrepareLinkRequest req;
     req.set_assignment_id(requests[0].assignment_id());
     req.set_num_stages(stages);
@@ -116,6 +116,8 @@ std::optional<StageAssignError> AssignPipelineStages(
       r.set_transport(transport);
       if (transport == "nccl") r.set_nccl_id(resp.nccl_id());
     }
+  } else if (stages > 1) {
+    for (v1::AssignStageRequest& r : requests) r.set_transport(transport);
   }
   if (transport != "nccl") {
     for (int s = 0; s < stages; ++s) {

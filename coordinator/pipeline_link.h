@@ -75,14 +75,16 @@ struct StageAssignError {
   grpc::Status status;
 };
 
-// Loads a pipeline's stages: `requests[s]` goes to `channels[s]`. First asks stage 0's worker
+// Loads a pipeline's stages: `requests[s]` goes to `channels[s]`. Where every stage's worker can
+// link over NCCL (`nccl_capable`: CUDA workers all), first asks stage 0's worker
 // (Worker.PrepareLink) which activation link it offers; with "nccl" every request gets its
 // ncclUniqueId and the stages are assigned concurrently (joining a communicator is collective),
-// otherwise one after the other, in stage order. `responses` gets one answer per stage. On
-// failure returns the first failed stage (the lowest index) and its status.
+// otherwise (and without asking where a stage cannot) over gRPC one after the other, in stage
+// order. `responses` gets one answer per stage. On failure returns the first failed stage (the
+// lowest index) and its status.
 std::optional<StageAssignError> AssignPipelineStages(
     const std::vector<std::shared_ptr<grpc::Channel>>& channels,
     std::vector<v1::AssignStageRequest> requests, absl::Duration timeout,
-    std::vector<v1::AssignStageResponse>* responses);
+    std::vector<v1::AssignStageResponse>* responses, bool nccl_capable = true);
 
 }  // namespace tandem
