@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <mutex>
 #include <optional>
 #include <regex>
 #include <sstream>
@@ -753,6 +754,104 @@ TEST_F(ServiceTest, AFailedStepResumesItsPipelinesRequestsInsteadOfFailingThem) 
   EXPECT_THAT(cluster.Logs(), HasSubstr("injected: the stage failed"));
   c->reset();
   server->Shutdown();
+}
+
+// A worker that records how the coordinator links it: whether it was asked which link it offers
+// (PrepareLink, answered "nccl" as a CUDA worker does) and the transport of its assignment, which
+// it takes, answering that its pipeline may go ahead of its tokens where that is NCCL.
+class LinkRecordingWorker final : public v1::Worker::Service {
+ public:
+  grpc::Status PrepareLink(grpc::ServerContext*, const v1::PrepareLinkRequest*,
+                           v1::PrepareLinkResponse* resp) override {
+    ++prepared;
+    resp->set_transport("nccl");
+    resp->set_nccl_id(std::string(128, '\1'));
+    return grpc::Status::OK;
+  }
+  grpc::Status AssignStage(grpc::ServerContext*, const v1::AssignStageRequest* req,
+                           v1::AssignStageResponse* resp) override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      transports.push_back(req->transport());
+    }
+    resp->set_feeds_previous_samples(req->transport() == "nccl");
+    return grpc::Status::OK;
+  }
+  grpc::Status Steps(grpc::ServerContext*,
+                     grpc::ServerReaderWriter<v1::StepResult, v1::StepRequest>* stream) override {
+    v1::StepRequest req;
+    while (stream->Read(&req)) {
+    }
+    return grpc::Status::OK;
+  }
+  std::vector<std::string> Transports() {
+    std::lock_guard<std::mutex> lock(mu);
+    return transports;
+  }
+
+  std::atomic<int> prepared{0};
+
+ private:
+  std::mutex mu;
+  std::vector<std::string> transports;
+};
+
+// The stages of a pipeline link over NCCL only where every stage's worker is a CUDA one; then the
+// coordinator lets the pipeline's steps go ahead of their tokens. A CPU worker among them: gRPC,
+// without asking, whatever its CUDA neighbour would offer.
+TEST_F(ServiceTest, StagesLinkOverNcclOnlyWhereEveryWorkerIsACudaOne) {
+  for (const std::vector<std::string>& backends :
+       {std::vector<std::string>{"cuda", "cpu"}, std::vector<std::string>{"cuda", "cuda"}}) {
+    const bool nccl = backends[1] == "cuda";
+    absl::StatusOr<std::unique_ptr<Cluster>> c = Cluster::Start(
+        {.model_dir = ModelDir(), .workers = 0, .stages = 2, .wait_until_serving = false});
+    ASSERT_TRUE(c.ok()) << c.status();
+    Cluster& cluster = **c;
+    LinkRecordingWorker fakes[2];
+    std::unique_ptr<grpc::Server> servers[2];
+    auto registry = v1::Registry::NewStub(
+        grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
+    std::vector<int64_t> ids;
+    for (int i = 0; i < 2; ++i) {
+      grpc::ServerBuilder builder;
+      int port = 0;
+      builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+      builder.RegisterService(&fakes[i]);
+      servers[i] = builder.BuildAndStart();
+      ASSERT_GT(port, 0);
+      v1::RegisterRequest reg;
+      reg.set_address(absl::StrFormat("127.0.0.1:%d", port));
+      reg.set_backend(backends[i]);
+      v1::RegisterResponse id;
+      grpc::ClientContext rctx;
+      ASSERT_TRUE(registry->Register(&rctx, reg, &id).ok());
+      ids.push_back(id.worker_id());
+    }
+    std::atomic<bool> beating{true};
+    std::thread heartbeats([&] {
+      while (beating.load()) {
+        for (int64_t id : ids) {
+          grpc::ClientContext hctx;
+          v1::HeartbeatRequest hb;
+          hb.set_worker_id(id);
+          v1::HeartbeatResponse hr;
+          registry->Heartbeat(&hctx, hb, &hr);
+        }
+        absl::SleepFor(absl::Milliseconds(100));
+      }
+    });
+    EXPECT_TRUE(cluster.WaitForTopology(1, 2).ok()) << cluster.Logs();
+    const std::string want = nccl ? "nccl" : "grpc";
+    for (LinkRecordingWorker& f : fakes) EXPECT_THAT(f.Transports(), ElementsAre(want));
+    EXPECT_EQ(fakes[0].prepared.load() + fakes[1].prepared.load(), nccl ? 1 : 0);
+    EXPECT_EQ(cluster.Logs().find("tokens fed to the first over the link") != std::string::npos,
+              nccl)
+        << cluster.Logs();
+    beating.store(false);
+    heartbeats.join();
+    c->reset();
+    for (auto& s : servers) s->Shutdown();
+  }
 }
 
 // With no other worker to resume on, the request of a frozen worker fails with UNAVAILABLE.
