@@ -469,16 +469,7 @@ std::vector<StepDescriptor> Scheduler::FormSteps(int id) {
   // feeds), unless it is the pipeline's only micro-batch: the first stage's steps take turns.
   const bool take_turns = p.stages > 1 && ahead > 0;
   while (static_cast<int>(p.inflight.size()) < limit) {
-    bool one_batch = true;
-    if (take_turns) {
-      for (uint64_t seq_id : p.running) {
-        const Sequence& seq = *seqs_.at(seq_id);
-        if (seq.in_flight == 0 || seq.last_step != seqs_.at(p.running.front())->last_step) {
-          one_batch = false;
-          break;
-        }
-      }
-    }
+    const bool one_batch = take_turns && OneMicroBatch(p);
     std::vector<Sequence*> ready;
     for (uint64_t seq_id : p.running) {
       Sequence& seq = *seqs_.at(seq_id);
@@ -496,31 +487,11 @@ std::vector<StepDescriptor> Scheduler::FormSteps(int id) {
     int free = std::min(lanes, limit - static_cast<int>(p.inflight.size()));
     bool ahead_first = false;  // the micro-batch going ahead before the newcomers joining it
     if (take_turns) {
-      // Newcomers open micro-batches while there are fewer than lanes; otherwise they join the
-      // oldest micro-batch that may go ahead, which goes as one step.
-      uint64_t oldest = UINT64_MAX;
-      for (const Sequence* s : ready) {
-        if (s->in_flight > 0) oldest = std::min(oldest, s->last_step);
-      }
-      absl::flat_hash_set<uint64_t> batches;
-      for (uint64_t seq_id : p.running) {
-        const Sequence& s = *seqs_.at(seq_id);
-        if (s.in_flight > 0) batches.insert(s.last_step);
-      }
-      const int open = lanes - static_cast<int>(batches.size());
-      const bool fresh = ready.front()->in_flight == 0;
-      if (fresh && open > 0) {
-        std::erase_if(ready, [](const Sequence* s) { return s->in_flight > 0; });
-        free = std::min(free, open);
-      } else if (oldest != UINT64_MAX) {
-        std::erase_if(ready, [oldest](const Sequence* s) {
-          return s->in_flight > 0 && s->last_step != oldest;
-        });
-        free = 1;
-        ahead_first = true;
-      } else {
-        break;  // newcomers wait for a micro-batch to go ahead with
-      }
+      const int turn = NextTurn(p, lanes, ready);
+      if (turn == 0) break;  // newcomers wait for a micro-batch to go ahead with
+      ahead_first = std::any_of(ready.begin(), ready.end(),
+                                [](const Sequence* s) { return s->in_flight > 0; });
+      free = turn == 1 ? 1 : std::min(free, turn);
     }
     // Micro-batches stay even (without going ahead, where every lane holds different sequences,
     // unless they take turns): a lane freed while another step holds most of the sequences takes
@@ -548,6 +519,38 @@ std::vector<StepDescriptor> Scheduler::FormSteps(int id) {
     }
   }
   return out;
+}
+
+bool Scheduler::OneMicroBatch(const Pipeline& p) const {
+  for (uint64_t seq_id : p.running) {
+    const Sequence& seq = *seqs_.at(seq_id);
+    if (seq.in_flight == 0 || seq.last_step != seqs_.at(p.running.front())->last_step) {
+      return false;
+    }
+  }
+  return true;
+}
+
+int Scheduler::NextTurn(const Pipeline& p, int lanes, std::vector<Sequence*>& ready) const {
+  uint64_t oldest = UINT64_MAX;  // the oldest micro-batch that may go ahead
+  for (const Sequence* s : ready) {
+    if (s->in_flight > 0) oldest = std::min(oldest, s->last_step);
+  }
+  absl::flat_hash_set<uint64_t> batches;
+  for (uint64_t seq_id : p.running) {
+    const Sequence& s = *seqs_.at(seq_id);
+    if (s.in_flight > 0) batches.insert(s.last_step);
+  }
+  const int open = lanes - static_cast<int>(batches.size());
+  if (ready.front()->in_flight == 0 && open > 0) {
+    std::erase_if(ready, [](const Sequence* s) { return s->in_flight > 0; });
+    return open;
+  }
+  if (oldest == UINT64_MAX) return 0;
+  std::erase_if(ready, [oldest](const Sequence* s) {
+    return s->in_flight > 0 && s->last_step != oldest;
+  });
+  return 1;
 }
 
 StepDescriptor Scheduler::FormStep(Pipeline& p, std::vector<Sequence*>& ready, int n) {

@@ -284,6 +284,15 @@ class Scheduler {
   // Adds `seq`'s row to `step`: its pending tokens (at most prefill_chunk and `max_tokens`), or
   // kPreviousSample for a sequence ahead of its step in flight.
   StepEntry AddRow(Sequence& seq, StepDescriptor& step, int max_tokens);
+  // Going ahead through several stages: whether every running sequence of `p` is in flight in
+  // one micro-batch (its newest step).
+  bool OneMicroBatch(const Pipeline& p) const;
+  // ... and which of `ready` (newcomers first) the next steps take: newcomers open micro-batches
+  // while there are fewer than `lanes` (`ready` keeps them only; returns how many steps may
+  // open), otherwise they join the oldest micro-batch that may go ahead, which goes as one step
+  // (`ready` keeps the newcomers and that micro-batch; returns 1). 0: newcomers only, and no
+  // micro-batch to join yet.
+  int NextTurn(const Pipeline& p, int lanes, std::vector<Sequence*>& ready) const;
   // Moves up to `n` rows out of `ready` into a new step of `p`, in order: every decode, and
   // prompts while the step's prefill budget lasts.
   StepDescriptor FormStep(Pipeline& p, std::vector<Sequence*>& ready, int n);
