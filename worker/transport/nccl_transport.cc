@@ -381,8 +381,8 @@ struct NcclTransport::State {
   }
 
   // Sends one frame to `peer` through send slot sends % 2: the header, and `bytes` of payload
-  // copied from `src` (`copy_kind`) behind it; one NCCL group of one or two messages, activations
-  // on the data communicator behind the copy, tokens on the token communicator and its stream.
+  // copied from `src` (`copy_kind`) behind it; one NCCL group of one or two messages on the data
+  // communicator behind the copy, or, for token frames moved apart, on the token communicator.
   absl::Status SendFrame(int peer, uint32_t kind, uint64_t step_id, int64_t rows, int64_t cols,
                          const void* src, size_t bytes, cudaMemcpyKind copy_kind) {
     const bool token = kind == kTokenFrame && tokens_apart;
