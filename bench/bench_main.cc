@@ -21,6 +21,7 @@
 // usage: tandem-bench --model DIR [--batch 1,8,64] [--prompt 128,2048] [--new_tokens 128] [--dtype f16]
 //        [--graphs=true] [--gemv_max_rows 4] [--attention_combine]
 //        [--qkv_cache_epilogue] [--gemv_rows_per_warp 0] [--gemv_k_split 0] [--batch_invariant]
+//        [--last_layer_sampled_rows_only]
 //        [--profile] [--json OUT.json]
 //        | --model DIR [--dtype f16] --dump_logits IN.json OUT.json
 //        | --model DIR [--dtype f16] [--batch 1,2,4] --gemv_sweep [--json OUT.json]
@@ -65,6 +66,9 @@ ABSL_FLAG(bool, attention_combine, tandem::CudaOptions{}.attention_combine,
           "combine attention key splits in the attention kernel (CudaOptions::attention_combine)");
 ABSL_FLAG(bool, qkv_cache_epilogue, tandem::CudaOptions{}.qkv_cache_epilogue,
           "the QKV GEMV writes q and the KV-cache itself (CudaOptions::qkv_cache_epilogue)");
+ABSL_FLAG(bool, last_layer_sampled_rows_only, tandem::CudaOptions{}.last_layer_sampled_rows_only,
+          "a prompt pass's last layer runs attention and MLP for the sampled rows only "
+          "(CudaOptions::last_layer_sampled_rows_only)");
 ABSL_FLAG(int, gemv_rows_per_warp, 0,
           "GEMV weight rows per warp, 1 or 2; 0: per shape (CudaOptions::gemv_rows_per_warp)");
 ABSL_FLAG(int, gemv_k_split, 0,
@@ -134,6 +138,7 @@ void SetFusionFlags(CudaOptions& opt) {
   opt.attention_combine = absl::GetFlag(FLAGS_attention_combine);
   opt.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   opt.qkv_cache_epilogue = absl::GetFlag(FLAGS_qkv_cache_epilogue);
+  opt.last_layer_sampled_rows_only = absl::GetFlag(FLAGS_last_layer_sampled_rows_only);
   opt.gemv_rows_per_warp = absl::GetFlag(FLAGS_gemv_rows_per_warp);
   opt.gemv_k_split = absl::GetFlag(FLAGS_gemv_k_split);
 }
@@ -312,12 +317,14 @@ absl::Status Bench() {
   std::printf(
       "model %s (%s, %d layers, hidden %d), %s, prompt %s, new %d, graphs %s, "
       "gemv_max_rows %d, attention_combine %s, "
-      "qkv_cache_epilogue %s, gemv rows/warp %d, gemv K split %d, batch_invariant %s\n",
+      "qkv_cache_epilogue %s, gemv rows/warp %d, gemv K split %d, batch_invariant %s, "
+      "last layer sampled rows only %s\n",
       model.c_str(), std::string(ArchName(c.arch)).c_str(), c.num_layers, c.hidden_size,
       std::string(DTypeName(dtype)).c_str(), absl::GetFlag(FLAGS_prompt).c_str(), steps,
       opt.cuda_graphs ? "on" : "off",
       opt.gemv_max_rows, opt.attention_combine ? "on" : "off", opt.qkv_cache_epilogue ? "on" : "off",
-      opt.gemv_rows_per_warp, opt.gemv_k_split, opt.batch_invariant ? "on" : "off");
+      opt.gemv_rows_per_warp, opt.gemv_k_split, opt.batch_invariant ? "on" : "off",
+      opt.last_layer_sampled_rows_only ? "on" : "off");
   std::printf(
       "device %s, copy bandwidth %.0f GB/s (read + write%s), load %.1f s, GPU memory in use "
       "%.2f GiB\n\n",
@@ -352,6 +359,7 @@ absl::Status Bench() {
     j["attention_combine"] = opt.attention_combine;
     j["batch_invariant"] = opt.batch_invariant;
     j["qkv_cache_epilogue"] = opt.qkv_cache_epilogue;
+    j["last_layer_sampled_rows_only"] = opt.last_layer_sampled_rows_only;
     j["gemv_rows_per_warp"] = opt.gemv_rows_per_warp;
     j["gemv_k_split"] = opt.gemv_k_split;
     j["copy_bandwidth_gb_s"] = *copy_bw / 1e9;

@@ -143,6 +143,8 @@ class CudaStage final : public Stage {
   // Offsets (bytes) of the step inputs inside the host and device blocks.
   struct InputLayout {
     size_t seed, sample_index, temperature, top_p, top_k, tokens, positions, slots, gather, total;
+    // Position and slot of each sampled row (gather's rows), for a last layer of sampled rows.
+    size_t sample_positions, sample_slots;
   };
 
   absl::Status Validate(const StepDescriptor& step, const Activations& in) const;
@@ -174,6 +176,16 @@ class CudaStage final : public Stage {
   int SplitsFor(int rows) const;
   // Decode passes of at most this many rows use the GEMV kernels (none when batch-invariant).
   int GemvMaxRows() const { return opt_.batch_invariant ? 0 : opt_.gemv_max_rows; }
+  // Whether a pass of `rows` rows takes the GEMV kernels for every projection.
+  bool GemvFits(int rows) const {
+    return rows <= GemvMaxRows() && cuda::GemvSupported(rows, c_.hidden_size) &&
+           cuda::GemvSupported(rows, c_.intermediate_size) && cuda::GemvSupported(rows, c_.q_dim());
+  }
+  // Whether the last layer of a pass runs past its cache write only for the sampled rows
+  // (CudaOptions::last_layer_sampled_rows_only): a head's prompt pass, where rows go unsampled.
+  bool LastLayerSampledOnly(int rows, int samples, bool gemv) const {
+    return has_head_ && opt_.last_layer_sampled_rows_only && !gemv && samples < rows;
+  }
   // y (rows, out) = x · wᵀ + beta * y: cuBLAS, or the pinned algorithms when batch-invariant.
   absl::Status Matmul(const void* x, const void* w, void* y, int rows, int out, int in, float beta,
                       bool y_f32);
@@ -210,6 +222,7 @@ class CudaStage final : public Stage {
   DeviceBuffer inv_freq_;  // (head_dim / 2) fp32 rotary inverse frequencies (Llama)
   DeviceBuffer x_, xn_, qkv_, q_, attn_, mlp_in_, mlp_act_, partials_, attn_counters_;
   DeviceBuffer head_in_, logits_, probs_, tokens_out_;
+  DeviceBuffer sampled_x_, sampled_q_;  // the sampled rows of x_ and q_ in a pruned last layer
   DeviceBuffer inputs_;
   DeviceBuffer out_hidden_;  // outputs of steps longer than one chunk
   PinnedBuffer host_in_, host_hidden_, host_tokens_, host_logits_;
@@ -384,6 +397,8 @@ absl::Status CudaStage::AllocateWorkspace() {
   CUDA_CHECK(cudaMemset(attn_counters_.get(), 0, attn_counters_.size()));
   if (has_head_) {
     RETURN_IF_ERROR(head_in_.Allocate(samples_cap_ * RowBytes(hidden)));
+    RETURN_IF_ERROR(sampled_x_.Allocate(samples_cap_ * RowBytes(hidden)));
+    RETURN_IF_ERROR(sampled_q_.Allocate(samples_cap_ * RowBytes(c_.q_dim())));
     RETURN_IF_ERROR(logits_.Allocate(static_cast<size_t>(samples_cap_) * c_.vocab_size * 4));
     RETURN_IF_ERROR(probs_.Allocate(static_cast<size_t>(samples_cap_) * c_.vocab_size * 4));
     RETURN_IF_ERROR(tokens_out_.Allocate(samples_cap_ * sizeof(int32_t)));
@@ -405,6 +420,8 @@ absl::Status CudaStage::AllocateWorkspace() {
     layout_.top_p = place(S * 4);
     layout_.top_k = place(S * 4);
     layout_.gather = place(S * 4);
+    layout_.sample_positions = place(S * 4);
+    layout_.sample_slots = place(S * 4);
     layout_.tokens = place(R * 4);
     layout_.positions = place(R * 4);
     layout_.slots = place(R * 4);
@@ -476,16 +493,22 @@ absl::Status CudaStage::Forward(int rows, int samples) {
   const float* inv_freq = llama ? inv_freq_.as<float>() : nullptr;  // null: no rotation
   // Decode-sized passes: every projection through the GEMV kernels, with biases, residual adds
   // and the MLP activation fused into them.
-  const bool gemv = rows <= GemvMaxRows() && GemvSupported(rows, hidden) &&
-                    GemvSupported(rows, inter) && GemvSupported(rows, c_.q_dim());
+  const bool gemv = GemvFits(rows);
   uint32_t* counters = opt_.attention_combine ? attn_counters_.as<uint32_t>() : nullptr;
   const GemvTuning tuning{opt_.gemv_rows_per_warp, opt_.gemv_k_split};
   if (has_embedding_) {
     RETURN_IF_ERROR(LaunchEmbedding(t, DevIn<int32_t>(layout_.tokens), positions, tok_embedding_,
                                     pos_embedding_, x_.get(), rows, hidden, s));
   }
-  const int splits = SplitsFor(rows);
   const void* pending_bias = nullptr;  // bias of the last projection into x, not yet added
+  // The residual stream and the rows after the keys and values of a layer are written: every
+  // row, or in a pruned last layer only the sampled ones, gathered (see CudaOptions).
+  void* x = x_.get();
+  const void* q = q_.get();
+  int n = rows;
+  const int32_t* row_positions = positions;
+  const int32_t* row_slots = slots;
+  bool sampled_only = false;
   for (int l = 0; l < num_layers_; ++l) {
     const DeviceLayer& L = layers_[l];
     if (l <= 1 || l == num_layers_ - 1) {
@@ -521,59 +544,77 @@ absl::Status CudaStage::Forward(int rows, int samples) {
                                          KCache(l), VCache(l), positions, slots, rows, c_.num_heads,
                                          c_.num_kv_heads, c_.head_dim, seq_capacity_, inv_freq, s));
     }
+    if (l == num_layers_ - 1 && LastLayerSampledOnly(rows, samples, gemv)) {
+      if (samples == 0) return absl::OkStatus();  // the cache is written; no row is read
+      const int32_t* gather = DevIn<int32_t>(layout_.gather);
+      RETURN_IF_ERROR(LaunchGatherRows(x_.get(), gather, sampled_x_.get(), samples,
+                                       RowBytes(hidden), s));
+      RETURN_IF_ERROR(LaunchGatherRows(q_.get(), gather, sampled_q_.get(), samples,
+                                       RowBytes(c_.q_dim()), s));
+      x = sampled_x_.get();
+      q = sampled_q_.get();
+      n = samples;
+      row_positions = DevIn<int32_t>(layout_.sample_positions);
+      row_slots = DevIn<int32_t>(layout_.sample_slots);
+      sampled_only = true;
+    }
+    // Decode-sized passes (and a last layer of few sampled rows) take the GEMV kernels from here.
+    const bool rest_gemv = sampled_only ? GemvFits(n) : gemv;
     const AttentionParams attention{c_.attention_scale(first_layer_ + l),
                                     c_.attention_window(first_layer_ + l)};
-    if (prefill_attention_) {
-      RETURN_IF_ERROR(LaunchPrefillAttention(t, q_.get(), KCache(l), VCache(l), positions, slots,
-                                             attn_.get(), rows, c_.num_heads, c_.num_kv_heads,
-                                             c_.head_dim, seq_capacity_, attention, s));
+    if (prefill_attention_ && !sampled_only) {
+      RETURN_IF_ERROR(LaunchPrefillAttention(t, q, KCache(l), VCache(l), row_positions,
+                                             row_slots, attn_.get(), n, c_.num_heads,
+                                             c_.num_kv_heads, c_.head_dim, seq_capacity_,
+                                             attention, s));
     } else {
-      RETURN_IF_ERROR(LaunchAttention(t, q_.get(), KCache(l), VCache(l), positions, slots,
-                                      partials_.as<float>(), attn_.get(), rows, c_.num_heads,
-                                      c_.num_kv_heads, c_.head_dim, seq_capacity_, splits,
+      RETURN_IF_ERROR(LaunchAttention(t, q, KCache(l), VCache(l), row_positions, row_slots,
+                                      partials_.as<float>(), attn_.get(), n, c_.num_heads,
+                                      c_.num_kv_heads, c_.head_dim, seq_capacity_, SplitsFor(n),
                                       attention, s, counters));
     }
-    if (gemv) {
-      RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, attn_.get(), L.wo, L.bo, x_.get(), rows,
-                           hidden, c_.q_dim(), s, tuning));
+    if (rest_gemv) {
+      RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, attn_.get(), L.wo, L.bo, x, n, hidden,
+                           c_.q_dim(), s, tuning));
     } else {
-      RETURN_IF_ERROR(Matmul(attn_.get(), L.wo, x_.get(), rows, hidden, c_.q_dim(), 1.0f, false));
+      RETURN_IF_ERROR(Matmul(attn_.get(), L.wo, x, n, hidden, c_.q_dim(), 1.0f, false));
     }
     // MLP block: norm (adding the out-proj bias first) -> up -> activation -> down added into x.
     const void* mlp_x = xn_.get();  // input of the MLP-in projection
-    RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), gemv ? nullptr : L.bo, L.mlp_norm_w,
-                               L.mlp_norm_b, nullptr, xn_.get(), rows, hidden, c_.norm_eps, s));
+    RETURN_IF_ERROR(LaunchNorm(t, llama, x, rest_gemv ? nullptr : L.bo, L.mlp_norm_w,
+                               L.mlp_norm_b, nullptr, xn_.get(), n, hidden, c_.norm_eps, s));
     const void* act = mlp_in_.get();
-    if (gemv) {
+    if (rest_gemv) {
       const GemvEpilogue in_epilogue = llama ? GemvEpilogue::kSwiGlu : GemvEpilogue::kGelu;
       void* in_out = llama ? mlp_act_.get() : mlp_in_.get();
       const void* in_bias = llama ? nullptr : L.b_in;
       RETURN_IF_ERROR(
-          Gemv(t, in_epilogue, mlp_x, L.w_in, in_bias, in_out, rows, inter, hidden, s, tuning));
+          Gemv(t, in_epilogue, mlp_x, L.w_in, in_bias, in_out, n, inter, hidden, s, tuning));
       act = in_out;
-      RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, act, L.w_out, L.b_out, x_.get(), rows,
-                           hidden, inter, s, tuning));
+      RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, act, L.w_out, L.b_out, x, n, hidden,
+                           inter, s, tuning));
       pending_bias = nullptr;
       continue;
     }
     RETURN_IF_ERROR(
-        Matmul(mlp_x, L.w_in, mlp_in_.get(), rows, llama ? 2 * inter : inter, hidden, 0.0f, false));
+        Matmul(mlp_x, L.w_in, mlp_in_.get(), n, llama ? 2 * inter : inter, hidden, 0.0f, false));
     if (llama) {
-      RETURN_IF_ERROR(LaunchSwiGlu(t, mlp_in_.get(), mlp_act_.get(), rows, inter, s));
+      RETURN_IF_ERROR(LaunchSwiGlu(t, mlp_in_.get(), mlp_act_.get(), n, inter, s));
       act = mlp_act_.get();
     } else {
-      RETURN_IF_ERROR(LaunchGeluBias(t, mlp_in_.get(), L.b_in, rows, inter, s));
+      RETURN_IF_ERROR(LaunchGeluBias(t, mlp_in_.get(), L.b_in, n, inter, s));
     }
-    RETURN_IF_ERROR(Matmul(act, L.w_out, x_.get(), rows, hidden, inter, 1.0f, false));
+    RETURN_IF_ERROR(Matmul(act, L.w_out, x, n, hidden, inter, 1.0f, false));
     pending_bias = L.b_out;
   }
   RETURN_IF_ERROR(Mark(DecodeObserver::Point::kHead));
   if (has_head_) {
     if (samples > 0) {
-      // Final norm of the sampled rows only, LM head into fp32 logits, sampling.
-      const int32_t* gather = DevIn<int32_t>(layout_.gather);
+      // Final norm of the sampled rows only (gathered already where the last layer was pruned),
+      // LM head into fp32 logits, sampling.
+      const int32_t* gather = sampled_only ? nullptr : DevIn<int32_t>(layout_.gather);
       const bool head_gemv = samples <= GemvMaxRows() && GemvSupported(samples, hidden);
-      RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, final_norm_w_, final_norm_b_,
+      RETURN_IF_ERROR(LaunchNorm(t, llama, x, pending_bias, final_norm_w_, final_norm_b_,
                                  gather, head_in_.get(), samples, hidden, c_.norm_eps, s));
       if (head_gemv) {
         RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kF32, head_in_.get(), lm_head_, nullptr,
@@ -914,6 +955,8 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
         if (s.sample && has_head_) {
           const int j = samples++;
           HostIn<int32_t>(layout_.gather)[j] = r;
+          HostIn<int32_t>(layout_.sample_positions)[j] = positions[r];
+          HostIn<int32_t>(layout_.sample_slots)[j] = slots[r];
           HostIn<float>(layout_.temperature)[j] = s.sampling.temperature;
           HostIn<float>(layout_.top_p)[j] = s.sampling.top_p;
           HostIn<int32_t>(layout_.top_k)[j] = s.sampling.top_k;

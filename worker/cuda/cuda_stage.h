@@ -36,6 +36,11 @@ struct CudaOptions {
   // On GEMV-sized passes the QKV projection writes q and the KV-cache itself, rotary embedding
   // included (cuda::GemvQkvCache), instead of a separate split/rotate kernel; the same bits.
   bool qkv_cache_epilogue = true;
+  // In a prompt pass of the stage that holds the LM head, the last layer runs its attention and
+  // MLP only for the rows that are sampled (every row still writes its keys and values): nothing
+  // reads the other rows' outputs. A pass that samples nothing stops after the last layer's
+  // cache write. false: every row through the whole layer, for comparison.
+  bool last_layer_sampled_rows_only = true;
   // GEMV launch shape for every projection of a GEMV-sized pass (cuda::GemvTuning): weight rows
   // per warp (1 or 2) and warps per row group dividing K (1, 2 or 4); 0 leaves each to the
   // per-shape choice. For measurements.

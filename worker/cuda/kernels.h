@@ -48,6 +48,10 @@ absl::Status LaunchNorm(DType dtype, bool rms, void* x, const void* bias, const 
 absl::Status LaunchAddBias(DType dtype, void* x, const void* bias, int rows, int cols,
                            cudaStream_t stream);
 
+// residual.cu: dst row i = src row gather[i], for i < rows; rows of row_bytes bytes.
+absl::Status LaunchGatherRows(const void* src, const int32_t* gather, void* dst, int rows,
+                              size_t row_bytes, cudaStream_t stream);
+
 // rope.cu: splits qkv (rows, q_dim + 2 kv_dim) into q_out (rows, q_dim) and the layer's cache,
 // adding bias (q_dim + 2 kv_dim) when given and rotating q and k (rotate-half form, as Hugging Face
 // Llama) when inv_freq is given: inv_freq (head_dim / 2) fp32, the rotary inverse frequencies

@@ -887,6 +887,52 @@ TEST_P(CudaStageVsCpu, BatchInvariantModeGivesASequenceTheSameBitsInAnyBatch) {
   EXPECT_EQ(got->logits, alone.logits[0]);
 }
 
+// A prompt pass's last layer runs past its cache write only for the rows it samples
+// (CudaOptions::last_layer_sampled_rows_only). In batch-invariant mode, where a row's arithmetic
+// does not depend on the other rows, that gives the same bits as every row through the whole
+// layer; and a prompt cut into pieces that sample nothing until the last (their passes stop after
+// the last layer's cache write) gives the same bits as the whole prompt.
+TEST_P(CudaStageVsCpu, LastLayerOfTheSampledRowsOnlyKeepsTheBits) {
+  SKIP_WITHOUT_GPU();
+  const auto dir = Checkpoint(GetParam());
+  CudaOptions o;
+  o.dtype = DType::kF16;
+  o.batch_invariant = true;
+  auto sampled_only = MakeCudaWith(dir, o);
+  o.last_layer_sampled_rows_only = false;
+  auto every_row = MakeCudaWith(dir, o);
+  ASSERT_TRUE(sampled_only && every_row);
+  const int v = sampled_only->config().vocab_size;
+  const std::vector<Seq> seqs = {{0, Prompt(20, 61, v)}, {1, Prompt(5, 62, v)},
+                                 {2, Prompt(33, 63, v)}};
+  const Trace a = RunSteps(*sampled_only, seqs, 4), b = RunSteps(*every_row, seqs, 4);
+  ASSERT_EQ(a.logits.size(), 5u);
+  ASSERT_EQ(b.logits.size(), 5u);
+  for (size_t i = 0; i < a.logits.size(); ++i) EXPECT_EQ(a.logits[i], b.logits[i]) << "step " << i;
+  EXPECT_EQ(a.tokens, b.tokens);
+
+  // The third prompt again in slot 3, in pieces of 12, 1 and 20 tokens; only the last samples.
+  const std::vector<int32_t>& p = seqs[2].prompt;
+  int at = 0;
+  for (int n : {12, 1, 20}) {
+    StepDescriptor piece =
+        StepOf(3, at, n, std::vector<int32_t>(p.begin() + at, p.begin() + at + n), true);
+    piece.id = 100 + at;
+    piece.seqs[0].sample = at + n == static_cast<int>(p.size());
+    auto out = sampled_only->Step(piece, Activations{});
+    ASSERT_TRUE(out.ok()) << out.status();
+    at += n;
+    if (!piece.seqs[0].sample) {
+      EXPECT_TRUE(out->tokens.empty()) << "piece ending at " << at;
+      continue;
+    }
+    ASSERT_EQ(out->logits.size(), static_cast<size_t>(v));
+    EXPECT_EQ(out->logits, std::vector<float>(b.logits[0].begin() + 2 * static_cast<size_t>(v),
+                                              b.logits[0].begin() + 3 * static_cast<size_t>(v)));
+    EXPECT_EQ(out->tokens, std::vector<int32_t>{b.tokens[0][2]});
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Presets, CudaStageVsCpu,
                          // The new families: llama3 rope scaling, a sliding window of 16
                          // (shorter than the prompts), q/k/v biases with a tied head.
