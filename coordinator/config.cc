@@ -37,6 +37,8 @@ absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(std::string_view yaml_t
       else if (key == "decode_ahead") c.decode_ahead = v.as<bool>();
       else if (key == "decode_ahead_ms") c.decode_ahead_ms = v.as<double>();
       else if (key == "max_resumes") c.max_resumes = v.as<int>();
+      else if (key == "admission_quiet_ms") c.admission_quiet_ms = v.as<double>();
+      else if (key == "admission_wait_ms") c.admission_wait_ms = v.as<double>();
       else if (key == "prefill_replicas") c.prefill_replicas = v.as<int>();
       else if (key == "move_kv") c.move_kv = v.as<bool>();
       else if (key == "heartbeat_interval_ms") c.heartbeat_interval_ms = v.as<int>();
@@ -93,6 +95,8 @@ absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
                               {"prefill_budget", c.prefill_budget, 0},
                               {"decode_ahead_ms", c.decode_ahead_ms, 0},
                               {"max_resumes", c.max_resumes, 0},
+                              {"admission_quiet_ms", c.admission_quiet_ms, 0},
+                              {"admission_wait_ms", c.admission_wait_ms, 0},
                               {"prefill_replicas", c.prefill_replicas, 0},
                               {"heartbeat_interval_ms", c.heartbeat_interval_ms, 10},
                               {"heartbeat_timeout_ms", c.heartbeat_timeout_ms, 50},

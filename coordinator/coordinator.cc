@@ -101,6 +101,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
                            .decode_ahead = config.decode_ahead,
                            .decode_ahead_time = absl::Milliseconds(config.decode_ahead_ms),
                            .max_resumes = config.max_resumes,
+                           .admission_quiet = absl::Milliseconds(config.admission_quiet_ms),
+                           .admission_wait = absl::Milliseconds(config.admission_wait_ms),
                            .vocab_size = c->limits_.vocab_size,
                            .context_length = c->limits_.context_length,
                            .decode = {}};
@@ -165,7 +167,12 @@ void Coordinator::SchedulerLoop() {
     std::vector<std::shared_ptr<PipelineLink>> out;
     {
       absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(&wake_scheduler_), absl::Milliseconds(100));
+      // Woken by arrivals, results and changes; or when new requests held back for others to
+      // arrive are due (Scheduler::admit_at).
+      const absl::Time now = absl::Now(), admit_at = scheduler_->admit_at();
+      const absl::Duration idle = absl::Milliseconds(100);
+      mu_.AwaitWithTimeout(absl::Condition(&wake_scheduler_),
+                           admit_at > now ? std::min(admit_at - now, idle) : idle);
       if (stopping_) return;
       wake_scheduler_ = false;
       scheduler_->Admit(absl::Now());

@@ -42,6 +42,12 @@ ABSL_FLAG(std::optional<bool>, decode_ahead, std::nullopt,
 ABSL_FLAG(std::optional<double>, decode_ahead_ms, std::nullopt,
           "with --decode_ahead, a sequence goes as many steps ahead as fit in this much of its "
           "pipeline's measured step time (at least 1, at most 16; default 1)");
+ABSL_FLAG(std::optional<double>, admission_quiet_ms, std::nullopt,
+          "new requests are admitted once none has arrived for this long (or the oldest has "
+          "waited --admission_wait_ms, or --max_batch wait), so that prompts arriving together "
+          "share one prompt step (default 0: admitted at once)");
+ABSL_FLAG(std::optional<double>, admission_wait_ms, std::nullopt,
+          "the longest a new request is held back for others to arrive (default 2)");
 ABSL_FLAG(std::optional<int>, prefill_replicas, std::nullopt,
           "replicas that run prompts only and hand each sequence's KV-cache to the other replicas, "
           "which decode (default 0: every replica does both)");
@@ -114,6 +120,8 @@ int main(int argc, char** argv) {
   if (auto v = absl::GetFlag(FLAGS_decode_ahead)) config.decode_ahead = *v;
   if (auto v = absl::GetFlag(FLAGS_decode_ahead_ms)) config.decode_ahead_ms = *v;
   if (auto v = absl::GetFlag(FLAGS_max_resumes)) config.max_resumes = *v;
+  if (auto v = absl::GetFlag(FLAGS_admission_quiet_ms)) config.admission_quiet_ms = *v;
+  if (auto v = absl::GetFlag(FLAGS_admission_wait_ms)) config.admission_wait_ms = *v;
   if (auto v = absl::GetFlag(FLAGS_prefill_replicas)) config.prefill_replicas = *v;
   if (auto v = absl::GetFlag(FLAGS_move_kv)) config.move_kv = *v;
   if (auto v = absl::GetFlag(FLAGS_heartbeat_interval_ms)) config.heartbeat_interval_ms = *v;

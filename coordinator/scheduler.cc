@@ -347,6 +347,7 @@ void Scheduler::Admit(absl::Time now) {
     Place(*seqs_.at(resumed_.front()), *best);
     resumed_.pop_front();
   }
+  if (now < admit_at()) return;
   while (!waiting_.empty()) {
     const std::optional<Placement> best = PlacementForNext();
     if (!best) return;
@@ -369,6 +370,15 @@ void Scheduler::Admit(absl::Time now) {
     }
     seqs_.emplace(seq->id, std::move(seq));
   }
+}
+
+absl::Time Scheduler::admit_at() const {
+  if (options_.admission_quiet <= absl::ZeroDuration() || waiting_.empty() ||
+      static_cast<int>(waiting_.size()) >= options_.max_batch) {
+    return absl::InfinitePast();
+  }
+  return std::min(waiting_.back()->arrival() + options_.admission_quiet,
+                  waiting_.front()->arrival() + options_.admission_wait);
 }
 
 SequenceStep Scheduler::RowOf(const Sequence& seq, int num_tokens, bool sample) const {

@@ -57,6 +57,13 @@ struct SchedulerOptions {
   // after recomputing its KV-cache from its prompt and the tokens generated so far, before it
   // fails with the cause instead; 0: it fails at once.
   int max_resumes = 3;
+  // New requests that arrive together (a client's batch, a closed loop's next round) share one
+  // prompt step: Admit holds them back until none has arrived for `admission_quiet`, or the
+  // oldest has waited `admission_wait`, or max_batch of them wait; otherwise the first to arrive
+  // runs its prompt alone and the rest stall it and one another in later prompt steps. Zero:
+  // admitted at once. Resumed sequences are never held back.
+  absl::Duration admission_quiet = absl::ZeroDuration();
+  absl::Duration admission_wait = absl::ZeroDuration();
   int vocab_size = 0;      // sampled tokens outside [0, vocab_size) fail the pipeline
   int context_length = 0;  // positions in the KV-cache, for the length rule
   TextDecoder decode;      // for stop strings; empty: none are matched
@@ -164,12 +171,15 @@ class Scheduler {
   int used_slots(int id) const;
   int free_slots(int id) const;
 
-  // Moves resumed sequences, then waiting requests, oldest first, into the pipeline with the fewest
+  // Moves resumed sequences, then waiting requests (once admit_at() has come), oldest first, into the pipeline with the fewest
   // running sequences (the lowest id on ties) that is not draining and has a free slot, until none
   // is left. Nothing while sequences are held (they are placed first). With prefill and decode
   // pipelines serving, a sequence goes into a prefill pipeline so chosen and takes a slot of the
   // decode pipeline with the fewest slots in use as well; it waits until both have room.
   void Admit(absl::Time now);
+  // When Admit next takes the new requests it holds back for others to arrive
+  // (SchedulerOptions::admission_quiet); InfinitePast when it holds none back.
+  absl::Time admit_at() const;
 
   // The steps pipeline `id` should run next: micro-batches of the sequences that are not in a
   // step already, at most max(micro_batches, stages) steps in flight, the ready sequences spread

@@ -14,7 +14,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/metrics.h"
 #include "loadgen/load_client.h"
@@ -283,13 +285,23 @@ LoadRun DriveLoad(LoadClient& client, const SweepOptions& o, const ConfigResult&
     done.fetch_add(1);
   };
   std::vector<std::thread> threads;
-  const auto t0 = Clock::now();
+  auto t0 = Clock::now();
   if (o.mode == "closed") {
-    for (int k = 0; k < std::min(c.batch, count); ++k) {
+    // The clients start together, once every thread is up: the first round arrives as one burst,
+    // as the rounds after it do, not spread over the threads' start-up.
+    const int clients = std::min(c.batch, count);
+    absl::BlockingCounter up(clients);
+    absl::Notification go;
+    for (int k = 0; k < clients; ++k) {
       threads.emplace_back([&] {
+        up.DecrementCount();
+        go.WaitForNotification();
         for (int i = next.fetch_add(1); i < count; i = next.fetch_add(1)) one(i);
       });
     }
+    up.Wait();
+    t0 = Clock::now();
+    go.Notify();
   } else {
     // Poisson arrivals: exponential gaps at `rate` requests per second.
     std::mt19937_64 rng(o.seed + point.index);

@@ -26,6 +26,8 @@ prefill_budget: 96
 decode_ahead: false
 decode_ahead_ms: 2.5
 max_resumes: 5
+admission_quiet_ms: 0.5
+admission_wait_ms: 3
 heartbeat_interval_ms: 100
 heartbeat_timeout_ms: 900
 drain_timeout_s: 5.5
@@ -45,6 +47,8 @@ drain_timeout_s: 5.5
   EXPECT_FALSE(c->decode_ahead);
   EXPECT_DOUBLE_EQ(c->decode_ahead_ms, 2.5);
   EXPECT_EQ(c->max_resumes, 5);
+  EXPECT_DOUBLE_EQ(c->admission_quiet_ms, 0.5);
+  EXPECT_DOUBLE_EQ(c->admission_wait_ms, 3.0);
   EXPECT_EQ(c->heartbeat_interval_ms, 100);
   EXPECT_EQ(c->heartbeat_timeout_ms, 900);
   EXPECT_DOUBLE_EQ(c->drain_timeout_s, 5.5);
@@ -57,6 +61,8 @@ TEST(CoordinatorConfigTest, EmptyFileGivesDefaults) {
   EXPECT_EQ(c->stages, 1);
   EXPECT_TRUE(c->decode_ahead);
   EXPECT_DOUBLE_EQ(c->decode_ahead_ms, 1.0);
+  EXPECT_DOUBLE_EQ(c->admission_quiet_ms, 0.0);
+  EXPECT_DOUBLE_EQ(c->admission_wait_ms, 2.0);
   EXPECT_EQ(c->prefill_budget, 0);
   EXPECT_EQ(c->max_resumes, 3);
 }
@@ -116,6 +122,13 @@ TEST(CoordinatorConfigTest, ValidationNamesTheBadField) {
   c.decode_ahead_ms = std::nan("");
   EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("decode_ahead_ms"));
   c.decode_ahead_ms = 0;  // one step ahead
+  EXPECT_TRUE(ValidateCoordinatorConfig(c).ok());
+  c.admission_quiet_ms = -0.1;
+  EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("admission_quiet_ms"));
+  c.admission_quiet_ms = 0;
+  c.admission_wait_ms = std::nan("");
+  EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("admission_wait_ms"));
+  c.admission_wait_ms = 2;
   EXPECT_TRUE(ValidateCoordinatorConfig(c).ok());
   c.replicas = 2;
   c.prefill_replicas = 1;

@@ -533,6 +533,87 @@ TEST(Scheduler, DecodeAheadCancelSkipsBothStepsInFlight) {
 // ---------------------------------------------------------------------------------------------
 // Chunked prefill
 
+TEST(Scheduler, NewRequestsArrivingTogetherAreAdmittedIntoOnePromptStep) {
+  SchedulerOptions o = Options();
+  o.admission_quiet = absl::Milliseconds(1);
+  o.admission_wait = absl::Milliseconds(5);
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  EXPECT_EQ(s.admit_at(), absl::InfinitePast());
+  s.Enqueue(Request({1, 2}), kNow);
+  EXPECT_EQ(s.admit_at(), kNow + absl::Milliseconds(1));
+  s.Admit(kNow + absl::Microseconds(500));
+  EXPECT_EQ(s.waiting(), 1);
+  EXPECT_THAT(s.FormSteps(0), IsEmpty());
+  s.Enqueue(Request({3, 4, 5}), kNow + absl::Microseconds(600));
+  EXPECT_EQ(s.admit_at(), kNow + absl::Microseconds(1600));
+  s.Admit(kNow + absl::Microseconds(1599));  // the newest came 0.999 ms ago
+  EXPECT_EQ(s.waiting(), 2);
+  s.Admit(kNow + absl::Microseconds(1600));
+  EXPECT_EQ(s.waiting(), 0);
+  EXPECT_EQ(s.admit_at(), absl::InfinitePast());
+  const StepDescriptor step = NextStep(s, 0);  // both prompts in one step
+  ASSERT_EQ(step.seqs.size(), 2u);
+  EXPECT_THAT(step.tokens, ElementsAre(1, 2, 3, 4, 5));
+}
+
+TEST(Scheduler, AdmissionHoldsNewRequestsBackAtMostTheWaitAndNeverAFullBatchOrResumedOnes) {
+  SchedulerOptions o = Options();
+  o.max_waiting = 16;
+  o.max_slots = 8;
+  o.admission_quiet = absl::Milliseconds(1);
+  o.admission_wait = absl::Milliseconds(5);
+  {  // Arrivals every 0.8 ms: the oldest goes in 5 ms after it came, with the others.
+    Scheduler s(o);
+    s.AddPipeline(0, 1);
+    for (int i = 0; i < 7; ++i) s.Enqueue(Request({1}), kNow + i * absl::Microseconds(800));
+    EXPECT_EQ(s.admit_at(), kNow + absl::Milliseconds(5));
+    s.Admit(kNow + absl::Microseconds(4999));
+    EXPECT_EQ(s.waiting(), 7);
+    s.Admit(kNow + absl::Milliseconds(5));
+    EXPECT_EQ(s.waiting(), 0);
+    EXPECT_EQ(s.running(0), 7);
+  }
+  {  // max_batch waiting: nothing to gain by waiting.
+    o.max_batch = 3;
+    Scheduler s(o);
+    s.AddPipeline(0, 1);
+    s.Enqueue(Request({1}), kNow);
+    s.Enqueue(Request({2}), kNow);
+    EXPECT_NE(s.admit_at(), absl::InfinitePast());
+    s.Enqueue(Request({3}), kNow);
+    EXPECT_EQ(s.admit_at(), absl::InfinitePast());
+    s.Admit(kNow);
+    EXPECT_EQ(s.running(0), 3);
+  }
+  {  // A resumed sequence goes in at once; a new request beside it waits.
+    o.max_batch = 16;
+    Scheduler s(o);
+    s.AddPipeline(0, 1);
+    s.Enqueue(Request({1, 2, 3}), kNow);
+    s.Admit(kNow + absl::Milliseconds(1));
+    ASSERT_EQ(s.running(0), 1);
+    ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 7).ok());
+    s.RemovePipeline(0, absl::UnavailableError("worker 1 is down"), kNow, /*resume=*/true);
+    s.AddPipeline(1, 1);
+    const absl::Time later = kNow + absl::Seconds(1);
+    s.Enqueue(Request({4}), later);
+    s.Admit(later);
+    EXPECT_EQ(s.running(1), 1);
+    EXPECT_EQ(s.waiting(), 1);
+    EXPECT_THAT(NextStep(s, 1).tokens, ElementsAre(1, 2, 3, 7));
+  }
+  {  // Zero: at once.
+    o.admission_quiet = absl::ZeroDuration();
+    Scheduler s(o);
+    s.AddPipeline(0, 1);
+    s.Enqueue(Request({1}), kNow);
+    EXPECT_EQ(s.admit_at(), absl::InfinitePast());
+    s.Admit(kNow);
+    EXPECT_EQ(s.running(0), 1);
+  }
+}
+
 TEST(Scheduler, FeedsALongPromptInChunksAndSamplesAfterTheLast) {
   SchedulerOptions o = Options();
   o.prefill_chunk = 4;

@@ -31,7 +31,7 @@ trap 'kill "${pids[@]}" 2>/dev/null' EXIT
 IFS=, read -ra points <<< "${POINTS:-64 192,64 640}"
 for variant in ${VARIANTS:-1:0 2:2 2:3 2:4}; do
   IFS=: read -r stages micro extra wextra <<< "$variant"
-  name="s$stages-m$micro${extra:+-$(tr -dc 'a-z' <<< "$extra")}${wextra:+-$(tr -dc 'a-z' <<< "$wextra")}"
+  name="s$stages-m$micro${extra:+-$(tr -dc 'a-z0-9' <<< "$extra")}${wextra:+-$(tr -dc 'a-z0-9' <<< "$wextra")}"
   pids=()
   start_coordinator "$work/coordinator-$name.log" --listen=127.0.0.1:0 --model_dir="$model" \
     --stages="$stages" --replicas=1 --micro_batches="$micro" --max_batch=64 --max_slots=64 \
@@ -70,7 +70,7 @@ for point in points:
         stages, micro, *more = v.split(":")
         extra = more[0] if more else ""
         wextra = more[1] if len(more) > 1 else ""
-        name = f"s{stages}-m{micro}" + "".join("-" + re.sub("[^a-z]", "", f) for f in (extra, wextra) if f)
+        name = f"s{stages}-m{micro}" + "".join("-" + re.sub("[^a-z0-9]", "", f) for f in (extra, wextra) if f)
         extra = " ".join(f for f in (extra, wextra) if f)
         try:
             r = json.load(open(f"{work}/{name}-b{batch}-r{requests}/results.json"))["configs"][0]
