@@ -83,12 +83,12 @@ size_t ShowablePrefix(std::string_view text, const std::vector<std::string>& sto
 
 std::string TextStream::Next(std::span<const int32_t> tokens, bool done, int text_limit) {
   if (tokenizer_ == nullptr) return "";
-  absl::StatusOr<std::string> text = tokenizer_->Decode(tokens);
+  absl::StatusOr<std::string_view> text = text_.Text(tokens);
   if (!text.ok()) return "";
   size_t show = done ? text->size() : ShowablePrefix(*text, stops_);
   if (done && text_limit >= 0) show = std::min<size_t>(show, text_limit);
   if (show <= sent_) return "";
-  std::string piece = ToValidUtf8(std::string_view(*text).substr(sent_, show - sent_));
+  std::string piece = ToValidUtf8(text->substr(sent_, show - sent_));
   sent_ = show;
   shown_ += piece;
   return piece;

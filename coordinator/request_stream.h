@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/decode_stream.h"
 #include "common/tokenizer.h"
 #include "coordinator/coordinator.h"
 
@@ -42,14 +43,18 @@ void RecordEnd(Coordinator& c, const RequestState& r, const absl::Status& outcom
 // could be the start of one of `stops` and a trailing U+FFFD (a character still incomplete).
 size_t ShowablePrefix(std::string_view text, const std::vector<std::string>& stops);
 
-// The text of one generation, handed out in pieces as its tokens arrive.
+// The text of one generation, handed out in pieces as its tokens arrive (decoding a few of them
+// each time: DecodeStream).
 class TextStream {
  public:
   // `tokenizer` may be null: no text at all.
   TextStream(const Tokenizer* tokenizer, std::vector<std::string> stops)
-      : tokenizer_(tokenizer), stops_(std::move(stops)) {}
-  // The text of `tokens` not handed out before that may be shown now; with `done`, all of it up
-  // to `text_limit` bytes (-1: no limit; a stop string ended the generation there).
+      : tokenizer_(tokenizer),
+        stops_(std::move(stops)),
+        text_([tokenizer](std::span<const int32_t> ids) { return tokenizer->Decode(ids); }) {}
+  // The text of `tokens` (those of the call before and the new ones) not handed out before that
+  // may be shown now; with `done`, all of it up to `text_limit` bytes (-1: no limit; a stop
+  // string ended the generation there).
   std::string Next(std::span<const int32_t> tokens, bool done, int text_limit);
   // Everything handed out so far.
   const std::string& shown() const { return shown_; }
@@ -57,6 +62,7 @@ class TextStream {
  private:
   const Tokenizer* tokenizer_;
   const std::vector<std::string> stops_;
+  DecodeStream text_;
   size_t sent_ = 0;  // bytes of the decoded text handed out
   std::string shown_;
 };

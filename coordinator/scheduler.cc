@@ -651,7 +651,11 @@ void Scheduler::AppendToken(Sequence& seq, int32_t token, TokenLogprob* logprob,
   seq.generated.push_back(token);
   if (r.sampling.has_penalties()) ++seq.seen[token].first;
   // Decided before the request sees the token, so that a last token and the end reach it at once.
-  const StopDecision stop = CheckStop(r, seq.generated, options_.context_length, options_.decode);
+  if (seq.stop_text == nullptr && !r.stop_strings.empty() && options_.decode) {
+    seq.stop_text = std::make_unique<StopText>(options_.decode);
+  }
+  const StopDecision stop =
+      CheckStop(r, seq.generated, options_.context_length, seq.stop_text.get());
   if (stop.ends()) {
     seq.request->AppendLast(token, now, logprob, stop.finish, stop.text_limit);
   } else {

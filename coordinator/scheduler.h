@@ -239,6 +239,7 @@ class Scheduler {
     int decode_pipeline = -1;
     int decode_slot = -1;
     uint64_t handoff = 0;  // the hand-off its KV-cache is on; 0: none
+    std::unique_ptr<StopText> stop_text;  // with stop strings: the generated text as it grows
   };
   // One sequence's row of a step in flight.
   struct StepEntry {

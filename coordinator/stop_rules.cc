@@ -4,24 +4,25 @@
 #include <algorithm>
 
 namespace tandem {
-namespace {
 
-// The byte offset of the earliest match of any of `stops` in the decoded text, or -1.
-int EarliestStopString(const std::vector<std::string>& stops, std::span<const int32_t> generated,
-                       const TextDecoder& decode) {
-  if (stops.empty() || !decode) return -1;
-  // Tokens come back one at a time, so the earliest match is always in the newest text.
-  absl::StatusOr<std::string> text = decode(generated);
+int StopText::EarliestMatch(const std::vector<std::string>& stops,
+                            std::span<const int32_t> generated) {
+  absl::StatusOr<std::string_view> text = stream_.Text(generated);
   if (!text.ok()) return -1;
-  size_t best = std::string::npos;
-  for (const std::string& stop : stops) best = std::min(best, text->find(stop));
+  size_t best = std::string::npos, longest = 0;
+  for (const std::string& stop : stops) {
+    best = std::min(best, text->find(stop, search_from_));
+    longest = std::max(longest, stop.size());
+  }
+  // A match found later ends in text that is new or may still change (past the stable text), so
+  // it starts at most longest - 1 bytes before the stable text's end.
+  const size_t stable = stream_.stable();
+  search_from_ = std::max(search_from_, stable >= longest ? stable - longest + 1 : 0);
   return best == std::string::npos ? -1 : static_cast<int>(best);
 }
 
-}  // namespace
-
 StopDecision CheckStop(const ValidatedRequest& request, std::span<const int32_t> generated,
-                       int context_length, const TextDecoder& decode) {
+                       int context_length, StopText* text) {
   const int count = static_cast<int>(generated.size());
   const int32_t token = generated.back();
   StopDecision d;
@@ -32,7 +33,10 @@ StopDecision CheckStop(const ValidatedRequest& request, std::span<const int32_t>
   } else if (std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(), token) !=
              request.stop_token_ids.end()) {
     d.finish = v1::FINISH_REASON_STOP;
-  } else if (int at = EarliestStopString(request.stop_strings, generated, decode); at >= 0) {
+  } else if (int at = text != nullptr && !request.stop_strings.empty()
+                          ? text->EarliestMatch(request.stop_strings, generated)
+                          : -1;
+             at >= 0) {
     d.finish = v1::FINISH_REASON_STOP;
     d.text_limit = at;
   }

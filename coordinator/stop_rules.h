@@ -12,8 +12,10 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/decode_stream.h"
 #include "coordinator/request_validation.h"
 #include "proto/tandem.pb.h"
 
@@ -23,6 +25,21 @@ namespace tandem {
 // tokenizer; stop strings are then never matched (validation refuses them first).
 using TextDecoder = std::function<absl::StatusOr<std::string>(std::span<const int32_t>)>;
 
+// The text of one sequence's generated tokens as it grows, for its stop strings: a few ids are
+// decoded per new token (DecodeStream), not all of them, and only text the new tokens may have
+// changed is searched.
+class StopText {
+ public:
+  explicit StopText(const TextDecoder& decode) : stream_(decode) {}
+  // The byte offset of the earliest match of any of `stops` (none empty) in the text of
+  // `generated` (which starts with the tokens of the previous call), or -1.
+  int EarliestMatch(const std::vector<std::string>& stops, std::span<const int32_t> generated);
+
+ private:
+  DecodeStream stream_;
+  size_t search_from_ = 0;  // a match starting before lies in text searched before
+};
+
 struct StopDecision {
   v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;  // UNSPECIFIED: the sequence goes on
   int text_limit = -1;  // ended by a stop string: bytes of the decoded text to keep
@@ -30,9 +47,10 @@ struct StopDecision {
 };
 
 // Whether `request`'s sequence ends now. `generated`: every token it generated, the newest last
-// (never empty). `context_length`: positions in the KV-cache.
+// (never empty). `context_length`: positions in the KV-cache. `text`: the sequence's own, kept
+// from call to call; null: stop strings are never matched (no tokenizer).
 StopDecision CheckStop(const ValidatedRequest& request, std::span<const int32_t> generated,
-                       int context_length, const TextDecoder& decode);
+                       int context_length, StopText* text);
 
 // Rule 5 alone: whether `request`'s sequence has reached its length once it generated `count`
 // tokens, whatever they are.

@@ -1,6 +1,8 @@
 // Compares our tokenizer.json reader with Hugging Face's tokenizers on every corpus line and on
 // blocks of lines (as written by tokenizer_hf_expected.js): ids with and without special tokens,
-// and the decoded text of the ids with special tokens, keeping and skipping them. Our tokenizer
+// and the decoded text of the ids with special tokens, keeping and skipping them; and the text of
+// the ids with special tokens as a generation streams it (common/decode_stream.h, id by id), which
+// must equal the whole decode at every id and the reference's at the last. Our tokenizer
 // gets the raw bytes of each line (the reference got them as text, ill-formed bytes replaced).
 // Run by tokenizer_hf_test.sh; exit status 0 when everything matches, 1 otherwise.
 // Usage: tokenizer_hf_compare <tokenizer.json> <expected.json> <corpus>...
@@ -11,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/decode_stream.h"
 #include "common/tokenizer.h"
 #include "nlohmann/json.hpp"
 
@@ -105,6 +108,25 @@ int main(int argc, char** argv) {
     if (!skipped.ok() || *skipped != want_skipped) {
       report("decoded texts skipping special tokens", want_skipped,
              skipped.ok() ? *skipped : skipped.status().ToString());
+    }
+    for (bool skip : {false, true}) {
+      tandem::DecodeStream stream([&](std::span<const int32_t> ids) {
+        return (*tok)->Decode(ids, skip);
+      });
+      const std::string& want_last = skip ? want_skipped : want_kept;
+      ++checks;
+      for (size_t k = 1; k <= with.size(); ++k) {
+        const std::span<const int32_t> ids(with.data(), k);
+        auto streamed = stream.Text(ids);
+        auto whole = (*tok)->Decode(ids, skip);
+        const std::string got = streamed.ok() ? std::string(*streamed) : streamed.status().ToString();
+        const std::string want_k = k == with.size() ? want_last : whole.ok() ? *whole : "?";
+        if (got != want_k) {
+          report(skip ? "streamed texts skipping special tokens" : "streamed texts",
+                 want_k + " (after " + std::to_string(k) + " ids)", got);
+          break;
+        }
+      }
     }
   };
   for (size_t i = 0; i < lines.size(); ++i) {

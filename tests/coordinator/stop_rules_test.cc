@@ -31,9 +31,11 @@ ValidatedRequest Request() {
   return r;
 }
 
+// One call on a sequence's text of its own.
 StopDecision Check(const ValidatedRequest& r, const std::vector<int32_t>& generated,
                    int context_length = 1000) {
-  return CheckStop(r, generated, context_length, TableDecoder());
+  StopText text(TableDecoder());
+  return CheckStop(r, generated, context_length, &text);
 }
 
 TEST(CheckStop, GoesOnWhenNoRuleMatches) {
@@ -84,7 +86,39 @@ TEST(CheckStop, MatchesAStopStringSplitAcrossTokens) {
 TEST(CheckStop, IgnoresStopStringsWithoutADecoder) {
   ValidatedRequest r = Request();
   r.stop_strings = {"Hello"};
-  EXPECT_FALSE(CheckStop(r, std::vector<int32_t>{1}, 1000, TextDecoder()).ends());
+  EXPECT_FALSE(CheckStop(r, std::vector<int32_t>{1}, 1000, nullptr).ends());
+}
+
+// As the scheduler calls it: token by token with the sequence's own text, which decodes a few ids
+// per token and searches only what the new tokens may have made a match of.
+TEST(CheckStop, TokenByTokenFindsTheMatchAtItsOffsetDecodingFewIds) {
+  ValidatedRequest r = Request();
+  r.stop_strings = {"!! ", "ld E"};
+  r.max_new_tokens = 10000;
+  size_t decoded = 0;
+  const TextDecoder table = TableDecoder();
+  StopText text([&](std::span<const int32_t> ids) {
+    decoded += ids.size();
+    return table(ids);
+  });
+  std::vector<int32_t> generated;
+  size_t bytes = 0;
+  for (int i = 0; i < 500; ++i) {  // "Hello wor" 500 times: no match
+    generated.push_back(i % 2 == 0 ? 1 : 2);
+    bytes += i % 2 == 0 ? 5 : 4;
+    ASSERT_FALSE(CheckStop(r, generated, 100000, &text).ends()) << i;
+  }
+  EXPECT_LT(decoded, 8 * generated.size());  // all of them each time: 125,250
+  for (int32_t id : {3, 4}) {  // "ld", " E": "ld E" spans both
+    generated.push_back(id);
+    const StopDecision d = CheckStop(r, generated, 100000, &text);
+    if (id == 3) {
+      EXPECT_FALSE(d.ends());
+      continue;
+    }
+    EXPECT_EQ(d.finish, v1::FINISH_REASON_STOP);
+    EXPECT_EQ(d.text_limit, static_cast<int>(bytes));
+  }
 }
 
 TEST(CheckStop, MinTokensHoldsBackEosAndStopsButNotLength) {
