@@ -1,7 +1,9 @@
 // Compares our Tokenizer on a folder holding only tokenizer.model with SentencePiece's command
 // line tools (written by tokenizer_sentencepiece_test.sh): each corpus line's ids without special
 // tokens equal spm_encode's, with special tokens they are BOS + those, and decoding spm_encode's
-// ids gives spm_decode's text. Exit status 0 when everything matches, 1 otherwise.
+// ids gives spm_decode's text, also when they are streamed one by one (common/decode_stream.h:
+// the whole decode at every id, spm_decode's at the last). Exit status 0 when everything
+// matches, 1 otherwise.
 // Usage: tokenizer_sentencepiece_compare <model dir> <corpus> <ids.txt> <decoded.txt>
 #include <cstdint>
 #include <cstdio>
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/decode_stream.h"
 #include "common/tokenizer.h"
 
 namespace {
@@ -61,8 +64,18 @@ int main(int argc, char** argv) {
     std::vector<int32_t> want_special = {*bos};
     want_special.insert(want_special.end(), want.begin(), want.end());
     auto text = (*tok)->Decode(want);
+    bool streamed_ok = true;
+    tandem::DecodeStream stream([&](std::span<const int32_t> v) { return (*tok)->Decode(v); });
+    for (size_t k = 1; k <= want.size() && streamed_ok; ++k) {
+      const std::span<const int32_t> prefix(want.data(), k);
+      auto streamed = stream.Text(prefix);
+      auto whole = k == want.size() ? absl::StatusOr<std::string>(decoded[i])
+                                    : (*tok)->Decode(prefix);
+      streamed_ok = streamed.ok() && whole.ok() && *streamed == *whole;
+      if (!streamed_ok) std::fprintf(stderr, "line %zu: streamed text differs after %zu ids\n", i + 1, k);
+    }
     const bool ok = got == want && (*tok)->Encode(corpus[i], true) == want_special && text.ok() &&
-                    *text == decoded[i];
+                    *text == decoded[i] && streamed_ok;
     if (!ok && ++failures <= 20) {
       std::fprintf(stderr, "line %zu differs\n  text: %s\n  spm_encode: %s\n  ours:       %s\n"
                    "  spm_decode: %s\n  ours:       %s\n",
