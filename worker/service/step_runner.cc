@@ -129,12 +129,22 @@ std::vector<int> StepRunner::SampledSlots(const StepDescriptor& step) {
   return slots;
 }
 
+void StepRunner::KeepSample(int slot, int32_t token) {
+  if (slot < 0) return;
+  if (slot >= static_cast<int>(last_sample_.size())) last_sample_.resize(slot + 1, -1);
+  last_sample_[slot] = token;
+}
+
 void StepRunner::KeepSamples(const std::vector<int>& slots, const std::vector<int32_t>& tokens) {
-  for (size_t k = 0; k < slots.size() && k < tokens.size(); ++k) {
-    const int slot = slots[k];
-    if (slot < 0) continue;
-    if (slot >= static_cast<int>(last_sample_.size())) last_sample_.resize(slot + 1, -1);
-    last_sample_[slot] = tokens[k];
+  for (size_t k = 0; k < slots.size() && k < tokens.size(); ++k) KeepSample(slots[k], tokens[k]);
+}
+
+void StepRunner::KeepSamples(const StepDescriptor& step, const std::vector<int32_t>& tokens) {
+  size_t k = 0;
+  for (const SequenceStep& row : step.seqs) {
+    if (!row.sample) continue;
+    if (k == tokens.size()) break;
+    KeepSample(row.slot, tokens[k++]);
   }
 }
 
@@ -217,7 +227,7 @@ absl::StatusOr<StepRun> StepRunner::Run(const StepDescriptor& given,
   }
   if (last() && !opt_.tokens_to_first) {
     run.tokens = o.tokens;
-    if (first()) KeepSamples(SampledSlots(step), run.tokens);
+    if (first()) KeepSamples(step, run.tokens);
   } else if (first() && opt_.tokens_to_first) {
     ASSIGN_OR_RETURN(run.tokens, transport_->RecvTokens(step.id, cancelled));
   }

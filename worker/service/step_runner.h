@@ -116,8 +116,11 @@ class StepRunner {
   // tokens of the steps the rows feed from first.
   absl::StatusOr<std::unique_ptr<StepDescriptor>> FeedPreviousSamples(
       const StepDescriptor& step, const std::function<bool()>& cancelled);
-  // Remembers the tokens that the step whose sampled rows are in `slots` sampled, by slot.
+  // Remembers the tokens that the step whose sampled rows are in `slots` sampled, by slot; or
+  // those of `step`'s sampled rows.
   void KeepSamples(const std::vector<int>& slots, const std::vector<int32_t>& tokens);
+  void KeepSamples(const StepDescriptor& step, const std::vector<int32_t>& tokens);
+  void KeepSample(int slot, int32_t token);
   // The slots of `step`'s sampled rows, in order.
   static std::vector<int> SampledSlots(const StepDescriptor& step);
   // A first stage fed by the last: takes the posted token receives in order, while they have
