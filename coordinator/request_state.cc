@@ -14,6 +14,30 @@ RequestState::Snapshot RequestState::Wait(size_t seen, absl::Time until) {
   return s_;
 }
 
+bool RequestState::WaitMore(Snapshot& s, absl::Time until) {
+  absl::MutexLock lock(&mu_);
+  const size_t seen = s.tokens.size();
+  auto ready = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return s_.done || s_.tokens.size() > seen;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ready), until);
+  const bool more = s_.tokens.size() > seen || (s_.done && !s.done);
+  auto append_new = [](const auto& from, auto& to) {
+    if (from.size() > to.size()) to.insert(to.end(), from.begin() + to.size(), from.end());
+  };
+  append_new(s_.tokens, s.tokens);
+  append_new(s_.logprobs, s.logprobs);
+  append_new(s_.prompt_logprobs, s.prompt_logprobs);
+  s.done = s_.done;
+  s.status = s_.status;
+  s.finish = s_.finish;
+  s.text_limit = s_.text_limit;
+  s.admitted = s_.admitted;
+  s.first_token = s_.first_token;
+  s.finished = s_.finished;
+  return more;
+}
+
 void RequestState::Admitted(absl::Time t) {
   absl::MutexLock lock(&mu_);
   s_.admitted = t;

@@ -23,11 +23,9 @@ absl::StatusOr<RequestState::Snapshot> FollowRequest(Coordinator& c,
   if (r->request().timeout != absl::InfiniteDuration()) {
     deadline = std::min(deadline, r->arrival() + r->request().timeout);
   }
-  size_t seen = 0;
+  RequestState::Snapshot s;  // what has come so far, added to as it comes
   while (true) {
-    RequestState::Snapshot s = r->Wait(seen, std::min(deadline, absl::Now() + kPoll));
-    if (s.tokens.size() > seen || s.done) {
-      seen = s.tokens.size();
+    if (r->WaitMore(s, std::min(deadline, absl::Now() + kPoll))) {
       if (!on_progress(s)) {
         c.Cancel(r, absl::CancelledError("the client stopped reading"));
         return absl::CancelledError("the client stopped reading");
