@@ -26,11 +26,13 @@ struct CoordinatorConfig {
   bool decode_ahead = true;               // one stage: the next decode step sent while one runs
   double decode_ahead_ms = 1.0;           // ... and as many more as fit in this much step time
   int max_resumes = 3;                    // a running request's pipeline lost: resumed this often
-  // With admission_quiet_ms > 0, new requests are admitted once none has arrived for that long,
-  // or the oldest has waited admission_wait_ms, or max_batch wait: prompts that arrive together
-  // share a step. 0: admitted at once.
-  double admission_quiet_ms = 0;
-  double admission_wait_ms = 2.0;
+  // New requests are admitted once neither has a request arrived nor a sequence ended for
+  // admission_quiet_ms, and not while a quarter or more of a pipeline's sequences are about to
+  // end by length; at most admission_wait_ms after the oldest arrived, and at once when
+  // max_batch wait (SchedulerOptions::admission_quiet): prompts that arrive together share a
+  // step. 0: admitted at once.
+  double admission_quiet_ms = 0.5;
+  double admission_wait_ms = 20.0;
   // Replicas that run prompts only, handing each sequence's KV-cache to the others (which then
   // only decode) after its first token; 0: every replica does both.
   int prefill_replicas = 0;

@@ -43,11 +43,12 @@ ABSL_FLAG(std::optional<double>, decode_ahead_ms, std::nullopt,
           "with --decode_ahead, a sequence goes as many steps ahead as fit in this much of its "
           "pipeline's measured step time (at least 1, at most 16; default 1)");
 ABSL_FLAG(std::optional<double>, admission_quiet_ms, std::nullopt,
-          "new requests are admitted once none has arrived for this long (or the oldest has "
-          "waited --admission_wait_ms, or --max_batch wait), so that prompts arriving together "
-          "share one prompt step (default 0: admitted at once)");
+          "new requests are admitted once neither has a request arrived nor a sequence ended for "
+          "this long, and not while a quarter of a pipeline's sequences are about to end by "
+          "length (at most --admission_wait_ms; at once when --max_batch wait), so that prompts "
+          "arriving together share one prompt step (default 0.5; 0: admitted at once)");
 ABSL_FLAG(std::optional<double>, admission_wait_ms, std::nullopt,
-          "the longest a new request is held back for others to arrive (default 2)");
+          "the longest a new request is held back for others to arrive (default 20)");
 ABSL_FLAG(std::optional<int>, prefill_replicas, std::nullopt,
           "replicas that run prompts only and hand each sequence's KV-cache to the other replicas, "
           "which decode (default 0: every replica does both)");

@@ -377,8 +377,28 @@ absl::Time Scheduler::admit_at() const {
       static_cast<int>(waiting_.size()) >= options_.max_batch) {
     return absl::InfinitePast();
   }
-  return std::min(waiting_.back()->arrival() + options_.admission_quiet,
-                  waiting_.front()->arrival() + options_.admission_wait);
+  const absl::Time quiet =
+      ManyEndingSoon() ? absl::InfiniteFuture()
+                       : std::max(waiting_.back()->arrival(), last_end_) + options_.admission_quiet;
+  return std::min(quiet, waiting_.front()->arrival() + options_.admission_wait);
+}
+
+bool Scheduler::ManyEndingSoon() const {
+  for (const auto& [id, p] : pipelines_) {
+    int soon = 0;
+    for (uint64_t seq_id : p.running) {
+      auto it = seqs_.find(seq_id);
+      if (it == seqs_.end()) continue;
+      const Sequence& seq = *it->second;
+      const int count = static_cast<int>(seq.generated.size()) + seq.in_flight;
+      soon += ReachesLength(seq.request->request(), count + kEndingSoonSteps,
+                            options_.context_length)
+                  ? 1
+                  : 0;
+    }
+    if (soon >= 2 && 4 * soon >= static_cast<int>(p.running.size())) return true;
+  }
+  return false;
 }
 
 SequenceStep Scheduler::RowOf(const Sequence& seq, int num_tokens, bool sample) const {
@@ -697,6 +717,7 @@ void Scheduler::EndSequence(uint64_t seq_id, absl::Status status, v1::FinishReas
   seq.request->Finish(std::move(status), finish, text_limit, now);
   seq_of_request_.erase(seq.request.get());
   seqs_.erase(it);
+  last_end_ = std::max(last_end_, now);
 }
 
 void Scheduler::Cancel(const std::shared_ptr<RequestState>& request, const absl::Status& why,

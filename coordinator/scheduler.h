@@ -58,10 +58,13 @@ struct SchedulerOptions {
   // fails with the cause instead; 0: it fails at once.
   int max_resumes = 3;
   // New requests that arrive together (a client's batch, a closed loop's next round) share one
-  // prompt step: Admit holds them back until none has arrived for `admission_quiet`, or the
-  // oldest has waited `admission_wait`, or max_batch of them wait; otherwise the first to arrive
-  // runs its prompt alone and the rest stall it and one another in later prompt steps. Zero:
-  // admitted at once. Resumed sequences are never held back.
+  // prompt step: Admit holds them back until neither has a request arrived nor a sequence ended
+  // (freeing a slot, whose successor may be on its way) for `admission_quiet`, and while at least
+  // a quarter of a pipeline's running sequences (two or more) reach their length within
+  // kEndingSoonSteps steps (so that their successors' prompts join); at most until the oldest has
+  // waited `admission_wait`, and never once max_batch of them wait. Otherwise the first to arrive
+  // run their prompts alone, and the rest stall them and one another in later prompt steps.
+  // Zero: admitted at once. Resumed sequences are never held back.
   absl::Duration admission_quiet = absl::ZeroDuration();
   absl::Duration admission_wait = absl::ZeroDuration();
   int vocab_size = 0;      // sampled tokens outside [0, vocab_size) fail the pipeline
@@ -71,6 +74,9 @@ struct SchedulerOptions {
 
 // The most steps a sequence goes ahead of the step that samples its input.
 inline constexpr int kMaxDecodeAhead = 16;
+// Admission (SchedulerOptions::admission_quiet): running sequences that reach their length within
+// this many more tokens end soon.
+inline constexpr int kEndingSoonSteps = 4;
 
 // What a pipeline runs. With at least one prefill and one decode pipeline serving, a new sequence
 // runs its prompt in a prefill pipeline (with a slot of a decode pipeline set aside for it); once
@@ -319,6 +325,10 @@ class Scheduler {
   CoordinatorMetrics* metrics_;
   uint64_t next_seq_id_ = 1;
   std::deque<std::shared_ptr<RequestState>> waiting_;
+  absl::Time last_end_ = absl::InfinitePast();  // when a sequence last ended (freeing its slot)
+  // Whether a quarter or more of some pipeline's running sequences (two or more) reach their
+  // length within kEndingSoonSteps tokens (SchedulerOptions::admission_quiet).
+  bool ManyEndingSoon() const;
   std::deque<uint64_t> resumed_;  // sequences whose pipeline was lost, admitted before waiting_
   std::vector<uint64_t> held_;    // sequences taken out of a paused pipeline, not yet placed
   struct PendingHandoff {

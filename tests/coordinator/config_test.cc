@@ -61,8 +61,8 @@ TEST(CoordinatorConfigTest, EmptyFileGivesDefaults) {
   EXPECT_EQ(c->stages, 1);
   EXPECT_TRUE(c->decode_ahead);
   EXPECT_DOUBLE_EQ(c->decode_ahead_ms, 1.0);
-  EXPECT_DOUBLE_EQ(c->admission_quiet_ms, 0.0);
-  EXPECT_DOUBLE_EQ(c->admission_wait_ms, 2.0);
+  EXPECT_DOUBLE_EQ(c->admission_quiet_ms, 0.5);
+  EXPECT_DOUBLE_EQ(c->admission_wait_ms, 20.0);
   EXPECT_EQ(c->prefill_budget, 0);
   EXPECT_EQ(c->max_resumes, 3);
 }

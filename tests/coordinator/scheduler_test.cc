@@ -614,6 +614,45 @@ TEST(Scheduler, AdmissionHoldsNewRequestsBackAtMostTheWaitAndNeverAFullBatchOrRe
   }
 }
 
+TEST(Scheduler, AdmissionWaitsForTheSuccessorsOfSequencesThatEndOrAreAboutTo) {
+  SchedulerOptions o = Options();
+  o.max_slots = 8;
+  o.admission_quiet = absl::Milliseconds(1);
+  o.admission_wait = absl::Milliseconds(20);
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  const absl::Time t0 = kNow - absl::Milliseconds(10);
+  for (int i = 0; i < 4; ++i) s.Enqueue(Request({1}, /*max_new_tokens=*/3), t0);
+  s.Admit(kNow);
+  ASSERT_EQ(s.running(0), 4);
+  ASSERT_TRUE(AnswerAt(s, 0, NextStep(s, 0), 5, kNow).ok());  // one token each, two to go
+  // All four reach their length within two steps: a new request waits for them (up to the wait).
+  s.Enqueue(Request({2}), kNow + absl::Milliseconds(1));
+  EXPECT_EQ(s.admit_at(), kNow + absl::Milliseconds(21));
+  s.Admit(kNow + absl::Milliseconds(5));
+  EXPECT_EQ(s.waiting(), 1);
+  ASSERT_TRUE(AnswerAt(s, 0, NextStep(s, 0), 5, kNow + absl::Milliseconds(6)).ok());
+  EXPECT_EQ(s.admit_at(), kNow + absl::Milliseconds(21));
+  ASSERT_TRUE(AnswerAt(s, 0, NextStep(s, 0), 5, kNow + absl::Milliseconds(8)).ok());
+  ASSERT_EQ(s.running(0), 0);  // all ended: then the quiet time after the last end
+  EXPECT_EQ(s.admit_at(), kNow + absl::Milliseconds(9));
+  s.Admit(kNow + absl::Microseconds(8999));
+  EXPECT_EQ(s.waiting(), 1);
+  s.Admit(kNow + absl::Milliseconds(9));
+  EXPECT_EQ(s.running(0), 1);
+
+  // One of five about to end is not many: only the quiet time after the newest arrival.
+  Scheduler few(o);
+  few.AddPipeline(0, 1);
+  few.Enqueue(Request({1}, 3), t0);
+  for (int i = 0; i < 4; ++i) few.Enqueue(Request({1}, 100), t0);
+  few.Admit(kNow);
+  ASSERT_EQ(few.running(0), 5);
+  ASSERT_TRUE(AnswerAt(few, 0, NextStep(few, 0), 5, kNow).ok());
+  few.Enqueue(Request({2}), kNow + absl::Milliseconds(1));
+  EXPECT_EQ(few.admit_at(), kNow + absl::Milliseconds(2));
+}
+
 TEST(Scheduler, FeedsALongPromptInChunksAndSamplesAfterTheLast) {
   SchedulerOptions o = Options();
   o.prefill_chunk = 4;

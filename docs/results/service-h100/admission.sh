@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# New requests held back for others to arrive (the coordinator's --admission_quiet_ms and
-# --admission_wait_ms) against admitted at once, on one GPU (nvidia-h100-x1), from the repository
+# New requests held back for others to arrive and for the successors of sequences that end (the
+# coordinator's --admission_quiet_ms and --admission_wait_ms) against admitted at once, on one GPU (nvidia-h100-x1), from the repository
 # root, with the binaries that `scripts/gpu-check` packs: the engine alone (tandem-bench, batch 1,
 # 8 and 64, prompt 128, 128 new tokens), then one coordinator and one CUDA worker per variant of
 # VARIANTS (docs/results/service-2gpu/micro.sh's "1:0:FLAG" form; default: admitted at once, the
-# default, and quiet times of 0.25 and 1 ms) at each point of POINTS (batch and requests), with the
+# default (0.5 ms) and 1 ms) at each point of POINTS (batch and requests), with the
 # worker's step trace; then, per variant, how many steps carried prompts and how many prompts each
 # carried. Writes to $OUT: bench.txt, device.txt, sweeps.md, summary.md, prompt-steps.txt and
 # logs.tar.gz.
@@ -22,7 +22,7 @@ model=/tmp/tandem-models/openllama-3b
 "$bin/tandem-bench" --model="$model" --batch=1,8,64 --prompt=128 --new_tokens=128 2>&1 |
   grep -E '^\|' > "$out/bench.txt"
 cat "$out/bench.txt"
-variants=${VARIANTS:-1:0 1:0:--admission_quiet_ms=0.25 1:0:--admission_quiet_ms=1}
+variants=${VARIANTS:-1:0:--admission_quiet_ms=0 1:0 1:0:--admission_quiet_ms=1}
 OUT=$out STEP_TRACE=1 VARIANTS="$variants" POINTS="${POINTS:-1 64,8 64,64 192,64 640}" \
   docs/results/service-2gpu/micro.sh > /dev/null
 # Each point against the engine's end-to-end tokens/s at its batch.
