@@ -373,8 +373,15 @@ void Scheduler::Admit(absl::Time now) {
 }
 
 absl::Time Scheduler::admit_at() const {
-  if (options_.admission_quiet <= absl::ZeroDuration() || waiting_.empty() ||
-      static_cast<int>(waiting_.size()) >= options_.max_batch) {
+  if (options_.admission_quiet <= absl::ZeroDuration() || waiting_.empty()) {
+    return absl::InfinitePast();
+  }
+  // Nothing to gather for once the waiting requests fill a step or every free slot.
+  int free = 0;
+  for (const auto& [id, p] : pipelines_) {
+    if (!p.draining && !p.paused && p.role != PipelineRole::kDecode) free += p.slots.free();
+  }
+  if (static_cast<int>(waiting_.size()) >= std::min(options_.max_batch, free)) {
     return absl::InfinitePast();
   }
   const absl::Time quiet =

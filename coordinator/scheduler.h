@@ -62,7 +62,8 @@ struct SchedulerOptions {
   // (freeing a slot, whose successor may be on its way) for `admission_quiet`, and while at least
   // a quarter of a pipeline's running sequences (two or more) reach their length within
   // kEndingSoonSteps steps (so that their successors' prompts join); at most until the oldest has
-  // waited `admission_wait`, and never once max_batch of them wait. Otherwise the first to arrive
+  // waited `admission_wait`, and never once they fill a step (max_batch) or every free slot of
+  // the pipelines that take new sequences. Otherwise the first to arrive
   // run their prompts alone, and the rest stall them and one another in later prompt steps.
   // Zero: admitted at once. Resumed sequences are never held back.
   absl::Duration admission_quiet = absl::ZeroDuration();

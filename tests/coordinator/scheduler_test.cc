@@ -586,6 +586,20 @@ TEST(Scheduler, AdmissionHoldsNewRequestsBackAtMostTheWaitAndNeverAFullBatchOrRe
     s.Admit(kNow);
     EXPECT_EQ(s.running(0), 3);
   }
+  {  // As many waiting as free slots: neither.
+    o.max_batch = 16;
+    Scheduler s(o);
+    s.AddPipeline(0, 1);
+    for (int i = 0; i < 6; ++i) s.Enqueue(Request({1}, 100), kNow - absl::Seconds(1));
+    s.Admit(kNow);
+    ASSERT_EQ(s.running(0), 6);  // two of eight slots left
+    s.Enqueue(Request({2}), kNow);
+    EXPECT_NE(s.admit_at(), absl::InfinitePast());
+    s.Enqueue(Request({3}), kNow);
+    EXPECT_EQ(s.admit_at(), absl::InfinitePast());
+    s.Admit(kNow);
+    EXPECT_EQ(s.running(0), 8);
+  }
   {  // A resumed sequence goes in at once; a new request beside it waits.
     o.max_batch = 16;
     Scheduler s(o);
