@@ -5,15 +5,6 @@
 
 namespace tandem {
 
-RequestState::Snapshot RequestState::Wait(size_t seen, absl::Time until) {
-  absl::MutexLock lock(&mu_);
-  auto ready = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return s_.done || s_.tokens.size() > seen;
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&ready), until);
-  return s_;
-}
-
 bool RequestState::WaitMore(Snapshot& s, absl::Time until) {
   absl::MutexLock lock(&mu_);
   const size_t seen = s.tokens.size();

@@ -35,10 +35,8 @@ class RequestState {
     absl::Time admitted = absl::InfinitePast(), first_token = absl::InfinitePast(),
                finished = absl::InfinitePast();
   };
-  // Blocks until more than `seen` tokens exist, the request is done, or `until`.
-  Snapshot Wait(size_t seen, absl::Time until);
-  // Wait for a follower that keeps its own snapshot: blocks until there are more tokens than
-  // `s` holds, the request is done, or `until`; then appends to `s` only what it lacks (tokens,
+  // For a follower that keeps its own snapshot: blocks until there are more tokens than `s`
+  // holds, the request is done, or `until`; then appends to `s` only what it lacks (tokens,
   // logprobs, prompt logprobs) and copies the rest, so that following a long generation costs
   // its length once, not once per token. True when `s` got tokens or the end.
   bool WaitMore(Snapshot& s, absl::Time until);

@@ -15,7 +15,8 @@ TEST(RequestState, AppendLastShowsTheTokenAndTheEndTogether) {
   r.Append(4, kT);
   TokenLogprob lp{.token = 9, .logprob = -0.5f, .top = {}};
   r.AppendLast(9, kT + absl::Seconds(1), &lp, v1::FINISH_REASON_STOP, 3);
-  const RequestState::Snapshot snap = r.Wait(1, absl::InfinitePast());
+  RequestState::Snapshot snap;
+  r.WaitMore(snap, absl::InfinitePast());
   EXPECT_THAT(snap.tokens, ElementsAre(4, 9));
   ASSERT_EQ(snap.logprobs.size(), 1u);
   EXPECT_EQ(snap.logprobs[0].token, 9);
@@ -64,7 +65,8 @@ TEST(RequestState, TheFirstEndWinsAndNothingIsAppendedAfterIt) {
   r.AppendLast(7, kT, nullptr, v1::FINISH_REASON_LENGTH, -1);
   r.Append(8, kT);
   r.Finish(absl::OkStatus(), v1::FINISH_REASON_EOS, -1, kT);
-  const RequestState::Snapshot snap = r.Wait(0, absl::InfinitePast());
+  RequestState::Snapshot snap;
+  r.WaitMore(snap, absl::InfinitePast());
   EXPECT_TRUE(snap.tokens.empty());
   EXPECT_EQ(snap.status.code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(snap.finish, v1::FINISH_REASON_UNSPECIFIED);

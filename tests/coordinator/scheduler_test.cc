@@ -53,7 +53,9 @@ ValidatedRequest Request(std::vector<int32_t> prompt, int max_new_tokens = 50) {
 }
 
 RequestState::Snapshot Peek(const std::shared_ptr<RequestState>& r) {
-  return r->Wait(0, absl::InfinitePast());
+  RequestState::Snapshot s;
+  r->WaitMore(s, absl::InfinitePast());
+  return s;
 }
 
 // The one step pipeline `id` forms next; an empty one (which no result fits) when there is none.
