@@ -4,13 +4,16 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <utility>
 
 #include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/checked_math.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
@@ -383,9 +386,131 @@ void Coordinator::CloseLinks() {
 // ---------------------------------------------------------------------------------------------
 // Planning
 
+std::vector<int> Coordinator::RetiringLocked() {
+  std::vector<int> retiring;
+  int kept = 0;
+  for (auto& [id, p] : pipelines_) {
+    bool retire =
+        scheduler_->draining(id) || static_cast<int>(p->workers.size()) != effective_stages_;
+    for (int64_t w : p->workers) retire |= workers_[w].state == v1::WORKER_STATE_DRAINED;
+    if (!retire && kept >= wanted_replicas_) retire = true;
+    if (retire) {
+      retiring.push_back(id);
+    } else {
+      ++kept;
+    }
+  }
+  return retiring;
+}
+
+std::vector<Coordinator::Planned> Coordinator::PrepareReplacements() {
+  std::vector<Planned> plans;
+  std::vector<std::vector<std::shared_ptr<grpc::Channel>>> channels;
+  std::vector<bool> all_cuda;
+  // Per new stage's worker, the addresses of the old holders of its layers (CUDA workers both).
+  std::map<int64_t, std::set<std::string>> kv_sources;
+  std::map<int64_t, std::shared_ptr<grpc::Channel>> kv_takers;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return {};
+    RestoreWantedStages();
+    const std::vector<int> retiring = RetiringLocked();
+    if (retiring.empty()) return {};
+    // The workers RunPlan will find idle once these retire, in its order.
+    std::set<int64_t> freed;
+    std::vector<KvStage> holders;
+    for (int id : retiring) {
+      const Pipeline& p = *pipelines_.at(id);
+      for (int64_t w : p.workers) freed.insert(w);
+      for (KvStage& h : StagesOf(p)) holders.push_back(std::move(h));
+    }
+    std::vector<int64_t> idle;
+    for (auto& [wid, w] : workers_) {
+      if (w.state == v1::WORKER_STATE_IDLE ||
+          (w.state == v1::WORKER_STATE_SERVING && freed.contains(wid))) {
+        idle.push_back(wid);
+      }
+    }
+    const int stages = effective_stages_;
+    int live = static_cast<int>(pipelines_.size() - retiring.size());
+    absl::StatusOr<std::vector<LayerRange>> ranges = PlanEvenPartition(model_.num_layers, stages);
+    if (!ranges.ok()) return {};
+    size_t next = 0;
+    while (live < wanted_replicas_ && idle.size() - next >= static_cast<size_t>(stages)) {
+      Planned plan;
+      plan.id = next_pipeline_id_++;
+      plan.assignment = next_assignment_++;
+      plan.workers.assign(idle.begin() + next, idle.begin() + next + stages);
+      plan.ranges = *ranges;
+      next += stages;
+      ++live;
+      std::vector<std::string> addresses;
+      std::vector<std::shared_ptr<grpc::Channel>> chans;
+      bool cuda = true;
+      for (int s = 0; s < stages; ++s) {
+        const WorkerEntry& w = workers_.at(plan.workers[s]);
+        addresses.push_back(w.address);
+        chans.push_back(w.channel);
+        cuda = cuda && w.backend == "cuda";
+        if (!config_.move_kv || w.backend != "cuda") continue;
+        for (const KvStage& h : holders) {
+          const bool overlap = h.layers.first < plan.ranges[s].last &&
+                               plan.ranges[s].first < h.layers.last;
+          if (overlap && h.worker != w.id && workers_.at(h.worker).backend == "cuda") {
+            kv_sources[w.id].insert(h.address);
+            kv_takers[w.id] = w.channel;
+          }
+        }
+      }
+      plan.requests = StageRequests(plan.id, plan.assignment, addresses, plan.ranges);
+      for (v1::AssignStageRequest& r : plan.requests) r.set_prepare(true);
+      plans.push_back(std::move(plan));
+      channels.push_back(std::move(chans));
+      all_cuda.push_back(cuda);
+    }
+  }
+  std::vector<Planned> ready;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    Planned& plan = plans[i];
+    const absl::Time t0 = absl::Now();
+    std::vector<v1::AssignStageResponse> responses;
+    if (std::optional<StageAssignError> err = AssignPipelineStages(
+            channels[i], plan.requests, kAssignTimeout, &responses, all_cuda[i])) {
+      spdlog::warn("pipeline {} not prepared ahead (its stages load when assigned): stage {}: {}",
+                   plan.id, err->stage, err->status.error_message());
+      continue;
+    }
+    int64_t placed = 0;
+    for (const v1::AssignStageResponse& r : responses) placed += r.placed_bytes();
+    spdlog::info("pipeline {} prepared in {:.3f} s ({} bytes of weights placed ahead)", plan.id,
+                 absl::ToDoubleSeconds(absl::Now() - t0), placed);
+    ready.push_back(std::move(plan));
+  }
+  // The KV links the moves will fetch over, made now rather than in the pause.
+  for (const auto& [worker, addresses] : kv_sources) {
+    const absl::Time t0 = absl::Now();
+    v1::ImportKvRequest req;
+    for (const std::string& a : addresses) req.add_sources()->set_address(a);
+    v1::ImportKvResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + kHandoffTimeout));
+    const grpc::Status st = v1::Worker::NewStub(kv_takers[worker])->ImportKv(&ctx, req, &resp);
+    if (st.ok()) {
+      spdlog::info("KV links of worker {} to {} made in {:.3f} s", worker,
+                   absl::StrJoin(addresses, ", "), absl::ToDoubleSeconds(absl::Now() - t0));
+    } else {
+      spdlog::warn("KV links of worker {} not made ahead (the move makes them): {}", worker,
+                   st.error_message());
+    }
+  }
+  return ready;
+}
+
 absl::Status Coordinator::RunPlan() {
   absl::MutexLock plan(&plan_mu_);
   CloseLinks();
+  std::vector<Planned> planned = PrepareReplacements();
+  std::vector<std::pair<std::shared_ptr<grpc::Channel>, uint64_t>> releases;
   std::vector<int> retiring;
   std::vector<Departure> departures;
   const absl::Time paused = absl::Now();
@@ -395,17 +520,16 @@ absl::Status Coordinator::RunPlan() {
     planning_ = true;
     replan_needed_ = false;
     RestoreWantedStages();
-    int kept = 0;
-    for (auto& [id, p] : pipelines_) {
-      bool retire =
-          scheduler_->draining(id) || static_cast<int>(p->workers.size()) != effective_stages_;
-      for (int64_t w : p->workers) retire |= workers_[w].state == v1::WORKER_STATE_DRAINED;
-      if (!retire && kept >= wanted_replicas_) retire = true;
-      if (retire) {
-        scheduler_->SetDraining(id);
-        retiring.push_back(id);
-      } else {
-        ++kept;
+    retiring = RetiringLocked();
+    for (int id : retiring) scheduler_->SetDraining(id);
+    // The retiring stages of workers that no prepared pipeline takes.
+    for (int id : retiring) {
+      const Pipeline& p = *pipelines_.at(id);
+      for (int64_t w : p.workers) {
+        const bool taken = std::any_of(planned.begin(), planned.end(), [w](const Planned& n) {
+          return std::find(n.workers.begin(), n.workers.end(), w) != n.workers.end();
+        });
+        if (!taken) releases.emplace_back(workers_.at(w).channel, p.assignment);
       }
     }
     if (!retiring.empty() && config_.move_kv) {
@@ -438,11 +562,28 @@ absl::Status Coordinator::RunPlan() {
                  d.pipeline, d.seqs.size(), absl::ToDoubleSeconds(absl::Now() - t0),
                  absl::ToDoubleSeconds(t0 - paused));
   }
+  // Workers left without a stage drop theirs as the others take new ones: the links between the
+  // old stages close on both sides at once.
+  std::vector<std::thread> releasing;
+  for (const auto& [channel, old] : releases) {
+    releasing.emplace_back([channel, old] {
+      v1::ReleaseStageRequest req;
+      req.set_assignment_id(old);
+      v1::ReleaseStageResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + kAssignTimeout));
+      const grpc::Status st = v1::Worker::NewStub(channel)->ReleaseStage(&ctx, req, &resp);
+      if (!st.ok() && st.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
+        spdlog::warn("assignment {}: stage not released: {}", old, st.error_message());
+      }
+    });
+  }
 
   absl::Status result;
   while (true) {
     std::vector<int64_t> chosen;
     std::vector<LayerRange> ranges;
+    std::vector<v1::AssignStageRequest> requests;  // a prepare's
     int id = 0;
     uint64_t assignment = 0;
     {
@@ -472,9 +613,24 @@ absl::Status Coordinator::RunPlan() {
         break;
       }
       ranges = *plan;
-      chosen.assign(idle.begin(), idle.begin() + stages);
-      id = next_pipeline_id_++;
-      assignment = next_assignment_++;
+      // A prepared pipeline where its workers are idle as planned; otherwise the first idle ones.
+      auto prepared = std::find_if(planned.begin(), planned.end(), [&](const Planned& p) {
+        return p.ranges == ranges &&
+               std::all_of(p.workers.begin(), p.workers.end(), [&](int64_t w) {
+                 return std::find(idle.begin(), idle.end(), w) != idle.end();
+               });
+      });
+      if (prepared != planned.end()) {
+        id = prepared->id;
+        assignment = prepared->assignment;
+        chosen = prepared->workers;
+        requests = std::move(prepared->requests);
+        planned.erase(prepared);
+      } else {
+        chosen.assign(idle.begin(), idle.begin() + stages);
+        id = next_pipeline_id_++;
+        assignment = next_assignment_++;
+      }
       for (int s = 0; s < stages; ++s) {
         WorkerEntry& w = workers_[chosen[s]];
         w.state = v1::WORKER_STATE_SERVING;
@@ -483,7 +639,7 @@ absl::Status Coordinator::RunPlan() {
         w.layers = ranges[s];
       }
     }
-    absl::Status s = BuildPipeline(id, assignment, chosen, ranges);
+    absl::Status s = BuildPipeline(id, assignment, chosen, ranges, std::move(requests));
     if (!s.ok()) {
       spdlog::warn("building pipeline {}: {}", id, s.ToString());
       absl::MutexLock lock(&mu_);
@@ -505,6 +661,7 @@ absl::Status Coordinator::RunPlan() {
     }
   }
 
+  for (std::thread& t : releasing) t.join();
   ArriveMoved(departures, paused);
   absl::MutexLock lock(&mu_);
   planning_ = false;
@@ -622,21 +779,10 @@ void Coordinator::ArriveMoved(std::vector<Departure>& departures, absl::Time pau
   }
 }
 
-absl::Status Coordinator::BuildPipeline(int id, uint64_t assignment,
-                                        const std::vector<int64_t>& workers,
-                                        const std::vector<LayerRange>& ranges) {
-  std::vector<std::shared_ptr<grpc::Channel>> channels;
-  std::vector<std::string> addresses;
-  bool all_cuda = true;  // only CUDA workers link over NCCL
-  {
-    absl::MutexLock lock(&mu_);
-    for (int64_t w : workers) {
-      channels.push_back(workers_[w].channel);
-      addresses.push_back(workers_[w].address);
-      all_cuda = all_cuda && workers_[w].backend == "cuda";
-    }
-  }
-  const int stages = static_cast<int>(workers.size());
+std::vector<v1::AssignStageRequest> Coordinator::StageRequests(
+    int id, uint64_t assignment, const std::vector<std::string>& addresses,
+    const std::vector<LayerRange>& ranges) const {
+  const int stages = static_cast<int>(addresses.size());
   std::vector<v1::AssignStageRequest> requests(stages);
   for (int s = 0; s < stages; ++s) {
     v1::AssignStageRequest& req = requests[s];
@@ -652,10 +798,34 @@ absl::Status Coordinator::BuildPipeline(int id, uint64_t assignment,
     req.set_max_step_rows(static_cast<int64_t>(config_.max_batch) * config_.prefill_chunk);
     if (s + 1 < stages) req.set_next_address(addresses[s + 1]);
   }
+  return requests;
+}
+
+absl::Status Coordinator::BuildPipeline(int id, uint64_t assignment,
+                                        const std::vector<int64_t>& workers,
+                                        const std::vector<LayerRange>& ranges,
+                                        std::vector<v1::AssignStageRequest> requests) {
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::vector<std::string> addresses;
+  bool all_cuda = true;  // only CUDA workers link over NCCL
+  {
+    absl::MutexLock lock(&mu_);
+    for (int64_t w : workers) {
+      channels.push_back(workers_[w].channel);
+      addresses.push_back(workers_[w].address);
+      all_cuda = all_cuda && workers_[w].backend == "cuda";
+    }
+  }
+  const int stages = static_cast<int>(workers.size());
+  const bool prepared = !requests.empty();
+  if (prepared) {
+    for (v1::AssignStageRequest& r : requests) r.set_prepare(false);
+  } else {
+    requests = StageRequests(id, assignment, addresses, ranges);
+  }
   std::vector<v1::AssignStageResponse> responses;
   if (std::optional<StageAssignError> err =
-          AssignPipelineStages(channels, std::move(requests), kAssignTimeout, &responses,
-                               all_cuda)) {
+          AssignPipelineStages(channels, requests, kAssignTimeout, &responses, all_cuda)) {
     const int s = err->stage;
     const grpc::Status& st = err->status;
     const std::string why = absl::StrFormat("AssignStage to worker %d (%s): %s", workers[s],
@@ -668,9 +838,11 @@ absl::Status Coordinator::BuildPipeline(int id, uint64_t assignment,
     return absl::Status(code, why);
   }
   for (int s = 0; s < stages; ++s) {
-    spdlog::info("pipeline {} stage {}: worker {} ({}) loaded layers [{}, {}) in {:.2f} s", id, s,
-                 workers[s], addresses[s], ranges[s].first, ranges[s].last,
-                 responses[s].load_seconds());
+    spdlog::info("pipeline {} stage {}: worker {} ({}) {} layers [{}, {}) in {:.3f} s ({} bytes "
+                 "of weights already placed)",
+                 id, s, workers[s], addresses[s], prepared ? "took its prepared" : "loaded",
+                 ranges[s].first, ranges[s].last, responses[s].load_seconds(),
+                 responses[s].placed_bytes());
   }
   PipelineLink::Callbacks cb;
   cb.on_result = [this, id, assignment](int stage, const v1::StepResult& r) {

@@ -188,8 +188,33 @@ class Coordinator {
   void ArriveMoved(std::vector<Departure>& departures, absl::Time paused);
   // UNAVAILABLE for a request that no pipeline can serve, saying why (plan_error_).
   absl::Status NoPipelineErrorLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The pipelines that retire under the wanted topology (draining ones, those of another stage
+  // count or with a drained worker, and replicas beyond the wanted).
+  std::vector<int> RetiringLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A pipeline planned before the pipelines it replaces stop: its stages' requests (the link
+  // chosen), sent with `prepare` while those still serve.
+  struct Planned {
+    int id = 0;
+    uint64_t assignment = 0;
+    std::vector<int64_t> workers;
+    std::vector<LayerRange> ranges;
+    std::vector<v1::AssignStageRequest> requests;
+  };
+  // Where pipelines retire, plans their replacements on the workers that will be idle (as
+  // RunPlan would choose them) and gets those ready while the old ones serve: each stage
+  // prepared (AssignStageRequest.prepare: link joined, weights placed) and, with move_kv, the KV
+  // links made between the new stages and the old holders of their layers. Returns the plans
+  // whose stages all got ready. Outside mu_.
+  std::vector<Planned> PrepareReplacements();
+  // The AssignStage requests of a pipeline's stages.
+  std::vector<v1::AssignStageRequest> StageRequests(int id, uint64_t assignment,
+                                                    const std::vector<std::string>& addresses,
+                                                    const std::vector<LayerRange>& ranges) const;
+  // Assigns the stages (`requests`: those of a prepare, or none to make them) and adds the
+  // pipeline to the scheduler.
   absl::Status BuildPipeline(int id, uint64_t assignment, const std::vector<int64_t>& workers,
-                             const std::vector<LayerRange>& ranges);
+                             const std::vector<LayerRange>& ranges,
+                             std::vector<v1::AssignStageRequest> requests = {});
   void CloseLinks();
 
   const CoordinatorConfig config_;

@@ -81,7 +81,7 @@ void PipelineLink::ReadLoop(int stage) {
 
 std::optional<StageAssignError> AssignPipelineStages(
     const std::vector<std::shared_ptr<grpc::Channel>>& channels,
-    std::vector<v1::AssignStageRequest> requests, absl::Duration timeout,
+    std::vector<v1::AssignStageRequest>& requests, absl::Duration timeout,
     std::vector<v1::AssignStageResponse>* responses, bool nccl_capable) {
   const int stages = static_cast<int>(requests.size());
   responses->assign(stages, v1::AssignStageResponse());
@@ -91,7 +91,9 @@ std::optional<StageAssignError> AssignPipelineStages(
     return v1::Worker::NewStub(channels[s])->AssignStage(&ctx, requests[s], &(*responses)[s]);
   };
   std::string transport = "grpc";
-  if (stages > 1 && nccl_capable) {
+  if (stages > 1 && !requests[0].transport().empty()) {
+    transport = requests[0].transport();  // chosen when the stages were prepared
+  } else if (stages > 1 && nccl_capable) {
     v1::PrepareLinkRequest req;
     req.set_assignment_id(requests[0].assignment_id());
     req.set_num_stages(stages);

@@ -80,11 +80,12 @@ struct StageAssignError {
 // (Worker.PrepareLink) which activation link it offers; with "nccl" every request gets its
 // ncclUniqueId and the stages are assigned concurrently (joining a communicator is collective),
 // otherwise (and without asking where a stage cannot) over gRPC one after the other, in stage
-// order. `responses` gets one answer per stage. On failure returns the first failed stage (the
-// lowest index) and its status.
+// order. Requests that name their transport already (those of a prepare, sent again without
+// `prepare`) keep it, and nothing is asked. `requests` keep the link chosen; `responses` get one
+// answer per stage. On failure returns the first failed stage (the lowest index) and its status.
 std::optional<StageAssignError> AssignPipelineStages(
     const std::vector<std::shared_ptr<grpc::Channel>>& channels,
-    std::vector<v1::AssignStageRequest> requests, absl::Duration timeout,
+    std::vector<v1::AssignStageRequest>& requests, absl::Duration timeout,
     std::vector<v1::AssignStageResponse>* responses, bool nccl_capable = true);
 
 }  // namespace tandem

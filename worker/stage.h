@@ -69,9 +69,24 @@ struct KvBlock {
   size_t bytes() const;  // of K and V together, wherever they are
 };
 
+// Weights a backend has placed (a CUDA stage's arena in device memory), which a later stage of
+// the same checkpoint may take instead of loading them again (StageSpec::placed): the model
+// layers [first_layer, last_layer), with the embeddings where first_layer is 0 and the final
+// norm and LM head where last_layer is the model's last. Freed once no stage or holder keeps it.
+class PlacedWeights {
+ public:
+  virtual ~PlacedWeights() = default;
+  virtual int first_layer() const = 0;
+  virtual int last_layer() const = 0;
+  virtual int64_t bytes() const = 0;
+};
+
 class Stage {
  public:
   virtual ~Stage() = default;
+  // The placed weights this stage runs on (kept alive by it); none where the backend places
+  // none.
+  virtual std::vector<std::shared_ptr<const PlacedWeights>> placed_weights() const { return {}; }
   // Runs one step. The first stage reads step.tokens and ignores `in`; the others read `in`.
   // Errors (bad slot, position past the context, shape mismatch) leave the stage usable.
   virtual absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) = 0;
@@ -131,6 +146,9 @@ struct StageSpec {
   int last_layer = -1;      // exclusive; -1 or num_layers also loads final norm + LM head
   int max_slots = 8;        // concurrent sequences
   int max_seq_len = 0;      // 0: the model's max_positions
+  // Weights already placed (by an earlier stage or ahead of this one) that the stage may take
+  // where they are of this checkpoint, dtype and device; what they lack is loaded.
+  std::vector<std::shared_ptr<const PlacedWeights>> placed;
 };
 
 }  // namespace tandem

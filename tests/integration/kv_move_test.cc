@@ -273,6 +273,73 @@ TEST_F(KvMoveTest, BadExportsAndImportsAreRefusedNamingTheProblem) {
 // Prefill hand-offs stash one sequence at a time while earlier ones are still being fetched: a
 // stash keeps every key until DropKv names it (a key exported again is replaced), and a decode
 // worker importing from it meanwhile gets the right sequence.
+// A prepared assignment (AssignStageRequest.prepare) leaves the current stage serving until the
+// same request comes without `prepare`, which then serves in its place. A prepare of a bad request
+// is refused naming the field and changes nothing. An import of no sequence and no assignment
+// (links only) is answered by a worker whatever stage it holds. ReleaseStage drops only the stage
+// it names.
+TEST_F(KvMoveTest, APreparedAssignmentWaitsForItsRequestWhileTheCurrentStageServes) {
+  Worker a = StartWorker("a");
+  ASSERT_TRUE(a.Assign(1, Model(), 0, kLayers).ok());
+  const int32_t first = a.Step(1, 0, 0, kPrompt);
+  ASSERT_GE(first, 0);
+
+  v1::AssignStageRequest req;
+  req.set_assignment_id(2);
+  req.set_stage(0);
+  req.set_num_stages(1);
+  req.set_model_dir(Model().string());
+  req.set_first_layer(0);
+  req.set_last_layer(kLayers);
+  req.set_max_slots(4);
+  req.set_max_seq_len(64);
+  req.set_prepare(true);
+  v1::AssignStageResponse resp;
+  grpc::Status st = a.stub->AssignStage(Context().get(), req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_GE(a.Step(1, 0, static_cast<int>(kPrompt.size()), {first}), 0);
+  EXPECT_EQ(a.Step(2, 1, 0, kPrompt), -1);
+
+  v1::AssignStageRequest bad = req;
+  bad.set_stage(3);
+  st = a.stub->AssignStage(Context().get(), bad, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("stage: 3 of 1"));
+  bad = req;
+  bad.set_model_dir((Model() / "missing").string());
+  st = a.stub->AssignStage(Context().get(), bad, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(st.error_message(), HasSubstr("missing"));
+  EXPECT_GE(a.Step(1, 2, 0, kPrompt), 0);
+
+  v1::ImportKvRequest links;
+  links.add_sources()->set_address(a.address);
+  v1::ImportKvResponse imported;
+  st = a.stub->ImportKv(Context().get(), links, &imported);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+
+  req.set_prepare(false);
+  st = a.stub->AssignStage(Context().get(), req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(a.Step(2, 1, 0, kPrompt), first);
+  EXPECT_EQ(a.Step(1, 3, 0, kPrompt), -1);
+
+  // Releasing an assignment the worker no longer holds changes nothing; releasing its own drops
+  // the stage.
+  v1::ReleaseStageRequest release;
+  release.set_assignment_id(1);
+  v1::ReleaseStageResponse released;
+  st = a.stub->ReleaseStage(Context().get(), release, &released);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_FALSE(released.released());
+  EXPECT_EQ(a.Step(2, 2, 0, kPrompt), first);
+  release.set_assignment_id(2);
+  st = a.stub->ReleaseStage(Context().get(), release, &released);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_TRUE(released.released());
+  EXPECT_EQ(a.Step(2, 3, 0, kPrompt), -1);
+}
+
 TEST_F(KvMoveTest, TheStashKeepsEachExportUntilItsKeyIsDropped) {
   Worker a = StartWorker("a"), b = StartWorker("b");
   ASSERT_TRUE(a.stub && b.stub);

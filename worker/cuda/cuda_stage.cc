@@ -3,7 +3,8 @@
 // graphs captured per batch-size bucket.
 //
 // Device memory, all allocated at load time so that no step can run out of memory:
-//   weights_   every tensor of the stage, one arena
+//   placed_    every tensor of the stage: arenas of weights, its own or taken from earlier stages
+//              (StageSpec::placed) where they hold its layers
 //   kv_        K and V: (layers, 2, max_slots + 1, kv_heads, seq_capacity, head_dim); the extra
 //              slot takes the writes of the padding rows of a decode bucket, and stages KV blocks
 //              (ExportKv, ImportKv) in the block's layout on their way to and from the host
@@ -20,8 +21,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <map>
+#include <memory>
 #include <span>
 #include <thread>
 #include <utility>
@@ -32,6 +35,7 @@
 #include "common/rope.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "spdlog/spdlog.h"
 #include "worker/context_fit.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/kernels.h"
@@ -43,6 +47,66 @@
 
 namespace tandem {
 namespace {
+
+std::string CanonicalDir(const std::filesystem::path& dir) {
+  std::error_code ec;
+  const std::filesystem::path c = std::filesystem::weakly_canonical(dir, ec);
+  return ec ? dir.string() : c.string();
+}
+
+// One arena of weights in device memory (PlacedWeights), of one checkpoint directory, dtype and
+// device.
+class CudaPlacedWeights final : public PlacedWeights {
+ public:
+  CudaPlacedWeights(std::string dir, DType dtype, int device, cuda::DeviceWeights w)
+      : dir_(std::move(dir)), dtype_(dtype), device_(device), w_(std::move(w)) {}
+  int first_layer() const override { return w_.tensors.first_layer; }
+  int last_layer() const override { return w_.tensors.last_layer; }
+  int64_t bytes() const override { return static_cast<int64_t>(w_.arena.size()); }
+  bool Serves(const std::string& dir, DType dtype, int device) const {
+    return dir == dir_ && dtype == dtype_ && device == device_;
+  }
+  bool Holds(int layer) const { return layer >= first_layer() && layer < last_layer(); }
+  const StageWeightsOf<const void*>& tensors() const { return w_.tensors; }
+
+ private:
+  const std::string dir_;
+  const DType dtype_;
+  const int device_;
+  const cuda::DeviceWeights w_;
+};
+
+// The weights of the layers [first, last) of `spec`'s checkpoint: those of `spec.placed` that
+// serve it (same directory, dtype and device), and the layers they lack, from the first one
+// lacking to the last, uploaded as one more arena (`uploaded`, null when nothing lacked).
+struct StageArenas {
+  std::vector<std::shared_ptr<const CudaPlacedWeights>> usable;
+  std::shared_ptr<const CudaPlacedWeights> uploaded;
+};
+absl::StatusOr<StageArenas> ArenasFor(const StageSpec& spec, int first, int last,
+                                      const CudaOptions& opt, bool tie_word_embeddings) {
+  StageArenas out;
+  const std::string dir = CanonicalDir(spec.model_dir);
+  for (const std::shared_ptr<const PlacedWeights>& p : spec.placed) {
+    auto c = std::dynamic_pointer_cast<const CudaPlacedWeights>(p);
+    if (c != nullptr && c->Serves(dir, opt.dtype, opt.device)) out.usable.push_back(std::move(c));
+  }
+  int lo = last, hi = first;
+  for (int l = first; l < last; ++l) {
+    const bool held = std::any_of(out.usable.begin(), out.usable.end(),
+                                  [l](const auto& c) { return c->Holds(l); });
+    if (!held) lo = std::min(lo, l), hi = std::max(hi, l + 1);
+  }
+  if (lo >= hi) return out;
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(spec.model_dir));
+  ASSIGN_OR_RETURN(StageSources w, FindStageWeights(*ckpt, lo, hi));
+  const bool share_head = w.has_head && w.has_embedding && tie_word_embeddings;
+  ASSIGN_OR_RETURN(cuda::DeviceWeights uploaded,
+                   cuda::UploadStageWeights(w, opt.dtype, share_head));
+  out.uploaded = std::make_shared<const CudaPlacedWeights>(dir, opt.dtype, opt.device,
+                                                          std::move(uploaded));
+  return out;
+}
 
 // A sequence whose token the device's sampler does not draw by the whole rule.
 bool NeedsHostRule(const SequenceStep& s) {
@@ -124,6 +188,9 @@ class CudaStage final : public Stage {
   absl::StatusOr<int64_t> KvBytes(int layers, int64_t budget, std::string_view budget_what) const;
   absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) override;
   const ModelConfig& config() const override { return c_; }
+  std::vector<std::shared_ptr<const PlacedWeights>> placed_weights() const override {
+    return {placed_.begin(), placed_.end()};
+  }
   absl::StatusOr<KvBlock> ExportKv(int slot, int positions, int first_layer,
                                    int num_layers) const override;
   absl::StatusOr<KvBlock> ExportKvToDevice(int slot, int positions, int first_layer,
@@ -218,7 +285,9 @@ class CudaStage final : public Stage {
   cuda::CublasHandle cublas_;
   DeviceBuffer cublas_workspace_;
   std::unique_ptr<cuda::FixedAlgoGemm> fixed_gemm_;  // batch_invariant: every GEMM through it
-  DeviceBuffer weights_, kv_;
+  // The weights' arenas this stage runs on (its own upload, or taken from earlier stages).
+  std::vector<std::shared_ptr<const CudaPlacedWeights>> placed_;
+  DeviceBuffer kv_;
   DeviceBuffer inv_freq_;  // (head_dim / 2) fp32 rotary inverse frequencies (Llama)
   DeviceBuffer x_, xn_, qkv_, q_, attn_, mlp_in_, mlp_act_, partials_, attn_counters_;
   DeviceBuffer head_in_, logits_, probs_, tokens_out_;
@@ -244,11 +313,24 @@ class CudaStage final : public Stage {
 };
 
 absl::Status CudaStage::Load(const StageSpec& spec) {
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  const Clock::time_point t0 = Clock::now();
   RETURN_IF_ERROR(CheckOptions(spec));
   RETURN_IF_ERROR(UploadWeights(spec));
+  const Clock::time_point t1 = Clock::now();
   RETURN_IF_ERROR(AllocateWorkspace());
   RETURN_IF_ERROR(AllocateKvCache());
-  return CaptureDecodeGraphs();
+  const Clock::time_point t2 = Clock::now();
+  RETURN_IF_ERROR(CaptureDecodeGraphs());
+  const Clock::time_point t3 = Clock::now();
+  spdlog::info("CUDA stage of layers [{}, {}): weights in {:.3f} s ({} arena(s)), buffers and "
+               "KV-cache of {} bytes in {:.3f} s, {} decode graph(s) in {:.3f} s",
+               first_layer_, first_layer_ + num_layers_, seconds(t0, t1), placed_.size(),
+               kv_.size(), seconds(t1, t2), graphs_.size(), seconds(t2, t3));
+  return absl::OkStatus();
 }
 
 absl::Status CudaStage::CheckOptions(const StageSpec& spec) {
@@ -337,15 +419,30 @@ absl::Status CudaStage::UploadWeights(const StageSpec& spec) {
     }
   }
 
-  // Weights: one arena, copied from the mapped checkpoint in their stored dtype.
-  const bool share_head = w.has_head && w.has_embedding && c_.tie_word_embeddings;
-  ASSIGN_OR_RETURN(cuda::DeviceWeights uploaded,
-                   cuda::UploadStageWeights(w, opt_.dtype, share_head));
-  weights_ = std::move(uploaded.arena);
-  const StageWeightsOf<const void*>& d = uploaded.tensors;
-  tok_embedding_ = d.tok_embedding;
-  pos_embedding_ = d.pos_embedding;
-  for (const LayerWeightsOf<const void*>& l : d.layers) {
+  // Weights: arenas already placed where they hold the layers, the others copied from the mapped
+  // checkpoint in their stored dtype into one more.
+  const int end = first_layer_ + num_layers_;
+  ASSIGN_OR_RETURN(StageArenas arenas,
+                   ArenasFor(spec, first_layer_, end, opt_, c_.tie_word_embeddings));
+  std::vector<std::shared_ptr<const CudaPlacedWeights>> from = arenas.usable;
+  if (arenas.uploaded != nullptr) from.insert(from.begin(), arenas.uploaded);
+  placed_.clear();
+  // The first arena holding `layer`, kept by the stage.
+  auto arena_of = [&](int layer) -> const StageWeightsOf<const void*>& {
+    for (const std::shared_ptr<const CudaPlacedWeights>& a : from) {
+      if (!a->Holds(layer)) continue;
+      if (std::find(placed_.begin(), placed_.end(), a) == placed_.end()) placed_.push_back(a);
+      return a->tensors();
+    }
+    std::abort();  // ArenasFor leaves no layer without one
+  };
+  if (has_embedding_) {
+    tok_embedding_ = arena_of(0).tok_embedding;
+    pos_embedding_ = arena_of(0).pos_embedding;
+  }
+  for (int layer = first_layer_; layer < end; ++layer) {
+    const StageWeightsOf<const void*>& a = arena_of(layer);
+    const LayerWeightsOf<const void*>& l = a.layers[layer - a.first_layer];
     DeviceLayer dl;
     dl.attn_norm_w = l.attn_norm_w;
     dl.attn_norm_b = l.attn_norm_b;
@@ -361,9 +458,12 @@ absl::Status CudaStage::UploadWeights(const StageSpec& spec) {
     dl.b_out = l.b_out;
     layers_.push_back(dl);
   }
-  final_norm_w_ = d.final_norm_w;
-  final_norm_b_ = d.final_norm_b;
-  lm_head_ = d.lm_head;
+  if (has_head_) {
+    const StageWeightsOf<const void*>& a = arena_of(end - 1);
+    final_norm_w_ = a.final_norm_w;
+    final_norm_b_ = a.final_norm_b;
+    lm_head_ = a.lm_head;
+  }
   if (c_.arch == Arch::kLlama) {
     const std::vector<float> inv_freq = RopeInverseFrequencies(c_);
     RETURN_IF_ERROR(inv_freq_.Allocate(inv_freq.size() * sizeof(float)));
@@ -1126,6 +1226,27 @@ absl::Status SetDecodeTail(Stage& stage, DecodeTail tail) {
   ASSIGN_OR_RETURN(CudaStage * cuda_stage, AsCudaStage(stage));
   cuda_stage->set_tail(std::move(tail));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const PlacedWeights>> PlaceCudaWeights(
+    const StageSpec& spec, const CudaOptions& options) {
+  if (!CudaDeviceAvailable()) {
+    return absl::FailedPreconditionError("no CUDA device is available");
+  }
+  if (options.dtype != DType::kF16 && options.dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA backend dtype must be F16 or BF16, got ",
+                                                   std::string(DTypeName(options.dtype))));
+  }
+  ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(spec.model_dir));
+  const int last = spec.last_layer == -1 ? c.num_layers : spec.last_layer;
+  if (spec.first_layer < 0 || spec.first_layer >= last || last > c.num_layers) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "layers [%d, %d) of a model of %d", spec.first_layer, last, c.num_layers));
+  }
+  CUDA_CHECK(cudaSetDevice(options.device));
+  ASSIGN_OR_RETURN(StageArenas arenas,
+                   ArenasFor(spec, spec.first_layer, last, options, c.tie_word_embeddings));
+  return std::shared_ptr<const PlacedWeights>(std::move(arenas.uploaded));
 }
 
 absl::StatusOr<std::unique_ptr<Stage>> MakeCudaStage(const StageSpec& spec,

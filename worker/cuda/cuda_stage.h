@@ -118,5 +118,12 @@ absl::StatusOr<std::string> CudaDeviceUuid(int device);
 
 absl::StatusOr<std::unique_ptr<Stage>> MakeCudaStage(const StageSpec& spec,
                                                      const CudaOptions& options);
+// The weights of `spec`'s layers that `spec.placed` lacks (arenas of this checkpoint directory,
+// options.dtype and options.device), placed in the device's memory now as one arena, for a later
+// MakeCudaStage to take (StageSpec::placed) instead of loading them then; null when nothing is
+// lacking. A stage running meanwhile is not disturbed (but for the copies' share of the device).
+// RESOURCE_EXHAUSTED when they do not fit; INVALID_ARGUMENT for layers outside the model.
+absl::StatusOr<std::shared_ptr<const PlacedWeights>> PlaceCudaWeights(const StageSpec& spec,
+                                                                     const CudaOptions& options);
 
 }  // namespace tandem

@@ -127,6 +127,9 @@ absl::StatusOr<Backend> CudaBackend() {
   b.factory = [options](const tandem::StageSpec& spec) {
     return tandem::MakeCudaStage(spec, options);
   };
+  b.link.place_weights = [options](const tandem::StageSpec& spec) {
+    return tandem::PlaceCudaWeights(spec, options);
+  };
   b.link.to_host = [device = options.device](const tandem::Activations& a) {
     return tandem::CopyActivationsToHost(a, device);
   };

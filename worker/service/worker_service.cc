@@ -14,6 +14,7 @@
 #include "common/checked_math.h"
 #include "common/metrics.h"
 #include "common/model_config.h"
+#include "common/status_macros.h"
 #include "common/thread_name.h"
 #include "proto/grpc_status.h"
 #include "spdlog/spdlog.h"
@@ -129,86 +130,214 @@ grpc::Status WorkerService::PrepareLink(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
+grpc::Status WorkerService::CheckAssignment(const v1::AssignStageRequest& req, StageSpec* spec,
+                                            std::string* transport) {
+  if (req.num_stages() < 1 || req.stage() < 0 || req.stage() >= req.num_stages()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrFormat("stage: %d of %d", req.stage(), req.num_stages()));
+  }
+  if ((req.stage() + 1 < req.num_stages()) == req.next_address().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "next_address: required on every stage but the last, and only there");
+  }
+  // A single stage has no neighbour to link to.
+  *transport = req.transport().empty() || req.num_stages() == 1 ? "grpc" : req.transport();
+  if (*transport != "grpc" && *transport != "nccl") {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("transport: '", *transport, "' (expected grpc or nccl)"));
+  }
+  if (*transport == "nccl" && !link_.join_nccl) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "transport nccl: this worker has no NCCL (a CUDA build with --backend=cuda)");
+  }
+  absl::StatusOr<std::filesystem::path> model_dir = ResolveModelDir(model_root_, req.model_dir());
+  if (!model_dir.ok()) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, std::string(model_dir.status().message()));
+  }
+  spec->model_dir = *model_dir;
+  spec->first_layer = req.first_layer();
+  spec->last_layer = req.last_layer();
+  spec->max_slots = req.max_slots();
+  spec->max_seq_len = req.max_seq_len();
+  // A pipeline's link is sized from the model's width (a single stage has none; nccl is only
+  // chosen for more than one).
+  if (req.num_stages() > 1) {
+    absl::StatusOr<ModelConfig> config = LoadModelConfig(spec->model_dir);
+    if (!config.ok()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          std::string(config.status().message()));
+    }
+    if (*transport == "grpc") return CheckStepFitsLink(req, config->hidden_size);
+  }
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::unique_ptr<ActivationTransport>> WorkerService::JoinPipelineLink(
+    const v1::AssignStageRequest& req, const StageSpec& spec) {
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(spec.model_dir));
+  NcclJoin join;
+  join.unique_id = req.nccl_id();
+  join.rank = req.stage();
+  join.world = req.num_stages();
+  join.hidden_size = config.hidden_size;
+  join.max_rows = MaxStepRows(req);
+  absl::StatusOr<std::unique_ptr<ActivationTransport>> t = link_.join_nccl(join);
+  if (!t.ok()) {
+    spdlog::error("assignment {}: NCCL: {}", req.assignment_id(), t.status().ToString());
+    return absl::Status(t.status().code() == absl::StatusCode::kInvalidArgument
+                            ? absl::StatusCode::kInvalidArgument
+                            : absl::StatusCode::kFailedPrecondition,
+                        absl::StrCat("NCCL link of stage ", req.stage(), ": ",
+                                     t.status().message()));
+  }
+  return t;
+}
+
+grpc::Status WorkerService::Prepare(const v1::AssignStageRequest& req, const StageSpec& spec,
+                                    const std::string& transport,
+                                    v1::AssignStageResponse* resp) {
+  const absl::Time t0 = absl::Now();
+  // A checkpoint that cannot be read is refused now rather than when the assignment comes.
+  if (absl::StatusOr<ModelConfig> c = LoadModelConfig(spec.model_dir); !c.ok()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(c.status().message()));
+  }
+  prepared_.reset();  // one at a time: an older one's link and weights go
+  auto p = std::make_unique<Prepared>();
+  p->request = req;
+  p->request.set_prepare(false);
+  if (transport == "nccl") {
+    absl::StatusOr<std::unique_ptr<ActivationTransport>> t = JoinPipelineLink(req, spec);
+    if (!t.ok()) return ToGrpcStatus(t.status());
+    p->nccl = *std::move(t);
+    // The first and last stages' token communicator too (StepRunnerOptions::feed_first).
+    if (absl::Status st = p->nccl->SeparateTokens(); !st.ok()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("NCCL link of stage ", req.stage(), ": ",
+                                       std::string(st.message())));
+    }
+  }
+  if (link_.place_weights) {
+    StageSpec want = spec;
+    {
+      absl::MutexLock lock(&mu_);
+      if (current_ != nullptr) want.placed = current_->engine->placed_weights();
+    }
+    absl::StatusOr<std::shared_ptr<const PlacedWeights>> w = link_.place_weights(want);
+    if (w.ok()) {
+      p->weights = *std::move(w);
+    } else {
+      // Not fatal: the assignment loads them itself.
+      spdlog::warn("assignment {}: weights not placed ahead: {}", req.assignment_id(),
+                   w.status().ToString());
+    }
+  }
+  resp->set_placed_bytes(p->weights != nullptr ? p->weights->bytes() : 0);
+  resp->set_load_seconds(absl::ToDoubleSeconds(absl::Now() - t0));
+  spdlog::info("assignment {}: prepared stage {}/{} layers [{}, {}) in {:.3f} s ({} link, {} "
+               "bytes of weights placed)",
+               req.assignment_id(), req.stage(), req.num_stages(), req.first_layer(),
+               req.last_layer(), resp->load_seconds(), transport, resp->placed_bytes());
+  prepared_ = std::move(p);
+  return grpc::Status::OK;
+}
+
+void WorkerService::CloseInBackground(std::shared_ptr<Assignment> a) {
+  if (a == nullptr) return;
+  std::unique_ptr<ActivationTransport> link;
+  if (a.use_count() == 1) {
+    a->runner.reset();
+    link = std::move(a->transport);
+  }
+  a.reset();  // the stage: its memory is free for the next one
+  if (link == nullptr) return;
+  absl::MutexLock lock(&closing_mu_);
+  for (std::thread& t : closing_) t.join();
+  closing_.clear();
+  closing_.emplace_back([link = std::move(link)]() mutable {
+    SetThreadName("link-close");
+    link.reset();
+  });
+}
+
+WorkerService::~WorkerService() {
+  absl::MutexLock lock(&closing_mu_);
+  for (std::thread& t : closing_) t.join();
+}
+
+grpc::Status WorkerService::ReleaseStage(grpc::ServerContext* ctx,
+                                         const v1::ReleaseStageRequest* req,
+                                         v1::ReleaseStageResponse* resp) {
+  if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
+  const absl::Time t0 = absl::Now();
+  std::shared_ptr<Assignment> old;
+  {
+    absl::MutexLock assign(&assign_mu_);
+    absl::MutexLock lock(&mu_);
+    if (current_ != nullptr && current_->id == req->assignment_id()) old = std::move(current_);
+  }
+
+  resp->set_released(old != nullptr);
+  if (old == nullptr) return grpc::Status::OK;
+  CloseInBackground(std::move(old));
+  spdlog::info("assignment {}: stage released in {:.3f} s", req->assignment_id(),
+               absl::ToDoubleSeconds(absl::Now() - t0));
+  return grpc::Status::OK;
+}
+
 grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
                                         const v1::AssignStageRequest* req,
                                         v1::AssignStageResponse* resp) {
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
   absl::MutexLock assign(&assign_mu_);
   const absl::Time t0 = absl::Now();
-  if (req->num_stages() < 1 || req->stage() < 0 || req->stage() >= req->num_stages()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrFormat("stage: %d of %d", req->stage(), req->num_stages()));
-  }
-  if ((req->stage() + 1 < req->num_stages()) == req->next_address().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "next_address: required on every stage but the last, and only there");
-  }
-  // A single stage has no neighbour to link to.
-  const std::string transport =
-      req->transport().empty() || req->num_stages() == 1 ? "grpc" : req->transport();
-  if (transport != "grpc" && transport != "nccl") {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("transport: '", transport, "' (expected grpc or nccl)"));
-  }
-  if (transport == "nccl" && !link_.join_nccl) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "transport nccl: this worker has no NCCL (a CUDA build with --backend=cuda)");
-  }
-  absl::StatusOr<std::filesystem::path> model_dir = ResolveModelDir(model_root_, req->model_dir());
-  if (!model_dir.ok()) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND, std::string(model_dir.status().message()));
-  }
   StageSpec spec;
-  spec.model_dir = *model_dir;
-  spec.first_layer = req->first_layer();
-  spec.last_layer = req->last_layer();
-  spec.max_slots = req->max_slots();
-  spec.max_seq_len = req->max_seq_len();
-  // Drop the old stage first: two full stages may not fit in memory.
+  std::string transport;
+  if (grpc::Status st = CheckAssignment(*req, &spec, &transport); !st.ok()) return st;
+  if (req->prepare()) return Prepare(*req, spec, transport, resp);
+  // What a prepare of this very assignment got ready; any other is dropped.
+  std::unique_ptr<Prepared> prepared = std::move(prepared_);
+  if (prepared != nullptr && prepared->request.SerializeAsString() != req->SerializeAsString()) {
+    prepared.reset();
+  }
+  // Drop the old stage first: two full stages may not fit in memory. The weights of it that hold
+  // layers of the new stage stay for it to take.
+  const absl::Time dropping = absl::Now();
+  std::shared_ptr<Assignment> old;
   {
     absl::MutexLock lock(&mu_);
-    current_.reset();
-  }
-  // NCCL: join before loading. Every stage joins at once (the coordinator assigns them
-  // concurrently), so a slow load elsewhere does not eat the join's timeout, and the link's
-  // buffers are taken before the KV-cache sizes itself from the free memory.
-  // A pipeline's link is sized from the model's width (a single stage has none; nccl is only
-  // chosen for more than one).
-  absl::StatusOr<ModelConfig> config = absl::FailedPreconditionError("no link");
-  if (req->num_stages() > 1) {
-    config = LoadModelConfig(spec.model_dir);
-    if (!config.ok()) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          std::string(config.status().message()));
-    }
-    if (transport == "grpc") {
-      if (grpc::Status fits = CheckStepFitsLink(*req, config->hidden_size); !fits.ok()) {
-        return fits;
+    if (current_ != nullptr) {
+      for (std::shared_ptr<const PlacedWeights>& w : current_->engine->placed_weights()) {
+        if (w->last_layer() > spec.first_layer &&
+            (spec.last_layer < 0 || w->first_layer() < spec.last_layer)) {
+          spec.placed.push_back(std::move(w));
+        }
       }
     }
+    old = std::move(current_);
   }
+  CloseInBackground(std::move(old));
+  const absl::Duration dropped = absl::Now() - dropping;
+  if (prepared != nullptr && prepared->weights != nullptr) {
+    spec.placed.push_back(prepared->weights);
+  }
+  // NCCL: join before loading (unless a prepare did). Every stage joins at once (the coordinator
+  // assigns them concurrently), so a slow load elsewhere does not eat the join's timeout, and the
+  // link's buffers are taken before the KV-cache sizes itself from the free memory.
   std::unique_ptr<ActivationTransport> nccl;
-  if (transport == "nccl") {
-    NcclJoin join;
-    join.unique_id = req->nccl_id();
-    join.rank = req->stage();
-    join.world = req->num_stages();
-    join.hidden_size = config->hidden_size;
-    join.max_rows = MaxStepRows(*req);
-    absl::StatusOr<std::unique_ptr<ActivationTransport>> t = link_.join_nccl(join);
-    if (!t.ok()) {
-      spdlog::error("assignment {}: NCCL: {}", req->assignment_id(), t.status().ToString());
-      const auto code = t.status().code() == absl::StatusCode::kInvalidArgument
-                            ? grpc::StatusCode::INVALID_ARGUMENT
-                            : grpc::StatusCode::FAILED_PRECONDITION;
-      return grpc::Status(code, absl::StrCat("NCCL link of stage ", req->stage(), ": ",
-                                             std::string(t.status().message())));
-    }
+  if (prepared != nullptr && prepared->nccl != nullptr) {
+    nccl = std::move(prepared->nccl);
+  } else if (transport == "nccl") {
+    absl::StatusOr<std::unique_ptr<ActivationTransport>> t = JoinPipelineLink(*req, spec);
+    if (!t.ok()) return ToGrpcStatus(t.status());
     nccl = *std::move(t);
   }
   absl::StatusOr<std::unique_ptr<Stage>> stage = factory_(spec);
   if (absl::IsResourceExhausted(stage.status()) && SpillStashToHost() > 0) {
     stage = factory_(spec);  // with the GPU memory the stash held
+  }
+  if (absl::IsResourceExhausted(stage.status()) && !spec.placed.empty()) {
+    spec.placed.clear();  // arenas held whole for some of their layers: load just what it needs
+    stage = factory_(spec);
   }
   if (!stage.ok()) {
     spdlog::error("assignment {}: {}", req->assignment_id(), stage.status().ToString());
@@ -265,12 +394,22 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
     absl::MutexLock lock(&mu_);
     current_ = a;
   }
+  int64_t taken = 0;  // bytes of weights the stage took rather than loaded
+  for (const std::shared_ptr<const PlacedWeights>& w : a->engine->placed_weights()) {
+    if (std::find(spec.placed.begin(), spec.placed.end(), w) != spec.placed.end()) {
+      taken += w->bytes();
+    }
+  }
   resp->set_load_seconds(absl::ToDoubleSeconds(absl::Now() - t0));
   resp->set_feeds_previous_samples(a->runner->feeds_previous_samples());
-  spdlog::info("assignment {}: pipeline {} stage {}/{} layers [{}, {}) next {} over {}", a->id,
-               req->pipeline_id(), a->stage, a->num_stages, req->first_layer(),
+  resp->set_placed_bytes(taken);
+  spdlog::info("assignment {}: pipeline {} stage {}/{} layers [{}, {}) next {} over {}{}, ready "
+               "in {:.3f} s (the stage before dropped in {:.3f} s; {} bytes of weights already "
+               "placed)",
+               a->id, req->pipeline_id(), a->stage, a->num_stages, req->first_layer(),
                req->last_layer(), req->next_address().empty() ? "-" : req->next_address(),
-               transport);
+               transport, prepared != nullptr ? " (prepared)" : "", resp->load_seconds(),
+               absl::ToDoubleSeconds(dropped), taken);
   return grpc::Status::OK;
 }
 
@@ -557,7 +696,7 @@ absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchBlocks(
   // The sequences in up to kFetchStreams groups, each over a connection of its own, at once: one
   if (link_.join_kv_link && link_.make_nccl_id) {
     absl::StatusOr<std::optional<std::vector<KvBlock>>> over =
-        FetchOverNccl(a, address, keys, first_layer, num_layers);
+        FetchOverNccl(&a, address, keys, first_layer, num_layers);
     if (!over.ok()) return over.status();
     if (over->has_value()) return **std::move(over);
   }
@@ -622,6 +761,16 @@ absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchGroup(
 grpc::Status WorkerService::ImportKv(grpc::ServerContext* ctx, const v1::ImportKvRequest* req,
                                      v1::ImportKvResponse* resp) {
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
+  if (req->assignment_id() == 0 && req->seqs().empty()) {
+    // Links only, made ahead of the imports that will use them.
+    for (const v1::KvSource& src : req->sources()) {
+      if (src.address().empty() || !link_.join_kv_link || !link_.make_nccl_id) continue;
+      absl::StatusOr<std::optional<std::vector<KvBlock>>> made =
+          FetchOverNccl(nullptr, src.address(), {}, 0, 0);
+      if (!made.ok()) return ToGrpcStatus(made.status());
+    }
+    return grpc::Status::OK;
+  }
   absl::StatusOr<std::shared_ptr<Assignment>> a = AssignmentFor(req->assignment_id());
   if (!a.ok()) return ToGrpcStatus(a.status());
   // The sources must cover the stage's layers once each, so that no slot is left half filled.
@@ -813,7 +962,7 @@ grpc::Status WorkerService::SendOverNccl(grpc::ServerContext* ctx, const v1::Fet
 }
 
 absl::StatusOr<std::optional<std::vector<KvBlock>>> WorkerService::FetchOverNccl(
-    const Assignment& a, const std::string& address, const std::vector<uint64_t>& keys,
+    const Assignment* a, const std::string& address, const std::vector<uint64_t>& keys,
     int first_layer, int num_layers) {
   std::shared_ptr<HeldKvLink> held;
   {
@@ -885,12 +1034,13 @@ absl::StatusOr<std::optional<std::vector<KvBlock>>> WorkerService::FetchOverNccl
                             : FromGrpcStatus(done));
     }
   }
-  const ModelConfig& c = a.engine->config();
+  if (keys.empty()) return std::optional<std::vector<KvBlock>>(std::in_place);
+  const ModelConfig& c = a->engine->config();
   const KvShape shape{.first_layer = first_layer,
                       .num_layers = num_layers,
                       .num_kv_heads = c.num_kv_heads,
                       .head_dim = c.head_dim,
-                      .max_positions = a.max_seq_len};
+                      .max_positions = a->max_seq_len};
   // Every header, then every sequence's K and V as one NCCL transfer into memory of this GPU.
   std::vector<KvBlock> blocks;
   std::vector<std::pair<void*, size_t>> buffers;

@@ -75,12 +75,18 @@ struct LinkOptions {
       join_kv_link;
   // A stashed block in device memory copied to host memory, for a fetch over gRPC.
   std::function<absl::StatusOr<KvBlock>(const KvBlock&)> kv_to_host;
+  // Places the weights of `spec`'s layers that spec.placed lacks (MakeCudaStage's
+  // PlaceCudaWeights), for a prepared assignment; null when nothing lacks. Empty: the backend
+  // places none, and a stage loads all it needs when assigned.
+  std::function<absl::StatusOr<std::shared_ptr<const PlacedWeights>>(const StageSpec& spec)>
+      place_weights;
 };
 
 class WorkerService final : public v1::Worker::Service {
  public:
   WorkerService(StageFactory factory, ActivationInbox& inbox, absl::Duration recv_timeout,
                 LinkOptions link = {});
+  ~WorkerService() override;
   // Where to record stage timings (common/metrics.h); null: nowhere. Set before serving.
   void set_metrics(WorkerMetrics* metrics) { metrics_ = metrics; }
   // Where to write one line per step (tab-separated: end time in microseconds since the epoch,
@@ -96,6 +102,8 @@ class WorkerService final : public v1::Worker::Service {
 
   grpc::Status AssignStage(grpc::ServerContext* ctx, const v1::AssignStageRequest* req,
                            v1::AssignStageResponse* resp) override;
+  grpc::Status ReleaseStage(grpc::ServerContext* ctx, const v1::ReleaseStageRequest* req,
+                            v1::ReleaseStageResponse* resp) override;
   grpc::Status Steps(grpc::ServerContext* ctx,
                      grpc::ServerReaderWriter<v1::StepResult, v1::StepRequest>* stream) override;
   grpc::Status PrepareLink(grpc::ServerContext* ctx, const v1::PrepareLinkRequest* req,
@@ -131,6 +139,27 @@ class WorkerService final : public v1::Worker::Service {
     // (RunLock), so that a busy stage does not keep a hand-off waiting step after step.
     std::atomic<int> kv_waiting{0};
   };
+  // An assignment got ready for (AssignStageRequest.prepare): the request (prepare cleared), its
+  // NCCL link and the weights placed for it.
+  struct Prepared {
+    v1::AssignStageRequest request;
+    std::unique_ptr<ActivationTransport> nccl;
+    std::shared_ptr<const PlacedWeights> weights;
+  };
+  // AssignStage's checks of `req` and the stage it asks for; the link's transport in `transport`.
+  grpc::Status CheckAssignment(const v1::AssignStageRequest& req, StageSpec* spec,
+                               std::string* transport);
+  // Joins the pipeline's NCCL communicator as `req`'s stage.
+  absl::StatusOr<std::unique_ptr<ActivationTransport>> JoinPipelineLink(
+      const v1::AssignStageRequest& req, const StageSpec& spec);
+  // AssignStage with `prepare`: the link joined and the weights placed, kept in prepared_.
+  grpc::Status Prepare(const v1::AssignStageRequest& req, const StageSpec& spec,
+                       const std::string& transport, v1::AssignStageResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(assign_mu_);
+  // Drops an assignment that is over: its stage at once (the memory is the next one's), its link
+  // on a thread of its own, as closing an NCCL link waits for the peers to close theirs (about a
+  // second). Where another holder still has the assignment, all of it goes with the last.
+  void CloseInBackground(std::shared_ptr<Assignment> a);
   // run_mu for a step (after every waiting export or import) or for one sequence's KV-cache.
   static void LockForStep(Assignment& a);
   static void LockForKv(Assignment& a);
@@ -151,8 +180,9 @@ class WorkerService final : public v1::Worker::Service {
                                                    int first_layer, int num_layers);
   // FetchBlocks over NCCL (LinkOptions::join_kv_link): the blocks in this worker's device memory,
   // or, when the other worker refused before sending anything (it cannot), nullopt.
+  // With no keys, only the link (made where there is none); `a` may then be null.
   absl::StatusOr<std::optional<std::vector<KvBlock>>> FetchOverNccl(
-      const Assignment& a, const std::string& address, const std::vector<uint64_t>& keys,
+      const Assignment* a, const std::string& address, const std::vector<uint64_t>& keys,
       int first_layer, int num_layers);
   // FetchKv's side of FetchOverNccl: the blocks of `req` sent over the link of req.nccl_id.
   grpc::Status SendOverNccl(grpc::ServerContext* ctx, const v1::FetchKvRequest& req,
@@ -170,6 +200,9 @@ class WorkerService final : public v1::Worker::Service {
   const absl::Duration recv_timeout_;
   const LinkOptions link_;
   absl::Mutex assign_mu_;  // one AssignStage at a time
+  std::unique_ptr<Prepared> prepared_ ABSL_GUARDED_BY(assign_mu_);
+  absl::Mutex closing_mu_;
+  std::vector<std::thread> closing_ ABSL_GUARDED_BY(closing_mu_);  // links closing
   absl::Mutex mu_;
   std::shared_ptr<Assignment> current_ ABSL_GUARDED_BY(mu_);
   absl::Mutex stash_mu_;

@@ -933,6 +933,101 @@ TEST_P(CudaStageVsCpu, LastLayerOfTheSampledRowsOnlyKeepsTheBits) {
   }
 }
 
+// Weights placed ahead (PlaceCudaWeights) or held by an earlier stage are taken instead of
+// loaded, and a stage on them computes the same bits as one that loaded its own: the two halves
+// of the model placed one after the other (only what lacks is placed each time), the halves of a
+// pipeline on one stage's arena. Arenas of another dtype are not taken.
+TEST_P(CudaStageVsCpu, PlacedWeightsAreTakenInsteadOfLoadedAndKeepTheBits) {
+  SKIP_WITHOUT_GPU();
+  const auto dir = Checkpoint(GetParam());
+  CudaOptions o;
+  o.dtype = DType::kF16;
+  o.batch_invariant = true;
+  auto loaded = MakeCudaWith(dir, o);
+  ASSERT_TRUE(loaded);
+  const int n = loaded->config().num_layers;
+  const int v = loaded->config().vocab_size;
+  ASSERT_GE(n, 2);
+  using Placed = std::vector<std::shared_ptr<const PlacedWeights>>;
+  auto spec_of = [&](int first, int last, Placed placed) {
+    StageSpec spec;
+    spec.model_dir = dir;
+    spec.first_layer = first;
+    spec.last_layer = last;
+    spec.max_slots = 4;
+    spec.max_seq_len = 128;
+    spec.placed = std::move(placed);
+    return spec;
+  };
+  ASSERT_EQ(loaded->placed_weights().size(), 1u);
+  EXPECT_EQ(loaded->placed_weights()[0]->first_layer(), 0);
+  EXPECT_EQ(loaded->placed_weights()[0]->last_layer(), n);
+
+  absl::StatusOr<std::shared_ptr<const PlacedWeights>> front =
+      PlaceCudaWeights(spec_of(0, n / 2, {}), o);
+  ASSERT_TRUE(front.ok()) << front.status();
+  ASSERT_NE(*front, nullptr);
+  EXPECT_EQ((*front)->first_layer(), 0);
+  EXPECT_EQ((*front)->last_layer(), n / 2);
+  absl::StatusOr<std::shared_ptr<const PlacedWeights>> back =
+      PlaceCudaWeights(spec_of(0, -1, {*front}), o);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_NE(*back, nullptr);
+  EXPECT_EQ((*back)->first_layer(), n / 2);
+  EXPECT_EQ((*back)->last_layer(), n);
+  absl::StatusOr<std::shared_ptr<const PlacedWeights>> none =
+      PlaceCudaWeights(spec_of(0, -1, {*front, *back}), o);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(*none, nullptr);
+  EXPECT_FALSE(PlaceCudaWeights(spec_of(0, n + 1, {}), o).ok());
+
+  const std::vector<Seq> seqs = {{0, Prompt(17, 71, v)}, {1, Prompt(6, 72, v)}};
+  const Trace want = RunSteps(*loaded, seqs, 3);
+  absl::StatusOr<std::unique_ptr<Stage>> halves =
+      MakeCudaStage(spec_of(0, -1, {*front, *back}), o);
+  ASSERT_TRUE(halves.ok()) << halves.status();
+  EXPECT_EQ((*halves)->placed_weights(), (Placed{*front, *back}));
+  const Trace got = RunSteps(**halves, seqs, 3);
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+  for (size_t i = 0; i < got.logits.size(); ++i) {
+    EXPECT_EQ(got.logits[i], want.logits[i]) << "step " << i;
+  }
+  EXPECT_EQ(got.tokens, want.tokens);
+
+  // A pipeline of two stages on the whole model's arena against one of two loaded halves.
+  StepDescriptor step = PrefillStep(seqs);
+  step.return_logits = true;
+  auto run_pipeline = [&](Stage& a, Stage& b) {
+    auto mid = a.Step(step, Activations{});
+    EXPECT_TRUE(mid.ok()) << mid.status();
+    if (!mid.ok()) return std::vector<float>{};
+    auto out = b.Step(step, mid->hidden);
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? out->logits : std::vector<float>{};
+  };
+  absl::StatusOr<std::unique_ptr<Stage>> first =
+      MakeCudaStage(spec_of(0, n / 2, loaded->placed_weights()), o);
+  absl::StatusOr<std::unique_ptr<Stage>> second =
+      MakeCudaStage(spec_of(n / 2, -1, loaded->placed_weights()), o);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ((*first)->placed_weights(), loaded->placed_weights());
+  EXPECT_EQ((*second)->placed_weights(), loaded->placed_weights());
+  auto first_loaded = MakeCudaWith(dir, o, 0, n / 2);
+  auto second_loaded = MakeCudaWith(dir, o, n / 2, -1);
+  ASSERT_TRUE(first_loaded && second_loaded);
+  const std::vector<float> taken = run_pipeline(**first, **second);
+  EXPECT_FALSE(taken.empty());
+  EXPECT_EQ(taken, run_pipeline(*first_loaded, *second_loaded));
+
+  CudaOptions bf16 = o;
+  bf16.dtype = DType::kBF16;
+  absl::StatusOr<std::unique_ptr<Stage>> other =
+      MakeCudaStage(spec_of(0, -1, loaded->placed_weights()), bf16);
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_EQ((*other)->placed_weights().size(), 1u);
+  EXPECT_NE((*other)->placed_weights()[0], loaded->placed_weights()[0]);
+}
+
 INSTANTIATE_TEST_SUITE_P(Presets, CudaStageVsCpu,
                          // The new families: llama3 rope scaling, a sliding window of 16
                          // (shorter than the prompts), q/k/v biases with a tied head.
