@@ -241,10 +241,10 @@ grpc::Status WorkerService::Prepare(const v1::AssignStageRequest& req, const Sta
   return grpc::Status::OK;
 }
 
-void WorkerService::CloseInBackground(std::shared_ptr<Assignment> a) {
+void WorkerService::CloseInBackground(std::shared_ptr<Assignment> a, bool drained) {
   if (a == nullptr) return;
   std::unique_ptr<ActivationTransport> link;
-  if (a.use_count() == 1) {
+  if (drained && a.use_count() == 1) {
     a->runner.reset();
     link = std::move(a->transport);
   }
@@ -278,7 +278,7 @@ grpc::Status WorkerService::ReleaseStage(grpc::ServerContext* ctx,
 
   resp->set_released(old != nullptr);
   if (old == nullptr) return grpc::Status::OK;
-  CloseInBackground(std::move(old));
+  CloseInBackground(std::move(old), /*drained=*/true);
   spdlog::info("assignment {}: stage released in {:.3f} s", req->assignment_id(),
                absl::ToDoubleSeconds(absl::Now() - t0));
   return grpc::Status::OK;
@@ -315,7 +315,8 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
     }
     old = std::move(current_);
   }
-  CloseInBackground(std::move(old));
+  // A prepared assignment follows a layout change that drained the old pipeline first.
+  CloseInBackground(std::move(old), /*drained=*/prepared != nullptr);
   const absl::Duration dropped = absl::Now() - dropping;
   if (prepared != nullptr && prepared->weights != nullptr) {
     spec.placed.push_back(prepared->weights);

@@ -156,10 +156,13 @@ class WorkerService final : public v1::Worker::Service {
   grpc::Status Prepare(const v1::AssignStageRequest& req, const StageSpec& spec,
                        const std::string& transport, v1::AssignStageResponse* resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(assign_mu_);
-  // Drops an assignment that is over: its stage at once (the memory is the next one's), its link
-  // on a thread of its own, as closing an NCCL link waits for the peers to close theirs (about a
-  // second). Where another holder still has the assignment, all of it goes with the last.
-  void CloseInBackground(std::shared_ptr<Assignment> a);
+  // Drops an assignment that is over. `drained`: its pipeline ran its last steps to the end (a
+  // layout change), so nothing of the link's is left on the stage's stream: the stage goes at
+  // once (its memory is the next one's) and the link on a thread of its own, as closing an NCCL
+  // link waits for the peers to close theirs (about a second). Otherwise, or where another holder
+  // still has the assignment, the link closes first (ending what it left queued) and the stage
+  // after it, with the last holder.
+  void CloseInBackground(std::shared_ptr<Assignment> a, bool drained);
   // run_mu for a step (after every waiting export or import) or for one sequence's KV-cache.
   static void LockForStep(Assignment& a);
   static void LockForKv(Assignment& a);
