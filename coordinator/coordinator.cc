@@ -565,8 +565,8 @@ absl::Status Coordinator::RunPlan() {
   // Workers left without a stage drop theirs as the others take new ones: the links between the
   // old stages close on both sides at once.
   std::vector<std::thread> releasing;
-  for (const auto& [channel, old] : releases) {
-    releasing.emplace_back([channel, old] {
+  for (const auto& release : releases) {
+    releasing.emplace_back([channel = release.first, old = release.second] {
       v1::ReleaseStageRequest req;
       req.set_assignment_id(old);
       v1::ReleaseStageResponse resp;

@@ -376,10 +376,14 @@ absl::Time Scheduler::admit_at() const {
   if (options_.admission_quiet <= absl::ZeroDuration() || waiting_.empty()) {
     return absl::InfinitePast();
   }
-  // Nothing to gather for once the waiting requests fill a step or every free slot.
+  // Nothing to gather for once the waiting requests fill a step, or every slot that is free or
+  // frees within kEndingSoonSteps (a round split in two comes together again: the successors of
+  // the first part wait for those of the part about to end).
   int free = 0;
   for (const auto& [id, p] : pipelines_) {
-    if (!p.draining && !p.paused && p.role != PipelineRole::kDecode) free += p.slots.free();
+    if (!p.draining && !p.paused && p.role != PipelineRole::kDecode) {
+      free += p.slots.free() + EndingSoon(p);
+    }
   }
   if (static_cast<int>(waiting_.size()) >= std::min(options_.max_batch, free)) {
     return absl::InfinitePast();
@@ -390,19 +394,23 @@ absl::Time Scheduler::admit_at() const {
   return std::min(quiet, waiting_.front()->arrival() + options_.admission_wait);
 }
 
+int Scheduler::EndingSoon(const Pipeline& p) const {
+  int soon = 0;
+  for (uint64_t seq_id : p.running) {
+    auto it = seqs_.find(seq_id);
+    if (it == seqs_.end()) continue;
+    const Sequence& seq = *it->second;
+    const int count = static_cast<int>(seq.generated.size()) + seq.in_flight;
+    if (ReachesLength(seq.request->request(), count + kEndingSoonSteps, options_.context_length)) {
+      ++soon;
+    }
+  }
+  return soon;
+}
+
 bool Scheduler::ManyEndingSoon() const {
   for (const auto& [id, p] : pipelines_) {
-    int soon = 0;
-    for (uint64_t seq_id : p.running) {
-      auto it = seqs_.find(seq_id);
-      if (it == seqs_.end()) continue;
-      const Sequence& seq = *it->second;
-      const int count = static_cast<int>(seq.generated.size()) + seq.in_flight;
-      soon += ReachesLength(seq.request->request(), count + kEndingSoonSteps,
-                            options_.context_length)
-                  ? 1
-                  : 0;
-    }
+    const int soon = EndingSoon(p);
     if (soon >= 2 && 4 * soon >= static_cast<int>(p.running.size())) return true;
   }
   return false;

@@ -330,6 +330,8 @@ class Scheduler {
   // Whether a quarter or more of some pipeline's running sequences (two or more) reach their
   // length within kEndingSoonSteps tokens (SchedulerOptions::admission_quiet).
   bool ManyEndingSoon() const;
+  // How many of `p`'s running sequences reach their length within kEndingSoonSteps tokens.
+  int EndingSoon(const Pipeline& p) const;
   std::deque<uint64_t> resumed_;  // sequences whose pipeline was lost, admitted before waiting_
   std::vector<uint64_t> held_;    // sequences taken out of a paused pipeline, not yet placed
   struct PendingHandoff {

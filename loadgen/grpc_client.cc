@@ -1,11 +1,15 @@
 // The sweep's client of tandem's gRPC API: GetModelInfo, Admin.SetTopology, GenerateStream.
 #include <chrono>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "grpc/grpc.h"
 #include "grpcpp/grpcpp.h"
 #include "loadgen/load_client.h"
 #include "proto/tandem.grpc.pb.h"
@@ -23,12 +27,27 @@ class GrpcClient final : public LoadClient {
  public:
   GrpcClient(const std::string& address, double timeout_s, const ClientAuth& inference,
              const ClientAuth& admin)
-      : timeout_s_(timeout_s) {
+      : timeout_s_(timeout_s), address_(address), inference_auth_(inference) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
     // One channel per key: each carries its own bearer token.
     inference_ = v1::Inference::NewStub(MakeChannel(address, inference, args));
     admin_ = v1::Admin::NewStub(MakeChannel(address, admin, args));
+  }
+
+  // The Inference stub of connection number `n`: 0 is inference_; each other a channel of its
+  // own, which does not share the process's connections (a local subchannel pool).
+  v1::Inference::Stub* Connection(int n) {
+    if (n <= 0) return inference_.get();
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<v1::Inference::Stub>& stub = connections_[n];
+    if (stub == nullptr) {
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(64 << 20);
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      stub = v1::Inference::NewStub(MakeChannel(address_, inference_auth_, args));
+    }
+    return stub.get();
   }
 
   absl::StatusOr<ServedModel> Info() override {
@@ -88,7 +107,8 @@ class GrpcClient final : public LoadClient {
         "SetTopology %d stages x %d replicas (%d prefill): %s", stages, replicas, prefill, last));
   }
 
-  RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len) override {
+  RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len,
+                         int connection) override {
     RequestRecord rec;
     v1::GenerateRequest req;
     req.mutable_token_ids()->Assign(prompt.begin(), prompt.end());
@@ -99,7 +119,7 @@ class GrpcClient final : public LoadClient {
                                         static_cast<int64_t>(timeout_s_ * 1000)));
     const auto t0 = Clock::now();
     auto last = t0;
-    auto reader = inference_->GenerateStream(&ctx, req);
+    auto reader = Connection(connection)->GenerateStream(&ctx, req);
     v1::GenerateStreamResponse msg;
     std::vector<int32_t> tokens;
     while (reader->Read(&msg)) {
@@ -125,8 +145,12 @@ class GrpcClient final : public LoadClient {
 
  private:
   const double timeout_s_;
+  const std::string address_;
+  const ClientAuth inference_auth_;
   std::unique_ptr<v1::Inference::Stub> inference_;
   std::unique_ptr<v1::Admin::Stub> admin_;
+  absl::Mutex mu_;
+  std::map<int, std::unique_ptr<v1::Inference::Stub>> connections_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -46,8 +46,12 @@ class LoadClient {
   // Sets stages x replicas, `prefill` of them running prompts only, and waits until exactly that
   // serves.
   virtual absl::Status SetTopology(int stages, int replicas, int prefill) = 0;
-  // Generates `output_len` tokens (EOS ignored) after the token-id `prompt`, streamed.
-  virtual RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len) = 0;
+  // Generates `output_len` tokens (EOS ignored) after the token-id `prompt`, streamed, over the
+  // client's connection number `connection` (from 0): each number a connection of its own, as
+  // separate users would have, where the API multiplexes requests over one (gRPC: a channel of its
+  // own); over HTTP every request opens its own.
+  virtual RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len,
+                                 int connection) = 0;
 };
 
 // tandem's gRPC API at host:port; `inference` (TLS and the api key) for Inference calls, `admin`

@@ -45,6 +45,9 @@ ABSL_FLAG(int, warmup, 4, "unmeasured requests before each configuration");
 ABSL_FLAG(int, prompt_pool, 16, "distinct prompts");
 ABSL_FLAG(uint64_t, seed, 1, "prompt seed");
 ABSL_FLAG(double, request_timeout_s, 300, "deadline of one request");
+ABSL_FLAG(bool, connection_per_client, false,
+          "gRPC: each closed-loop client on a connection of its own, as separate users would be "
+          "(open loop: each request, up to 64 connections); default: every request on one");
 ABSL_FLAG(std::string, out, "", "run folder (default: runs/sweep-YYYYmmdd-HHMMSS)");
 ABSL_FLAG(bool, progress, true, "show a progress line on stderr");
 ABSL_FLAG(std::string, api_key, "",
@@ -135,6 +138,7 @@ int main(int argc, char** argv) {
   o.prompt_pool = absl::GetFlag(FLAGS_prompt_pool);
   o.seed = absl::GetFlag(FLAGS_seed);
   o.request_timeout_s = absl::GetFlag(FLAGS_request_timeout_s);
+  o.connection_per_client = absl::GetFlag(FLAGS_connection_per_client);
   o.progress = absl::GetFlag(FLAGS_progress);
   o.out = absl::GetFlag(FLAGS_out);
   {

@@ -77,7 +77,8 @@ class OpenAiClient final : public LoadClient {
         "--nodes above 1 needs tandem's gRPC Admin (--admin HOST:PORT) to re-partition");
   }
 
-  RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len) override {
+  RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len,
+                         int /*connection*/) override {
     RequestRecord rec;
     httplib::Client http(base_url_);
     Authorize(http);

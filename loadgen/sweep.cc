@@ -277,11 +277,14 @@ LoadRun DriveLoad(LoadClient& client, const SweepOptions& o, const ConfigResult&
   run.records.assign(count, {});
   run.prompt_ids.assign(count, 0);
   std::atomic<int> next{0}, done{0};
-  auto one = [&](int i) {
+  // With o.connection_per_client, each closed-loop client, and each open-loop request up to a
+  // pool of them, on a connection of its own.
+  constexpr int kOpenLoopConnections = 64;
+  auto one = [&](int i, int connection) {
     const int pid = i % o.prompt_pool;
     run.prompt_ids[i] = pid;
-    run.records[i] =
-        client.Generate(MakePrompt(o.seed, pid, c.prompt_len, vocab_size), c.output_len);
+    run.records[i] = client.Generate(MakePrompt(o.seed, pid, c.prompt_len, vocab_size),
+                                     c.output_len, o.connection_per_client ? connection : 0);
     done.fetch_add(1);
   };
   std::vector<std::thread> threads;
@@ -293,10 +296,10 @@ LoadRun DriveLoad(LoadClient& client, const SweepOptions& o, const ConfigResult&
     absl::BlockingCounter up(clients);
     absl::Notification go;
     for (int k = 0; k < clients; ++k) {
-      threads.emplace_back([&] {
+      threads.emplace_back([&, k] {
         up.DecrementCount();
         go.WaitForNotification();
-        for (int i = next.fetch_add(1); i < count; i = next.fetch_add(1)) one(i);
+        for (int i = next.fetch_add(1); i < count; i = next.fetch_add(1)) one(i, k);
       });
     }
     up.Wait();
@@ -310,7 +313,7 @@ LoadRun DriveLoad(LoadClient& client, const SweepOptions& o, const ConfigResult&
     for (int i = 0; i < count; ++i) {
       std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(at)));
-      threads.emplace_back(one, i);
+      threads.emplace_back(one, i, i % kOpenLoopConnections);
       at += gap(rng);
     }
   }

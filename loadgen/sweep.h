@@ -47,6 +47,10 @@ struct SweepOptions {
   int prompt_pool = 16;       // distinct prompts; request i uses prompt i mod pool
   uint64_t seed = 1;
   double request_timeout_s = 300;
+  // gRPC: each closed-loop client on a connection of its own (open loop: each request, up to 64
+  // connections), as separate users would be, instead of every request on one connection (HTTP/2
+  // streams of one channel).
+  bool connection_per_client = false;
   std::filesystem::path out;  // the run folder
   bool progress = true;       // the one-line progress display on stderr
   // TLS and the api key (Inference; the OpenAI API's Bearer token), TLS and the admin key (Admin).

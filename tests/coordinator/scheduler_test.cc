@@ -669,6 +669,38 @@ TEST(Scheduler, AdmissionWaitsForTheSuccessorsOfSequencesThatEndOrAreAboutTo) {
   EXPECT_EQ(few.admit_at(), kNow + absl::Milliseconds(2));
 }
 
+// A round split in two comes together again: six of eight sequences end and their successors
+// would fill the six free slots, but the other two end within a few tokens, so the six wait for
+// them and their successors (up to the wait), and all eight go in as one prompt step.
+TEST(Scheduler, AdmissionJoinsTheSuccessorsOfARoundThatEndsInTwoParts) {
+  SchedulerOptions o = Options();
+  o.max_slots = 8;
+  o.admission_quiet = absl::Milliseconds(1);
+  o.admission_wait = absl::Milliseconds(20);
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  const absl::Time t0 = kNow - absl::Milliseconds(10);
+  for (int i = 0; i < 6; ++i) s.Enqueue(Request({1}, /*max_new_tokens=*/1), t0);
+  for (int i = 0; i < 2; ++i) s.Enqueue(Request({1}, /*max_new_tokens=*/3), t0);
+  s.Admit(kNow);
+  ASSERT_EQ(s.running(0), 8);
+  ASSERT_TRUE(AnswerAt(s, 0, NextStep(s, 0), 5, kNow).ok());
+  ASSERT_EQ(s.running(0), 2);  // the six ended; two to go for the other two
+  for (int i = 0; i < 6; ++i) s.Enqueue(Request({2}), kNow + absl::Milliseconds(1));
+  EXPECT_EQ(s.admit_at(), kNow + absl::Milliseconds(21));
+  s.Admit(kNow + absl::Milliseconds(2));
+  EXPECT_EQ(s.waiting(), 6);
+  ASSERT_TRUE(AnswerAt(s, 0, NextStep(s, 0), 5, kNow + absl::Milliseconds(3)).ok());
+  ASSERT_TRUE(AnswerAt(s, 0, NextStep(s, 0), 5, kNow + absl::Milliseconds(5)).ok());
+  ASSERT_EQ(s.running(0), 0);
+  for (int i = 0; i < 2; ++i) s.Enqueue(Request({3}), kNow + absl::Milliseconds(6));
+  EXPECT_EQ(s.admit_at(), absl::InfinitePast());  // every slot taken by those waiting
+  s.Admit(kNow + absl::Milliseconds(6));
+  EXPECT_EQ(s.running(0), 8);
+  const StepDescriptor step = NextStep(s, 0);
+  EXPECT_EQ(step.seqs.size(), 8u);
+}
+
 TEST(Scheduler, FeedsALongPromptInChunksAndSamplesAfterTheLast) {
   SchedulerOptions o = Options();
   o.prefill_chunk = 4;

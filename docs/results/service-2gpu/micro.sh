@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Steps in flight per pipeline against the one-stage service, on a machine with two GPUs
 # (nvidia-h100-x2), from the repository root, with the binaries that `scripts/gpu-check` packs.
-# For each variant "STAGES:MICRO_BATCHES[:FLAG[:WORKER_FLAG]]" of VARIANTS (default "1:0 2:2 2:3
-# 2:4"): a fresh coordinator (--stages, --micro_batches; 0 = one per stage; FLAG, e.g.
+# For each variant "STAGES:MICRO_BATCHES[:FLAG[:WORKER_FLAG[:LOADGEN_FLAG]]]" of VARIANTS (default
+# "1:0 2:2 2:3 2:4"): a fresh coordinator (--stages, --micro_batches; 0 = one per stage; FLAG, e.g.
 # --decode_ahead=false, added) and one CUDA worker per GPU (WORKER_FLAG added, e.g.
-# --transport=grpc; the default links CUDA workers over NCCL), the
+# --transport=grpc; the default links CUDA workers over NCCL; LOADGEN_FLAG added to
+# tandem-loadgen's, e.g. --connection_per_client), the
 # openllama-3b shape (f16, seed 1), tandem-loadgen's closed loop over gRPC at each point of POINTS
 # (batch and requests, default "64 192,64 640"), prompt 128, 128 new tokens, EOS ignored.
 # Writes to $OUT: device.txt, sweeps.md, summary.md (tokens/s and ITL of every variant and point,
@@ -30,8 +31,8 @@ pids=()
 trap 'kill "${pids[@]}" 2>/dev/null' EXIT
 IFS=, read -ra points <<< "${POINTS:-64 192,64 640}"
 for variant in ${VARIANTS:-1:0 2:2 2:3 2:4}; do
-  IFS=: read -r stages micro extra wextra <<< "$variant"
-  name="s$stages-m$micro${extra:+-$(tr -dc 'a-z0-9' <<< "$extra")}${wextra:+-$(tr -dc 'a-z0-9' <<< "$wextra")}"
+  IFS=: read -r stages micro extra wextra lextra <<< "$variant"
+  name="s$stages-m$micro${extra:+-$(tr -dc 'a-z0-9' <<< "$extra")}${wextra:+-$(tr -dc 'a-z0-9' <<< "$wextra")}${lextra:+-$(tr -dc 'a-z0-9' <<< "$lextra")}"
   pids=()
   start_coordinator "$work/coordinator-$name.log" --listen=127.0.0.1:0 --model_dir="$model" \
     --stages="$stages" --replicas=1 --micro_batches="$micro" --max_batch=64 --max_slots=64 \
@@ -50,7 +51,8 @@ for variant in ${VARIANTS:-1:0 2:2 2:3 2:4}; do
     read -r batch requests <<< "$point"
     timeout 200 "$bin/tandem-loadgen" sweep --api=grpc --addr=127.0.0.1:$port --nodes="$stages" \
       --batch="$batch" --requests="$requests" --warmup=4 --prompt_lens=128 --output_lens=128 \
-      --progress=false --out="$work/$name-b$batch-r$requests" >> "$work/loadgen.log" 2>&1
+      --progress=false --out="$work/$name-b$batch-r$requests" ${lextra:+"$lextra"} \
+      >> "$work/loadgen.log" 2>&1
     echo "$name b$batch r$requests exit $? at $((SECONDS - t0)) s" | tee -a "$out/device.txt"
     { echo "## $name, batch $batch, $requests requests"
       cat "$work/$name-b$batch-r$requests/summary.md"; echo; } >> "$out/sweeps.md"
@@ -70,8 +72,9 @@ for point in points:
         stages, micro, *more = v.split(":")
         extra = more[0] if more else ""
         wextra = more[1] if len(more) > 1 else ""
-        name = f"s{stages}-m{micro}" + "".join("-" + re.sub("[^a-z0-9]", "", f) for f in (extra, wextra) if f)
-        extra = " ".join(f for f in (extra, wextra) if f)
+        lextra = more[2] if len(more) > 2 else ""
+        name = f"s{stages}-m{micro}" + "".join("-" + re.sub("[^a-z0-9]", "", f) for f in (extra, wextra, lextra) if f)
+        extra = " ".join(f for f in (extra, wextra, lextra) if f)
         try:
             r = json.load(open(f"{work}/{name}-b{batch}-r{requests}/results.json"))["configs"][0]
         except Exception:
