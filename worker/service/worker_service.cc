@@ -201,7 +201,9 @@ grpc::Status WorkerService::Prepare(const v1::AssignStageRequest& req, const Sta
   if (absl::StatusOr<ModelConfig> c = LoadModelConfig(spec.model_dir); !c.ok()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(c.status().message()));
   }
-  prepared_.reset();  // one at a time: an older one's link and weights go
+  // One at a time: an older one's weights go, and its link (closing waits for the peers).
+  if (prepared_ != nullptr) CloseLinkInBackground(std::move(prepared_->nccl));
+  prepared_.reset();
   auto p = std::make_unique<Prepared>();
   p->request = req;
   p->request.set_prepare(false);
@@ -249,19 +251,30 @@ void WorkerService::CloseInBackground(std::shared_ptr<Assignment> a, bool draine
     link = std::move(a->transport);
   }
   a.reset();  // the stage: its memory is free for the next one
+  CloseLinkInBackground(std::move(link));
+}
+
+void WorkerService::CloseLinkInBackground(std::unique_ptr<ActivationTransport> link) {
   if (link == nullptr) return;
   absl::MutexLock lock(&closing_mu_);
-  for (std::thread& t : closing_) t.join();
-  closing_.clear();
-  closing_.emplace_back([link = std::move(link)]() mutable {
-    SetThreadName("link-close");
-    link.reset();
+  // The closes that ended are joined; one still waiting for its peers is left to its thread.
+  std::erase_if(closing_, [](Closing& c) {
+    if (!c.done->load()) return false;
+    c.thread.join();
+    return true;
   });
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  closing_.push_back({std::thread([link = std::move(link), done]() mutable {
+                        SetThreadName("link-close");
+                        link.reset();
+                        done->store(true);
+                      }),
+                      done});
 }
 
 WorkerService::~WorkerService() {
   absl::MutexLock lock(&closing_mu_);
-  for (std::thread& t : closing_) t.join();
+  for (Closing& c : closing_) c.thread.join();
 }
 
 grpc::Status WorkerService::ReleaseStage(grpc::ServerContext* ctx,
@@ -297,6 +310,7 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
   // What a prepare of this very assignment got ready; any other is dropped.
   std::unique_ptr<Prepared> prepared = std::move(prepared_);
   if (prepared != nullptr && prepared->request.SerializeAsString() != req->SerializeAsString()) {
+    CloseLinkInBackground(std::move(prepared->nccl));
     prepared.reset();
   }
   // Drop the old stage first: two full stages may not fit in memory. The weights of it that hold

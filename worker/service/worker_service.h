@@ -163,6 +163,9 @@ class WorkerService final : public v1::Worker::Service {
   // still has the assignment, the link closes first (ending what it left queued) and the stage
   // after it, with the last holder.
   void CloseInBackground(std::shared_ptr<Assignment> a, bool drained);
+  // Closes `link` (null: nothing) on a thread of its own: an NCCL link's close waits for the
+  // peers to close theirs, bounded by the transport.
+  void CloseLinkInBackground(std::unique_ptr<ActivationTransport> link);
   // run_mu for a step (after every waiting export or import) or for one sequence's KV-cache.
   static void LockForStep(Assignment& a);
   static void LockForKv(Assignment& a);
@@ -204,8 +207,12 @@ class WorkerService final : public v1::Worker::Service {
   const LinkOptions link_;
   absl::Mutex assign_mu_;  // one AssignStage at a time
   std::unique_ptr<Prepared> prepared_ ABSL_GUARDED_BY(assign_mu_);
+  struct Closing {  // a link closing on a thread of its own
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
   absl::Mutex closing_mu_;
-  std::vector<std::thread> closing_ ABSL_GUARDED_BY(closing_mu_);  // links closing
+  std::vector<Closing> closing_ ABSL_GUARDED_BY(closing_mu_);
   absl::Mutex mu_;
   std::shared_ptr<Assignment> current_ ABSL_GUARDED_BY(mu_);
   absl::Mutex stash_mu_;
