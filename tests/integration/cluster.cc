@@ -149,6 +149,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o)
   if (absl::Status s = c->WaitForTopology(o.replicas, o.stages); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(s.message(), "\n", c->Logs()));
   }
+  // The pipelines may serve before the workers they leave idle have registered.
+  if (absl::Status s = c->WaitForLiveWorkers(o.workers); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(s.message(), "\n", c->Logs()));
+  }
   return c;
 }
 

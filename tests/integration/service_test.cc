@@ -378,7 +378,7 @@ TEST_F(ServiceTest, DrainedWorkerIsReplacedByAnIdleOne) {
   v1::Topology after;
   grpc::Status s = cluster->admin().Drain(&dctx, req, &after);
   ASSERT_TRUE(s.ok()) << s.error_message() << cluster->Logs();
-  ASSERT_EQ(after.pipelines_size(), 1);
+  ASSERT_EQ(after.pipelines_size(), 1) << cluster->Logs();
   EXPECT_NE(after.pipelines(0).stages(0).worker_id(), drained);
   grpc::ClientContext wctx;
   v1::ListWorkersResponse workers;
