@@ -235,7 +235,9 @@ absl::Status ParseQwen2Window(const json& j, const std::string& source, ModelCon
       }
     }
   } else {
-    for (int l = first; l < c.num_layers; ++l) windowed[l] = true;
+    // As transformers' Qwen2Config: layer i slides where i >= max_window_layers (every layer for
+    // a negative one).
+    for (int l = std::max(first, 0); l < c.num_layers; ++l) windowed[l] = true;
   }
   if (!use || std::find(windowed.begin(), windowed.end(), true) == windowed.end()) {
     return absl::OkStatus();

@@ -204,6 +204,11 @@ TEST(ModelConfigTest, Qwen2BiasesAndWindowedLayers) {
   EXPECT_EQ(on->attention_window(19), 0);
   EXPECT_EQ(on->attention_window(20), 64);
   EXPECT_EQ(on->attention_window(25), 64);
+  // A negative max_window_layers: every layer slides (i >= max_window_layers for all i).
+  auto all = with(R"("use_sliding_window": true, "sliding_window": 64, "max_window_layers": -1)");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->attention_window(0), 64);
+  EXPECT_EQ(all->attention_window(25), 64);
   std::string types = R"("use_sliding_window": true, "sliding_window": 64, "layer_types": [)";
   for (int l = 0; l < 26; ++l) {
     types += std::string(l ? ", " : "") + (l % 2 ? "\"sliding_attention\"" : "\"full_attention\"");
