@@ -446,6 +446,10 @@ TEST_F(ServiceTest, LayoutChangesMoveRunningSequencesWithTheirKvCache) {
   EXPECT_EQ(CoordinatorCounter(*cluster, "tandem_sequences_recomputed_total"), 0)
       << cluster->Logs();
   EXPECT_THAT(cluster->Logs(), HasSubstr("with their KV-cache"));
+  // The new stages were got ready while the old ones served and took what was prepared; workers
+  // a layout left without a stage released theirs.
+  EXPECT_THAT(cluster->Logs(), HasSubstr("(prepared), ready in"));
+  EXPECT_THAT(cluster->Logs(), HasSubstr("stage released"));
 }
 
 // The roles of a topology's pipelines, in pipeline order.
