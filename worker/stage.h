@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -117,6 +119,40 @@ class Stage {
     (void)slot, (void)block;
     return absl::UnimplementedError("this backend does not import a KV-cache");
   }
+
+  // Decode steps launched ahead, on a stage that both embeds and samples: LaunchDecode queues a
+  // step behind those launched before it and returns without waiting for them, so that the next
+  // step is on its way while one runs (a backend with a device queues both there, and the device
+  // runs them back to back). `from_previous[i]` >= 0 makes the token of the step's row i the one
+  // that row from_previous[i] of the newest launched, unfinished step samples (step.tokens[i] is
+  // then ignored); -1 takes step.tokens[i]. FinishDecode waits for the oldest launched step and
+  // returns its output, as Step would have; DecodeDone says whether it would not wait. At most
+  // kMaxLaunchedDecodes steps are launched and unfinished; while any is, Step, ExportKv and
+  // ImportKv are still allowed (they run after them). CanLaunchDecode: whether `step` may be
+  // launched so (one token per row; no logits returned; on a stage that embeds and samples).
+  // This default runs the step at launch (Step) and keeps its output until it is finished.
+  static constexpr int kMaxLaunchedDecodes = 2;
+  virtual bool CanLaunchDecode(const StepDescriptor& step) const;
+  virtual absl::Status LaunchDecode(const StepDescriptor& step, std::span<const int> from_previous);
+  virtual bool DecodeDone() const { return true; }
+  virtual absl::StatusOr<StepOutput> FinishDecode();
+  virtual int launched_decodes() const { return static_cast<int>(launched_.size()); }
+
+ protected:
+  // The checks of LaunchDecode every backend makes: that `step` can be launched, that no more
+  // than kMaxLaunchedDecodes would be unfinished (`unfinished` are now), and that
+  // `from_previous` names sampled rows of `previous`, the newest unfinished step (null: none).
+  // INVALID_ARGUMENT or FAILED_PRECONDITION naming what is wrong.
+  absl::Status CheckLaunch(const StepDescriptor& step, std::span<const int> from_previous,
+                           int unfinished, const StepDescriptor* previous) const;
+
+ private:
+  // The default's launched steps, oldest first: each step with its output.
+  struct Launched {
+    StepDescriptor step;
+    absl::StatusOr<StepOutput> output;
+  };
+  std::deque<Launched> launched_;
 };
 
 // The checks every backend's ImportKv makes, against a stage of model config `c` holding the

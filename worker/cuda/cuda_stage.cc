@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -196,6 +197,16 @@ class CudaStage final : public Stage {
   absl::StatusOr<KvBlock> ExportKvToDevice(int slot, int positions, int first_layer,
                                            int num_layers) const override;
   absl::Status ImportKv(int slot, const KvBlock& block) override;
+  // Decode steps launched ahead: each fills one of two input blocks (the other may still be on
+  // its way to the device for the step before), replays its graph behind the steps launched
+  // before, and copies its tokens into one of two host blocks, with an event recorded after; a
+  // row fed by the step before reads its token from tokens_out_ in the embedding.
+  bool CanLaunchDecode(const StepDescriptor& step) const override;
+  absl::Status LaunchDecode(const StepDescriptor& step,
+                            std::span<const int> from_previous) override;
+  bool DecodeDone() const override;
+  absl::StatusOr<StepOutput> FinishDecode() override;
+  int launched_decodes() const override { return static_cast<int>(ahead_.size()); }
   // The observer's marks are recorded into the decode graphs: they are captured again.
   void set_observer(DecodeObserver* observer) {
     observer_ = observer;
@@ -216,7 +227,13 @@ class CudaStage final : public Stage {
 
   absl::Status Validate(const StepDescriptor& step, const Activations& in) const;
   absl::Status Forward(int rows, int samples);
-  absl::Status RunDecode(const StepDescriptor& step, const Activations& in, StepOutput& out);
+  // A decode step; `from_previous` as LaunchDecode's. With `wait` false it returns once the step
+  // and the copy of its tokens to host_tokens_[buf_] are queued (no tail, no input to await).
+  absl::Status RunDecode(const StepDescriptor& step, const Activations& in, StepOutput& out,
+                         std::span<const int> from_previous = {}, bool wait = true);
+  // The sampled rows' tokens (and logits) of decode step `step` from `host_tokens` into `out`.
+  void ReadDecodeTokens(const StepDescriptor& step, const int32_t* host_tokens,
+                        StepOutput& out) const;
   absl::Status RunChunks(const StepDescriptor& step, const Activations& in, StepOutput& out);
   absl::Status CopyInput(const Activations& in, int64_t row0, int rows);
   absl::Status AwaitInput(const Activations& in);
@@ -258,7 +275,7 @@ class CudaStage final : public Stage {
                       bool y_f32);
 
   template <typename T>
-  T* HostIn(size_t off) { return reinterpret_cast<T*>(host_in_.as<char>() + off); }
+  T* HostIn(size_t off) { return reinterpret_cast<T*>(host_in_[buf_].as<char>() + off); }
   template <typename T>
   T* DevIn(size_t off) const { return reinterpret_cast<T*>(inputs_.as<char>() + off); }
   void* KCache(int layer) const {
@@ -294,7 +311,19 @@ class CudaStage final : public Stage {
   DeviceBuffer sampled_x_, sampled_q_;  // the sampled rows of x_ and q_ in a pruned last layer
   DeviceBuffer inputs_;
   DeviceBuffer out_hidden_;  // outputs of steps longer than one chunk
-  PinnedBuffer host_in_, host_hidden_, host_tokens_, host_logits_;
+  // Step inputs and sampled tokens in two blocks each, buf_ the one the next step uses: a step
+  // launched ahead fills one while the step before may still read the other.
+  PinnedBuffer host_in_[2], host_tokens_[2];
+  int buf_ = 0;
+  PinnedBuffer host_hidden_, host_logits_;
+  // Decode steps launched ahead and not finished, oldest first: the step and the block (and
+  // event, done_[buf]) of its tokens.
+  struct Launched {
+    StepDescriptor step;
+    int buf = 0;
+  };
+  std::deque<Launched> ahead_;
+  cuda::Event done_[2];
   InputLayout layout_{};
 
   const void* tok_embedding_ = nullptr;  // (vocab, hidden)
@@ -502,7 +531,7 @@ absl::Status CudaStage::AllocateWorkspace() {
     RETURN_IF_ERROR(logits_.Allocate(static_cast<size_t>(samples_cap_) * c_.vocab_size * 4));
     RETURN_IF_ERROR(probs_.Allocate(static_cast<size_t>(samples_cap_) * c_.vocab_size * 4));
     RETURN_IF_ERROR(tokens_out_.Allocate(samples_cap_ * sizeof(int32_t)));
-    RETURN_IF_ERROR(host_tokens_.Allocate(samples_cap_ * sizeof(int32_t)));
+    for (PinnedBuffer& b : host_tokens_) RETURN_IF_ERROR(b.Allocate(samples_cap_ * sizeof(int32_t)));
     RETURN_IF_ERROR(host_logits_.Allocate(static_cast<size_t>(samples_cap_) * c_.vocab_size * 4));
   }
   if (!has_embedding_) RETURN_IF_ERROR(host_hidden_.Allocate(rows_cap_ * RowBytes(hidden)));
@@ -527,9 +556,12 @@ absl::Status CudaStage::AllocateWorkspace() {
     layout_.slots = place(R * 4);
     layout_.total = off;
     RETURN_IF_ERROR(inputs_.Allocate(off));
-    RETURN_IF_ERROR(host_in_.Allocate(off));
-    std::memset(host_in_.get(), 0, off);
+    for (PinnedBuffer& b : host_in_) {
+      RETURN_IF_ERROR(b.Allocate(off));
+      std::memset(b.get(), 0, off);
+    }
   }
+  for (cuda::Event& e : done_) CUDA_CHECK(cudaEventCreateWithFlags(e.put(), cudaEventDisableTiming));
   return absl::OkStatus();
 }
 
@@ -597,8 +629,10 @@ absl::Status CudaStage::Forward(int rows, int samples) {
   uint32_t* counters = opt_.attention_combine ? attn_counters_.as<uint32_t>() : nullptr;
   const GemvTuning tuning{opt_.gemv_rows_per_warp, opt_.gemv_k_split};
   if (has_embedding_) {
+    // Decode rows fed by the step before read its tokens where its sampling left them.
     RETURN_IF_ERROR(LaunchEmbedding(t, DevIn<int32_t>(layout_.tokens), positions, tok_embedding_,
-                                    pos_embedding_, x_.get(), rows, hidden, s));
+                                    pos_embedding_, x_.get(), rows, hidden, s, /*pdl=*/false,
+                                    has_head_ ? tokens_out_.as<int32_t>() : nullptr));
   }
   const void* pending_bias = nullptr;  // bias of the last projection into x, not yet added
   // The residual stream and the rows after the keys and values of a layer are written: every
@@ -948,7 +982,7 @@ absl::Status CudaStage::Replay(int bucket) {
 // Every sequence has one token: pad to the bucket (padding rows write the spare slot), sample
 // every row, and replay the bucket's graph.
 absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations& in,
-                                  StepOutput& out) {
+                                  StepOutput& out, std::span<const int> from_previous, bool wait) {
   RETURN_IF_ERROR(Mark(DecodeObserver::Point::kBegin));
   const int n = static_cast<int>(step.seqs.size());
   const int bucket = NextPow2(n);
@@ -965,7 +999,8 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
   for (int i = 0; i < bucket; ++i) {
     const bool real = i < n;
     const SequenceStep* s = real ? &step.seqs[i] : nullptr;
-    tokens[i] = real && has_embedding_ ? step.tokens[i] : 0;
+    const bool fed = real && !from_previous.empty() && from_previous[i] >= 0;
+    tokens[i] = !real || !has_embedding_ ? 0 : fed ? -1 - from_previous[i] : step.tokens[i];
     positions[i] = real ? s->position : 0;
     slots[i] = real ? s->slot : max_slots_;
     gather[i] = i;
@@ -975,8 +1010,8 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
     seed[i] = real ? s->sampling.seed : 0;
     sample_index[i] = real ? s->sample_index : 0;
   }
-  CUDA_CHECK(cudaMemcpyAsync(inputs_.get(), host_in_.get(), layout_.total, cudaMemcpyHostToDevice,
-                             stream_.get()));
+  CUDA_CHECK(cudaMemcpyAsync(inputs_.get(), host_in_[buf_].get(), layout_.total,
+                             cudaMemcpyHostToDevice, stream_.get()));
   if (!has_embedding_) RETURN_IF_ERROR(CopyInput(in, 0, n));
   RETURN_IF_ERROR(Mark(DecodeObserver::Point::kForward));
   if (opt_.cuda_graphs) {
@@ -996,7 +1031,7 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
       tail_ ? tail_(step, out.hidden, has_head_ ? tokens_out_.as<int32_t>() : nullptr)
             : absl::OkStatus();
   if (has_head_) {
-    CUDA_CHECK(cudaMemcpyAsync(host_tokens_.get(), tokens_out_.get(), n * sizeof(int32_t),
+    CUDA_CHECK(cudaMemcpyAsync(host_tokens_[buf_].get(), tokens_out_.get(), n * sizeof(int32_t),
                                cudaMemcpyDeviceToHost, stream_.get()));
     if (step.return_logits) {
       CUDA_CHECK(cudaMemcpyAsync(host_logits_.get(), logits_.get(),
@@ -1005,23 +1040,60 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
     }
   }
   RETURN_IF_ERROR(Mark(DecodeObserver::Point::kEnd));
+  if (!wait) return tail;
   RETURN_IF_ERROR(AwaitInput(in));
   RETURN_IF_ERROR(Drain());
   RETURN_IF_ERROR(tail);
   if (observer_ != nullptr) observer_->DecodeDone(num_layers_);
-  if (has_head_) {
-    const int32_t* t = host_tokens_.as<int32_t>();
-    const float* lg = host_logits_.as<float>();
-    for (int i = 0; i < n; ++i) {
-      if (!step.seqs[i].sample) continue;
-      out.tokens.push_back(t[i]);
-      if (step.return_logits) {
-        out.logits.insert(out.logits.end(), lg + static_cast<size_t>(i) * c_.vocab_size,
-                          lg + static_cast<size_t>(i + 1) * c_.vocab_size);
-      }
+  if (has_head_) ReadDecodeTokens(step, host_tokens_[buf_].as<int32_t>(), out);
+  return absl::OkStatus();
+}
+
+void CudaStage::ReadDecodeTokens(const StepDescriptor& step, const int32_t* host_tokens,
+                                 StepOutput& out) const {
+  const float* lg = host_logits_.as<float>();
+  for (size_t i = 0; i < step.seqs.size(); ++i) {
+    if (!step.seqs[i].sample) continue;
+    out.tokens.push_back(host_tokens[i]);
+    if (step.return_logits) {
+      out.logits.insert(out.logits.end(), lg + i * c_.vocab_size, lg + (i + 1) * c_.vocab_size);
     }
   }
+}
+
+bool CudaStage::CanLaunchDecode(const StepDescriptor& step) const {
+  return Stage::CanLaunchDecode(step) && has_embedding_ && has_head_ && !tail_ && !watch_ &&
+         observer_ == nullptr && static_cast<int>(step.seqs.size()) <= max_bucket_ &&
+         std::none_of(step.seqs.begin(), step.seqs.end(), NeedsHostRule);
+}
+
+absl::Status CudaStage::LaunchDecode(const StepDescriptor& step,
+                                     std::span<const int> from_previous) {
+  RETURN_IF_ERROR(CheckLaunch(step, from_previous, static_cast<int>(ahead_.size()),
+                              ahead_.empty() ? nullptr : &ahead_.back().step));
+  RETURN_IF_ERROR(Validate(step, Activations{}));
+  CUDA_CHECK(cudaSetDevice(opt_.device));
+  StepOutput unused;
+  RETURN_IF_ERROR(RunDecode(step, Activations{}, unused, from_previous, /*wait=*/false));
+  CUDA_CHECK(cudaEventRecord(done_[buf_].get(), stream_.get()));
+  ahead_.push_back(Launched{step, buf_});
+  for (const SequenceStep& s : step.seqs) cached_len_[s.slot] = s.position + 1;
+  buf_ ^= 1;
   return absl::OkStatus();
+}
+
+bool CudaStage::DecodeDone() const {
+  return ahead_.empty() || cudaEventQuery(done_[ahead_.front().buf].get()) != cudaErrorNotReady;
+}
+
+absl::StatusOr<StepOutput> CudaStage::FinishDecode() {
+  if (ahead_.empty()) return absl::FailedPreconditionError("no decode step is launched");
+  const Launched l = std::move(ahead_.front());
+  ahead_.pop_front();
+  CUDA_CHECK(cudaEventSynchronize(done_[l.buf].get()));
+  StepOutput out;
+  ReadDecodeTokens(l.step, host_tokens_[l.buf].as<int32_t>(), out);
+  return out;
 }
 
 // Any step: its rows in chunks of at most rows_cap_, each through every layer.
@@ -1067,7 +1139,7 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
         tok = 0;
       }
     }
-    CUDA_CHECK(cudaMemcpyAsync(inputs_.get(), host_in_.get(), layout_.total,
+    CUDA_CHECK(cudaMemcpyAsync(inputs_.get(), host_in_[buf_].get(), layout_.total,
                                cudaMemcpyHostToDevice, stream_.get()));
     if (!has_embedding_) RETURN_IF_ERROR(CopyInput(in, row0, rows));
     // Prompt runs of 8 rows or more on average; batch-invariant mode keeps the one-row kernel,
@@ -1076,7 +1148,7 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
                          cuda::PrefillAttentionSupported(c_.head_dim);
     RETURN_IF_ERROR(Forward(rows, samples));
     if (has_head_ && samples > 0) {
-      CUDA_CHECK(cudaMemcpyAsync(host_tokens_.get(), tokens_out_.get(), samples * sizeof(int32_t),
+      CUDA_CHECK(cudaMemcpyAsync(host_tokens_[buf_].get(), tokens_out_.get(), samples * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, stream_.get()));
       if (step.return_logits) {
         CUDA_CHECK(cudaMemcpyAsync(host_logits_.get(), logits_.get(),
@@ -1091,7 +1163,7 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
     RETURN_IF_ERROR(AwaitInput(in));
     RETURN_IF_ERROR(Drain());
     if (has_head_ && samples > 0) {
-      const int32_t* t = host_tokens_.as<int32_t>();
+      const int32_t* t = host_tokens_[buf_].as<int32_t>();
       out.tokens.insert(out.tokens.end(), t, t + samples);
       if (step.return_logits) {
         const float* lg = host_logits_.as<float>();
@@ -1117,6 +1189,10 @@ absl::StatusOr<StepOutput> CudaStage::Step(const StepDescriptor& step, const Act
   }
   StepOutput out;
   if (step.seqs.empty()) return out;
+  if (!ahead_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step.id, ": ", ahead_.size(), " decode steps launched ahead are not finished"));
+  }
   CUDA_CHECK(cudaSetDevice(opt_.device));
   const bool decode = std::all_of(step.seqs.begin(), step.seqs.end(),
                                   [](const SequenceStep& s) { return s.num_tokens == 1; });

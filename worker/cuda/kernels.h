@@ -31,10 +31,13 @@ struct RowInfo {
 };
 
 // embedding.cu: out[r] = tok_emb[tokens[r]] (+ pos_emb[positions[r]] when pos_emb != nullptr).
-// tok_emb (vocab, hidden), pos_emb (max_positions, hidden), out (rows, hidden).
+// tok_emb (vocab, hidden), pos_emb (max_positions, hidden), out (rows, hidden). A negative token
+// -1 - j stands for previous[j], the token row j of the step before sampled (previous: that
+// step's sampled tokens, still in device memory); without `previous` tokens are all >= 0.
 absl::Status LaunchEmbedding(DType dtype, const int32_t* tokens, const int32_t* positions,
                              const void* tok_emb, const void* pos_emb, void* out, int rows,
-                             int hidden, cudaStream_t stream, bool pdl = false);
+                             int hidden, cudaStream_t stream, bool pdl = false,
+                             const int32_t* previous = nullptr);
 
 // norm.cu: for each output row i, with r = gather ? gather[i] : i:
 //   x[r] += bias (when bias != nullptr; written back to x)

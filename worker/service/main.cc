@@ -59,6 +59,9 @@ ABSL_FLAG(bool, batch_invariant, false,
 ABSL_FLAG(std::string, step_trace, "",
           "file to append one line per step to (end time in us, step id, sequences, tokens, "
           "sequences feeding a prompt chunk, receive / compute / send ms); empty: none");
+ABSL_FLAG(bool, launch_ahead, true,
+          "a single stage's decode steps are queued on the device behind the one running, their "
+          "tokens fed there from its samples (false: each step ends before the next starts)");
 ABSL_FLAG(int, recv_timeout_s, 300, "how long a stage waits for its input before failing a step");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:0",
           "host:port serving Prometheus /metrics (0.0.0.0:PORT: every interface; port 0: any free "
@@ -309,6 +312,7 @@ int main(int argc, char** argv) {
                                absl::Seconds(absl::GetFlag(FLAGS_recv_timeout_s)),
                                std::move(backend->link));
   worker.set_access(access->callers, absl::GetFlag(FLAGS_model_root));
+  worker.set_launch_ahead(absl::GetFlag(FLAGS_launch_ahead));
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> step_trace(nullptr, &std::fclose);
   if (const std::string path = absl::GetFlag(FLAGS_step_trace); !path.empty()) {
     step_trace.reset(std::fopen(path.c_str(), "a"));

@@ -236,4 +236,68 @@ absl::StatusOr<StepRun> StepRunner::Run(const StepDescriptor& given,
   return run;
 }
 
+bool StepRunner::CanLaunch(const StepDescriptor& step) const {
+  return first() && last() && stage_.CanLaunchDecode(step);
+}
+
+absl::Status StepRunner::Launch(const StepDescriptor& step) {
+  if (!CanLaunch(step)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step.id, " cannot be launched ahead (stage ", opt_.stage, " of ",
+        opt_.num_stages, ")"));
+  }
+  if (launched_.size() > 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step.id, ": two launched steps are not finished yet"));
+  }
+  // Rows fed by a slot that the unfinished step samples take its token on the device; the
+  // others from the host, as Run's.
+  StepDescriptor fed = step;
+  std::vector<int> from_previous;
+  if (!launched_.empty()) {
+    const StepDescriptor& before = launched_.back().step;
+    absl::flat_hash_map<int, int> row_of_slot;
+    for (size_t r = 0; r < before.seqs.size(); ++r) {
+      if (before.seqs[r].sample) row_of_slot[before.seqs[r].slot] = static_cast<int>(r);
+    }
+    from_previous.assign(step.seqs.size(), -1);
+    for (size_t i = 0; i < step.seqs.size(); ++i) {
+      if (fed.tokens[i] != kPreviousSample) continue;
+      auto it = row_of_slot.find(step.seqs[i].slot);
+      if (it == row_of_slot.end()) continue;
+      from_previous[i] = it->second;
+      fed.tokens[i] = 0;  // not read
+    }
+  }
+  for (size_t i = 0; i < step.seqs.size(); ++i) {
+    if (fed.tokens[i] != kPreviousSample) continue;
+    const int slot = step.seqs[i].slot;
+    if (slot < 0 || slot >= static_cast<int>(last_sample_.size()) || last_sample_[slot] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", step.id, " row ", i, ": slot ",
+                                                     slot, " sampled no token before"));
+    }
+    fed.tokens[i] = last_sample_[slot];
+  }
+  RETURN_IF_ERROR(stage_.LaunchDecode(fed, from_previous));
+  launched_.push_back(LaunchedStep{step, absl::Now()});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepRun> StepRunner::Finish() {
+  if (launched_.empty()) return absl::FailedPreconditionError("no step is launched");
+  const LaunchedStep l = std::move(launched_.front());
+  launched_.pop_front();
+  absl::StatusOr<StepOutput> out = stage_.FinishDecode();
+  const absl::Time now = absl::Now();
+  const absl::Time began = std::max(l.at, last_finished_);
+  last_finished_ = now;
+  if (!out.ok()) return out.status();
+  StepRun run;
+  run.output = *std::move(out);
+  run.tokens = run.output.tokens;
+  run.times.compute = now - began;
+  KeepSamples(l.step, run.tokens);
+  return run;
+}
+
 }  // namespace tandem

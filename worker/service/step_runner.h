@@ -17,6 +17,12 @@
 // step and feeds kPreviousSample from them, waiting only for the steps whose tokens a row feeds;
 // the stages between ignore the token.
 //
+// A single stage also launches decode steps ahead (Launch, Finish; Stage::LaunchDecode): a step
+// is queued behind the one before it without waiting for it, and a row whose token stands for
+// the previous sample of a slot that the unfinished step samples takes that token on the device,
+// so that the host's turn between two steps (the sampled tokens back, the next step's inputs out)
+// happens while the device runs.
+//
 // One thread runs a runner's steps (the worker's "steps" executor, the benchmark's main thread).
 #pragma once
 
@@ -106,6 +112,21 @@ class StepRunner {
   // pipeline: a single stage, or stages whose first is fed by the last.
   bool feeds_previous_samples() const { return opt_.num_stages == 1 || opt_.feed_first; }
 
+  // Whether `step` may be launched ahead: a single stage whose backend can launch it
+  // (Stage::CanLaunchDecode).
+  bool CanLaunch(const StepDescriptor& step) const;
+  // Launches `step` behind the unfinished one, if any (at most one may be; FAILED_PRECONDITION
+  // otherwise). INVALID_ARGUMENT as Run's for a kPreviousSample token of a slot that sampled
+  // nothing before, or for a step CanLaunch refuses. Nothing is launched on an error.
+  absl::Status Launch(const StepDescriptor& step);
+  // Steps launched and not finished (0, 1 or 2).
+  int launched() const { return static_cast<int>(launched_.size()); }
+  // Whether Finish would return without waiting (true when none is launched).
+  bool LaunchedDone() const { return launched_.empty() || stage_.DecodeDone(); }
+  // Waits for the oldest launched step and returns it as Run would have; its compute time runs
+  // from its launch, or from the step before it finished where that is later.
+  absl::StatusOr<StepRun> Finish();
+
  private:
   StepRunner(Stage& stage, ActivationTransport* transport, StepRunnerOptions options);
   // The decode tail: sends the step's output from the device; marks it sent.
@@ -134,6 +155,14 @@ class StepRunner {
   const StepRunnerOptions opt_;
   bool sent_ = false;  // the running step's output went out from the device
   std::vector<int32_t> last_sample_;  // by slot: the token it sampled last; -1: none
+  // Steps launched ahead and not finished, oldest first, with the time each was launched; and
+  // when the last one finished.
+  struct LaunchedStep {
+    StepDescriptor step;
+    absl::Time at;
+  };
+  std::deque<LaunchedStep> launched_;
+  absl::Time last_finished_ = absl::InfinitePast();
   // A first stage fed by the last: the posted receives of the steps it ran, oldest first, with
   // the slots of their sampled rows, and by slot the newest step whose token it still awaits.
   struct AwaitedTokens {

@@ -24,6 +24,10 @@
 namespace tandem {
 namespace {
 
+// How often an executor holding a launched step looks whether it ended while it waits for the
+// next request.
+constexpr absl::Duration kLaunchedPoll = absl::Microseconds(50);
+
 v1::StepResult ErrorResult(uint64_t step, const absl::Status& s) {
   v1::StepResult r;
   r.set_step_id(step);
@@ -428,10 +432,13 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-v1::StepResult WorkerService::RunStep(Assignment& a, const v1::StepRequest& req,
+v1::StepResult WorkerService::RunStep(Assignment& a, const StepDescriptor& d,
                                       const std::function<bool()>& cancelled) {
-  const StepDescriptor d = ToDescriptor(req);
-  absl::StatusOr<StepRun> run = a.runner->Run(d, cancelled);
+  return ResultOf(a, d, a.runner->Run(d, cancelled));
+}
+
+v1::StepResult WorkerService::ResultOf(Assignment& a, const StepDescriptor& d,
+                                       absl::StatusOr<StepRun> run) {
   if (!run.ok()) return ErrorResult(d.id, run.status());
   if (metrics_ != nullptr) {
     const StepTimes& t = run->times;
@@ -508,24 +515,81 @@ grpc::Status WorkerService::Steps(
     }
   });
 
+  // Decode steps of a single stage are launched ahead (StepRunner::Launch) where the stage can:
+  // the next step goes to the device before the one running there has finished, and the result
+  // of that one is taken after. The executor holds at most one launched step between steps, and
+  // while it waits for the next request it also watches that step end, so that its result never
+  // waits for a request that only comes after it.
   std::thread executor([&] {
     SetThreadName("steps");
     std::shared_ptr<Assignment> a;
+    std::deque<StepDescriptor> launched;  // of a, oldest first
+    // Finishes the oldest launched step and sends its result; false where it failed.
+    auto finish = [&]() -> bool {
+      LockForStep(*a);
+      absl::StatusOr<StepRun> run = a->runner->Finish();
+      a->run_mu.Unlock();
+      v1::StepResult r = ResultOf(*a, launched.front(), std::move(run));
+      launched.pop_front();
+      const bool ok = r.error_code() == 0;
+      if (!ok && !ctx->IsCancelled()) {
+        spdlog::warn("assignment {} step {}: {}", a->id, r.step_id(), r.error_message());
+      }
+      send(std::move(r));
+      if (!ok) failed.store(true);
+      return ok;
+    };
+    auto finish_all = [&]() -> bool {
+      while (!launched.empty()) {
+        if (!finish()) return false;
+      }
+      return true;
+    };
+    // On the way out, steps still launched are finished (their results sent while the stream
+    // lasts), so that the runner holds none when the next stream comes.
+    struct Drop {
+      std::function<void()> run;
+      ~Drop() { run(); }
+    } drop{[&] {
+      while (!launched.empty()) {
+        LockForStep(*a);
+        (void)a->runner->Finish();
+        a->run_mu.Unlock();
+        launched.pop_front();
+      }
+    }};
     while (true) {
       v1::StepRequest req;
-      {
-        absl::MutexLock lock(&mu);
-        auto ready = [&]() { return !queue.empty() || reading_done; };
-        mu.Await(absl::Condition(&ready));
-        if (queue.empty()) return;
-        req = std::move(queue.front());
-        queue.pop_front();
+      bool have = false;
+      while (true) {
+        {
+          absl::MutexLock lock(&mu);
+          auto ready = [&]() { return !queue.empty() || reading_done; };
+          if (launched.empty()) {
+            mu.Await(absl::Condition(&ready));
+          } else {
+            mu.AwaitWithTimeout(absl::Condition(&ready), kLaunchedPoll);
+          }
+          if (!queue.empty()) {
+            req = std::move(queue.front());
+            queue.pop_front();
+            have = true;
+          }
+          if (have || reading_done) break;
+        }
+        if (a->runner->LaunchedDone()) break;
+      }
+      if (!have) {
+        if (launched.empty()) return;
+        if (!finish()) return;
+        continue;
       }
       if (a == nullptr) {
         absl::MutexLock lock(&mu_);
         a = current_;
       }
       if (a == nullptr || a->id != req.assignment_id()) {
+        if (a != nullptr && !finish_all()) return;
         const absl::Status s = absl::FailedPreconditionError(absl::StrFormat(
             "step %d is for assignment %d, but this worker holds %s", req.step_id(),
             req.assignment_id(), a ? absl::StrCat("assignment ", a->id) : "no stage"));
@@ -535,8 +599,28 @@ grpc::Status WorkerService::Steps(
         result = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(s.message()));
         return;
       }
+      StepDescriptor d = ToDescriptor(req);
+      if (launch_ahead_ && a->runner->CanLaunch(d)) {
+        LockForStep(*a);
+        absl::Status launch = a->runner->Launch(d);
+        a->run_mu.Unlock();
+        if (!launch.ok()) {
+          if (!finish_all()) return;
+          if (!ctx->IsCancelled()) {
+            spdlog::warn("assignment {} step {}: {}", a->id, d.id, launch.ToString());
+          }
+          send(ErrorResult(d.id, launch));
+          failed.store(true);
+          return;
+        }
+        launched.push_back(std::move(d));
+        // One launched step stays behind: it runs while the next request is read.
+        if (launched.size() > 1 && !finish()) return;
+        continue;
+      }
+      if (!finish_all()) return;
       LockForStep(*a);
-      v1::StepResult r = RunStep(*a, req, cancelled);
+      v1::StepResult r = RunStep(*a, d, cancelled);
       a->run_mu.Unlock();
       const bool last = a->stage + 1 == a->num_stages;
       if (r.error_code() != 0) {

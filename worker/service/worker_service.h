@@ -93,6 +93,9 @@ class WorkerService final : public v1::Worker::Service {
   // step id, sequences, tokens, sequences feeding more than one token, then receive, compute and
   // send milliseconds); null: nowhere. Set before serving; the caller keeps it open.
   void set_step_trace(std::FILE* trace) { step_trace_ = trace; }
+  // Whether decode steps of a single stage are launched ahead where the stage can
+  // (StepRunner::Launch; default true); false: every step runs to its end before the next.
+  void set_launch_ahead(bool on) { launch_ahead_ = on; }
   // Who may call this worker (the cluster secret) and the folder that every assigned checkpoint
   // must lie in (empty: anywhere; worker/model_root.h). Set before serving.
   void set_access(CallerPolicy callers, std::filesystem::path model_root) {
@@ -170,8 +173,10 @@ class WorkerService final : public v1::Worker::Service {
   static void LockForStep(Assignment& a);
   static void LockForKv(Assignment& a);
   // Executes one step; the result to send back (errors as error_code).
-  v1::StepResult RunStep(Assignment& a, const v1::StepRequest& req,
+  v1::StepResult RunStep(Assignment& a, const StepDescriptor& d,
                          const std::function<bool()>& cancelled);
+  // The result of step `d` that ran as `run` (errors as error_code), its times recorded.
+  v1::StepResult ResultOf(Assignment& a, const StepDescriptor& d, absl::StatusOr<StepRun> run);
   // Copies the stash's blocks in device memory to host memory (a new stage needs the room);
   // returns how many.
   int SpillStashToHost();
@@ -230,6 +235,7 @@ class WorkerService final : public v1::Worker::Service {
   std::map<std::string, std::shared_ptr<HeldKvLink>> fetch_links_ ABSL_GUARDED_BY(kv_links_mu_);
   WorkerMetrics* metrics_ = nullptr;
   std::FILE* step_trace_ = nullptr;
+  bool launch_ahead_ = true;
   CallerPolicy callers_;
   std::filesystem::path model_root_;
 };

@@ -933,6 +933,93 @@ TEST_P(CudaStageVsCpu, LastLayerOfTheSampledRowsOnlyKeepsTheBits) {
   }
 }
 
+// Decode steps launched ahead (LaunchDecode) run on the device behind the step before, their
+// rows fed on the device from its samples, and give the tokens of steps run one at a time: the
+// rows in another order every step (so a row's token comes from another row of the step before),
+// one sequence sampled at a temperature, one skipping a step (then fed from the host).
+TEST_P(CudaStageVsCpu, DecodeStepsLaunchedAheadGiveTheTokensOfStepsRunOneAtATime) {
+  SKIP_WITHOUT_GPU();
+  const auto dir = Checkpoint(GetParam());
+  auto ahead = MakeCuda(dir, DType::kF16, true);
+  auto one_by_one = MakeCuda(dir, DType::kF16, true);
+  ASSERT_TRUE(ahead && one_by_one);
+  const int v = ahead->config().vocab_size;
+  const std::vector<Seq> seqs = {{0, Prompt(9, 71, v)}, {1, Prompt(4, 72, v)}, {3, Prompt(17, 73, v)}};
+  const StepDescriptor pre = PrefillStep(seqs);
+  auto pa = ahead->Step(pre, Activations{});
+  auto pb = one_by_one->Step(pre, Activations{});
+  ASSERT_TRUE(pa.ok() && pb.ok());
+  ASSERT_EQ(pa->tokens, pb->tokens);
+  // Step i's rows: the sequences rotated by i; sequence 1 skips step 3.
+  constexpr int kSteps = 8;
+  std::vector<int> next_pos = {9, 4, 17};
+  std::vector<int32_t> last(pb->tokens.begin(), pb->tokens.end());  // by sequence
+  std::vector<StepDescriptor> steps;
+  std::vector<std::vector<int32_t>> want;
+  for (int i = 0; i < kSteps; ++i) {
+    StepDescriptor d;
+    d.id = i + 1;
+    for (int k = 0; k < 3; ++k) {
+      const int q = (k + i) % 3;
+      if (q == 1 && i == 3) continue;
+      SequenceStep s;
+      s.slot = seqs[q].slot;
+      s.position = next_pos[q]++;
+      s.sample_index = i + 1;
+      if (q == 2) s.sampling = {.temperature = 0.8f, .top_k = 20, .seed = 5};
+      d.seqs.push_back(s);
+      d.tokens.push_back(last[q]);
+    }
+    auto o = one_by_one->Step(d, Activations{});
+    ASSERT_TRUE(o.ok()) << o.status();
+    for (size_t r = 0; r < d.seqs.size(); ++r) {
+      const int q = d.seqs[r].slot == 3 ? 2 : d.seqs[r].slot;
+      last[q] = o->tokens[r];
+    }
+    want.push_back(o->tokens);
+    steps.push_back(std::move(d));
+  }
+  // The same steps launched two at a time: each row whose slot the step before sampled takes
+  // that row's token on the device (its given token is replaced by 0, which it must not read).
+  std::vector<std::vector<int32_t>> got;
+  for (int i = 0; i < kSteps; ++i) {
+    StepDescriptor d = steps[i];
+    std::vector<int> from_previous(d.seqs.size(), -1);
+    if (i > 0) {
+      for (size_t r = 0; r < d.seqs.size(); ++r) {
+        for (size_t b = 0; b < steps[i - 1].seqs.size(); ++b) {
+          if (steps[i - 1].seqs[b].slot == d.seqs[r].slot) from_previous[r] = static_cast<int>(b);
+        }
+        if (from_previous[r] >= 0) d.tokens[r] = 0;
+      }
+    }
+    ASSERT_TRUE(ahead->CanLaunchDecode(d));
+    ASSERT_TRUE(ahead->LaunchDecode(d, from_previous).ok()) << "step " << i;
+    if (i > 0) {
+      EXPECT_EQ(ahead->Step(steps[i], Activations{}).status().code(),
+                absl::StatusCode::kFailedPrecondition);
+      EXPECT_EQ(ahead->LaunchDecode(d, {}).code(), absl::StatusCode::kFailedPrecondition);
+      auto o = ahead->FinishDecode();
+      ASSERT_TRUE(o.ok()) << o.status();
+      got.push_back(o->tokens);
+    }
+  }
+  while (ahead->launched_decodes() > 0) {
+    auto o = ahead->FinishDecode();
+    ASSERT_TRUE(o.ok()) << o.status();
+    got.push_back(o->tokens);
+  }
+  EXPECT_TRUE(ahead->DecodeDone());
+  EXPECT_EQ(got, want);
+  // Steps that return logits or take the host's sampling rule run one at a time.
+  StepDescriptor logits = steps[0];
+  logits.return_logits = true;
+  EXPECT_FALSE(ahead->CanLaunchDecode(logits));
+  StepDescriptor penalty = steps[0];
+  penalty.seqs[0].sampling.presence_penalty = 0.5f;
+  EXPECT_FALSE(ahead->CanLaunchDecode(penalty));
+}
+
 // Weights placed ahead (PlaceCudaWeights) or held by an earlier stage are taken instead of
 // loaded, and a stage on them computes the same bits as one that loaded its own: the two halves
 // of the model placed one after the other (only what lacks is placed each time), the halves of a

@@ -416,6 +416,93 @@ TEST_F(StepRunnerTest, APreviousSampleNoSlotHoldsOrOnAStageOfSeveralIsRefused) {
   ASSERT_TRUE((*single)->Run(Decode(2, 1), kNever).ok());  // still usable
 }
 
+// Launched ahead (the Stage's default launch runs each step as it is launched): a row whose slot
+// the unfinished step samples takes that step's token (the row's index among its sampled rows),
+// the others the host's; tokens given are kept; at most two are unfinished.
+TEST_F(StepRunnerTest, SingleStageLaunchesAheadFeedingTheSamplesOfTheUnfinishedStep) {
+  stage.head = true;
+  auto runner = StepRunner::Create(stage, nullptr, Opt(0, 1));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  StepDescriptor first = Decode(1, 3);  // slots 0, 1, 2; slot 1 samples nothing: 100, 102
+  first.seqs[1].sample = false;
+  ASSERT_TRUE((*runner)->CanLaunch(first));
+  ASSERT_TRUE((*runner)->Launch(first).ok());
+  StepDescriptor next = Decode(2, 3);
+  next.seqs[0].slot = 2;
+  next.seqs[1].slot = 0;
+  next.seqs[2].slot = 1;
+  next.tokens = {kPreviousSample, kPreviousSample, 5};
+  ASSERT_TRUE((*runner)->Launch(next).ok());
+  EXPECT_THAT(stage.fed, ElementsAre(102, 100, 5));
+  EXPECT_EQ((*runner)->launched(), 2);
+  absl::Status third = (*runner)->Launch(Decode(3, 1));
+  EXPECT_EQ(third.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE((*runner)->LaunchedDone());
+  absl::StatusOr<StepRun> done = (*runner)->Finish();
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_THAT(done->tokens, ElementsAre(100, 102));
+  done = (*runner)->Finish();
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_THAT(done->tokens, ElementsAre(100, 101, 102));  // slots 2, 0, 1
+  EXPECT_EQ((*runner)->Finish().status().code(), absl::StatusCode::kFailedPrecondition);
+  // Nothing unfinished: the host's newest samples, launched or run.
+  StepDescriptor after = Decode(4, 3);
+  after.tokens = {kPreviousSample, kPreviousSample, kPreviousSample};
+  ASSERT_TRUE((*runner)->Launch(after).ok());
+  EXPECT_THAT(stage.fed, ElementsAre(101, 102, 100));
+  ASSERT_TRUE((*runner)->Finish().ok());
+  ASSERT_TRUE((*runner)->Run(after, kNever).ok());
+  EXPECT_THAT(stage.fed, ElementsAre(100, 101, 102));
+}
+
+TEST_F(StepRunnerTest, OnlySingleStagesLaunchDecodeStepsAheadAndABadOneLaunchesNothing) {
+  stage.head = true;
+  auto single = StepRunner::Create(stage, nullptr, Opt(0, 1));
+  ASSERT_TRUE(single.ok()) << single.status();
+  StepDescriptor prompt = Decode(1, 1);
+  prompt.seqs[0].num_tokens = 2;
+  prompt.tokens = {1, 2};
+  EXPECT_FALSE((*single)->CanLaunch(prompt));
+  EXPECT_EQ((*single)->Launch(prompt).code(), absl::StatusCode::kInvalidArgument);
+  StepDescriptor logits = Decode(2, 1);
+  logits.return_logits = true;
+  EXPECT_FALSE((*single)->CanLaunch(logits));
+  StepDescriptor unknown = Decode(3, 2);
+  unknown.seqs[1].slot = 3;
+  unknown.tokens = {1, kPreviousSample};
+  absl::Status st = (*single)->Launch(unknown);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("slot 3 sampled no token before"));
+  EXPECT_TRUE(log.empty());  // the stage ran nothing
+  EXPECT_EQ((*single)->launched(), 0);
+
+  auto first = StepRunner::Create(stage, &transport, Opt(0, 2));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE((*first)->CanLaunch(Decode(4, 1)));
+  EXPECT_EQ((*first)->Launch(Decode(4, 1)).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The checks every backend's LaunchDecode makes (Stage::CheckLaunch), on the default.
+TEST_F(StepRunnerTest, AStageRefusesTokensFromRowsTheStepBeforeDidNotSample) {
+  stage.head = true;
+  const std::vector<int> from_row0 = {0};
+  EXPECT_EQ(stage.LaunchDecode(Decode(1, 1), from_row0).code(),
+            absl::StatusCode::kInvalidArgument);  // no step before
+  StepDescriptor first = Decode(1, 2);
+  first.seqs[1].sample = false;
+  ASSERT_TRUE(stage.LaunchDecode(first, {}).ok());
+  const std::vector<int> from_row1 = {1};
+  absl::Status st = stage.LaunchDecode(Decode(2, 1), from_row1);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("row 1 of step 1, which samples none"));
+  const std::vector<int> two_rows = {0, -1};
+  EXPECT_EQ(stage.LaunchDecode(Decode(2, 1), two_rows).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(stage.launched_decodes(), 1);
+  ASSERT_TRUE(stage.LaunchDecode(Decode(2, 1), from_row0).ok());
+  EXPECT_THAT(stage.fed, ElementsAre(100));
+  EXPECT_EQ(stage.LaunchDecode(Decode(3, 1), {}).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 // The first stage of two whose coordinator sends steps ahead: it posts the receive of each step's
 // tokens once it has run it, and a row feeding its slot's previous sample waits for the tokens of
 // the newest step that sampled that slot only.
