@@ -131,7 +131,10 @@ class Stage {
   // ImportKv are still allowed (they run after them). CanLaunchDecode: whether `step` may be
   // launched so (one token per row; no logits returned; on a stage that embeds and samples).
   // This default runs the step at launch (Step) and keeps its output until it is finished.
+  // LaunchOverlaps: whether a launched step runs while the host goes on (on a device's stream);
+  // false where LaunchDecode runs the step before it returns, as the default does.
   static constexpr int kMaxLaunchedDecodes = 2;
+  virtual bool LaunchOverlaps() const { return false; }
   virtual bool CanLaunchDecode(const StepDescriptor& step) const;
   virtual absl::Status LaunchDecode(const StepDescriptor& step, std::span<const int> from_previous);
   virtual bool DecodeDone() const { return true; }

@@ -131,7 +131,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o)
   for (int i = 0; i < o.workers; ++i) {
     std::vector<std::string> worker_argv = {Binary("tandem-worker", TANDEM_WORKER_BIN),
                                             absl::StrCat("--coordinator=", c->address_),
-                                            "--listen=127.0.0.1:0", "--recv_timeout_s=30"};
+                                            "--listen=127.0.0.1:0", "--recv_timeout_s=30",
+                                            // CPU stages too hold a launched step, so that the
+                                            // tests go through the path CUDA stages take.
+                                            "--launch_ahead=always"};
     worker_argv.insert(worker_argv.end(), o.worker_flags.begin(), o.worker_flags.end());
     if (i < static_cast<int>(o.flags_of_worker.size())) {
       worker_argv.insert(worker_argv.end(), o.flags_of_worker[i].begin(),

@@ -344,6 +344,19 @@ INSTANTIATE_TEST_SUITE_P(Topologies, ServiceShapeTest,
                                                   info.param.replicas);
                          });
 
+// The clusters of these tests start their CPU workers with --launch_ahead=always, so that they
+// hold a launched step as CUDA workers do; a CPU worker's default (auto) and off run every step to
+// its end before the next, with the same tokens.
+TEST_F(ServiceTest, WorkersThatRunEveryStepToItsEndMatchTheEngineToo) {
+  for (const char* mode : {"--launch_ahead=auto", "--launch_ahead=off"}) {
+    SCOPED_TRACE(mode);
+    absl::StatusOr<std::unique_ptr<Cluster>> c =
+        Cluster::Start({.model_dir = ModelDir(), .worker_flags = {mode}});
+    ASSERT_TRUE(c.ok()) << c.status();
+    ExpectMatchesOracle(**c, MixedCases(7));
+  }
+}
+
 TEST_F(ServiceTest, TopologyChangesAtRunTimeStayCorrect) {
   // Small steps too: prompts are prefilled in chunks of 5 tokens, at most 3 sequences a step.
   auto cluster = StartCluster(3, 1, 1, {"--prefill_chunk=5", "--max_batch=3"});

@@ -71,6 +71,12 @@ TEST(WorkerLinkTest, StepTraceThatCannotBeOpenedIsRefusedAtStart) {
   EXPECT_THAT(out, HasSubstr("--step_trace: cannot open '/nonexistent-dir/steps.tsv'"));
 }
 
+TEST(WorkerLinkTest, UnknownLaunchAheadModeIsRefusedAtStart) {
+  auto [rc, out] = RunWorker({"--launch_ahead=sometimes"});
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_THAT(out, HasSubstr("--launch_ahead: 'sometimes' (expected auto, always or off)"));
+}
+
 TEST(WorkerLinkTest, UnknownBackendIsRefusedAtStart) {
   auto [rc, out] = RunWorker({"--backend=tpu"});
   EXPECT_EQ(rc, 2) << out;

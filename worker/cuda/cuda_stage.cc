@@ -201,6 +201,7 @@ class CudaStage final : public Stage {
   // its way to the device for the step before), replays its graph behind the steps launched
   // before, and copies its tokens into one of two host blocks, with an event recorded after; a
   // row fed by the step before reads its token from tokens_out_ in the embedding.
+  bool LaunchOverlaps() const override { return true; }
   bool CanLaunchDecode(const StepDescriptor& step) const override;
   absl::Status LaunchDecode(const StepDescriptor& step,
                             std::span<const int> from_previous) override;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,9 +60,11 @@ ABSL_FLAG(bool, batch_invariant, false,
 ABSL_FLAG(std::string, step_trace, "",
           "file to append one line per step to (end time in us, step id, sequences, tokens, "
           "sequences feeding a prompt chunk, receive / compute / send ms); empty: none");
-ABSL_FLAG(bool, launch_ahead, true,
-          "a single stage's decode steps are queued on the device behind the one running, their "
-          "tokens fed there from its samples (false: each step ends before the next starts)");
+ABSL_FLAG(std::string, launch_ahead, "auto",
+          "a single stage's decode steps queued behind the one running, their tokens fed from its "
+          "samples: auto (where the stage runs them on a GPU while the host goes on), always (a "
+          "CPU stage too: it runs each at once, and a step's result leaves after the next has "
+          "run) or off (each step ends before the next starts)");
 ABSL_FLAG(int, recv_timeout_s, 300, "how long a stage waits for its input before failing a step");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:0",
           "host:port serving Prometheus /metrics (0.0.0.0:PORT: every interface; port 0: any free "
@@ -295,6 +298,15 @@ int main(int argc, char** argv) {
     spdlog::error("{}", std::string(backend.status().message()));
     return 2;
   }
+  const std::string launch_flag = absl::GetFlag(FLAGS_launch_ahead);
+  std::optional<tandem::WorkerService::LaunchAhead> launch_ahead;
+  if (launch_flag == "auto") launch_ahead = tandem::WorkerService::LaunchAhead::kAuto;
+  if (launch_flag == "always") launch_ahead = tandem::WorkerService::LaunchAhead::kAlways;
+  if (launch_flag == "off") launch_ahead = tandem::WorkerService::LaunchAhead::kOff;
+  if (!launch_ahead) {
+    spdlog::error("--launch_ahead: '{}' (expected auto, always or off)", launch_flag);
+    return 2;
+  }
   absl::StatusOr<Access> access = AccessFromFlags();
   if (!access.ok()) {
     spdlog::error("{}", access.status().ToString());
@@ -312,7 +324,7 @@ int main(int argc, char** argv) {
                                absl::Seconds(absl::GetFlag(FLAGS_recv_timeout_s)),
                                std::move(backend->link));
   worker.set_access(access->callers, absl::GetFlag(FLAGS_model_root));
-  worker.set_launch_ahead(absl::GetFlag(FLAGS_launch_ahead));
+  worker.set_launch_ahead(*launch_ahead);
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> step_trace(nullptr, &std::fclose);
   if (const std::string path = absl::GetFlag(FLAGS_step_trace); !path.empty()) {
     step_trace.reset(std::fopen(path.c_str(), "a"));

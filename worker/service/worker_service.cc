@@ -600,7 +600,9 @@ grpc::Status WorkerService::Steps(
         return;
       }
       StepDescriptor d = ToDescriptor(req);
-      if (launch_ahead_ && a->runner->CanLaunch(d)) {
+      const bool ahead = launch_ahead_ == LaunchAhead::kAlways ||
+                         (launch_ahead_ == LaunchAhead::kAuto && a->engine->LaunchOverlaps());
+      if (ahead && a->runner->CanLaunch(d)) {
         LockForStep(*a);
         absl::Status launch = a->runner->Launch(d);
         a->run_mu.Unlock();

@@ -93,9 +93,12 @@ class WorkerService final : public v1::Worker::Service {
   // step id, sequences, tokens, sequences feeding more than one token, then receive, compute and
   // send milliseconds); null: nowhere. Set before serving; the caller keeps it open.
   void set_step_trace(std::FILE* trace) { step_trace_ = trace; }
-  // Whether decode steps of a single stage are launched ahead where the stage can
-  // (StepRunner::Launch; default true); false: every step runs to its end before the next.
-  void set_launch_ahead(bool on) { launch_ahead_ = on; }
+  // Which single stages launch decode steps ahead (StepRunner::Launch): those whose launched
+  // steps run while the host goes on (kAuto, the default: CUDA stages), every one that can
+  // (kAlways: a CPU stage runs a launched step at once, so each result leaves once the step
+  // after it has run), or none (kOff: every step runs to its end before the next).
+  enum class LaunchAhead { kOff, kAuto, kAlways };
+  void set_launch_ahead(LaunchAhead mode) { launch_ahead_ = mode; }
   // Who may call this worker (the cluster secret) and the folder that every assigned checkpoint
   // must lie in (empty: anywhere; worker/model_root.h). Set before serving.
   void set_access(CallerPolicy callers, std::filesystem::path model_root) {
@@ -235,7 +238,7 @@ class WorkerService final : public v1::Worker::Service {
   std::map<std::string, std::shared_ptr<HeldKvLink>> fetch_links_ ABSL_GUARDED_BY(kv_links_mu_);
   WorkerMetrics* metrics_ = nullptr;
   std::FILE* step_trace_ = nullptr;
-  bool launch_ahead_ = true;
+  LaunchAhead launch_ahead_ = LaunchAhead::kAuto;
   CallerPolicy callers_;
   std::filesystem::path model_root_;
 };
