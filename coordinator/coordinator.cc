@@ -565,19 +565,20 @@ absl::Status Coordinator::RunPlan() {
   // Workers left without a stage drop theirs as the others take new ones: the links between the
   // old stages close on both sides at once.
   std::vector<std::thread> releasing;
-  for (const auto& release : releases) {
-    releasing.emplace_back([channel = release.first, old = release.second] {
+  auto release = [&releasing](std::shared_ptr<grpc::Channel> channel, uint64_t assignment) {
+    releasing.emplace_back([channel = std::move(channel), assignment] {
       v1::ReleaseStageRequest req;
-      req.set_assignment_id(old);
+      req.set_assignment_id(assignment);
       v1::ReleaseStageResponse resp;
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + kAssignTimeout));
       const grpc::Status st = v1::Worker::NewStub(channel)->ReleaseStage(&ctx, req, &resp);
       if (!st.ok() && st.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
-        spdlog::warn("assignment {}: stage not released: {}", old, st.error_message());
+        spdlog::warn("assignment {}: stage not released: {}", assignment, st.error_message());
       }
     });
-  }
+  };
+  for (const auto& [channel, assignment] : releases) release(channel, assignment);
 
   absl::Status result;
   while (true) {
@@ -661,6 +662,21 @@ absl::Status Coordinator::RunPlan() {
     }
   }
 
+  // Pipelines prepared but not built (their workers were not idle as planned): the workers drop
+  // what they got ready for them (their links and placed weights).
+  for (const Planned& plan : planned) {
+    spdlog::info("pipeline {} was prepared but not built: its workers drop what they prepared",
+                 plan.id);
+    for (int64_t w : plan.workers) {
+      std::shared_ptr<grpc::Channel> channel;
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = workers_.find(w);
+        if (it != workers_.end()) channel = it->second.channel;
+      }
+      if (channel != nullptr) release(std::move(channel), plan.assignment);
+    }
+  }
   for (std::thread& t : releasing) t.join();
   ArriveMoved(departures, paused);
   absl::MutexLock lock(&mu_);

@@ -340,6 +340,52 @@ TEST_F(KvMoveTest, APreparedAssignmentWaitsForItsRequestWhileTheCurrentStageServ
   EXPECT_EQ(a.Step(2, 3, 0, kPrompt), -1);
 }
 
+// A prepared assignment that no AssignStage takes (its pipeline was not built) is dropped by
+// ReleaseStage of its id, while the current stage keeps serving; the same request afterwards is
+// loaded afresh, not taken from the prepare.
+TEST_F(KvMoveTest, APreparedAssignmentThatIsNotTakenIsReleased) {
+  Worker a = StartWorker("a");
+  ASSERT_TRUE(a.Assign(1, Model(), 0, kLayers).ok());
+  const int32_t first = a.Step(1, 0, 0, kPrompt);
+  ASSERT_GE(first, 0);
+  v1::AssignStageRequest req;
+  req.set_assignment_id(2);
+  req.set_stage(0);
+  req.set_num_stages(1);
+  req.set_model_dir(Model().string());
+  req.set_first_layer(0);
+  req.set_last_layer(kLayers);
+  req.set_max_slots(4);
+  req.set_max_seq_len(64);
+  req.set_prepare(true);
+  v1::AssignStageResponse resp;
+  grpc::Status st = a.stub->AssignStage(Context().get(), req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+
+  v1::ReleaseStageRequest release;
+  release.set_assignment_id(3);  // neither held nor prepared
+  v1::ReleaseStageResponse released;
+  st = a.stub->ReleaseStage(Context().get(), release, &released);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_FALSE(released.released());
+  release.set_assignment_id(2);
+  st = a.stub->ReleaseStage(Context().get(), release, &released);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_TRUE(released.released());
+  EXPECT_THAT(a.process->Log(), HasSubstr("assignment 2: prepared stage released"));
+  EXPECT_GE(a.Step(1, 1, 0, kPrompt), 0);  // the current stage serves on
+
+  req.set_prepare(false);
+  st = a.stub->AssignStage(Context().get(), req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(a.Step(2, 1, 0, kPrompt), first);
+  const std::string log = a.process->Log();
+  const size_t ready = log.find("assignment 2: pipeline");
+  ASSERT_NE(ready, std::string::npos) << log;
+  const std::string line = log.substr(ready, log.find('\n', ready) - ready);
+  EXPECT_THAT(line, ::testing::Not(HasSubstr("(prepared)")));
+}
+
 TEST_F(KvMoveTest, TheStashKeepsEachExportUntilItsKeyIsDropped) {
   Worker a = StartWorker("a"), b = StartWorker("b");
   ASSERT_TRUE(a.stub && b.stub);

@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -287,13 +288,21 @@ grpc::Status WorkerService::ReleaseStage(grpc::ServerContext* ctx,
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
   const absl::Time t0 = absl::Now();
   std::shared_ptr<Assignment> old;
+  std::unique_ptr<Prepared> prepared;
   {
     absl::MutexLock assign(&assign_mu_);
     absl::MutexLock lock(&mu_);
     if (current_ != nullptr && current_->id == req->assignment_id()) old = std::move(current_);
+    if (prepared_ != nullptr && prepared_->request.assignment_id() == req->assignment_id()) {
+      prepared = std::move(prepared_);
+    }
   }
-
-  resp->set_released(old != nullptr);
+  resp->set_released(old != nullptr || prepared != nullptr);
+  if (prepared != nullptr) {
+    CloseLinkInBackground(std::move(prepared->nccl));
+    prepared.reset();  // its placed weights, unless a stage took them too
+    spdlog::info("assignment {}: prepared stage released", req->assignment_id());
+  }
   if (old == nullptr) return grpc::Status::OK;
   CloseInBackground(std::move(old), /*drained=*/true);
   spdlog::info("assignment {}: stage released in {:.3f} s", req->assignment_id(),
@@ -547,17 +556,14 @@ grpc::Status WorkerService::Steps(
     };
     // On the way out, steps still launched are finished (their results sent while the stream
     // lasts), so that the runner holds none when the next stream comes.
-    struct Drop {
-      std::function<void()> run;
-      ~Drop() { run(); }
-    } drop{[&] {
+    absl::Cleanup drop = [&] {
       while (!launched.empty()) {
         LockForStep(*a);
         (void)a->runner->Finish();
         a->run_mu.Unlock();
         launched.pop_front();
       }
-    }};
+    };
     while (true) {
       v1::StepRequest req;
       bool have = false;
