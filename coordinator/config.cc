@@ -46,6 +46,7 @@ absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(std::string_view yaml_t
       else if (key == "drain_timeout_s") c.drain_timeout_s = v.as<double>();
       else if (key == "http_listen") c.http_listen = v.as<std::string>();
       else if (key == "http_threads") c.http_threads = v.as<int>();
+      else if (key == "grpc_threads") c.grpc_threads = v.as<int>();
       else if (key == "served_model_name") c.served_model_name = v.as<std::string>();
       else {
         return absl::InvalidArgumentError(
@@ -101,7 +102,8 @@ absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
                               {"heartbeat_interval_ms", c.heartbeat_interval_ms, 10},
                               {"heartbeat_timeout_ms", c.heartbeat_timeout_ms, 50},
                               {"drain_timeout_s", c.drain_timeout_s, 0},
-                              {"http_threads", c.http_threads, 0}}) {
+                              {"http_threads", c.http_threads, 0},
+                              {"grpc_threads", c.grpc_threads, 0}}) {
     if (absl::Status s = at_least(name, v, min); !s.ok()) return s;
   }
   if (c.prefill_replicas > 0 && c.prefill_replicas >= c.replicas) {
@@ -115,6 +117,10 @@ absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
         c.heartbeat_timeout_ms, c.heartbeat_interval_ms));
   }
   return absl::OkStatus();
+}
+
+int RequestThreads(const CoordinatorConfig& c) {
+  return c.replicas * c.max_slots + c.max_waiting + 8;
 }
 
 }  // namespace tandem

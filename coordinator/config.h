@@ -45,9 +45,18 @@ struct CoordinatorConfig {
   int heartbeat_timeout_ms = 10000;
   double drain_timeout_s = 60;            // topology change: wait this long for running requests
   std::string http_listen;                // OpenAI-compatible HTTP API host:port; empty: off
-  int http_threads = 0;                   // its connection threads; 0: slots + waiting + 8
+  int http_threads = 0;                   // its connection threads; 0: RequestThreads
   std::string served_model_name;          // the model's id in that API; empty: model_dir's name
+  // Threads the gRPC server keeps for request streams once they end (0: RequestThreads). A
+  // synchronous gRPC server keeps two idle ones by default: when a closed loop's round of
+  // streams ends together, the threads of all but two exit, and the next round's streams wait
+  // for threads made one after another (a few milliseconds for 64), arriving spread out.
+  int grpc_threads = 0;
 };
+
+// Requests the service may hold at once (every replica's slots and the waiting queue), plus 8:
+// the default of http_threads and grpc_threads.
+int RequestThreads(const CoordinatorConfig& c);
 
 // Parses YAML text; `source` names the file in errors. Unknown keys are errors (a typo should not
 // silently fall back to a default).

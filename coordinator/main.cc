@@ -67,6 +67,9 @@ ABSL_FLAG(std::optional<std::string>, http_listen, std::nullopt,
           "host:port of the OpenAI-compatible HTTP API (port 0: any free port; unset: off)");
 ABSL_FLAG(std::optional<int>, http_threads, std::nullopt,
           "HTTP connection threads (0: running slots + waiting queue + 8)");
+ABSL_FLAG(std::optional<int>, grpc_threads, std::nullopt,
+          "threads the gRPC server keeps for request streams once they end, so that a burst of "
+          "new ones does not wait for threads to be made (0: running slots + waiting queue + 8)");
 ABSL_FLAG(std::optional<std::string>, served_model_name, std::nullopt,
           "the model's id in the HTTP API (default: the name of --model_dir)");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
@@ -130,6 +133,7 @@ int main(int argc, char** argv) {
   if (auto v = absl::GetFlag(FLAGS_drain_timeout_s)) config.drain_timeout_s = *v;
   if (auto v = absl::GetFlag(FLAGS_http_listen)) config.http_listen = *v;
   if (auto v = absl::GetFlag(FLAGS_http_threads)) config.http_threads = *v;
+  if (auto v = absl::GetFlag(FLAGS_grpc_threads)) config.grpc_threads = *v;
   if (auto v = absl::GetFlag(FLAGS_served_model_name)) config.served_model_name = *v;
   // Workers run in folders (and on nodes) of their own: a relative folder means this process's
   // working directory, so the workers are sent the absolute path.
@@ -193,6 +197,10 @@ int main(int argc, char** argv) {
   // Sized from the largest legal request (prompt bytes, token ids, stop strings).
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(tandem::MaxRequestBytes((*coordinator)->limits()), INT32_MAX)));
+  // Idle threads are kept up to this many (gRPC's default: 2; CoordinatorConfig::grpc_threads).
+  builder.SetSyncServerOption(
+      grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
+      config.grpc_threads > 0 ? config.grpc_threads : tandem::RequestThreads(config));
   builder.RegisterService(&inference);
   builder.RegisterService(&admin);
   builder.RegisterService(&registry);

@@ -31,6 +31,7 @@ std::shared_ptr<RequestState> Scheduler::Enqueue(ValidatedRequest request, absl:
   if (request.request_id.empty()) request.request_id = absl::StrCat("req-", next_seq_id_);
   auto state = std::make_shared<RequestState>(std::move(request), now);
   waiting_.push_back(state);
+  if (burst_left_ > 0) --burst_left_;  // a successor, perhaps
   return state;
 }
 
@@ -389,8 +390,10 @@ absl::Time Scheduler::admit_at() const {
     return absl::InfinitePast();
   }
   const absl::Time quiet =
-      ManyEndingSoon() ? absl::InfiniteFuture()
-                       : std::max(waiting_.back()->arrival(), last_end_) + options_.admission_quiet;
+      burst_left_ > 0 ? burst_at_ + options_.admission_wait
+      : ManyEndingSoon()
+          ? absl::InfiniteFuture()
+          : std::max(waiting_.back()->arrival(), last_end_) + options_.admission_quiet;
   return std::min(quiet, waiting_.front()->arrival() + options_.admission_wait);
 }
 
@@ -645,6 +648,8 @@ absl::Status Scheduler::OnStepResult(int id, uint64_t step_id, std::span<const i
   }
   p.last_result = now;
   p.busy_at_last_result = !p.inflight.empty();
+  const int running_before = static_cast<int>(p.running.size());
+  const uint64_t ends_before = ends_;
   const int sampled = static_cast<int>(
       std::count_if(entries.begin(), entries.end(), [](const StepEntry& e) { return e.sample; }));
   if (sampled != static_cast<int>(tokens.size())) {
@@ -677,6 +682,11 @@ absl::Status Scheduler::OnStepResult(int id, uint64_t step_id, std::span<const i
     AppendToken(seq, token, logprob ? &*logprob : nullptr, now);
     // On to its decode slot, unless the token ended it (AppendToken then forgot it).
     if (prefilled && seqs_.contains(e.seq) && seq.in_flight == 0) StartHandoff(seq);
+  }
+  const int ended = static_cast<int>(ends_ - ends_before);
+  if (ended >= 2 && 4 * ended >= running_before) {
+    burst_at_ = now;
+    burst_left_ = ended;
   }
   return absl::OkStatus();
 }
@@ -733,6 +743,7 @@ void Scheduler::EndSequence(uint64_t seq_id, absl::Status status, v1::FinishReas
   seq_of_request_.erase(seq.request.get());
   seqs_.erase(it);
   last_end_ = std::max(last_end_, now);
+  ++ends_;
 }
 
 void Scheduler::Cancel(const std::shared_ptr<RequestState>& request, const absl::Status& why,

@@ -61,9 +61,12 @@ struct SchedulerOptions {
   // prompt step: Admit holds them back until neither has a request arrived nor a sequence ended
   // (freeing a slot, whose successor may be on its way) for `admission_quiet`, and while at least
   // a quarter of a pipeline's running sequences (two or more) reach their length within
-  // kEndingSoonSteps steps (so that their successors' prompts join); at most until the oldest has
-  // waited `admission_wait`, and never once they fill a step (max_batch) or every free slot of
-  // the pipelines that take new sequences. Otherwise the first to arrive
+  // kEndingSoonSteps steps (so that their successors' prompts join), and after a step's result
+  // ended that many at once, until as many new requests have come (their successors, which
+  // reach the service spread over some milliseconds) or `admission_wait` has passed since; at
+  // most until the oldest has waited `admission_wait`, and never once they fill a step
+  // (max_batch) or every free slot of the pipelines that take new sequences. Otherwise the first
+  // to arrive
   // run their prompts alone, and the rest stall them and one another in later prompt steps.
   // Zero: admitted at once. Resumed sequences are never held back.
   absl::Duration admission_quiet = absl::ZeroDuration();
@@ -327,6 +330,11 @@ class Scheduler {
   uint64_t next_seq_id_ = 1;
   std::deque<std::shared_ptr<RequestState>> waiting_;
   absl::Time last_end_ = absl::InfinitePast();  // when a sequence last ended (freeing its slot)
+  uint64_t ends_ = 0;                            // sequences ended so far
+  // The last step result that ended a quarter or more of its pipeline's running sequences (two
+  // or more) at once: when, and how many of their successors have not arrived yet.
+  absl::Time burst_at_ = absl::InfinitePast();
+  int burst_left_ = 0;
   // Whether a quarter or more of some pipeline's running sequences (two or more) reach their
   // length within kEndingSoonSteps tokens (SchedulerOptions::admission_quiet).
   bool ManyEndingSoon() const;

@@ -290,21 +290,15 @@ LoadRun DriveLoad(LoadClient& client, const SweepOptions& o, const ConfigResult&
   std::vector<std::thread> threads;
   auto t0 = Clock::now();
   if (o.mode == "closed") {
-    // The clients start together, once every thread is up: the first round arrives as one burst,
-    // as the rounds after it do, not spread over the threads' start-up.
-    const int clients = std::min(c.batch, count);
-    absl::BlockingCounter up(clients);
-    absl::Notification go;
-    for (int k = 0; k < clients; ++k) {
-      threads.emplace_back([&, k] {
-        up.DecrementCount();
-        go.WaitForNotification();
-        for (int i = next.fetch_add(1); i < count; i = next.fetch_add(1)) one(i, k);
-      });
+    std::function<void()> waiting;
+    if (progress != nullptr) {
+      waiting = [&] {
+        progress->Show(absl::StrFormat("%s: %d/%d requests, %.1f s", point.label, done.load(),
+                                       count, Since(t0, Clock::now())));
+      };
     }
-    up.Wait();
-    t0 = Clock::now();
-    go.Notify();
+    run.wall_s = RunClosedLoop(std::min(c.batch, count), count, one, waiting);
+    return run;
   } else {
     // Poisson arrivals: exponential gaps at `rate` requests per second.
     std::mt19937_64 rng(o.seed + point.index);
@@ -451,6 +445,44 @@ std::string SlotWarning(const ServedModel& server, int batch, int replicas) {
       "row measures queueing, not a batch of %d; give the coordinator --max_slots %d",
       batch, slots, replicas, server.max_slots, batch - slots, batch,
       (batch + replicas - 1) / replicas);
+}
+
+double RunClosedLoop(int clients, int count, const std::function<void(int i, int client)>& send,
+                     const std::function<void()>& waiting) {
+  std::atomic<int> next{0};
+  absl::Mutex mu;
+  int answered = 0;
+  Clock::time_point last = Clock::now();
+  // The clients start together, once every thread is up: the first round arrives as one burst,
+  // as the rounds after it do, not spread over the threads' start-up.
+  absl::BlockingCounter up(clients);
+  absl::Notification go;
+  std::vector<std::thread> threads;
+  for (int k = 0; k < clients; ++k) {
+    threads.emplace_back([&, k] {
+      up.DecrementCount();
+      go.WaitForNotification();
+      for (int i = next.fetch_add(1); i < count; i = next.fetch_add(1)) {
+        send(i, k);
+        absl::MutexLock lock(&mu);
+        ++answered;
+        last = std::max(last, Clock::now());
+      }
+    });
+  }
+  up.Wait();
+  const Clock::time_point t0 = Clock::now();
+  go.Notify();
+  auto all = [&] { return answered >= count; };
+  while (waiting) {
+    {
+      absl::MutexLock lock(&mu);
+      if (mu.AwaitWithTimeout(absl::Condition(&all), absl::Milliseconds(100))) break;
+    }
+    waiting();
+  }
+  for (std::thread& t : threads) t.join();
+  return count > 0 ? std::max(0.0, Since(t0, last)) : 0.0;
 }
 
 absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {

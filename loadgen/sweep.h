@@ -7,6 +7,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -122,6 +123,13 @@ double Percentile(std::vector<double> v, double p);
 // when none reports compute time. Nullopt when no worker reports a GPU.
 std::optional<double> GpuEnergyOfActiveWorkers(const std::vector<std::vector<MetricSample>>& before,
                                                const std::vector<std::vector<MetricSample>>& after);
+
+// A closed loop: `clients` clients that start together, each calling `send(i, client)` for the
+// next request index i in [0, count) once its last has returned; `waiting`, where given, is
+// called about every 100 ms meanwhile. Returns the seconds from their start until the last send
+// returned (the clients' threads ending after it are not counted).
+double RunClosedLoop(int clients, int count, const std::function<void(int i, int client)>& send,
+                     const std::function<void()>& waiting = nullptr);
 
 absl::Status ValidateSweepOptions(const SweepOptions& o);
 absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o);

@@ -87,10 +87,6 @@ void Detokenize(const Coordinator& c, const httplib::Request& req, httplib::Resp
 
 }  // namespace
 
-int DefaultHttpThreads(const CoordinatorConfig& config) {
-  return config.replicas * config.max_slots + config.max_waiting + 8;
-}
-
 HttpServer::HttpServer(Coordinator& c, const HttpServerOptions& options, ChatRenderer render_chat)
     : c_(c), options_(options), generation_(c, options.model_name, std::move(render_chat)) {}
 
@@ -122,7 +118,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Coordinator& c,
   } else {
     server->http_ = std::make_unique<httplib::Server>();
   }
-  const int threads = options.threads > 0 ? options.threads : DefaultHttpThreads(c.config());
+  const int threads = options.threads > 0 ? options.threads : RequestThreads(c.config());
   server->http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   // Bodies beyond twice the largest legal request (JSON escapes included) get 413 unread.
   server->http_->set_payload_max_length(static_cast<size_t>(2 * MaxRequestBytes(c.limits())));

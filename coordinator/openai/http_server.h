@@ -26,7 +26,7 @@ namespace tandem::openai {
 struct HttpServerOptions {
   std::string listen;      // host:port; port 0 picks a free one
   std::string model_name;  // the id /v1/models lists and requests may name
-  int threads = 0;         // connection threads; 0: DefaultHttpThreads
+  int threads = 0;         // connection threads; 0: RequestThreads (coordinator/config.h)
   // What every endpoint but /health and /version requires as `Authorization: Bearer <key>`
   // (401 with OpenAI's error body otherwise); empty: no key needed.
   std::string api_key;
@@ -34,9 +34,6 @@ struct HttpServerOptions {
   std::string tls_cert;
   std::string tls_key;
 };
-
-// Running slots (replicas x max_slots) + the waiting queue + 8 for short calls.
-int DefaultHttpThreads(const CoordinatorConfig& config);
 
 class HttpServer {
  public:

@@ -31,6 +31,7 @@ admission_wait_ms: 3
 heartbeat_interval_ms: 100
 heartbeat_timeout_ms: 900
 drain_timeout_s: 5.5
+grpc_threads: 40
 )", "test.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->listen, "127.0.0.1:6000");
@@ -52,7 +53,9 @@ drain_timeout_s: 5.5
   EXPECT_EQ(c->heartbeat_interval_ms, 100);
   EXPECT_EQ(c->heartbeat_timeout_ms, 900);
   EXPECT_DOUBLE_EQ(c->drain_timeout_s, 5.5);
+  EXPECT_EQ(c->grpc_threads, 40);
   EXPECT_TRUE(ValidateCoordinatorConfig(*c).ok());
+  EXPECT_EQ(RequestThreads(*c), 3 * 12 + 10 + 8);
 }
 
 TEST(CoordinatorConfigTest, EmptyFileGivesDefaults) {
@@ -129,6 +132,10 @@ TEST(CoordinatorConfigTest, ValidationNamesTheBadField) {
   c.admission_wait_ms = std::nan("");
   EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("admission_wait_ms"));
   c.admission_wait_ms = 2;
+  EXPECT_TRUE(ValidateCoordinatorConfig(c).ok());
+  c.grpc_threads = -1;
+  EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("grpc_threads must be >= 0"));
+  c.grpc_threads = 0;  // as many as requests may run or wait
   EXPECT_TRUE(ValidateCoordinatorConfig(c).ok());
   c.replicas = 2;
   c.prefill_replicas = 1;

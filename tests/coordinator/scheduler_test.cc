@@ -650,12 +650,15 @@ TEST(Scheduler, AdmissionWaitsForTheSuccessorsOfSequencesThatEndOrAreAboutTo) {
   ASSERT_TRUE(AnswerAt(s, 0, NextStep(s, 0), 5, kNow + absl::Milliseconds(6)).ok());
   EXPECT_EQ(s.admit_at(), kNow + absl::Milliseconds(21));
   ASSERT_TRUE(AnswerAt(s, 0, NextStep(s, 0), 5, kNow + absl::Milliseconds(8)).ok());
-  ASSERT_EQ(s.running(0), 0);  // all ended: then the quiet time after the last end
-  EXPECT_EQ(s.admit_at(), kNow + absl::Milliseconds(9));
-  s.Admit(kNow + absl::Microseconds(8999));
-  EXPECT_EQ(s.waiting(), 1);
-  s.Admit(kNow + absl::Milliseconds(9));
-  EXPECT_EQ(s.running(0), 1);
+  ASSERT_EQ(s.running(0), 0);  // all four ended at once: held for their successors too
+  EXPECT_EQ(s.admit_at(), kNow + absl::Milliseconds(21));
+  for (int i = 0; i < 4; ++i) s.Enqueue(Request({3}), kNow + absl::Milliseconds(10));
+  // They came: then the quiet time after the newest arrival.
+  EXPECT_EQ(s.admit_at(), kNow + absl::Milliseconds(11));
+  s.Admit(kNow + absl::Microseconds(10999));
+  EXPECT_EQ(s.waiting(), 5);
+  s.Admit(kNow + absl::Milliseconds(11));
+  EXPECT_EQ(s.running(0), 5);
 
   // One of five about to end is not many: only the quiet time after the newest arrival.
   Scheduler few(o);
@@ -699,6 +702,62 @@ TEST(Scheduler, AdmissionJoinsTheSuccessorsOfARoundThatEndsInTwoParts) {
   EXPECT_EQ(s.running(0), 8);
   const StepDescriptor step = NextStep(s, 0);
   EXPECT_EQ(step.seqs.size(), 8u);
+}
+
+// A round that ends in one step: its successors arrive spread out (a few now, the others a few
+// milliseconds later); the first are held for the others, past the quiet time, until as many
+// have come as ended (then they fill every free slot and go in at once), or until the wait.
+TEST(Scheduler, AdmissionWaitsForTheSuccessorsOfARoundThatEndedAtOnce) {
+  SchedulerOptions o = Options();
+  o.max_slots = 8;
+  o.admission_quiet = absl::Milliseconds(1);
+  o.admission_wait = absl::Milliseconds(20);
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  for (int i = 0; i < 8; ++i) s.Enqueue(Request({1}, /*max_new_tokens=*/1), kNow);
+  s.Admit(kNow);
+  ASSERT_EQ(s.running(0), 8);
+  ASSERT_TRUE(AnswerAt(s, 0, NextStep(s, 0), 5, kNow + absl::Milliseconds(1)).ok());
+  ASSERT_EQ(s.running(0), 0);  // all eight ended in one step
+  for (int i = 0; i < 3; ++i) s.Enqueue(Request({2}, 1), kNow + absl::Milliseconds(2));
+  EXPECT_EQ(s.admit_at(), kNow + absl::Milliseconds(21));  // not 3 ms (the quiet time)
+  s.Admit(kNow + absl::Milliseconds(4));
+  EXPECT_EQ(s.waiting(), 3);
+  for (int i = 0; i < 5; ++i) s.Enqueue(Request({3}, 1), kNow + absl::Milliseconds(9));
+  EXPECT_EQ(s.admit_at(), absl::InfinitePast());  // every slot taken by those waiting
+  s.Admit(kNow + absl::Milliseconds(9));
+  EXPECT_EQ(s.running(0), 8);
+  const StepDescriptor round = NextStep(s, 0);
+  EXPECT_EQ(round.seqs.size(), 8u);
+
+  // The next round: only two successors come; they go in once the wait after the end is over.
+  ASSERT_TRUE(AnswerAt(s, 0, round, 5, kNow + absl::Milliseconds(30)).ok());
+  ASSERT_EQ(s.running(0), 0);
+  for (int i = 0; i < 2; ++i) s.Enqueue(Request({4}), kNow + absl::Milliseconds(31));
+  EXPECT_EQ(s.admit_at(), kNow + absl::Milliseconds(50));
+  s.Admit(kNow + absl::Milliseconds(49));
+  EXPECT_EQ(s.waiting(), 2);
+  s.Admit(kNow + absl::Milliseconds(50));
+  EXPECT_EQ(s.running(0), 2);
+}
+
+// Sequences that end one or a few at a time (an open loop's) hold nobody past the quiet time.
+TEST(Scheduler, AdmissionAfterASingleEndWaitsOnlyTheQuietTime) {
+  SchedulerOptions o = Options();
+  o.max_slots = 10;
+  o.admission_quiet = absl::Milliseconds(1);
+  o.admission_wait = absl::Milliseconds(20);
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  const absl::Time t0 = kNow - absl::Milliseconds(10);
+  s.Enqueue(Request({1}, /*max_new_tokens=*/1), t0);
+  for (int i = 0; i < 7; ++i) s.Enqueue(Request({1}, /*max_new_tokens=*/50), t0);
+  s.Admit(kNow);
+  ASSERT_EQ(s.running(0), 8);
+  ASSERT_TRUE(AnswerAt(s, 0, NextStep(s, 0), 5, kNow + absl::Milliseconds(1)).ok());
+  ASSERT_EQ(s.running(0), 7);  // one of eight ended: three slots free
+  s.Enqueue(Request({2}), kNow + absl::Milliseconds(2));
+  EXPECT_EQ(s.admit_at(), kNow + absl::Milliseconds(3));
 }
 
 TEST(Scheduler, FeedsALongPromptInChunksAndSamplesAfterTheLast) {

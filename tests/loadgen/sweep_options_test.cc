@@ -1,5 +1,13 @@
 // Sweep options are checked before anything runs; percentiles interpolate like numpy's default;
-// GPU energy is counted over the GPUs the configuration used.
+// GPU energy is counted over the GPUs the configuration used; a closed loop's wall time ends at
+// its last answer.
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "loadgen/sweep.h"
@@ -135,6 +143,37 @@ TEST(GpuEnergyTest, WithoutComputeTimesEveryGpuCountsAndWithoutGpusThereIsNone) 
   EXPECT_FALSE(GpuEnergyOfActiveWorkers({cpu}, {cpu2}).has_value());
   // A failed scrape (empty page) is no worker's GPU.
   EXPECT_FALSE(GpuEnergyOfActiveWorkers({{}}, {{}}).has_value());
+}
+
+// The closed loop's wall time runs from the clients' start to the last answer: each client sends
+// its requests one after another, and a client thread that takes long to end after its last
+// answer (here a thread-local whose destructor sleeps 1 s) adds nothing.
+TEST(ClosedLoopTest, WallEndsAtTheLastAnswer) {
+  struct SlowExit {
+    ~SlowExit() { std::this_thread::sleep_for(std::chrono::seconds(1)); }
+  };
+  std::mutex mu;
+  std::map<int, std::vector<int>> sent_by_client;
+  int waited = 0;
+  const double wall = RunClosedLoop(
+      4, 12,
+      [&](int i, int client) {
+        thread_local SlowExit slow;
+        (void)slow;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        std::lock_guard<std::mutex> lock(mu);
+        sent_by_client[client].push_back(i);
+      },
+      [&] { ++waited; });
+  EXPECT_GE(wall, 0.15);  // three requests per client, one after another
+  EXPECT_LT(wall, 0.9);
+  EXPECT_GE(waited, 1);  // told every 100 ms while the requests ran
+  ASSERT_EQ(sent_by_client.size(), 4u);
+  std::set<int> all;
+  for (const auto& [client, sent] : sent_by_client) all.insert(sent.begin(), sent.end());
+  EXPECT_EQ(all.size(), 12u);
+  EXPECT_EQ(*all.rbegin(), 11);
+  EXPECT_EQ(RunClosedLoop(2, 0, [](int, int) {}), 0.0);
 }
 
 }  // namespace
