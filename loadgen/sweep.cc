@@ -276,7 +276,7 @@ LoadRun DriveLoad(LoadClient& client, const SweepOptions& o, const ConfigResult&
   LoadRun run;
   run.records.assign(count, {});
   run.prompt_ids.assign(count, 0);
-  std::atomic<int> next{0}, done{0};
+  std::atomic<int> done{0};
   // With o.connection_per_client, each closed-loop client, and each open-loop request up to a
   // pool of them, on a connection of its own.
   constexpr int kOpenLoopConnections = 64;
@@ -287,37 +287,20 @@ LoadRun DriveLoad(LoadClient& client, const SweepOptions& o, const ConfigResult&
                                      c.output_len, o.connection_per_client ? connection : 0);
     done.fetch_add(1);
   };
-  std::vector<std::thread> threads;
-  auto t0 = Clock::now();
+  const Clock::time_point t0 = Clock::now();
+  std::function<void()> waiting;
+  if (progress != nullptr) {
+    waiting = [&] {
+      progress->Show(absl::StrFormat("%s: %d/%d requests, %.1f s", point.label, done.load(), count,
+                                     Since(t0, Clock::now())));
+    };
+  }
   if (o.mode == "closed") {
-    std::function<void()> waiting;
-    if (progress != nullptr) {
-      waiting = [&] {
-        progress->Show(absl::StrFormat("%s: %d/%d requests, %.1f s", point.label, done.load(),
-                                       count, Since(t0, Clock::now())));
-      };
-    }
     run.wall_s = RunClosedLoop(std::min(c.batch, count), count, one, waiting);
-    return run;
   } else {
-    // Poisson arrivals: exponential gaps at `rate` requests per second.
-    std::mt19937_64 rng(o.seed + point.index);
-    std::exponential_distribution<double> gap(c.rate);
-    double at = 0;
-    for (int i = 0; i < count; ++i) {
-      std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(
-                                             std::chrono::duration<double>(at)));
-      threads.emplace_back(one, i, i % kOpenLoopConnections);
-      at += gap(rng);
-    }
+    run.wall_s = RunOpenLoop(count, c.rate, o.seed + point.index,
+                             [&](int i) { one(i, i % kOpenLoopConnections); }, waiting);
   }
-  while (progress != nullptr && done.load() < count) {
-    progress->Show(absl::StrFormat("%s: %d/%d requests, %.1f s", point.label, done.load(), count,
-                                   Since(t0, Clock::now())));
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  for (auto& t : threads) t.join();
-  run.wall_s = Since(t0, Clock::now());
   return run;
 }
 
@@ -447,12 +430,68 @@ std::string SlotWarning(const ServedModel& server, int batch, int replicas) {
       (batch + replicas - 1) / replicas);
 }
 
+namespace {
+
+// The clients' or requests' threads of a load: each call of `send` marks when it returned.
+class Answers {
+ public:
+  void Mark() {
+    absl::MutexLock lock(&mu_);
+    ++answered_;
+    last_ = std::max(last_, Clock::now());
+  }
+  // Calls `waiting` about every 100 ms until `count` have been answered (nothing without it).
+  void Wait(int count, const std::function<void()>& waiting) {
+    auto all = [&] { return answered_ >= count; };
+    while (waiting) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (mu_.AwaitWithTimeout(absl::Condition(&all), absl::Milliseconds(100))) return;
+      }
+      waiting();
+    }
+  }
+  // Seconds from `t0` to the last answer; 0 when none came.
+  double Since(Clock::time_point t0) {
+    absl::MutexLock lock(&mu_);
+    return answered_ > 0 ? std::max(0.0, loadgen::Since(t0, last_)) : 0.0;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int answered_ ABSL_GUARDED_BY(mu_) = 0;
+  Clock::time_point last_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+double RunOpenLoop(int count, double rate, uint64_t seed, const std::function<void(int i)>& send,
+                   const std::function<void()>& waiting) {
+  Answers answers;
+  std::vector<std::thread> threads;
+  // Poisson arrivals: exponential gaps at `rate` requests per second.
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> gap(rate);
+  const Clock::time_point t0 = Clock::now();
+  double at = 0;
+  for (int i = 0; i < count; ++i) {
+    std::this_thread::sleep_until(
+        t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(at)));
+    threads.emplace_back([&, i] {
+      send(i);
+      answers.Mark();
+    });
+    at += gap(rng);
+  }
+  answers.Wait(count, waiting);
+  for (std::thread& t : threads) t.join();
+  return answers.Since(t0);
+}
+
 double RunClosedLoop(int clients, int count, const std::function<void(int i, int client)>& send,
                      const std::function<void()>& waiting) {
   std::atomic<int> next{0};
-  absl::Mutex mu;
-  int answered = 0;
-  Clock::time_point last = Clock::now();
+  Answers answers;
   // The clients start together, once every thread is up: the first round arrives as one burst,
   // as the rounds after it do, not spread over the threads' start-up.
   absl::BlockingCounter up(clients);
@@ -464,25 +503,16 @@ double RunClosedLoop(int clients, int count, const std::function<void(int i, int
       go.WaitForNotification();
       for (int i = next.fetch_add(1); i < count; i = next.fetch_add(1)) {
         send(i, k);
-        absl::MutexLock lock(&mu);
-        ++answered;
-        last = std::max(last, Clock::now());
+        answers.Mark();
       }
     });
   }
   up.Wait();
   const Clock::time_point t0 = Clock::now();
   go.Notify();
-  auto all = [&] { return answered >= count; };
-  while (waiting) {
-    {
-      absl::MutexLock lock(&mu);
-      if (mu.AwaitWithTimeout(absl::Condition(&all), absl::Milliseconds(100))) break;
-    }
-    waiting();
-  }
+  answers.Wait(count, waiting);
   for (std::thread& t : threads) t.join();
-  return count > 0 ? std::max(0.0, Since(t0, last)) : 0.0;
+  return answers.Since(t0);
 }
 
 absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {

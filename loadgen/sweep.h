@@ -6,6 +6,7 @@
 // checks every greedy output against the first node count's. sweep_report.cc writes the run folder.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -130,6 +131,11 @@ std::optional<double> GpuEnergyOfActiveWorkers(const std::vector<std::vector<Met
 // returned (the clients' threads ending after it are not counted).
 double RunClosedLoop(int clients, int count, const std::function<void(int i, int client)>& send,
                      const std::function<void()>& waiting = nullptr);
+// An open loop: `count` calls of `send(i)`, each on a thread of its own, started at Poisson
+// arrival times of `rate` per second (exponential gaps drawn from `seed`). Returns the seconds
+// from the first start until the last send returned; `waiting` as for RunClosedLoop.
+double RunOpenLoop(int count, double rate, uint64_t seed, const std::function<void(int i)>& send,
+                   const std::function<void()>& waiting = nullptr);
 
 absl::Status ValidateSweepOptions(const SweepOptions& o);
 absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o);

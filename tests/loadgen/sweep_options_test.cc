@@ -1,6 +1,6 @@
 // Sweep options are checked before anything runs; percentiles interpolate like numpy's default;
-// GPU energy is counted over the GPUs the configuration used; a closed loop's wall time ends at
-// its last answer.
+// GPU energy is counted over the GPUs the configuration used; a closed or open loop's wall time
+// ends at its last answer.
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -174,6 +174,28 @@ TEST(ClosedLoopTest, WallEndsAtTheLastAnswer) {
   EXPECT_EQ(all.size(), 12u);
   EXPECT_EQ(*all.rbegin(), 11);
   EXPECT_EQ(RunClosedLoop(2, 0, [](int, int) {}), 0.0);
+}
+
+// The open loop sends every request once, each on a thread of its own at its arrival time, and its
+// wall time too ends at the last answer, not when the threads have ended.
+TEST(OpenLoopTest, WallEndsAtTheLastAnswer) {
+  struct SlowExit {
+    ~SlowExit() { std::this_thread::sleep_for(std::chrono::seconds(1)); }
+  };
+  std::mutex mu;
+  std::set<int> sent;
+  const double wall = RunOpenLoop(8, 200.0, 7, [&](int i) {
+    thread_local SlowExit slow;
+    (void)slow;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::lock_guard<std::mutex> lock(mu);
+    sent.insert(i);
+  });
+  EXPECT_GE(wall, 0.05);
+  EXPECT_LT(wall, 0.9);  // 8 arrivals at 200/s: the last one some 40 ms in, then 50 ms
+  EXPECT_EQ(sent.size(), 8u);
+  EXPECT_EQ(*sent.rbegin(), 7);
+  EXPECT_EQ(RunOpenLoop(0, 10.0, 7, [](int) {}), 0.0);
 }
 
 }  // namespace
