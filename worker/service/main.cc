@@ -136,6 +136,9 @@ absl::StatusOr<Backend> CudaBackend() {
   b.link.place_weights = [options](const tandem::StageSpec& spec) {
     return tandem::PlaceCudaWeights(spec, options);
   };
+  b.link.warm_up = [options](const tandem::StageSpec& spec) -> absl::Status {
+    return tandem::MakeCudaStage(spec, options).status();
+  };
   b.link.to_host = [device = options.device](const tandem::Activations& a) {
     return tandem::CopyActivationsToHost(a, device);
   };

@@ -28,6 +28,8 @@ namespace {
 // How often an executor holding a launched step looks whether it ended while it waits for the
 // next request.
 constexpr absl::Duration kLaunchedPoll = absl::Microseconds(50);
+// Positions of the KV-cache of the stage a prepare warms up (LinkOptions::warm_up).
+constexpr int kWarmUpPositions = 16;
 
 v1::StepResult ErrorResult(uint64_t step, const absl::Status& s) {
   v1::StepResult r;
@@ -237,6 +239,23 @@ grpc::Status WorkerService::Prepare(const v1::AssignStageRequest& req, const Sta
       spdlog::warn("assignment {}: weights not placed ahead: {}", req.assignment_id(),
                    w.status().ToString());
     }
+    // A worker's first stage: a throwaway one on the weights just placed, with a KV-cache of a
+    // few positions, so that the libraries' and kernels' code is loaded now, not in the pause.
+    if (link_.warm_up && !made_a_stage_ && p->weights != nullptr) {
+      const absl::Time w0 = absl::Now();
+      StageSpec small = want;
+      small.placed.push_back(p->weights);
+      small.max_seq_len = std::min(spec.max_seq_len > 0 ? spec.max_seq_len : kWarmUpPositions,
+                                   kWarmUpPositions);
+      if (absl::Status st = link_.warm_up(small); st.ok()) {
+        made_a_stage_ = true;
+        spdlog::info("assignment {}: a first stage warmed up in {:.3f} s", req.assignment_id(),
+                     absl::ToDoubleSeconds(absl::Now() - w0));
+      } else {
+        spdlog::warn("assignment {}: no stage warmed up ahead: {}", req.assignment_id(),
+                     st.ToString());
+      }
+    }
   }
   resp->set_placed_bytes(p->weights != nullptr ? p->weights->bytes() : 0);
   resp->set_load_seconds(absl::ToDoubleSeconds(absl::Now() - t0));
@@ -367,6 +386,7 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
     spec.placed.clear();  // arenas held whole for some of their layers: load just what it needs
     stage = factory_(spec);
   }
+  if (stage.ok()) made_a_stage_ = true;
   if (!stage.ok()) {
     spdlog::error("assignment {}: {}", req->assignment_id(), stage.status().ToString());
     // INVALID_ARGUMENT (sizes that overflow, a malformed checkpoint) and RESOURCE_EXHAUSTED (a

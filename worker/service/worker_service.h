@@ -80,6 +80,10 @@ struct LinkOptions {
   // places none, and a stage loads all it needs when assigned.
   std::function<absl::StatusOr<std::shared_ptr<const PlacedWeights>>(const StageSpec& spec)>
       place_weights;
+  // Makes a stage of `spec` (on placed weights, with a small KV-cache) and drops it, so that a
+  // worker's first stage does not load its libraries' and kernels' code in a re-partition's pause;
+  // asked by a prepare of a worker that has made no stage yet. Empty: nothing to warm.
+  std::function<absl::Status(const StageSpec& spec)> warm_up;
 };
 
 class WorkerService final : public v1::Worker::Service {
@@ -215,6 +219,7 @@ class WorkerService final : public v1::Worker::Service {
   const LinkOptions link_;
   absl::Mutex assign_mu_;  // one AssignStage at a time
   std::unique_ptr<Prepared> prepared_ ABSL_GUARDED_BY(assign_mu_);
+  bool made_a_stage_ ABSL_GUARDED_BY(assign_mu_) = false;  // or warmed up for one (warm_up)
   struct Closing {  // a link closing on a thread of its own
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
