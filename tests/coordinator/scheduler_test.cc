@@ -630,11 +630,17 @@ TEST(Scheduler, AdmissionHoldsNewRequestsBackAtMostTheWaitAndNeverAFullBatchOrRe
   }
 }
 
-TEST(Scheduler, AdmissionWaitsForTheSuccessorsOfSequencesThatEndOrAreAboutTo) {
+// Admission that holds new requests: 1 ms of quiet, 20 ms at most, `max_slots` slots.
+SchedulerOptions HoldingOptions(int max_slots) {
   SchedulerOptions o = Options();
-  o.max_slots = 8;
+  o.max_slots = max_slots;
   o.admission_quiet = absl::Milliseconds(1);
   o.admission_wait = absl::Milliseconds(20);
+  return o;
+}
+
+TEST(Scheduler, AdmissionWaitsForTheSuccessorsOfSequencesThatEndOrAreAboutTo) {
+  SchedulerOptions o = HoldingOptions(8);
   Scheduler s(o);
   s.AddPipeline(0, 1);
   const absl::Time t0 = kNow - absl::Milliseconds(10);
@@ -676,10 +682,7 @@ TEST(Scheduler, AdmissionWaitsForTheSuccessorsOfSequencesThatEndOrAreAboutTo) {
 // would fill the six free slots, but the other two end within a few tokens, so the six wait for
 // them and their successors (up to the wait), and all eight go in as one prompt step.
 TEST(Scheduler, AdmissionJoinsTheSuccessorsOfARoundThatEndsInTwoParts) {
-  SchedulerOptions o = Options();
-  o.max_slots = 8;
-  o.admission_quiet = absl::Milliseconds(1);
-  o.admission_wait = absl::Milliseconds(20);
+  SchedulerOptions o = HoldingOptions(8);
   Scheduler s(o);
   s.AddPipeline(0, 1);
   const absl::Time t0 = kNow - absl::Milliseconds(10);
@@ -708,10 +711,7 @@ TEST(Scheduler, AdmissionJoinsTheSuccessorsOfARoundThatEndsInTwoParts) {
 // milliseconds later); the first are held for the others, past the quiet time, until as many
 // have come as ended (then they fill every free slot and go in at once), or until the wait.
 TEST(Scheduler, AdmissionWaitsForTheSuccessorsOfARoundThatEndedAtOnce) {
-  SchedulerOptions o = Options();
-  o.max_slots = 8;
-  o.admission_quiet = absl::Milliseconds(1);
-  o.admission_wait = absl::Milliseconds(20);
+  SchedulerOptions o = HoldingOptions(8);
   Scheduler s(o);
   s.AddPipeline(0, 1);
   for (int i = 0; i < 8; ++i) s.Enqueue(Request({1}, /*max_new_tokens=*/1), kNow);
@@ -743,10 +743,7 @@ TEST(Scheduler, AdmissionWaitsForTheSuccessorsOfARoundThatEndedAtOnce) {
 
 // Sequences that end one or a few at a time (an open loop's) hold nobody past the quiet time.
 TEST(Scheduler, AdmissionAfterASingleEndWaitsOnlyTheQuietTime) {
-  SchedulerOptions o = Options();
-  o.max_slots = 10;
-  o.admission_quiet = absl::Milliseconds(1);
-  o.admission_wait = absl::Milliseconds(20);
+  SchedulerOptions o = HoldingOptions(10);
   Scheduler s(o);
   s.AddPipeline(0, 1);
   const absl::Time t0 = kNow - absl::Milliseconds(10);

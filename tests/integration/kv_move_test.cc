@@ -100,6 +100,22 @@ class KvMoveTest : public ::testing::Test {
     return dir;
   }
 
+  // A prepare (AssignStageRequest.prepare) of assignment `id`: the whole model as one stage, as
+  // Worker::Assign asks for it.
+  static v1::AssignStageRequest PrepareOf(uint64_t id) {
+    v1::AssignStageRequest req;
+    req.set_assignment_id(id);
+    req.set_stage(0);
+    req.set_num_stages(1);
+    req.set_model_dir(Model().string());
+    req.set_first_layer(0);
+    req.set_last_layer(kLayers);
+    req.set_max_slots(4);
+    req.set_max_seq_len(64);
+    req.set_prepare(true);
+    return req;
+  }
+
   Worker StartWorker(const std::string& name, const std::string& step_trace = "") {
     Worker w;
     absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(
@@ -284,16 +300,7 @@ TEST_F(KvMoveTest, APreparedAssignmentWaitsForItsRequestWhileTheCurrentStageServ
   const int32_t first = a.Step(1, 0, 0, kPrompt);
   ASSERT_GE(first, 0);
 
-  v1::AssignStageRequest req;
-  req.set_assignment_id(2);
-  req.set_stage(0);
-  req.set_num_stages(1);
-  req.set_model_dir(Model().string());
-  req.set_first_layer(0);
-  req.set_last_layer(kLayers);
-  req.set_max_slots(4);
-  req.set_max_seq_len(64);
-  req.set_prepare(true);
+  v1::AssignStageRequest req = PrepareOf(2);
   v1::AssignStageResponse resp;
   grpc::Status st = a.stub->AssignStage(Context().get(), req, &resp);
   ASSERT_TRUE(st.ok()) << st.error_message();
@@ -348,16 +355,7 @@ TEST_F(KvMoveTest, APreparedAssignmentThatIsNotTakenIsReleased) {
   ASSERT_TRUE(a.Assign(1, Model(), 0, kLayers).ok());
   const int32_t first = a.Step(1, 0, 0, kPrompt);
   ASSERT_GE(first, 0);
-  v1::AssignStageRequest req;
-  req.set_assignment_id(2);
-  req.set_stage(0);
-  req.set_num_stages(1);
-  req.set_model_dir(Model().string());
-  req.set_first_layer(0);
-  req.set_last_layer(kLayers);
-  req.set_max_slots(4);
-  req.set_max_seq_len(64);
-  req.set_prepare(true);
+  v1::AssignStageRequest req = PrepareOf(2);
   v1::AssignStageResponse resp;
   grpc::Status st = a.stub->AssignStage(Context().get(), req, &resp);
   ASSERT_TRUE(st.ok()) << st.error_message();

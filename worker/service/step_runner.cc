@@ -283,20 +283,23 @@ absl::Status StepRunner::Launch(const StepDescriptor& step) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepRun> StepRunner::Finish() {
+absl::StatusOr<StepRun> StepRunner::Finish(StepDescriptor* step) {
   if (launched_.empty()) return absl::FailedPreconditionError("no step is launched");
-  const LaunchedStep l = std::move(launched_.front());
+  LaunchedStep l = std::move(launched_.front());
   launched_.pop_front();
   absl::StatusOr<StepOutput> out = stage_.FinishDecode();
   const absl::Time now = absl::Now();
   const absl::Time began = std::max(l.at, last_finished_);
   last_finished_ = now;
-  if (!out.ok()) return out.status();
   StepRun run;
-  run.output = *std::move(out);
-  run.tokens = run.output.tokens;
-  run.times.compute = now - began;
-  KeepSamples(l.step, run.tokens);
+  if (out.ok()) {
+    run.output = *std::move(out);
+    run.tokens = run.output.tokens;
+    run.times.compute = now - began;
+    KeepSamples(l.step, run.tokens);
+  }
+  if (step != nullptr) *step = std::move(l.step);
+  if (!out.ok()) return out.status();
   return run;
 }
 

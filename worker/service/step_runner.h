@@ -123,9 +123,10 @@ class StepRunner {
   int launched() const { return static_cast<int>(launched_.size()); }
   // Whether Finish would return without waiting (true when none is launched).
   bool LaunchedDone() const { return launched_.empty() || stage_.DecodeDone(); }
-  // Waits for the oldest launched step and returns it as Run would have; its compute time runs
-  // from its launch, or from the step before it finished where that is later.
-  absl::StatusOr<StepRun> Finish();
+  // Waits for the oldest launched step and returns it as Run would have, and the step itself in
+  // `step` where given; its compute time runs from its launch, or from the step before it
+  // finished where that is later.
+  absl::StatusOr<StepRun> Finish(StepDescriptor* step = nullptr);
 
  private:
   StepRunner(Stage& stage, ActivationTransport* transport, StepRunnerOptions options);

@@ -552,14 +552,15 @@ grpc::Status WorkerService::Steps(
   std::thread executor([&] {
     SetThreadName("steps");
     std::shared_ptr<Assignment> a;
-    std::deque<StepDescriptor> launched;  // of a, oldest first
+    // Steps of a launched and not finished.
+    auto launched = [&] { return a != nullptr ? a->runner->launched() : 0; };
     // Finishes the oldest launched step and sends its result; false where it failed.
     auto finish = [&]() -> bool {
+      StepDescriptor d;
       LockForStep(*a);
-      absl::StatusOr<StepRun> run = a->runner->Finish();
+      absl::StatusOr<StepRun> run = a->runner->Finish(&d);
       a->run_mu.Unlock();
-      v1::StepResult r = ResultOf(*a, launched.front(), std::move(run));
-      launched.pop_front();
+      v1::StepResult r = ResultOf(*a, d, std::move(run));
       const bool ok = r.error_code() == 0;
       if (!ok && !ctx->IsCancelled()) {
         spdlog::warn("assignment {} step {}: {}", a->id, r.step_id(), r.error_message());
@@ -569,7 +570,7 @@ grpc::Status WorkerService::Steps(
       return ok;
     };
     auto finish_all = [&]() -> bool {
-      while (!launched.empty()) {
+      while (launched() > 0) {
         if (!finish()) return false;
       }
       return true;
@@ -577,11 +578,10 @@ grpc::Status WorkerService::Steps(
     // On the way out, steps still launched are finished (their results sent while the stream
     // lasts), so that the runner holds none when the next stream comes.
     absl::Cleanup drop = [&] {
-      while (!launched.empty()) {
+      while (launched() > 0) {
         LockForStep(*a);
         (void)a->runner->Finish();
         a->run_mu.Unlock();
-        launched.pop_front();
       }
     };
     while (true) {
@@ -591,7 +591,7 @@ grpc::Status WorkerService::Steps(
         {
           absl::MutexLock lock(&mu);
           auto ready = [&]() { return !queue.empty() || reading_done; };
-          if (launched.empty()) {
+          if (launched() == 0) {
             mu.Await(absl::Condition(&ready));
           } else {
             mu.AwaitWithTimeout(absl::Condition(&ready), kLaunchedPoll);
@@ -606,7 +606,7 @@ grpc::Status WorkerService::Steps(
         if (a->runner->LaunchedDone()) break;
       }
       if (!have) {
-        if (launched.empty()) return;
+        if (launched() == 0) return;
         if (!finish()) return;
         continue;
       }
@@ -641,9 +641,8 @@ grpc::Status WorkerService::Steps(
           failed.store(true);
           return;
         }
-        launched.push_back(std::move(d));
         // One launched step stays behind: it runs while the next request is read.
-        if (launched.size() > 1 && !finish()) return;
+        if (launched() > 1 && !finish()) return;
         continue;
       }
       if (!finish_all()) return;
