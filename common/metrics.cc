@@ -307,6 +307,18 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
                                         "KV-cache in the decode slot, seconds")
                                   .Register(r)
                                   .Add({}, LatencyBuckets())),
+      kv_streams(BuildCounter()
+                     .Name("tandem_kv_streams_total")
+                     .Help("Prompts whose KV-cache a decode pipeline imported while their last "
+                           "prefill step ran, layer by layer as it was written")
+                     .Register(r)
+                     .Add({})),
+      kv_stream_seconds(BuildHistogram()
+                            .Name("tandem_kv_stream_seconds")
+                            .Help("KV streams of prompts to decode pipelines: from the start of "
+                                  "the import (the prefill step formed) to its end, seconds")
+                            .Register(r)
+                            .Add({}, LatencyBuckets())),
       requests_(BuildCounter()
                     .Name("tandem_requests_total")
                     .Help("Generation requests that ended, by outcome")

@@ -106,6 +106,11 @@ struct CoordinatorMetrics {
   // pipeline, and how long each batch of hand-offs took (export, fetch and import).
   prometheus::Counter& prefill_handoffs;
   prometheus::Histogram& prefill_handoff_seconds;
+  // Prompts whose KV-cache a decode pipeline imported while their last prefill step ran (layer
+  // by layer as it was written), and how long each such import took from its start (mostly the
+  // prefill step it waits for).
+  prometheus::Counter& kv_streams;
+  prometheus::Histogram& kv_stream_seconds;
 
   void CountRequest(const absl::Status& outcome);
   // Replaces the set of known workers: tandem_worker_up{worker=address} is 1 or 0.

@@ -58,6 +58,9 @@ struct SequenceStep {
   // next_prompt_token after the last one, when >= 0), each with k alternatives.
   int prompt_logprobs = -1;
   int32_t next_prompt_token = -1;
+  // Nonzero: the step ends the prompt, and writes the sequence's KV-cache out under this key
+  // layer by layer as it goes (Stage::OpenKvOut; a prefill worker's hand-off).
+  uint64_t kv_out_key = 0;
   bool wants_logprobs() const { return logprobs >= 0 || prompt_logprobs >= 0; }
 };
 

@@ -146,6 +146,10 @@ void Coordinator::Start() {
     SetThreadName("handoff");
     HandoffLoop();
   });
+  threads_.emplace_back([this] {
+    SetThreadName("kv-stream");
+    KvStreamLoop();
+  });
 }
 
 void Coordinator::Shutdown() {
@@ -936,15 +940,76 @@ void Coordinator::AssignRoles() {
   }
 }
 
+void Coordinator::KvStreamLoop() {
+  // Streams of one step between the same two pipelines go together: one import.
+  struct Batch {
+    std::vector<KvStage> holders;  // the prefill pipeline's stages
+    std::vector<KvStage> takers;   // the decode pipeline's
+    std::vector<Scheduler::KvStream> streams;
+  };
+  while (true) {
+    std::map<std::tuple<int, int, uint64_t>, Batch> batches;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || scheduler_->kv_streams_ready();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      for (const Scheduler::KvStream& k : scheduler_->TakeKvStreams()) {
+        auto from = pipelines_.find(k.from_pipeline);
+        auto to = pipelines_.find(k.to_pipeline);
+        if (from == pipelines_.end() || to == pipelines_.end()) {
+          scheduler_->KvStreamEnded(k.id, absl::UnavailableError("a pipeline is gone"));
+          continue;
+        }
+        Batch& b = batches[{k.from_pipeline, k.to_pipeline, k.step}];
+        if (b.streams.empty()) {
+          b.holders = StagesOf(*from->second);
+          b.takers = StagesOf(*to->second);
+        }
+        b.streams.push_back(k);
+      }
+    }
+    // One batch after another, in the order of their steps (the prefill pipeline's order).
+    for (auto& [key, b] : batches) {
+      const absl::Time t0 = absl::Now();
+      std::vector<KvSeq> in;
+      for (const Scheduler::KvStream& k : b.streams) {
+        in.push_back({.key = k.seq, .slot = k.to_slot, .positions = k.positions});
+      }
+      const absl::StatusOr<int64_t> written =
+          ImportKvAll(b.takers, b.holders, in, kHandoffTimeout, std::get<2>(key));
+      if (!written.ok()) {
+        spdlog::warn("pipeline {} to {}: KV stream of step {} ({} sequence(s)) failed; they are "
+                     "handed off after the prompt: {}",
+                     std::get<0>(key), std::get<1>(key), std::get<2>(key), b.streams.size(),
+                     written.status().ToString());
+      }
+      absl::MutexLock lock(&mu_);
+      for (const Scheduler::KvStream& k : b.streams) {
+        scheduler_->KvStreamEnded(k.id, written.status());
+      }
+      wake_scheduler_ = true;
+      if (metrics_ != nullptr && written.ok()) {
+        metrics_->kv_transfer_bytes.Increment(static_cast<double>(*written));
+        metrics_->kv_streams.Increment(static_cast<double>(b.streams.size()));
+        metrics_->kv_stream_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+      }
+    }
+  }
+}
+
 void Coordinator::HandoffLoop() {
-  // Hand-offs between the same two pipelines go together: one export, import and drop each.
+  // Hand-offs between the same two pipelines go together, those of one prefill step's write-out
+  // apart from the others: one export, import and drop each.
   struct Batch {
     std::vector<KvStage> holders;  // the prefill pipeline's stages
     std::vector<KvStage> takers;   // the decode pipeline's
     std::vector<Scheduler::Handoff> handoffs;
   };
   while (true) {
-    std::map<std::pair<int, int>, Batch> batches;
+    std::map<std::tuple<int, int, uint64_t, bool>, Batch> batches;
     std::vector<Batch> warmups;  // links to make: no hand-off
     {
       absl::MutexLock lock(&mu_);
@@ -968,7 +1033,7 @@ void Coordinator::HandoffLoop() {
                                 absl::Now());
           continue;
         }
-        Batch& b = batches[{h.from_pipeline, h.to_pipeline}];
+        Batch& b = batches[{h.from_pipeline, h.to_pipeline, h.kv_out_step, h.streamed}];
         if (b.handoffs.empty()) {
           b.holders = StagesOf(*from->second);
           b.takers = StagesOf(*to->second);
@@ -988,7 +1053,8 @@ void Coordinator::HandoffLoop() {
                      made.status().ToString());
       }
     }
-    for (auto& [pipelines, b] : batches) {
+    for (auto& [key, b] : batches) {
+      const auto& [from_pipeline, to_pipeline, kv_out_step, streamed] = key;
       const absl::Time t0 = absl::Now();
       std::vector<KvSeq> out;
       std::vector<KvSeq> in;
@@ -996,14 +1062,28 @@ void Coordinator::HandoffLoop() {
         out.push_back({.key = h.seq, .slot = h.from_slot, .positions = h.positions});
         in.push_back({.key = h.seq, .slot = h.to_slot, .positions = h.positions});
       }
-      const absl::Status exported = ExportKvAll(b.holders, out, kHandoffTimeout);
-      const absl::StatusOr<int64_t> written =
-          exported.ok() ? ImportKvAll(b.takers, b.holders, in, kHandoffTimeout)
-                        : absl::StatusOr<int64_t>(exported);
+      // Streamed: the KV-cache is there (its bytes counted by the stream). Written out by the
+      // prefill step: fetched from that. Otherwise, or where that fails, exported from the slot.
+      absl::StatusOr<int64_t> written = int64_t{0};
+      if (!streamed) {
+        if (kv_out_step != 0) {
+          written = ImportKvAll(b.takers, b.holders, in, kHandoffTimeout, kv_out_step);
+          if (!written.ok()) {
+            spdlog::debug("pipeline {} to {}: write-out of step {} not imported, exported "
+                          "instead: {}",
+                          from_pipeline, to_pipeline, kv_out_step, written.status().ToString());
+          }
+        }
+        if (kv_out_step == 0 || !written.ok()) {
+          const absl::Status exported = ExportKvAll(b.holders, out, kHandoffTimeout);
+          written = exported.ok() ? ImportKvAll(b.takers, b.holders, in, kHandoffTimeout)
+                                  : absl::StatusOr<int64_t>(exported);
+        }
+      }
       DropKvAll(b.holders, out);
       if (!written.ok()) {
-        spdlog::warn("pipeline {} to {}: {} sequence(s) are recomputed: {}", pipelines.first,
-                     pipelines.second, b.handoffs.size(), written.status().ToString());
+        spdlog::warn("pipeline {} to {}: {} sequence(s) are recomputed: {}", from_pipeline,
+                     to_pipeline, b.handoffs.size(), written.status().ToString());
       }
       absl::MutexLock lock(&mu_);
       for (const Scheduler::Handoff& h : b.handoffs) {

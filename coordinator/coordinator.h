@@ -15,6 +15,9 @@
 //                  back to the topology asked for once enough workers are up again.
 //   "handoff":     moves the KV-cache of sequences whose prompt a prefill pipeline finished to
 //                  their decode pipeline (Worker.ExportKv, ImportKv, DropKv), outside mu_.
+//   "kv-stream":   has decode pipelines import the KV-cache of prompts still running in a
+//                  prefill pipeline, layer by layer as the prefill step writes it out
+//                  (Scheduler::KvStream; Worker.ImportKv with stream_step), outside mu_.
 //   "p<id>a<n>-<s>": one reader per stage stream of a pipeline (PipelineLink).
 // All shared state, the scheduler's included, is behind mu_; the planner's slow work (loading
 // stages) runs outside it, serialized by plan_mu_.
@@ -134,6 +137,7 @@ class Coordinator {
   void HealthLoop();
   void PlannerLoop();
   void HandoffLoop();
+  void KvStreamLoop();
   // Gives the serving pipelines their roles: with more of them than wanted_prefill_replicas_ (> 0),
   // that many run prompts and the others decode, a pipeline keeping its role where it can;
   // otherwise all do both.

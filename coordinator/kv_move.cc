@@ -43,6 +43,7 @@ std::vector<v1::KvSource> KvSourcesFor(const KvStage& taker, std::span<const KvS
     if (first >= last) continue;
     v1::KvSource s;
     if (h.worker != taker.worker) s.set_address(h.address);
+    s.set_assignment_id(h.assignment);
     s.set_first_layer(first);
     s.set_num_layers(last - first);
     out.push_back(std::move(s));
@@ -75,13 +76,14 @@ absl::Status ExportKvAll(std::span<const KvStage> holders, std::span<const KvSeq
 
 absl::StatusOr<int64_t> ImportKvAll(std::span<const KvStage> takers,
                                     std::span<const KvStage> holders, std::span<const KvSeq> seqs,
-                                    absl::Duration timeout) {
+                                    absl::Duration timeout, uint64_t stream_step) {
   absl::Mutex mu;
   int64_t bytes = 0;
   absl::Status s = ForEachStage(takers.size(), [&](size_t i) {
     const KvStage& t = takers[i];
     v1::ImportKvRequest req;
     req.set_assignment_id(t.assignment);
+    req.set_stream_step(stream_step);
     for (const KvSeq& q : seqs) {
       v1::KvSequence* m = req.add_seqs();
       m->set_key(q.key);

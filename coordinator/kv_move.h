@@ -44,10 +44,13 @@ std::vector<v1::KvSource> KvSourcesFor(const KvStage& taker, std::span<const KvS
 absl::Status ExportKvAll(std::span<const KvStage> holders, std::span<const KvSeq> seqs,
                          absl::Duration timeout);
 // Every taker fills the sequences' slots from the holders. Bytes written into the takers' stages
-// (every layer of every sequence once), or the first failure naming the worker.
+// (every layer of every sequence once), or the first failure naming the worker. With
+// `stream_step` nonzero, from what that step of the holders writes out as it runs
+// (SequenceStep.kv_out_key), each layer fetched as soon as it is written, instead of their
+// stashes.
 absl::StatusOr<int64_t> ImportKvAll(std::span<const KvStage> takers,
                                     std::span<const KvStage> holders, std::span<const KvSeq> seqs,
-                                    absl::Duration timeout);
+                                    absl::Duration timeout, uint64_t stream_step = 0);
 // The holders drop the sequences from their stashes (failures are logged).
 void DropKvAll(std::span<const KvStage> holders, std::span<const KvSeq> seqs);
 

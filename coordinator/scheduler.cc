@@ -259,16 +259,74 @@ void Scheduler::Place(Sequence& seq, const Placement& to) {
 
 void Scheduler::ReleaseDecodeSlot(Sequence& seq) {
   if (seq.decode_pipeline < 0) return;
-  if (auto it = pipelines_.find(seq.decode_pipeline); it != pipelines_.end()) {
+  auto stream = streams_.find(seq.kv_stream);
+  if (stream != streams_.end() && !stream->second.ended) {
+    stream->second.orphan = true;  // the slot is the stream's until it ends
+  } else if (auto it = pipelines_.find(seq.decode_pipeline); it != pipelines_.end()) {
     it->second.slots.Free(seq.decode_slot);
   }
+  if (stream != streams_.end() && stream->second.ended) streams_.erase(stream);
   seq.decode_pipeline = seq.decode_slot = -1;
+  seq.kv_stream = seq.kv_out_step = 0;
+}
+
+bool Scheduler::SlotIdle(int pipeline, int slot) const {
+  auto p = pipelines_.find(pipeline);
+  if (p == pipelines_.end()) return true;
+  for (const auto& [step, entries] : p->second.inflight) {
+    for (const StepEntry& e : entries) {
+      if (e.slot == slot) return false;
+    }
+  }
+  return true;
+}
+
+void Scheduler::StartKvStream(Sequence& seq, uint64_t step) {
+  seq.kv_out_step = step;
+  if (!SlotIdle(seq.decode_pipeline, seq.decode_slot)) return;  // after the prompt instead
+  const KvStream k{.id = next_stream_++,
+                   .seq = seq.id,
+                   .from_pipeline = seq.pipeline,
+                   .to_pipeline = seq.decode_pipeline,
+                   .to_slot = seq.decode_slot,
+                   .positions = seq.position,
+                   .step = step};
+  seq.kv_stream = k.id;
+  streams_.emplace(k.id, PendingStream{.stream = k});
+}
+
+std::vector<Scheduler::KvStream> Scheduler::TakeKvStreams() {
+  std::vector<KvStream> out;
+  for (auto& [id, pending] : streams_) {
+    if (pending.taken) continue;
+    pending.taken = true;
+    out.push_back(pending.stream);
+  }
+  return out;
+}
+
+bool Scheduler::kv_streams_ready() const {
+  return std::any_of(streams_.begin(), streams_.end(),
+                     [](const auto& entry) { return !entry.second.taken; });
+}
+
+void Scheduler::KvStreamEnded(uint64_t id, const absl::Status& st) {
+  auto it = streams_.find(id);
+  if (it == streams_.end()) return;
+  PendingStream& p = it->second;
+  p.ended = true;
+  p.status = st;
+  if (!p.orphan) return;  // its hand-off (or its end) takes it
+  if (auto to = pipelines_.find(p.stream.to_pipeline); to != pipelines_.end()) {
+    to->second.slots.Free(p.stream.to_slot);
+  }
+  streams_.erase(it);
 }
 
 void Scheduler::StartHandoff(Sequence& seq) {
   Pipeline& from = pipelines_.at(seq.pipeline);
   if (!pipelines_.contains(seq.decode_pipeline)) {
-    seq.decode_pipeline = seq.decode_slot = -1;  // decodes where it is
+    ReleaseDecodeSlot(seq);  // decodes where it is
     return;
   }
   const Handoff h{.id = next_handoff_++,
@@ -277,39 +335,42 @@ void Scheduler::StartHandoff(Sequence& seq) {
                   .from_slot = seq.slot,
                   .positions = seq.position,
                   .to_pipeline = seq.decode_pipeline,
-                  .to_slot = seq.decode_slot};
+                  .to_slot = seq.decode_slot,
+                  .kv_out_step = seq.kv_out_step};
   // The hand-off owns both slots from here on.
   from.running.erase(std::remove(from.running.begin(), from.running.end(), seq.id),
                      from.running.end());
   seq.pipeline = seq.slot = seq.decode_pipeline = seq.decode_slot = -1;
   seq.moving = true;
   seq.handoff = h.id;
-  handoffs_.emplace(h.id, PendingHandoff{.handoff = h});
+  handoffs_.emplace(h.id, PendingHandoff{.handoff = h, .stream = seq.kv_stream});
+  seq.kv_stream = seq.kv_out_step = 0;
 }
 
-bool Scheduler::HandoffCanStart(const Handoff& h) const {
-  auto to = pipelines_.find(h.to_pipeline);
-  if (to == pipelines_.end()) return true;  // it fails at once
-  for (const auto& [step, entries] : to->second.inflight) {
-    for (const StepEntry& e : entries) {
-      if (e.slot == h.to_slot) return false;
-    }
-  }
-  return true;
+bool Scheduler::HandoffCanStart(const PendingHandoff& h) const {
+  // After its stream (which owns the decode slot until it ends); without one, once no step in
+  // flight uses the decode slot.
+  if (auto k = streams_.find(h.stream); k != streams_.end()) return k->second.ended;
+  return SlotIdle(h.handoff.to_pipeline, h.handoff.to_slot);
 }
 
 bool Scheduler::handoffs_ready() const {
   return std::any_of(handoffs_.begin(), handoffs_.end(), [this](const auto& entry) {
-    return !entry.second.taken && HandoffCanStart(entry.second.handoff);
+    return !entry.second.taken && HandoffCanStart(entry.second);
   });
 }
 
 std::vector<Scheduler::Handoff> Scheduler::TakeHandoffs() {
   std::vector<Handoff> out;
   for (auto& [id, pending] : handoffs_) {
-    if (pending.taken || !HandoffCanStart(pending.handoff)) continue;
+    if (pending.taken || !HandoffCanStart(pending)) continue;
     pending.taken = true;
-    out.push_back(pending.handoff);
+    Handoff h = pending.handoff;
+    if (auto k = streams_.find(pending.stream); k != streams_.end()) {
+      h.streamed = k->second.status.ok();
+      streams_.erase(k);
+    }
+    out.push_back(h);
   }
   return out;
 }
@@ -494,6 +555,11 @@ Scheduler::StepEntry Scheduler::AddRow(Sequence& seq, StepDescriptor& step, int 
     step.tokens.insert(step.tokens.end(), seq.pending.begin(), seq.pending.begin() + nt);
     seq.pending.erase(seq.pending.begin(), seq.pending.begin() + nt);
     seq.position += nt;
+    if (nt == pending && seq.decode_pipeline >= 0) {
+      // The prompt's last step in a prefill pipeline: its KV-cache leaves as the step writes it.
+      step.seqs.back().kv_out_key = seq.id;
+      StartKvStream(seq, step.id);
+    }
   }
   ++seq.in_flight;
   seq.left_out = false;

@@ -126,6 +126,11 @@ class Scheduler {
     int positions = 0;  // positions its KV-cache holds
     int to_pipeline = -1;
     int to_slot = -1;
+    // The step that ended its prompt and wrote its KV-cache out as it ran (kv_out_key); 0: none
+    // (its KV-cache is exported from the prefill slot).
+    uint64_t kv_out_step = 0;
+    // Its KV-cache is in the decode slot already: a KV stream brought it while the prompt ran.
+    bool streamed = false;
   };
   // The hand-offs that can start, oldest first: the sequence's prompt is done, and no step in
   // flight in the decode pipeline uses its decode slot any more (a sequence that ended there
@@ -138,6 +143,25 @@ class Scheduler {
   // gone) its decode slot is freed and it goes back to the queue to be recomputed as
   // RemovePipeline(resume) does, failing with `why` past max_resumes.
   void HandedOff(uint64_t id, bool ok, const absl::Status& why, absl::Time now);
+  // KV streams: the step that ends a prompt in a prefill pipeline writes the sequence's KV-cache
+  // out layer by layer (SequenceStep.kv_out_key), and where its decode slot has no step in flight
+  // when that step is formed, the decode pipeline imports it meanwhile, each layer fetched as
+  // soon as it is written: by the time the first token comes back, the hand-off has nothing left
+  // to move. The decode slot stays the stream's until it ended, whatever happens to the sequence.
+  struct KvStream {
+    uint64_t id = 0;
+    uint64_t seq = 0;  // the sequence (the key of its write-out)
+    int from_pipeline = -1;
+    int to_pipeline = -1;
+    int to_slot = -1;
+    int positions = 0;  // positions its KV-cache will hold
+    uint64_t step = 0;  // the prefill step that writes it out
+  };
+  // The streams formed since the last call, to start.
+  std::vector<KvStream> TakeKvStreams();
+  bool kv_streams_ready() const;
+  // Stream `id` ended: OK, its KV-cache is in the decode slot.
+  void KvStreamEnded(uint64_t id, const absl::Status& st);
   // Forgets pipeline `id` and its steps in flight (results for them are then refused). Its
   // running sequences end with `why`, or with `resume` go back to the queue ahead of every
   // waiting request, in admission order, to be fed their prompt and every token generated so far
@@ -249,6 +273,8 @@ class Scheduler {
     int decode_pipeline = -1;
     int decode_slot = -1;
     uint64_t handoff = 0;  // the hand-off its KV-cache is on; 0: none
+    uint64_t kv_out_step = 0;  // the prefill step that wrote its KV-cache out; 0: none
+    uint64_t kv_stream = 0;    // the KV stream bringing it to its decode slot; 0: none
     std::unique_ptr<StopText> stop_text;  // with stop strings: the generated text as it grows
   };
   // One sequence's row of a step in flight.
@@ -294,7 +320,13 @@ class Scheduler {
   // Puts `seq` into the placement's pipeline (a free slot), with a decode slot set aside.
   void Place(Sequence& seq, const Placement& to);
   // Whether hand-off `h` can start (TakeHandoffs).
-  bool HandoffCanStart(const Handoff& h) const;
+  struct PendingHandoff;
+  bool HandoffCanStart(const PendingHandoff& h) const;
+  // Whether no step in flight in pipeline `pipeline` uses slot `slot` (true for a pipeline gone).
+  bool SlotIdle(int pipeline, int slot) const;
+  // A KV stream of `seq` (in its prompt's last step `step`) to its decode slot, where that slot is
+  // idle.
+  void StartKvStream(Sequence& seq, uint64_t step);
   // Frees the decode slot set aside for `seq`, if any.
   void ReleaseDecodeSlot(Sequence& seq);
   // `seq` has its first token from a prefill pipeline: hands it off to its decode slot (or, where
@@ -345,10 +377,20 @@ class Scheduler {
   struct PendingHandoff {
     Handoff handoff;
     bool taken = false;  // by TakeHandoffs
+    uint64_t stream = 0;  // the KV stream it waits for; 0: none
   };
   uint64_t next_handoff_ = 1;
   // By id (oldest first): every hand-off until HandedOff; it owns its two slots.
   std::map<uint64_t, PendingHandoff> handoffs_;
+  struct PendingStream {
+    KvStream stream;
+    bool taken = false;  // by TakeKvStreams
+    bool ended = false;
+    absl::Status status;
+    bool orphan = false;  // its sequence let go of the decode slot: freed when the stream ends
+  };
+  uint64_t next_stream_ = 1;
+  std::map<uint64_t, PendingStream> streams_;
   std::map<int, Pipeline> pipelines_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   absl::flat_hash_map<const RequestState*, uint64_t> seq_of_request_;

@@ -23,6 +23,7 @@ v1::StepRequest ToStepRequest(const StepDescriptor& step, uint64_t assignment_id
     ss->set_position(row.position);
     ss->set_num_tokens(row.num_tokens);
     ss->set_sample(row.sample);
+    ss->set_kv_out_key(row.kv_out_key);
     ss->set_temperature(sp.temperature);
     ss->set_top_k(sp.top_k);
     ss->set_top_p(sp.top_p);

@@ -15,7 +15,7 @@ bool Stage::CanLaunchDecode(const StepDescriptor& step) const {
     return false;
   }
   for (const SequenceStep& s : step.seqs) {
-    if (s.num_tokens != 1) return false;
+    if (s.num_tokens != 1 || s.kv_out_key != 0) return false;  // a write-out runs as a step
   }
   return true;
 }

@@ -83,6 +83,8 @@ class PlacedWeights {
   virtual int64_t bytes() const = 0;
 };
 
+class KvOut;  // worker/kv_out.h
+
 class Stage {
  public:
   virtual ~Stage() = default;
@@ -118,6 +120,16 @@ class Stage {
   virtual absl::Status ImportKv(int slot, const KvBlock& block) {
     (void)slot, (void)block;
     return absl::UnimplementedError("this backend does not import a KV-cache");
+  }
+
+  // Opens the write-out of slot `slot`'s KV-cache, positions [0, positions) of every layer of this
+  // stage, that the next Step fills as it goes (its row of that slot must end at `positions`):
+  // each layer is published (KvOut::Written) once the step has written it, while the step goes
+  // on with the next layers. A next step without that row fails it. UNIMPLEMENTED where the
+  // backend writes none out; RESOURCE_EXHAUSTED where there is no room for the block.
+  virtual absl::StatusOr<std::shared_ptr<KvOut>> OpenKvOut(int slot, int positions) {
+    (void)slot, (void)positions;
+    return absl::UnimplementedError("this backend does not write its KV-cache out");
   }
 
   // Decode steps launched ahead, on a stage that both embeds and samples: LaunchDecode queues a

@@ -1324,6 +1324,13 @@ TEST(Scheduler, ResumedSequenceWaitingCanBeCancelledOrFailed) {
 // ---------------------------------------------------------------------------------------------
 // Prefill and decode pipelines
 
+// Ends every KV stream formed so far with `st` (the coordinator's "kv-stream" thread's part):
+// the hand-offs of their sequences then go as they would without one.
+void EndKvStreams(Scheduler& s,
+                  const absl::Status& st = absl::UnavailableError("no KV stream in this test")) {
+  for (const Scheduler::KvStream& k : s.TakeKvStreams()) s.KvStreamEnded(k.id, st);
+}
+
 // A prefill pipeline (0) and a decode pipeline (1), one stage each.
 Scheduler Disaggregated(SchedulerOptions o = AheadOptions()) {
   Scheduler s(o);
@@ -1350,6 +1357,7 @@ TEST(Scheduler, APromptRunsInAPrefillPipelineAndDecodesInADecodePipelineAfterIts
   EXPECT_THAT(s.FormSteps(1), IsEmpty());
   EXPECT_FALSE(s.handoffs_ready());
   ASSERT_TRUE(Answer(s, 0, steps[0], 7).ok());
+  EndKvStreams(s);
   EXPECT_THAT(Peek(req).tokens, ElementsAre(7));
   ASSERT_TRUE(s.handoffs_ready());
   const std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
@@ -1387,9 +1395,11 @@ TEST(Scheduler, AChunkedPromptIsHandedOffAfterItsLastChunk) {
   s.Admit(kNow);
   for (int chunk = 0; chunk < 2; ++chunk) {
     ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 0).ok());
+    EndKvStreams(s);
     EXPECT_FALSE(s.handoffs_ready()) << "chunk " << chunk;
   }
   ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 7).ok());
+  EndKvStreams(s);
   const std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
   ASSERT_EQ(hs.size(), 1u);
   EXPECT_EQ(hs[0].positions, 5);
@@ -1429,6 +1439,7 @@ TEST(Scheduler, AFailedHandoffRecomputesAndAnEndedSequenceKeepsItsSlotsUntilTheH
   const std::vector<StepDescriptor> steps = s.FormSteps(0);
   ASSERT_EQ(steps.size(), 1u);
   ASSERT_TRUE(Answer(s, 0, steps[0], 7).ok());
+  EndKvStreams(s);
   std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
   ASSERT_EQ(hs.size(), 2u);
   s.Cancel(b, absl::CancelledError("client"), kNow);
@@ -1448,6 +1459,7 @@ TEST(Scheduler, AFailedHandoffRecomputesAndAnEndedSequenceKeepsItsSlotsUntilTheH
   EXPECT_THAT(again.tokens, ElementsAre(1, 2, 7));
   EXPECT_EQ(again.seqs[0].sample_index, 1u);
   ASSERT_TRUE(Answer(s, 0, again, 8).ok());
+  EndKvStreams(s);
   EXPECT_THAT(Peek(a).tokens, ElementsAre(7, 8));
   EXPECT_EQ(s.TakeHandoffs().size(), 1u);
 }
@@ -1460,6 +1472,7 @@ TEST(Scheduler, NoHandoffForASequenceThatEndsOrWithoutADecodePipeline) {
   auto one = s.Enqueue(Request({1}, /*max_new_tokens=*/1), kNow);
   s.Admit(kNow);
   ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 7).ok());
+  EndKvStreams(s);
   EXPECT_TRUE(Peek(one).done);
   EXPECT_FALSE(s.handoffs_ready());
   EXPECT_EQ(s.used_slots(1), 0);
@@ -1469,8 +1482,10 @@ TEST(Scheduler, NoHandoffForASequenceThatEndsOrWithoutADecodePipeline) {
   const StepDescriptor prompt = NextStep(s, 0);
   s.RemovePipeline(1, absl::UnavailableError("decode worker down"), kNow, /*resume=*/true);
   ASSERT_TRUE(Answer(s, 0, prompt, 7).ok());
+  EndKvStreams(s);
   EXPECT_FALSE(s.handoffs_ready()) << "its decode pipeline is gone: it decodes where it is";
   ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 8).ok());
+  EndKvStreams(s);
   ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 9).ok());
   EXPECT_THAT(Peek(orphan).tokens, ElementsAre(7, 8, 9));
 
@@ -1495,6 +1510,7 @@ TEST(Scheduler, AHandoffWaitsForTheStepsStillUsingItsDecodeSlot) {
   s.Enqueue(r, kNow);
   s.Admit(kNow);
   ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 7).ok());
+  EndKvStreams(s);
   std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
   ASSERT_EQ(hs.size(), 1u);
   s.HandedOff(hs[0].id, true, absl::OkStatus(), kNow);
@@ -1507,6 +1523,7 @@ TEST(Scheduler, AHandoffWaitsForTheStepsStillUsingItsDecodeSlot) {
   s.Admit(kNow);
   EXPECT_EQ(s.used_slots(1), 1) << "the next sequence sets the slot aside";
   ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 8).ok());
+  EndKvStreams(s);
   EXPECT_FALSE(s.handoffs_ready()) << "the step ahead still uses the slot";
   EXPECT_THAT(s.TakeHandoffs(), IsEmpty());
   ASSERT_TRUE(Answer(s, 1, decode[1], 6).ok());
@@ -1524,6 +1541,7 @@ TEST(Scheduler, AHandoffIntoALostDecodePipelineIsRecomputed) {
   auto req = s.Enqueue(Request({1}), kNow);
   s.Admit(kNow);
   ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 7).ok());
+  EndKvStreams(s);
   const std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
   ASSERT_EQ(hs.size(), 1u);
   s.RemovePipeline(hs[0].to_pipeline, absl::UnavailableError("down"), kNow, true);
@@ -1533,6 +1551,131 @@ TEST(Scheduler, AHandoffIntoALostDecodePipelineIsRecomputed) {
   s.Admit(kNow);
   EXPECT_EQ(s.running(0), 1) << "through the prefill pipeline again";
   EXPECT_FALSE(Peek(req).done);
+}
+
+// The step that ends a prompt in a prefill pipeline writes its KV-cache out (the chunks before it
+// do not), and a KV stream into its decode slot starts as that step is formed: the hand-off
+// waits for the stream, and one that came through moves nothing more.
+TEST(Scheduler, APromptsLastStepWritesItsKvCacheOutAndStreamsItIntoItsDecodeSlot) {
+  SchedulerOptions o = AheadOptions();
+  o.prefill_chunk = 2;
+  Scheduler s = Disaggregated(o);
+  auto req = s.Enqueue(Request({1, 2, 3, 4, 5}), kNow);
+  s.Admit(kNow);
+  for (int chunk = 0; chunk < 2; ++chunk) {
+    const StepDescriptor step = NextStep(s, 0);
+    EXPECT_EQ(step.seqs[0].kv_out_key, 0u) << "chunk " << chunk;
+    EXPECT_FALSE(s.kv_streams_ready()) << "chunk " << chunk;
+    ASSERT_TRUE(Answer(s, 0, step, 0).ok());
+  }
+  const StepDescriptor last = NextStep(s, 0);
+  ASSERT_NE(last.seqs[0].kv_out_key, 0u);
+  ASSERT_TRUE(s.kv_streams_ready());
+  const std::vector<Scheduler::KvStream> ks = s.TakeKvStreams();
+  ASSERT_EQ(ks.size(), 1u);
+  EXPECT_FALSE(s.kv_streams_ready());
+  EXPECT_EQ(ks[0].seq, last.seqs[0].kv_out_key);
+  EXPECT_EQ(ks[0].step, last.id);
+  EXPECT_EQ(ks[0].from_pipeline, 0);
+  EXPECT_EQ(ks[0].to_pipeline, 1);
+  EXPECT_EQ(ks[0].positions, 5);
+  ASSERT_TRUE(Answer(s, 0, last, 7).ok());
+  EXPECT_THAT(Peek(req).tokens, ElementsAre(7));
+  EXPECT_FALSE(s.handoffs_ready()) << "the hand-off waits for the stream";
+  s.KvStreamEnded(ks[0].id, absl::OkStatus());
+  ASSERT_TRUE(s.handoffs_ready());
+  const std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 1u);
+  EXPECT_TRUE(hs[0].streamed);
+  EXPECT_EQ(hs[0].kv_out_step, last.id);
+  EXPECT_EQ(hs[0].to_slot, ks[0].to_slot);
+  EXPECT_EQ(hs[0].positions, 5);
+  s.HandedOff(hs[0].id, true, absl::OkStatus(), kNow);
+  const std::vector<StepDescriptor> decode = s.FormSteps(1);
+  ASSERT_FALSE(decode.empty());
+  EXPECT_EQ(decode[0].seqs[0].slot, ks[0].to_slot);
+  EXPECT_EQ(decode[0].seqs[0].position, 5);
+  EXPECT_EQ(decode[0].seqs[0].kv_out_key, 0u) << "decode steps write nothing out";
+}
+
+// A stream that failed, whether it ends before or after the first token, leaves the hand-off to
+// move the KV-cache after the prompt, from the step's write-out.
+TEST(Scheduler, AFailedKvStreamLeavesTheHandoffToMoveTheKvCache) {
+  Scheduler s = Disaggregated();
+  s.Enqueue(Request({1, 2}), kNow);
+  s.Admit(kNow);
+  const StepDescriptor prompt = NextStep(s, 0);
+  const std::vector<Scheduler::KvStream> ks = s.TakeKvStreams();
+  ASSERT_EQ(ks.size(), 1u);
+  s.KvStreamEnded(ks[0].id, absl::UnavailableError("fetch failed"));
+  EXPECT_FALSE(s.handoffs_ready()) << "no first token yet";
+  ASSERT_TRUE(Answer(s, 0, prompt, 7).ok());
+  const std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 1u);
+  EXPECT_FALSE(hs[0].streamed);
+  EXPECT_EQ(hs[0].kv_out_step, prompt.id);
+}
+
+// A decode slot that a step in flight still uses gets no stream (the import would race that
+// step): the prompt is still written out, and handed off once the step is done.
+TEST(Scheduler, NoKvStreamIntoADecodeSlotThatAStepInFlightUses) {
+  SchedulerOptions o = AheadOptions();
+  o.max_slots = 1;
+  Scheduler s = Disaggregated(o);
+  ValidatedRequest r = Request({1});
+  r.stop_token_ids = {5};
+  s.Enqueue(r, kNow);
+  s.Admit(kNow);
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 7).ok());
+  EndKvStreams(s, absl::OkStatus());
+  std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 1u);
+  s.HandedOff(hs[0].id, true, absl::OkStatus(), kNow);
+  const std::vector<StepDescriptor> decode = s.FormSteps(1);
+  ASSERT_EQ(decode.size(), 2u);
+  ASSERT_TRUE(Answer(s, 1, decode[0], 5).ok());  // the stop token: the step ahead still runs
+
+  s.Enqueue(Request({2}), kNow);
+  s.Admit(kNow);
+  const StepDescriptor prompt = NextStep(s, 0);
+  EXPECT_NE(prompt.seqs[0].kv_out_key, 0u);
+  EXPECT_FALSE(s.kv_streams_ready());
+  ASSERT_TRUE(Answer(s, 0, prompt, 8).ok());
+  EXPECT_FALSE(s.handoffs_ready());
+  ASSERT_TRUE(Answer(s, 1, decode[1], 6).ok());
+  hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 1u);
+  EXPECT_FALSE(hs[0].streamed);
+  EXPECT_EQ(hs[0].kv_out_step, prompt.id);
+}
+
+// A sequence that ends while its stream runs (its first token is its last, or the client went
+// away) leaves its decode slot to the stream until the stream ends: nothing else is imported
+// there meanwhile.
+TEST(Scheduler, AKvStreamKeepsItsDecodeSlotUntilItEndsWhateverHappensToItsSequence) {
+  SchedulerOptions o = AheadOptions();
+  o.max_slots = 2;
+  Scheduler s = Disaggregated(o);
+  auto one = s.Enqueue(Request({1}, /*max_new_tokens=*/1), kNow);
+  auto gone = s.Enqueue(Request({2, 3}), kNow);
+  s.Admit(kNow);
+  const StepDescriptor prompt = NextStep(s, 0);
+  const std::vector<Scheduler::KvStream> ks = s.TakeKvStreams();
+  ASSERT_EQ(ks.size(), 2u);
+  s.Cancel(gone, absl::CancelledError("client"), kNow);
+  ASSERT_TRUE(Answer(s, 0, prompt, 7).ok());
+  EXPECT_TRUE(Peek(one).done);
+  EXPECT_FALSE(s.handoffs_ready());
+  EXPECT_EQ(s.used_slots(1), 2) << "both decode slots are the streams'";
+  s.Enqueue(Request({4}), kNow);
+  s.Admit(kNow);
+  EXPECT_EQ(s.waiting(), 1) << "no decode slot to set aside";
+  s.KvStreamEnded(ks[1].id, absl::OkStatus());
+  EXPECT_EQ(s.used_slots(1), 1);
+  s.KvStreamEnded(ks[0].id, absl::UnavailableError("fetch failed"));
+  EXPECT_EQ(s.used_slots(1), 0);
+  s.Admit(kNow);
+  EXPECT_EQ(s.waiting(), 0);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/rope.h"
 #include "common/safetensors.h"
+#include "worker/kv_out.h"
 #include "common/status_macros.h"
 #include "worker/context_fit.h"
 #include "worker/sampling.h"
@@ -159,7 +160,48 @@ class CpuStage final : public Stage {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<std::shared_ptr<KvOut>> OpenKvOut(int slot, int positions) override {
+    RETURN_IF_ERROR(CheckKvRange("KV write-out", slot, w_.first_layer,
+                                 static_cast<int>(w_.layers.size()), w_.first_layer, last_layer(),
+                                 max_slots_));
+    if (positions < 1 || positions > max_seq_len_) {
+      return absl::InvalidArgumentError(absl::StrCat("KV write-out: positions ", positions,
+                                                     " outside [1, ", max_seq_len_, "]"));
+    }
+    auto out = std::make_shared<KvOut>(
+        SizedKvBlock(DType::kF32, w_.first_layer, static_cast<int>(w_.layers.size()),
+                     c_.num_kv_heads, c_.head_dim, positions),
+        slot);
+    kv_outs_.Add(out);
+    return out;
+  }
+
   absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) override {
+    // Write-outs of this step's rows fill as its layers go; any other was opened for nothing.
+    const std::vector<std::pair<std::shared_ptr<KvOut>, int>> outs = kv_outs_.Take(step);
+    kv_outs_.FailAll(absl::FailedPreconditionError(
+        absl::StrCat("KV write-out: step ", step.id, " has no row that ends it")));
+    absl::StatusOr<StepOutput> out = StepRows(step, in, outs);
+    PendingKvOuts::End(outs, out.status(), [this](KvOut& o, int first) {
+      for (int l = first; l < o.block().num_layers; ++l) WriteOut(o, l);
+      return absl::OkStatus();
+    });
+    return out;
+  }
+
+ private:
+  // Layer `l` of the stage into `out`'s block, published.
+  void WriteOut(KvOut& out, int l) {
+    KvBlock& b = out.block_to_write();
+    const size_t row_bytes = static_cast<size_t>(b.positions) * c_.kv_dim() * sizeof(float);
+    const size_t at = CacheOffset(out.slot(), l, 0);
+    std::memcpy(b.k.data() + l * row_bytes, k_cache_.get() + at, row_bytes);
+    std::memcpy(b.v.data() + l * row_bytes, v_cache_.get() + at, row_bytes);
+    out.Written(l);
+  }
+
+  absl::StatusOr<StepOutput> StepRows(const StepDescriptor& step, const Activations& in,
+                                      std::span<const std::pair<std::shared_ptr<KvOut>, int>> outs) {
     RETURN_IF_ERROR(Validate(step, in));
     const int rows = static_cast<int>(step.tokens.size());
     const int hidden = c_.hidden_size;
@@ -215,6 +257,7 @@ class CpuStage final : public Stage {
                attn.data() + static_cast<size_t>(r0) * q_dim);
         r0 += s.num_tokens;
       }
+      for (const auto& [o, row] : outs) WriteOut(*o, l);  // this layer's K and V are all written
       Linear(attn.data(), rows, q_dim, lw.wo, lw.bo, hidden, x.data(), /*accumulate=*/true);
 
       // MLP block: x += down(act(up(norm(x)))).
@@ -252,7 +295,6 @@ class CpuStage final : public Stage {
     return out;
   }
 
- private:
   int last_layer() const { return w_.first_layer + static_cast<int>(w_.layers.size()); }
   size_t CacheOffset(int slot, int layer, int position) const {
     return ((static_cast<size_t>(slot) * w_.layers.size() + layer) * max_seq_len_ + position) *
@@ -398,6 +440,7 @@ class CpuStage final : public Stage {
   std::unique_ptr<float[]> v_cache_;  // same layout
   std::vector<int> cached_len_;       // per slot: positions [0, len) hold K/V
   std::vector<float> inv_freq_;       // (head_dim / 2) RoPE frequencies
+  PendingKvOuts kv_outs_;             // opened for the next step (OpenKvOut)
 };
 
 // The host's physical memory: no KV-cache larger than it can be served.

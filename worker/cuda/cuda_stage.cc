@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/rope.h"
@@ -42,6 +43,7 @@
 #include "worker/cuda/kernels.h"
 #include "worker/cuda/prefill_attention.h"
 #include "worker/cuda/weight_upload.h"
+#include "worker/kv_out.h"
 #include "worker/sampling.h"
 #include "worker/step_check.h"
 #include "worker/weights.h"
@@ -197,6 +199,10 @@ class CudaStage final : public Stage {
   absl::StatusOr<KvBlock> ExportKvToDevice(int slot, int positions, int first_layer,
                                            int num_layers) const override;
   absl::Status ImportKv(int slot, const KvBlock& block) override;
+  // A write-out's block is in device memory; the last chunk of its step gathers each layer's rows
+  // into it right after writing them, on the stage's stream, and publishes the layer with an
+  // event recorded behind the copy.
+  absl::StatusOr<std::shared_ptr<KvOut>> OpenKvOut(int slot, int positions) override;
   // Decode steps launched ahead: each fills one of two input blocks (the other may still be on
   // its way to the device for the step before), replays its graph behind the steps launched
   // before, and copies its tokens into one of two host blocks, with an event recorded after; a
@@ -227,6 +233,9 @@ class CudaStage final : public Stage {
   };
 
   absl::Status Validate(const StepDescriptor& step, const Activations& in) const;
+  absl::StatusOr<StepOutput> StepRows(const StepDescriptor& step, const Activations& in);
+  // Layer `l`'s rows of the write-out's slot into its block, published once they are there.
+  absl::Status WriteOut(KvOut& out, int l);
   absl::Status Forward(int rows, int samples);
   // A decode step; `from_previous` as LaunchDecode's. With `wait` false it returns once the step
   // and the copy of its tokens to host_tokens_[buf_] are queued (no tail, no input to await).
@@ -339,6 +348,10 @@ class CudaStage final : public Stage {
   DecodeObserver* observer_ = nullptr;  // SetDecodeObserver
   DecodeTail tail_;
   std::function<absl::Status()> watch_;  // SetStreamWatch
+  PendingKvOuts kv_outs_;  // opened for the next step (OpenKvOut)
+  // The write-outs the pass being queued fills layer by layer (a step's last chunk only).
+  std::vector<std::shared_ptr<KvOut>> forward_outs_;
+  std::vector<std::pair<std::shared_ptr<KvOut>, int>> step_outs_;  // the running step's
   std::vector<int> cached_len_;  // per slot: positions [0, len) hold K/V
 };
 
@@ -679,6 +692,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
                                          KCache(l), VCache(l), positions, slots, rows, c_.num_heads,
                                          c_.num_kv_heads, c_.head_dim, seq_capacity_, inv_freq, s));
     }
+    for (const std::shared_ptr<KvOut>& out : forward_outs_) RETURN_IF_ERROR(WriteOut(*out, l));
     if (l == num_layers_ - 1 && LastLayerSampledOnly(rows, samples, gemv)) {
       if (samples == 0) return absl::OkStatus();  // the cache is written; no row is read
       const int32_t* gather = DevIn<int32_t>(layout_.gather);
@@ -1147,6 +1161,12 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
     // whose arithmetic decode steps share.
     prefill_attention_ = !opt_.batch_invariant && rows >= 8 * chunk_seqs &&
                          cuda::PrefillAttentionSupported(c_.head_dim);
+    // The last chunk writes its step's write-outs out layer by layer: every row before it has
+    // gone through every layer.
+    absl::Cleanup no_outs = [this] { forward_outs_.clear(); };
+    if (row0 + rows == total) {
+      for (const auto& [out, row] : step_outs_) forward_outs_.push_back(out);
+    }
     RETURN_IF_ERROR(Forward(rows, samples));
     if (has_head_ && samples > 0) {
       CUDA_CHECK(cudaMemcpyAsync(host_tokens_[buf_].get(), tokens_out_.get(), samples * sizeof(int32_t),
@@ -1182,7 +1202,61 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::shared_ptr<KvOut>> CudaStage::OpenKvOut(int slot, int positions) {
+  RETURN_IF_ERROR(CheckKvRange("KV write-out", slot, first_layer_, num_layers_, first_layer_,
+                               first_layer_ + num_layers_, max_slots_));
+  if (positions < 1 || positions > max_seq_len_) {
+    return absl::InvalidArgumentError(absl::StrCat("KV write-out: positions ", positions,
+                                                   " outside [1, ", max_seq_len_, "]"));
+  }
+  KvBlock b = KvBlockOf(opt_.dtype, first_layer_, num_layers_, c_.num_kv_heads, c_.head_dim,
+                        positions);
+  const size_t bytes = b.expected_bytes();
+  ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> mem, SharedDeviceBytes(opt_.device, 2 * bytes));
+  b.device_k = mem;
+  b.device_v = std::shared_ptr<uint8_t>(mem, mem.get() + bytes);
+  auto out = std::make_shared<KvOut>(std::move(b), slot);
+  kv_outs_.Add(out);
+  return out;
+}
+
+absl::Status CudaStage::WriteOut(KvOut& out, int l) {
+  KvBlock& b = out.block_to_write();
+  const size_t layer_bytes = static_cast<size_t>(b.positions) * RowBytes(c_.kv_dim());
+  RETURN_IF_ERROR(cuda::LaunchKvBlockCopy(KCache(l), VCache(l), out.slot(),
+                                          b.device_k.get() + l * layer_bytes,
+                                          b.device_v.get() + l * layer_bytes, b.positions,
+                                          c_.num_kv_heads, c_.head_dim, seq_capacity_,
+                                          /*to_block=*/true, stream_.get()));
+  auto written = std::make_shared<cuda::Event>();
+  CUDA_CHECK(cudaEventCreateWithFlags(written->put(), cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(written->get(), stream_.get()));
+  out.Written(l, [written, device = opt_.device]() -> absl::Status {
+    CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaEventSynchronize(written->get()));
+    return absl::OkStatus();
+  });
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StepOutput> CudaStage::Step(const StepDescriptor& step, const Activations& in) {
+  // Write-outs of this step's rows fill as its last chunk goes (a decode-sized step's after it);
+  // any other was opened for nothing.
+  step_outs_ = kv_outs_.Take(step);
+  kv_outs_.FailAll(absl::FailedPreconditionError(
+      absl::StrCat("KV write-out: step ", step.id, " has no row that ends it")));
+  absl::StatusOr<StepOutput> out = StepRows(step, in);
+  PendingKvOuts::End(step_outs_, out.status(), [this](KvOut& o, int first) -> absl::Status {
+    CUDA_CHECK(cudaSetDevice(opt_.device));
+    for (int l = first; l < num_layers_; ++l) RETURN_IF_ERROR(WriteOut(o, l));
+    return absl::OkStatus();
+  });
+  step_outs_.clear();
+  return out;
+}
+
+absl::StatusOr<StepOutput> CudaStage::StepRows(const StepDescriptor& step,
+                                               const Activations& in) {
   if (absl::Status st = Validate(step, in); !st.ok()) {
     // A frame posted for this step is still taken, so that the next step's is not taken for it.
     if (in.arrival) (void)in.arrival();

@@ -79,6 +79,7 @@ StepDescriptor ToDescriptor(const v1::StepRequest& req) {
     q.logprobs = s.logprobs() ? s.top_logprobs() : -1;
     q.prompt_logprobs = s.prompt_logprobs() ? s.prompt_top_logprobs() : -1;
     q.next_prompt_token = s.next_prompt_token();
+    q.kv_out_key = s.kv_out_key();
     d.seqs.push_back(q);
   }
   d.tokens.assign(req.tokens().begin(), req.tokens().end());
@@ -441,6 +442,10 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
   {
     absl::MutexLock lock(&mu_);
     current_ = a;
+    absl::MutexLock stash(&stash_mu_);
+    written_out_.clear();  // of an assignment before
+    newest_step_ = 0;
+    out_assignment_ = a->id;
   }
   int64_t taken = 0;  // bytes of weights the stage took rather than loaded
   for (const std::shared_ptr<const PlacedWeights>& w : a->engine->placed_weights()) {
@@ -463,6 +468,7 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
 
 v1::StepResult WorkerService::RunStep(Assignment& a, const StepDescriptor& d,
                                       const std::function<bool()>& cancelled) {
+  OpenKvOuts(a, d);
   return ResultOf(a, d, a.runner->Run(d, cancelled));
 }
 
@@ -675,6 +681,10 @@ grpc::Status WorkerService::Steps(
   failed.store(true);  // stops a Recv that waits for an input which will not come
   executor.join();
   {
+    absl::MutexLock stash(&stash_mu_);
+    ++steps_epoch_;  // the steps not run will not open their write-outs
+  }
+  {
     absl::MutexLock lock(&mu);
     executing_done = true;  // the writer sends what is left, then ends
   }
@@ -693,6 +703,9 @@ namespace {
 constexpr int64_t kKvChunkBytes = int64_t{16} << 20;
 // Streams (and connections) one import fetches a worker's sequences over.
 constexpr size_t kFetchStreams = 4;
+// How long a fetch of a step's write-out waits for the step to open it, and then for each of its
+// layers (the step may be queued behind others, each up to a long prompt).
+constexpr absl::Duration kWrittenOutWait = absl::Seconds(60);
 
 // Moves of a layout change are logged; the many small prefill hand-offs only at debug level.
 spdlog::level::level_enum KvLogLevel(int64_t bytes, absl::Duration took) {
@@ -707,12 +720,19 @@ absl::Status OfSequence(uint64_t key, const absl::Status& s) {
 
 // A FetchKv request of the layers [first_layer, first_layer + num_layers) of `keys`.
 v1::FetchKvRequest FetchRequest(const std::vector<uint64_t>& keys, int first_layer,
-                                int num_layers) {
+                                int num_layers, WriteOutRef stream) {
   v1::FetchKvRequest req;
   req.mutable_keys()->Assign(keys.begin(), keys.end());
   req.set_first_layer(first_layer);
   req.set_num_layers(num_layers);
+  req.set_stream_step(stream.step);
+  req.set_stream_assignment(stream.assignment);
   return req;
+}
+
+// The earlier of the call's deadline and kWrittenOutWait from now.
+absl::Time WrittenOutDeadline(const grpc::ServerContext& ctx) {
+  return std::min(absl::FromChrono(ctx.deadline()), absl::Now() + kWrittenOutWait);
 }
 
 }  // namespace
@@ -757,12 +777,96 @@ int WorkerService::SpillStashToHost() {
 }
 
 absl::StatusOr<std::shared_ptr<const KvBlock>> WorkerService::Stashed(uint64_t key) {
-  absl::MutexLock lock(&stash_mu_);
-  auto it = stash_.find(key);
-  if (it == stash_.end()) {
-    return absl::NotFoundError(absl::StrCat("sequence ", key, ": not in this worker's KV stash"));
+  std::shared_ptr<KvOut> out;
+  {
+    absl::MutexLock lock(&stash_mu_);
+    if (auto it = stash_.find(key); it != stash_.end()) return it->second;
+    auto w = written_out_.find(key);
+    if (w == written_out_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("sequence ", key, ": not in this worker's KV stash"));
+    }
+    out = w->second.out;
   }
-  return it->second;
+  if (absl::Status st = out->AwaitAll(absl::Now() + kWrittenOutWait); !st.ok()) {
+    return OfSequence(key, st);
+  }
+  return std::shared_ptr<const KvBlock>(out, &out->block());
+}
+
+void WorkerService::OpenKvOuts(Assignment& a, const StepDescriptor& d) {
+  std::vector<std::pair<const SequenceStep*, std::shared_ptr<KvOut>>> opened;
+  for (const SequenceStep& s : d.seqs) {
+    if (s.kv_out_key == 0) continue;
+    absl::StatusOr<std::shared_ptr<KvOut>> out =
+        a.engine->OpenKvOut(s.slot, s.position + s.num_tokens);
+    if (!out.ok()) {
+      spdlog::debug("assignment {} step {}: sequence {} not written out: {}", a.id, d.id,
+                    s.kv_out_key, out.status().ToString());
+      auto failed = std::make_shared<KvOut>(KvBlock{}, s.slot);
+      failed->Fail(OfSequence(s.kv_out_key, out.status()));
+      out = std::move(failed);
+    }
+    opened.emplace_back(&s, *std::move(out));
+  }
+  absl::MutexLock lock(&stash_mu_);
+  for (auto& [s, out] : opened) {
+    std::erase_if(written_out_, [s](const auto& e) { return e.second.out->slot() == s->slot; });
+    stash_.erase(s->kv_out_key);
+    written_out_[s->kv_out_key] = {.by = {a.id, d.id}, .out = std::move(out)};
+  }
+  // After its write-outs are there: a fetch of one that is not gives up once this is past it.
+  if (a.id == out_assignment_) newest_step_ = std::max(newest_step_, d.id);
+}
+
+absl::StatusOr<std::shared_ptr<KvOut>> WorkerService::WrittenOut(uint64_t key, WriteOutRef ref,
+                                                                 absl::Time deadline) {
+  absl::MutexLock lock(&stash_mu_);
+  const uint64_t epoch = steps_epoch_;
+  auto opened = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stash_mu_) {
+    auto it = written_out_.find(key);
+    return it != written_out_.end() && it->second.by.assignment == ref.assignment &&
+           it->second.by.step == ref.step;
+  };
+  // Opened by the step, or the step cannot come any more.
+  auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stash_mu_) {
+    return opened() || out_assignment_ != ref.assignment || newest_step_ >= ref.step ||
+           steps_epoch_ != epoch;
+  };
+  if (!stash_mu_.AwaitWithDeadline(absl::Condition(&settled), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat("sequence ", key, ": step ", ref.step,
+                                                    " did not begin to write it out in time"));
+  }
+  if (!opened()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sequence ", key, ": not written out by step ", ref.step, " of assignment ",
+        ref.assignment,
+        out_assignment_ != ref.assignment ? " (this worker holds another assignment)"
+        : steps_epoch_ != epoch          ? " (the steps' stream ended)"
+                                         : ""));
+  }
+  return written_out_.at(key).out;
+}
+
+absl::StatusOr<KvBlock> WorkerService::OwnBlock(uint64_t key, int first_layer, int num_layers,
+                                               WriteOutRef stream) {
+  std::shared_ptr<const KvBlock> held;
+  if (stream.step != 0) {
+    absl::StatusOr<std::shared_ptr<KvOut>> out =
+        WrittenOut(key, stream, absl::Now() + kWrittenOutWait);
+    if (!out.ok()) return out.status();
+    if (absl::Status st = (*out)->AwaitAll(absl::Now() + kWrittenOutWait); !st.ok()) {
+      return OfSequence(key, st);
+    }
+    held = std::shared_ptr<const KvBlock>(*out, &(*out)->block());
+  } else {
+    absl::StatusOr<std::shared_ptr<const KvBlock>> stashed = Stashed(key);
+    if (!stashed.ok()) return stashed.status();
+    held = *std::move(stashed);
+  }
+  absl::StatusOr<KvBlock> b = SliceKvLayers(*held, first_layer, num_layers);
+  if (!b.ok()) return OfSequence(key, b.status());
+  return b;
 }
 
 absl::StatusOr<std::shared_ptr<WorkerService::Assignment>> WorkerService::AssignmentFor(
@@ -805,7 +909,10 @@ grpc::Status WorkerService::ExportKv(grpc::ServerContext* ctx, const v1::ExportK
     blocks[s.key()] = std::make_shared<const KvBlock>(*std::move(b));
   }
   absl::MutexLock lock(&stash_mu_);
-  for (auto& [key, block] : blocks) stash_[key] = std::move(block);
+  for (auto& [key, block] : blocks) {
+    written_out_.erase(key);
+    stash_[key] = std::move(block);
+  }
   resp->set_bytes(bytes);
   const absl::Duration took = absl::Now() - t0;
   spdlog::log(KvLogLevel(bytes, took),
@@ -818,11 +925,11 @@ grpc::Status WorkerService::ExportKv(grpc::ServerContext* ctx, const v1::ExportK
 
 absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchBlocks(
     const Assignment& a, const std::string& address, const std::vector<uint64_t>& keys,
-    int first_layer, int num_layers) {
+    int first_layer, int num_layers, WriteOutRef stream) {
   // The sequences in up to kFetchStreams groups, each over a connection of its own, at once: one
   if (link_.join_kv_link && link_.make_nccl_id) {
     absl::StatusOr<std::optional<std::vector<KvBlock>>> over =
-        FetchOverNccl(&a, address, keys, first_layer, num_layers);
+        FetchOverNccl(&a, address, keys, first_layer, num_layers, stream);
     if (!over.ok()) return over.status();
     if (over->has_value()) return **std::move(over);
   }
@@ -834,7 +941,8 @@ absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchBlocks(
     threads.emplace_back([&, g] {
       const std::vector<uint64_t> group(keys.begin() + keys.size() * g / groups,
                                         keys.begin() + keys.size() * (g + 1) / groups);
-      parts[g] = FetchGroup(a, address, group, first_layer, num_layers, static_cast<int>(g));
+      parts[g] = FetchGroup(a, address, group, first_layer, num_layers, static_cast<int>(g),
+                            stream);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -848,11 +956,11 @@ absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchBlocks(
 
 absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchGroup(
     const Assignment& a, const std::string& address, const std::vector<uint64_t>& keys,
-    int first_layer, int num_layers, int connection) {
+    int first_layer, int num_layers, int connection, WriteOutRef stream) {
   auto stub = KvStub(address, connection);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
-  const v1::FetchKvRequest req = FetchRequest(keys, first_layer, num_layers);
+  const v1::FetchKvRequest req = FetchRequest(keys, first_layer, num_layers, stream);
   const ModelConfig& c = a.engine->config();
   KvAssembler assembler({.first_layer = first_layer,
                          .num_layers = num_layers,
@@ -943,17 +1051,18 @@ grpc::Status WorkerService::ImportKv(grpc::ServerContext* ctx, const v1::ImportK
     const v1::KvSource* src = sources[i];
     if (src->address().empty()) continue;
     fetches.emplace_back([&, i, src] {
-      blocks[i] = FetchBlocks(**a, src->address(), keys, src->first_layer(), src->num_layers());
+      blocks[i] = FetchBlocks(**a, src->address(), keys, src->first_layer(), src->num_layers(),
+                              WriteOutRef{src->assignment_id(), req->stream_step()});
     });
   }
   // This worker's own stash meanwhile.
   auto own = [&](const v1::KvSource& src) -> absl::StatusOr<std::vector<KvBlock>> {
     std::vector<KvBlock> part;
     for (uint64_t key : keys) {
-      absl::StatusOr<std::shared_ptr<const KvBlock>> held = Stashed(key);
-      if (!held.ok()) return held.status();
-      absl::StatusOr<KvBlock> b = SliceKvLayers(**held, src.first_layer(), src.num_layers());
-      if (!b.ok()) return OfSequence(key, b.status());
+      absl::StatusOr<KvBlock> b =
+          OwnBlock(key, src.first_layer(), src.num_layers(),
+                   WriteOutRef{src.assignment_id(), req->stream_step()});
+      if (!b.ok()) return b.status();
       part.push_back(*std::move(b));
     }
     return part;
@@ -999,6 +1108,7 @@ grpc::Status WorkerService::FetchKv(grpc::ServerContext* ctx, const v1::FetchKvR
                                     grpc::ServerWriter<v1::KvChunk>* writer) {
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
   if (!req->nccl_id().empty()) return SendOverNccl(ctx, *req, writer);
+  if (req->stream_step() != 0) return SendWrittenOut(ctx, *req, writer);
   for (uint64_t key : req->keys()) {
     absl::StatusOr<std::shared_ptr<const KvBlock>> held = Stashed(key);
     if (!held.ok()) return ToGrpcStatus(held.status());
@@ -1019,6 +1129,43 @@ grpc::Status WorkerService::FetchKv(grpc::ServerContext* ctx, const v1::FetchKvR
   return grpc::Status::OK;
 }
 
+grpc::Status WorkerService::SendWrittenOut(grpc::ServerContext* ctx,
+                                           const v1::FetchKvRequest& req,
+                                           grpc::ServerWriter<v1::KvChunk>* writer) {
+  const absl::Time deadline = WrittenOutDeadline(*ctx);
+  for (uint64_t key : req.keys()) {
+    absl::StatusOr<std::shared_ptr<KvOut>> out = WrittenOut(key, {req.stream_assignment(), req.stream_step()}, deadline);
+    if (!out.ok()) return ToGrpcStatus(out.status());
+    std::shared_ptr<const KvBlock> block(*out, &(*out)->block());
+    if (block->on_device()) {
+      // Over gRPC from device memory (no NCCL between the two): all layers, then one host copy.
+      if (absl::Status st = (*out)->AwaitAll(deadline); !st.ok()) {
+        return ToGrpcStatus(OfSequence(key, st));
+      }
+      absl::StatusOr<KvBlock> host =
+          link_.kv_to_host ? link_.kv_to_host(*block)
+                           : absl::InternalError("no copy from device memory in this worker");
+      if (!host.ok()) return ToGrpcStatus(OfSequence(key, host.status()));
+      block = std::make_shared<const KvBlock>(*std::move(host));
+    }
+    const int last = req.first_layer() + std::max(req.num_layers(), 0);
+    for (int layer = req.first_layer(); layer < last; ++layer) {
+      const int l = layer - block->first_layer;
+      if (l >= 0 && l < block->num_layers) {
+        if (absl::Status st = (*out)->Await(l, deadline); !st.ok()) {
+          return ToGrpcStatus(OfSequence(key, st));
+        }
+      }
+      absl::StatusOr<bool> sent = ForEachKvChunk(
+          key, *block, kKvChunkBytes, [&](const v1::KvChunk& c) { return writer->Write(c); },
+          layer, 1);
+      if (!sent.ok()) return ToGrpcStatus(OfSequence(key, sent.status()));
+      if (!*sent) return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching worker went away");
+    }
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status WorkerService::SendOverNccl(grpc::ServerContext* ctx, const v1::FetchKvRequest& req,
                                          grpc::ServerWriter<v1::KvChunk>* writer) {
   auto refuse = [](auto&&... parts) {
@@ -1026,10 +1173,27 @@ grpc::Status WorkerService::SendOverNccl(grpc::ServerContext* ctx, const v1::Fet
                         absl::StrCat("KV over NCCL: ", parts...));
   };
   if (!link_.join_kv_link) return refuse("this worker has no NCCL");
-  // Every sequence first, on the GPU, so that a refusal comes before anything moves.
+  // Every sequence first, on the GPU, so that a refusal comes before anything moves. A step's
+  // write-outs (stream_step) once the step has opened them: their layers are sent as it writes
+  // them.
   std::vector<KvBlock> blocks;
+  std::vector<std::shared_ptr<KvOut>> outs;
+  const bool streamed = req.stream_step() != 0;
+  const absl::Time deadline = WrittenOutDeadline(*ctx);
   for (uint64_t key : req.keys()) {
-    absl::StatusOr<std::shared_ptr<const KvBlock>> held = Stashed(key);
+    absl::StatusOr<std::shared_ptr<const KvBlock>> held;
+    if (streamed) {
+      absl::StatusOr<std::shared_ptr<KvOut>> out = WrittenOut(key, {req.stream_assignment(), req.stream_step()}, deadline);
+      if (!out.ok()) return ToGrpcStatus(out.status());
+      if (absl::Status failed = (*out)->Await(0, absl::InfinitePast());
+          !failed.ok() && !absl::IsDeadlineExceeded(failed)) {
+        return ToGrpcStatus(OfSequence(key, failed));  // not written out at all
+      }
+      outs.push_back(*out);
+      held = std::shared_ptr<const KvBlock>(*out, &(*out)->block());
+    } else {
+      held = Stashed(key);
+    }
     if (!held.ok()) return ToGrpcStatus(held.status());
     if (!(*held)->on_device()) return refuse("sequence ", key, " is stashed in host memory");
     absl::StatusOr<KvBlock> b = SliceKvLayers(**held, req.first_layer(), req.num_layers());
@@ -1069,6 +1233,33 @@ grpc::Status WorkerService::SendOverNccl(grpc::ServerContext* ctx, const v1::Fet
     }
     held->link = *std::move(joined);
   }
+  if (streamed) {
+    // Sequence after sequence: its header, then each layer's K and V as one transfer once the
+    // step has written it. A layer that is not written (the step failed) is sent all the same,
+    // so that the link stays in step with the other worker, which the error then reaches.
+    absl::Status unwritten;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const KvBlock& b = blocks[i];
+      if (!writer->Write(NcclKvHeader(req.keys(i), b))) {
+        drop();
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching worker went away");
+      }
+      const size_t layer_bytes = b.expected_bytes() / b.num_layers;
+      const int first = b.first_layer - outs[i]->block().first_layer;
+      for (int l = 0; l < b.num_layers; ++l) {
+        if (unwritten.ok()) unwritten = outs[i]->Await(first + l, deadline);
+        if (!unwritten.ok()) unwritten = OfSequence(req.keys(i), unwritten);
+        const std::pair<const void*, size_t> layer[] = {
+            {b.device_k.get() + l * layer_bytes, layer_bytes},
+            {b.device_v.get() + l * layer_bytes, layer_bytes}};
+        if (absl::Status st = held->link->Send(layer); !st.ok()) {
+          drop();
+          return ToGrpcStatus(st);
+        }
+      }
+    }
+    return ToGrpcStatus(unwritten);
+  }
   // Every header, then every sequence's K and V as one NCCL transfer.
   std::vector<std::pair<const void*, size_t>> buffers;
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -1089,7 +1280,7 @@ grpc::Status WorkerService::SendOverNccl(grpc::ServerContext* ctx, const v1::Fet
 
 absl::StatusOr<std::optional<std::vector<KvBlock>>> WorkerService::FetchOverNccl(
     const Assignment* a, const std::string& address, const std::vector<uint64_t>& keys,
-    int first_layer, int num_layers) {
+    int first_layer, int num_layers, WriteOutRef stream) {
   std::shared_ptr<HeldKvLink> held;
   {
     absl::MutexLock lock(&kv_links_mu_);
@@ -1113,7 +1304,7 @@ absl::StatusOr<std::optional<std::vector<KvBlock>>> WorkerService::FetchOverNccl
   auto stub = KvStub(address, /*connection=*/0);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
-  v1::FetchKvRequest req = FetchRequest(keys, first_layer, num_layers);
+  v1::FetchKvRequest req = FetchRequest(keys, first_layer, num_layers, stream);
   req.set_nccl_id(held->unique_id);
   req.set_nccl_join(join);
   // A new link: the other worker first checks that it can send everything and says so (a message
@@ -1189,8 +1380,19 @@ absl::StatusOr<std::optional<std::vector<KvBlock>>> WorkerService::FetchOverNccl
     if (!mem.ok()) return fail(mem.status());
     b->device_k = *mem;
     b->device_v = std::shared_ptr<uint8_t>(*mem, mem->get() + bytes);
-    buffers.emplace_back(b->device_k.get(), bytes);
-    buffers.emplace_back(b->device_v.get(), bytes);
+    if (stream.step != 0) {
+      // Layer by layer, as the other worker's step writes them (SendOverNccl).
+      const size_t layer_bytes = bytes / b->num_layers;
+      for (int l = 0; l < b->num_layers; ++l) {
+        const std::pair<void*, size_t> layer[] = {
+            {b->device_k.get() + l * layer_bytes, layer_bytes},
+            {b->device_v.get() + l * layer_bytes, layer_bytes}};
+        if (absl::Status st = held->link->Recv(layer); !st.ok()) return fail(st);
+      }
+    } else {
+      buffers.emplace_back(b->device_k.get(), bytes);
+      buffers.emplace_back(b->device_v.get(), bytes);
+    }
     blocks.push_back(*std::move(b));
   }
   if (absl::Status st = held->link->Recv(buffers); !st.ok()) return fail(st);
@@ -1211,8 +1413,12 @@ grpc::Status WorkerService::DropKv(grpc::ServerContext* ctx, const v1::DropKvReq
   absl::MutexLock lock(&stash_mu_);
   if (req->keys().empty()) {
     stash_.clear();
+    written_out_.clear();
   } else {
-    for (uint64_t key : req->keys()) stash_.erase(key);
+    for (uint64_t key : req->keys()) {
+      stash_.erase(key);
+      written_out_.erase(key);
+    }
   }
   return grpc::Status::OK;
 }
