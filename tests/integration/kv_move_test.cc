@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <future>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -55,8 +56,9 @@ struct Worker {
     return stub->AssignStage(Context().get(), req, &resp);
   }
   // One step of one sequence; its sampled token (greedy), or -1 with the error in `status`.
+  // `kv_out_key` nonzero: the step writes the sequence's KV-cache out under that key.
   int32_t Step(uint64_t assignment, int slot, int position, std::vector<int32_t> tokens,
-               std::string* error = nullptr) {
+               std::string* error = nullptr, uint64_t kv_out_key = 0) {
     auto ctx = Context();
     auto stream = stub->Steps(ctx.get());
     v1::StepRequest req;
@@ -68,6 +70,7 @@ struct Worker {
     s->set_num_tokens(static_cast<int>(tokens.size()));
     s->set_sample(true);
     s->set_top_p(1.0f);  // greedy (temperature 0)
+    s->set_kv_out_key(kv_out_key);
     req.mutable_tokens()->Assign(tokens.begin(), tokens.end());
     stream->Write(req);
     // The worker drops the steps it has not run once the stream's writes end: read first.
@@ -149,18 +152,22 @@ class KvMoveTest : public ::testing::Test {
     return st;
   }
 
-  // Imports `key` into `slot` from the given sources ({address, first layer, layers}).
+  // Imports `key` into `slot` from the given sources ({address, first layer, layers}); with
+  // `stream` ({assignment, step}; step nonzero) from what that step of the sources writes out.
   static grpc::Status Import(Worker& w, uint64_t assignment, uint64_t key, int slot,
                              const std::vector<std::tuple<std::string, int, int>>& sources,
-                             v1::ImportKvResponse* resp) {
+                             v1::ImportKvResponse* resp,
+                             std::pair<uint64_t, uint64_t> stream = {0, 0}) {
     v1::ImportKvRequest req;
     req.set_assignment_id(assignment);
+    req.set_stream_step(stream.second);
     v1::KvSequence* s = req.add_seqs();
     s->set_key(key);
     s->set_slot(slot);
     for (const auto& [address, first, n] : sources) {
       v1::KvSource* src = req.add_sources();
       src->set_address(address);
+      src->set_assignment_id(stream.first);
       src->set_first_layer(first);
       src->set_num_layers(n);
     }
@@ -218,6 +225,51 @@ TEST_F(KvMoveTest, ASequenceMovedToAnotherWorkerContinuesWithTheSameTokens) {
   std::string error;
   EXPECT_EQ(b.Step(2, 3, 6, {first}, &error), -1);
   EXPECT_THAT(error, HasSubstr("past the 0 tokens cached"));
+}
+
+// A prefill worker's hand-off while the prompt runs: B's import of what A's step 1 writes out is
+// asked before the step, waits for it, and gets each layer as A writes it (over gRPC here); the
+// slot then continues as A's does. A fetch of a write-out that the step did not make, or of
+// another assignment's step, fails at once naming why.
+TEST_F(KvMoveTest, AnImportOfAStepsWriteOutWaitsForTheStepAndContinuesWithTheSameTokens) {
+  Worker a = StartWorker("a"), b = StartWorker("b");
+  ASSERT_TRUE(a.stub && b.stub);
+  ASSERT_TRUE(a.Assign(1, Model(), 0, kLayers).ok());
+  ASSERT_TRUE(b.Assign(2, Model(), 0, kLayers).ok());
+  v1::ImportKvResponse resp;
+  std::future<grpc::Status> imported = std::async(std::launch::async, [&] {
+    return Import(b, 2, 7, 2, {{a.address, 0, kLayers}}, &resp, {1, 1});
+  });
+  EXPECT_EQ(imported.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout)
+      << "the import waits for the step";
+  std::string why;
+  const int32_t first = a.Step(1, 0, 0, kPrompt, &why, /*kv_out_key=*/7);
+  ASSERT_GE(first, 0) << why << a.process->Log();
+  const grpc::Status s = imported.get();
+  ASSERT_TRUE(s.ok()) << s.error_message() << b.process->Log() << a.process->Log();
+  EXPECT_EQ(resp.bytes(), 2 * kLayers * 6 * 32 * 4);
+  EXPECT_EQ(resp.fetched_bytes(), resp.bytes());
+  int32_t ta = first, tb = first;
+  for (int pos = 6; pos < 10; ++pos) {
+    ta = a.Step(1, 0, pos, {ta});
+    tb = b.Step(2, 2, pos, {tb});
+    ASSERT_GE(ta, 0);
+    EXPECT_EQ(tb, ta) << "position " << pos;
+  }
+  // Step 1 has run and wrote out key 7 only; assignment 5 is not A's.
+  v1::ImportKvResponse none;
+  grpc::Status st = Import(b, 2, 8, 3, {{a.address, 0, kLayers}}, &none, {1, 1});
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(st.error_message(), HasSubstr("sequence 8: not written out by step 1"));
+  st = Import(b, 2, 7, 3, {{a.address, 0, kLayers}}, &none, {5, 1});
+  EXPECT_THAT(st.error_message(), HasSubstr("this worker holds another assignment"));
+  // Dropped, the write-out is gone.
+  v1::DropKvRequest drop;
+  drop.add_keys(7);
+  v1::DropKvResponse dropped;
+  ASSERT_TRUE(a.stub->DropKv(Context().get(), drop, &dropped).ok());
+  st = Import(b, 2, 7, 3, {{a.address, 0, kLayers}}, &none, {1, 1});
+  EXPECT_THAT(st.error_message(), HasSubstr("sequence 7: not written out by step 1"));
 }
 
 TEST_F(KvMoveTest, BadExportsAndImportsAreRefusedNamingTheProblem) {

@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/model_generator.h"
+#include "worker/kv_out.h"
 
 namespace tandem {
 namespace {
@@ -668,6 +669,53 @@ TEST_P(CpuStageTest, NonLastStageReturnsHostFp32HiddenStates) {
   EXPECT_TRUE(out->logits.empty());
 }
 
+// A step that ends a prompt writes the slot's KV-cache out layer by layer as it goes (a prefill
+// worker's hand-off): each layer is published while the step still runs (the slot does not hold
+// the prompt's positions yet), in layer order, and the block then holds what ExportKv gives. The
+// write-out of the second stage of a split holds its own layers.
+TEST_P(CpuStageTest, AStepWritesItsKvCacheOutLayerByLayerAsItGoes) {
+  const int v = vocab();
+  const int layers = LoadModelConfig(dir())->num_layers;
+  Pipeline two = MakePipeline(dir(), {2});
+  Seq a{1, 0, Prompt(4, 3, v)};
+  ASSERT_TRUE(RunPipeline(two, MakeStep({a})).tokens.size() == 1);
+  a.position = 4;
+  a.tokens = Prompt(3, 5, v);  // a second chunk: positions [4, 7)
+  const int positions = 7;
+  std::vector<std::shared_ptr<KvOut>> outs;
+  std::vector<std::vector<int>> order(two.size());
+  for (size_t i = 0; i < two.size(); ++i) {
+    absl::StatusOr<std::shared_ptr<KvOut>> out = two[i]->OpenKvOut(a.slot, positions);
+    ASSERT_TRUE(out.ok()) << out.status();
+    Stage* stage = two[i].get();
+    (*out)->OnPublished([&, i, stage](int layer) {
+      order[i].push_back(layer);
+      EXPECT_EQ(outs[i]->published(), layer + 1);
+      // Mid-step: the slot holds the positions of the chunk before only.
+      EXPECT_FALSE(stage->ExportKv(a.slot, positions, outs[i]->block().first_layer, 1).ok())
+          << "layer " << layer << " was published after the step";
+    });
+    outs.push_back(*out);
+  }
+  RunPipeline(two, MakeStep({a}));
+  for (size_t i = 0; i < two.size(); ++i) {
+    const KvBlock& b = outs[i]->block();
+    EXPECT_EQ(b.first_layer, i == 0 ? 0 : 2);
+    EXPECT_EQ(b.num_layers, i == 0 ? 2 : layers - 2);
+    EXPECT_EQ(b.positions, positions);
+    std::vector<int> all(b.num_layers);
+    for (int l = 0; l < b.num_layers; ++l) all[l] = l;
+    EXPECT_EQ(order[i], all) << "stage " << i;
+    ASSERT_TRUE(outs[i]->ended());
+    ASSERT_TRUE(outs[i]->AwaitAll(absl::Now()).ok());
+    absl::StatusOr<KvBlock> exported =
+        two[i]->ExportKv(a.slot, positions, b.first_layer, b.num_layers);
+    ASSERT_TRUE(exported.ok()) << exported.status();
+    EXPECT_EQ(b.k, exported->k) << "stage " << i;
+    EXPECT_EQ(b.v, exported->v) << "stage " << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(TinyPresets, CpuStageTest,
                          ::testing::Values("tiny-gpt2", "tiny-llama", "tiny-llama-tied",
                                            "tiny-llama3", "tiny-mistral", "tiny-qwen2",
@@ -677,6 +725,37 @@ INSTANTIATE_TEST_SUITE_P(TinyPresets, CpuStageTest,
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
+
+// A write-out's bounds are checked when it is opened; one whose step has no row ending it, or
+// whose step fails, or whose stage goes away first ends with that error, so that nothing waits
+// for it until a deadline.
+TEST(CpuStageKvOutTest, AWriteOutThatNoStepFillsFailsNamingWhy) {
+  std::unique_ptr<Stage> stage = MakeStage(ModelDir("tiny-llama"), 0, 4, /*max_slots=*/2,
+                                           /*max_seq_len=*/16);
+  ASSERT_NE(stage, nullptr);
+  const int v = LoadModelConfig(ModelDir("tiny-llama"))->vocab_size;
+  EXPECT_THAT(stage->OpenKvOut(2, 4).status().message(), ::testing::HasSubstr("slot 2"));
+  EXPECT_THAT(stage->OpenKvOut(0, 17).status().message(), ::testing::HasSubstr("positions 17"));
+  EXPECT_THAT(stage->OpenKvOut(0, 0).status().message(), ::testing::HasSubstr("positions 0"));
+
+  // Another slot's step, and a row of the slot that ends elsewhere, fill nothing.
+  std::shared_ptr<KvOut> other = *stage->OpenKvOut(0, 4);
+  std::shared_ptr<KvOut> short_of = *stage->OpenKvOut(1, 5);
+  stage->Step(MakeStep({Seq{1, 0, Prompt(4, 1, v)}}), {}).IgnoreError();
+  EXPECT_THAT(other->AwaitAll(absl::Now()).message(), ::testing::HasSubstr("no row that ends it"));
+  EXPECT_THAT(short_of->AwaitAll(absl::Now()).message(),
+              ::testing::HasSubstr("no row that ends it"));
+
+  // A step that fails (a token outside the vocabulary) fails its write-out with its error.
+  std::shared_ptr<KvOut> failing = *stage->OpenKvOut(0, 2);
+  const absl::StatusOr<StepOutput> bad = stage->Step(MakeStep({Seq{0, 0, {1, v}}}), {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(failing->AwaitAll(absl::Now()), bad.status());
+
+  std::shared_ptr<KvOut> orphan = *stage->OpenKvOut(0, 2);
+  stage.reset();
+  EXPECT_EQ(orphan->AwaitAll(absl::Now()).code(), absl::StatusCode::kCancelled);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Rejected steps and specs

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "tools/model_generator.h"
 #include "worker/cpu/cpu_stage.h"
+#include "worker/kv_out.h"
 
 namespace tandem {
 namespace {
@@ -1125,6 +1126,68 @@ INSTANTIATE_TEST_SUITE_P(Presets, CudaStageVsCpu,
                            for (char& ch : n) ch = ch == '-' ? '_' : ch;
                            return n;
                          });
+
+// A prompt's KV-cache written out as its step goes (a prefill worker's hand-off): in a prompt of
+// two chunks, each layer is published in order while the step still runs (the slot does not hold
+// the prompt yet), behind the last chunk's write of it, and the block in device memory then
+// holds the bytes of a host export. A one-token prompt (a decode-sized pass) writes it out after
+// its step.
+TEST(CudaStageTest, AStepWritesItsKvCacheOutLayerByLayerAsItGoes) {
+  SKIP_WITHOUT_GPU();
+  absl::StatusOr<ModelConfig> c = PresetConfig("tiny-llama");
+  ASSERT_TRUE(c.ok());
+  c->max_positions = 2048;
+  const std::filesystem::path dir =
+      TmpDir() / ("cuda_stage_kv_out." + std::to_string(getpid()));
+  ASSERT_TRUE(WriteRandomCheckpoint(*c, GeneratorOptions{.seed = 5}, dir).ok());
+  CudaOptions o;
+  o.dtype = DType::kF16;
+  o.prefill_rows = 1024;
+  StageSpec spec;
+  spec.model_dir = dir;
+  spec.max_slots = 2;
+  spec.max_seq_len = 2048;
+  absl::StatusOr<std::unique_ptr<Stage>> made = MakeCudaStage(spec, o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Stage& stage = **made;
+  const int layers = c->num_layers, n = 1500;  // rows [0, 1024), then [1024, 1500)
+  absl::StatusOr<std::shared_ptr<KvOut>> out = stage.OpenKvOut(1, n);
+  ASSERT_TRUE(out.ok()) << out.status();
+  std::vector<int> order;
+  (*out)->OnPublished([&](int layer) {
+    order.push_back(layer);
+    EXPECT_FALSE(stage.ExportKv(1, n, layer, 1).ok()) << "layer " << layer << " after the step";
+  });
+  std::vector<int32_t> prompt(n);
+  for (int i = 0; i < n; ++i) prompt[i] = (31 * i + 7) % c->vocab_size;
+  StepDescriptor step = StepOf(1, 0, n, prompt);
+  step.seqs[0].sample = true;
+  absl::StatusOr<StepOutput> ran = stage.Step(step, Activations{});
+  ASSERT_TRUE(ran.ok()) << ran.status();
+  std::vector<int> all(layers);
+  for (int l = 0; l < layers; ++l) all[l] = l;
+  EXPECT_EQ(order, all);
+  ASSERT_TRUE((*out)->AwaitAll(absl::Now() + absl::Seconds(10)).ok());
+  ASSERT_TRUE((*out)->block().on_device());
+  absl::StatusOr<KvBlock> got = KvBlockToHost((*out)->block());
+  absl::StatusOr<KvBlock> want = stage.ExportKv(1, n, 0, layers);
+  ASSERT_TRUE(got.ok() && want.ok()) << got.status() << want.status();
+  EXPECT_EQ(got->k, want->k);
+  EXPECT_EQ(got->v, want->v);
+
+  absl::StatusOr<std::shared_ptr<KvOut>> one = stage.OpenKvOut(0, 1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  StepDescriptor single = StepOf(0, 0, 1, {3});
+  single.seqs[0].sample = true;
+  ASSERT_TRUE(stage.Step(single, Activations{}).ok());
+  ASSERT_TRUE((*one)->AwaitAll(absl::Now() + absl::Seconds(10)).ok());
+  got = KvBlockToHost((*one)->block());
+  want = stage.ExportKv(0, 1, 0, layers);
+  ASSERT_TRUE(got.ok() && want.ok()) << got.status() << want.status();
+  EXPECT_EQ(got->k, want->k);
+  EXPECT_EQ(got->v, want->v);
+  std::filesystem::remove_all(dir);
+}
 
 TEST(CudaStageTest, KvCacheThatDoesNotFitFailsTheLoadNamingBytes) {
   SKIP_WITHOUT_GPU();
