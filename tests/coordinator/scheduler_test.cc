@@ -1649,6 +1649,22 @@ TEST(Scheduler, NoKvStreamIntoADecodeSlotThatAStepInFlightUses) {
   EXPECT_EQ(hs[0].kv_out_step, prompt.id);
 }
 
+// A prompt whose first token is its last (max_tokens 1, or the context's end) is not written out
+// and gets no stream: it never decodes.
+TEST(Scheduler, APromptThatEndsWithItsFirstTokenIsNotWrittenOut) {
+  Scheduler s = Disaggregated();
+  s.Enqueue(Request({1, 2}, /*max_new_tokens=*/1), kNow);
+  s.Enqueue(Request({3}, /*max_new_tokens=*/2), kNow);
+  s.Admit(kNow);
+  const StepDescriptor prompt = NextStep(s, 0);
+  ASSERT_EQ(prompt.seqs.size(), 2u);
+  EXPECT_EQ(prompt.seqs[0].kv_out_key, 0u);
+  EXPECT_NE(prompt.seqs[1].kv_out_key, 0u);
+  const std::vector<Scheduler::KvStream> ks = s.TakeKvStreams();
+  ASSERT_EQ(ks.size(), 1u);
+  EXPECT_EQ(ks[0].seq, prompt.seqs[1].kv_out_key);
+}
+
 // A sequence that ends while its stream runs (its first token is its last, or the client went
 // away) leaves its decode slot to the stream until the stream ends: nothing else is imported
 // there meanwhile.
@@ -1656,7 +1672,9 @@ TEST(Scheduler, AKvStreamKeepsItsDecodeSlotUntilItEndsWhateverHappensToItsSequen
   SchedulerOptions o = AheadOptions();
   o.max_slots = 2;
   Scheduler s = Disaggregated(o);
-  auto one = s.Enqueue(Request({1}, /*max_new_tokens=*/1), kNow);
+  ValidatedRequest stops = Request({1});
+  stops.stop_token_ids = {7};
+  auto one = s.Enqueue(stops, kNow);
   auto gone = s.Enqueue(Request({2, 3}), kNow);
   s.Admit(kNow);
   const StepDescriptor prompt = NextStep(s, 0);

@@ -54,4 +54,4 @@ sleep 1
 echo "loadgen exit $?"
 grep -E '^(Correctness|\| (nodes|2) )' "$out/sweep/summary.md" | cut -d'|' -f1-10
 curl -s "127.0.0.1:$metrics/metrics" |
-  grep -E '^tandem_(prefill_handoffs_total|prefill_handoff_seconds_(sum|count)|kv_transfer_bytes_total|sequences_recomputed_total|prompt_tokens_total) '
+  grep -E '^tandem_(prefill_handoffs_total|prefill_handoff_seconds_(sum|count)|kv_streams_total|kv_stream_seconds_(sum|count)|kv_transfer_bytes_total|sequences_recomputed_total|prompt_tokens_total) '
