@@ -1080,20 +1080,24 @@ void Coordinator::HandoffLoop() {
                                   : absl::StatusOr<int64_t>(exported);
         }
       }
-      DropKvAll(b.holders, out);
       if (!written.ok()) {
         spdlog::warn("pipeline {} to {}: {} sequence(s) are recomputed: {}", from_pipeline,
                      to_pipeline, b.handoffs.size(), written.status().ToString());
       }
-      absl::MutexLock lock(&mu_);
-      for (const Scheduler::Handoff& h : b.handoffs) {
-        scheduler_->HandedOff(h.id, written.ok(), written.status(), absl::Now());
+      {
+        absl::MutexLock lock(&mu_);
+        for (const Scheduler::Handoff& h : b.handoffs) {
+          scheduler_->HandedOff(h.id, written.ok(), written.status(), absl::Now());
+        }
+        wake_scheduler_ = true;
+        if (metrics_ != nullptr && written.ok()) {
+          metrics_->kv_transfer_bytes.Increment(static_cast<double>(*written));
+          metrics_->prefill_handoff_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+        }
       }
-      wake_scheduler_ = true;
-      if (metrics_ != nullptr && written.ok()) {
-        metrics_->kv_transfer_bytes.Increment(static_cast<double>(*written));
-        metrics_->prefill_handoff_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - t0));
-      }
+      // The prefill stages' copies go once the sequences decode (freeing device memory waits for
+      // the prefill GPU's queued work).
+      DropKvAll(b.holders, out);
     }
   }
 }

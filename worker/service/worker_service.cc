@@ -1234,28 +1234,45 @@ grpc::Status WorkerService::SendOverNccl(grpc::ServerContext* ctx, const v1::Fet
     held->link = *std::move(joined);
   }
   if (streamed) {
-    // Sequence after sequence: its header, then each layer's K and V as one transfer once the
-    // step has written it. A layer that is not written (the step failed) is sent all the same,
-    // so that the link stays in step with the other worker, which the error then reaches.
-    absl::Status unwritten;
+    // Every header, then layer by layer one transfer of every sequence's K and V of that layer,
+    // once the step has written it for all of them. A layer that is not written (the step
+    // failed) is sent all the same, so that the link stays in step with the other worker, which
+    // the error then reaches.
     for (size_t i = 0; i < blocks.size(); ++i) {
-      const KvBlock& b = blocks[i];
-      if (!writer->Write(NcclKvHeader(req.keys(i), b))) {
+      if (!writer->Write(NcclKvHeader(req.keys(i), blocks[i]))) {
         drop();
         return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching worker went away");
       }
-      const size_t layer_bytes = b.expected_bytes() / b.num_layers;
-      const int first = b.first_layer - outs[i]->block().first_layer;
-      for (int l = 0; l < b.num_layers; ++l) {
-        if (unwritten.ok()) unwritten = outs[i]->Await(first + l, deadline);
-        if (!unwritten.ok()) unwritten = OfSequence(req.keys(i), unwritten);
-        const std::pair<const void*, size_t> layer[] = {
-            {b.device_k.get() + l * layer_bytes, layer_bytes},
-            {b.device_v.get() + l * layer_bytes, layer_bytes}};
-        if (absl::Status st = held->link->Send(layer); !st.ok()) {
-          drop();
-          return ToGrpcStatus(st);
+    }
+    absl::Status unwritten;
+    const int layers = blocks.empty() ? 0 : blocks[0].num_layers;
+    std::vector<std::pair<const void*, size_t>> layer;
+    for (int l = 0; l < layers; ++l) {
+      layer.clear();
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        const KvBlock& b = blocks[i];
+        if (unwritten.ok()) {
+          unwritten = outs[i]->Await(b.first_layer - outs[i]->block().first_layer + l, deadline);
+          if (!unwritten.ok()) unwritten = OfSequence(req.keys(i), unwritten);
         }
+        const size_t layer_bytes = b.expected_bytes() / b.num_layers;
+        layer.emplace_back(b.device_k.get() + l * layer_bytes, layer_bytes);
+        layer.emplace_back(b.device_v.get() + l * layer_bytes, layer_bytes);
+      }
+      // The layer is there: the other worker posts its receive on this message, so that no
+      // NCCL kernel waits on its GPU while the step computes.
+      v1::KvChunk ready;
+      ready.set_version(KvBlock::kVersion);
+      ready.set_nccl(true);
+      ready.set_layer(blocks[0].first_layer + l);
+      ready.set_num_layers(1);
+      if (!writer->Write(ready)) {
+        drop();
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching worker went away");
+      }
+      if (absl::Status st = held->link->Send(layer); !st.ok()) {
+        drop();
+        return ToGrpcStatus(st);
       }
     }
     return ToGrpcStatus(unwritten);
@@ -1380,22 +1397,39 @@ absl::StatusOr<std::optional<std::vector<KvBlock>>> WorkerService::FetchOverNccl
     if (!mem.ok()) return fail(mem.status());
     b->device_k = *mem;
     b->device_v = std::shared_ptr<uint8_t>(*mem, mem->get() + bytes);
-    if (stream.step != 0) {
-      // Layer by layer, as the other worker's step writes them (SendOverNccl).
-      const size_t layer_bytes = bytes / b->num_layers;
-      for (int l = 0; l < b->num_layers; ++l) {
-        const std::pair<void*, size_t> layer[] = {
-            {b->device_k.get() + l * layer_bytes, layer_bytes},
-            {b->device_v.get() + l * layer_bytes, layer_bytes}};
-        if (absl::Status st = held->link->Recv(layer); !st.ok()) return fail(st);
-      }
-    } else {
-      buffers.emplace_back(b->device_k.get(), bytes);
-      buffers.emplace_back(b->device_v.get(), bytes);
-    }
+    buffers.emplace_back(b->device_k.get(), bytes);
+    buffers.emplace_back(b->device_v.get(), bytes);
     blocks.push_back(*std::move(b));
   }
-  if (absl::Status st = held->link->Recv(buffers); !st.ok()) return fail(st);
+  if (stream.step == 0) {
+    if (absl::Status st = held->link->Recv(buffers); !st.ok()) return fail(st);
+  } else {
+    // Layer by layer, every sequence's K and V of the layer at once, as the other worker's step
+    // writes them (SendOverNccl).
+    std::vector<std::pair<void*, size_t>> layer;
+    for (int l = 0; l < num_layers; ++l) {
+      // Posted once the other worker says the layer is written.
+      if (!reader->Read(&chunk)) {
+        const grpc::Status done = reader->Finish();
+        held->link.reset();
+        return from(done.ok() ? absl::DataLossError(absl::StrCat("the stream ended before layer ",
+                                                                 first_layer + l))
+                              : FromGrpcStatus(done));
+      }
+      if (!chunk.nccl() || chunk.layer() != first_layer + l || chunk.num_layers() != 1) {
+        return fail(absl::InvalidArgumentError(absl::StrCat(
+            "layer ", chunk.layer(), " (", chunk.num_layers(), ") announced where layer ",
+            first_layer + l, " was expected")));
+      }
+      layer.clear();
+      for (const KvBlock& b : blocks) {
+        const size_t layer_bytes = b.expected_bytes() / b.num_layers;
+        layer.emplace_back(b.device_k.get() + l * layer_bytes, layer_bytes);
+        layer.emplace_back(b.device_v.get() + l * layer_bytes, layer_bytes);
+      }
+      if (absl::Status st = held->link->Recv(layer); !st.ok()) return fail(st);
+    }
+  }
   if (reader->Read(&chunk)) {
     return fail(absl::InvalidArgumentError("more sequences came than were asked for"));
   }
