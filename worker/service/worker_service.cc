@@ -810,10 +810,11 @@ void WorkerService::OpenKvOuts(Assignment& a, const StepDescriptor& d) {
     opened.emplace_back(&s, *std::move(out));
   }
   absl::MutexLock lock(&stash_mu_);
-  for (auto& [s, out] : opened) {
-    std::erase_if(written_out_, [s](const auto& e) { return e.second.out->slot() == s->slot; });
-    stash_.erase(s->kv_out_key);
-    written_out_[s->kv_out_key] = {.by = {a.id, d.id}, .out = std::move(out)};
+  for (auto& [row, out] : opened) {
+    const int slot = row->slot;
+    std::erase_if(written_out_, [slot](const auto& e) { return e.second.out->slot() == slot; });
+    stash_.erase(row->kv_out_key);
+    written_out_[row->kv_out_key] = {.by = {a.id, d.id}, .out = std::move(out)};
   }
   // After its write-outs are there: a fetch of one that is not gives up once this is past it.
   if (a.id == out_assignment_) newest_step_ = std::max(newest_step_, d.id);
