@@ -44,6 +44,17 @@ absl::Status CheckKvExport(int slot, int positions, int first_layer, int num_lay
   return absl::OkStatus();
 }
 
+absl::Status CheckKvOut(int slot, int positions, int stage_first, int stage_last, int max_slots,
+                        int max_seq_len) {
+  RETURN_IF_ERROR(CheckKvRange("KV write-out", slot, stage_first, stage_last - stage_first,
+                               stage_first, stage_last, max_slots));
+  if (positions < 1 || positions > max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("KV write-out: positions ", positions,
+                                                   " outside [1, ", max_seq_len, "]"));
+  }
+  return absl::OkStatus();
+}
+
 KvBlock KvBlockOf(DType dtype, int first_layer, int num_layers, int num_kv_heads, int head_dim,
                   int positions) {
   KvBlock b;

@@ -183,6 +183,10 @@ absl::Status CheckKvRange(const char* what, int slot, int first_layer, int num_l
 // the slot holds). OK, or INVALID_ARGUMENT naming what is out of range.
 absl::Status CheckKvExport(int slot, int positions, int first_layer, int num_layers,
                            int stage_first, int stage_last, int max_slots, int cached);
+// The checks of every backend's OpenKvOut: slot `slot` within [0, max_slots) and `positions`
+// within [1, max_seq_len]. OK, or INVALID_ARGUMENT naming what is out of range.
+absl::Status CheckKvOut(int slot, int positions, int stage_first, int stage_last, int max_slots,
+                        int max_seq_len);
 // A block of the given fields, with no bytes anywhere (for device memory, or a header's block).
 KvBlock KvBlockOf(DType dtype, int first_layer, int num_layers, int num_kv_heads, int head_dim,
                   int positions);

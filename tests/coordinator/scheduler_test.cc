@@ -1499,25 +1499,34 @@ TEST(Scheduler, NoHandoffForASequenceThatEndsOrWithoutADecodePipeline) {
   EXPECT_THAT(Peek(r).tokens, ElementsAre(7, 8));
 }
 
-// A decode slot freed while a step that uses it still runs (decode-ahead after a stop token) is
-// written by an import only once that step is done: the import is outside the step order.
-TEST(Scheduler, AHandoffWaitsForTheStepsStillUsingItsDecodeSlot) {
-  SchedulerOptions o = AheadOptions();
-  o.max_slots = 1;
-  Scheduler s = Disaggregated(o);
+// In `s` (one decode slot): a sequence handed off to the decode pipeline ends with a stop token
+// while the step after it, which still uses its slot, is in flight; that step in `ahead`.
+void StopWhileAStepAheadRuns(Scheduler& s, StepDescriptor& ahead) {
   ValidatedRequest r = Request({1});
   r.stop_token_ids = {5};
   s.Enqueue(r, kNow);
   s.Admit(kNow);
   ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 7).ok());
   EndKvStreams(s);
-  std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
+  const std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
   ASSERT_EQ(hs.size(), 1u);
   s.HandedOff(hs[0].id, true, absl::OkStatus(), kNow);
   const std::vector<StepDescriptor> decode = s.FormSteps(1);
   ASSERT_EQ(decode.size(), 2u);
-  ASSERT_TRUE(Answer(s, 1, decode[0], 5).ok());  // the stop token: its slot is free at once
-  EXPECT_EQ(s.free_slots(1), 1);
+  ASSERT_TRUE(Answer(s, 1, decode[0], 5).ok());  // the stop token
+  ahead = decode[1];
+}
+
+// A decode slot freed while a step that uses it still runs (decode-ahead after a stop token) is
+// written by an import only once that step is done: the import is outside the step order.
+TEST(Scheduler, AHandoffWaitsForTheStepsStillUsingItsDecodeSlot) {
+  SchedulerOptions o = AheadOptions();
+  o.max_slots = 1;
+  Scheduler s = Disaggregated(o);
+  StepDescriptor ahead;
+  ASSERT_NO_FATAL_FAILURE(StopWhileAStepAheadRuns(s, ahead));
+  EXPECT_EQ(s.free_slots(1), 1) << "a sequence that ends frees its slot at once";
+  std::vector<Scheduler::Handoff> hs;
 
   s.Enqueue(Request({2}), kNow);
   s.Admit(kNow);
@@ -1526,11 +1535,11 @@ TEST(Scheduler, AHandoffWaitsForTheStepsStillUsingItsDecodeSlot) {
   EndKvStreams(s);
   EXPECT_FALSE(s.handoffs_ready()) << "the step ahead still uses the slot";
   EXPECT_THAT(s.TakeHandoffs(), IsEmpty());
-  ASSERT_TRUE(Answer(s, 1, decode[1], 6).ok());
+  ASSERT_TRUE(Answer(s, 1, ahead, 6).ok());
   EXPECT_TRUE(s.handoffs_ready());
   hs = s.TakeHandoffs();
   ASSERT_EQ(hs.size(), 1u);
-  EXPECT_EQ(hs[0].to_slot, decode[1].seqs[0].slot);
+  EXPECT_EQ(hs[0].to_slot, ahead.seqs[0].slot);
 }
 
 // A decode pipeline lost while a hand-off into it runs: the sequence is recomputed even though
@@ -1622,18 +1631,9 @@ TEST(Scheduler, NoKvStreamIntoADecodeSlotThatAStepInFlightUses) {
   SchedulerOptions o = AheadOptions();
   o.max_slots = 1;
   Scheduler s = Disaggregated(o);
-  ValidatedRequest r = Request({1});
-  r.stop_token_ids = {5};
-  s.Enqueue(r, kNow);
-  s.Admit(kNow);
-  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 7).ok());
-  EndKvStreams(s, absl::OkStatus());
-  std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
-  ASSERT_EQ(hs.size(), 1u);
-  s.HandedOff(hs[0].id, true, absl::OkStatus(), kNow);
-  const std::vector<StepDescriptor> decode = s.FormSteps(1);
-  ASSERT_EQ(decode.size(), 2u);
-  ASSERT_TRUE(Answer(s, 1, decode[0], 5).ok());  // the stop token: the step ahead still runs
+  StepDescriptor ahead;
+  ASSERT_NO_FATAL_FAILURE(StopWhileAStepAheadRuns(s, ahead));
+  std::vector<Scheduler::Handoff> hs;
 
   s.Enqueue(Request({2}), kNow);
   s.Admit(kNow);
@@ -1642,7 +1642,7 @@ TEST(Scheduler, NoKvStreamIntoADecodeSlotThatAStepInFlightUses) {
   EXPECT_FALSE(s.kv_streams_ready());
   ASSERT_TRUE(Answer(s, 0, prompt, 8).ok());
   EXPECT_FALSE(s.handoffs_ready());
-  ASSERT_TRUE(Answer(s, 1, decode[1], 6).ok());
+  ASSERT_TRUE(Answer(s, 1, ahead, 6).ok());
   hs = s.TakeHandoffs();
   ASSERT_EQ(hs.size(), 1u);
   EXPECT_FALSE(hs[0].streamed);

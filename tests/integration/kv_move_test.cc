@@ -138,6 +138,19 @@ class KvMoveTest : public ::testing::Test {
     return w;
   }
 
+  // Positions [from, to) of A's slot `a_slot` (assignment `a_id`) and B's `b_slot` (`b_id`),
+  // each fed its own greedy token from `first` on: the same tokens.
+  static void ExpectSameTokens(Worker& a, uint64_t a_id, int a_slot, Worker& b, uint64_t b_id,
+                               int b_slot, int32_t first, int from, int to) {
+    int32_t ta = first, tb = first;
+    for (int pos = from; pos < to; ++pos) {
+      ta = a.Step(a_id, a_slot, pos, {ta});
+      tb = b.Step(b_id, b_slot, pos, {tb});
+      ASSERT_GE(ta, 0);
+      EXPECT_EQ(tb, ta) << "position " << pos;
+    }
+  }
+
   static grpc::Status Export(Worker& w, uint64_t assignment, uint64_t key, int slot,
                              int positions, int64_t* bytes = nullptr) {
     v1::ExportKvRequest req;
@@ -201,13 +214,7 @@ TEST_F(KvMoveTest, ASequenceMovedToAnotherWorkerContinuesWithTheSameTokens) {
   EXPECT_EQ(resp.bytes(), bytes);
   EXPECT_EQ(resp.fetched_bytes(), bytes / 2);
   // The moved slot continues as the original does, step after step.
-  int32_t ta = first, tb = first;
-  for (int pos = 6; pos < 12; ++pos) {
-    ta = a.Step(1, 0, pos, {ta});
-    tb = b.Step(2, 2, pos, {tb});
-    ASSERT_GE(ta, 0);
-    EXPECT_EQ(tb, ta) << "position " << pos;
-  }
+  ExpectSameTokens(a, 1, 0, b, 2, 2, first, 6, 12);
   // A's step trace has a line per step: the prompt (1 sequence, 6 tokens, 1 prompt), then decodes.
   std::vector<std::vector<std::string>> lines;
   const std::string text = ReadFile(trace);
@@ -249,13 +256,7 @@ TEST_F(KvMoveTest, AnImportOfAStepsWriteOutWaitsForTheStepAndContinuesWithTheSam
   ASSERT_TRUE(s.ok()) << s.error_message() << b.process->Log() << a.process->Log();
   EXPECT_EQ(resp.bytes(), 2 * kLayers * 6 * 32 * 4);
   EXPECT_EQ(resp.fetched_bytes(), resp.bytes());
-  int32_t ta = first, tb = first;
-  for (int pos = 6; pos < 10; ++pos) {
-    ta = a.Step(1, 0, pos, {ta});
-    tb = b.Step(2, 2, pos, {tb});
-    ASSERT_GE(ta, 0);
-    EXPECT_EQ(tb, ta) << "position " << pos;
-  }
+  ExpectSameTokens(a, 1, 0, b, 2, 2, first, 6, 10);
   // Step 1 has run and wrote out key 7 only; assignment 5 is not A's.
   v1::ImportKvResponse none;
   grpc::Status st = Import(b, 2, 8, 3, {{a.address, 0, kLayers}}, &none, {1, 1});

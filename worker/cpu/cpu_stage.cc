@@ -161,13 +161,8 @@ class CpuStage final : public Stage {
   }
 
   absl::StatusOr<std::shared_ptr<KvOut>> OpenKvOut(int slot, int positions) override {
-    RETURN_IF_ERROR(CheckKvRange("KV write-out", slot, w_.first_layer,
-                                 static_cast<int>(w_.layers.size()), w_.first_layer, last_layer(),
-                                 max_slots_));
-    if (positions < 1 || positions > max_seq_len_) {
-      return absl::InvalidArgumentError(absl::StrCat("KV write-out: positions ", positions,
-                                                     " outside [1, ", max_seq_len_, "]"));
-    }
+    RETURN_IF_ERROR(
+        CheckKvOut(slot, positions, w_.first_layer, last_layer(), max_slots_, max_seq_len_));
     auto out = std::make_shared<KvOut>(
         SizedKvBlock(DType::kF32, w_.first_layer, static_cast<int>(w_.layers.size()),
                      c_.num_kv_heads, c_.head_dim, positions),

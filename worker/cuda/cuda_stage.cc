@@ -234,6 +234,9 @@ class CudaStage final : public Stage {
 
   absl::Status Validate(const StepDescriptor& step, const Activations& in) const;
   absl::StatusOr<StepOutput> StepRows(const StepDescriptor& step, const Activations& in);
+  // A block of this stage's dtype and dims over the given layers and positions, its K and V in
+  // device memory (not written).
+  absl::StatusOr<KvBlock> DeviceKvBlock(int first_layer, int num_layers, int positions) const;
   // Layer `l`'s rows of the write-out's slot into its block, published once they are there.
   absl::Status WriteOut(KvOut& out, int l);
   absl::Status Forward(int rows, int samples);
@@ -835,17 +838,23 @@ absl::StatusOr<KvBlock> CudaStage::ExportKv(int slot, int positions, int first_l
   return b;
 }
 
-absl::StatusOr<KvBlock> CudaStage::ExportKvToDevice(int slot, int positions, int first_layer,
-                                                    int num_layers) const {
-  RETURN_IF_ERROR(CheckKvExport(slot, positions, first_layer, num_layers, first_layer_,
-                                first_layer_ + num_layers_, max_slots_,
-                                slot >= 0 && slot < max_slots_ ? cached_len_[slot] : 0));
+absl::StatusOr<KvBlock> CudaStage::DeviceKvBlock(int first_layer, int num_layers,
+                                                 int positions) const {
   KvBlock b = KvBlockOf(opt_.dtype, first_layer, num_layers, c_.num_kv_heads, c_.head_dim,
                         positions);
   const size_t bytes = b.expected_bytes();
   ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> mem, SharedDeviceBytes(opt_.device, 2 * bytes));
   b.device_k = mem;
   b.device_v = std::shared_ptr<uint8_t>(mem, mem.get() + bytes);
+  return b;
+}
+
+absl::StatusOr<KvBlock> CudaStage::ExportKvToDevice(int slot, int positions, int first_layer,
+                                                    int num_layers) const {
+  RETURN_IF_ERROR(CheckKvExport(slot, positions, first_layer, num_layers, first_layer_,
+                                first_layer_ + num_layers_, max_slots_,
+                                slot >= 0 && slot < max_slots_ ? cached_len_[slot] : 0));
+  ASSIGN_OR_RETURN(KvBlock b, DeviceKvBlock(first_layer, num_layers, positions));
   // Per layer: the slot's rows gathered straight into the block, on the stage's stream.
   const size_t layer_bytes = static_cast<size_t>(positions) * RowBytes(c_.kv_dim());
   for (int l = 0; l < num_layers; ++l) {
@@ -1203,18 +1212,9 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
 }
 
 absl::StatusOr<std::shared_ptr<KvOut>> CudaStage::OpenKvOut(int slot, int positions) {
-  RETURN_IF_ERROR(CheckKvRange("KV write-out", slot, first_layer_, num_layers_, first_layer_,
-                               first_layer_ + num_layers_, max_slots_));
-  if (positions < 1 || positions > max_seq_len_) {
-    return absl::InvalidArgumentError(absl::StrCat("KV write-out: positions ", positions,
-                                                   " outside [1, ", max_seq_len_, "]"));
-  }
-  KvBlock b = KvBlockOf(opt_.dtype, first_layer_, num_layers_, c_.num_kv_heads, c_.head_dim,
-                        positions);
-  const size_t bytes = b.expected_bytes();
-  ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> mem, SharedDeviceBytes(opt_.device, 2 * bytes));
-  b.device_k = mem;
-  b.device_v = std::shared_ptr<uint8_t>(mem, mem.get() + bytes);
+  RETURN_IF_ERROR(CheckKvOut(slot, positions, first_layer_, first_layer_ + num_layers_,
+                             max_slots_, max_seq_len_));
+  ASSIGN_OR_RETURN(KvBlock b, DeviceKvBlock(first_layer_, num_layers_, positions));
   auto out = std::make_shared<KvOut>(std::move(b), slot);
   kv_outs_.Add(out);
   return out;
