@@ -440,10 +440,11 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
   }
   a->runner = *std::move(runner);
   {
+    std::map<uint64_t, WrittenOutKv> before;  // of an assignment before: freed after the locks
     absl::MutexLock lock(&mu_);
     current_ = a;
     absl::MutexLock stash(&stash_mu_);
-    written_out_.clear();  // of an assignment before
+    std::swap(before, written_out_);
     newest_step_ = 0;
     out_assignment_ = a->id;
   }
@@ -809,11 +810,20 @@ void WorkerService::OpenKvOuts(Assignment& a, const StepDescriptor& d) {
     }
     opened.emplace_back(&s, *std::move(out));
   }
+  // What the write-outs replace is freed after the lock (freeing device memory waits for the
+  // GPU's queue).
+  std::vector<std::shared_ptr<const void>> replaced;
   absl::MutexLock lock(&stash_mu_);
   for (auto& [row, out] : opened) {
-    const int slot = row->slot;
-    std::erase_if(written_out_, [slot](const auto& e) { return e.second.out->slot() == slot; });
-    stash_.erase(row->kv_out_key);
+    for (auto it = written_out_.begin(); it != written_out_.end();) {
+      const bool same = it->first == row->kv_out_key || it->second.out->slot() == row->slot;
+      if (same) replaced.push_back(std::move(it->second.out));
+      it = same ? written_out_.erase(it) : std::next(it);
+    }
+    if (auto it = stash_.find(row->kv_out_key); it != stash_.end()) {
+      replaced.push_back(std::move(it->second));
+      stash_.erase(it);
+    }
     written_out_[row->kv_out_key] = {.by = {a.id, d.id}, .out = std::move(out)};
   }
   // After its write-outs are there: a fetch of one that is not gives up once this is past it.
@@ -909,10 +919,15 @@ grpc::Status WorkerService::ExportKv(grpc::ServerContext* ctx, const v1::ExportK
     bytes += static_cast<int64_t>(b->bytes());
     blocks[s.key()] = std::make_shared<const KvBlock>(*std::move(b));
   }
+  // What the stash replaces is freed after the lock (`blocks` and `replaced` outlive it).
+  std::vector<std::shared_ptr<const void>> replaced;
   absl::MutexLock lock(&stash_mu_);
   for (auto& [key, block] : blocks) {
-    written_out_.erase(key);
-    stash_[key] = std::move(block);
+    if (auto it = written_out_.find(key); it != written_out_.end()) {
+      replaced.push_back(std::move(it->second.out));
+      written_out_.erase(it);
+    }
+    std::swap(stash_[key], block);
   }
   resp->set_bytes(bytes);
   const absl::Duration took = absl::Now() - t0;
@@ -1445,14 +1460,18 @@ absl::StatusOr<std::optional<std::vector<KvBlock>>> WorkerService::FetchOverNccl
 grpc::Status WorkerService::DropKv(grpc::ServerContext* ctx, const v1::DropKvRequest* req,
                                    v1::DropKvResponse*) {
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
+  // Freed after the lock: freeing device memory waits for the GPU's queue, and the executor takes
+  // the lock before each step that writes sequences out.
+  std::map<uint64_t, std::shared_ptr<const KvBlock>> stashed;
+  std::map<uint64_t, WrittenOutKv> written;
   absl::MutexLock lock(&stash_mu_);
   if (req->keys().empty()) {
-    stash_.clear();
-    written_out_.clear();
+    std::swap(stashed, stash_);
+    std::swap(written, written_out_);
   } else {
     for (uint64_t key : req->keys()) {
-      stash_.erase(key);
-      written_out_.erase(key);
+      if (auto node = stash_.extract(key)) stashed.insert(std::move(node));
+      if (auto node = written_out_.extract(key)) written.insert(std::move(node));
     }
   }
   return grpc::Status::OK;
