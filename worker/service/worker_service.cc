@@ -1199,7 +1199,8 @@ grpc::Status WorkerService::SendOverNccl(grpc::ServerContext* ctx, const v1::Fet
   for (uint64_t key : req.keys()) {
     absl::StatusOr<std::shared_ptr<const KvBlock>> held;
     if (streamed) {
-      absl::StatusOr<std::shared_ptr<KvOut>> out = WrittenOut(key, {req.stream_assignment(), req.stream_step()}, deadline);
+      absl::StatusOr<std::shared_ptr<KvOut>> out =
+          WrittenOut(key, {req.stream_assignment(), req.stream_step()}, deadline);
       if (!out.ok()) return ToGrpcStatus(out.status());
       if (absl::Status failed = (*out)->Await(0, absl::InfinitePast());
           !failed.ok() && !absl::IsDeadlineExceeded(failed)) {
@@ -1263,6 +1264,9 @@ grpc::Status WorkerService::SendOverNccl(grpc::ServerContext* ctx, const v1::Fet
     absl::Status unwritten;
     const int layers = blocks.empty() ? 0 : blocks[0].num_layers;
     std::vector<std::pair<const void*, size_t>> layer;
+    const absl::Time t0 = absl::Now();
+    absl::Time first_sent;
+    int64_t bytes = 0;
     for (int l = 0; l < layers; ++l) {
       layer.clear();
       for (size_t i = 0; i < blocks.size(); ++i) {
@@ -1290,7 +1294,15 @@ grpc::Status WorkerService::SendOverNccl(grpc::ServerContext* ctx, const v1::Fet
         drop();
         return ToGrpcStatus(st);
       }
+      if (l == 0) first_sent = absl::Now();
+      for (const auto& [p, n] : layer) bytes += static_cast<int64_t>(n);
     }
+    const absl::Duration took = absl::Now() - t0;
+    spdlog::log(KvLogLevel(bytes, took),
+                "step {}: sent the write-out of {} sequence(s), {} bytes, layer by layer over NCCL "
+                "in {:.3f} s (the first layer after {:.3f} s)",
+                req.stream_step(), blocks.size(), bytes, absl::ToDoubleSeconds(took),
+                absl::ToDoubleSeconds(first_sent - t0));
     return ToGrpcStatus(unwritten);
   }
   // Every header, then every sequence's K and V as one NCCL transfer.
