@@ -1,6 +1,7 @@
 // KvOut and PendingKvOuts (worker/kv_out.h).
 #include "worker/kv_out.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -37,9 +38,9 @@ absl::Status KvOut::Await(int l, absl::Time deadline) const {
       return static_cast<int>(ready_.size()) > l || !failed_.ok();
     };
     if (!mu_.AwaitWithDeadline(absl::Condition(&here), deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "KV write-out: layer ", l, " not written in time (", ready_.size(), " of ",
-          block_.num_layers, " were)"));
+      return absl::DeadlineExceededError(absl::StrCat("KV write-out: layer ", l,
+                                                      " not written in time (", ready_.size(),
+                                                      " of ", block_.num_layers, " were)"));
     }
     if (static_cast<int>(ready_.size()) <= l) return failed_;
     ready = ready_[l];
@@ -57,26 +58,22 @@ bool KvOut::ended() const {
   return static_cast<int>(ready_.size()) == block_.num_layers || !failed_.ok();
 }
 
-std::vector<std::pair<std::shared_ptr<KvOut>, int>> PendingKvOuts::Take(
-    const StepDescriptor& step) {
-  std::vector<std::pair<std::shared_ptr<KvOut>, int>> taken;
+std::vector<std::shared_ptr<KvOut>> PendingKvOuts::Take(const StepDescriptor& step) {
+  std::vector<std::shared_ptr<KvOut>> taken;
   std::erase_if(outs_, [&](const std::shared_ptr<KvOut>& out) {
-    for (int i = 0; i < static_cast<int>(step.seqs.size()); ++i) {
-      const SequenceStep& s = step.seqs[i];
-      if (s.slot == out->slot() && s.position + s.num_tokens == out->positions()) {
-        taken.emplace_back(out, i);
-        return true;
-      }
-    }
-    return false;
+    const bool ends = std::any_of(step.seqs.begin(), step.seqs.end(), [&](const SequenceStep& s) {
+      return s.slot == out->slot() && s.position + s.num_tokens == out->positions();
+    });
+    if (ends) taken.push_back(out);
+    return ends;
   });
   return taken;
 }
 
 void PendingKvOuts::End(
-    std::span<const std::pair<std::shared_ptr<KvOut>, int>> taken, const absl::Status& st,
+    std::span<const std::shared_ptr<KvOut>> taken, const absl::Status& st,
     const std::function<absl::Status(KvOut& out, int first_unpublished)>& finish) {
-  for (const auto& [out, row] : taken) {
+  for (const std::shared_ptr<KvOut>& out : taken) {
     if (!st.ok()) {
       out->Fail(st);
       continue;

@@ -41,7 +41,9 @@ class KvOut {
   // Waits until layer `l` is written (its bytes in block() final), the stage failed (its error),
   // or `deadline` passed (DEADLINE_EXCEEDED).
   absl::Status Await(int l, absl::Time deadline) const;
-  absl::Status AwaitAll(absl::Time deadline) const { return Await(block_.num_layers - 1, deadline); }
+  absl::Status AwaitAll(absl::Time deadline) const {
+    return Await(block_.num_layers - 1, deadline);
+  }
   // Layers published so far.
   int published() const;
   // Every layer published, or failed.
@@ -68,14 +70,12 @@ class PendingKvOuts {
   PendingKvOuts& operator=(const PendingKvOuts&) = delete;
   ~PendingKvOuts() { FailAll(absl::CancelledError("KV write-out: the stage was released")); }
   void Add(std::shared_ptr<KvOut> out) { outs_.push_back(std::move(out)); }
-  bool empty() const { return outs_.empty(); }
-  // Those of `step`'s rows, each with the index of its row (the others stay for a later step).
-  std::vector<std::pair<std::shared_ptr<KvOut>, int>> Take(const StepDescriptor& step);
+  // Those of `step`'s rows (the others stay).
+  std::vector<std::shared_ptr<KvOut>> Take(const StepDescriptor& step);
   // Ends what is left of the taken ones after their step: `st` not OK fails them; otherwise
   // `finish` is asked to write each one's unpublished layers (a step path that wrote none), and
   // its error fails it. Every KvOut ends.
-  static void End(std::span<const std::pair<std::shared_ptr<KvOut>, int>> taken,
-                  const absl::Status& st,
+  static void End(std::span<const std::shared_ptr<KvOut>> taken, const absl::Status& st,
                   const std::function<absl::Status(KvOut& out, int first_unpublished)>& finish);
   // Fails every one still pending (the step did not write them, or the stage goes away).
   void FailAll(const absl::Status& why);

@@ -173,7 +173,7 @@ class CpuStage final : public Stage {
 
   absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) override {
     // Write-outs of this step's rows fill as its layers go; any other was opened for nothing.
-    const std::vector<std::pair<std::shared_ptr<KvOut>, int>> outs = kv_outs_.Take(step);
+    const std::vector<std::shared_ptr<KvOut>> outs = kv_outs_.Take(step);
     kv_outs_.FailAll(absl::FailedPreconditionError(
         absl::StrCat("KV write-out: step ", step.id, " has no row that ends it")));
     absl::StatusOr<StepOutput> out = StepRows(step, in, outs);
@@ -196,7 +196,7 @@ class CpuStage final : public Stage {
   }
 
   absl::StatusOr<StepOutput> StepRows(const StepDescriptor& step, const Activations& in,
-                                      std::span<const std::pair<std::shared_ptr<KvOut>, int>> outs) {
+                                      std::span<const std::shared_ptr<KvOut>> outs) {
     RETURN_IF_ERROR(Validate(step, in));
     const int rows = static_cast<int>(step.tokens.size());
     const int hidden = c_.hidden_size;
@@ -252,7 +252,7 @@ class CpuStage final : public Stage {
                attn.data() + static_cast<size_t>(r0) * q_dim);
         r0 += s.num_tokens;
       }
-      for (const auto& [o, row] : outs) WriteOut(*o, l);  // this layer's K and V are all written
+      for (const std::shared_ptr<KvOut>& o : outs) WriteOut(*o, l);  // the layer's K, V written
       Linear(attn.data(), rows, q_dim, lw.wo, lw.bo, hidden, x.data(), /*accumulate=*/true);
 
       // MLP block: x += down(act(up(norm(x)))).

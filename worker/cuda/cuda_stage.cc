@@ -354,7 +354,7 @@ class CudaStage final : public Stage {
   PendingKvOuts kv_outs_;  // opened for the next step (OpenKvOut)
   // The write-outs the pass being queued fills layer by layer (a step's last chunk only).
   std::vector<std::shared_ptr<KvOut>> forward_outs_;
-  std::vector<std::pair<std::shared_ptr<KvOut>, int>> step_outs_;  // the running step's
+  std::vector<std::shared_ptr<KvOut>> step_outs_;  // the running step's
   std::vector<int> cached_len_;  // per slot: positions [0, len) hold K/V
 };
 
@@ -1174,7 +1174,7 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
     // gone through every layer.
     absl::Cleanup no_outs = [this] { forward_outs_.clear(); };
     if (row0 + rows == total) {
-      for (const auto& [out, row] : step_outs_) forward_outs_.push_back(out);
+      forward_outs_ = step_outs_;
     }
     RETURN_IF_ERROR(Forward(rows, samples));
     if (has_head_ && samples > 0) {
