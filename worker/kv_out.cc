@@ -67,6 +67,10 @@ std::vector<std::shared_ptr<KvOut>> PendingKvOuts::Take(const StepDescriptor& st
     if (ends) taken.push_back(out);
     return ends;
   });
+  if (!outs_.empty()) {
+    FailAll(absl::FailedPreconditionError(
+        absl::StrCat("KV write-out: step ", step.id, " has no row that ends it")));
+  }
   return taken;
 }
 

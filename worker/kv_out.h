@@ -70,7 +70,7 @@ class PendingKvOuts {
   PendingKvOuts& operator=(const PendingKvOuts&) = delete;
   ~PendingKvOuts() { FailAll(absl::CancelledError("KV write-out: the stage was released")); }
   void Add(std::shared_ptr<KvOut> out) { outs_.push_back(std::move(out)); }
-  // Those of `step`'s rows (the others stay).
+  // Those of `step`'s rows; the others were opened for nothing and fail, naming the step.
   std::vector<std::shared_ptr<KvOut>> Take(const StepDescriptor& step);
   // Ends what is left of the taken ones after their step: `st` not OK fails them; otherwise
   // `finish` is asked to write each one's unpublished layers (a step path that wrote none), and

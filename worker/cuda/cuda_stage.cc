@@ -1243,8 +1243,6 @@ absl::StatusOr<StepOutput> CudaStage::Step(const StepDescriptor& step, const Act
   // Write-outs of this step's rows fill as its last chunk goes (a decode-sized step's after it);
   // any other was opened for nothing.
   step_outs_ = kv_outs_.Take(step);
-  kv_outs_.FailAll(absl::FailedPreconditionError(
-      absl::StrCat("KV write-out: step ", step.id, " has no row that ends it")));
   absl::StatusOr<StepOutput> out = StepRows(step, in);
   PendingKvOuts::End(step_outs_, out.status(), [this](KvOut& o, int first) -> absl::Status {
     CUDA_CHECK(cudaSetDevice(opt_.device));

@@ -778,21 +778,12 @@ int WorkerService::SpillStashToHost() {
 }
 
 absl::StatusOr<std::shared_ptr<const KvBlock>> WorkerService::Stashed(uint64_t key) {
-  std::shared_ptr<KvOut> out;
-  {
-    absl::MutexLock lock(&stash_mu_);
-    if (auto it = stash_.find(key); it != stash_.end()) return it->second;
-    auto w = written_out_.find(key);
-    if (w == written_out_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("sequence ", key, ": not in this worker's KV stash"));
-    }
-    out = w->second.out;
+  absl::MutexLock lock(&stash_mu_);
+  auto it = stash_.find(key);
+  if (it == stash_.end()) {
+    return absl::NotFoundError(absl::StrCat("sequence ", key, ": not in this worker's KV stash"));
   }
-  if (absl::Status st = out->AwaitAll(absl::Now() + kWrittenOutWait); !st.ok()) {
-    return OfSequence(key, st);
-  }
-  return std::shared_ptr<const KvBlock>(out, &out->block());
+  return it->second;
 }
 
 void WorkerService::OpenKvOuts(Assignment& a, const StepDescriptor& d) {

@@ -194,8 +194,8 @@ class WorkerService final : public v1::Worker::Service {
   // Copies the stash's blocks in device memory to host memory (a new stage needs the room);
   // returns how many.
   int SpillStashToHost();
-  // The stash's block of sequence `key` (one a step writes out: once written, waiting up to a
-  // minute); NOT_FOUND naming it otherwise.
+  // The stash's block of sequence `key`; NOT_FOUND naming it otherwise (a step's write-out is
+  // fetched by its step: WrittenOut).
   absl::StatusOr<std::shared_ptr<const KvBlock>> Stashed(uint64_t key);
   // Opens the write-outs of `d`'s rows with kv_out_key set (Stage::OpenKvOut) and puts them in
   // the stash as the step's, replacing what the stash held of their keys or slots; one the stage
