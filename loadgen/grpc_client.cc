@@ -1,12 +1,14 @@
-// The sweep's client of tandem's gRPC API: GetModelInfo, Admin.SetTopology, GenerateStream.
+// The sweep's client of tandem's gRPC API: GetModelInfo, Admin.GetTopology and SetTopology,
+// GenerateStream.
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "grpc/grpc.h"
@@ -21,6 +23,27 @@ using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t0, Clock::time_point t) {
   return std::chrono::duration<double>(t - t0).count();
+}
+
+// How long a layout change waits for workers that are still registering (FAILED_PRECONDITION:
+// fewer registered than it needs) before it gives up.
+constexpr auto kRegistrationWait = std::chrono::seconds(60);
+
+// The most likely token's logprob minus the second's; NaN with fewer than two.
+double Top2Gap(const v1::TokenLogprob& l) {
+  if (l.top_logprobs_size() < 2) return std::nan("");
+  return static_cast<double>(l.top_logprobs(0).logprob()) - l.top_logprobs(1).logprob();
+}
+
+// `t` serves exactly stages x replicas, `prefill` of them running prompts only.
+bool Serves(const v1::Topology& t, int stages, int replicas, int prefill) {
+  if (t.pipelines_size() != replicas) return false;
+  int prefilling = 0;
+  for (const auto& p : t.pipelines()) {
+    if (p.stages_size() != stages) return false;
+    prefilling += p.role() == "prefill";
+  }
+  return prefilling == prefill;
 }
 
 class GrpcClient final : public LoadClient {
@@ -67,53 +90,67 @@ class GrpcClient final : public LoadClient {
                     .max_slots = info.max_slots(),
                     .max_batch = info.max_batch()};
     // The topology is the admin's to read: without its key the report goes without it.
-    grpc::ClientContext tctx;
-    tctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    v1::Topology topology;
-    if (admin_->GetTopology(&tctx, {}, &topology).ok()) {
-      out.stages = topology.stages();
-      out.replicas = topology.replicas();
+    if (absl::StatusOr<v1::Topology> topology = Topology(); topology.ok()) {
+      out.stages = topology->stages();
+      out.replicas = topology->replicas();
     }
     return out;
   }
 
+  absl::StatusOr<Layout> GetLayout() override {
+    absl::StatusOr<v1::Topology> t = Topology();
+    if (!t.ok()) return t.status();
+    return Layout{.stages = t->stages(), .replicas = t->replicas(),
+                  .prefill = t->prefill_replicas()};
+  }
+
   absl::Status SetTopology(int stages, int replicas, int prefill) override {
-    const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(300);
-    std::string last;
-    while (std::chrono::system_clock::now() < deadline) {
+    const std::string asked = absl::StrFormat("%d stage(s) x %d replica(s)%s", stages, replicas,
+                                              prefill > 0 ? absl::StrFormat(" (%d prefill)", prefill)
+                                                          : "");
+    const auto give_up = std::chrono::system_clock::now() + kRegistrationWait;
+    while (true) {
       grpc::ClientContext ctx;
-      ctx.set_deadline(deadline);
+      // The coordinator answers once the new layout serves: its workers load their layers.
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));
       v1::SetTopologyRequest req;
       req.set_stages(stages);
       req.set_replicas(replicas);
       req.set_prefill_replicas(prefill);
       v1::Topology t;
-      grpc::Status s = admin_->SetTopology(&ctx, req, &t);
+      const grpc::Status s = admin_->SetTopology(&ctx, req, &t);
+      std::string why;
       if (s.ok()) {
-        bool ok = t.pipelines_size() == replicas;
-        int prefilling = 0;
-        for (const auto& p : t.pipelines()) {
-          ok &= p.stages_size() == stages;
-          prefilling += p.role() == "prefill";
-        }
-        ok &= prefilling == prefill;
-        if (ok) return absl::OkStatus();
+        if (Serves(t, stages, replicas, prefill)) return absl::OkStatus();
+        if (!t.plan_error().empty()) return Refused(asked, t.plan_error());
+        why = absl::StrFormat("%d pipeline(s) serve", t.pipelines_size());
+      } else if (s.error_code() != grpc::StatusCode::FAILED_PRECONDITION) {
+        // A worker refused its stage, the model cannot take the layout, or the coordinator is
+        // not there: asking again would fail the same way.
+        return Refused(asked, s.error_message(), static_cast<absl::StatusCode>(s.error_code()));
+      } else {
+        why = s.error_message();  // too few workers registered yet
       }
-      last = s.error_message();
-      // Workers may still be registering: FAILED_PRECONDITION until enough are up.
+      if (std::chrono::system_clock::now() >= give_up) {
+        return Refused(asked, absl::StrCat(why, " (after waiting ",
+                                           std::chrono::seconds(kRegistrationWait).count(),
+                                           " s for workers to register)"));
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
-    return absl::UnavailableError(absl::StrFormat(
-        "SetTopology %d stages x %d replicas (%d prefill): %s", stages, replicas, prefill, last));
   }
 
-  RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len,
-                         int connection) override {
+  RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len, int connection,
+                         int top_logprobs) override {
     RequestRecord rec;
     v1::GenerateRequest req;
     req.mutable_token_ids()->Assign(prompt.begin(), prompt.end());
     req.set_max_new_tokens(output_len);
     req.set_ignore_eos(true);
+    if (top_logprobs > 0) {
+      req.mutable_sampling()->set_logprobs(true);
+      req.mutable_sampling()->set_top_logprobs(top_logprobs);
+    }
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(
                                         static_cast<int64_t>(timeout_s_ * 1000)));
@@ -121,29 +158,58 @@ class GrpcClient final : public LoadClient {
     auto last = t0;
     auto reader = Connection(connection)->GenerateStream(&ctx, req);
     v1::GenerateStreamResponse msg;
-    std::vector<int32_t> tokens;
     while (reader->Read(&msg)) {
       const auto now = Clock::now();
       const int n = msg.token_ids_size();
       if (n == 0) continue;
-      if (tokens.empty()) {
+      if (rec.tokens.empty()) {
         rec.ttft = Since(t0, now);
       } else {
         for (int k = 0; k < n; ++k) rec.gaps.push_back(Since(last, now) / n);
       }
       last = now;
-      tokens.insert(tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+      for (int k = 0; k < n; ++k) {
+        rec.tokens.push_back(absl::StrCat(msg.token_ids(k)));
+        if (top_logprobs > 0) {
+          rec.top2_gaps.push_back(k < msg.logprobs_size() ? Top2Gap(msg.logprobs(k))
+                                                          : std::nan(""));
+        }
+      }
     }
     grpc::Status s = reader->Finish();
     rec.e2e = Since(t0, Clock::now());
     rec.ok = s.ok();
     if (!s.ok()) rec.error = s.error_message();
-    rec.num_tokens = static_cast<int>(tokens.size());
-    rec.output = absl::StrJoin(tokens, ",");
+    rec.num_tokens = static_cast<int>(rec.tokens.size());
     return rec;
   }
 
  private:
+  absl::StatusOr<v1::Topology> Topology() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::Topology t;
+    const grpc::Status s = admin_->GetTopology(&ctx, {}, &t);
+    if (!s.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                          absl::StrCat("Admin.GetTopology: ", s.error_message()));
+    }
+    return t;
+  }
+
+  // The service cannot serve the layout `asked`: `why`, with the coordinator's last planning
+  // error where it says more.
+  absl::Status Refused(const std::string& asked, const std::string& why,
+                       absl::StatusCode code = absl::StatusCode::kUnavailable) {
+    std::string message = absl::StrCat("the service cannot serve ", asked, ": ", why);
+    if (absl::StatusOr<v1::Topology> t = Topology();
+        t.ok() && !t->plan_error().empty() && !absl::StrContains(t->plan_error(), why) &&
+        !absl::StrContains(why, t->plan_error())) {
+      absl::StrAppend(&message, "; the coordinator's last planning error: ", t->plan_error());
+    }
+    return absl::Status(code, message);
+  }
+
   const double timeout_s_;
   const std::string address_;
   const ClientAuth inference_auth_;

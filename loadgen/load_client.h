@@ -1,5 +1,5 @@
-// What a sweep needs of the service it loads: the model's limits, a topology change, and one
-// streamed generation measured as it arrives. Two implementations: tandem's gRPC API (sweep.cc)
+// What a sweep needs of the service it loads: the model's limits, the layout that serves and a
+// change of it, and one streamed generation measured as it arrives. Two implementations: tandem's gRPC API (sweep.cc)
 // and any OpenAI-compatible HTTP server (openai_client.cc).
 #pragma once
 
@@ -15,8 +15,8 @@
 namespace tandem::loadgen {
 
 struct ServedModel {
-  int vocab_size = 0;      // token ids of the generated prompts are below this
-  int context_length = 0;  // prompt + output must fit
+  int vocab_size = 0;      // token ids of the generated prompts are below this (0: not said)
+  int context_length = 0;  // prompt + output must fit (0: not said)
   // What the server says of itself, recorded with the results ("" or 0: it did not say).
   std::string name;  // the model's name (OpenAI's id; over gRPC, its folder's name)
   std::string model_dir;
@@ -33,25 +33,46 @@ struct RequestRecord {
   bool ok = false;
   std::string error;
   int num_tokens = 0;         // generated
-  std::string output;         // what the correctness check compares (token ids or text)
+  // What the correctness check compares: each generated token as the API names it (its id over
+  // gRPC; its streamed text over an OpenAI-compatible API, one chunk per token).
+  std::vector<std::string> tokens;
+  // With top_logprobs asked for: at each token, the top-2 logprob gap there (NaN where the
+  // server gave fewer than two).
+  std::vector<double> top2_gaps;
+  // With top_logprobs asked for over an OpenAI-compatible API: the tokens it named by no text at
+  // all (an id the model's tokenizer does not decode), whose differences the text cannot show.
+  int unnamed_tokens = 0;
   double ttft = 0;            // seconds from sending to the first token
   double e2e = 0;             // seconds from sending to the end
   std::vector<double> gaps;   // between consecutive tokens, seconds (a message of k tokens: k)
+};
+
+// A layout of the service: stages x replicas, `prefill` of the replicas running prompts only.
+struct Layout {
+  int stages = 1;
+  int replicas = 1;
+  int prefill = 0;
+  bool operator==(const Layout&) const = default;
 };
 
 class LoadClient {
  public:
   virtual ~LoadClient() = default;
   virtual absl::StatusOr<ServedModel> Info() = 0;
-  // Sets stages x replicas, `prefill` of them running prompts only, and waits until exactly that
-  // serves.
+  // The layout the service was asked for (Admin.GetTopology); UNIMPLEMENTED where the API has no
+  // way to tell, as an OpenAI server without tandem's Admin.
+  virtual absl::StatusOr<Layout> GetLayout() = 0;
+  // Sets the layout and waits until exactly that serves. A service that cannot serve it (a
+  // worker refused its stage, too few workers once they had time to register) fails at once with
+  // the coordinator's reason.
   virtual absl::Status SetTopology(int stages, int replicas, int prefill) = 0;
-  // Generates `output_len` tokens (EOS ignored) after the token-id `prompt`, streamed, over the
-  // client's connection number `connection` (from 0): each number a connection of its own, as
-  // separate users would have, where the API multiplexes requests over one (gRPC: a channel of its
-  // own); over HTTP every request opens its own.
+  // Generates `output_len` tokens (EOS ignored, greedy) after the token-id `prompt`, streamed,
+  // over the client's connection number `connection` (from 0): each number a connection of its
+  // own, as separate users would have, where the API multiplexes requests over one (gRPC: a
+  // channel of its own); over HTTP every request opens its own. `top_logprobs` > 0 asks for that
+  // many most likely tokens at each position (RequestRecord.top2_gaps); 0: none.
   virtual RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len,
-                                 int connection) = 0;
+                                 int connection, int top_logprobs) = 0;
 };
 
 // tandem's gRPC API at host:port; `inference` (TLS and the api key) for Inference calls, `admin`

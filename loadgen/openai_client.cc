@@ -3,7 +3,9 @@
 // tandem send them), the count checked against the usage the stream ends with.
 #include "common/httplib.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -22,8 +24,31 @@ double Since(Clock::time_point t0, Clock::time_point t) {
   return std::chrono::duration<double>(t - t0).count();
 }
 
-// Prompt ids stay below this when the server says nothing of its vocabulary.
-constexpr int kForeignVocab = 1000;
+// The most likely token's logprob minus the second's, from a completions chunk's
+// `logprobs.top_logprobs[0]` ({token text: logprob}); NaN with fewer than two (also where two
+// tokens have the same text, which the object's keys cannot tell apart).
+double Top2Gap(const json& choice) {
+  const json* lp = choice.contains("logprobs") ? &choice["logprobs"] : nullptr;
+  if (lp == nullptr || !lp->is_object() || !lp->contains("top_logprobs")) return std::nan("");
+  const json& top = (*lp)["top_logprobs"];
+  if (!top.is_array() || top.empty() || !top[0].is_object()) return std::nan("");
+  std::vector<double> values;
+  for (const auto& [token, logprob] : top[0].items()) {
+    if (logprob.is_number()) values.push_back(logprob.get<double>());
+  }
+  if (values.size() < 2) return std::nan("");
+  std::partial_sort(values.begin(), values.begin() + 2, values.end(), std::greater<>());
+  return values[0] - values[1];
+}
+
+// A completions chunk's `logprobs.tokens[0]`: the token's own text ("" where absent).
+std::string TokenText(const json& choice) {
+  auto lp = choice.find("logprobs");
+  if (lp == choice.end() || !lp->is_object()) return "";
+  auto tokens = lp->find("tokens");
+  if (tokens == lp->end() || !tokens->is_array() || tokens->empty()) return "";
+  return (*tokens)[0].is_string() ? (*tokens)[0].get<std::string>() : "";
+}
 
 class OpenAiClient final : public LoadClient {
  public:
@@ -57,17 +82,25 @@ class OpenAiClient final : public LoadClient {
     }
     if (model_.empty()) model_ = entry->value("id", "");
     ServedModel out;
-    out.context_length = entry->value("max_model_len", 0);
-    out.vocab_size = entry->value("vocab_size", 0);
+    // vLLM's and tandem's fields; 0 where the server does not say.
+    auto integer = [&](const char* key) {
+      auto it = entry->find(key);
+      return it != entry->end() && it->is_number_integer() ? it->get<int>() : 0;
+    };
+    out.context_length = integer("max_model_len");
+    out.vocab_size = integer("vocab_size");
     if (admin_ != nullptr) {
       absl::StatusOr<ServedModel> grpc = admin_->Info();
       if (!grpc.ok()) return grpc.status();
       out = *grpc;
     }
     out.name = model_;
-    if (out.vocab_size <= 0) out.vocab_size = kForeignVocab;
-    if (out.context_length <= 0) out.context_length = 1 << 30;  // the server will say
     return out;
+  }
+
+  absl::StatusOr<Layout> GetLayout() override {
+    if (admin_ != nullptr) return admin_->GetLayout();
+    return absl::UnimplementedError("an OpenAI server's layout is read through --admin only");
   }
 
   absl::Status SetTopology(int stages, int replicas, int prefill) override {
@@ -77,8 +110,8 @@ class OpenAiClient final : public LoadClient {
         "--nodes above 1 needs tandem's gRPC Admin (--admin HOST:PORT) to re-partition");
   }
 
-  RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len,
-                         int /*connection*/) override {
+  RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len, int /*connection*/,
+                         int top_logprobs) override {
     RequestRecord rec;
     httplib::Client http(base_url_);
     Authorize(http);
@@ -86,13 +119,14 @@ class OpenAiClient final : public LoadClient {
     http.set_connection_timeout(10);
     http.set_read_timeout(timeout);
     http.set_write_timeout(timeout);
-    const json body = {{"model", model_},
-                       {"prompt", prompt},
-                       {"max_tokens", output_len},
-                       {"ignore_eos", true},
-                       {"temperature", 0},
-                       {"stream", true},
-                       {"stream_options", {{"include_usage", true}}}};
+    json body = {{"model", model_},
+                 {"prompt", prompt},
+                 {"max_tokens", output_len},
+                 {"ignore_eos", true},
+                 {"temperature", 0},
+                 {"stream", true},
+                 {"stream_options", {{"include_usage", true}}}};
+    if (top_logprobs > 0) body["logprobs"] = top_logprobs;
     httplib::Request req;
     req.method = "POST";
     req.path = "/v1/completions";
@@ -133,7 +167,13 @@ class OpenAiClient final : public LoadClient {
           }
           last = now;
           ++chunks;
-          if (c.contains("text") && c["text"].is_string()) rec.output += c["text"];
+          rec.tokens.push_back(c.contains("text") && c["text"].is_string()
+                                   ? c["text"].get<std::string>()
+                                   : "");
+          if (top_logprobs > 0) {
+            rec.top2_gaps.push_back(Top2Gap(c));
+            rec.unnamed_tokens += TokenText(c).empty();
+          }
         }
       }
     };

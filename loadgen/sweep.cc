@@ -1,12 +1,15 @@
 // Running a sweep: topology changes, load generation, scrapes and the correctness check.
 #include "loadgen/sweep.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -116,20 +119,38 @@ class Poller {
   double peak_memory_ = 0;
 };
 
+// Progress on stderr. On a terminal one line is rewritten in place (a carriage return and an
+// erase-line escape); anywhere else (a log file, a pipe) plain lines, one for each new phase and
+// otherwise at most one per kPlainInterval, so that a log holds neither escapes nor a line per
+// 100 ms.
 class Progress {
  public:
-  explicit Progress(bool on) : on_(on) {}
-  void Show(const std::string& line) {
+  Progress(bool on, bool terminal) : on_(on), terminal_(terminal) {}
+  // `line`: the state now. `news`: a new phase, written at once also when not on a terminal.
+  void Show(const std::string& line, bool news = false) {
     if (!on_) return;
-    std::fprintf(stderr, "\r\033[K%s", line.c_str());
+    if (terminal_) {
+      std::fprintf(stderr, "\r\033[K%s", line.c_str());
+      std::fflush(stderr);
+      shown_ = true;
+      return;
+    }
+    const Clock::time_point now = Clock::now();
+    if (!news && now - last_ < kPlainInterval) return;
+    last_ = now;
+    std::fprintf(stderr, "%s\n", line.c_str());
     std::fflush(stderr);
   }
   void Done() {
-    if (on_) std::fprintf(stderr, "\n");
+    if (on_ && terminal_ && shown_) std::fprintf(stderr, "\n");
   }
 
  private:
+  static constexpr std::chrono::seconds kPlainInterval{10};
   const bool on_;
+  const bool terminal_;
+  bool shown_ = false;
+  Clock::time_point last_;
 };
 
 }  // namespace
@@ -236,14 +257,23 @@ absl::Status ValidateSweepOptions(const SweepOptions& o) {
   if (o.requests < 1) return absl::InvalidArgumentError("--requests: must be >= 1");
   if (o.warmup < 0) return absl::InvalidArgumentError("--warmup: must be >= 0");
   if (o.prompt_pool < 1) return absl::InvalidArgumentError("--prompt_pool: must be >= 1");
+  if (!(o.tie_tolerance >= 0) || std::isinf(o.tie_tolerance)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tie_tolerance: ", o.tie_tolerance, " is not a gap in nats >= 0 (0: outputs must be "
+        "identical)"));
+  }
   if (o.out.empty()) return absl::InvalidArgumentError("--out: the run folder is required");
   return absl::OkStatus();
 }
 
 namespace {
 
-// Every prompt + output length pair fits the model's context.
+// Prompt ids stay below this when the server says nothing of its vocabulary.
+constexpr int kForeignVocab = 1000;
+
+// Every prompt + output length pair fits the model's context (where the server says it).
 absl::Status CheckLengthsFit(const SweepOptions& o, const ServedModel& info) {
+  if (info.context_length <= 0) return absl::OkStatus();
   for (int p : o.prompt_lens) {
     for (int g : o.output_lens) {
       if (p + g > info.context_length) {
@@ -284,7 +314,7 @@ LoadRun DriveLoad(LoadClient& client, const SweepOptions& o, const ConfigResult&
     const int pid = i % o.prompt_pool;
     run.prompt_ids[i] = pid;
     run.records[i] = client.Generate(MakePrompt(o.seed, pid, c.prompt_len, vocab_size),
-                                     c.output_len, o.connection_per_client ? connection : 0);
+                                     c.output_len, o.connection_per_client ? connection : 0, 0);
     done.fetch_add(1);
   };
   const Clock::time_point t0 = Clock::now();
@@ -304,14 +334,75 @@ LoadRun DriveLoad(LoadClient& client, const SweepOptions& o, const ConfigResult&
   return run;
 }
 
-// Outputs of the first node count, by (prompt_len, output_len, prompt index): the reference every
-// other node count's greedy outputs must equal.
-using Baseline = std::map<std::tuple<int, int, int>, std::string>;
+// The reference of the correctness check, by (prompt_len, output_len, prompt index).
+using References = std::map<std::tuple<int, int, int>, GreedyOutput>;
 
-// Token counts, rates, latency percentiles, errors and the correctness check of a measured run.
-// The first node count's outputs become the baseline.
+// The most requests one configuration measures.
+int MaxRequests(const SweepOptions& o) {
+  const int most_nodes = *std::max_element(o.nodes.begin(), o.nodes.end());
+  return std::max(o.requests * (o.weak_scaling ? most_nodes / o.nodes.front() : 1), 1);
+}
+
+// Every prompt the measured requests send, generated alone (one request at a time) on the layout
+// that serves (the first), with top-2 logprobs: the reference each measured output is judged
+// against. Its requests are not measured, so asking for logprobs costs the measured ones
+// nothing. A request that fails fails the sweep: the service cannot serve what it is asked.
+absl::StatusOr<References> RunReferences(LoadClient& client, const SweepOptions& o, int vocab,
+                                         Progress& progress, SweepResult& result) {
+  const int prompts = std::min(o.prompt_pool, MaxRequests(o));
+  const int total = prompts * static_cast<int>(o.prompt_lens.size() * o.output_lens.size());
+  References refs;
+  int tokens = 0, unnamed = 0;
+  progress.Show(absl::StrFormat("reference: %d prompt(s), one at a time, with top-2 logprobs",
+                                total),
+                true);
+  for (int prompt_len : o.prompt_lens) {
+    for (int output_len : o.output_lens) {
+      for (int pid = 0; pid < prompts; ++pid) {
+        progress.Show(absl::StrFormat("reference: %d/%d", refs.size(), total));
+        RequestRecord r =
+            client.Generate(MakePrompt(o.seed, pid, prompt_len, vocab), output_len, 0, 2);
+        if (!r.ok) {
+          return absl::UnavailableError(
+              absl::StrFormat("the reference run of prompt %d (%d + %d tokens) failed: %s", pid,
+                              prompt_len, output_len, r.error));
+        }
+        tokens += r.num_tokens;
+        unnamed += r.unnamed_tokens;
+        refs.emplace(std::make_tuple(prompt_len, output_len, pid),
+                     GreedyOutput{.tokens = std::move(r.tokens),
+                                  .top2_gaps = std::move(r.top2_gaps)});
+      }
+    }
+  }
+  if (unnamed > 0) {
+    const std::string warning = absl::StrFormat(
+        "the OpenAI API names tokens by their text only, and %d of the reference's %d tokens have "
+        "none (ids the model's tokenizer does not decode): a difference at those cannot be seen, "
+        "so the correctness check is partial; --api grpc compares token ids",
+        unnamed, tokens);
+    std::fprintf(stderr, "warning: %s\n", warning.c_str());
+    result.warnings.push_back(warning);
+  }
+  return refs;
+}
+
+// Counts `v` (a differing output of prompt `prompt`) in `c`, grouped with the same difference.
+void AddDifference(int prompt, const Verdict& v, ConfigResult& c) {
+  for (Difference& d : c.differences) {
+    if (d.prompt == prompt && d.verdict.position == v.position &&
+        d.verdict.token == v.token && d.verdict.reference_token == v.reference_token) {
+      ++d.requests;
+      return;
+    }
+  }
+  c.differences.push_back({.prompt = prompt, .requests = 1, .verdict = v});
+}
+
+// Token counts, rates, latency percentiles, errors and the correctness check of a measured run:
+// each output judged against its prompt's reference.
 void SummarizeRequests(const LoadRun& run, const SweepOptions& o, const Point& point,
-                       Baseline& baseline, ConfigResult& c) {
+                       const References& references, ConfigResult& c) {
   std::vector<double> ttft, itl, e2e, pause;
   std::set<std::string> error_kinds;  // a few distinct messages, so failures say why
   for (size_t i = 0; i < run.records.size(); ++i) {
@@ -326,14 +417,24 @@ void SummarizeRequests(const LoadRun& run, const SweepOptions& o, const Point& p
     e2e.push_back(r.e2e);
     itl.insert(itl.end(), r.gaps.begin(), r.gaps.end());
     pause.push_back(r.gaps.empty() ? 0.0 : *std::max_element(r.gaps.begin(), r.gaps.end()));
-    const auto key = std::make_tuple(c.prompt_len, c.output_len, run.prompt_ids[i]);
-    auto it = baseline.find(key);
-    if (it == baseline.end()) {
-      if (c.nodes == o.nodes.front() && c.prefill_nodes == o.prefill_nodes.front()) {
-        baseline.emplace(key, r.output);
-      }
-    } else if (it->second != r.output) {
-      ++c.mismatches;
+    auto ref = references.find(std::make_tuple(c.prompt_len, c.output_len, run.prompt_ids[i]));
+    if (ref == references.end()) continue;
+    const Verdict v = JudgeGreedy(ref->second, r.tokens, o.tie_tolerance);
+    switch (v.agreement) {
+      case Agreement::kIdentical:
+        break;
+      case Agreement::kUnchecked:
+        ++c.unchecked;
+        break;
+      case Agreement::kNearTie:
+        ++c.near_ties;
+        AddDifference(run.prompt_ids[i], v, c);
+        break;
+      case Agreement::kDiffers:
+      case Agreement::kNoGap:
+        ++c.mismatches;
+        AddDifference(run.prompt_ids[i], v, c);
+        break;
     }
   }
   for (const std::string& e : error_kinds) {
@@ -384,21 +485,23 @@ void AddResourceUse(const std::vector<std::vector<MetricSample>>& before_each,
 
 // One configuration on the current topology: warm-up at the same load (not measured), then the
 // measured requests between two scrapes of the workers.
-ConfigResult MeasureConfig(LoadClient& client, const SweepOptions& o, const ServedModel& info,
-                           ConfigResult c, const Point& point, Progress& progress,
-                           Baseline& baseline) {
-  if (o.warmup > 0) {
-    progress.Show(absl::StrCat(point.label, ": warm-up"));
-    DriveLoad(client, o, c, point, info.vocab_size, o.warmup, nullptr);
-  }
+ConfigResult MeasureConfig(LoadClient& client, const SweepOptions& o, int vocab, ConfigResult c,
+                           const Point& point, Progress& progress, const References& references) {
+  progress.Show(absl::StrCat(point.label, o.warmup > 0 ? ": warm-up" : ": measuring"), true);
+  if (o.warmup > 0) DriveLoad(client, o, c, point, vocab, o.warmup, nullptr);
   const std::vector<std::vector<MetricSample>> before_each = ScrapeEach(o.worker_metrics);
   Poller poller(o.worker_metrics);
-  const LoadRun run = DriveLoad(client, o, c, point, info.vocab_size, c.requests, &progress);
+  const LoadRun run = DriveLoad(client, o, c, point, vocab, c.requests, &progress);
   poller.Stop();
   const std::vector<std::vector<MetricSample>> after_each = ScrapeEach(o.worker_metrics);
   c.wall_s = run.wall_s;
-  SummarizeRequests(run, o, point, baseline, c);
+  SummarizeRequests(run, o, point, references, c);
   AddResourceUse(before_each, after_each, poller.peak_memory(), c);
+  progress.Show(absl::StrFormat("%s: %d requests in %.1f s, %.1f tokens/s, %d failed, %d differ "
+                                "(%d at near-ties)",
+                                point.label, c.requests, c.wall_s, c.tokens_per_s, c.errors,
+                                c.mismatches + c.near_ties, c.near_ties),
+                true);
   return c;
 }
 
@@ -515,21 +618,20 @@ double RunClosedLoop(int clients, int count, const std::function<void(int i, int
   return answers.Since(t0);
 }
 
-absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
-  if (absl::Status s = ValidateSweepOptions(o); !s.ok()) return s;
-  std::unique_ptr<LoadClient> client =
-      o.api == "openai"
-          ? NewOpenAiClient(o.coordinator, o.model, o.admin, o.request_timeout_s,
-                            o.inference_auth, o.admin_auth, o.tls_ca)
-          : NewGrpcClient(o.coordinator, o.request_timeout_s, o.inference_auth, o.admin_auth);
-  absl::StatusOr<ServedModel> info = client->Info();
-  if (!info.ok()) return info.status();
-  if (absl::Status s = CheckLengthsFit(o, *info); !s.ok()) return s;
-  SweepResult result;
-  result.options = o;
-  result.server = *info;
-  Progress progress(o.progress);
-  Baseline baseline;
+namespace {
+
+std::string LayoutName(const Layout& l) {
+  return absl::StrFormat("%d stage(s) x %d replica(s)%s", l.stages, l.replicas,
+                         l.prefill > 0 ? absl::StrFormat(", %d of them prefill", l.prefill) : "");
+}
+
+// The configurations of the sweep, in order, into `result`. `last_set`: the last layout asked
+// of the service (so that the one found at the start can be set again).
+absl::Status RunConfigs(LoadClient& client, const SweepOptions& o, Progress& progress,
+                        SweepResult& result, std::optional<Layout>& last_set) {
+  const ServedModel& info = result.server;
+  const int vocab = info.vocab_size > 0 ? info.vocab_size : kForeignVocab;
+  std::optional<References> references;
   const std::vector<double> loads =
       o.mode == "closed" ? std::vector<double>(o.batch.begin(), o.batch.end()) : o.rates;
   const int total = static_cast<int>(o.nodes.size() * o.prefill_nodes.size() * loads.size() *
@@ -539,7 +641,17 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
     const int stages = o.data_parallel ? 1 : nodes;
     const int replicas = o.data_parallel ? nodes : 1;
     for (int prefill : o.prefill_nodes) {
-      if (absl::Status s = client->SetTopology(stages, replicas, prefill); !s.ok()) return s;
+      last_set = Layout{.stages = stages, .replicas = replicas, .prefill = prefill};
+      if (absl::Status s = client.SetTopology(stages, replicas, prefill); !s.ok()) return s;
+      if (!references.has_value()) {
+        absl::StatusOr<References> refs = RunReferences(client, o, vocab, progress, result);
+        if (!refs.ok()) return refs.status();
+        references = *std::move(refs);
+        for (const auto& [key, ref] : *references) {
+          result.reference_has_gaps |= std::any_of(ref.top2_gaps.begin(), ref.top2_gaps.end(),
+                                                   [](double g) { return !std::isnan(g); });
+        }
+      }
       for (int prompt_len : o.prompt_lens) {
         for (int output_len : o.output_lens) {
           for (double load : loads) {
@@ -550,7 +662,7 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
             c.prefill_nodes = prefill;
             c.mode = o.mode;
             if (o.mode == "closed") c.batch = static_cast<int>(load);
-            const std::string warning = SlotWarning(*info, c.batch, replicas - prefill);
+            const std::string warning = SlotWarning(info, c.batch, replicas - prefill);
             if (!warning.empty() && std::find(result.warnings.begin(), result.warnings.end(),
                                               warning) == result.warnings.end()) {
               std::fprintf(stderr, "warning: %s\n", warning.c_str());
@@ -569,7 +681,7 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
                                                      : "",
                                          o.mode == "closed" ? "batch" : "rate", load, prompt_len,
                                          output_len)};
-            c = MeasureConfig(*client, o, *info, std::move(c), point, progress, baseline);
+            c = MeasureConfig(client, o, vocab, std::move(c), point, progress, *references);
             result.all_correct &= c.correct;
             result.configs.push_back(std::move(c));
           }
@@ -577,9 +689,57 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
       }
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
+  if (absl::Status s = ValidateSweepOptions(o); !s.ok()) return s;
+  std::unique_ptr<LoadClient> client =
+      o.api == "openai"
+          ? NewOpenAiClient(o.coordinator, o.model, o.admin, o.request_timeout_s,
+                            o.inference_auth, o.admin_auth, o.tls_ca)
+          : NewGrpcClient(o.coordinator, o.request_timeout_s, o.inference_auth, o.admin_auth);
+  absl::StatusOr<ServedModel> info = client->Info();
+  if (!info.ok()) return info.status();
+  if (absl::Status s = CheckLengthsFit(o, *info); !s.ok()) return s;
+  // The layout to set again at the end; none where the API cannot tell it (nor change it).
+  const absl::StatusOr<Layout> initial = client->GetLayout();
+  SweepResult result;
+  result.options = o;
+  result.server = *info;
+  Progress progress(o.progress, isatty(STDERR_FILENO) == 1);
+  std::optional<Layout> last_set;
+  absl::Status status = RunConfigs(*client, o, progress, result, last_set);
   progress.Done();
+  if (initial.ok() && last_set.has_value() && *last_set != *initial) {
+    if (absl::Status s = client->SetTopology(initial->stages, initial->replicas, initial->prefill);
+        !s.ok()) {
+      const std::string message = absl::StrCat("the layout found at the start (",
+                                               LayoutName(*initial),
+                                               ") could not be set again: ", s.message());
+      if (!status.ok()) return absl::Status(status.code(), absl::StrCat(status.message(), "; ", message));
+      std::fprintf(stderr, "warning: %s\n", message.c_str());
+      result.warnings.push_back(message);
+    } else {
+      std::fprintf(stderr, "the layout found at the start serves again: %s\n",
+                   LayoutName(*initial).c_str());
+    }
+  }
+  if (!status.ok()) return status;
   AddScaling(o, result.configs);
   return result;
+}
+
+std::string CorrectnessWord(const SweepResult& r) {
+  if (!r.all_correct) return "FAIL";
+  int outputs = 0, unchecked = 0;
+  for (const ConfigResult& c : r.configs) {
+    outputs += c.requests - c.errors;
+    unchecked += c.unchecked;
+  }
+  return outputs > 0 && unchecked == outputs ? "not checked" : "pass";
 }
 
 }  // namespace tandem::loadgen

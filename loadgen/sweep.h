@@ -3,7 +3,9 @@
 // Admin.SetTopology, so one allocation sweeps 1..N), prompt/output length and load level (closed-
 // loop concurrency or open-loop Poisson rate) it warms up, measures, scrapes the workers' /metrics
 // before and after (energy, compute and transfer seconds) and while running (power, memory), and
-// checks every greedy output against the first node count's. sweep_report.cc writes the run folder.
+// judges every greedy output against a reference run of its prompt by the agreement rule
+// (greedy_agreement.h). The layout found at the start is set again at the end. sweep_report.cc
+// writes the run folder.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
 #include "common/security/credentials.h"
+#include "loadgen/greedy_agreement.h"
 #include "loadgen/load_client.h"
 
 namespace tandem::loadgen {
@@ -53,8 +56,14 @@ struct SweepOptions {
   // connections), as separate users would be, instead of every request on one connection (HTTP/2
   // streams of one channel).
   bool connection_per_client = false;
+  // The correctness check: a greedy output that first differs from its prompt's reference where
+  // the reference's top-2 logprob gap is below this (nats) is a near-tie, not a failure; 0: every
+  // output must equal its reference.
+  double tie_tolerance = kDefaultTieTolerance;
   std::filesystem::path out;  // the run folder
-  bool progress = true;       // the one-line progress display on stderr
+  // Progress on stderr: one line rewritten in place on a terminal, plain lines now and then
+  // otherwise (no terminal escapes in a log).
+  bool progress = true;
   // TLS and the api key (Inference; the OpenAI API's Bearer token), TLS and the admin key (Admin).
   ClientAuth inference_auth;
   ClientAuth admin_auth;
@@ -65,6 +74,13 @@ struct StageShare {
   double compute_s = 0;
   double transfer_s = 0;  // send + receive (receive includes waiting for the previous stage)
   double bytes = 0;
+};
+
+// A measured output that differs from its prompt's reference, as the check judged it.
+struct Difference {
+  int prompt = 0;    // the prompt's index in the pool
+  int requests = 1;  // the configuration's requests that differ so (same prompt, position, tokens)
+  Verdict verdict;
 };
 
 struct ConfigResult {
@@ -98,7 +114,10 @@ struct ConfigResult {
   double peak_gpu_memory_bytes = 0;
   std::map<int, StageShare> stage_share;  // by stage index
   bool correct = true;
-  int mismatches = 0;
+  int mismatches = 0;  // outputs that differ from their reference at a clear gap (or unjudged)
+  int near_ties = 0;   // outputs that differ from their reference at a near-tie
+  int unchecked = 0;   // outputs the API named no token of (text without a tokenizer)
+  std::vector<Difference> differences;  // every differing output, grouped
 };
 
 struct SweepResult {
@@ -106,6 +125,9 @@ struct SweepResult {
   ServedModel server;  // the model and the server's settings, as it told them at the start
   std::vector<ConfigResult> configs;
   bool all_correct = true;
+  // The reference of the correctness check: each prompt generated alone (batch 1), with top-2
+  // logprobs, on the first layout, before the measured runs. False where no reference had a gap.
+  bool reference_has_gaps = false;
   std::vector<std::string> warnings;  // about what the figures mean (e.g. a batch above the slots)
 };
 
@@ -138,7 +160,12 @@ double RunOpenLoop(int count, double rate, uint64_t seed, const std::function<vo
                    const std::function<void()>& waiting = nullptr);
 
 absl::Status ValidateSweepOptions(const SweepOptions& o);
+// Runs the sweep. The layout the service was asked for when it began (where the API tells it) is
+// set again when it ends, also when it fails; a layout that cannot be served fails it at once with
+// the coordinator's reason.
 absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o);
+// "pass", "FAIL", or "not checked" when no output could be compared (the API named no tokens).
+std::string CorrectnessWord(const SweepResult& r);
 // results.csv, results.json, summary.md and the gnuplot PNGs in o.out.
 absl::Status WriteReport(const SweepResult& r);
 // A run folder's results.json read back (options.out = `dir`), so that the report and the plots

@@ -1,7 +1,9 @@
 // The run folder: results.csv, results.json, summary.md and gnuplot PNGs.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -56,6 +58,21 @@ std::string Csv(const SweepResult& r) {
   return out;
 }
 
+nlohmann::json DifferencesJson(const ConfigResult& c) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const Difference& d : c.differences) {
+    const Verdict& v = d.verdict;
+    out.push_back({{"prompt", d.prompt},
+                   {"requests", d.requests},
+                   {"verdict", AgreementName(v.agreement)},
+                   {"position", v.position},
+                   {"reference_top2_gap", std::isnan(v.gap) ? nlohmann::json() : nlohmann::json(v.gap)},
+                   {"reference_token", v.reference_token},
+                   {"token", v.token}});
+  }
+  return out;
+}
+
 nlohmann::json Json(const SweepResult& r) {
   const SweepOptions& o = r.options;
   nlohmann::json j;
@@ -66,7 +83,8 @@ nlohmann::json Json(const SweepResult& r) {
                   {"batch", o.batch}, {"rates", o.rates}, {"prompt_lens", o.prompt_lens},
                   {"output_lens", o.output_lens}, {"requests", o.requests},
                   {"scaling", o.weak_scaling ? "weak" : "strong"}, {"warmup", o.warmup},
-                  {"prompt_pool", o.prompt_pool}, {"seed", o.seed}};
+                  {"prompt_pool", o.prompt_pool}, {"seed", o.seed},
+                  {"tie_tolerance", o.tie_tolerance}};
   const ServedModel& m = r.server;
   j["server"] = {{"model", m.name},
                  {"model_dir", m.model_dir},
@@ -81,6 +99,8 @@ nlohmann::json Json(const SweepResult& r) {
                  {"replicas", m.replicas}};
   j["warnings"] = r.warnings;
   j["all_correct"] = r.all_correct;
+  j["correctness"] = CorrectnessWord(r);
+  j["reference_has_gaps"] = r.reference_has_gaps;
   j["configs"] = nlohmann::json::array();
   for (const ConfigResult& c : r.configs) {
     nlohmann::json s = nlohmann::json::object();
@@ -103,51 +123,142 @@ nlohmann::json Json(const SweepResult& r) {
          {"energy_j", c.energy_j}, {"power_w", c.power_w},
          {"tokens_per_joule", c.tokens_per_joule},
          {"peak_gpu_memory_bytes", c.peak_gpu_memory_bytes}, {"stages_time", s},
-         {"correct", c.correct}, {"mismatches", c.mismatches}});
+         {"correct", c.correct}, {"mismatches", c.mismatches}, {"near_ties", c.near_ties},
+         {"unchecked", c.unchecked}, {"differences", DifferencesJson(c)}});
   }
   return j;
+}
+
+// What the server said of itself; "" when it said nothing.
+std::string ServerLine(const ServedModel& m) {
+  std::vector<std::string> about;  // in the parentheses after the name
+  if (!m.model_dir.empty()) about.push_back(m.model_dir);
+  if (!m.architecture.empty()) about.push_back(m.architecture);
+  if (m.num_layers > 0) about.push_back(absl::StrCat(m.num_layers, " layers"));
+  if (!m.dtype.empty()) about.push_back(absl::StrCat("weights ", m.dtype));
+  if (m.context_length > 0) about.push_back(absl::StrCat("context ", m.context_length, " tokens"));
+  if (m.vocab_size > 0) about.push_back(absl::StrCat("vocabulary ", m.vocab_size));
+  std::vector<std::string> parts;
+  if (!m.name.empty() || !about.empty()) {
+    parts.push_back(absl::StrCat("model ", m.name.empty() ? "(unnamed)" : m.name,
+                                 about.empty() ? "" : absl::StrCat(" (", absl::StrJoin(about, ", "), ")")));
+  }
+  if (m.max_slots > 0) parts.push_back(absl::StrCat(m.max_slots, " KV slots per pipeline"));
+  if (m.max_batch > 0) parts.push_back(absl::StrCat("steps of up to ", m.max_batch, " sequences"));
+  if (parts.empty()) return "";
+  std::string line = absl::StrCat("Server: ", absl::StrJoin(parts, ", "));
+  if (m.stages > 0 && m.replicas > 0) {
+    absl::StrAppend(&line, absl::StrFormat("; %d stage(s) x %d replica(s) when the sweep began",
+                                           m.stages, m.replicas));
+  }
+  return line + ".";
+}
+
+// How the outputs were judged, in words.
+std::string CheckRule(const SweepResult& r) {
+  const SweepOptions& o = r.options;
+  const std::string word = CorrectnessWord(r);
+  std::string md = absl::StrFormat("Correctness: **%s**. ", word);
+  if (word == "not checked") {
+    return md +
+           "The API named no generated token (its streamed text is empty, as over the OpenAI API "
+           "for a model without a tokenizer), so outputs could not be compared; `--api grpc` "
+           "compares token ids.\n\n";
+  }
+  absl::StrAppend(
+      &md,
+      "Each greedy output is compared with a reference run of its prompt: the prompt generated "
+      "alone (one request at a time) with top-2 logprobs on the first layout (",
+      o.nodes.front(), " node(s)), before the measured runs. ");
+  if (o.tie_tolerance <= 0) {
+    md += "Every output must equal its reference (`--tie_tolerance 0`).";
+  } else {
+    absl::StrAppend(
+        &md,
+        absl::StrFormat(
+            "By the agreement rule, outputs must be identical wherever the reference's top-2 "
+            "logprob gap is at least %g nats (`--tie_tolerance`; two fp16 runs' logits differ by "
+            "up to about 0.04); an output whose first differing token is at a smaller gap is a "
+            "near-tie (in fp16 the reduction order, so the rounding, changes with the batch a "
+            "sequence shares), listed below and not failed. A difference at a larger gap, or "
+            "where the reference has no logprobs, fails.",
+            o.tie_tolerance));
+    if (!r.reference_has_gaps) md += " The server returned no top-2 logprobs: any difference fails.";
+  }
+  if (o.api == "openai") md += " Over the OpenAI API tokens are compared by their streamed text.";
+  return md + "\n\n";
+}
+
+// The table's "correct" cell.
+std::string CorrectCell(const ConfigResult& c) {
+  if (!c.correct) return absl::StrCat("NO (", c.mismatches, " differ, ", c.errors, " failed)");
+  if (c.unchecked > 0 && c.unchecked == c.requests - c.errors) return "not checked";
+  if (c.near_ties > 0) return absl::StrCat("yes (", c.near_ties, " near-ties)");
+  return "yes";
+}
+
+std::string ConfigName(const ConfigResult& c) {
+  return absl::StrFormat("nodes %d%s, %s %g, prompt %d, output %d", c.nodes,
+                         c.prefill_nodes > 0 ? absl::StrFormat(" (%d prefill)", c.prefill_nodes)
+                                             : "",
+                         c.mode == "closed" ? "batch" : "rate", Load(c), c.prompt_len,
+                         c.output_len);
+}
+
+// Each configuration's differing outputs, with the reference's gap at the first difference.
+std::string DifferencesSection(const SweepResult& r) {
+  std::string md;
+  for (const ConfigResult& c : r.configs) {
+    if (c.differences.empty()) continue;
+    absl::StrAppend(&md, "- ", ConfigName(c), ": ", c.near_ties + c.mismatches, " of ",
+                    c.requests, " differ (", c.near_ties, " at near-ties).");
+    for (const Difference& d : c.differences) {
+      const Verdict& v = d.verdict;
+      absl::StrAppend(
+          &md,
+          absl::StrFormat(" %s: prompt %d%s, token %d, gap %s (`%s` -> `%s`);",
+                          AgreementName(v.agreement), d.prompt,
+                          d.requests > 1 ? absl::StrFormat(" (x%d)", d.requests) : "", v.position,
+                          std::isnan(v.gap) ? "unknown" : absl::StrFormat("%.4g", v.gap),
+                          v.reference_token, v.token));
+    }
+    md += "\n";
+  }
+  if (md.empty()) return "";
+  return "Differing outputs (the first differing token, the reference's top-2 logprob gap there, "
+         "the reference's token and this output's):\n\n" +
+         md + "\n";
 }
 
 std::string Markdown(const SweepResult& r) {
   const SweepOptions& o = r.options;
   std::string md = "# tandem sweep\n\n";
-  std::string baseline = absl::StrCat(o.nodes.front(), "-node run");
-  if (!r.configs.empty()) {
-    const ConfigResult& b = r.configs.front();
-    baseline = absl::StrFormat("first configuration: %d node(s), %s %g", b.nodes,
-                               b.mode == "closed" ? "batch" : "rate", Load(b));
-  }
   absl::StrAppend(
       &md,
       absl::StrFormat(
           "Mode: %s loop, %s scaling, %d measured requests per configuration (%d warm-up), "
-          "nodes %s as %s%s.\n\nCorrectness (greedy outputs equal to those of the %s): **%s**.\n\n",
+          "nodes %s as %s%s.\n\n",
           o.mode, o.weak_scaling ? "weak" : "strong", o.requests, o.warmup,
           absl::StrJoin(o.nodes, ","), o.data_parallel ? "replicas" : "pipeline stages",
           o.prefill_nodes.size() > 1 || o.prefill_nodes.front() > 0
               ? absl::StrFormat(", of them %s running prompts only (disaggregated prefill; "
                                 "\"nodes\" below says how many)",
                                 absl::StrJoin(o.prefill_nodes, " or "))
-              : "",
-          baseline,
-          r.all_correct ? "pass" : "FAIL"));
-  const ServedModel& m = r.server;
-  if (!m.name.empty() || !m.model_dir.empty()) {
-    absl::StrAppend(&md, absl::StrFormat(
-        "Server: model %s (%s, %s, %d layers, weights %s), %d KV slots per pipeline, steps of up "
-        "to %d sequences; %d stage(s) x %d replica(s) when the sweep began.\n\n",
-        m.name, m.model_dir, m.architecture, m.num_layers, m.dtype, m.max_slots, m.max_batch,
-        m.stages, m.replicas));
+              : ""));
+  md += CheckRule(r);
+  if (const std::string server = ServerLine(r.server); !server.empty()) {
+    absl::StrAppend(&md, server, "\n\n");
   }
   for (const std::string& w : r.warnings) absl::StrAppend(&md, "**Warning:** ", w, ".\n\n");
-  bool gpu = false;
-  for (const ConfigResult& c : r.configs) gpu |= c.has_gpu;
-  if (!r.all_correct && gpu) {
+  bool gpu = false, near_ties = false;
+  for (const ConfigResult& c : r.configs) {
+    gpu |= c.has_gpu;
+    near_ties |= c.near_ties > 0;
+  }
+  if (near_ties && gpu) {
     md +=
-        "On GPUs in fp16 a sequence's greedy output can depend on which other sequences share "
-        "its forward pass (kernel choice by batch size; near-tied logits flip). Workers started "
-        "with `--batch_invariant` remove that dependence, so that any remaining difference is "
-        "a real one.\n\n";
+        "Workers started with `--batch_invariant` make a sequence's logits independent of the "
+        "batch it shares, so that their outputs equal the reference's everywhere.\n\n";
   }
   absl::StrAppend(&md, absl::StrFormat(
       "| nodes | %s | prompt | output | tokens/s | req/s | TTFT p50/p90/p99 (ms) | "
@@ -170,8 +281,7 @@ std::string Markdown(const SweepResult& r) {
         nodes, Load(c), c.prompt_len, c.output_len, c.tokens_per_s, c.requests_per_s,
         c.ttft_p50 * 1e3, c.ttft_p90 * 1e3, c.ttft_p99 * 1e3, c.itl_p50 * 1e3, c.itl_p90 * 1e3,
         c.itl_p99 * 1e3, c.e2e_p50, c.e2e_p90, c.e2e_p99, c.speedup, c.efficiency, power, tpj,
-        mem, Shares(c), c.correct ? "yes" : absl::StrCat("NO (", c.mismatches, " differ, ",
-                                                          c.errors, " failed)")));
+        mem, Shares(c), CorrectCell(c)));
   }
   md += "\nLongest pause within a request's stream (its largest gap between two tokens), over the "
         "requests, p50 / p99 / max (ms):";
@@ -180,8 +290,9 @@ std::string Markdown(const SweepResult& r) {
                                          o.mode == "closed" ? "batch" : "rate", Load(c),
                                          c.pause_p50 * 1e3, c.pause_p99 * 1e3, c.pause_max * 1e3));
   }
-  md += "\n";
-  md += "\nCompute share = compute / (compute + transfer) seconds per stage, from the workers' "
+  md += "\n\n";
+  md += DifferencesSection(r);
+  md += "Compute share = compute / (compute + transfer) seconds per stage, from the workers' "
         "`tandem_stage_compute_seconds` and `tandem_stage_transfer_seconds` (receive time includes "
         "waiting for the previous stage).\n\n";
   md += "![throughput](throughput_vs_batch.png) ![latency](latency_vs_batch.png)\n\n"
@@ -213,6 +324,14 @@ absl::Status Plot(const fs::path& dir, const std::string& name, const std::strin
                                             (dir / "plots" / (name + ".log")).string()));
   }
   return absl::OkStatus();
+}
+
+std::optional<Agreement> AgreementNamed(const std::string& name) {
+  for (Agreement a : {Agreement::kIdentical, Agreement::kNearTie, Agreement::kDiffers,
+                      Agreement::kNoGap, Agreement::kUnchecked}) {
+    if (name == AgreementName(a)) return a;
+  }
+  return std::nullopt;
 }
 
 // Reads results.json's fields with their names in the errors.
@@ -290,6 +409,7 @@ absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
     read.Get(*oj, "warmup", &o.warmup);
     read.Get(*oj, "prompt_pool", &o.prompt_pool);
     read.Get(*oj, "seed", &o.seed);
+    if (oj->contains("tie_tolerance")) read.Get(*oj, "tie_tolerance", &o.tie_tolerance);
     o.weak_scaling = scaling == "weak";
   }
   // Run folders from before the server's settings were recorded have neither field.
@@ -311,6 +431,7 @@ absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
   }
   if (j.contains("warnings")) read.Get(j, "warnings", &r.warnings);
   read.Get(j, "all_correct", &r.all_correct);
+  if (j.contains("reference_has_gaps")) read.Get(j, "reference_has_gaps", &r.reference_has_gaps);
   nlohmann::json configs;
   read.Get(j, "configs", &configs);
   if (!read.status().ok()) return read.status();
@@ -361,6 +482,35 @@ absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
     rc.Get(cj, "peak_gpu_memory_bytes", &c.peak_gpu_memory_bytes);
     rc.Get(cj, "correct", &c.correct);
     rc.Get(cj, "mismatches", &c.mismatches);
+    // Absent from results written before outputs were judged by the agreement rule.
+    if (cj.contains("near_ties")) rc.Get(cj, "near_ties", &c.near_ties);
+    if (cj.contains("unchecked")) rc.Get(cj, "unchecked", &c.unchecked);
+    if (cj.contains("differences")) {
+      nlohmann::json list;
+      rc.Get(cj, "differences", &list);
+      for (size_t k = 0; list.is_array() && k < list.size(); ++k) {
+        JsonReader rd(absl::StrCat(path.string(), " configs[", i, "].differences[", k, "]"));
+        Difference d;
+        std::string verdict;
+        rd.Get(list[k], "prompt", &d.prompt);
+        rd.Get(list[k], "requests", &d.requests);
+        rd.Get(list[k], "verdict", &verdict);
+        rd.Get(list[k], "position", &d.verdict.position);
+        rd.Get(list[k], "reference_token", &d.verdict.reference_token);
+        rd.Get(list[k], "token", &d.verdict.token);
+        if (!rd.status().ok()) return rd.status();
+        const nlohmann::json& gap = list[k]["reference_top2_gap"];
+        if (gap.is_number()) d.verdict.gap = gap.get<double>();
+        std::optional<Agreement> a = AgreementNamed(verdict);
+        if (!a.has_value()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              path.string(), " configs[", i, "].differences[", k, "]: verdict '", verdict,
+              "' is not one of near-tie, differs, no logprobs"));
+        }
+        d.verdict.agreement = *a;
+        c.differences.push_back(std::move(d));
+      }
+    }
     if (const nlohmann::json* st = rc.Object(cj, "stages_time")) {
       for (const auto& [stage, v] : st->items()) {
         int index = -1;

@@ -13,6 +13,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 fs::path TempDir(const std::string& name) {
   const char* base = std::getenv("TANDEM_TEST_TMPDIR");
@@ -35,6 +36,7 @@ SweepResult Sample(const fs::path& out) {
   r.options.worker_metrics = {"127.0.0.1:1", "127.0.0.1:2"};
   r.options.weak_scaling = true;
   r.all_correct = false;
+  r.reference_has_gaps = true;
   for (int nodes : {1, 2}) {
     ConfigResult c;
     c.nodes = c.stages = nodes;
@@ -61,6 +63,23 @@ SweepResult Sample(const fs::path& out) {
     c.peak_gpu_memory_bytes = 3e9;
     c.correct = nodes == 1;
     c.mismatches = nodes - 1;
+    c.near_ties = nodes - 1;
+    if (nodes == 2) {
+      c.differences.push_back({.prompt = 3,
+                               .requests = 2,
+                               .verdict = {.agreement = Agreement::kNearTie,
+                                           .position = 17,
+                                           .gap = 0.00390625,
+                                           .reference_token = "1234",
+                                           .token = "5678"}});
+      c.differences.push_back({.prompt = 5,
+                               .requests = 1,
+                               .verdict = {.agreement = Agreement::kDiffers,
+                                           .position = 2,
+                                           .gap = 1.25,
+                                           .reference_token = "11",
+                                           .token = "12"}});
+    }
     for (int s = 0; s < nodes; ++s) c.stage_share[s] = StageShare{1.5 + s, 0.25, 1e6};
     r.configs.push_back(c);
   }
@@ -93,6 +112,16 @@ TEST(ReadResultsTest, ReadsBackWhatWriteReportWrote) {
     EXPECT_DOUBLE_EQ(a.energy_j, b.energy_j);
     EXPECT_EQ(a.correct, b.correct);
     EXPECT_EQ(a.mismatches, b.mismatches);
+    EXPECT_EQ(a.near_ties, b.near_ties);
+    ASSERT_EQ(a.differences.size(), b.differences.size());
+    for (size_t k = 0; k < b.differences.size(); ++k) {
+      EXPECT_EQ(a.differences[k].prompt, b.differences[k].prompt);
+      EXPECT_EQ(a.differences[k].requests, b.differences[k].requests);
+      EXPECT_EQ(a.differences[k].verdict.agreement, b.differences[k].verdict.agreement);
+      EXPECT_EQ(a.differences[k].verdict.position, b.differences[k].verdict.position);
+      EXPECT_DOUBLE_EQ(a.differences[k].verdict.gap, b.differences[k].verdict.gap);
+      EXPECT_EQ(a.differences[k].verdict.token, b.differences[k].verdict.token);
+    }
     ASSERT_EQ(a.stage_share.size(), b.stage_share.size());
     for (const auto& [stage, share] : b.stage_share) {
       EXPECT_DOUBLE_EQ(a.stage_share.at(stage).compute_s, share.compute_s);
@@ -105,8 +134,26 @@ TEST(ReadResultsTest, ReadsBackWhatWriteReportWrote) {
   std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   EXPECT_THAT(text, HasSubstr("| 2 | 4 | 16 | 8 | 51.2 |"));
   EXPECT_THAT(text, HasSubstr("NO (1 differ, 1 failed)"));
-  EXPECT_THAT(text, HasSubstr("equal to those of the first configuration: 1 node(s), batch 4"));
-  EXPECT_THAT(text, HasSubstr("`--batch_invariant`"));  // a failed check with GPU workers
+  // The rule that judged, and each difference with the reference's gap at its first token.
+  EXPECT_THAT(text, HasSubstr("Correctness: **FAIL**"));
+  EXPECT_THAT(text, HasSubstr("top-2 logprob gap is at least 0.05 nats"));
+  EXPECT_THAT(text, HasSubstr("near-tie: prompt 3 (x2), token 17, gap 0.003906 (`1234` -> `5678`)"));
+  EXPECT_THAT(text, HasSubstr("differs: prompt 5, token 2, gap 1.25 (`11` -> `12`)"));
+  EXPECT_THAT(text, HasSubstr("`--batch_invariant`"));  // near-ties with GPU workers
+}
+
+TEST(SummaryTest, TheServerLineSaysOnlyWhatTheServerSaid) {
+  // /v1/models of an OpenAI server without --admin: a name, the context and the vocabulary.
+  const fs::path dir = TempDir("server-line");
+  SweepResult r = Sample(dir);
+  r.server = ServedModel{.vocab_size = 50257, .context_length = 1024, .name = "gpt2-test"};
+  ASSERT_TRUE(WriteReport(r).ok());
+  std::ifstream md(dir / "summary.md");
+  std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("Server: model gpt2-test (context 1024 tokens, vocabulary 50257).\n"));
+  EXPECT_THAT(text, Not(HasSubstr("0 layers")));
+  EXPECT_THAT(text, Not(HasSubstr("(, ")));
+  EXPECT_THAT(text, Not(HasSubstr("stage(s) x")));
 }
 
 TEST(ReadResultsTest, EachMalformedFileIsNamed) {
