@@ -1,8 +1,13 @@
 // A CPU sweep on a tiny model, 1 and 2 stages, batch 1, 2, 4, 8, as a user runs it: the real
 // tandem-loadgen binary against a real coordinator and two workers. It must write the whole run
-// folder, plots that are PNGs with data in them, and pass the correctness check.
+// folder, plots that are PNGs with data in them, pass the correctness check against reference runs
+// with top-2 logprobs, leave the layout it found, and write no terminal escapes into a log. A
+// layout the workers refuse fails a sweep at once with the coordinator's reason; a failed sweep
+// leaves the layout it found too; over the OpenAI API the Server line comes from /v1/models.
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -40,6 +45,18 @@ fs::path ModelFolder(const std::string& name, const std::string& preset, uint64_
   return dir;
 }
 
+// The layout that serves: stages of each pipeline (in order) and their count.
+std::vector<int> ServingStages(Cluster& cluster) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::Topology t;
+  const grpc::Status s = cluster.admin().GetTopology(&ctx, {}, &t);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  std::vector<int> stages;
+  for (const auto& p : t.pipelines()) stages.push_back(p.stages_size());
+  return stages;
+}
+
 // The run folder's results.json; null (and a test failure) where it does not parse.
 nlohmann::json ReadResults(const fs::path& run) {
   try {
@@ -68,10 +85,18 @@ TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
       TANDEM_LOADGEN_BIN, " sweep --addr=", (*cluster)->address(), " --worker_metrics=",
       workers[0], ",", workers[1],
       " --nodes=1,2 --batch=1,2,4,8 --requests=8 --warmup=2 --prompt_lens=12 --output_lens=10"
-      " --progress=false --out=",
+      " --out=",
       run.string(), " > ", (dir / "loadgen.log").string(), " 2>&1");
   const int rc = std::system(cmd.c_str());
   ASSERT_EQ(rc, 0) << ReadFile(dir / "loadgen.log") << (*cluster)->Logs();
+  // The sweep ran at 2 stages last; the layout it found (1 stage) serves again.
+  EXPECT_EQ(ServingStages(**cluster), std::vector<int>{1});
+  // Progress into a file: plain lines, no carriage returns or escapes.
+  const std::string log = ReadFile(dir / "loadgen.log");
+  EXPECT_EQ(log.find('\r'), std::string::npos) << log;
+  EXPECT_EQ(log.find('\033'), std::string::npos) << log;
+  EXPECT_THAT(log, HasSubstr("\n[8/8] nodes=2 batch=8 prompt=12 output=10: 8 requests in"));
+  EXPECT_THAT(log, HasSubstr("correctness: pass"));
 
   // results.csv: a header and one row per (nodes, batch).
   std::istringstream csv(ReadFile(run / "results.csv"));
@@ -86,10 +111,15 @@ TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
   nlohmann::json j = ReadResults(run);
   ASSERT_FALSE(j.is_null());
   EXPECT_TRUE(j["all_correct"].get<bool>());
+  EXPECT_EQ(j["correctness"], "pass");
+  // The references carry the workers' top-2 logprobs; fp32 CPU outputs equal them exactly.
+  EXPECT_TRUE(j["reference_has_gaps"].get<bool>());
   ASSERT_EQ(j["configs"].size(), 8u);
   for (const auto& c : j["configs"]) {
     EXPECT_TRUE(c["correct"].get<bool>()) << c.dump();
     EXPECT_EQ(c["errors"].get<int>(), 0) << c.dump();
+    EXPECT_EQ(c["near_ties"].get<int>(), 0) << c.dump();
+    EXPECT_TRUE(c["differences"].empty()) << c.dump();
     EXPECT_EQ(c["tokens"].get<double>(), 8 * 10) << c.dump();
     EXPECT_GT(c["tokens_per_s"].get<double>(), 0) << c.dump();
     EXPECT_GT(c["ttft_s"]["p50"].get<double>(), 0) << c.dump();
@@ -218,6 +248,75 @@ TEST(SweepTest, OpenAiApiSweepWritesTheSameTables) {
     EXPECT_GT(c["ttft_s"]["p50"].get<double>(), 0) << c.dump();
     EXPECT_GT(c["itl_s"]["p50"].get<double>(), 0) << c.dump();
   }
+  EXPECT_EQ(j["correctness"], "pass");
+  EXPECT_TRUE(j["reference_has_gaps"].get<bool>());
+  EXPECT_EQ(ServingStages(**cluster), std::vector<int>{1});
+
+  // Without --admin: the Server line from /v1/models alone, no blanks.
+  const fs::path run2 = dir / "run-no-admin";
+  const std::string cmd2 = absl::StrCat(
+      TANDEM_LOADGEN_BIN, " sweep --api=openai --addr=http://127.0.0.1:", m[1].str(),
+      " --nodes=1 --batch=2 --requests=4 --warmup=0 --prompt_lens=12 --output_lens=10"
+      " --progress=false --out=",
+      run2.string(), " > ", (dir / "loadgen2.log").string(), " 2>&1");
+  ASSERT_EQ(std::system(cmd2.c_str()), 0) << ReadFile(dir / "loadgen2.log");
+  const std::string md = ReadFile(run2 / "summary.md");
+  EXPECT_THAT(md, HasSubstr("Server: model model (context 256 tokens, vocabulary "));
+  EXPECT_THAT(md, ::testing::Not(HasSubstr("0 layers")));
+  EXPECT_THAT(md, ::testing::Not(HasSubstr("(, ")));
+  cluster->reset();
+  fs::remove_all(dir);
+}
+
+// Workers that refuse the plan (here: the checkpoint is outside their --model_root): the sweep
+// fails at once with the coordinator's reason instead of waiting for the layout to serve.
+TEST(SweepTest, ALayoutTheWorkersRefuseFailsTheSweepAtOnceWithTheReason) {
+  const fs::path dir = ModelFolder("sweep-refused", "tiny-gpt2", 3);
+  fs::create_directories(dir / "elsewhere");
+  absl::StatusOr<std::unique_ptr<Cluster>> cluster = Cluster::Start(
+      {.model_dir = dir / "model", .workers = 1, .stages = 1, .replicas = 1,
+       .coordinator_flags = {"--metrics_address="},
+       .worker_flags = {absl::StrCat("--model_root=", (dir / "elsewhere").string())},
+       .wait_until_serving = false});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  // `timeout` only keeps a hang from holding the test: the old loop waited 300 s.
+  const std::string cmd = absl::StrCat(
+      "timeout 150 ", TANDEM_LOADGEN_BIN, " sweep --addr=", (*cluster)->address(),
+      " --nodes=1 --batch=1 --requests=2 --warmup=0 --prompt_lens=4 --output_lens=2"
+      " --progress=false --out=",
+      (dir / "run").string(), " > ", (dir / "loadgen.log").string(), " 2>&1");
+  const int rc = std::system(cmd.c_str());
+  const std::string log = ReadFile(dir / "loadgen.log");
+  ASSERT_TRUE(WIFEXITED(rc)) << log;
+  EXPECT_NE(WEXITSTATUS(rc), 124) << "the sweep waited for a layout that cannot serve\n" << log;
+  EXPECT_EQ(WEXITSTATUS(rc), 1) << log;
+  EXPECT_THAT(log, HasSubstr("cannot serve 1 stage(s) x 1 replica(s)"));
+  EXPECT_THAT(log, HasSubstr("no checkpoint folder of that name under this worker's --model_root"));
+  EXPECT_FALSE(fs::exists(dir / "run" / "results.csv"));
+  cluster->reset();
+  fs::remove_all(dir);
+}
+
+// A sweep that fails half-way (its second node count has more stages than the model has layers)
+// leaves the layout it found: one stage, two replicas.
+TEST(SweepTest, AFailedSweepLeavesTheLayoutItFound) {
+  const fs::path dir = ModelFolder("sweep-restore", "tiny-gpt2", 3);
+  absl::StatusOr<std::unique_ptr<Cluster>> cluster =
+      Cluster::Start({.model_dir = dir / "model", .workers = 2, .stages = 1, .replicas = 2,
+                      .coordinator_flags = {"--metrics_address="}});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_EQ(ServingStages(**cluster), (std::vector<int>{1, 1}));
+  const std::string cmd = absl::StrCat(
+      TANDEM_LOADGEN_BIN, " sweep --addr=", (*cluster)->address(),
+      " --nodes=2,9 --batch=1 --requests=2 --warmup=0 --prompt_lens=4 --output_lens=2"
+      " --progress=false --out=",
+      (dir / "run").string(), " > ", (dir / "loadgen.log").string(), " 2>&1");
+  const int rc = std::system(cmd.c_str());
+  const std::string log = ReadFile(dir / "loadgen.log");
+  EXPECT_EQ(WEXITSTATUS(rc), 1) << log;
+  EXPECT_THAT(log, HasSubstr("cannot serve 9 stage(s) x 1 replica(s)"));
+  EXPECT_THAT(log, HasSubstr("serves again: 1 stage(s) x 2 replica(s)"));
+  EXPECT_EQ(ServingStages(**cluster), (std::vector<int>{1, 1})) << log;
   cluster->reset();
   fs::remove_all(dir);
 }
