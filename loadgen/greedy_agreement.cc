@@ -18,6 +18,13 @@ Verdict JudgeGreedy(const GreedyOutput& reference, const std::vector<std::string
   size_t k = 0;
   while (k < common && ref[k] == tokens[k]) ++k;
   if (k == common && ref.size() == tokens.size()) return v;
+  for (size_t j = 0; j < k && j < reference.unnamed.size(); ++j) {
+    if (reference.unnamed[j]) {
+      v.agreement = Agreement::kUnchecked;
+      v.position = static_cast<int>(k);
+      return v;
+    }
+  }
   v.position = static_cast<int>(k);
   if (k < ref.size()) v.reference_token = ref[k];
   if (k < tokens.size()) v.token = tokens[k];

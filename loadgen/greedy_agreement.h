@@ -31,6 +31,10 @@ struct GreedyOutput {
   // Where the run asked for top-2 logprobs: at each position, the most likely token's logprob
   // minus the second's (nats, >= 0); NaN where the server gave fewer than two.
   std::vector<double> top2_gaps;
+  // Over an OpenAI-compatible API, where the run asked for logprobs: the positions whose token
+  // has no text of its own (an id the tokenizer does not decode), where a difference cannot be
+  // seen in the text.
+  std::vector<bool> unnamed;
 };
 
 enum class Agreement {
@@ -38,15 +42,17 @@ enum class Agreement {
   kNearTie,    // first differs where the reference's top-2 gap is below the tolerance
   kDiffers,    // first differs at a clear gap, or one output ends early: a wrong output
   kNoGap,      // first differs where the reference has no top-2 gap to judge by: a failure
-  kUnchecked,  // the reference names no token (every one empty: text without a tokenizer)
+  kUnchecked,  // the reference names no token (every one empty: text without a tokenizer), or
+               // a token before the first visible difference has no text, so the difference may
+               // have begun there unseen: neither passed nor failed
 };
 
 struct Verdict {
   Agreement agreement = Agreement::kIdentical;
-  int position = -1;              // the first differing token (from 0); -1 when identical
-  double gap = std::nan("");      // the reference's top-2 gap there; NaN when unknown
-  std::string reference_token;    // the reference's token there ("" past its end)
-  std::string token;              // the judged output's token there ("" past its end)
+  int position = -1;            // the first differing token (from 0); -1 when identical
+  double gap = std::nan("");    // the reference's top-2 gap there; NaN when unknown
+  std::string reference_token;  // the reference's token there ("" past its end)
+  std::string token;            // the judged output's token there ("" past its end)
 };
 
 // Judges `tokens` (an output of the same prompt and length) against `reference`. A difference at

@@ -100,14 +100,14 @@ class GrpcClient final : public LoadClient {
   absl::StatusOr<Layout> GetLayout() override {
     absl::StatusOr<v1::Topology> t = Topology();
     if (!t.ok()) return t.status();
-    return Layout{.stages = t->stages(), .replicas = t->replicas(),
-                  .prefill = t->prefill_replicas()};
+    return Layout{
+        .stages = t->stages(), .replicas = t->replicas(), .prefill = t->prefill_replicas()};
   }
 
   absl::Status SetTopology(int stages, int replicas, int prefill) override {
-    const std::string asked = absl::StrFormat("%d stage(s) x %d replica(s)%s", stages, replicas,
-                                              prefill > 0 ? absl::StrFormat(" (%d prefill)", prefill)
-                                                          : "");
+    const std::string asked =
+        absl::StrFormat("%d stage(s) x %d replica(s)%s", stages, replicas,
+                        prefill > 0 ? absl::StrFormat(" (%d prefill)", prefill) : "");
     const auto give_up = std::chrono::system_clock::now() + kRegistrationWait;
     while (true) {
       grpc::ClientContext ctx;
@@ -202,9 +202,9 @@ class GrpcClient final : public LoadClient {
   absl::Status Refused(const std::string& asked, const std::string& why,
                        absl::StatusCode code = absl::StatusCode::kUnavailable) {
     std::string message = absl::StrCat("the service cannot serve ", asked, ": ", why);
-    if (absl::StatusOr<v1::Topology> t = Topology();
-        t.ok() && !t->plan_error().empty() && !absl::StrContains(t->plan_error(), why) &&
-        !absl::StrContains(why, t->plan_error())) {
+    if (absl::StatusOr<v1::Topology> t = Topology(); t.ok() && !t->plan_error().empty() &&
+                                                     !absl::StrContains(t->plan_error(), why) &&
+                                                     !absl::StrContains(why, t->plan_error())) {
       absl::StrAppend(&message, "; the coordinator's last planning error: ", t->plan_error());
     }
     return absl::Status(code, message);

@@ -1,6 +1,6 @@
 // What a sweep needs of the service it loads: the model's limits, the layout that serves and a
-// change of it, and one streamed generation measured as it arrives. Two implementations: tandem's gRPC API (sweep.cc)
-// and any OpenAI-compatible HTTP server (openai_client.cc).
+// change of it, and one streamed generation measured as it arrives. Two implementations: tandem's
+// gRPC API (grpc_client.cc) and any OpenAI-compatible HTTP server (openai_client.cc).
 #pragma once
 
 #include <cstdint>
@@ -39,9 +39,10 @@ struct RequestRecord {
   // With top_logprobs asked for: at each token, the top-2 logprob gap there (NaN where the
   // server gave fewer than two).
   std::vector<double> top2_gaps;
-  // With top_logprobs asked for over an OpenAI-compatible API: the tokens it named by no text at
-  // all (an id the model's tokenizer does not decode), whose differences the text cannot show.
-  int unnamed_tokens = 0;
+  // With top_logprobs asked for over an OpenAI-compatible API: at each token, whether it has no
+  // text of its own (an id the model's tokenizer does not decode), so that a difference there
+  // cannot be seen in the text.
+  std::vector<bool> unnamed;
   double ttft = 0;            // seconds from sending to the first token
   double e2e = 0;             // seconds from sending to the end
   std::vector<double> gaps;   // between consecutive tokens, seconds (a message of k tokens: k)
@@ -71,8 +72,8 @@ class LoadClient {
   // own, as separate users would have, where the API multiplexes requests over one (gRPC: a
   // channel of its own); over HTTP every request opens its own. `top_logprobs` > 0 asks for that
   // many most likely tokens at each position (RequestRecord.top2_gaps); 0: none.
-  virtual RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len,
-                                 int connection, int top_logprobs) = 0;
+  virtual RequestRecord Generate(const std::vector<int32_t>& prompt, int output_len, int connection,
+                                 int top_logprobs) = 0;
 };
 
 // tandem's gRPC API at host:port; `inference` (TLS and the api key) for Inference calls, `admin`

@@ -26,14 +26,16 @@ ABSL_FLAG(std::string, admin, "",
           "--api openai: tandem's gRPC host:port, for --nodes and the vocabulary");
 ABSL_FLAG(std::vector<std::string>, worker_metrics, {},
           "the workers' /metrics host:port, comma-separated (energy, stage times, GPU memory)");
-ABSL_FLAG(std::vector<std::string>, nodes, {"1"}, "node counts, comma-separated; the first is "
-          "the baseline of speedup and of the correctness check");
+ABSL_FLAG(std::vector<std::string>, nodes, {"1"},
+          "node counts, comma-separated; the first is "
+          "the baseline of speedup, and the correctness check's reference runs are made on it");
 ABSL_FLAG(std::string, parallelism, "pipeline",
           "how nodes are used: pipeline (stages) or data (replicas of one stage)");
 ABSL_FLAG(std::vector<std::string>, prefill_nodes, {"0"},
           "--parallelism data: of each node count's replicas, those that run prompts only and "
           "hand the KV-cache to the others, which decode, comma-separated (0: every replica does "
-          "both; the first is the baseline of the correctness check with the first node count)");
+          "both; the first, with the first node count, is where the correctness check's "
+          "reference runs are made)");
 ABSL_FLAG(std::string, mode, "closed", "closed (fixed concurrency) or open (Poisson arrivals)");
 ABSL_FLAG(std::vector<std::string>, batch, std::vector<std::string>({"1", "2", "4", "8"}), "closed loop: requests in flight");
 ABSL_FLAG(std::vector<std::string>, rates, {}, "open loop: arrival rates, requests/s");
@@ -53,8 +55,9 @@ ABSL_FLAG(double, tie_tolerance, tandem::loadgen::kDefaultTieTolerance,
           "run where the reference's top-2 logprob gap is below this many nats is a near-tie (fp16 "
           "reduction order), listed but not a failure; 0: outputs must be identical");
 ABSL_FLAG(std::string, out, "", "run folder (default: runs/sweep-YYYYmmdd-HHMMSS)");
-ABSL_FLAG(bool, progress, true,
-          "show progress on stderr: a line rewritten in place on a terminal, plain lines otherwise");
+ABSL_FLAG(
+    bool, progress, true,
+    "show progress on stderr: a line rewritten in place on a terminal, plain lines otherwise");
 ABSL_FLAG(std::string, api_key, "",
           "key for Inference (and the OpenAI API's Bearer token) (env TANDEM_API_KEY)");
 ABSL_FLAG(std::string, admin_key, "",

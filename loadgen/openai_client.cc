@@ -1,8 +1,6 @@
 // The sweep's client of an OpenAI-compatible server: streamed /v1/completions read as
 // server-sent events, each chunk with text or not counted as one token (as OpenAI, vLLM and
 // tandem send them), the count checked against the usage the stream ends with.
-#include "common/httplib.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -11,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "common/httplib.h"
 #include "loadgen/load_client.h"
 #include "nlohmann/json.hpp"
 
@@ -167,12 +166,11 @@ class OpenAiClient final : public LoadClient {
           }
           last = now;
           ++chunks;
-          rec.tokens.push_back(c.contains("text") && c["text"].is_string()
-                                   ? c["text"].get<std::string>()
-                                   : "");
+          rec.tokens.push_back(
+              c.contains("text") && c["text"].is_string() ? c["text"].get<std::string>() : "");
           if (top_logprobs > 0) {
             rec.top2_gaps.push_back(Top2Gap(c));
-            rec.unnamed_tokens += TokenText(c).empty();
+            rec.unnamed.push_back(TokenText(c).empty());
           }
         }
       }

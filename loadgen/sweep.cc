@@ -258,9 +258,9 @@ absl::Status ValidateSweepOptions(const SweepOptions& o) {
   if (o.warmup < 0) return absl::InvalidArgumentError("--warmup: must be >= 0");
   if (o.prompt_pool < 1) return absl::InvalidArgumentError("--prompt_pool: must be >= 1");
   if (!(o.tie_tolerance >= 0) || std::isinf(o.tie_tolerance)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tie_tolerance: ", o.tie_tolerance, " is not a gap in nats >= 0 (0: outputs must be "
-        "identical)"));
+    return absl::InvalidArgumentError(absl::StrCat("--tie_tolerance: ", o.tie_tolerance,
+                                                   " is not a gap in nats >= 0 (0: outputs must be "
+                                                   "identical)"));
   }
   if (o.out.empty()) return absl::InvalidArgumentError("--out: the run folder is required");
   return absl::OkStatus();
@@ -353,9 +353,8 @@ absl::StatusOr<References> RunReferences(LoadClient& client, const SweepOptions&
   const int total = prompts * static_cast<int>(o.prompt_lens.size() * o.output_lens.size());
   References refs;
   int tokens = 0, unnamed = 0;
-  progress.Show(absl::StrFormat("reference: %d prompt(s), one at a time, with top-2 logprobs",
-                                total),
-                true);
+  progress.Show(
+      absl::StrFormat("reference: %d prompt(s), one at a time, with top-2 logprobs", total), true);
   for (int prompt_len : o.prompt_lens) {
     for (int output_len : o.output_lens) {
       for (int pid = 0; pid < prompts; ++pid) {
@@ -368,18 +367,20 @@ absl::StatusOr<References> RunReferences(LoadClient& client, const SweepOptions&
                               prompt_len, output_len, r.error));
         }
         tokens += r.num_tokens;
-        unnamed += r.unnamed_tokens;
+        unnamed += static_cast<int>(std::count(r.unnamed.begin(), r.unnamed.end(), true));
         refs.emplace(std::make_tuple(prompt_len, output_len, pid),
                      GreedyOutput{.tokens = std::move(r.tokens),
-                                  .top2_gaps = std::move(r.top2_gaps)});
+                                  .top2_gaps = std::move(r.top2_gaps),
+                                  .unnamed = std::move(r.unnamed)});
       }
     }
   }
   if (unnamed > 0) {
     const std::string warning = absl::StrFormat(
         "the OpenAI API names tokens by their text only, and %d of the reference's %d tokens have "
-        "none (ids the model's tokenizer does not decode): a difference at those cannot be seen, "
-        "so the correctness check is partial; --api grpc compares token ids",
+        "none (ids the model's tokenizer does not decode): an output whose first visible "
+        "difference follows such a token is not checked (the difference may have begun there), "
+        "so the check is partial; --api grpc compares token ids",
         unnamed, tokens);
     std::fprintf(stderr, "warning: %s\n", warning.c_str());
     result.warnings.push_back(warning);
@@ -390,8 +391,8 @@ absl::StatusOr<References> RunReferences(LoadClient& client, const SweepOptions&
 // Counts `v` (a differing output of prompt `prompt`) in `c`, grouped with the same difference.
 void AddDifference(int prompt, const Verdict& v, ConfigResult& c) {
   for (Difference& d : c.differences) {
-    if (d.prompt == prompt && d.verdict.position == v.position &&
-        d.verdict.token == v.token && d.verdict.reference_token == v.reference_token) {
+    if (d.prompt == prompt && d.verdict.position == v.position && d.verdict.token == v.token &&
+        d.verdict.reference_token == v.reference_token) {
       ++d.requests;
       return;
     }
@@ -425,6 +426,7 @@ void SummarizeRequests(const LoadRun& run, const SweepOptions& o, const Point& p
         break;
       case Agreement::kUnchecked:
         ++c.unchecked;
+        if (v.position >= 0) AddDifference(run.prompt_ids[i], v, c);
         break;
       case Agreement::kNearTie:
         ++c.near_ties;
@@ -698,8 +700,8 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
   if (absl::Status s = ValidateSweepOptions(o); !s.ok()) return s;
   std::unique_ptr<LoadClient> client =
       o.api == "openai"
-          ? NewOpenAiClient(o.coordinator, o.model, o.admin, o.request_timeout_s,
-                            o.inference_auth, o.admin_auth, o.tls_ca)
+          ? NewOpenAiClient(o.coordinator, o.model, o.admin, o.request_timeout_s, o.inference_auth,
+                            o.admin_auth, o.tls_ca)
           : NewGrpcClient(o.coordinator, o.request_timeout_s, o.inference_auth, o.admin_auth);
   absl::StatusOr<ServedModel> info = client->Info();
   if (!info.ok()) return info.status();
@@ -716,10 +718,11 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
   if (initial.ok() && last_set.has_value() && *last_set != *initial) {
     if (absl::Status s = client->SetTopology(initial->stages, initial->replicas, initial->prefill);
         !s.ok()) {
-      const std::string message = absl::StrCat("the layout found at the start (",
-                                               LayoutName(*initial),
-                                               ") could not be set again: ", s.message());
-      if (!status.ok()) return absl::Status(status.code(), absl::StrCat(status.message(), "; ", message));
+      const std::string message =
+          absl::StrCat("the layout found at the start (", LayoutName(*initial),
+                       ") could not be set again: ", s.message());
+      if (!status.ok())
+        return absl::Status(status.code(), absl::StrCat(status.message(), "; ", message));
       std::fprintf(stderr, "warning: %s\n", message.c_str());
       result.warnings.push_back(message);
     } else {

@@ -62,13 +62,14 @@ nlohmann::json DifferencesJson(const ConfigResult& c) {
   nlohmann::json out = nlohmann::json::array();
   for (const Difference& d : c.differences) {
     const Verdict& v = d.verdict;
-    out.push_back({{"prompt", d.prompt},
-                   {"requests", d.requests},
-                   {"verdict", AgreementName(v.agreement)},
-                   {"position", v.position},
-                   {"reference_top2_gap", std::isnan(v.gap) ? nlohmann::json() : nlohmann::json(v.gap)},
-                   {"reference_token", v.reference_token},
-                   {"token", v.token}});
+    out.push_back(
+        {{"prompt", d.prompt},
+         {"requests", d.requests},
+         {"verdict", AgreementName(v.agreement)},
+         {"position", v.position},
+         {"reference_top2_gap", std::isnan(v.gap) ? nlohmann::json() : nlohmann::json(v.gap)},
+         {"reference_token", v.reference_token},
+         {"token", v.token}});
   }
   return out;
 }
@@ -76,14 +77,22 @@ nlohmann::json DifferencesJson(const ConfigResult& c) {
 nlohmann::json Json(const SweepResult& r) {
   const SweepOptions& o = r.options;
   nlohmann::json j;
-  j["options"] = {{"api", o.api}, {"coordinator", o.coordinator},
+  j["options"] = {{"api", o.api},
+                  {"coordinator", o.coordinator},
                   {"worker_metrics", o.worker_metrics},
-                  {"nodes", o.nodes}, {"data_parallel", o.data_parallel},
-                  {"prefill_nodes", o.prefill_nodes}, {"mode", o.mode},
-                  {"batch", o.batch}, {"rates", o.rates}, {"prompt_lens", o.prompt_lens},
-                  {"output_lens", o.output_lens}, {"requests", o.requests},
-                  {"scaling", o.weak_scaling ? "weak" : "strong"}, {"warmup", o.warmup},
-                  {"prompt_pool", o.prompt_pool}, {"seed", o.seed},
+                  {"nodes", o.nodes},
+                  {"data_parallel", o.data_parallel},
+                  {"prefill_nodes", o.prefill_nodes},
+                  {"mode", o.mode},
+                  {"batch", o.batch},
+                  {"rates", o.rates},
+                  {"prompt_lens", o.prompt_lens},
+                  {"output_lens", o.output_lens},
+                  {"requests", o.requests},
+                  {"scaling", o.weak_scaling ? "weak" : "strong"},
+                  {"warmup", o.warmup},
+                  {"prompt_pool", o.prompt_pool},
+                  {"seed", o.seed},
                   {"tie_tolerance", o.tie_tolerance}};
   const ServedModel& m = r.server;
   j["server"] = {{"model", m.name},
@@ -109,22 +118,38 @@ nlohmann::json Json(const SweepResult& r) {
                                   {"transfer_bytes", sh.bytes}};
     }
     j["configs"].push_back(
-        {{"nodes", c.nodes}, {"stages", c.stages}, {"replicas", c.replicas},
-         {"prefill_nodes", c.prefill_nodes}, {"mode", c.mode},
-         {"batch", c.batch}, {"rate", c.rate}, {"prompt_len", c.prompt_len},
-         {"output_len", c.output_len}, {"requests", c.requests}, {"errors", c.errors},
-         {"wall_s", c.wall_s}, {"tokens", c.tokens}, {"tokens_per_s", c.tokens_per_s},
+        {{"nodes", c.nodes},
+         {"stages", c.stages},
+         {"replicas", c.replicas},
+         {"prefill_nodes", c.prefill_nodes},
+         {"mode", c.mode},
+         {"batch", c.batch},
+         {"rate", c.rate},
+         {"prompt_len", c.prompt_len},
+         {"output_len", c.output_len},
+         {"requests", c.requests},
+         {"errors", c.errors},
+         {"wall_s", c.wall_s},
+         {"tokens", c.tokens},
+         {"tokens_per_s", c.tokens_per_s},
          {"requests_per_s", c.requests_per_s},
          {"ttft_s", {{"p50", c.ttft_p50}, {"p90", c.ttft_p90}, {"p99", c.ttft_p99}}},
          {"itl_s", {{"p50", c.itl_p50}, {"p90", c.itl_p90}, {"p99", c.itl_p99}}},
          {"e2e_s", {{"p50", c.e2e_p50}, {"p90", c.e2e_p90}, {"p99", c.e2e_p99}}},
          {"pause_s", {{"p50", c.pause_p50}, {"p99", c.pause_p99}, {"max", c.pause_max}}},
-         {"speedup", c.speedup}, {"efficiency", c.efficiency}, {"has_gpu", c.has_gpu},
-         {"energy_j", c.energy_j}, {"power_w", c.power_w},
+         {"speedup", c.speedup},
+         {"efficiency", c.efficiency},
+         {"has_gpu", c.has_gpu},
+         {"energy_j", c.energy_j},
+         {"power_w", c.power_w},
          {"tokens_per_joule", c.tokens_per_joule},
-         {"peak_gpu_memory_bytes", c.peak_gpu_memory_bytes}, {"stages_time", s},
-         {"correct", c.correct}, {"mismatches", c.mismatches}, {"near_ties", c.near_ties},
-         {"unchecked", c.unchecked}, {"differences", DifferencesJson(c)}});
+         {"peak_gpu_memory_bytes", c.peak_gpu_memory_bytes},
+         {"stages_time", s},
+         {"correct", c.correct},
+         {"mismatches", c.mismatches},
+         {"near_ties", c.near_ties},
+         {"unchecked", c.unchecked},
+         {"differences", DifferencesJson(c)}});
   }
   return j;
 }
@@ -140,8 +165,9 @@ std::string ServerLine(const ServedModel& m) {
   if (m.vocab_size > 0) about.push_back(absl::StrCat("vocabulary ", m.vocab_size));
   std::vector<std::string> parts;
   if (!m.name.empty() || !about.empty()) {
-    parts.push_back(absl::StrCat("model ", m.name.empty() ? "(unnamed)" : m.name,
-                                 about.empty() ? "" : absl::StrCat(" (", absl::StrJoin(about, ", "), ")")));
+    parts.push_back(
+        absl::StrCat("model ", m.name.empty() ? "(unnamed)" : m.name,
+                     about.empty() ? "" : absl::StrCat(" (", absl::StrJoin(about, ", "), ")")));
   }
   if (m.max_slots > 0) parts.push_back(absl::StrCat(m.max_slots, " KV slots per pipeline"));
   if (m.max_batch > 0) parts.push_back(absl::StrCat("steps of up to ", m.max_batch, " sequences"));
@@ -183,9 +209,20 @@ std::string CheckRule(const SweepResult& r) {
             "sequence shares), listed below and not failed. A difference at a larger gap, or "
             "where the reference has no logprobs, fails.",
             o.tie_tolerance));
-    if (!r.reference_has_gaps) md += " The server returned no top-2 logprobs: any difference fails.";
+    if (!r.reference_has_gaps)
+      md += " The server returned no top-2 logprobs: any difference fails.";
   }
   if (o.api == "openai") md += " Over the OpenAI API tokens are compared by their streamed text.";
+  int unchecked = 0, outputs = 0;
+  for (const ConfigResult& c : r.configs) {
+    unchecked += c.unchecked;
+    outputs += c.requests - c.errors;
+  }
+  if (unchecked > 0) {
+    absl::StrAppend(&md, " ", unchecked, " of ", outputs,
+                    " outputs could not be judged (their first visible difference follows a "
+                    "token the API named by no text) and are listed as unchecked.");
+  }
   return md + "\n\n";
 }
 
@@ -198,11 +235,10 @@ std::string CorrectCell(const ConfigResult& c) {
 }
 
 std::string ConfigName(const ConfigResult& c) {
-  return absl::StrFormat("nodes %d%s, %s %g, prompt %d, output %d", c.nodes,
-                         c.prefill_nodes > 0 ? absl::StrFormat(" (%d prefill)", c.prefill_nodes)
-                                             : "",
-                         c.mode == "closed" ? "batch" : "rate", Load(c), c.prompt_len,
-                         c.output_len);
+  return absl::StrFormat(
+      "nodes %d%s, %s %g, prompt %d, output %d", c.nodes,
+      c.prefill_nodes > 0 ? absl::StrFormat(" (%d prefill)", c.prefill_nodes) : "",
+      c.mode == "closed" ? "batch" : "rate", Load(c), c.prompt_len, c.output_len);
 }
 
 // Each configuration's differing outputs, with the reference's gap at the first difference.
@@ -210,17 +246,16 @@ std::string DifferencesSection(const SweepResult& r) {
   std::string md;
   for (const ConfigResult& c : r.configs) {
     if (c.differences.empty()) continue;
-    absl::StrAppend(&md, "- ", ConfigName(c), ": ", c.near_ties + c.mismatches, " of ",
-                    c.requests, " differ (", c.near_ties, " at near-ties).");
+    absl::StrAppend(&md, "- ", ConfigName(c), ": ", c.near_ties + c.mismatches, " of ", c.requests,
+                    " differ (", c.near_ties, " at near-ties).");
     for (const Difference& d : c.differences) {
       const Verdict& v = d.verdict;
       absl::StrAppend(
-          &md,
-          absl::StrFormat(" %s: prompt %d%s, token %d, gap %s (`%s` -> `%s`);",
-                          AgreementName(v.agreement), d.prompt,
-                          d.requests > 1 ? absl::StrFormat(" (x%d)", d.requests) : "", v.position,
-                          std::isnan(v.gap) ? "unknown" : absl::StrFormat("%.4g", v.gap),
-                          v.reference_token, v.token));
+          &md, absl::StrFormat(
+                   " %s: prompt %d%s, token %d, gap %s (`%s` -> `%s`);", AgreementName(v.agreement),
+                   d.prompt, d.requests > 1 ? absl::StrFormat(" (x%d)", d.requests) : "",
+                   v.position, std::isnan(v.gap) ? "unknown" : absl::StrFormat("%.4g", v.gap),
+                   v.reference_token, v.token));
     }
     md += "\n";
   }
@@ -234,17 +269,16 @@ std::string Markdown(const SweepResult& r) {
   const SweepOptions& o = r.options;
   std::string md = "# tandem sweep\n\n";
   absl::StrAppend(
-      &md,
-      absl::StrFormat(
-          "Mode: %s loop, %s scaling, %d measured requests per configuration (%d warm-up), "
-          "nodes %s as %s%s.\n\n",
-          o.mode, o.weak_scaling ? "weak" : "strong", o.requests, o.warmup,
-          absl::StrJoin(o.nodes, ","), o.data_parallel ? "replicas" : "pipeline stages",
-          o.prefill_nodes.size() > 1 || o.prefill_nodes.front() > 0
-              ? absl::StrFormat(", of them %s running prompts only (disaggregated prefill; "
-                                "\"nodes\" below says how many)",
-                                absl::StrJoin(o.prefill_nodes, " or "))
-              : ""));
+      &md, absl::StrFormat(
+               "Mode: %s loop, %s scaling, %d measured requests per configuration (%d warm-up), "
+               "nodes %s as %s%s.\n\n",
+               o.mode, o.weak_scaling ? "weak" : "strong", o.requests, o.warmup,
+               absl::StrJoin(o.nodes, ","), o.data_parallel ? "replicas" : "pipeline stages",
+               o.prefill_nodes.size() > 1 || o.prefill_nodes.front() > 0
+                   ? absl::StrFormat(", of them %s running prompts only (disaggregated prefill; "
+                                     "\"nodes\" below says how many)",
+                                     absl::StrJoin(o.prefill_nodes, " or "))
+                   : ""));
   md += CheckRule(r);
   if (const std::string server = ServerLine(r.server); !server.empty()) {
     absl::StrAppend(&md, server, "\n\n");
@@ -275,13 +309,14 @@ std::string Markdown(const SweepResult& r) {
     const std::string nodes =
         c.prefill_nodes > 0 ? absl::StrFormat("%d (%d prefill)", c.nodes, c.prefill_nodes)
                             : absl::StrCat(c.nodes);
-    absl::StrAppend(&md, absl::StrFormat(
-        "| %s | %g | %d | %d | %.1f | %.2f | %.1f / %.1f / %.1f | %.1f / %.1f / %.1f | "
-        "%.2f / %.2f / %.2f | %.2f | %.2f | %s | %s | %s | %s | %s |\n",
-        nodes, Load(c), c.prompt_len, c.output_len, c.tokens_per_s, c.requests_per_s,
-        c.ttft_p50 * 1e3, c.ttft_p90 * 1e3, c.ttft_p99 * 1e3, c.itl_p50 * 1e3, c.itl_p90 * 1e3,
-        c.itl_p99 * 1e3, c.e2e_p50, c.e2e_p90, c.e2e_p99, c.speedup, c.efficiency, power, tpj,
-        mem, Shares(c), CorrectCell(c)));
+    absl::StrAppend(
+        &md, absl::StrFormat(
+                 "| %s | %g | %d | %d | %.1f | %.2f | %.1f / %.1f / %.1f | %.1f / %.1f / %.1f | "
+                 "%.2f / %.2f / %.2f | %.2f | %.2f | %s | %s | %s | %s | %s |\n",
+                 nodes, Load(c), c.prompt_len, c.output_len, c.tokens_per_s, c.requests_per_s,
+                 c.ttft_p50 * 1e3, c.ttft_p90 * 1e3, c.ttft_p99 * 1e3, c.itl_p50 * 1e3,
+                 c.itl_p90 * 1e3, c.itl_p99 * 1e3, c.e2e_p50, c.e2e_p90, c.e2e_p99, c.speedup,
+                 c.efficiency, power, tpj, mem, Shares(c), CorrectCell(c)));
   }
   md += "\nLongest pause within a request's stream (its largest gap between two tokens), over the "
         "requests, p50 / p99 / max (ms):";
@@ -292,9 +327,10 @@ std::string Markdown(const SweepResult& r) {
   }
   md += "\n\n";
   md += DifferencesSection(r);
-  md += "Compute share = compute / (compute + transfer) seconds per stage, from the workers' "
-        "`tandem_stage_compute_seconds` and `tandem_stage_transfer_seconds` (receive time includes "
-        "waiting for the previous stage).\n\n";
+  md +=
+      "Compute share = compute / (compute + transfer) seconds per stage, from the workers' "
+      "`tandem_stage_compute_seconds` and `tandem_stage_transfer_seconds` (receive time includes "
+      "waiting for the previous stage).\n\n";
   md += "![throughput](throughput_vs_batch.png) ![latency](latency_vs_batch.png)\n\n"
         "![speedup](speedup_vs_nodes.png) ![efficiency](efficiency_vs_nodes.png)\n\n"
         "![compute vs communication](compute_comm.png)\n";
@@ -503,9 +539,9 @@ absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
         if (gap.is_number()) d.verdict.gap = gap.get<double>();
         std::optional<Agreement> a = AgreementNamed(verdict);
         if (!a.has_value()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              path.string(), " configs[", i, "].differences[", k, "]: verdict '", verdict,
-              "' is not one of near-tie, differs, no logprobs"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(path.string(), " configs[", i, "].differences[", k, "]: verdict '",
+                           verdict, "' is not one of near-tie, differs, no logprobs"));
         }
         d.verdict.agreement = *a;
         c.differences.push_back(std::move(d));

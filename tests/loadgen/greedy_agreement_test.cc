@@ -90,5 +90,21 @@ TEST(GreedyAgreementTest, AReferenceThatNamesNoTokenIsUnchecked) {
   EXPECT_FALSE(Agrees(v));
 }
 
+TEST(GreedyAgreementTest, ADifferenceSeenAfterATokenWithoutTextIsUnchecked) {
+  // Over the OpenAI API: token 1 has no text, so the outputs may have parted there unseen, and the
+  // clear gap where the text first differs says nothing.
+  GreedyOutput ref{.tokens = {"a", "", "c", "d"},
+                   .top2_gaps = {0.8, 0.001, 0.9, 1.2},
+                   .unnamed = {false, true, false, false}};
+  Verdict v = JudgeGreedy(ref, {"a", "", "x", "y"}, kDefaultTieTolerance);
+  EXPECT_EQ(v.agreement, Agreement::kUnchecked);
+  EXPECT_EQ(v.position, 2);
+  EXPECT_FALSE(Agrees(v));
+  // A difference before any token without text is judged as usual.
+  v = JudgeGreedy(ref, {"z", "", "c", "d"}, kDefaultTieTolerance);
+  EXPECT_EQ(v.agreement, Agreement::kDiffers);
+  EXPECT_EQ(v.position, 0);
+}
+
 }  // namespace
 }  // namespace tandem::loadgen

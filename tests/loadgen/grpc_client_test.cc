@@ -11,8 +11,8 @@
 
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
 #include "loadgen/load_client.h"
 #include "proto/tandem.grpc.pb.h"
 

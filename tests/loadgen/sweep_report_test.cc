@@ -137,7 +137,8 @@ TEST(ReadResultsTest, ReadsBackWhatWriteReportWrote) {
   // The rule that judged, and each difference with the reference's gap at its first token.
   EXPECT_THAT(text, HasSubstr("Correctness: **FAIL**"));
   EXPECT_THAT(text, HasSubstr("top-2 logprob gap is at least 0.05 nats"));
-  EXPECT_THAT(text, HasSubstr("near-tie: prompt 3 (x2), token 17, gap 0.003906 (`1234` -> `5678`)"));
+  EXPECT_THAT(text,
+              HasSubstr("near-tie: prompt 3 (x2), token 17, gap 0.003906 (`1234` -> `5678`)"));
   EXPECT_THAT(text, HasSubstr("differs: prompt 5, token 2, gap 1.25 (`11` -> `12`)"));
   EXPECT_THAT(text, HasSubstr("`--batch_invariant`"));  // near-ties with GPU workers
 }
@@ -150,7 +151,8 @@ TEST(SummaryTest, TheServerLineSaysOnlyWhatTheServerSaid) {
   ASSERT_TRUE(WriteReport(r).ok());
   std::ifstream md(dir / "summary.md");
   std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
-  EXPECT_THAT(text, HasSubstr("Server: model gpt2-test (context 1024 tokens, vocabulary 50257).\n"));
+  EXPECT_THAT(text,
+              HasSubstr("Server: model gpt2-test (context 1024 tokens, vocabulary 50257).\n"));
   EXPECT_THAT(text, Not(HasSubstr("0 layers")));
   EXPECT_THAT(text, Not(HasSubstr("(, ")));
   EXPECT_THAT(text, Not(HasSubstr("stage(s) x")));

@@ -82,8 +82,8 @@ TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
   }
   const fs::path run = dir / "run";
   const std::string cmd = absl::StrCat(
-      TANDEM_LOADGEN_BIN, " sweep --addr=", (*cluster)->address(), " --worker_metrics=",
-      workers[0], ",", workers[1],
+      TANDEM_LOADGEN_BIN, " sweep --addr=", (*cluster)->address(), " --worker_metrics=", workers[0],
+      ",", workers[1],
       " --nodes=1,2 --batch=1,2,4,8 --requests=8 --warmup=2 --prompt_lens=12 --output_lens=10"
       " --out=",
       run.string(), " > ", (dir / "loadgen.log").string(), " 2>&1");
@@ -254,11 +254,11 @@ TEST(SweepTest, OpenAiApiSweepWritesTheSameTables) {
 
   // Without --admin: the Server line from /v1/models alone, no blanks.
   const fs::path run2 = dir / "run-no-admin";
-  const std::string cmd2 = absl::StrCat(
-      TANDEM_LOADGEN_BIN, " sweep --api=openai --addr=http://127.0.0.1:", m[1].str(),
-      " --nodes=1 --batch=2 --requests=4 --warmup=0 --prompt_lens=12 --output_lens=10"
-      " --progress=false --out=",
-      run2.string(), " > ", (dir / "loadgen2.log").string(), " 2>&1");
+  const std::string cmd2 =
+      absl::StrCat(TANDEM_LOADGEN_BIN, " sweep --api=openai --addr=http://127.0.0.1:", m[1].str(),
+                   " --nodes=1 --batch=2 --requests=4 --warmup=0 --prompt_lens=12 --output_lens=10"
+                   " --progress=false --out=",
+                   run2.string(), " > ", (dir / "loadgen2.log").string(), " 2>&1");
   ASSERT_EQ(std::system(cmd2.c_str()), 0) << ReadFile(dir / "loadgen2.log");
   const std::string md = ReadFile(run2 / "summary.md");
   EXPECT_THAT(md, HasSubstr("Server: model model (context 256 tokens, vocabulary "));
@@ -273,18 +273,21 @@ TEST(SweepTest, OpenAiApiSweepWritesTheSameTables) {
 TEST(SweepTest, ALayoutTheWorkersRefuseFailsTheSweepAtOnceWithTheReason) {
   const fs::path dir = ModelFolder("sweep-refused", "tiny-gpt2", 3);
   fs::create_directories(dir / "elsewhere");
-  absl::StatusOr<std::unique_ptr<Cluster>> cluster = Cluster::Start(
-      {.model_dir = dir / "model", .workers = 1, .stages = 1, .replicas = 1,
-       .coordinator_flags = {"--metrics_address="},
-       .worker_flags = {absl::StrCat("--model_root=", (dir / "elsewhere").string())},
-       .wait_until_serving = false});
+  absl::StatusOr<std::unique_ptr<Cluster>> cluster =
+      Cluster::Start({.model_dir = dir / "model",
+                      .workers = 1,
+                      .stages = 1,
+                      .replicas = 1,
+                      .coordinator_flags = {"--metrics_address="},
+                      .worker_flags = {absl::StrCat("--model_root=", (dir / "elsewhere").string())},
+                      .wait_until_serving = false});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   // `timeout` only keeps a hang from holding the test: the old loop waited 300 s.
-  const std::string cmd = absl::StrCat(
-      "timeout 150 ", TANDEM_LOADGEN_BIN, " sweep --addr=", (*cluster)->address(),
-      " --nodes=1 --batch=1 --requests=2 --warmup=0 --prompt_lens=4 --output_lens=2"
-      " --progress=false --out=",
-      (dir / "run").string(), " > ", (dir / "loadgen.log").string(), " 2>&1");
+  const std::string cmd =
+      absl::StrCat("timeout 150 ", TANDEM_LOADGEN_BIN, " sweep --addr=", (*cluster)->address(),
+                   " --nodes=1 --batch=1 --requests=2 --warmup=0 --prompt_lens=4 --output_lens=2"
+                   " --progress=false --out=",
+                   (dir / "run").string(), " > ", (dir / "loadgen.log").string(), " 2>&1");
   const int rc = std::system(cmd.c_str());
   const std::string log = ReadFile(dir / "loadgen.log");
   ASSERT_TRUE(WIFEXITED(rc)) << log;
@@ -302,15 +305,18 @@ TEST(SweepTest, ALayoutTheWorkersRefuseFailsTheSweepAtOnceWithTheReason) {
 TEST(SweepTest, AFailedSweepLeavesTheLayoutItFound) {
   const fs::path dir = ModelFolder("sweep-restore", "tiny-gpt2", 3);
   absl::StatusOr<std::unique_ptr<Cluster>> cluster =
-      Cluster::Start({.model_dir = dir / "model", .workers = 2, .stages = 1, .replicas = 2,
+      Cluster::Start({.model_dir = dir / "model",
+                      .workers = 2,
+                      .stages = 1,
+                      .replicas = 2,
                       .coordinator_flags = {"--metrics_address="}});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_EQ(ServingStages(**cluster), (std::vector<int>{1, 1}));
-  const std::string cmd = absl::StrCat(
-      TANDEM_LOADGEN_BIN, " sweep --addr=", (*cluster)->address(),
-      " --nodes=2,9 --batch=1 --requests=2 --warmup=0 --prompt_lens=4 --output_lens=2"
-      " --progress=false --out=",
-      (dir / "run").string(), " > ", (dir / "loadgen.log").string(), " 2>&1");
+  const std::string cmd =
+      absl::StrCat(TANDEM_LOADGEN_BIN, " sweep --addr=", (*cluster)->address(),
+                   " --nodes=2,9 --batch=1 --requests=2 --warmup=0 --prompt_lens=4 --output_lens=2"
+                   " --progress=false --out=",
+                   (dir / "run").string(), " > ", (dir / "loadgen.log").string(), " 2>&1");
   const int rc = std::system(cmd.c_str());
   const std::string log = ReadFile(dir / "loadgen.log");
   EXPECT_EQ(WEXITSTATUS(rc), 1) << log;
