@@ -183,7 +183,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
     return 1;
   }
-  std::printf("run folder: %s\ncorrectness: %s\n", o.out.string().c_str(),
-              tandem::loadgen::CorrectnessWord(*r).c_str());
+  int outputs = 0, unchecked = 0, near_ties = 0;
+  for (const tandem::loadgen::ConfigResult& c : r->configs) {
+    outputs += c.requests - c.errors;
+    unchecked += c.unchecked;
+    near_ties += c.near_ties;
+  }
+  std::string detail;
+  if (near_ties > 0) detail = absl::StrCat(near_ties, " near-ties");
+  if (unchecked > 0) {
+    absl::StrAppend(&detail, detail.empty() ? "" : ", ", unchecked, " of ", outputs,
+                    " outputs not checked");
+  }
+  std::printf("run folder: %s\ncorrectness: %s%s\n", o.out.string().c_str(),
+              tandem::loadgen::CorrectnessWord(*r).c_str(),
+              detail.empty() ? "" : absl::StrCat(" (", detail, "; see summary.md)").c_str());
   return r->all_correct ? 0 : 3;
 }
