@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "absl/strings/str_format.h"
+#include "coordinator/scheduler.h"
 #include "yaml-cpp/yaml.h"
 
 namespace tandem {
@@ -91,7 +92,7 @@ absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
                               {"max_slots", c.max_slots, 1},
                               {"max_seq_len", c.max_seq_len, 0},
                               {"micro_batches", c.micro_batches, 0},
-                              {"max_waiting", c.max_waiting, 0},
+                              {"max_waiting", c.max_waiting.value_or(0), 0},
                               {"prefill_chunk", c.prefill_chunk, 1},
                               {"prefill_budget", c.prefill_budget, 0},
                               {"decode_ahead_ms", c.decode_ahead_ms, 0},
@@ -120,7 +121,8 @@ absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
 }
 
 int RequestThreads(const CoordinatorConfig& c) {
-  return c.replicas * c.max_slots + c.max_waiting + 8;
+  const int slots = c.replicas * c.max_slots;
+  return slots + c.max_waiting.value_or(DefaultMaxWaiting(slots)) + 8;
 }
 
 }  // namespace tandem

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -20,7 +21,10 @@ struct CoordinatorConfig {
   int max_slots = 16;                     // KV-cache slots (concurrent sequences) per pipeline
   int max_seq_len = 0;                    // KV-cache positions per slot; 0: the model's context
   int micro_batches = 0;                  // steps in flight per pipeline; 0: = stages
-  int max_waiting = 64;                   // waiting queue bound; beyond it: RESOURCE_EXHAUSTED
+  // Requests held beyond the KV slots (Scheduler::CheckRoom); beyond: RESOURCE_EXHAUSTED. Unset:
+  // as many as the slots of the replicas that decode (a round waits behind the one that runs),
+  // at least 128 (kMinDefaultWaiting).
+  std::optional<int> max_waiting;
   int prefill_chunk = 512;                // prompt tokens per sequence per step
   int prefill_budget = 0;                 // prompt tokens per step, all sequences; 0: no bound
   bool decode_ahead = true;               // one stage: the next decode step sent while one runs

@@ -95,7 +95,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
     return absl::InvalidArgumentError(absl::StrFormat(
         "config: stages (%d) exceeds the model's %d layers", config.stages, model->num_layers));
   }
-  SchedulerOptions options{.max_waiting = config.max_waiting,
+  SchedulerOptions options{.max_waiting = config.max_waiting.value_or(-1),
                            .max_slots = config.max_slots,
                            .max_batch = config.max_batch,
                            .prefill_chunk = config.prefill_chunk,
@@ -248,12 +248,17 @@ void Coordinator::PlannerLoop() {
 // ---------------------------------------------------------------------------------------------
 // Requests
 
-absl::StatusOr<std::shared_ptr<RequestState>> Coordinator::Submit(ValidatedRequest request) {
+absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> Coordinator::Submit(
+    std::vector<ValidatedRequest> sequences) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
-  if (absl::Status room = scheduler_->CheckQueueRoom(); !room.ok()) return room;
+  const int planned_slots = (wanted_replicas_ - wanted_prefill_replicas_) * config_.max_slots;
+  RETURN_IF_ERROR(scheduler_->CheckRoom(static_cast<int>(sequences.size()), planned_slots));
   if (pipelines_.empty() && !planning_ && !replan_needed_) return NoPipelineErrorLocked();
-  if (request.prompt_logprobs >= 0) {
+  const bool wants_prompt_logprobs =
+      std::any_of(sequences.begin(), sequences.end(),
+                  [](const ValidatedRequest& r) { return r.prompt_logprobs >= 0; });
+  if (wants_prompt_logprobs) {
     // The CUDA backend's head scores only the rows it samples.
     for (const auto& [id, w] : workers_) {
       if (w.state == v1::WORKER_STATE_SERVING && w.backend == "cuda") {
@@ -262,9 +267,14 @@ absl::StatusOr<std::shared_ptr<RequestState>> Coordinator::Submit(ValidatedReque
       }
     }
   }
-  std::shared_ptr<RequestState> state = scheduler_->Enqueue(std::move(request), absl::Now());
+  std::vector<std::shared_ptr<RequestState>> out;
+  const absl::Time now = absl::Now();
+  for (ValidatedRequest& r : sequences) {
+    if (r.request_id.empty() && !out.empty()) r.request_id = out.front()->request().request_id;
+    out.push_back(scheduler_->Enqueue(std::move(r), now));
+  }
   wake_scheduler_ = true;
-  return state;
+  return out;
 }
 
 void Coordinator::Cancel(const std::shared_ptr<RequestState>& request, const absl::Status& why) {

@@ -85,9 +85,12 @@ class Coordinator {
   // BOS/EOS, chat template and length limit from the model folder's JSON files.
   const TextConfig& text_config() const { return text_config_; }
 
-  // Inference. Submit: RESOURCE_EXHAUSTED when the waiting queue is full, UNAVAILABLE when no
-  // pipeline serves and none is being built.
-  absl::StatusOr<std::shared_ptr<RequestState>> Submit(ValidatedRequest request);
+  // Inference. Submit queues the sequences of one request (its prompts x n) all or none; those
+  // without a request id share the first's. RESOURCE_EXHAUSTED when the service holds as many
+  // requests as it may (Scheduler::CheckRoom), INVALID_ARGUMENT when the request has more
+  // sequences than it can ever hold, UNAVAILABLE when no pipeline serves and none is being built.
+  absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> Submit(
+      std::vector<ValidatedRequest> sequences);
   // Ends a request now (deadline, client cancel) and frees its KV slot at once.
   void Cancel(const std::shared_ptr<RequestState>& request, const absl::Status& why);
 

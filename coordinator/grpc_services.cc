@@ -86,7 +86,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* ctx, const v1::Gene
   if (grpc::Status a = CheckCaller(*ctx, access_); !a.ok()) return a;
   absl::StatusOr<ValidatedRequest> v = ValidateRequest(*req, c_.limits(), c_.tokenizer());
   if (!v.ok()) return Rejected(c_, v.status());
-  absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> r = SubmitChoices(c_, *std::move(v));
+  absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> r = SubmitChoices(c_, {*std::move(v)});
   if (!r.ok()) return Rejected(c_, r.status());
   absl::StatusOr<std::vector<RequestState::Snapshot>> s =
       Follow(c_, ctx, *r, [](int, const RequestState::Snapshot&) { return true; });
@@ -124,7 +124,7 @@ grpc::Status InferenceService::GenerateStream(
   if (grpc::Status a = CheckCaller(*ctx, access_); !a.ok()) return a;
   absl::StatusOr<ValidatedRequest> v = ValidateRequest(*req, c_.limits(), c_.tokenizer());
   if (!v.ok()) return Rejected(c_, v.status());
-  absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> r = SubmitChoices(c_, *std::move(v));
+  absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> r = SubmitChoices(c_, {*std::move(v)});
   if (!r.ok()) return Rejected(c_, r.status());
   const std::vector<std::shared_ptr<RequestState>>& choices = *r;
   const std::string& request_id = choices[0]->request().request_id;

@@ -30,19 +30,12 @@ uint64_t FreshSeed() {
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> SubmitChoices(
-    Coordinator& c, ValidatedRequest request) {
-  std::vector<std::shared_ptr<RequestState>> out;
-  for (int i = 0; i < request.n; ++i) {
-    absl::StatusOr<std::shared_ptr<RequestState>> r =
-        c.Submit(ChoiceRequest(request, i, FreshSeed()));
-    if (!r.ok()) {
-      for (const auto& earlier : out) c.Cancel(earlier, r.status());
-      return r.status();
-    }
-    if (i == 0) request.request_id = (*r)->request().request_id;
-    out.push_back(*std::move(r));
+    Coordinator& c, std::vector<ValidatedRequest> prompts) {
+  std::vector<ValidatedRequest> sequences;
+  for (const ValidatedRequest& prompt : prompts) {
+    for (int i = 0; i < prompt.n; ++i) sequences.push_back(ChoiceRequest(prompt, i, FreshSeed()));
   }
-  return out;
+  return c.Submit(std::move(sequences));
 }
 
 absl::StatusOr<std::vector<RequestState::Snapshot>> FollowChoices(

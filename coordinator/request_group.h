@@ -22,10 +22,11 @@ ValidatedRequest ChoiceRequest(const ValidatedRequest& request, int index, uint6
 // A seed no other call returns in this process, from the machine's entropy.
 uint64_t FreshSeed();
 
-// Submits request.n sequences, all or none: when one is refused, those already submitted are
-// cancelled and the refusal returned. They share the request id (the first's when it had none).
+// Submits the n sequences of each of a request's prompts as one request (Coordinator::Submit:
+// all or none, counted together against the service's room), prompt p's sequence j at p * n + j.
+// Sequences without a request id share the first's.
 absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> SubmitChoices(
-    Coordinator& c, ValidatedRequest request);
+    Coordinator& c, std::vector<ValidatedRequest> prompts);
 
 // Called with a sequence's index whenever it has new tokens or ended; calls are serialized.
 using OnChoiceProgress = std::function<bool(int index, const RequestState::Snapshot&)>;

@@ -19,10 +19,40 @@ Scheduler::Scheduler(SchedulerOptions options, CoordinatorMetrics* metrics)
 // ---------------------------------------------------------------------------------------------
 // Waiting queue and pipelines
 
-absl::Status Scheduler::CheckQueueRoom() const {
-  if (static_cast<int>(waiting_.size()) >= options_.max_waiting) {
+int Scheduler::capacity() const {
+  bool prefill = false;
+  bool decode = false;
+  for (const auto& [id, p] : pipelines_) {
+    if (p.draining) continue;
+    prefill |= p.role == PipelineRole::kPrefill;
+    decode |= p.role == PipelineRole::kDecode;
+  }
+  // With prefill and decode pipelines serving, a sequence takes a decode slot on admission (set
+  // aside while its prompt runs): the decode slots bound what runs at once.
+  int slots = 0;
+  for (const auto& [id, p] : pipelines_) {
+    if (!(prefill && decode && p.role == PipelineRole::kPrefill)) slots += p.slots.capacity();
+  }
+  return slots;
+}
+
+absl::Status Scheduler::CheckRoom(int sequences, int planned_slots) const {
+  const int slots = capacity();
+  const int waiting =
+      options_.max_waiting >= 0 ? options_.max_waiting : DefaultMaxWaiting(planned_slots);
+  const int most = std::max(slots, planned_slots) + waiting;
+  if (sequences > most) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the request has %d sequences (prompts x n), more than the service can ever hold at once: "
+        "%d (%d KV slots: replicas x --max_slots, plus --max_waiting %d); split the request or "
+        "raise --max_waiting or --max_slots",
+        sequences, most, std::max(slots, planned_slots), waiting));
+  }
+  if (in_service() + sequences > slots + waiting) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "the waiting queue is full (%d requests); retry later", options_.max_waiting));
+        "the service is full: %d of the %d requests it holds (%d KV slots plus --max_waiting %d) "
+        "run or wait, and this one has %d; retry later",
+        in_service(), slots + waiting, slots, waiting, sequences));
   }
   return absl::OkStatus();
 }

@@ -32,7 +32,9 @@ namespace tandem {
 struct CoordinatorMetrics;  // common/metrics.h
 
 struct SchedulerOptions {
-  int max_waiting = 64;     // requests the waiting queue holds before it refuses more
+  // Requests the service holds beyond its KV slots (CheckRoom); -1: as many as the slots the
+  // service is planned to have, at least kMinDefaultWaiting.
+  int max_waiting = -1;
   int max_slots = 16;       // KV slots (concurrent sequences) per pipeline
   int max_batch = 16;       // sequences per step
   int prefill_chunk = 512;  // prompt tokens per sequence per step
@@ -76,6 +78,15 @@ struct SchedulerOptions {
   TextDecoder decode;      // for stop strings; empty: none are matched
 };
 
+// The default waiting bound's floor: TGI's bound on requests (max_concurrent_requests), and the
+// most sequences one request may have (the OpenAI API's prompts x n), so that a small deployment
+// still admits every request that validation lets through.
+inline constexpr int kMinDefaultWaiting = 128;
+// The default waiting bound (SchedulerOptions::max_waiting -1) for `planned_slots`.
+inline int DefaultMaxWaiting(int planned_slots) {
+  return planned_slots > kMinDefaultWaiting ? planned_slots : kMinDefaultWaiting;
+}
+
 // The most steps a sequence goes ahead of the step that samples its input.
 inline constexpr int kMaxDecodeAhead = 16;
 // Admission (SchedulerOptions::admission_quiet): running sequences that reach their length within
@@ -95,9 +106,22 @@ class Scheduler {
 
   void set_metrics(CoordinatorMetrics* metrics) { metrics_ = metrics; }
 
-  // Waiting queue. RESOURCE_EXHAUSTED when it is full.
-  absl::Status CheckQueueRoom() const;
-  // Queues `request` (an empty request_id becomes "req-<n>"); no room check (CheckQueueRoom).
+  // Room for a request of `sequences` sequences (its prompts x n, all submitted together). The
+  // service holds at most its KV slots plus max_waiting requests, running or waiting, each
+  // sequence counting one: a request waits only behind the slots that are taken, so that a
+  // closed loop of as many clients as slots is never refused, whenever their requests end and
+  // the next ones arrive. The slots are those of every pipeline (with prefill and decode
+  // pipelines serving, the decode ones': a sequence holds one of them from its admission on).
+  // `planned_slots`: those of the pipelines the service is planned to run (replicas that decode
+  // x max_slots), which may not serve yet or any more. INVALID_ARGUMENT naming the limits when
+  // the request has more sequences than the larger of the two slot counts and max_waiting (it
+  // can never be admitted); RESOURCE_EXHAUSTED (retry later) when it does not fit now.
+  absl::Status CheckRoom(int sequences, int planned_slots) const;
+  // The slots CheckRoom counts as the service's now.
+  int capacity() const;
+  // Requests the service holds now: waiting, or admitted and not ended.
+  int in_service() const { return static_cast<int>(waiting_.size() + seqs_.size()); }
+  // Queues `request` (an empty request_id becomes "req-<n>"); no room check (CheckRoom).
   std::shared_ptr<RequestState> Enqueue(ValidatedRequest request, absl::Time now);
   // Ends every waiting request with `why`, the resumed sequences among them, and the sequences
   // in a prefill hand-off.

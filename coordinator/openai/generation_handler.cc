@@ -55,15 +55,14 @@ absl::StatusOr<Submitted> Submit(Coordinator& c, ApiRequest api,
     out.prompt_tokens += static_cast<int>(ids[p].size());
     validated.push_back(*std::move(v));
   }
-  for (ValidatedRequest& v : validated) {
-    absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> group =
-        SubmitChoices(c, std::move(v));
-    if (!group.ok()) {
-      for (const auto& earlier : out.choices) c.Cancel(earlier, group.status());
-      return group.status();
-    }
-    out.choices.insert(out.choices.end(), group->begin(), group->end());
+  absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> choices =
+      SubmitChoices(c, std::move(validated));
+  // More sequences than the service can hold: the prompts and n make them.
+  if (absl::IsInvalidArgument(choices.status())) {
+    return InvalidFieldMessage(ids.size() > 1 ? "prompt" : "n", choices.status().message());
   }
+  if (!choices.ok()) return choices.status();
+  out.choices = *std::move(choices);
   out.api = std::move(api);
   return out;
 }

@@ -68,6 +68,11 @@ TEST(CoordinatorConfigTest, EmptyFileGivesDefaults) {
   EXPECT_DOUBLE_EQ(c->admission_wait_ms, 20.0);
   EXPECT_EQ(c->prefill_budget, 0);
   EXPECT_EQ(c->max_resumes, 3);
+  // The waiting bound follows the slots, at least 128: threads for the slots and the bound.
+  EXPECT_FALSE(c->max_waiting.has_value());
+  EXPECT_EQ(RequestThreads(*c), 16 + 128 + 8);
+  c->replicas = 10;
+  EXPECT_EQ(RequestThreads(*c), 160 + 160 + 8);
 }
 
 TEST(CoordinatorConfigTest, UnknownKeyIsNamed) {

@@ -1133,16 +1133,117 @@ TEST(Scheduler, AdmitsIntoTheLeastBusyPipelineAndNeverADrainingOne) {
   EXPECT_TRUE(s.draining(2));
 }
 
-TEST(Scheduler, RefusesToQueuePastMaxWaiting) {
-  SchedulerOptions o = Options();
+// Room (CheckRoom): the service holds its slots plus max_waiting requests, running or waiting.
+TEST(Scheduler, RefusesARequestOnlyWhenTheSlotsAndTheWaitingBoundAreTaken) {
+  SchedulerOptions o = Options();  // 4 slots a pipeline
   o.max_waiting = 2;
   Scheduler s(o);
-  EXPECT_TRUE(s.CheckQueueRoom().ok());
+  s.AddPipeline(0, 1);
+  EXPECT_EQ(s.capacity(), 4);
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(s.CheckRoom(1, 4).ok()) << i;
+    s.Enqueue(Request({1}), kNow);
+  }
+  s.Admit(kNow);
+  EXPECT_EQ(s.running(0), 4);
+  ASSERT_TRUE(s.CheckRoom(1, 4).ok());  // the sixth waits behind the four running, as the fifth
   s.Enqueue(Request({1}), kNow);
-  s.Enqueue(Request({1}), kNow);
-  const absl::Status full = s.CheckQueueRoom();
+  const absl::Status full = s.CheckRoom(1, 4);
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(full.message(), HasSubstr("waiting queue is full (2 requests)"));
+  EXPECT_THAT(full.message(), HasSubstr("6 of the 6 requests it holds (4 KV slots plus "
+                                        "--max_waiting 2)"));
+  EXPECT_THAT(full.message(), HasSubstr("retry later"));
+}
+
+// A closed loop of as many clients as slots, whose requests admission holds back until they
+// arrive together: waiting requests that free slots will take are not counted against the bound,
+// even with none allowed beyond the slots.
+TEST(Scheduler, AClosedLoopOfAsManyClientsAsSlotsIsNeverRefused) {
+  SchedulerOptions o = HoldingOptions(4);
+  o.max_waiting = 0;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  for (int round = 0; round < 3; ++round) {
+    const absl::Time t = kNow + absl::Milliseconds(100 * round);
+    // Each client's next request arrives before the scheduler admits the ones before it.
+    std::vector<std::shared_ptr<RequestState>> requests;
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(s.CheckRoom(1, 4).ok()) << "round " << round << " client " << i;
+      requests.push_back(s.Enqueue(Request({1}, /*max_new_tokens=*/2), t));
+    }
+    EXPECT_EQ(s.waiting(), 4);
+    // A fifth client would be one too many.
+    EXPECT_EQ(s.CheckRoom(1, 4).code(), absl::StatusCode::kResourceExhausted);
+    s.Admit(t + absl::Milliseconds(30));
+    ASSERT_EQ(s.running(0), 4);
+    ASSERT_TRUE(AnswerAt(s, 0, NextStep(s, 0), 5, t + absl::Milliseconds(31)).ok());
+    ASSERT_TRUE(AnswerAt(s, 0, NextStep(s, 0), 5, t + absl::Milliseconds(32)).ok());
+    for (const auto& r : requests) ASSERT_TRUE(Peek(r).done);
+  }
+}
+
+// The sequences of a request (prompts x n) are counted together: on an idle service a request of
+// more sequences than the waiting bound fits in the free slots; one that does not fit now is
+// refused whole.
+TEST(Scheduler, CountsTheSequencesOfARequestTogether) {
+  SchedulerOptions o = Options();
+  o.max_slots = 128;
+  o.max_waiting = 64;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  EXPECT_TRUE(s.CheckRoom(81, 128).ok());
+  EXPECT_TRUE(s.CheckRoom(192, 128).ok());
+  for (int i = 0; i < 150; ++i) s.Enqueue(Request({1}), kNow);
+  EXPECT_TRUE(s.CheckRoom(42, 128).ok());
+  const absl::Status full = s.CheckRoom(43, 128);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.message(), HasSubstr("this one has 43"));
+}
+
+// A request of more sequences than the slots and the waiting bound can ever hold is invalid,
+// whether or not the service is busy, naming the limits and the flags that raise them.
+TEST(Scheduler, ARequestThatCanNeverBeAdmittedIsInvalidNotRetryLater) {
+  SchedulerOptions o = Options();  // 4 slots a pipeline
+  o.max_waiting = 3;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  s.AddPipeline(1, 1);
+  EXPECT_TRUE(s.CheckRoom(11, 8).ok());
+  const absl::Status never = s.CheckRoom(12, 8);
+  EXPECT_EQ(never.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(never.message(), HasSubstr("12 sequences"));
+  EXPECT_THAT(never.message(), HasSubstr("11 (8 KV slots"));
+  EXPECT_THAT(never.message(), HasSubstr("--max_waiting 3"));
+  EXPECT_THAT(never.message(), HasSubstr("--max_slots"));
+  for (int i = 0; i < 11; ++i) s.Enqueue(Request({1}), kNow);
+  EXPECT_EQ(s.CheckRoom(1, 8).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.CheckRoom(12, 8).code(), absl::StatusCode::kInvalidArgument);
+  // Before the planned pipelines serve (or while one is lost), a request they would hold waits
+  // for them or is refused for now, not as invalid.
+  Scheduler starting(o);
+  EXPECT_EQ(starting.capacity(), 0);
+  EXPECT_TRUE(starting.CheckRoom(3, 8).ok());
+  EXPECT_EQ(starting.CheckRoom(11, 8).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(starting.CheckRoom(12, 8).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Without a bound of its own, the service holds as many waiting requests as its planned slots,
+// at least kMinDefaultWaiting.
+TEST(Scheduler, TheWaitingBoundDefaultsToThePlannedSlotsAtLeast128) {
+  SchedulerOptions o = Options();
+  o.max_waiting = -1;
+  Scheduler s(o);
+  s.AddPipeline(0, 1);
+  s.AddPipeline(1, 1);
+  EXPECT_TRUE(s.CheckRoom(8 + 128, 8).ok());
+  EXPECT_EQ(s.CheckRoom(8 + 129, 8).code(), absl::StatusCode::kInvalidArgument);
+  // Planned for 200 slots, of which 8 serve: 200 may wait, 400 fit once all serve.
+  EXPECT_TRUE(s.CheckRoom(208, 200).ok());
+  EXPECT_EQ(s.CheckRoom(400, 200).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.CheckRoom(401, 200).code(), absl::StatusCode::kInvalidArgument);
+  for (int i = 0; i < 130; ++i) s.Enqueue(Request({1}), kNow);
+  EXPECT_TRUE(s.CheckRoom(6, 8).ok());
+  EXPECT_EQ(s.CheckRoom(7, 8).code(), absl::StatusCode::kResourceExhausted);
 }
 
 TEST(Scheduler, NamesRequestsWithoutAnId) {
@@ -1337,6 +1438,33 @@ Scheduler Disaggregated(SchedulerOptions o = AheadOptions()) {
   s.AddPipeline(0, 1, PipelineRole::kPrefill);
   s.AddPipeline(1, 1, PipelineRole::kDecode);
   return s;
+}
+
+// A sequence that ended in a hand-off keeps its two slots until the hand-off ends; its client's
+// next request arrives meanwhile and is taken, to wait for the slot.
+TEST(Scheduler, TheNextRequestOfAClientIsTakenBeforeTheSlotOfItsLastIsFreed) {
+  SchedulerOptions o = AheadOptions();
+  o.max_slots = 1;
+  o.max_waiting = 0;
+  Scheduler s = Disaggregated(o);
+  EXPECT_EQ(s.capacity(), 1);  // the decode slots bound what runs at once
+  ASSERT_TRUE(s.CheckRoom(1, 1).ok());
+  auto a = s.Enqueue(Request({1, 2}), kNow);
+  s.Admit(kNow);
+  EXPECT_EQ(s.CheckRoom(1, 1).code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(Answer(s, 0, NextStep(s, 0), 7).ok());
+  EndKvStreams(s);
+  std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 1u);
+  s.Cancel(a, absl::CancelledError("client"), kNow);
+  EXPECT_EQ(s.used_slots(1), 1);
+  ASSERT_TRUE(s.CheckRoom(1, 1).ok());
+  s.Enqueue(Request({3}), kNow);
+  s.Admit(kNow);
+  EXPECT_EQ(s.waiting(), 1);
+  s.HandedOff(hs[0].id, true, absl::OkStatus(), kNow);
+  s.Admit(kNow);
+  EXPECT_EQ(s.running(0), 1);
 }
 
 // The prompt runs in the prefill pipeline (no step ahead there), with a decode slot set aside; the
