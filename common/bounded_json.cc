@@ -93,7 +93,8 @@ absl::StatusOr<Json> Parse(std::string_view text, std::string_view what, int max
   try {
     return Json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": not valid JSON: ", e.what()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), ": not valid JSON: ", e.what()));
   }
 }
 

@@ -143,7 +143,8 @@ absl::Status Normalizer::Apply(std::string& text, RegexBudget& budget) const {
     switch (step.kind) {
       case Kind::kReplace: {
         std::string out;
-        ASSIGN_OR_RETURN(const std::vector<MatchSpan> spans, step.pattern->FindMatches(text, budget));
+        ASSIGN_OR_RETURN(const std::vector<MatchSpan> spans,
+                         step.pattern->FindMatches(text, budget));
         for (const MatchSpan& m : spans) {
           if (m.match) {
             out.append(step.content);

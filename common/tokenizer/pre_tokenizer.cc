@@ -373,7 +373,8 @@ absl::Status PreTokenizer::ApplyStep(const Step& step, std::vector<Piece>& piece
         break;
       }
       case Kind::kSplit: {
-        ASSIGN_OR_RETURN(std::vector<MatchSpan> spans, step.pattern->FindMatches(piece.text, budget));
+        ASSIGN_OR_RETURN(std::vector<MatchSpan> spans,
+                         step.pattern->FindMatches(piece.text, budget));
         if (step.invert) {
           for (MatchSpan& m : spans) m.match = !m.match;
         }
@@ -411,7 +412,8 @@ absl::Status PreTokenizer::ApplyStep(const Step& step, std::vector<Piece>& piece
                    out);
         break;
       case Kind::kWhitespace: {
-        ASSIGN_OR_RETURN(std::vector<MatchSpan> spans, step.pattern->FindMatches(piece.text, budget));
+        ASSIGN_OR_RETURN(std::vector<MatchSpan> spans,
+                         step.pattern->FindMatches(piece.text, budget));
         for (MatchSpan& m : spans) m.match = !m.match;
         SplitPiece(piece, spans, SplitBehavior::kRemoved, out);
         break;

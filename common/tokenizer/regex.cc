@@ -108,15 +108,13 @@ int32_t StackLimit(int32_t text_units) {
 absl::Status SearchError(const std::string& where, const std::string& source, UErrorCode status,
                          int32_t text_units) {
   constexpr size_t kMaxShown = 80;
-  const std::string shown = source.size() > kMaxShown
-                                ? absl::StrCat(source.substr(0, kMaxShown), "...")
-                                : source;
+  const std::string shown =
+      source.size() > kMaxShown ? absl::StrCat(source.substr(0, kMaxShown), "...") : source;
   const std::string pattern = absl::StrCat(where, ": the regex '", shown, "'");
   if (status == U_REGEX_TIME_OUT) {
     return absl::InvalidArgumentError(absl::StrCat(
         pattern, " ran past the time limit of one tokenization on this text (",
-        RegexBudget::kBaseUnits, " units of 10,000 matcher steps plus ",
-        RegexBudget::kUnitsPerKiB,
+        RegexBudget::kBaseUnits, " units of 10,000 matcher steps plus ", RegexBudget::kUnitsPerKiB,
         " per KiB of text): the pattern backtracks catastrophically on it, so the tokenizer "
         "cannot encode this text; change the text or the tokenizer's pattern"));
   }
@@ -191,7 +189,8 @@ absl::StatusOr<std::vector<MatchSpan>> Pattern::FindMatches(std::string_view tex
     std::unique_ptr<icu::RegexMatcher> m(regex_->pattern->matcher(u16, status));
     int32_t spent = 0;  // units, as the matcher's callback last reported them
     // A limit of 0 would mean none: a spent budget still allows one unit.
-    const int32_t limit = static_cast<int32_t>(std::clamp<int64_t>(budget.units_left, 1, INT32_MAX));
+    const int32_t limit =
+        static_cast<int32_t>(std::clamp<int64_t>(budget.units_left, 1, INT32_MAX));
     if (U_SUCCESS(status)) m->setTimeLimit(limit, status);
     if (U_SUCCESS(status)) m->setStackLimit(StackLimit(u16.length()), status);
     if (U_SUCCESS(status)) m->setMatchCallback(RecordUnits, &spent, status);

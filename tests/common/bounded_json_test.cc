@@ -25,8 +25,7 @@ TEST(BoundedJsonTest, ParsesTextNestedExactlyAtTheLimit) {
 }
 
 TEST(BoundedJsonTest, RefusesOneLevelPastTheLimitNamingItAndTheLimit) {
-  absl::StatusOr<nlohmann::json> j =
-      ParseBoundedJson(NestedArrays(kMaxJsonDepth + 1), "test.json");
+  absl::StatusOr<nlohmann::json> j = ParseBoundedJson(NestedArrays(kMaxJsonDepth + 1), "test.json");
   ASSERT_FALSE(j.ok());
   EXPECT_EQ(j.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(j.status().message(),
@@ -44,9 +43,8 @@ TEST(BoundedJsonTest, RefusesTextNestedAHundredThousandDeepWithoutCrashing) {
 }
 
 TEST(BoundedJsonTest, PathNamesTheKeysAndIndicesWhereTheTextGoesTooDeep) {
-  const std::string text =
-      R"({"model": "m", "tools": [{"a": 1}, {"function": {"parameters": )" + NestedArrays(10) +
-      "}}]}";
+  const std::string text = R"({"model": "m", "tools": [{"a": 1}, {"function": {"parameters": )" +
+                           NestedArrays(10) + "}}]}";
   EXPECT_EQ(FirstTooDeepPath(text, 5), "tools[1].function.parameters[0]");
   EXPECT_EQ(FirstTooDeepPath(text, 16), "");
   EXPECT_EQ(FirstTooDeepPath(NestedArrays(3), 1), "[0]");

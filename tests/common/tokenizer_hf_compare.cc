@@ -98,7 +98,8 @@ int main(int argc, char** argv) {
                      theirs.substr(0, 600).c_str(), ours.substr(0, 600).c_str());
       }
     };
-    if (with != want_with) report("ids with special tokens", IdsToString(want_with), IdsToString(with));
+    if (with != want_with)
+      report("ids with special tokens", IdsToString(want_with), IdsToString(with));
     if (without != want_without) {
       report("ids without special tokens", IdsToString(want_without), IdsToString(without));
     }

@@ -343,7 +343,8 @@ TEST(TokenizerRoundTrip, ConcurrentEncodesAgree) {
     threads.emplace_back([&, t] {
       for (int rep = 0; rep < 20; ++rep) {
         for (size_t i = 0; i < texts.size(); ++i) {
-          if (tok->Encode(texts[(i + t) % texts.size()]).value() != expected[(i + t) % texts.size()]) {
+          if (tok->Encode(texts[(i + t) % texts.size()]).value() !=
+              expected[(i + t) % texts.size()]) {
             ++mismatches[t];
           }
         }
@@ -369,7 +370,8 @@ TEST(TokenizerAddedTokens, AreMatchedWholeAndSplitTheText) {
     auto tok =
         LoadJson(WithAddedTokens(TokenizerJson({{" ", "b"}}), {{"<|endoftext|>", 300}}, in_vocab));
     ASSERT_NE(tok, nullptr);
-    EXPECT_THAT(tok->Encode("a<|endoftext|> b").value(), ElementsAre('a', 300, tok->Encode(" b").value()[0]));
+    EXPECT_THAT(tok->Encode("a<|endoftext|> b").value(),
+                ElementsAre('a', 300, tok->Encode(" b").value()[0]));
     EXPECT_THAT(tok->Encode("<|endoftext|><|endoftext|>").value(), ElementsAre(300, 300));
     EXPECT_THAT(Pieces(*tok, "a <|endoftext|>"), ElementsAre("a", " ", "<|endoftext|>"));
     // A partial match is ordinary text.
@@ -645,13 +647,16 @@ TEST(TokenizerBadFiles, GptTwoMergesLines) {
 // BPE of no merges.
 nlohmann::json SplitTokenizerJson(const std::string& pattern) {
   nlohmann::json json = TokenizerJson({});
-  json["pre_tokenizer"] = {
-      {"type", "Sequence"},
-      {"pretokenizers",
-       {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"},
-         {"invert", false}},
-        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
-         {"use_regex", false}}}}};
+  json["pre_tokenizer"] = {{"type", "Sequence"},
+                           {"pretokenizers",
+                            {{{"type", "Split"},
+                              {"pattern", {{"Regex", pattern}}},
+                              {"behavior", "Isolated"},
+                              {"invert", false}},
+                             {{"type", "ByteLevel"},
+                              {"add_prefix_space", false},
+                              {"trim_offsets", true},
+                              {"use_regex", false}}}}};
   return json;
 }
 
@@ -679,8 +684,8 @@ TEST(TokenizerRegexBudget, LongOrdinaryTextStaysWithinTheBudget) {
   auto tok = LoadJson(TokenizerJson({}));
   ASSERT_NE(tok, nullptr);
   std::string text;
-  while (text.size() < (4u << 20)) text += "The bread is done when it sounds hollow." +
-                                           std::string(4000, ' ') + "\n";
+  while (text.size() < (4u << 20))
+    text += "The bread is done when it sounds hollow." + std::string(4000, ' ') + "\n";
   absl::StatusOr<std::vector<int32_t>> ids = tok->Encode(text);
   ASSERT_TRUE(ids.ok()) << ids.status();
   EXPECT_GT(ids->size(), text.size() / 100);

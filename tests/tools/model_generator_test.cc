@@ -756,7 +756,8 @@ TEST(ByteLevelBpeTest, GeneratedTokenizerLoadsAndRoundTrips) {
   auto back = (*tok)->Decode(ids);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, text);
-  EXPECT_THAT((*tok)->Encode(" the").value(), ElementsAre(::testing::Ge(256)));  // one learned token
+  EXPECT_THAT((*tok)->Encode(" the").value(),
+              ElementsAre(::testing::Ge(256)));  // one learned token
 }
 
 // --- the program ---
