@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
     text += "In 2024 the café's 3 ovens baked 1,250 loaves — about 4.2 per minute; "
             "\"not bad,\" said Zoë, who'd counted them (twice). ";
   }
-  const std::vector<int32_t> all = (*tok)->Encode(text, false);
+  const std::vector<int32_t> all = (*tok)->Encode(text, false).value();
   auto decode = [&](std::span<const int32_t> ids) { return (*tok)->Decode(ids); };
   std::printf("tokenizer %s\n\n", path.c_str());
   std::printf("| tokens | whole list per token: ms | DecodeStream: ms | StopText (stop string "

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/bounded_json.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
 
@@ -320,12 +321,9 @@ int ModelConfig::attention_window(int layer) const {
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
                                              std::string_view source_name) {
   const std::string source(source_name);
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON: ", e.what()));
-  }
+  absl::StatusOr<json> parsed = ParseBoundedJson(json_text, source);
+  if (!parsed.ok()) return parsed.status();
+  json j = *std::move(parsed);
   if (!j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": expected a JSON object"));
   }

@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/bounded_json.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -217,6 +218,11 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
         file, ": header length ", header_len, " exceeds the ", kMaxHeaderBytes, "-byte limit"));
   }
   const char* header_begin = reinterpret_cast<const char*>(bytes + 8);
+  if (absl::Status depth = CheckJsonDepth(std::string_view(header_begin, header_len),
+                                          absl::StrCat(file, ": header"));
+      !depth.ok()) {
+    return depth;
+  }
   json header;
   try {
     header = json::parse(header_begin, header_begin + header_len);
@@ -328,6 +334,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::filesyst
   if (std::filesystem::exists(index_path, ec)) {
     const std::string index = index_path.string();
     ASSIGN_OR_RETURN(std::string text, ReadTextFile(index_path));
+    if (absl::Status depth = CheckJsonDepth(text, index); !depth.ok()) return depth;
     json doc;
     try {
       doc = json::parse(text);

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/bounded_json.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -21,12 +22,9 @@ absl::StatusOr<std::optional<nlohmann::json>> ReadJsonObject(const std::filesyst
   if (!std::filesystem::exists(path, ec)) return std::optional<nlohmann::json>();
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open"));
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": not valid JSON: ", e.what()));
-  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  ASSIGN_OR_RETURN(nlohmann::json json, ParseBoundedJson(text.str(), path.string()));
   if (!json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path.string(), ": top level must be an object"));
   }
@@ -175,7 +173,7 @@ absl::StatusOr<TextConfig> LoadTextConfig(const std::filesystem::path& dir,
   // What text prompts get is what the tokenizer's post-processor does; tokenizer_config.json's
   // flag speaks only where there is no tokenizer to ask.
   if (tokenizer != nullptr) {
-    const std::vector<int32_t> empty = tokenizer->Encode("", true);
+    ASSIGN_OR_RETURN(const std::vector<int32_t> empty, tokenizer->Encode("", true));
     text.add_bos_token = text.bos_token_id && !empty.empty() && empty.front() == *text.bos_token_id;
   } else if (tokenizer_config.has_value() && tokenizer_config->contains("add_bos_token") &&
              !(*tokenizer_config)["add_bos_token"].is_null()) {

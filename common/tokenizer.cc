@@ -2,10 +2,12 @@
 #include "common/tokenizer.h"
 
 #include <fstream>
+#include <sstream>
 #include <system_error>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/bounded_json.h"
 #include "common/status_macros.h"
 #include "common/tokenizer/backend.h"
 #include "common/tokenizer/hf_tokenizer.h"
@@ -47,12 +49,9 @@ absl::Status ReadSentencePieceFlags(const std::filesystem::path& dir, bool& add_
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return absl::OkStatus();
   std::ifstream in(path, std::ios::binary);
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": not valid JSON: ", e.what()));
-  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  ASSIGN_OR_RETURN(nlohmann::json config, ParseBoundedJson(text.str(), path.string()));
   for (auto [key, flag] : {std::pair{"add_bos_token", &add_bos}, {"add_eos_token", &add_eos}}) {
     if (!config.is_object() || !config.contains(key) || config[key].is_null()) continue;
     if (!config[key].is_boolean()) {
@@ -84,7 +83,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromDir(const std::filesys
       dir.string(), ": neither tokenizer.json, tokenizer.model nor vocab.json + merges.txt"));
 }
 
-std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special_tokens) const {
+absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
+                                                       bool add_special_tokens) const {
   return backend_->Encode(text, add_special_tokens);
 }
 

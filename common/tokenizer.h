@@ -39,8 +39,11 @@ class Tokenizer {
 
   ~Tokenizer();
   // With add_special_tokens the post-processor's tokens (e.g. BOS) are added, as Hugging Face's
-  // encode() does by default. Added tokens in the text are matched either way.
-  std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens = true) const;
+  // encode() does by default. Added tokens in the text are matched either way. INVALID_ARGUMENT
+  // naming the tokenizer's file, field and pattern when a regex of the tokenizer runs past its
+  // budget on this text (common/tokenizer/regex.h), so a hostile prompt cannot hold a core.
+  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text,
+                                              bool add_special_tokens = true) const;
   // INVALID_ARGUMENT naming the id when an id is outside the vocabulary.
   absl::StatusOr<std::string> Decode(std::span<const int32_t> ids,
                                      bool skip_special_tokens = false) const;

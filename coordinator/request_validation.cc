@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "common/utf8.h"
@@ -86,7 +87,11 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& requ
       return absl::InvalidArgumentError(
           "prompt: this model has no tokenizer; give token_ids instead");
     }
-    out.prompt = tokenizer->Encode(request.prompt());
+    absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(request.prompt());
+    if (!ids.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt: ", ids.status().message()));
+    }
+    out.prompt = *std::move(ids);
     if (out.prompt.empty()) {
       return absl::InvalidArgumentError("prompt: encodes to no tokens");
     }

@@ -36,6 +36,12 @@ struct Expr {
     kCompare,    // args[0] ops[0] args[1] ops[1] args[2] ..., ops: == != < <= > >= in notin
     kCondition,  // args[1] if args[0] else args[2] (args[2] null: undefined)
   };
+  Expr() = default;
+  Expr(const Expr&) = delete;
+  Expr& operator=(const Expr&) = delete;
+  // Takes the tree apart without recursing: a chain of 100,000 `+` is 100,000 levels deep.
+  ~Expr();
+
   Kind kind;
   int line = 0;
   Value constant;

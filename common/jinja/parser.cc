@@ -99,6 +99,24 @@ class Parser {
     return absl::OkStatus();
   }
 
+  // One level of the parser's recursion (blocks in blocks, parentheses, brackets, `not not`, ...),
+  // counted so that a hostile template fails with an error instead of overflowing the stack.
+  class Nested {
+   public:
+    explicit Nested(int& depth) : depth_(depth) { ++depth_; }
+    ~Nested() { --depth_; }
+    Nested(const Nested&) = delete;
+    Nested& operator=(const Nested&) = delete;
+
+   private:
+    int& depth_;
+  };
+  absl::Status CheckNesting() const {
+    if (nesting_ <= kMaxTemplateNesting) return absl::OkStatus();
+    return Error(absl::StrCat("the template nests blocks and expressions deeper than ",
+                              kMaxTemplateNesting, " levels"));
+  }
+
   ExprPtr MakeExpr(Expr::Kind kind, int line) {
     auto expr = std::make_unique<Expr>();
     expr->kind = kind;
@@ -162,6 +180,8 @@ class Parser {
   }
 
   absl::StatusOr<NodePtr> ParseStatement() {
+    Nested level(nesting_);
+    RETURN_IF_ERROR(CheckNesting());
     if (Current().kind != TK::kName) {
       return Error(absl::StrCat("expected a statement name, found ", Describe(Current())));
     }
@@ -315,6 +335,8 @@ class Parser {
   // Jinja2's parse_tuple: `a, b` is a tuple; a single expression stays itself.
   absl::StatusOr<ExprPtr> ParseTuple(bool with_condition, const std::set<std::string>& end_names,
                                      bool explicit_parens = false) {
+    Nested level(nesting_);
+    RETURN_IF_ERROR(CheckNesting());
     const int line = Current().line;
     std::vector<ExprPtr> items;
     bool is_tuple = false;
@@ -344,6 +366,8 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseExpression(bool with_condition) {
+    Nested level(nesting_);
+    RETURN_IF_ERROR(CheckNesting());
     if (!with_condition) return ParseOr();
     ASSIGN_OR_RETURN(ExprPtr expr, ParseOr());
     while (IsName("if")) {
@@ -386,6 +410,8 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseNot() {
+    Nested level(nesting_);
+    RETURN_IF_ERROR(CheckNesting());
     if (IsName("not")) {
       const int line = Current().line;
       Next();
@@ -484,6 +510,8 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseUnary(bool with_filter) {
+    Nested level(nesting_);
+    RETURN_IF_ERROR(CheckNesting());
     const int line = Current().line;
     ExprPtr node;
     if (IsOp("-") || IsOp("+")) {
@@ -749,13 +777,50 @@ class Parser {
   std::vector<Token> tokens_;
   size_t pos_ = 0;
   int loop_depth_ = 0;
+  int nesting_ = 0;
 };
+
+// The deepest expression tree in `body` (chains such as `a + b + ...` or `x|f|f|...` deepen a tree
+// without deepening the parser's recursion), walked without recursion over expressions; the
+// statements' own nesting is bounded by the parser.
+absl::Status CheckExpressionDepth(const Body& body) {
+  std::vector<std::pair<const Expr*, int>> pending;
+  std::vector<const Body*> bodies = {&body};
+  while (!bodies.empty()) {
+    const Body* b = bodies.back();
+    bodies.pop_back();
+    for (const NodePtr& node : *b) {
+      for (const Expr* root : {node->expr.get(), node->filter.get()}) {
+        if (root != nullptr) pending.push_back({root, 1});
+      }
+      for (const ExprPtr& c : node->conditions) pending.push_back({c.get(), 1});
+      for (const MacroParam& p : node->params) {
+        if (p.default_value) pending.push_back({p.default_value.get(), 1});
+      }
+      for (const Body& inner : node->bodies) bodies.push_back(&inner);
+    }
+  }
+  while (!pending.empty()) {
+    const auto [expr, depth] = pending.back();
+    pending.pop_back();
+    if (expr == nullptr) continue;
+    if (depth > kMaxExpressionDepth) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "line %d: an expression nests deeper than %d levels", expr->line, kMaxExpressionDepth));
+    }
+    for (const ExprPtr& arg : expr->args) pending.push_back({arg.get(), depth + 1});
+    for (const auto& [name, value] : expr->kwargs) pending.push_back({value.get(), depth + 1});
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
 absl::StatusOr<Body> ParseTemplate(std::string_view source) {
   ASSIGN_OR_RETURN(std::vector<Token> tokens, Tokenize(source));
-  return Parser(std::move(tokens)).Run();
+  ASSIGN_OR_RETURN(Body body, Parser(std::move(tokens)).Run());
+  RETURN_IF_ERROR(CheckExpressionDepth(body));
+  return body;
 }
 
 }  // namespace tandem::jinja

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -215,6 +216,14 @@ class Renderer {
                 absl::StrFormat("macro '%s' takes not more than %d argument(s)", macro->text,
                                 macro->params.size()));
           }
+          // A macro that calls itself without end (or over a value deeper than any chat needs)
+          // stops here instead of overflowing the stack.
+          if (call_depth_ >= kMaxCallDepth) {
+            return absl::InvalidArgumentError(absl::StrFormat(
+                "macro '%s': macro calls nest deeper than %d levels", macro->text, kMaxCallDepth));
+          }
+          ++call_depth_;
+          absl::Cleanup leave = [this] { --call_depth_; };
           Scope call_scope{parent, {}};
           for (const auto& [key, value] : args.keyword) {
             bool known = false;
@@ -434,6 +443,7 @@ class Renderer {
 
   const Value& variables_;
   const std::function<std::tm()>& now_;
+  int call_depth_ = 0;  // macro calls in progress
 };
 
 }  // namespace

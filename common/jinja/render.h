@@ -13,6 +13,11 @@
 
 namespace tandem::jinja {
 
+// Macro calls in progress at once. Templates that render tool schemas recurse once per level of
+// the schema, and requests nest at most kMaxJsonDepth (128, common/bounded_json.h) levels; a
+// macro that recurses without end fails here instead of overflowing the stack.
+inline constexpr int kMaxCallDepth = 128;
+
 // `variables` is a dict of the template's variables. `now` gives the local time that
 // strftime_now formats. Errors: INVALID_ARGUMENT; raise_exception's message comes back as is,
 // other messages start with "line N: ".

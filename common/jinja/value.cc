@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/jinja/text.h"
@@ -226,6 +227,12 @@ std::string FloatRepr(double d) {
 }
 
 std::string Repr(const Value& value) {
+  // Python writes a value that contains itself as `[...]`; a namespace may (`set ns.a = [ns]`),
+  // and a value built in a loop may nest deeper than the stack allows.
+  thread_local int depth = 0;
+  if (depth >= kMaxValueDepth) return "...";
+  ++depth;
+  absl::Cleanup leave = [] { --depth; };
   switch (value.kind()) {
     case Value::Kind::kString:
       return StringRepr(value.as_string());
@@ -416,6 +423,10 @@ absl::Status JsonKey(const Value& key, bool ensure_ascii, std::string& out) {
 
 absl::Status JsonValue(const Value& value, const JsonOptions& options, int level,
                        std::string& out) {
+  if (level > kMaxValueDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tojson: the value nests deeper than %d levels", kMaxValueDepth));
+  }
   const bool indented = options.indent >= 0 || !options.indent_string.empty();
   auto newline = [&](int depth) {
     if (!indented) return;

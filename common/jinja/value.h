@@ -126,6 +126,12 @@ class Value {
 bool Truthy(const Value& value);
 // Python's str(value): what `{{ value }}` and `~` write. Undefined writes nothing.
 std::string ToString(const Value& value);
+// Levels of lists, dicts and namespaces that printing (str, repr) and tojson walk. Values from
+// requests nest at most kMaxJsonDepth (128) levels; a template can build deeper ones in a loop
+// through a namespace, or one that contains itself (`set ns.a = [ns]`). Repr writes "..." below
+// this depth, as Python writes a list that contains itself; tojson fails.
+inline constexpr int kMaxValueDepth = 256;
+
 // Python's repr(value): how values inside a printed list or dict appear.
 std::string Repr(const Value& value);
 // Python's repr of a float ("1.0", "1e-05", "1e+16").

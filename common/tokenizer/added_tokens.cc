@@ -68,7 +68,10 @@ absl::StatusOr<AddedVocabulary> AddedVocabulary::FromJson(const nlohmann::json& 
                                                      ") repeats the id or content of another"));
     }
     std::string match = t.content;
-    if (t.normalized && normalizer != nullptr) normalizer->Apply(match);
+    if (t.normalized && normalizer != nullptr) {
+      RegexBudget budget = RegexBudget::ForText(match.size());
+      RETURN_IF_ERROR(normalizer->Apply(match, budget));
+    }
     v.by_id_[t.id] = v.tokens_.size();
     v.by_content_[t.content] = v.tokens_.size();
     v.match_text_.push_back(std::move(match));

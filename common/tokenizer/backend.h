@@ -16,7 +16,9 @@ namespace tandem::tokenizer {
 class Backend {
  public:
   virtual ~Backend() = default;
-  virtual std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const = 0;
+  // INVALID_ARGUMENT when the tokenizer cannot encode `text` (a regex past its budget, regex.h).
+  virtual absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text,
+                                                      bool add_special_tokens) const = 0;
   virtual absl::StatusOr<std::string> Decode(std::span<const int32_t> ids,
                                              bool skip_special_tokens) const = 0;
   virtual std::optional<int32_t> TokenToId(std::string_view token) const = 0;

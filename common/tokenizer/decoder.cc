@@ -153,7 +153,10 @@ int ByteToken(const std::string& token) {
 
 }  // namespace
 
-std::string Decoder::Decode(std::vector<std::string> tokens) const {
+absl::StatusOr<std::string> Decoder::Decode(std::vector<std::string> tokens) const {
+  size_t bytes = 0;
+  for (const std::string& token : tokens) bytes += token.size();
+  RegexBudget budget = RegexBudget::ForText(bytes);
   for (const Step& step : steps_) {
     switch (step.kind) {
       case Kind::kByteLevel:
@@ -179,7 +182,9 @@ std::string Decoder::Decode(std::vector<std::string> tokens) const {
       case Kind::kReplace:
         for (std::string& token : tokens) {
           std::string out;
-          for (const MatchSpan& m : step.pattern->FindMatches(token)) {
+          ASSIGN_OR_RETURN(const std::vector<MatchSpan> spans,
+                           step.pattern->FindMatches(token, budget));
+          for (const MatchSpan& m : spans) {
             if (m.match) {
               out.append(step.text);
             } else {

@@ -21,8 +21,9 @@ class Decoder {
   // any bytes), where Hugging Face's replaces ill-formed UTF-8 with U+FFFD.
   static std::unique_ptr<Decoder> RawByteLevel();
 
-  // The text of `tokens` (token strings in id order).
-  std::string Decode(std::vector<std::string> tokens) const;
+  // The text of `tokens` (token strings in id order); Replace's regexes spend a budget for the
+  // tokens' length, and their errors (regex.h) come back.
+  absl::StatusOr<std::string> Decode(std::vector<std::string> tokens) const;
 
  private:
   enum class Kind { kByteLevel, kRawByteLevel, kMetaspace, kReplace, kByteFallback, kFuse, kStrip };

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/bounded_json.h"
 #include "common/status_macros.h"
 #include "common/tokenizer/added_tokens.h"
 #include "common/tokenizer/bpe.h"
@@ -47,11 +48,7 @@ absl::StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
 
 absl::StatusOr<nlohmann::json> ParseJson(const std::filesystem::path& path) {
   ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": not valid JSON: ", e.what()));
-  }
+  return ParseBoundedJson(text, path.string());
 }
 
 std::string Quote(std::string_view s) {
@@ -73,12 +70,14 @@ class HfTokenizer : public Backend {
   std::unique_ptr<Decoder> decoder;  // may be null: tokens joined with ' '
   bool keep_raw_bytes = false;       // GPT-2's own files
 
-  std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const override {
+  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text,
+                                              bool add_special_tokens) const override {
     std::string valid;
     if (!keep_raw_bytes && !IsValidUtf8(text)) {
       valid = ToValidUtf8(text);
       text = valid;
     }
+    RegexBudget budget = RegexBudget::ForText(text.size());
     std::vector<int32_t> ids;
     if (add_special_tokens) ids = post.prefix;
     ids.reserve(text.size() / 3 + 4);
@@ -89,7 +88,7 @@ class HfTokenizer : public Backend {
         continue;
       }
       std::string normalized(raw.text);
-      if (normalizer != nullptr) normalizer->Apply(normalized);
+      if (normalizer != nullptr) RETURN_IF_ERROR(normalizer->Apply(normalized, budget));
       if (normalized.empty()) continue;
       for (const Segment& part : added.Split(normalized, /*normalized=*/true)) {
         if (part.id) {
@@ -99,7 +98,7 @@ class HfTokenizer : public Backend {
         if (part.text.empty()) continue;
         pieces.clear();
         pieces.push_back({std::string(part.text), raw.begin == 0 && part.begin == 0});
-        if (pre_tokenizer != nullptr) pre_tokenizer->Apply(pieces);
+        if (pre_tokenizer != nullptr) RETURN_IF_ERROR(pre_tokenizer->Apply(pieces, budget));
         for (const Piece& piece : pieces) model->Tokenize(piece.text, ids);
       }
     }

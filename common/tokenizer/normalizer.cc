@@ -137,13 +137,15 @@ void Strip(std::string& text, bool left, bool right) {
 
 }  // namespace
 
-void Normalizer::Apply(std::string& text) const {
+absl::Status Normalizer::Apply(std::string& text, RegexBudget& budget) const {
   UErrorCode status = U_ZERO_ERROR;
   for (const Step& step : steps_) {
     switch (step.kind) {
       case Kind::kReplace: {
         std::string out;
-        for (const MatchSpan& m : step.pattern->FindMatches(text)) {
+        ASSIGN_OR_RETURN(const std::vector<MatchSpan> spans,
+                         step.pattern->FindMatches(text, budget));
+        for (const MatchSpan& m : spans) {
           if (m.match) {
             out.append(step.content);
           } else {
@@ -176,6 +178,7 @@ void Normalizer::Apply(std::string& text) const {
         break;
     }
   }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::tokenizer

@@ -19,8 +19,9 @@ class Normalizer {
   static absl::StatusOr<std::unique_ptr<Normalizer>> FromJson(const nlohmann::json& json,
                                                               const std::string& where);
 
-  // `text` is well-formed UTF-8 and stays so.
-  void Apply(std::string& text) const;
+  // `text` is well-formed UTF-8 and stays so. Replace's regexes spend `budget`; their errors
+  // (regex.h) come back, `text` then unspecified.
+  absl::Status Apply(std::string& text, RegexBudget& budget) const;
 
  private:
   enum class Kind { kReplace, kPrepend, kNfc, kNfd, kNfkc, kNfkd, kLowercase, kStrip };

@@ -347,7 +347,8 @@ std::unique_ptr<PreTokenizer> PreTokenizer::Gpt2JavaScript() {
   return p;
 }
 
-void PreTokenizer::ApplyStep(const Step& step, std::vector<Piece>& pieces) const {
+absl::Status PreTokenizer::ApplyStep(const Step& step, std::vector<Piece>& pieces,
+                                     RegexBudget& budget) const {
   std::vector<Piece> out;
   out.reserve(pieces.size() * 2);
   for (Piece& piece : pieces) {
@@ -356,7 +357,9 @@ void PreTokenizer::ApplyStep(const Step& step, std::vector<Piece>& pieces) const
         if (step.add_prefix_space && piece.text[0] != ' ') piece.text.insert(0, " ");
         const size_t first = out.size();
         if (step.pattern != nullptr) {
-          SplitPiece(piece, step.pattern->FindMatches(piece.text), SplitBehavior::kIsolated, out);
+          ASSIGN_OR_RETURN(const std::vector<MatchSpan> spans,
+                           step.pattern->FindMatches(piece.text, budget));
+          SplitPiece(piece, spans, SplitBehavior::kIsolated, out);
         } else {
           out.push_back(std::move(piece));
         }
@@ -370,7 +373,8 @@ void PreTokenizer::ApplyStep(const Step& step, std::vector<Piece>& pieces) const
         break;
       }
       case Kind::kSplit: {
-        std::vector<MatchSpan> spans = step.pattern->FindMatches(piece.text);
+        ASSIGN_OR_RETURN(std::vector<MatchSpan> spans,
+                         step.pattern->FindMatches(piece.text, budget));
         if (step.invert) {
           for (MatchSpan& m : spans) m.match = !m.match;
         }
@@ -408,7 +412,8 @@ void PreTokenizer::ApplyStep(const Step& step, std::vector<Piece>& pieces) const
                    out);
         break;
       case Kind::kWhitespace: {
-        std::vector<MatchSpan> spans = step.pattern->FindMatches(piece.text);
+        ASSIGN_OR_RETURN(std::vector<MatchSpan> spans,
+                         step.pattern->FindMatches(piece.text, budget));
         for (MatchSpan& m : spans) m.match = !m.match;
         SplitPiece(piece, spans, SplitBehavior::kRemoved, out);
         break;
@@ -422,10 +427,12 @@ void PreTokenizer::ApplyStep(const Step& step, std::vector<Piece>& pieces) const
     }
   }
   pieces = std::move(out);
+  return absl::OkStatus();
 }
 
-void PreTokenizer::Apply(std::vector<Piece>& pieces) const {
-  for (const Step& step : steps_) ApplyStep(step, pieces);
+absl::Status PreTokenizer::Apply(std::vector<Piece>& pieces, RegexBudget& budget) const {
+  for (const Step& step : steps_) RETURN_IF_ERROR(ApplyStep(step, pieces, budget));
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::tokenizer

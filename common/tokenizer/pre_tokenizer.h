@@ -34,7 +34,9 @@ class PreTokenizer {
   static std::unique_ptr<PreTokenizer> Gpt2JavaScript();
 
   // Splits every piece in turn; empty pieces are dropped.
-  void Apply(std::vector<Piece>& pieces) const;
+  // Split's and ByteLevel's regexes spend `budget`; their errors (regex.h) come back, `pieces`
+  // then unspecified.
+  absl::Status Apply(std::vector<Piece>& pieces, RegexBudget& budget) const;
 
  private:
   enum class Kind {
@@ -60,7 +62,7 @@ class PreTokenizer {
   };
   static absl::Status Parse(const nlohmann::json& json, const std::string& where,
                             std::vector<Step>& steps);
-  void ApplyStep(const Step& step, std::vector<Piece>& pieces) const;
+  absl::Status ApplyStep(const Step& step, std::vector<Piece>& pieces, RegexBudget& budget) const;
   std::vector<Step> steps_;
 };
 

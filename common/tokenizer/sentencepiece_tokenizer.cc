@@ -15,7 +15,8 @@ class SentencePieceTokenizer : public Backend {
   std::unique_ptr<SentencePieceModel> sp;
   bool add_bos = true, add_eos = false;
 
-  std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const override {
+  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text,
+                                              bool add_special_tokens) const override {
     const std::vector<int> ids = sp->Encode(text);
     std::vector<int32_t> out;
     out.reserve(ids.size() + 2);

@@ -83,7 +83,10 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> PromptIds(const ApiRequest& ap
     if (!text.ok()) return text.status();
     RETURN_IF_ERROR(ToApiError(CheckPromptText("prompt", *text, limits), api.endpoint, "messages"));
     // The rendered text carries the template's BOS already: no special tokens are added.
-    ids.push_back(tokenizer->Encode(*text, /*add_special_tokens=*/false));
+    absl::StatusOr<std::vector<int32_t>> encoded =
+        tokenizer->Encode(*text, /*add_special_tokens=*/false);
+    if (!encoded.ok()) return InvalidField("messages", encoded.status().message());
+    ids.push_back(*std::move(encoded));
     if (ids.back().empty()) return InvalidField("messages", "the conversation renders to no tokens");
     texts.push_back(*std::move(text));
     return ids;
@@ -106,7 +109,9 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> PromptIds(const ApiRequest& ap
     }
     RETURN_IF_ERROR(
         ToApiError(CheckPromptText("prompt", prompt.text, limits), api.endpoint, param));
-    ids.push_back(tokenizer->Encode(prompt.text));
+    absl::StatusOr<std::vector<int32_t>> encoded = tokenizer->Encode(prompt.text);
+    if (!encoded.ok()) return InvalidField(param, encoded.status().message());
+    ids.push_back(*std::move(encoded));
     texts.push_back(prompt.text);
   }
   return ids;

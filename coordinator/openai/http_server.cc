@@ -9,6 +9,7 @@
 #include "common/security/credentials.h"
 #include "common/utf8.h"
 #include "coordinator/openai/api_error.h"
+#include "coordinator/openai/request_parsing.h"
 #include "coordinator/openai/response_format.h"
 #include "coordinator/request_stream.h"
 #include "coordinator/request_validation.h"
@@ -27,13 +28,7 @@ void SetJson(httplib::Response& res, const json& body) {
   res.set_content(JsonText(body), "application/json");
 }
 
-absl::StatusOr<json> JsonObject(const std::string& body) {
-  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded() || !parsed.is_object()) {
-    return absl::InvalidArgumentError("the request body must be a JSON object");
-  }
-  return parsed;
-}
+absl::StatusOr<json> JsonObject(const std::string& body) { return ParseJsonBody(body); }
 
 // vLLM's POST /tokenize: {"prompt": text, "add_special_tokens": true} ->
 // {"count", "max_model_len", "tokens"}.
@@ -50,10 +45,11 @@ void Tokenize(const Coordinator& c, const httplib::Request& req, httplib::Respon
   if (c.tokenizer() == nullptr) {
     return SetError(res, InvalidField("prompt", "this model has no tokenizer"));
   }
-  const std::vector<int32_t> ids = c.tokenizer()->Encode(prompt->get<std::string>());
-  SetJson(res, {{"count", ids.size()},
+  absl::StatusOr<std::vector<int32_t>> ids = c.tokenizer()->Encode(prompt->get<std::string>());
+  if (!ids.ok()) return SetError(res, InvalidField("prompt", ids.status().message()));
+  SetJson(res, {{"count", ids->size()},
                 {"max_model_len", c.limits().context_length},
-                {"tokens", ids}});
+                {"tokens", *ids}});
 }
 
 // vLLM's POST /detokenize: {"tokens": [ids]} -> {"prompt": text}.

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/bounded_json.h"
 #include "common/step.h"
 #include "common/utf8.h"
 #include "coordinator/openai/api_error.h"
@@ -98,21 +99,6 @@ class Fields {
   auto lhs##_or = (expr);                 \
   if (!lhs##_or.ok()) return lhs##_or.status(); \
   auto lhs = *std::move(lhs##_or)
-
-absl::StatusOr<json> ParseBody(absl::string_view body) {
-  if (absl::Status utf8 = CheckUtf8("the request body", std::string_view(body.data(), body.size()));
-      !utf8.ok()) {
-    return utf8;
-  }
-  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) {
-    return absl::InvalidArgumentError("the request body is not valid JSON");
-  }
-  if (!parsed.is_object()) {
-    return absl::InvalidArgumentError("the request body must be a JSON object");
-  }
-  return parsed;
-}
 
 // A token id as JSON: an integer in int32's range (the vocabulary is checked later).
 bool IsTokenId(const json& v) {
@@ -384,8 +370,29 @@ absl::Status Common(const Fields& f, ApiRequest& r) {
 
 }  // namespace
 
+absl::StatusOr<json> ParseJsonBody(absl::string_view body) {
+  if (absl::Status utf8 = CheckUtf8("the request body", std::string_view(body.data(), body.size()));
+      !utf8.ok()) {
+    return utf8;
+  }
+  const std::string_view text(body.data(), body.size());
+  if (const std::string path = FirstTooDeepPath(text); !path.empty()) {
+    return InvalidField(path, absl::StrCat("nests deeper than ", kMaxJsonDepth,
+                                           " levels of arrays and objects, the most a request may "
+                                           "nest (real tool schemas and messages nest far less)"));
+  }
+  json parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) {
+    return absl::InvalidArgumentError("the request body is not valid JSON");
+  }
+  if (!parsed.is_object()) {
+    return absl::InvalidArgumentError("the request body must be a JSON object");
+  }
+  return parsed;
+}
+
 absl::StatusOr<ApiRequest> ParseCompletionRequest(absl::string_view body) {
-  ASSIGN_OR_RETURN_FIELD(parsed, ParseBody(body));
+  ASSIGN_OR_RETURN_FIELD(parsed, ParseJsonBody(body));
   const Fields f(parsed);
   ApiRequest r;
   r.endpoint = Endpoint::kCompletions;
@@ -411,7 +418,7 @@ absl::StatusOr<ApiRequest> ParseCompletionRequest(absl::string_view body) {
 }
 
 absl::StatusOr<ApiRequest> ParseChatRequest(absl::string_view body) {
-  ASSIGN_OR_RETURN_FIELD(parsed, ParseBody(body));
+  ASSIGN_OR_RETURN_FIELD(parsed, ParseJsonBody(body));
   const Fields f(parsed);
   ApiRequest r;
   r.endpoint = Endpoint::kChat;

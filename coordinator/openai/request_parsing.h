@@ -47,6 +47,11 @@ struct ApiRequest {
   v1::GenerateRequest generation;
 };
 
+// A JSON request body: UTF-8, nested at most kMaxJsonDepth levels (common/bounded_json.h; the
+// error's field is the path that goes deeper), and an object. Every JSON endpoint parses its body
+// here, so nothing deeper reaches the recursive walks after the parse.
+absl::StatusOr<nlohmann::json> ParseJsonBody(absl::string_view body);
+
 // Defaults as OpenAI documents them: temperature 1, top_p 1, n 1, completions' max_tokens 16
 // (chat: up to the end of the context, at most kDefaultMaxNewTokens).
 absl::StatusOr<ApiRequest> ParseCompletionRequest(absl::string_view body);

@@ -377,5 +377,64 @@ TEST(ChatTemplateTest, ChatMlTemplate) {
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
 }
 
+std::string Repeat(std::string_view piece, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += piece;
+  return out;
+}
+
+TEST(ChatTemplateDepthTest, ParenthesesNestedPastTheBoundFailAtParse) {
+  // Four levels of the parser's recursion a pair: 60 pairs fit under 256, 100,000 do not.
+  EXPECT_EQ(Render("{{ " + Repeat("(", 60) + "1" + Repeat(")", 60) + " }}"), "1");
+  const absl::Status deep =
+      ParseStatus("{{ " + Repeat("(", 100000) + "1" + Repeat(")", 100000) + " }}");
+  EXPECT_EQ(deep.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(deep.message(), HasSubstr("deeper than 256 levels"));
+  EXPECT_FALSE(ParseStatus("{{ " + Repeat("[", 100000) + Repeat("]", 100000) + " }}").ok());
+  EXPECT_FALSE(ParseStatus("{{ " + Repeat("not ", 100000) + "x }}").ok());
+  EXPECT_FALSE(ParseStatus("{{ " + Repeat("-", 100000) + "1 }}").ok());
+}
+
+TEST(ChatTemplateDepthTest, BlocksNestedPastTheBoundFailAtParse) {
+  EXPECT_EQ(Render(Repeat("{% if true %}", 100) + "x" + Repeat("{% endif %}", 100)), "x");
+  const absl::Status deep =
+      ParseStatus(Repeat("{% if true %}", 100000) + "x" + Repeat("{% endif %}", 100000));
+  EXPECT_THAT(deep.message(), HasSubstr("deeper than 256 levels"));
+}
+
+TEST(ChatTemplateDepthTest, LongChainsFailAtParseWithoutOverflowingTheStack) {
+  // A chain deepens the tree without deepening the parser's recursion; it is refused after the
+  // parse and destroyed without recursion.
+  EXPECT_EQ(Render("{{ 1" + Repeat(" + 1", 200) + " }}"), "201");
+  for (const std::string& chain :
+       {"{{ 1" + Repeat(" + 1", 100000) + " }}", "{{ x" + Repeat("|string", 100000) + " }}",
+        "{{ x" + Repeat(".a", 100000) + " }}", "{{ x" + Repeat("[0]", 100000) + " }}"}) {
+    const absl::Status deep = ParseStatus(chain);
+    EXPECT_EQ(deep.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(deep.message(), HasSubstr("an expression nests deeper than 256 levels"));
+  }
+}
+
+TEST(ChatTemplateDepthTest, MacroRecursingWithoutEndFailsNamingIt) {
+  const std::string tmpl = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}";
+  EXPECT_THAT(RenderStatus(tmpl).message(),
+              HasSubstr("macro 'f': macro calls nest deeper than 128 levels"));
+  // Recursion that ends within the bound renders.
+  EXPECT_EQ(Render("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% endif %}{{ n }}{% endmacro %}"
+                   "{{ f(100) | length }}"),
+            "193");
+}
+
+TEST(ChatTemplateDepthTest, ValuesThatContainThemselvesPrintLikePython) {
+  const std::string out = Render("{% set ns = namespace(a=0) %}{% set ns.a = [ns] %}{{ ns }}");
+  EXPECT_THAT(out, ::testing::StartsWith("<Namespace {'a': [<Namespace {'a': [<Namespace"));
+  EXPECT_THAT(out, HasSubstr("..."));
+  // A value built deeper than tojson walks fails instead of overflowing the stack.
+  const std::string deep_json =
+      "{% set ns = namespace(v=0) %}{% for i in range(1000) %}{% set ns.v = [ns.v] %}{% endfor %}"
+      "{{ ns.v | tojson }}";
+  EXPECT_THAT(Render(deep_json), HasSubstr("tojson: the value nests deeper than 256 levels"));
+}
+
 }  // namespace
 }  // namespace tandem

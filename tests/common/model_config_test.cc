@@ -271,5 +271,23 @@ TEST(ModelConfigTest, MissingFileIsNotFound) {
   EXPECT_NE(c.status().message().find("/nonexistent/model/config.json"), std::string::npos);
 }
 
+TEST(ModelConfigTest, ConfigNestedPastTheJsonBoundIsRefusedNamingTheField) {
+  std::string text = kLlama;
+  // The object plus `levels` arrays in "architectures".
+  auto with_nesting = [&](int levels) {
+    return std::string(text).insert(
+        1, "\"architectures\": " + std::string(levels, '[') + std::string(levels, ']') + ", ");
+  };
+  EXPECT_TRUE(ParseModelConfig(with_nesting(127), "config.json").ok());
+  for (int levels : {128, 100000}) {
+    auto c = ParseModelConfig(with_nesting(levels), "config.json");
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(c.status().message().find("config.json: architectures[0]"), std::string::npos)
+        << c.status();
+    EXPECT_NE(c.status().message().find("deeper than 128 levels"), std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace tandem

@@ -27,7 +27,10 @@ using json = nlohmann::json;
 std::string Normalize(const json& j, std::string text) {
   auto n = Normalizer::FromJson(j, "normalizer");
   EXPECT_TRUE(n.ok()) << n.status();
-  if (n.ok()) (*n)->Apply(text);
+  RegexBudget budget = RegexBudget::ForText(text.size());
+  if (n.ok()) {
+    EXPECT_TRUE((*n)->Apply(text, budget).ok());
+  }
   return text;
 }
 
@@ -35,7 +38,10 @@ std::vector<std::string> PreTokenize(const json& j, const std::string& text) {
   auto p = PreTokenizer::FromJson(j, "pre_tokenizer");
   EXPECT_TRUE(p.ok()) << p.status();
   std::vector<Piece> pieces = {{text, true}};
-  if (p.ok()) (*p)->Apply(pieces);
+  RegexBudget budget = RegexBudget::ForText(text.size());
+  if (p.ok()) {
+    EXPECT_TRUE((*p)->Apply(pieces, budget).ok());
+  }
   std::vector<std::string> out;
   for (const Piece& piece : pieces) out.push_back(piece.text);
   return out;
@@ -44,7 +50,10 @@ std::vector<std::string> PreTokenize(const json& j, const std::string& text) {
 std::string DecodeTokens(const json& j, std::vector<std::string> tokens) {
   auto d = Decoder::FromJson(j, "decoder");
   EXPECT_TRUE(d.ok()) << d.status();
-  return d.ok() ? (*d)->Decode(std::move(tokens)) : "";
+  if (!d.ok()) return "";
+  absl::StatusOr<std::string> text = (*d)->Decode(std::move(tokens));
+  EXPECT_TRUE(text.ok()) << text.status();
+  return text.ok() ? *text : "";
 }
 
 std::vector<int32_t> Bpe(const json& model, const std::string& piece) {

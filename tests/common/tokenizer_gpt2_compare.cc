@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   int failures = 0;
   auto check = [&](const std::string& what, const std::string& text,
                    const std::vector<int32_t>& want) {
-    const std::vector<int32_t> got = (*tok)->Encode(text);
+    const std::vector<int32_t> got = (*tok)->Encode(text).value();
     auto decoded = (*tok)->Decode(got);
     const bool ids_ok = got == want;
     const bool round_trip_ok = decoded.ok() && *decoded == text;
@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
       state = state * 1664525u + 1013904223u;
       c = static_cast<char>(state >> 24);
     }
-    auto decoded = (*tok)->Decode((*tok)->Encode(text));
+    auto decoded = (*tok)->Decode((*tok)->Encode(text).value());
     if (!decoded.ok() || *decoded != text) ++round_trip_failures;
   }
   if (round_trip_failures > 0) {
@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
   auto fresh = tandem::Tokenizer::FromVocabAndMerges(argv[1], argv[2]);
   if (!fresh.ok()) return 1;
   const auto start = std::chrono::steady_clock::now();
-  const size_t n_tokens = (*fresh)->Encode(mb).size();
+  const size_t n_tokens = (*fresh)->Encode(mb).value().size();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 

@@ -82,8 +82,8 @@ int main(int argc, char** argv) {
   int failures = 0;
   size_t checks = 0;
   auto check = [&](const std::string& what, const std::string& text, const nlohmann::json& want) {
-    const std::vector<int32_t> with = (*tok)->Encode(text, true);
-    const std::vector<int32_t> without = (*tok)->Encode(text, false);
+    const std::vector<int32_t> with = (*tok)->Encode(text, true).value();
+    const std::vector<int32_t> without = (*tok)->Encode(text, false).value();
     auto kept = (*tok)->Decode(with, false);
     auto skipped = (*tok)->Decode(with, true);
     const std::vector<int32_t> want_with = ToIds(want["a"]);
@@ -98,7 +98,8 @@ int main(int argc, char** argv) {
                      theirs.substr(0, 600).c_str(), ours.substr(0, 600).c_str());
       }
     };
-    if (with != want_with) report("ids with special tokens", IdsToString(want_with), IdsToString(with));
+    if (with != want_with)
+      report("ids with special tokens", IdsToString(want_with), IdsToString(with));
     if (without != want_without) {
       report("ids without special tokens", IdsToString(want_without), IdsToString(without));
     }

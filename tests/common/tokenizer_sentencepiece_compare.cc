@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
     std::vector<int32_t> want;
     std::istringstream in(ids[i]);
     for (int32_t id; in >> id;) want.push_back(id);
-    const std::vector<int32_t> got = (*tok)->Encode(corpus[i], false);
+    const std::vector<int32_t> got = (*tok)->Encode(corpus[i], false).value();
     std::vector<int32_t> want_special = {*bos};
     want_special.insert(want_special.end(), want.begin(), want.end());
     auto text = (*tok)->Decode(want);
@@ -74,8 +74,8 @@ int main(int argc, char** argv) {
       streamed_ok = streamed.ok() && whole.ok() && *streamed == *whole;
       if (!streamed_ok) std::fprintf(stderr, "line %zu: streamed text differs after %zu ids\n", i + 1, k);
     }
-    const bool ok = got == want && (*tok)->Encode(corpus[i], true) == want_special && text.ok() &&
-                    *text == decoded[i] && streamed_ok;
+    const bool ok = got == want && (*tok)->Encode(corpus[i], true).value() == want_special &&
+                    text.ok() && *text == decoded[i] && streamed_ok;
     if (!ok && ++failures <= 20) {
       std::fprintf(stderr, "line %zu differs\n  text: %s\n  spm_encode: %s\n  ours:       %s\n"
                    "  spm_decode: %s\n  ours:       %s\n",

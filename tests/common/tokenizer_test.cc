@@ -128,7 +128,8 @@ std::unique_ptr<Tokenizer> Load(const std::vector<Merge>& merges) {
 // The bytes of each token Encode produces, to show where tokens begin and end.
 std::vector<std::string> Pieces(const Tokenizer& tok, std::string_view text) {
   std::vector<std::string> out;
-  for (int32_t id : tok.Encode(text)) {
+  const std::vector<int32_t> ids = tok.Encode(text).value();
+  for (int32_t id : ids) {
     auto piece = tok.Decode(std::span<const int32_t>(&id, 1));
     EXPECT_TRUE(piece.ok()) << piece.status();
     out.push_back(piece.ok() ? *piece : "<error>");
@@ -190,7 +191,7 @@ TEST(TokenizerMerges, RepeatedMergeTakesItsLastRank) {
 TEST(TokenizerMerges, LongWordMergesCompletely) {
   auto tok = Load({{"a", "a"}, {"aa", "aa"}, {"aaaa", "aaaa"}});
   const std::string text(100003, 'a');
-  const std::vector<int32_t> ids = tok->Encode(text);
+  const std::vector<int32_t> ids = tok->Encode(text).value();
   ASSERT_EQ(ids.size(), 100000u / 8 + 2);  // 12500 x "aaaaaaaa", then "aa", "a"
   EXPECT_THAT(Pieces(*tok, "aaaaaaaaaaa"), ElementsAre("aaaaaaaa", "aa", "a"));
   EXPECT_EQ(*tok->Decode(ids), text);
@@ -323,11 +324,11 @@ TEST(TokenizerRoundTrip, AnyBytesDecodeToThemselves) {
       c = (state >> 28) < 12 ? kCommon[(state >> 8) % sizeof(kCommon)]
                              : static_cast<char>(state >> 16);
     }
-    auto decoded = tok->Decode(tok->Encode(text));
+    auto decoded = tok->Decode(tok->Encode(text).value());
     ASSERT_TRUE(decoded.ok()) << decoded.status();
     ASSERT_EQ(*decoded, text) << "trial " << trial;
   }
-  EXPECT_TRUE(tok->Encode("").empty());
+  EXPECT_TRUE(tok->Encode("").value().empty());
 }
 
 TEST(TokenizerRoundTrip, ConcurrentEncodesAgree) {
@@ -335,14 +336,15 @@ TEST(TokenizerRoundTrip, ConcurrentEncodesAgree) {
   std::vector<std::string> texts;
   for (int i = 0; i < 200; ++i) texts.push_back("the other " + std::to_string(i) + " there");
   std::vector<std::vector<int32_t>> expected;
-  for (const auto& t : texts) expected.push_back(tok->Encode(t));
+  for (const auto& t : texts) expected.push_back(tok->Encode(t).value());
   std::vector<int> mismatches(4, 0);
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (int rep = 0; rep < 20; ++rep) {
         for (size_t i = 0; i < texts.size(); ++i) {
-          if (tok->Encode(texts[(i + t) % texts.size()]) != expected[(i + t) % texts.size()]) {
+          if (tok->Encode(texts[(i + t) % texts.size()]).value() !=
+              expected[(i + t) % texts.size()]) {
             ++mismatches[t];
           }
         }
@@ -368,20 +370,21 @@ TEST(TokenizerAddedTokens, AreMatchedWholeAndSplitTheText) {
     auto tok =
         LoadJson(WithAddedTokens(TokenizerJson({{" ", "b"}}), {{"<|endoftext|>", 300}}, in_vocab));
     ASSERT_NE(tok, nullptr);
-    EXPECT_THAT(tok->Encode("a<|endoftext|> b"), ElementsAre('a', 300, tok->Encode(" b")[0]));
-    EXPECT_THAT(tok->Encode("<|endoftext|><|endoftext|>"), ElementsAre(300, 300));
+    EXPECT_THAT(tok->Encode("a<|endoftext|> b").value(),
+                ElementsAre('a', 300, tok->Encode(" b").value()[0]));
+    EXPECT_THAT(tok->Encode("<|endoftext|><|endoftext|>").value(), ElementsAre(300, 300));
     EXPECT_THAT(Pieces(*tok, "a <|endoftext|>"), ElementsAre("a", " ", "<|endoftext|>"));
     // A partial match is ordinary text.
     EXPECT_THAT(Pieces(*tok, "<|endoftext"),
                 ElementsAre("<", "|", "e", "n", "d", "o", "f", "t", "e", "x", "t"));
-    EXPECT_EQ(*tok->Decode(tok->Encode("x<|endoftext|>y")), "x<|endoftext|>y");
+    EXPECT_EQ(*tok->Decode(tok->Encode("x<|endoftext|>y").value()), "x<|endoftext|>y");
     EXPECT_EQ(tok->vocab_size(), 301);
   }
 }
 
 TEST(TokenizerAddedTokens, LongestMatchWins) {
   auto tok = LoadJson(WithAddedTokens(TokenizerJson({}), {{"<a>", 400}, {"<a><b>", 401}}, false));
-  EXPECT_THAT(tok->Encode("<a><b><a>"), ElementsAre(401, 400));
+  EXPECT_THAT(tok->Encode("<a><b><a>").value(), ElementsAre(401, 400));
 }
 
 TEST(TokenizerAddedTokens, GptTwoFilesTreatEndOfTextAsText) {
@@ -392,7 +395,7 @@ TEST(TokenizerAddedTokens, GptTwoFilesTreatEndOfTextAsText) {
   WriteText(dir / "merges.txt", "#version: 0.2\n");
   auto tok = Tokenizer::FromVocabAndMerges(dir / "vocab.json", dir / "merges.txt");
   ASSERT_TRUE(tok.ok()) << tok.status();
-  EXPECT_EQ((*tok)->Encode("<|endoftext|>").size(), 13u);
+  EXPECT_EQ((*tok)->Encode("<|endoftext|>").value().size(), 13u);
   const int32_t eot = 256;
   EXPECT_EQ(*(*tok)->Decode(std::span<const int32_t>(&eot, 1)), "<|endoftext|>");
 }
@@ -417,7 +420,7 @@ TEST(TokenizerFiles, MergesMayBeStringsOrPairs) {
   json["model"]["merges"] = nlohmann::json::array({{"b", "c"}, {"a", "bc"}});
   auto as_pairs = LoadJson(json);
   EXPECT_THAT(Pieces(*as_pairs, "abc"), ElementsAre("abc"));
-  EXPECT_EQ(as_pairs->Encode("abcbc a"), as_strings->Encode("abcbc a"));
+  EXPECT_EQ(as_pairs->Encode("abcbc a").value(), as_strings->Encode("abcbc a").value());
 }
 
 TEST(TokenizerFiles, GptTwoMergesFileFormat) {
@@ -638,6 +641,84 @@ TEST(TokenizerBadFiles, GptTwoMergesLines) {
   auto tok = Tokenizer::FromVocabAndMerges(dir / "vocab.json", dir / "merges.txt");
   EXPECT_EQ(tok.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(tok.status().message(), HasSubstr((dir / "merges.txt").string()));
+}
+
+// A tokenizer.json whose pre-tokenizer is a Split on `pattern` (isolated) over GPT-2's byte-level
+// BPE of no merges.
+nlohmann::json SplitTokenizerJson(const std::string& pattern) {
+  nlohmann::json json = TokenizerJson({});
+  json["pre_tokenizer"] = {{"type", "Sequence"},
+                           {"pretokenizers",
+                            {{{"type", "Split"},
+                              {"pattern", {{"Regex", pattern}}},
+                              {"behavior", "Isolated"},
+                              {"invert", false}},
+                             {{"type", "ByteLevel"},
+                              {"add_prefix_space", false},
+                              {"trim_offsets", true},
+                              {"use_regex", false}}}}};
+  return json;
+}
+
+TEST(TokenizerRegexBudget, CatastrophicBacktrackingFailsNamingTheTokenizerAndPattern) {
+  const fs::path path = TestDir() / "tokenizer.json";
+  WriteText(path, SplitTokenizerJson("(a+)+$").dump());
+  auto tok = Tokenizer::FromTokenizerJson(path);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  // 2^40 ways to split the a's before the final 'b' refutes `$`: without a budget this never ends.
+  absl::StatusOr<std::vector<int32_t>> ids = (*tok)->Encode(std::string(40, 'a') + "b");
+  ASSERT_FALSE(ids.ok());
+  EXPECT_EQ(ids.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(ids.status().message(),
+              AllOf(HasSubstr(path.string()), HasSubstr("pre_tokenizer.pretokenizers[0]"),
+                    HasSubstr("(a+)+$"), HasSubstr("time limit")));
+  // The tokenizer still serves: a text the pattern handles at once encodes as before.
+  absl::StatusOr<std::vector<int32_t>> fine = (*tok)->Encode("aaab");
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_THAT(*fine, ElementsAre('a', 'a', 'a', 'b'));
+}
+
+TEST(TokenizerRegexBudget, LongOrdinaryTextStaysWithinTheBudget) {
+  // GPT-2's pattern over 4 MB of text with long runs of spaces (its `\s+(?!\S)` backtracks over
+  // each run): far inside the budget that grows with the text.
+  auto tok = LoadJson(TokenizerJson({}));
+  ASSERT_NE(tok, nullptr);
+  std::string text;
+  while (text.size() < (4u << 20))
+    text += "The bread is done when it sounds hollow." + std::string(4000, ' ') + "\n";
+  absl::StatusOr<std::vector<int32_t>> ids = tok->Encode(text);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_GT(ids->size(), text.size() / 100);
+}
+
+TEST(TokenizerBadFiles, NormalizerNestedAHundredThousandDeepIsRefusedAtLoad) {
+  const fs::path path = TestDir() / "tokenizer.json";
+  std::string normalizer;
+  for (int i = 0; i < 100000; ++i) normalizer += R"({"type": "Sequence", "normalizers": [)";
+  normalizer += R"({"type": "NFC"})";
+  for (int i = 0; i < 100000; ++i) normalizer += "]}";
+  std::string text = TokenizerJson({}).dump();
+  text.insert(1, "\"normalizer\": " + normalizer + ", ");
+  WriteText(path, text);
+  auto tok = Tokenizer::FromTokenizerJson(path);
+  ASSERT_FALSE(tok.ok());
+  EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(tok.status().message(),
+              AllOf(HasSubstr(path.string()), HasSubstr("normalizer.normalizers[0]"),
+                    HasSubstr("deeper than 128 levels")));
+}
+
+TEST(TokenizerBadFiles, NormalizersNestedJustUnderTheBoundLoad) {
+  // 60 Sequences inside each other: 120 levels of arrays and objects, under the bound of 128.
+  nlohmann::json normalizer = {{"type", "NFC"}};
+  for (int i = 0; i < 60; ++i) {
+    normalizer = {{"type", "Sequence"}, {"normalizers", nlohmann::json::array({normalizer})}};
+  }
+  nlohmann::json json = TokenizerJson({});
+  json["normalizer"] = normalizer;
+  auto tok = LoadJson(json);
+  ASSERT_NE(tok, nullptr);
+  EXPECT_THAT(tok->Encode("ab").value(), ElementsAre('a', 'b'));
 }
 
 }  // namespace

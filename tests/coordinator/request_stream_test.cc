@@ -50,7 +50,7 @@ std::unique_ptr<Tokenizer> CorpusTokenizer() {
 // the stop rules would set.
 std::string Streamed(const Tokenizer& tokenizer, const std::string& text,
                      const std::vector<std::string>& stops, int text_limit) {
-  const std::vector<int32_t> ids = tokenizer.Encode(text, false);
+  const std::vector<int32_t> ids = tokenizer.Encode(text, false).value();
   TextStream stream(&tokenizer, stops);
   std::string out;
   for (size_t k = 1; k <= ids.size(); ++k) {

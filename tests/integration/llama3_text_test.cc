@@ -161,7 +161,7 @@ TEST_F(Llama3TextTest, TextPromptGetsBosFirst) {
   ASSERT_NE(cluster_, nullptr);
   auto tok = Tokenizer::FromTokenizerJson(Llama3Files() / "tokenizer.json");
   ASSERT_TRUE(tok.ok()) << tok.status();
-  const std::vector<int32_t> text_ids = (*tok)->Encode("Hello world", false);
+  const std::vector<int32_t> text_ids = (*tok)->Encode("Hello world", false).value();
   ASSERT_THAT(text_ids, ElementsAre(9906, 1917));  // Hugging Face's ids for "Hello world"
   v1::GenerateRequest req;
   req.set_prompt("Hello world");

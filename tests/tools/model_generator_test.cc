@@ -750,13 +750,14 @@ TEST(ByteLevelBpeTest, GeneratedTokenizerLoadsAndRoundTrips) {
   auto tok = Tokenizer::FromTokenizerJson(dir / "tokenizer.json");
   ASSERT_TRUE(tok.ok()) << tok.status();
   const std::string text = "The bread is done when it sounds hollow.\n  Caf\xC3\xA9 42!";
-  const std::vector<int32_t> ids = (*tok)->Encode(text);
+  const std::vector<int32_t> ids = (*tok)->Encode(text).value();
   EXPECT_LT(ids.size(), text.size());  // merges were applied
   for (int32_t id : ids) EXPECT_LT(id, 511);
   auto back = (*tok)->Decode(ids);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, text);
-  EXPECT_THAT((*tok)->Encode(" the"), ElementsAre(::testing::Ge(256)));  // one learned token
+  EXPECT_THAT((*tok)->Encode(" the").value(),
+              ElementsAre(::testing::Ge(256)));  // one learned token
 }
 
 // --- the program ---

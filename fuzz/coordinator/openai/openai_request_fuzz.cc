@@ -26,10 +26,14 @@ void Validate(const tandem::openai::ApiRequest& request) {
                                    .eos_token_id = tokenizer.vocab_size() - 1,
                                    .eos_token_ids = {tokenizer.vocab_size() - 1}};
   for (const tandem::openai::PromptInput& prompt : request.prompts) {
-    const std::vector<int32_t> ids =
-        prompt.is_tokens ? prompt.token_ids : tokenizer.Encode(prompt.text);
+    absl::StatusOr<std::vector<int32_t>> ids = prompt.token_ids;
+    if (!prompt.is_tokens) ids = tokenizer.Encode(prompt.text);
+    if (!ids.ok()) {
+      CheckRefusal(ids.status());
+      continue;
+    }
     auto validated =
-        tandem::ValidateRequest(tandem::openai::PromptRequest(request, ids), limits, &tokenizer);
+        tandem::ValidateRequest(tandem::openai::PromptRequest(request, *ids), limits, &tokenizer);
     if (!validated.ok()) CheckRefusal(validated.status());
   }
 }

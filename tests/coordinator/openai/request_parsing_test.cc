@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/bounded_json.h"
 #include "coordinator/openai/api_error.h"
 #include "coordinator/request_validation.h"
 #include "gmock/gmock.h"
@@ -140,6 +141,56 @@ TEST(ParseChatRequest, RefusesEveryInvalidFieldWith400NamingIt) {
     EXPECT_EQ(HttpStatusOf(got.status()), 400);
     EXPECT_EQ(ParamOf(got.status()), r.param);
   }
+}
+
+// `levels` arrays inside each other around 1.
+std::string Nested(int levels) { return std::string(levels, '[') + "1" + std::string(levels, ']'); }
+
+struct DeepBody {
+  std::string body;
+  std::string field;
+  int levels;  // how deep the body nests
+};
+
+// Chat bodies whose chat_template_kwargs, tools or message carry `levels` nested arrays.
+std::vector<DeepBody> DeepChatBodies(int levels) {
+  const std::string message = R"({"role": "user", "content": "hi")";
+  const std::string value = Nested(levels);
+  return {
+      {R"({"messages": [)" + message + R"(}], "chat_template_kwargs": {"x": )" + value + "}}",
+       "chat_template_kwargs.x", levels + 2},
+      {R"({"messages": [)" + message + R"(}], "tools": )" + value + "}", "tools", levels + 1},
+      {R"({"messages": [)" + message + R"(, "extra": )" + value + "}]}", "messages[0].extra",
+       levels + 3},
+  };
+}
+
+TEST(ParseChatRequest, JsonNestedThirtyThousandDeepIsRefusedNamingTheFieldAndLimit) {
+  for (const DeepBody& b : DeepChatBodies(30000)) {
+    absl::StatusOr<ApiRequest> got = ParseChatRequest(b.body);
+    ASSERT_FALSE(got.ok()) << b.field;
+    EXPECT_EQ(HttpStatusOf(got.status()), 400);
+    EXPECT_THAT(ParamOf(got.status()), ::testing::StartsWith(b.field));
+    EXPECT_THAT(got.status().message(), HasSubstr("deeper than 128 levels"));
+  }
+}
+
+TEST(ParseChatRequest, JsonNestedAtTheLimitIsAcceptedAndOneLevelMoreRefused) {
+  const std::vector<DeepBody> shapes = DeepChatBodies(0);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    // shapes[i].levels is the body's own nesting around the value.
+    const int at_limit = kMaxJsonDepth - shapes[i].levels;
+    EXPECT_TRUE(ParseChatRequest(DeepChatBodies(at_limit)[i].body).ok()) << shapes[i].field;
+    EXPECT_FALSE(ParseChatRequest(DeepChatBodies(at_limit + 1)[i].body).ok()) << shapes[i].field;
+  }
+}
+
+TEST(ParseJsonBody, EveryJsonEndpointsBodyIsBoundedTheSameWay) {
+  absl::StatusOr<nlohmann::json> got = ParseJsonBody(R"({"prompt": )" + Nested(200) + "}");
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(ParamOf(got.status()), "prompt[0][0][0][0][0]...");
+  EXPECT_TRUE(ParseJsonBody(R"({"prompt": "a"})").ok());
+  EXPECT_FALSE(ParseJsonBody("[1]").ok());
 }
 
 TEST(ParseCompletionRequest, DefaultsAreOpenAIs) {
