@@ -21,6 +21,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -34,6 +35,8 @@ namespace tandem::openai {
 constexpr int kListenBacklog = 1024;
 // A body this large, once freed, is followed by malloc_trim: its pages go back to the system.
 constexpr size_t kTrimAfterBytes = 1 << 20;
+// A refused request's body is read and discarded up to this many times the body bound.
+constexpr int64_t kDiscardFactor = 8;
 // A stream whose client reads nothing while this much waits counts as gone.
 constexpr size_t kMaxPendingStreamBytes = 64 << 20;
 
@@ -270,7 +273,8 @@ struct RequestContext {
   HttpRequest request;
   std::shared_ptr<Exchange> exchange;
   bool dispatched = false;
-  bool refused = false;  // an answer was queued before the body was read
+  bool refused = false;    // answered before its body was read: the body is discarded
+  uint64_t discarded = 0;  // body bytes discarded
   size_t largest_body = 0;
 };
 
@@ -295,7 +299,8 @@ MHD_Result QueueNow(MHD_Connection* connection, HttpResponse response) {
   MHD_Response* r = MakeResponse(response);
   if (r == nullptr) return MHD_NO;
   AddHeaders(r, response);
-  const MHD_Result queued = MHD_queue_response(connection, static_cast<unsigned>(response.status), r);
+  const MHD_Result queued =
+      MHD_queue_response(connection, static_cast<unsigned>(response.status), r);
   MHD_destroy_response(r);
   return queued;
 }
@@ -360,8 +365,7 @@ MHD_Result OnAccess(void* cls, MHD_Connection* connection, const char* url, cons
     *request_context = ctx;
     ctx->request.method = method;
     ctx->request.path = url;
-    MHD_get_connection_values_n(connection, MHD_HEADER_KIND, &CollectHeader,
-                                &ctx->request.headers);
+    MHD_get_connection_values_n(connection, MHD_HEADER_KIND, &CollectHeader, &ctx->request.headers);
     ctx->exchange = std::make_shared<Exchange>(d, connection, ConnectionFd(connection));
     d.SetPhase(connection, Connection::kBody);
     std::optional<HttpResponse> refusal =
@@ -369,9 +373,21 @@ MHD_Result OnAccess(void* cls, MHD_Connection* connection, const char* url, cons
     if (!refusal.has_value()) refusal = d.check(ctx->request);
     if (refusal.has_value()) {
       ctx->refused = true;
-      // With a body still to come: answered now, the body is not read and the connection
-      // closes. Without one, answered as any request is (the connection stays open).
-      if (HasBody(ctx->request) || refusal->close) return QueueNow(connection, *refusal);
+      if (HasBody(ctx->request)) {
+        // Framing that cannot be trusted, a client waiting for "100 Continue" (it sends
+        // nothing more) or a body far past the bound: answered now, the body unread and the
+        // connection closed. Otherwise, as nginx's lingering close: the body is read and
+        // discarded (bounded, and within the body deadline), then answered and closed, so that
+        // a client that writes its whole body before it reads gets the answer.
+        const bool framing = refusal->status == 400 || refusal->status == 501;
+        const bool expects_continue =
+            absl::EqualsIgnoreCase(ctx->request.Header("expect"), "100-continue");
+        uint64_t length = 0;
+        const bool far = absl::SimpleAtoi(ctx->request.Header("content-length"), &length) &&
+                         length > static_cast<uint64_t>(kDiscardFactor * d.options.max_body_bytes);
+        refusal->close = true;
+        if (framing || expects_continue || far) return QueueNow(connection, *refusal);
+      }
       ctx->exchange->Respond(*std::move(refusal));
     }
     return MHD_YES;
@@ -379,8 +395,12 @@ MHD_Result OnAccess(void* cls, MHD_Connection* connection, const char* url, cons
   if (*upload_data_size > 0) {
     std::string& body = ctx->request.body;
     if (ctx->refused) {
+      // Discarded; a body far past the bound ends the connection.
+      ctx->discarded += *upload_data_size;
       *upload_data_size = 0;
-      return MHD_YES;
+      return ctx->discarded > static_cast<uint64_t>(kDiscardFactor * d.options.max_body_bytes)
+                 ? MHD_NO
+                 : MHD_YES;
     }
     if (body.size() + *upload_data_size > static_cast<size_t>(d.options.max_body_bytes)) {
       // A chunked body past the bound: refused now, the rest unread. libmicrohttpd cannot queue
@@ -391,12 +411,12 @@ MHD_Result OnAccess(void* cls, MHD_Connection* connection, const char* url, cons
       ctx->largest_body = std::max(ctx->largest_body, body.capacity());
       body = std::string();
       if (d.options.tls_cert_pem.empty()) {
-        const HttpResponse r = d.refusal(
-            413, absl::StrCat("the request body is larger than the ", d.options.max_body_bytes,
-                              " bytes this server accepts"));
+        const HttpResponse r =
+            d.refusal(413, absl::StrCat("the request body is larger than the ",
+                                        d.options.max_body_bytes, " bytes this server accepts"));
         const std::string bytes = absl::StrCat(
-            "HTTP/1.1 413 Content Too Large\r\nConnection: close\r\nContent-Type: ",
-            r.content_type, "\r\nContent-Length: ", r.body.size(), "\r\n\r\n", r.body);
+            "HTTP/1.1 413 Content Too Large\r\nConnection: close\r\nContent-Type: ", r.content_type,
+            "\r\nContent-Length: ", r.body.size(), "\r\n\r\n", r.body);
         ::send(ConnectionFd(connection), bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
       }
       return MHD_NO;
@@ -487,11 +507,10 @@ absl::StatusOr<int> Listen(std::string host, int port) {
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
   const std::string service = std::to_string(port);
-  if (const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints,
-                                 &found);
+  if (const int rc =
+          getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
       rc != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc)));
+    return absl::UnavailableError(absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc)));
   }
   std::string why = "no address";
   int fd = -1;
@@ -530,8 +549,7 @@ void RaiseDescriptorLimit(int connections) {
 HttpDaemon::HttpDaemon(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 absl::StatusOr<std::unique_ptr<HttpDaemon>> HttpDaemon::Start(const HttpDaemonOptions& options,
-                                                              HeadCheck check,
-                                                              HttpHandler handler,
+                                                              HeadCheck check, HttpHandler handler,
                                                               RefusalBody refusal) {
   if (options.threads < 1) {
     return absl::InvalidArgumentError(
@@ -542,7 +560,8 @@ absl::StatusOr<std::unique_ptr<HttpDaemon>> HttpDaemon::Start(const HttpDaemonOp
         absl::StrCat("http_max_connections: must be >= 1, got ", options.max_connections));
   }
   if (options.header_timeout < absl::Seconds(1) || options.body_timeout < absl::Seconds(1)) {
-    return absl::InvalidArgumentError("http_header_timeout_s and http_body_timeout_s: must be >= 1");
+    return absl::InvalidArgumentError(
+        "http_header_timeout_s and http_body_timeout_s: must be >= 1");
   }
   const bool tls = !options.tls_cert_pem.empty();
   if (tls && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
@@ -582,7 +601,8 @@ absl::StatusOr<std::unique_ptr<HttpDaemon>> HttpDaemon::Start(const HttpDaemonOp
     items.push_back({MHD_OPTION_THREAD_POOL_SIZE, options.threads, nullptr});
   }
   if (tls) {
-    items.push_back({MHD_OPTION_HTTPS_MEM_CERT, 0, const_cast<char*>(options.tls_cert_pem.c_str())});
+    items.push_back(
+        {MHD_OPTION_HTTPS_MEM_CERT, 0, const_cast<char*>(options.tls_cert_pem.c_str())});
     items.push_back({MHD_OPTION_HTTPS_MEM_KEY, 0, const_cast<char*>(options.tls_key_pem.c_str())});
   }
   items.push_back({MHD_OPTION_END, 0, nullptr});

@@ -33,7 +33,7 @@ namespace tandem::openai {
 
 struct HttpRequest {
   std::string method;
-  std::string path;  // without the query
+  std::string path;                                          // without the query
   std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased, in order
   std::string body;
   // The value of header `name` (lower case), "" when absent.

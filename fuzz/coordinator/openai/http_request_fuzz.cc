@@ -81,7 +81,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   bool write_open = true;
   char buf[65536];
   for (;;) {
-    pollfd p{.fd = fds[1], .events = static_cast<short>(POLLIN | (write_open ? POLLOUT : 0)),
+    pollfd p{.fd = fds[1],
+             .events = static_cast<short>(POLLIN | (write_open ? POLLOUT : 0)),
              .revents = 0};
     if (poll(&p, 1, 10000) <= 0) std::abort();  // the server neither answered nor closed
     if ((p.revents & POLLOUT) != 0 && write_open) {

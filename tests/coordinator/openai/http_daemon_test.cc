@@ -125,7 +125,8 @@ TEST(HttpDaemon, AnswersEachPipelinedRequestInOrder) {
     ASSERT_TRUE(r.has_value()) << "response " << i;
     bodies.push_back(r->body);
   }
-  EXPECT_EQ(bodies, (std::vector<std::string>{"later first", "POST second", "GET ", "later fourth"}));
+  EXPECT_EQ(bodies,
+            (std::vector<std::string>{"later first", "POST second", "GET ", "later fourth"}));
 }
 
 TEST(HttpDaemon, KeepsTheConnectionForTheNextRequest) {
@@ -142,8 +143,9 @@ TEST(HttpDaemon, KeepsTheConnectionForTheNextRequest) {
 TEST(HttpDaemon, RefusesTransferEncodingWithContentLengthAndCloses) {
   Server server;
   RawClient c(server.port());
-  ASSERT_TRUE(c.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
-                     "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"));
+  ASSERT_TRUE(
+      c.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+             "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"));
   std::optional<RawResponse> r = c.Read();
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->status, 400);
@@ -153,8 +155,9 @@ TEST(HttpDaemon, RefusesTransferEncodingWithContentLengthAndCloses) {
 TEST(HttpDaemon, RefusesAnUnknownTransferCoding) {
   Server server;
   RawClient c(server.port());
-  ASSERT_TRUE(c.Send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
-                     "5\r\nhello\r\n0\r\n\r\n"));
+  ASSERT_TRUE(
+      c.Send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+             "5\r\nhello\r\n0\r\n\r\n"));
   std::optional<RawResponse> r = c.Read();
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->status, 501);
@@ -164,8 +167,9 @@ TEST(HttpDaemon, RefusesAnUnknownTransferCoding) {
 TEST(HttpDaemon, ReadsAChunkedBodyWithinTheBound) {
   Server server;
   RawClient c(server.port());
-  ASSERT_TRUE(c.Send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"));
+  ASSERT_TRUE(
+      c.Send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+             "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"));
   std::optional<RawResponse> r = c.Read();
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->body, "POST hello world");
@@ -178,6 +182,20 @@ TEST(HttpDaemon, RefusesAContentLengthAboveTheBoundWithoutReadingTheBody) {
   std::optional<RawResponse> r = c.Read();
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->status, 413);
+}
+
+TEST(HttpDaemon, AnswersAClientThatWritesItsWholeRefusedBodyBeforeReading) {
+  Server server({.max_body_bytes = 100 << 10});
+  RawClient c(server.port());
+  timeval limit{.tv_sec = 30, .tv_usec = 0};
+  setsockopt(c.fd(), SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
+  // 600 KB, more than the sockets buffer: a server that neither reads nor closes blocks it.
+  const std::string body(600 << 10, 'a');
+  ASSERT_TRUE(c.Send(Post("/echo", body)));
+  std::optional<RawResponse> r = c.Read();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 413);
+  EXPECT_TRUE(c.ClosedWithin(absl::Seconds(30)));
 }
 
 TEST(HttpDaemon, RefusesAChunkedBodyAsSoonAsItPassesTheBound) {
@@ -197,8 +215,8 @@ TEST(HttpDaemon, RefusesAChunkedBodyAsSoonAsItPassesTheBound) {
 TEST(HttpDaemon, RefusesHeadersAboveTheBound) {
   Server server({.max_header_bytes = 4096});
   RawClient c(server.port());
-  ASSERT_TRUE(c.Send("GET /echo HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(64 << 10, 'b') +
-                     "\r\n\r\n"));
+  ASSERT_TRUE(
+      c.Send("GET /echo HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(64 << 10, 'b') + "\r\n\r\n"));
   std::optional<RawResponse> r = c.Read();
   ASSERT_TRUE(r.has_value());
   EXPECT_TRUE(r->status == 431 || r->status == 400) << r->status;
@@ -254,7 +272,8 @@ TEST(HttpDaemon, ClosesConnectionsBeyondTheBoundAtOnce) {
 TEST(HttpDaemon, RefusesBeforeTheBodyAndKeepsABodilessConnection) {
   Server server;
   RawClient c(server.port());
-  ASSERT_TRUE(c.Send("GET /refused HTTP/1.1\r\nHost: x\r\n\r\nGET /echo HTTP/1.1\r\nHost: x\r\n\r\n"));
+  ASSERT_TRUE(
+      c.Send("GET /refused HTTP/1.1\r\nHost: x\r\n\r\nGET /echo HTTP/1.1\r\nHost: x\r\n\r\n"));
   std::optional<RawResponse> first = c.Read();
   std::optional<RawResponse> second = c.Read();
   ASSERT_TRUE(first.has_value() && second.has_value());
@@ -292,9 +311,8 @@ TEST(HttpDaemon, SeesAClientLeaveWhileItsAnswerIsAwaited) {
 TEST(HttpDaemon, SecondServerOnTheSamePortIsUnavailable) {
   Server server;
   absl::StatusOr<std::unique_ptr<HttpDaemon>> second = HttpDaemon::Start(
-      {.host = "127.0.0.1", .port = server.port()}, [](const HttpRequest&) {
-        return std::optional<HttpResponse>();
-      },
+      {.host = "127.0.0.1", .port = server.port()},
+      [](const HttpRequest&) { return std::optional<HttpResponse>(); },
       [](const HttpRequest&, std::shared_ptr<HttpExchange>) {},
       [](int status, std::string_view) { return Text(status, ""); });
   ASSERT_FALSE(second.ok());

@@ -76,9 +76,8 @@ class RawClient {
     size_t length = 0;
     if (const size_t at = r.headers.find("\ncontent-length:"); at != std::string::npos) {
       const size_t start = at + 16, end = r.headers.find('\r', start);
-      absl::string_view text(r.headers.data() + start, end == std::string::npos
-                                                          ? r.headers.size() - start
-                                                          : end - start);
+      absl::string_view text(r.headers.data() + start,
+                             end == std::string::npos ? r.headers.size() - start : end - start);
       if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &length)) return std::nullopt;
       while (buffer_.size() < length) {
         if (!Fill(give_up)) return std::nullopt;
