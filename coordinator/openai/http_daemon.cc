@@ -581,6 +581,10 @@ absl::StatusOr<std::unique_ptr<HttpDaemon>> HttpDaemon::Start(const HttpDaemonOp
                        ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
                        : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   RaiseDescriptorLimit(options.max_connections);
+  // A large request's buffers (its body, its parsed JSON, its token ids) are mapped and unmapped
+  // on their own: glibc's threshold would otherwise rise after the first such free, and later
+  // ones would stay in the event threads' arenas after they are freed.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
 
   const auto seconds = [](absl::Duration d) {
     return static_cast<intptr_t>(absl::ToInt64Seconds(d));
