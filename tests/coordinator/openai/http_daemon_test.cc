@@ -185,12 +185,13 @@ TEST(HttpDaemon, RefusesAContentLengthAboveTheBoundWithoutReadingTheBody) {
 }
 
 TEST(HttpDaemon, AnswersAClientThatWritesItsWholeRefusedBodyBeforeReading) {
-  Server server({.max_body_bytes = 100 << 10});
+  Server server({.max_body_bytes = 4 << 20});
   RawClient c(server.port());
   timeval limit{.tv_sec = 30, .tv_usec = 0};
   setsockopt(c.fd(), SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
-  // 600 KB, more than the sockets buffer: a server that neither reads nor closes blocks it.
-  const std::string body(600 << 10, 'a');
+  // 30 MB (under 8 times the bound), more than the sockets' buffers hold: a server that neither
+  // reads it nor closes blocks the client, and one that closes unread resets it.
+  const std::string body(30 << 20, 'a');
   ASSERT_TRUE(c.Send(Post("/echo", body)));
   std::optional<RawResponse> r = c.Read();
   ASSERT_TRUE(r.has_value());
