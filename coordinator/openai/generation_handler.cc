@@ -86,7 +86,8 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> PromptIds(const ApiRequest& ap
     RETURN_IF_ERROR(ToApiError(CheckPromptText("prompt", *text, limits), api.endpoint, "messages"));
     // The rendered text carries the template's BOS already: no special tokens are added.
     ids.push_back(tokenizer->Encode(*text, /*add_special_tokens=*/false));
-    if (ids.back().empty()) return InvalidField("messages", "the conversation renders to no tokens");
+    if (ids.back().empty())
+      return InvalidField("messages", "the conversation renders to no tokens");
     texts.push_back(*std::move(text));
     return ids;
   }
@@ -187,8 +188,7 @@ class Stream {
       }
     }
     absl::StatusOr<std::vector<RequestState::Snapshot>> snaps = FollowChoices(
-        c_, s_.choices, absl::InfiniteFuture(),
-        [this] { return gone_ || sink_->ClientGone(); },
+        c_, s_.choices, absl::InfiniteFuture(), [this] { return gone_ || sink_->ClientGone(); },
         [this](int i, const RequestState::Snapshot& snap) { return Progress(i, snap); });
     for (const auto& r : s_.choices) RecordEnd(c_, *r, snaps.status());
     if (!snaps.ok()) {
@@ -239,23 +239,23 @@ class Stream {
       const std::string piece = texts_[i].Next(tokens, last, snap.text_limit);
       json logprobs = nullptr;
       if (s_.api.logprobs.has_value() && k <= snap.logprobs.size()) {
-        logprobs = LogprobsOf(s_, tokenizer, std::span(snap.logprobs).subspan(k - 1, 1),
-                              offsets_[i]);
+        logprobs =
+            LogprobsOf(s_, tokenizer, std::span(snap.logprobs).subspan(k - 1, 1), offsets_[i]);
       }
       offsets_[i] += piece.size();
       const v1::FinishReason finish = last ? snap.finish : v1::FINISH_REASON_UNSPECIFIED;
-      const bool ok = chat ? Write(ChatChunk(s_.head, i, {{"content", piece}}, logprobs,
-                                             v1::FINISH_REASON_UNSPECIFIED, s_.api.include_usage))
-                           : Write(CompletionChunk(s_.head, i, piece, logprobs, finish,
-                                                   s_.api.include_usage));
+      const bool ok =
+          chat ? Write(ChatChunk(s_.head, i, {{"content", piece}}, logprobs,
+                                 v1::FINISH_REASON_UNSPECIFIED, s_.api.include_usage))
+               : Write(CompletionChunk(s_.head, i, piece, logprobs, finish, s_.api.include_usage));
       if (!ok) return false;
     }
     sent_[i] = count;
     if (snap.done && (chat || count == 0)) {
-      const bool ok = chat ? Write(ChatChunk(s_.head, i, json::object(), nullptr, snap.finish,
-                                             s_.api.include_usage))
-                           : Write(CompletionChunk(s_.head, i, "", nullptr, snap.finish,
-                                                   s_.api.include_usage));
+      const bool ok =
+          chat ? Write(ChatChunk(s_.head, i, json::object(), nullptr, snap.finish,
+                                 s_.api.include_usage))
+               : Write(CompletionChunk(s_.head, i, "", nullptr, snap.finish, s_.api.include_usage));
       if (!ok) return false;
     }
     return true;

@@ -61,9 +61,8 @@ void Tokenize(const Coordinator& c, const HttpRequest& req, HttpResponse& res) {
     return SetError(res, InvalidFieldMessage("prompt", s.message()));
   }
   const std::vector<int32_t> ids = c.tokenizer()->Encode(prompt->get<std::string>());
-  SetJson(res, {{"count", ids.size()},
-                {"max_model_len", c.limits().context_length},
-                {"tokens", ids}});
+  SetJson(res,
+          {{"count", ids.size()}, {"max_model_len", c.limits().context_length}, {"tokens", ids}});
 }
 
 // vLLM's POST /detokenize: {"tokens": [ids]} -> {"prompt": text}.
@@ -223,9 +222,9 @@ std::optional<HttpResponse> HttpServer::Check(const HttpRequest& head) const {
   for (const EndpointRule& e : kEndpoints) {
     if (e.path != head.path || e.method != method) continue;
     if (e.json && !IsJsonContentType(head.Header("content-type"))) {
-      return Refusal(415, absl::StrCat("Content-Type '", head.Header("content-type"),
-                                       "': ", head.path,
-                                       " takes a JSON body (Content-Type: application/json)"));
+      return Refusal(415,
+                     absl::StrCat("Content-Type '", head.Header("content-type"), "': ", head.path,
+                                  " takes a JSON body (Content-Type: application/json)"));
     }
     return std::nullopt;
   }
