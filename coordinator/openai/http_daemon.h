@@ -13,7 +13,7 @@
 // suspended until its HttpExchange is answered from another thread (whole, or as a stream of
 // chunks that resume it as they come), and the exchange says when its client has gone.
 //
-// Threads: `threads` event threads ("MHD-worker") and one that enforces the deadlines
+// Threads: `threads` event threads (libmicrohttpd's, "MHD-...") and one that enforces the deadlines
 // ("http-deadlines"); a handler runs on an event thread and must not block.
 #pragma once
 

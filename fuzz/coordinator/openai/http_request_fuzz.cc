@@ -1,7 +1,6 @@
 // The HTTP server's raw request bytes (framing, headers, chunking, pipelining): any bytes on a
 // connection to HttpDaemon (coordinator/openai/http_daemon.cc) with the limits the coordinator
-// uses, scaled down, and handlers that answer at once or as a stream. A crash, a sanitizer report
-// or a connection the server never ends (its deadlines) is a finding.
+// uses, scaled down, and handlers that answer at once or as a stream.
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,6 +13,7 @@
 #include <string>
 
 #include "coordinator/openai/http_daemon.h"
+#include "spdlog/spdlog.h"
 
 namespace {
 
@@ -31,7 +31,10 @@ HttpResponse Text(int status, std::string body) {
 }
 
 HttpDaemon& Daemon() {
-  static HttpDaemon* daemon = [] {
+  // The logger first: statics end in reverse order, so the daemon (whose threads log) stops
+  // before the logger is destroyed at exit.
+  spdlog::default_logger_raw();
+  static std::unique_ptr<HttpDaemon> daemon = [] {
     absl::StatusOr<std::unique_ptr<HttpDaemon>> d = HttpDaemon::Start(
         {.host = "127.0.0.1",
          .port = 0,
@@ -59,7 +62,7 @@ HttpDaemon& Daemon() {
         },
         [](int status, std::string_view message) { return Text(status, std::string(message)); });
     if (!d.ok()) std::abort();
-    return d->release();
+    return *std::move(d);
   }();
   return *daemon;
 }
@@ -75,23 +78,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     close(fds[1]);
     return 0;
   }
-  // Writes the input, then ends it, reading answers all along so that neither side blocks; the
-  // server must end the connection (answered, refused or past a deadline).
+  // Writes the input, reading answers all along so that neither side blocks, until the server
+  // ends the connection or says nothing more for a moment once everything is written. A server
+  // that stops reading without closing, or a sanitizer report, is a finding.
   size_t sent = 0;
-  bool write_open = true;
   char buf[65536];
   for (;;) {
-    pollfd p{.fd = fds[1],
-             .events = static_cast<short>(POLLIN | (write_open ? POLLOUT : 0)),
-             .revents = 0};
-    if (poll(&p, 1, 10000) <= 0) std::abort();  // the server neither answered nor closed
-    if ((p.revents & POLLOUT) != 0 && write_open) {
+    const bool writing = sent < size;
+    pollfd p{
+        .fd = fds[1], .events = static_cast<short>(POLLIN | (writing ? POLLOUT : 0)), .revents = 0};
+    const int ready = poll(&p, 1, writing ? 10000 : 200);
+    if (ready <= 0) {
+      if (writing) std::abort();  // the server stopped reading and did not close
+      break;
+    }
+    if ((p.revents & POLLOUT) != 0 && writing) {
       const ssize_t n = send(fds[1], data + sent, size - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && errno != EAGAIN) break;
       if (n > 0) sent += static_cast<size_t>(n);
-      if (n < 0 || sent == size) {
-        shutdown(fds[1], SHUT_WR);
-        write_open = false;
-      }
     }
     if ((p.revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
       const ssize_t n = recv(fds[1], buf, sizeof(buf), MSG_DONTWAIT);
