@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -92,6 +93,7 @@ struct HttpDaemon::State {
   // Closes (shutdown: the event thread sees the end and frees it) every connection past its
   // deadline, until the daemon stops.
   void EnforceDeadlines() {
+    pthread_setname_np(pthread_self(), "http-deadlines");
     absl::MutexLock lock(&mu);
     while (!mu.AwaitWithTimeout(absl::Condition(&stopping), absl::Milliseconds(100))) {
       const absl::Time now = absl::Now();
