@@ -105,7 +105,7 @@ absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
                               {"heartbeat_interval_ms", c.heartbeat_interval_ms, 10},
                               {"heartbeat_timeout_ms", c.heartbeat_timeout_ms, 50},
                               {"drain_timeout_s", c.drain_timeout_s, 0},
-                              {"http_threads", c.http_threads, 1},
+                              {"http_threads", c.http_threads, 0},
                               {"http_max_connections", c.http_max_connections, 1},
                               {"http_header_timeout_s", c.http_header_timeout_s, 1},
                               {"http_body_timeout_s", c.http_body_timeout_s, 1},

@@ -45,7 +45,7 @@ struct CoordinatorConfig {
   int heartbeat_timeout_ms = 10000;
   double drain_timeout_s = 60;            // topology change: wait this long for running requests
   std::string http_listen;                // OpenAI-compatible HTTP API host:port; empty: off
-  int http_threads = 4;                   // its event threads (epoll; never wait on generation)
+  int http_threads = 4;                   // its event threads (epoll); 0: 4
   // Open HTTP connections; beyond them a new connection is closed at once.
   int http_max_connections = 4096;
   // Total time a client has for a request's headers (counted from the connection's start or the

@@ -66,7 +66,7 @@ ABSL_FLAG(std::optional<double>, drain_timeout_s, std::nullopt, "topology change
 ABSL_FLAG(std::optional<std::string>, http_listen, std::nullopt,
           "host:port of the OpenAI-compatible HTTP API (port 0: any free port; unset: off)");
 ABSL_FLAG(std::optional<int>, http_threads, std::nullopt,
-          "HTTP event threads (epoll; each serves many connections; default 4)");
+          "HTTP event threads (epoll; each serves many connections; default 4, 0: 4)");
 ABSL_FLAG(std::optional<int>, http_max_connections, std::nullopt,
           "open HTTP connections at most; beyond them a new one is closed at once (default 4096)");
 ABSL_FLAG(std::optional<int>, http_header_timeout_s, std::nullopt,
