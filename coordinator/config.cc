@@ -47,6 +47,9 @@ absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(std::string_view yaml_t
       else if (key == "drain_timeout_s") c.drain_timeout_s = v.as<double>();
       else if (key == "http_listen") c.http_listen = v.as<std::string>();
       else if (key == "http_threads") c.http_threads = v.as<int>();
+      else if (key == "http_max_connections") c.http_max_connections = v.as<int>();
+      else if (key == "http_header_timeout_s") c.http_header_timeout_s = v.as<int>();
+      else if (key == "http_body_timeout_s") c.http_body_timeout_s = v.as<int>();
       else if (key == "grpc_threads") c.grpc_threads = v.as<int>();
       else if (key == "served_model_name") c.served_model_name = v.as<std::string>();
       else {
@@ -104,6 +107,9 @@ absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
                               {"heartbeat_timeout_ms", c.heartbeat_timeout_ms, 50},
                               {"drain_timeout_s", c.drain_timeout_s, 0},
                               {"http_threads", c.http_threads, 0},
+                              {"http_max_connections", c.http_max_connections, 1},
+                              {"http_header_timeout_s", c.http_header_timeout_s, 1},
+                              {"http_body_timeout_s", c.http_body_timeout_s, 1},
                               {"grpc_threads", c.grpc_threads, 0}}) {
     if (absl::Status s = at_least(name, v, min); !s.ok()) return s;
   }

@@ -49,7 +49,13 @@ struct CoordinatorConfig {
   int heartbeat_timeout_ms = 10000;
   double drain_timeout_s = 60;            // topology change: wait this long for running requests
   std::string http_listen;                // OpenAI-compatible HTTP API host:port; empty: off
-  int http_threads = 0;                   // its connection threads; 0: RequestThreads
+  int http_threads = 4;                   // its event threads (epoll); 0: 4
+  // Open HTTP connections; beyond them a new connection is closed at once.
+  int http_max_connections = 4096;
+  // Total time a client has for a request's headers (counted from the connection's start or the
+  // previous response, so also an idle keep-alive connection's life) and for its body.
+  int http_header_timeout_s = 10;
+  int http_body_timeout_s = 60;
   std::string served_model_name;          // the model's id in that API; empty: model_dir's name
   // Threads the gRPC server keeps for request streams once they end (0: RequestThreads). A
   // synchronous gRPC server keeps two idle ones by default: when a closed loop's round of
@@ -59,7 +65,7 @@ struct CoordinatorConfig {
 };
 
 // Requests the service may hold at once (every replica's slots and the waiting queue), plus 8:
-// the default of http_threads and grpc_threads.
+// the default of grpc_threads.
 int RequestThreads(const CoordinatorConfig& c);
 
 // Parses YAML text; `source` names the file in errors. Unknown keys are errors (a typo should not

@@ -66,7 +66,14 @@ ABSL_FLAG(std::optional<double>, drain_timeout_s, std::nullopt, "topology change
 ABSL_FLAG(std::optional<std::string>, http_listen, std::nullopt,
           "host:port of the OpenAI-compatible HTTP API (port 0: any free port; unset: off)");
 ABSL_FLAG(std::optional<int>, http_threads, std::nullopt,
-          "HTTP connection threads (0: running slots + waiting queue + 8)");
+          "HTTP event threads (epoll; each serves many connections; default 4, 0: 4)");
+ABSL_FLAG(std::optional<int>, http_max_connections, std::nullopt,
+          "open HTTP connections at most; beyond them a new one is closed at once (default 4096)");
+ABSL_FLAG(std::optional<int>, http_header_timeout_s, std::nullopt,
+          "seconds a client has for a request's headers, counted from the connection's start or "
+          "the previous response (so also an idle keep-alive connection's life; default 10)");
+ABSL_FLAG(std::optional<int>, http_body_timeout_s, std::nullopt,
+          "seconds a client has for a request's body once its headers are in (default 60)");
 ABSL_FLAG(std::optional<int>, grpc_threads, std::nullopt,
           "threads the gRPC server keeps for request streams once they end, so that a burst of "
           "new ones does not wait for threads to be made (0: running slots + waiting queue + 8)");
@@ -133,6 +140,9 @@ int main(int argc, char** argv) {
   if (auto v = absl::GetFlag(FLAGS_drain_timeout_s)) config.drain_timeout_s = *v;
   if (auto v = absl::GetFlag(FLAGS_http_listen)) config.http_listen = *v;
   if (auto v = absl::GetFlag(FLAGS_http_threads)) config.http_threads = *v;
+  if (auto v = absl::GetFlag(FLAGS_http_max_connections)) config.http_max_connections = *v;
+  if (auto v = absl::GetFlag(FLAGS_http_header_timeout_s)) config.http_header_timeout_s = *v;
+  if (auto v = absl::GetFlag(FLAGS_http_body_timeout_s)) config.http_body_timeout_s = *v;
   if (auto v = absl::GetFlag(FLAGS_grpc_threads)) config.grpc_threads = *v;
   if (auto v = absl::GetFlag(FLAGS_served_model_name)) config.served_model_name = *v;
   // Workers run in folders (and on nodes) of their own: a relative folder means this process's

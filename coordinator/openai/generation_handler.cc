@@ -2,11 +2,12 @@
 // all or none, then answer whole or as a stream of chunks.
 #include "coordinator/openai/generation_handler.h"
 
-#include "common/httplib.h"
+#include <pthread.h>
 
 #include <atomic>
 #include <memory>
 #include <span>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -125,9 +126,9 @@ json LogprobsOf(const Submitted& s, const Tokenizer* tokenizer,
                                            : CompletionLogprobs(tokenizer, lp, offset);
 }
 
-void Answer(Coordinator& c, Submitted& s, httplib::Response& res) {
+void Answer(Coordinator& c, Submitted& s, HttpExchange& exchange, HttpResponse& res) {
   absl::StatusOr<std::vector<RequestState::Snapshot>> snaps = FollowChoices(
-      c, s.choices, absl::InfiniteFuture(), [] { return false; },
+      c, s.choices, absl::InfiniteFuture(), [&exchange] { return exchange.ClientGone(); },
       [](int, const RequestState::Snapshot&) { return true; });
   for (const auto& r : s.choices) RecordEnd(c, *r, snaps.status());
   if (!snaps.ok()) {
@@ -155,7 +156,7 @@ void Answer(Coordinator& c, Submitted& s, httplib::Response& res) {
                         ? ChatResponse(s.head, results, logprobs, usage)
                         : CompletionResponse(s.head, results, logprobs, usage);
   res.status = 200;
-  res.set_content(JsonText(body), "application/json");
+  res.body = JsonText(body);
 }
 
 // One streamed request: its chunks, written in order from FollowChoices' serialized callbacks.
@@ -170,7 +171,7 @@ class Stream {
   }
 
   // Runs the whole stream; false when the client went away.
-  bool Run(httplib::DataSink& sink) {
+  bool Run(HttpExchange& sink) {
     sink_ = &sink;
     const bool chat = s_.api.endpoint == Endpoint::kChat;
     for (size_t i = 0; i < s_.choices.size(); ++i) {
@@ -190,8 +191,7 @@ class Stream {
       }
     }
     absl::StatusOr<std::vector<RequestState::Snapshot>> snaps = FollowChoices(
-        c_, s_.choices, absl::InfiniteFuture(),
-        [this] { return gone_ || (sink_->is_writable && !sink_->is_writable()); },
+        c_, s_.choices, absl::InfiniteFuture(), [this] { return gone_ || sink_->ClientGone(); },
         [this](int i, const RequestState::Snapshot& snap) { return Progress(i, snap); });
     for (const auto& r : s_.choices) RecordEnd(c_, *r, snaps.status());
     if (!snaps.ok()) {
@@ -206,8 +206,8 @@ class Stream {
         return false;
       }
     }
-    if (!sink.write(kSseDone.data(), kSseDone.size())) return false;
-    sink.done();
+    if (!sink.Write(kSseDone)) return false;
+    sink.End();
     return true;
   }
 
@@ -225,7 +225,7 @@ class Stream {
   bool Write(const json& event) {
     if (gone_) return false;
     const std::string text = SseEvent(event);
-    if (!sink_->write(text.data(), text.size())) gone_ = true;
+    if (!sink_->Write(text)) gone_ = true;
     return !gone_;
   }
 
@@ -242,23 +242,23 @@ class Stream {
       const std::string piece = texts_[i].Next(tokens, last, snap.text_limit);
       json logprobs = nullptr;
       if (s_.api.logprobs.has_value() && k <= snap.logprobs.size()) {
-        logprobs = LogprobsOf(s_, tokenizer, std::span(snap.logprobs).subspan(k - 1, 1),
-                              offsets_[i]);
+        logprobs =
+            LogprobsOf(s_, tokenizer, std::span(snap.logprobs).subspan(k - 1, 1), offsets_[i]);
       }
       offsets_[i] += piece.size();
       const v1::FinishReason finish = last ? snap.finish : v1::FINISH_REASON_UNSPECIFIED;
-      const bool ok = chat ? Write(ChatChunk(s_.head, i, {{"content", piece}}, logprobs,
-                                             v1::FINISH_REASON_UNSPECIFIED, s_.api.include_usage))
-                           : Write(CompletionChunk(s_.head, i, piece, logprobs, finish,
-                                                   s_.api.include_usage));
+      const bool ok =
+          chat ? Write(ChatChunk(s_.head, i, {{"content", piece}}, logprobs,
+                                 v1::FINISH_REASON_UNSPECIFIED, s_.api.include_usage))
+               : Write(CompletionChunk(s_.head, i, piece, logprobs, finish, s_.api.include_usage));
       if (!ok) return false;
     }
     sent_[i] = count;
     if (snap.done && (chat || count == 0)) {
-      const bool ok = chat ? Write(ChatChunk(s_.head, i, json::object(), nullptr, snap.finish,
-                                             s_.api.include_usage))
-                           : Write(CompletionChunk(s_.head, i, "", nullptr, snap.finish,
-                                                   s_.api.include_usage));
+      const bool ok =
+          chat ? Write(ChatChunk(s_.head, i, json::object(), nullptr, snap.finish,
+                                 s_.api.include_usage))
+               : Write(CompletionChunk(s_.head, i, "", nullptr, snap.finish, s_.api.include_usage));
       if (!ok) return false;
     }
     return true;
@@ -269,56 +269,87 @@ class Stream {
   std::vector<TextStream> texts_;
   std::vector<size_t> sent_;     // tokens streamed, per choice
   std::vector<size_t> offsets_;  // bytes of text streamed, per choice (completions' text_offset)
-  httplib::DataSink* sink_ = nullptr;
+  HttpExchange* sink_ = nullptr;
   bool gone_ = false;
 };
 
 }  // namespace
 
-void SetError(httplib::Response& res, const absl::Status& status) {
+void SetError(HttpResponse& res, const absl::Status& status) {
   res.status = HttpStatusOf(status);
-  res.set_content(JsonText(ErrorBody(status)), "application/json");
+  res.content_type = "application/json";
+  res.body = JsonText(ErrorBody(status));
 }
 
-void GenerationHandler::Handle(Endpoint endpoint, const httplib::Request& req,
-                               httplib::Response& res) const {
+void GenerationHandler::WaitForFollowers() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int* n) { return *n == 0; }, &followers_));
+}
+
+void GenerationHandler::Handle(Endpoint endpoint, const HttpRequest& req,
+                               std::shared_ptr<HttpExchange> exchange) {
+  HttpResponse res;
   absl::StatusOr<ApiRequest> api =
       endpoint == Endpoint::kChat ? ParseChatRequest(req.body) : ParseCompletionRequest(req.body);
   if (!api.ok()) {
     RecordRejected(c_, api.status());
-    return SetError(res, api.status());
+    SetError(res, api.status());
+    return exchange->Respond(std::move(res));
   }
   if (!api->model.empty() && api->model != model_name_) {
     const absl::Status s = absl::NotFoundError(absl::StrFormat(
         "model: '%s' is not served here; this server serves '%s'", api->model, model_name_));
     RecordRejected(c_, s);
-    return SetError(res, s);
+    SetError(res, s);
+    return exchange->Respond(std::move(res));
   }
   std::vector<std::string> texts;
   absl::StatusOr<std::vector<std::vector<int32_t>>> ids =
       PromptIds(*api, c_.tokenizer(), c_.limits(), render_chat_, texts);
   if (!ids.ok()) {
     RecordRejected(c_, ids.status());
-    return SetError(res, ids.status());
+    SetError(res, ids.status());
+    return exchange->Respond(std::move(res));
   }
   absl::StatusOr<Submitted> s = Submit(c_, *std::move(api), *ids);
   if (!s.ok()) {
     RecordRejected(c_, s.status());
-    return SetError(res, s.status());
+    SetError(res, s.status());
+    return exchange->Respond(std::move(res));
   }
   s->echo = std::move(texts);
   s->head = {.id = NewId(endpoint == Endpoint::kChat ? "chatcmpl" : "cmpl"),
              .created = absl::ToUnixSeconds(absl::Now()),
              .model = model_name_};
-  if (!s->api.stream) return Answer(c_, *s, res);
 
-  auto stream = std::make_shared<Stream>(c_, *std::move(s));
-  res.status = 200;
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [stream](size_t, httplib::DataSink& sink) { return stream->Run(sink); },
-      [stream](bool) { stream->Release(); });
+  // Followed on a thread of its own: the number of these is bounded by what the coordinator
+  // admits (running slots and the waiting queue); the event threads never wait on generation.
+  {
+    absl::MutexLock lock(&mu_);
+    ++followers_;
+  }
+  auto submitted = std::make_shared<Submitted>(*std::move(s));
+  std::thread([this, submitted, exchange] {
+    pthread_setname_np(pthread_self(), "http-follow");
+    if (!submitted->api.stream) {
+      HttpResponse res;
+      Answer(c_, *submitted, *exchange, res);
+      exchange->Respond(std::move(res));
+    } else {
+      Stream stream(c_, std::move(*submitted));
+      HttpResponse head;
+      head.content_type = "text/event-stream";
+      head.headers = {{"Cache-Control", "no-cache"}};
+      exchange->StartStream(std::move(head));
+      stream.Run(*exchange);
+      // However it ended: a request still running is cancelled.
+      stream.Release();
+      exchange->End();
+    }
+    absl::MutexLock lock(&mu_);
+    --followers_;
+  }).detach();
 }
 
 }  // namespace tandem::openai

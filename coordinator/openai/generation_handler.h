@@ -1,23 +1,21 @@
 // POST /v1/completions and /v1/chat/completions: a parsed request becomes one coordinator request
-// per prompt (each with n sequences, request_group.h), followed on the HTTP handler's thread, and
-// answered whole or streamed as server-sent events, one chunk per generated token.
+// per prompt (each with n sequences, request_group.h), followed on a thread of its own (never on an
+// HTTP event thread), and answered whole or streamed as server-sent events, one chunk per
+// generated token.
 //
-// A streamed request whose client goes away (a write fails) is cancelled at once, which frees its
-// KV slots; a non-streamed one runs to its end or its deadline (cpp-httplib 0.11 does not say when
-// a client that is not being written to has left).
+// A request whose client goes away (its connection closes, streamed or not) is cancelled within
+// milliseconds, which frees its KV slots.
 #pragma once
 
 #include <functional>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/openai/http_daemon.h"
 #include "coordinator/openai/request_parsing.h"
-
-namespace httplib {
-struct Request;
-struct Response;
-}  // namespace httplib
 
 namespace tandem::openai {
 
@@ -31,16 +29,23 @@ class GenerationHandler {
   // `render_chat`: null when the model has no tokenizer (chat requests then get 400).
   GenerationHandler(Coordinator& c, std::string model_name, ChatRenderer render_chat)
       : c_(c), model_name_(std::move(model_name)), render_chat_(std::move(render_chat)) {}
+  ~GenerationHandler() { WaitForFollowers(); }
 
-  void Handle(Endpoint endpoint, const httplib::Request& req, httplib::Response& res) const;
+  // On an event thread: parses, tokenizes, validates and submits, answering a refusal at once;
+  // a submitted request is followed on a thread of its own, which answers through `exchange`.
+  void Handle(Endpoint endpoint, const HttpRequest& req, std::shared_ptr<HttpExchange> exchange);
+  // Until every follower thread has ended (their clients gone: HttpDaemon::AbandonAll).
+  void WaitForFollowers();
 
  private:
   Coordinator& c_;
   const std::string model_name_;
   const ChatRenderer render_chat_;
+  absl::Mutex mu_;
+  int followers_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Writes `status` (not OK) as OpenAI's error body with its HTTP status (api_error.h).
-void SetError(httplib::Response& res, const absl::Status& status);
+void SetError(HttpResponse& res, const absl::Status& status);
 
 }  // namespace tandem::openai

@@ -19,7 +19,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(Coordinator& c,
   const CoordinatorConfig& config = c.config();
   HttpServerOptions options{.listen = config.http_listen,
                             .model_name = ServedModelName(config),
-                            .threads = config.http_threads,
+                            .threads = config.http_threads > 0 ? config.http_threads : 4,
+                            .max_connections = config.http_max_connections,
+                            .header_timeout_s = config.http_header_timeout_s,
+                            .body_timeout_s = config.http_body_timeout_s,
                             .api_key = api_key,
                             .tls_cert = tls.cert,
                             .tls_key = tls.key};

@@ -1,5 +1,5 @@
 // Starting the OpenAI-compatible HTTP API the way the coordinator's config asks: its address,
-// its connection threads, the model's name, and the model's chat template.
+// its event threads and bounds, the model's name, and the model's chat template.
 #pragma once
 
 #include <memory>

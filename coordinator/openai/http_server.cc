@@ -1,8 +1,12 @@
-// Routes, the connection pool, and the small endpoints (models, tokenize, health, version).
+// Routes, the checks made before a body is read, and the small endpoints (models, tokenize,
+// health, version).
 #include "coordinator/openai/http_server.h"
 
-#include "common/httplib.h"
+#include <fstream>
+#include <sstream>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -23,16 +27,17 @@ namespace {
 
 using nlohmann::json;
 
-void SetJson(httplib::Response& res, const json& body) {
+void SetJson(HttpResponse& res, const json& body) {
   res.status = 200;
-  res.set_content(JsonText(body), "application/json");
+  res.content_type = "application/json";
+  res.body = JsonText(body);
 }
 
 absl::StatusOr<json> JsonObject(const std::string& body) { return ParseJsonBody(body); }
 
 // vLLM's POST /tokenize: {"prompt": text, "add_special_tokens": true} ->
 // {"count", "max_model_len", "tokens"}.
-void Tokenize(const Coordinator& c, const httplib::Request& req, httplib::Response& res) {
+void Tokenize(const Coordinator& c, const HttpRequest& req, HttpResponse& res) {
   absl::StatusOr<json> body = JsonObject(req.body);
   if (!body.ok()) return SetError(res, body.status());
   auto prompt = body->find("prompt");
@@ -45,6 +50,11 @@ void Tokenize(const Coordinator& c, const httplib::Request& req, httplib::Respon
   if (c.tokenizer() == nullptr) {
     return SetError(res, InvalidField("prompt", "this model has no tokenizer"));
   }
+  // Bounded as a generation's prompt is, before it is tokenized.
+  if (absl::Status s = CheckPromptText("prompt", prompt->get_ref<const std::string&>(), c.limits());
+      !s.ok()) {
+    return SetError(res, InvalidFieldMessage("prompt", s.message()));
+  }
   absl::StatusOr<std::vector<int32_t>> ids = c.tokenizer()->Encode(prompt->get<std::string>());
   if (!ids.ok()) return SetError(res, InvalidField("prompt", ids.status().message()));
   SetJson(res, {{"count", ids->size()},
@@ -53,7 +63,7 @@ void Tokenize(const Coordinator& c, const httplib::Request& req, httplib::Respon
 }
 
 // vLLM's POST /detokenize: {"tokens": [ids]} -> {"prompt": text}.
-void Detokenize(const Coordinator& c, const httplib::Request& req, httplib::Response& res) {
+void Detokenize(const Coordinator& c, const HttpRequest& req, HttpResponse& res) {
   absl::StatusOr<json> body = JsonObject(req.body);
   if (!body.ok()) return SetError(res, body.status());
   auto tokens = body->find("tokens");
@@ -81,6 +91,47 @@ void Detokenize(const Coordinator& c, const httplib::Request& req, httplib::Resp
   SetJson(res, {{"prompt", ToValidUtf8(*text)}});
 }
 
+// Whether `content_type` is JSON: "application/json", parameters (charset) allowed.
+bool IsJsonContentType(absl::string_view content_type) {
+  const absl::string_view type = content_type.substr(0, content_type.find(';'));
+  return absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(type), "application/json");
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view flag) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  if (in) text << in.rdbuf();
+  if (!in || text.str().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("http: ", flag, " '", path, "': cannot read it (expected a PEM file)"));
+  }
+  return text.str();
+}
+
+// The endpoints: method, path, whether the body is JSON.
+struct EndpointRule {
+  std::string_view method;
+  std::string_view path;
+  bool json;
+};
+constexpr EndpointRule kEndpoints[] = {
+    {"POST", "/v1/completions", true}, {"POST", "/v1/chat/completions", true},
+    {"GET", "/v1/models", false},      {"POST", "/tokenize", true},
+    {"POST", "/detokenize", true},     {"GET", "/health", false},
+    {"GET", "/version", false},
+};
+
+HttpResponse Refusal(int status, std::string_view message) {
+  HttpResponse r;
+  r.status = status;
+  r.body = JsonText({{"error",
+                      {{"message", std::string(message)},
+                       {"type", ErrorTypeOf(status)},
+                       {"param", nullptr},
+                       {"code", status}}}});
+  return r;
+}
+
 }  // namespace
 
 HttpServer::HttpServer(Coordinator& c, const HttpServerOptions& options, ChatRenderer render_chat)
@@ -97,76 +148,94 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Coordinator& c,
     return absl::InvalidArgumentError(
         absl::StrCat("http_listen '", address, "': expected host:port"));
   }
-  if (options.threads < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("http_threads: must be >= 0 (0: automatic), got ", options.threads));
+  HttpDaemonOptions daemon{
+      .host = address.substr(0, colon),
+      .port = port,
+      .threads = options.threads,
+      .max_connections = options.max_connections,
+      .header_timeout = absl::Seconds(options.header_timeout_s),
+      .body_timeout = absl::Seconds(options.body_timeout_s),
+      // Bodies beyond twice the largest legal request (JSON escapes included) get 413.
+      .max_body_bytes = 2 * MaxRequestBytes(c.limits()),
+      .tls_cert_pem = "",
+      .tls_key_pem = "",
+  };
+  if (!options.tls_cert.empty()) {
+    absl::StatusOr<std::string> cert = ReadPem(options.tls_cert, "--tls_cert");
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadPem(options.tls_key, "--tls_key");
+    if (!key.ok()) return key.status();
+    daemon.tls_cert_pem = *std::move(cert);
+    daemon.tls_key_pem = *std::move(key);
   }
   std::unique_ptr<HttpServer> server(new HttpServer(c, options, std::move(render_chat)));
-  if (!options.tls_cert.empty()) {
-    auto https =
-        std::make_unique<httplib::SSLServer>(options.tls_cert.c_str(), options.tls_key.c_str());
-    if (!https->is_valid()) {
+  HttpServer* s = server.get();
+  absl::StatusOr<std::unique_ptr<HttpDaemon>> http = HttpDaemon::Start(
+      daemon, [s](const HttpRequest& head) { return s->Check(head); },
+      [s](const HttpRequest& req, std::shared_ptr<HttpExchange> exchange) {
+        s->Route(req, std::move(exchange));
+      },
+      &Refusal);
+  if (!http.ok()) {
+    if (http.status().code() == absl::StatusCode::kUnavailable) {
+      return absl::UnavailableError(absl::StrCat("http_listen '", address,
+                                                 "': the address cannot be bound (",
+                                                 http.status().message(), ")"));
+    }
+    if (!options.tls_cert.empty() && http.status().code() == absl::StatusCode::kInvalidArgument) {
       return absl::InvalidArgumentError(absl::StrCat(
           "http: --tls_cert '", options.tls_cert, "' and --tls_key '", options.tls_key,
           "': cannot load the certificate and its key (expected PEM files that match)"));
     }
-    server->http_ = std::move(https);
-  } else {
-    server->http_ = std::make_unique<httplib::Server>();
+    return http.status();
   }
-  const int threads = options.threads > 0 ? options.threads : RequestThreads(c.config());
-  server->http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  // Bodies beyond twice the largest legal request (JSON escapes included) get 413 unread.
-  server->http_->set_payload_max_length(static_cast<size_t>(2 * MaxRequestBytes(c.limits())));
-  server->Route();
-  std::string host = address.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  const int bound = BindHttpServer(*server->http_, host, port);
-  if (bound <= 0) {
-    return absl::UnavailableError(
-        absl::StrCat("http_listen '", address, "': the address cannot be bound"));
-  }
-  server->port_ = bound;
-  server->thread_ = std::thread([http = server->http_.get()] { http->listen_after_bind(); });
-  // stop() only ends a server that is already listening: wait for it.
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (!server->http_->is_running() && absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  server->http_ = *std::move(http);
+  server->port_ = server->http_->port();
   return server;
 }
 
 HttpServer::~HttpServer() {
-  if (http_) http_->stop();
-  if (thread_.joinable()) thread_.join();
+  // Followers see their clients gone, cancel their requests and answer; then the daemon stops.
+  if (http_) http_->AbandonAll();
+  generation_.WaitForFollowers();
+  http_.reset();
 }
 
-void HttpServer::Route() {
-  httplib::Server& h = *http_;
-  if (!options_.api_key.empty()) {
-    // Before routing, so that no endpoint can forget the key. /health and /version stay open
-    // for load balancers (as vLLM's do).
-    h.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (req.path == "/health" || req.path == "/version") {
-        return httplib::Server::HandlerResponse::Unhandled;
-      }
-      const CallerPolicy policy{.key = options_.api_key, .key_name = "api key"};
-      absl::Status s = CheckBearer(req.get_header_value("Authorization"), policy);
-      if (s.ok()) return httplib::Server::HandlerResponse::Unhandled;
+std::optional<HttpResponse> HttpServer::Check(const HttpRequest& head) const {
+  // The key before routing, so that no endpoint can forget it. /health and /version stay open
+  // for load balancers (as vLLM's do).
+  if (!options_.api_key.empty() && head.path != "/health" && head.path != "/version") {
+    const CallerPolicy policy{.key = options_.api_key, .key_name = "api key"};
+    absl::Status s = CheckBearer(head.Header("authorization"), policy);
+    if (!s.ok()) {
+      HttpResponse res;
       SetError(res, s);
-      res.set_header("WWW-Authenticate", "Bearer");
-      return httplib::Server::HandlerResponse::Handled;
-    });
+      res.headers.emplace_back("WWW-Authenticate", "Bearer");
+      return res;
+    }
   }
-  h.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    generation_.Handle(Endpoint::kCompletions, req, res);
-  });
-  h.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    generation_.Handle(Endpoint::kChat, req, res);
-  });
-  h.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  // HEAD is answered as GET without its body.
+  const std::string_view method = head.method == "HEAD" ? "GET" : head.method;
+  for (const EndpointRule& e : kEndpoints) {
+    if (e.path != head.path || e.method != method) continue;
+    if (e.json && !IsJsonContentType(head.Header("content-type"))) {
+      return Refusal(415,
+                     absl::StrCat("Content-Type '", head.Header("content-type"), "': ", head.path,
+                                  " takes a JSON body (Content-Type: application/json)"));
+    }
+    return std::nullopt;
+  }
+  HttpResponse res;
+  SetError(res, absl::NotFoundError(absl::StrCat("no endpoint ", head.method, " ", head.path)));
+  return res;
+}
+
+void HttpServer::Route(const HttpRequest& req, std::shared_ptr<HttpExchange> exchange) {
+  const std::string& path = req.path;
+  if (path == "/v1/completions") return generation_.Handle(Endpoint::kCompletions, req, exchange);
+  if (path == "/v1/chat/completions") return generation_.Handle(Endpoint::kChat, req, exchange);
+  HttpResponse res;
+  if (path == "/v1/models") {
     SetJson(res, {{"object", "list"},
                   {"data", json::array({{{"id", options_.model_name},
                                          {"object", "model"},
@@ -174,29 +243,22 @@ void HttpServer::Route() {
                                          {"owned_by", "tandem"},
                                          {"max_model_len", c_.limits().context_length},
                                          {"vocab_size", c_.limits().vocab_size}}})}});
-  });
-  h.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  } else if (path == "/tokenize") {
     Tokenize(c_, req, res);
-  });
-  h.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  } else if (path == "/detokenize") {
     Detokenize(c_, req, res);
-  });
-  h.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  } else if (path == "/health") {
     // Readiness: a load balancer sends requests only where a pipeline serves.
     if (c_.GetTopology().pipelines_size() > 0) {
       res.status = 200;
+      res.content_type.clear();
     } else {
       SetError(res, absl::UnavailableError("no pipeline is serving: no (or too few) workers"));
     }
-  });
-  h.Get("/version", [](const httplib::Request&, httplib::Response& res) {
+  } else if (path == "/version") {
     SetJson(res, {{"version", TANDEM_VERSION}});
-  });
-  h.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    // Only when no handler wrote a body: unknown paths and methods.
-    if (!res.body.empty() || res.status != 404) return;
-    SetError(res, absl::NotFoundError(absl::StrCat("no endpoint ", req.method, " ", req.path)));
-  });
+  }
+  exchange->Respond(std::move(res));
 }
 
 }  // namespace tandem::openai

@@ -1,32 +1,34 @@
-// tandem-coordinator's OpenAI-compatible HTTP front end (cpp-httplib), in process with the
-// coordinator: /v1/models, /v1/completions, /v1/chat/completions (with server-sent events),
-// /tokenize, /detokenize, /health (readiness: 200 only while a pipeline serves) and /version.
+// tandem-coordinator's OpenAI-compatible HTTP front end, in process with the coordinator:
+// /v1/models, /v1/completions, /v1/chat/completions (with server-sent events), /tokenize,
+// /detokenize, /health (readiness: 200 only while a pipeline serves) and /version.
 //
-// Threads: one accept thread ("http-accept") and a fixed pool of `threads` connection threads.
-// A connection holds its thread for as long as it is open (a stream for its whole generation, an
-// idle keep-alive connection up to 5 s), so the pool is sized for every request the coordinator
-// can hold at once (running slots plus the waiting queue) plus a margin; connections beyond it
-// wait for a free thread.
+// Served by HttpDaemon (libmicrohttpd, http_daemon.h: deadlines, connection and size bounds,
+// strict framing). Before a body is read, a request is checked for its API key (every endpoint
+// but /health and /version), its endpoint (404) and, on the JSON endpoints, its Content-Type
+// (application/json, else 415: a web page cannot post a "simple" cross-origin request).
+//
+// Threads: the daemon's event threads run the routes and submit generations; each submitted
+// generation is followed on a thread of its own until it ends (GenerationHandler).
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/openai/generation_handler.h"
-
-namespace httplib {
-class Server;
-}  // namespace httplib
+#include "coordinator/openai/http_daemon.h"
 
 namespace tandem::openai {
 
 struct HttpServerOptions {
   std::string listen;      // host:port; port 0 picks a free one
   std::string model_name;  // the id /v1/models lists and requests may name
-  int threads = 0;         // connection threads; 0: RequestThreads (coordinator/config.h)
+  int threads = 4;         // event threads
+  int max_connections = 4096;
+  int header_timeout_s = 10;  // total, for a request's headers (HttpDaemonOptions)
+  int body_timeout_s = 60;    // total, for its body
   // What every endpoint but /health and /version requires as `Authorization: Bearer <key>`
   // (401 with OpenAI's error body otherwise); empty: no key needed.
   std::string api_key;
@@ -43,18 +45,19 @@ class HttpServer {
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(Coordinator& c,
                                                            const HttpServerOptions& options,
                                                            ChatRenderer render_chat);
-  ~HttpServer();  // stops accepting, ends the streams' waits and joins the threads
+  ~HttpServer();  // cancels the requests still followed, then stops the daemon
   int port() const { return port_; }
 
  private:
   HttpServer(Coordinator& c, const HttpServerOptions& options, ChatRenderer render_chat);
-  void Route();
+  // The refusal (401, 404, 415) for a request whose headers say it cannot be served.
+  std::optional<HttpResponse> Check(const HttpRequest& head) const;
+  void Route(const HttpRequest& req, std::shared_ptr<HttpExchange> exchange);
 
   Coordinator& c_;
   const HttpServerOptions options_;
-  const GenerationHandler generation_;
-  std::unique_ptr<httplib::Server> http_;
-  std::thread thread_;
+  GenerationHandler generation_;
+  std::unique_ptr<HttpDaemon> http_;
   int port_ = 0;
 };
 

@@ -67,7 +67,8 @@ async function main() {
 
   // Every prompt form; n choices per prompt, indexed prompt-major.
   const tok = await (await fetch(baseURL.replace(/\/v1$/, '') + '/tokenize', {
-    method: 'POST', body: JSON.stringify({ prompt: 'Once upon a time' }) })).json();
+    method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ prompt: 'Once upon a time' }) })).json();
   assert.ok(tok.count > 0 && tok.tokens.length === tok.count);
   const byIds = await client.completions.create({ ...greedy, prompt: tok.tokens });
   assert.equal(byIds.choices[0].text, a.choices[0].text, 'token-id prompt = its text');
