@@ -35,7 +35,8 @@ const tcfg = JSON.parse(fs.readFileSync(`${files}/tokenizer_config.json`, "utf8"
 const cfg = JSON.parse(fs.readFileSync(`${out}/config.json`, "utf8"));
 const ids = new Map(Object.entries(tok.model.vocab));
 for (const t of tok.added_tokens) ids.set(t.content, t.id);
-const vocab = Math.max(...ids.values()) + 1;
+let vocab = 0;
+for (const v of ids.values()) vocab = Math.max(vocab, v + 1);
 const id = (t) => (t == null ? undefined : ids.get(typeof t === "string" ? t : t.content));
 const want = {vocab_size: vocab, bos_token_id: id(tcfg.bos_token),
               eos_token_id: id(tcfg.eos_token), pad_token_id: id(tcfg.pad_token)};
