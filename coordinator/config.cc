@@ -126,6 +126,28 @@ absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
   return absl::OkStatus();
 }
 
+absl::Status CheckModelDir(const std::filesystem::path& dir) {
+  constexpr const char* kWhat =
+      "give --model_dir the folder of a Hugging Face checkpoint (config.json, *.safetensors, "
+      "tokenizer.json), as the workers see it";
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(dir, ec);
+  if (!std::filesystem::exists(st)) {
+    return absl::NotFoundError(
+        absl::StrFormat("model_dir %s: no such folder; %s", dir.string(), kWhat));
+  }
+  if (!std::filesystem::is_directory(st)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("model_dir %s: is a file, not a folder; %s", dir.string(), kWhat));
+  }
+  if (!std::filesystem::exists(dir / "config.json", ec)) {
+    return absl::NotFoundError(absl::StrFormat(
+        "model_dir %s: has no config.json, so it is not a checkpoint folder; %s", dir.string(),
+        kWhat));
+  }
+  return absl::OkStatus();
+}
+
 int RequestThreads(const CoordinatorConfig& c) {
   const int slots = c.replicas * c.max_slots;
   return slots + c.max_waiting.value_or(DefaultMaxWaiting(slots)) + 8;

@@ -75,5 +75,8 @@ absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(std::string_view yaml_t
 absl::StatusOr<CoordinatorConfig> LoadCoordinatorConfig(const std::filesystem::path& path);
 // Checks ranges and names the field that is wrong.
 absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c);
+// That `dir` is a folder holding a config.json: NOT_FOUND or INVALID_ARGUMENT saying which of
+// the two it is not, and what a checkpoint folder holds.
+absl::Status CheckModelDir(const std::filesystem::path& dir);
 
 }  // namespace tandem

@@ -64,6 +64,7 @@ Coordinator::Coordinator(const CoordinatorConfig& config) : config_(config) {}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const CoordinatorConfig& config) {
   if (absl::Status s = ValidateCoordinatorConfig(config); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckModelDir(config.model_dir));
   std::unique_ptr<Coordinator> c(new Coordinator(config));
   absl::StatusOr<ModelConfig> model = LoadModelConfig(config.model_dir);
   if (!model.ok()) return model.status();
@@ -93,7 +94,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
   RETURN_IF_ERROR(CheckTopologySize(config.stages, config.replicas));
   if (config.stages > model->num_layers) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "config: stages (%d) exceeds the model's %d layers", config.stages, model->num_layers));
+        "config: stages (%d) exceeds the model's %d layers (each stage runs one or more); set "
+        "--stages to at most %d",
+        config.stages, model->num_layers, model->num_layers));
   }
   SchedulerOptions options{.max_waiting = config.max_waiting.value_or(-1),
                            .max_slots = config.max_slots,
@@ -121,7 +124,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
   return c;
 }
 
-Coordinator::~Coordinator() { Shutdown(); }
+// A Coordinator that Create gave up on has no scheduler and no threads: nothing to shut down.
+Coordinator::~Coordinator() {
+  if (scheduler_ != nullptr) Shutdown();
+}
 
 void Coordinator::set_metrics(CoordinatorMetrics* metrics) {
   absl::MutexLock lock(&mu_);

@@ -171,6 +171,7 @@ grpc::Status InferenceService::GetModelInfo(grpc::ServerContext* ctx,
   const ModelConfig& m = c_.model();
   resp->set_model_dir(c_.config().model_dir.string());
   resp->set_architecture(std::string(ArchName(m.arch)));
+  resp->set_model_type(m.model_type);
   resp->set_vocab_size(m.vocab_size);
   resp->set_hidden_size(m.hidden_size);
   resp->set_num_layers(m.num_layers);

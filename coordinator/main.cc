@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "common/flags_usage.h"
 #include "coordinator/config.h"
 #include "coordinator/coordinator.h"
@@ -17,68 +17,79 @@
 #include "coordinator/openai/http_api.h"
 #include "common/metrics.h"
 #include "common/security/credentials.h"
+#include "common/security/listen.h"
 #include "common/security/tls_flags.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "spdlog/spdlog.h"
 
-ABSL_FLAG(std::string, config, "", "YAML config file (optional)");
-ABSL_FLAG(std::optional<std::string>, listen, std::nullopt, "host:port to serve on");
-ABSL_FLAG(std::optional<std::string>, model_dir, std::nullopt, "Hugging Face checkpoint folder");
-ABSL_FLAG(std::optional<int>, stages, std::nullopt, "pipeline stages per replica");
-ABSL_FLAG(std::optional<int>, replicas, std::nullopt, "data-parallel pipelines");
-ABSL_FLAG(std::optional<int>, max_batch, std::nullopt, "sequences per step");
-ABSL_FLAG(std::optional<int>, max_slots, std::nullopt, "KV-cache slots per pipeline");
-ABSL_FLAG(std::optional<int>, max_seq_len, std::nullopt, "KV-cache positions per slot (0: model)");
-ABSL_FLAG(std::optional<int>, micro_batches, std::nullopt, "steps in flight per pipeline (0: stages)");
-ABSL_FLAG(std::optional<int>, max_waiting, std::nullopt, "waiting queue bound");
-ABSL_FLAG(std::optional<int>, prefill_chunk, std::nullopt, "prompt tokens per sequence per step");
-ABSL_FLAG(std::optional<int>, prefill_budget, std::nullopt,
+namespace {
+// The flags' defaults are the config's: one place says them, --help shows them.
+const tandem::CoordinatorConfig kDefaults;
+}  // namespace
+
+ABSL_FLAG(std::string, config, "",
+          "YAML config file of the settings below (its keys are the flags' names); flags given "
+          "on the command line override it");
+ABSL_FLAG(std::string, listen, kDefaults.listen,
+          "host:port of Inference, Admin and Registry (0.0.0.0:PORT: every interface, for "
+          "workers on other hosts, with --cluster_secret, --tls_ca or --allow_insecure)");
+ABSL_FLAG(std::string, model_dir, kDefaults.model_dir.string(), "Hugging Face checkpoint folder");
+ABSL_FLAG(int, stages, kDefaults.stages, "pipeline stages per replica");
+ABSL_FLAG(int, replicas, kDefaults.replicas, "data-parallel pipelines");
+ABSL_FLAG(int, max_batch, kDefaults.max_batch, "sequences per step");
+ABSL_FLAG(int, max_slots, kDefaults.max_slots, "KV-cache slots per pipeline");
+ABSL_FLAG(int, max_seq_len, kDefaults.max_seq_len, "KV-cache positions per slot (0: model)");
+ABSL_FLAG(int, micro_batches, kDefaults.micro_batches, "steps in flight per pipeline (0: stages)");
+ABSL_FLAG(std::optional<int>, max_waiting, std::nullopt,
+          "requests held beyond the KV slots, running or waiting; beyond them RESOURCE_EXHAUSTED "
+          "(default: the slots of the replicas that decode, at least 128)");
+ABSL_FLAG(int, prefill_chunk, kDefaults.prefill_chunk, "prompt tokens per sequence per step");
+ABSL_FLAG(int, prefill_budget, kDefaults.prefill_budget,
           "prompt tokens per step across its sequences (0: no bound)");
-ABSL_FLAG(std::optional<bool>, decode_ahead, std::nullopt,
+ABSL_FLAG(bool, decode_ahead, kDefaults.decode_ahead,
           "send a sequence's next decode step while the step before runs (one-stage pipelines, "
           "and NCCL pipelines, whose first stage gets the last one's tokens over the link)");
-ABSL_FLAG(std::optional<double>, decode_ahead_ms, std::nullopt,
+ABSL_FLAG(double, decode_ahead_ms, kDefaults.decode_ahead_ms,
           "with --decode_ahead, a sequence goes as many steps ahead as fit in this much of its "
-          "pipeline's measured step time (at least 1, at most 16; default 1)");
-ABSL_FLAG(std::optional<double>, admission_quiet_ms, std::nullopt,
+          "pipeline's measured step time (at least 1, at most 16)");
+ABSL_FLAG(double, admission_quiet_ms, kDefaults.admission_quiet_ms,
           "new requests are admitted once neither has a request arrived nor a sequence ended for "
           "this long, and not while a quarter of a pipeline's sequences are about to end by "
           "length (at most --admission_wait_ms; at once when --max_batch wait), so that prompts "
-          "arriving together share one prompt step (default 0.5; 0: admitted at once)");
-ABSL_FLAG(std::optional<double>, admission_wait_ms, std::nullopt,
-          "the longest a new request is held back for others to arrive (default 20)");
-ABSL_FLAG(std::optional<int>, prefill_replicas, std::nullopt,
+          "arriving together share one prompt step (0: admitted at once)");
+ABSL_FLAG(double, admission_wait_ms, kDefaults.admission_wait_ms,
+          "the longest a new request is held back for others to arrive");
+ABSL_FLAG(int, prefill_replicas, kDefaults.prefill_replicas,
           "replicas that run prompts only and hand each sequence's KV-cache to the other replicas, "
-          "which decode (default 0: every replica does both)");
-ABSL_FLAG(std::optional<int>, max_resumes, std::nullopt,
+          "which decode (0: every replica does both)");
+ABSL_FLAG(int, max_resumes, kDefaults.max_resumes,
           "times a running request whose pipeline is lost (a worker down) continues on another, "
-          "its KV-cache recomputed, before it fails (default 3; 0: fails at once)");
-ABSL_FLAG(std::optional<bool>, move_kv, std::nullopt,
+          "its KV-cache recomputed, before it fails (0: fails at once)");
+ABSL_FLAG(bool, move_kv, kDefaults.move_kv,
           "on a topology change, move running requests with their KV-cache to the new layout "
-          "(default true; false: let them finish on the old one, up to --drain_timeout_s)");
-ABSL_FLAG(std::optional<int>, heartbeat_interval_ms, std::nullopt,
-          "worker heartbeat period (default 1000)");
-ABSL_FLAG(std::optional<int>, heartbeat_timeout_ms, std::nullopt,
-          "silence before a worker is declared down (default 10000)");
-ABSL_FLAG(std::optional<double>, drain_timeout_s, std::nullopt, "topology change drain limit");
-ABSL_FLAG(std::optional<std::string>, http_listen, std::nullopt,
-          "host:port of the OpenAI-compatible HTTP API (port 0: any free port; unset: off)");
-ABSL_FLAG(std::optional<int>, http_threads, std::nullopt,
-          "HTTP event threads (epoll; each serves many connections; default 4, 0: 4)");
-ABSL_FLAG(std::optional<int>, http_max_connections, std::nullopt,
-          "open HTTP connections at most; beyond them a new one is closed at once (default 4096)");
-ABSL_FLAG(std::optional<int>, http_header_timeout_s, std::nullopt,
+          "(false: let them finish on the old one, up to --drain_timeout_s)");
+ABSL_FLAG(int, heartbeat_interval_ms, kDefaults.heartbeat_interval_ms, "worker heartbeat period");
+ABSL_FLAG(int, heartbeat_timeout_ms, kDefaults.heartbeat_timeout_ms,
+          "silence before a worker is declared down");
+ABSL_FLAG(double, drain_timeout_s, kDefaults.drain_timeout_s, "topology change drain limit");
+ABSL_FLAG(std::string, http_listen, kDefaults.http_listen,
+          "host:port of the OpenAI-compatible HTTP API (port 0: any free port; empty: off)");
+ABSL_FLAG(int, http_threads, kDefaults.http_threads,
+          "HTTP event threads (epoll; each serves many connections; 0: 4)");
+ABSL_FLAG(int, http_max_connections, kDefaults.http_max_connections,
+          "open HTTP connections at most; beyond them a new one is closed at once");
+ABSL_FLAG(int, http_header_timeout_s, kDefaults.http_header_timeout_s,
           "seconds a client has for a request's headers, counted from the connection's start or "
-          "the previous response (so also an idle keep-alive connection's life; default 10)");
-ABSL_FLAG(std::optional<int>, http_body_timeout_s, std::nullopt,
-          "seconds a client has for a request's body once its headers are in (default 60)");
-ABSL_FLAG(std::optional<int>, grpc_threads, std::nullopt,
+          "the previous response (so also an idle keep-alive connection's life)");
+ABSL_FLAG(int, http_body_timeout_s, kDefaults.http_body_timeout_s,
+          "seconds a client has for a request's body once its headers are in");
+ABSL_FLAG(int, grpc_threads, kDefaults.grpc_threads,
           "threads the gRPC server keeps for request streams once they end, so that a burst of "
           "new ones does not wait for threads to be made (0: running slots + waiting queue + 8)");
-ABSL_FLAG(std::optional<std::string>, served_model_name, std::nullopt,
-          "the model's id in the HTTP API (default: the name of --model_dir)");
+ABSL_FLAG(std::string, served_model_name, kDefaults.served_model_name,
+          "the model's id in the HTTP API (empty: the name of --model_dir)");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
           "host:port serving Prometheus /metrics (0.0.0.0:PORT: every interface; port 0: any free "
           "port; empty: off)");
@@ -92,6 +103,10 @@ ABSL_FLAG(std::string, cluster_secret, "",
           "secret shared with the workers: they present it to Registry, the coordinator to them "
           "(env TANDEM_CLUSTER_SECRET; empty: none; with --tls_ca, workers also need a "
           "certificate the CA signed)");
+ABSL_FLAG(bool, allow_insecure, false,
+          "serve --listen on an address other hosts reach without --cluster_secret or --tls_ca "
+          "(any process that reaches the port can then register as a worker and receive "
+          "prompts): for a network where every host is trusted");
 ABSL_FLAG(bool, trust_worker_addresses, false,
           "accept a worker's registered address even where it is not the caller's own (NAT, "
           "proxies)");
@@ -101,54 +116,88 @@ namespace {
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop.store(true); }
 
+template <typename T, typename Field>
+void Override(const absl::Flag<T>& flag, Field& field) {
+  if (tandem::FlagGiven(absl::GetFlagReflectionHandle(flag).Name())) field = absl::GetFlag(flag);
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   tandem::SetProgramUsage("tandem-coordinator --model_dir DIR [--config FILE] [--listen ADDR]");
-  absl::ParseCommandLine(argc, argv);
+  tandem::ParseFlags(argc, argv);
   using tandem::CoordinatorConfig;
   CoordinatorConfig config;
   if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
     absl::StatusOr<CoordinatorConfig> c = tandem::LoadCoordinatorConfig(path);
     if (!c.ok()) {
-      spdlog::error("{}", c.status().ToString());
+      spdlog::error("--config: {}", std::string(c.status().message()));
       return 2;
     }
     config = *c;
   }
-  if (auto v = absl::GetFlag(FLAGS_listen)) config.listen = *v;
-  if (auto v = absl::GetFlag(FLAGS_model_dir)) config.model_dir = *v;
-  if (auto v = absl::GetFlag(FLAGS_stages)) config.stages = *v;
-  if (auto v = absl::GetFlag(FLAGS_replicas)) config.replicas = *v;
-  if (auto v = absl::GetFlag(FLAGS_max_batch)) config.max_batch = *v;
-  if (auto v = absl::GetFlag(FLAGS_max_slots)) config.max_slots = *v;
-  if (auto v = absl::GetFlag(FLAGS_max_seq_len)) config.max_seq_len = *v;
-  if (auto v = absl::GetFlag(FLAGS_micro_batches)) config.micro_batches = *v;
-  if (auto v = absl::GetFlag(FLAGS_max_waiting)) config.max_waiting = *v;
-  if (auto v = absl::GetFlag(FLAGS_prefill_chunk)) config.prefill_chunk = *v;
-  if (auto v = absl::GetFlag(FLAGS_prefill_budget)) config.prefill_budget = *v;
-  if (auto v = absl::GetFlag(FLAGS_decode_ahead)) config.decode_ahead = *v;
-  if (auto v = absl::GetFlag(FLAGS_decode_ahead_ms)) config.decode_ahead_ms = *v;
-  if (auto v = absl::GetFlag(FLAGS_max_resumes)) config.max_resumes = *v;
-  if (auto v = absl::GetFlag(FLAGS_admission_quiet_ms)) config.admission_quiet_ms = *v;
-  if (auto v = absl::GetFlag(FLAGS_admission_wait_ms)) config.admission_wait_ms = *v;
-  if (auto v = absl::GetFlag(FLAGS_prefill_replicas)) config.prefill_replicas = *v;
-  if (auto v = absl::GetFlag(FLAGS_move_kv)) config.move_kv = *v;
-  if (auto v = absl::GetFlag(FLAGS_heartbeat_interval_ms)) config.heartbeat_interval_ms = *v;
-  if (auto v = absl::GetFlag(FLAGS_heartbeat_timeout_ms)) config.heartbeat_timeout_ms = *v;
-  if (auto v = absl::GetFlag(FLAGS_drain_timeout_s)) config.drain_timeout_s = *v;
-  if (auto v = absl::GetFlag(FLAGS_http_listen)) config.http_listen = *v;
-  if (auto v = absl::GetFlag(FLAGS_http_threads)) config.http_threads = *v;
-  if (auto v = absl::GetFlag(FLAGS_http_max_connections)) config.http_max_connections = *v;
-  if (auto v = absl::GetFlag(FLAGS_http_header_timeout_s)) config.http_header_timeout_s = *v;
-  if (auto v = absl::GetFlag(FLAGS_http_body_timeout_s)) config.http_body_timeout_s = *v;
-  if (auto v = absl::GetFlag(FLAGS_grpc_threads)) config.grpc_threads = *v;
-  if (auto v = absl::GetFlag(FLAGS_served_model_name)) config.served_model_name = *v;
+  // A flag given on the command line overrides the config file, even with its default value.
+  Override(FLAGS_listen, config.listen);
+  Override(FLAGS_model_dir, config.model_dir);
+  Override(FLAGS_stages, config.stages);
+  Override(FLAGS_replicas, config.replicas);
+  Override(FLAGS_max_batch, config.max_batch);
+  Override(FLAGS_max_slots, config.max_slots);
+  Override(FLAGS_max_seq_len, config.max_seq_len);
+  Override(FLAGS_micro_batches, config.micro_batches);
+  Override(FLAGS_max_waiting, config.max_waiting);
+  Override(FLAGS_prefill_chunk, config.prefill_chunk);
+  Override(FLAGS_prefill_budget, config.prefill_budget);
+  Override(FLAGS_decode_ahead, config.decode_ahead);
+  Override(FLAGS_decode_ahead_ms, config.decode_ahead_ms);
+  Override(FLAGS_max_resumes, config.max_resumes);
+  Override(FLAGS_admission_quiet_ms, config.admission_quiet_ms);
+  Override(FLAGS_admission_wait_ms, config.admission_wait_ms);
+  Override(FLAGS_prefill_replicas, config.prefill_replicas);
+  Override(FLAGS_move_kv, config.move_kv);
+  Override(FLAGS_heartbeat_interval_ms, config.heartbeat_interval_ms);
+  Override(FLAGS_heartbeat_timeout_ms, config.heartbeat_timeout_ms);
+  Override(FLAGS_drain_timeout_s, config.drain_timeout_s);
+  Override(FLAGS_http_listen, config.http_listen);
+  Override(FLAGS_http_threads, config.http_threads);
+  Override(FLAGS_http_max_connections, config.http_max_connections);
+  Override(FLAGS_http_header_timeout_s, config.http_header_timeout_s);
+  Override(FLAGS_http_body_timeout_s, config.http_body_timeout_s);
+  Override(FLAGS_grpc_threads, config.grpc_threads);
+  Override(FLAGS_served_model_name, config.served_model_name);
   // Workers run in folders (and on nodes) of their own: a relative folder means this process's
   // working directory, so the workers are sent the absolute path.
   if (!config.model_dir.empty()) {
     config.model_dir = std::filesystem::absolute(config.model_dir).lexically_normal();
+  }
+
+  const tandem::TlsFiles tls = tandem::TlsFilesFromFlags();
+  const std::string api_key = tandem::FlagOrEnv(absl::GetFlag(FLAGS_api_key), "TANDEM_API_KEY");
+  std::string admin_key = tandem::FlagOrEnv(absl::GetFlag(FLAGS_admin_key), "TANDEM_ADMIN_KEY");
+  if (admin_key.empty()) admin_key = api_key;
+  const std::string cluster_secret =
+      tandem::FlagOrEnv(absl::GetFlag(FLAGS_cluster_secret), "TANDEM_CLUSTER_SECRET");
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server_credentials =
+      tandem::MakeServerCredentials(tls, tandem::ClientCerts::kVerifyIfPresented);
+  absl::StatusOr<tandem::ClientAuth> worker_auth = tandem::MakeClientAuth(tls, cluster_secret);
+  if (!server_credentials.ok() || !worker_auth.ok()) {
+    spdlog::error("{}", (server_credentials.ok() ? worker_auth.status()
+                                                 : server_credentials.status()).ToString());
+    return 2;
+  }
+
+  if (absl::Status s =
+          tandem::CheckClusterListen("--listen", config.listen,
+                                     {.has_secret = !cluster_secret.empty(),
+                                      .has_client_ca = !tls.ca.empty(),
+                                      .allow_insecure = absl::GetFlag(FLAGS_allow_insecure)});
+      !s.ok()) {
+    spdlog::error("{}", std::string(s.message()));
+    return 2;
+  }
+  if (cluster_secret.empty() && tls.ca.empty()) {
+    spdlog::warn("no --cluster_secret or --tls_ca: any process that reaches {} can register as a "
+                 "worker", config.listen);
   }
 
   absl::StatusOr<std::unique_ptr<tandem::Coordinator>> coordinator =
@@ -172,20 +221,6 @@ int main(int argc, char** argv) {
       spdlog::error("--metrics_address: {}; serving without metrics", m.status().ToString());
     }
   }
-  const tandem::TlsFiles tls = tandem::TlsFilesFromFlags();
-  const std::string api_key = tandem::FlagOrEnv(absl::GetFlag(FLAGS_api_key), "TANDEM_API_KEY");
-  std::string admin_key = tandem::FlagOrEnv(absl::GetFlag(FLAGS_admin_key), "TANDEM_ADMIN_KEY");
-  if (admin_key.empty()) admin_key = api_key;
-  const std::string cluster_secret =
-      tandem::FlagOrEnv(absl::GetFlag(FLAGS_cluster_secret), "TANDEM_CLUSTER_SECRET");
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server_credentials =
-      tandem::MakeServerCredentials(tls, tandem::ClientCerts::kVerifyIfPresented);
-  absl::StatusOr<tandem::ClientAuth> worker_auth = tandem::MakeClientAuth(tls, cluster_secret);
-  if (!server_credentials.ok() || !worker_auth.ok()) {
-    spdlog::error("{}", (server_credentials.ok() ? worker_auth.status()
-                                                 : server_credentials.status()).ToString());
-    return 2;
-  }
   (*coordinator)->set_worker_auth(*std::move(worker_auth));
   tandem::InferenceService inference(**coordinator, {.key = api_key, .key_name = "api key"});
   tandem::AdminService admin(**coordinator, {.key = admin_key, .key_name = "admin key"});
@@ -194,16 +229,12 @@ int main(int argc, char** argv) {
       {.key = cluster_secret, .require_client_cert = !tls.ca.empty(), .key_name = "cluster secret"},
       absl::GetFlag(FLAGS_trust_worker_addresses));
   if (api_key.empty()) spdlog::warn("no --api_key: Inference is open to every caller");
-  if (cluster_secret.empty() && tls.ca.empty()) {
-    spdlog::warn("no --cluster_secret or --tls_ca: any process that reaches the port can "
-                 "register as a worker");
-  }
-
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(config.listen, *server_credentials, &port);
+  tandem::RefusePortSharing(builder);
   // Sized from the largest legal request (prompt bytes, token ids, stop strings).
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(tandem::MaxRequestBytes((*coordinator)->limits()), INT32_MAX)));
@@ -216,8 +247,8 @@ int main(int argc, char** argv) {
   builder.RegisterService(&registry);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    spdlog::error("cannot listen on {}", config.listen);
-    return 1;
+    spdlog::error("{}", tandem::CannotListenMessage("--listen", config.listen));
+    return 2;
   }
   // Readiness per service: Inference is SERVING only while a pipeline serves; "" (the process)
   // stays SERVING while it is up, for liveness probes.

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/flags_usage.h"
@@ -42,7 +41,7 @@ ABSL_FLAG(int, timeout_ms, 0, "request deadline (0: none)");
 ABSL_FLAG(int, stages, 1, "set-topology: stages per replica");
 ABSL_FLAG(int, replicas, 1, "set-topology: replicas");
 ABSL_FLAG(std::optional<int>, prefill_replicas, std::nullopt,
-          "set-topology: of the replicas, those that run prompts only (default: as before)");
+          "set-topology: of the replicas, those that run prompts only (unset: as before)");
 ABSL_FLAG(int64_t, worker_id, 0, "drain, undrain: the worker's id (from 'workers')");
 ABSL_FLAG(std::string, api_key, "", "key for generate and info (env TANDEM_API_KEY)");
 ABSL_FLAG(std::string, admin_key, "",
@@ -179,7 +178,7 @@ int Generate(const std::shared_ptr<grpc::Channel>& channel) {
 
 int main(int argc, char** argv) {
   tandem::SetProgramUsage(kUsage);
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> args = tandem::ParseFlags(argc, argv);
   if (args.size() != 2) {
     std::fputs(kUsage, stderr);
     return 2;

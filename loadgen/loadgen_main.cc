@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -91,7 +90,7 @@ int main(int argc, char** argv) {
   tandem::SetProgramUsage(
       "tandem-loadgen sweep --addr HOST:PORT [--worker_metrics H:P,...] [--nodes 1,2] "
       "[--batch 1,2,4,8 | --mode open --rates 1,2] [--out DIR]");
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> args = tandem::ParseFlags(argc, argv);
   if (args.size() == 3 && std::string(args[1]) == "report") {
     // The report and plots of an existing run folder, made again from its results.json.
     absl::StatusOr<tandem::loadgen::SweepResult> r = tandem::loadgen::ReadResults(args[2]);

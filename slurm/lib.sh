@@ -54,10 +54,18 @@ tandem_find_bins() {
 # Whether a binary accepts a flag (flags appear in --helpfull as "--name"), so that optional
 # features (metrics ports) are passed only to binaries that have them.
 tandem_has_flag() {
-  # --helpfull exits with 1: look at the text only.
+  # Older builds exit 1 from --helpfull: look at the text only.
   local help
   help=$(timeout --foreground 20 "$TANDEM_BIN_DIR/$1" --helpfull </dev/null 2>&1)
   grep -q -- "--$2[ (=]" <<<"$help"
+}
+
+# An open job (SECURE=0) listens on every interface without a cluster secret, which the programs
+# refuse unless told it is on purpose (--allow_insecure, where the binary has it).
+tandem_insecure_arg() {
+  if [ "${SECURE:-1}" != 1 ] && tandem_has_flag "$1" allow_insecure; then
+    echo "--allow_insecure"
+  fi
 }
 
 # The flag that puts a binary's Prometheus /metrics on a port, if it has one
@@ -286,6 +294,8 @@ tandem_start_coordinator() {
               --stages="$STAGES" --replicas="$REPLICAS")
   [ -n "${COORD_CONFIG:-}" ] && args+=(--config="$COORD_CONFIG")
   local m
+  m=$(tandem_insecure_arg tandem-coordinator)
+  [ -n "$m" ] && args+=("$m")
   m=$(tandem_metrics_arg tandem-coordinator "$COORD_METRICS_PORT")
   [ -n "$m" ] && args+=("$m")
   # shellcheck disable=SC2206
@@ -322,6 +332,9 @@ tandem_worker_task() {
   host=${host:-$(hostname)}
   local args=(--coordinator="$TANDEM_COORD_ADDR" --listen="0.0.0.0:${port}"
               --advertise_host="${host}" --backend="$BACKEND")
+  local insecure
+  insecure=$(tandem_insecure_arg tandem-worker)
+  [ -n "$insecure" ] && args+=("$insecure")
   # A closed job's workers load nothing but its checkpoint.
   [ "${SECURE:-0}" = 1 ] && tandem_has_flag tandem-worker model_root &&
     args+=(--model_root="$MODEL_DIR")

@@ -1,5 +1,6 @@
 // tandem-make-model: writes a random-weight checkpoint folder in Hugging Face's layout.
 //   tandem-make-model --preset=tiny-llama --out=/tmp/tiny-llama --seed=1
+//   tandem-make-model --preset=tiny-qwen2 --tokenizer=DIR --out=/tmp/m  (a real tokenizer's files)
 // Every dimension of the preset can be overridden; see --help.
 #include <cstdint>
 #include <cstdio>
@@ -9,7 +10,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_join.h"
 #include "common/flags_usage.h"
 #include "tools/model_generator.h"
@@ -19,7 +19,8 @@ ABSL_FLAG(std::string, out, "", "checkpoint folder to write (required; created i
 ABSL_FLAG(uint64_t, seed, 0, "random seed; the same seed gives the same bytes on every machine");
 ABSL_FLAG(std::optional<std::string>, dtype, std::nullopt,
           "weight type: f32, f16 or bf16 (default: f32 for tiny presets, f16 otherwise)");
-ABSL_FLAG(std::optional<int>, vocab_size, std::nullopt, "override: vocabulary size");
+ABSL_FLAG(std::optional<int>, vocab_size, std::nullopt,
+          "override: vocabulary size (with --tokenizer: the tokenizer's unless given)");
 ABSL_FLAG(std::optional<int>, hidden_size, std::nullopt, "override: hidden size");
 ABSL_FLAG(std::optional<int>, intermediate_size, std::nullopt, "override: MLP inner size");
 ABSL_FLAG(std::optional<int>, num_layers, std::nullopt, "override: transformer blocks");
@@ -35,6 +36,11 @@ ABSL_FLAG(std::optional<int>, sliding_window, std::nullopt,
           "override: attention window in positions, 0 for none (Mistral, Qwen2)");
 ABSL_FLAG(std::optional<int>, max_window_layers, std::nullopt,
           "override: first layer the window applies to (Qwen2)");
+ABSL_FLAG(std::string, tokenizer, "",
+          "folder of a real Hugging Face tokenizer: its tokenizer.json, tokenizer_config.json, "
+          "special_tokens_map.json and tokenizer.model (those present) are copied next to the "
+          "weights, and the vocabulary size and BOS/EOS/pad ids are taken from it (empty: a "
+          "small BPE tokenizer trained here)");
 ABSL_FLAG(int64_t, max_shard_mb, 0,
           "> 0: split the weights into shards of at most this many MiB plus an index");
 
@@ -59,7 +65,7 @@ int main(int argc, char** argv) {
       "tokenizer.json).\nPresets: " +
       presets + "\nExample: tandem-make-model --preset=tiny-llama --out=/tmp/m --seed=1");
   const bool tie_given = BoolFlagGiven(argc, argv, "tie_word_embeddings");
-  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  const std::vector<char*> positional = tandem::ParseFlags(argc, argv);
   if (positional.size() > 1) {
     std::fprintf(stderr, "tandem-make-model: unexpected argument '%s'\n", positional[1]);
     return 2;
@@ -92,8 +98,15 @@ int main(int argc, char** argv) {
   o.max_window_layers = absl::GetFlag(FLAGS_max_window_layers);
   o.dtype = absl::GetFlag(FLAGS_dtype);
   auto config = tandem::ApplyOverrides(*base, o);
+  tandem::GeneratorOptions options;
+  if (const std::string dir = absl::GetFlag(FLAGS_tokenizer); !dir.empty() && config.ok()) {
+    options.tokenizer_dir = dir;
+    absl::StatusOr<tandem::TokenizerSpecials> t = tandem::ReadTokenizerSpecials(dir);
+    config = t.ok() ? tandem::FitToTokenizer(*config, *t, o.vocab_size.has_value())
+                    : absl::StatusOr<tandem::ModelConfig>(t.status());
+  }
   if (!config.ok()) {
-    std::fprintf(stderr, "tandem-make-model: %s\n", config.status().ToString().c_str());
+    std::fprintf(stderr, "tandem-make-model: %s\n", std::string(config.status().message()).c_str());
     return 2;
   }
 
@@ -103,7 +116,6 @@ int main(int argc, char** argv) {
                  static_cast<long long>(shard_mb));
     return 2;
   }
-  tandem::GeneratorOptions options;
   options.seed = absl::GetFlag(FLAGS_seed);
   options.max_shard_bytes = shard_mb * 1024 * 1024;
   if (absl::Status s = tandem::WriteRandomCheckpoint(*config, options, out); !s.ok()) {

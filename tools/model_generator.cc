@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <system_error>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "common/rng.h"
 #include "common/status_macros.h"
+#include "common/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "tools/byte_level_bpe.h"
 #include "tools/safetensors_writer.h"
@@ -551,6 +553,125 @@ float RandomWeight(uint64_t seed, const TensorSpec& spec, int64_t index) {
   return Sample(TensorStream(seed, spec.name), spec, index);
 }
 
+namespace {
+
+// A special token of tokenizer_config.json / special_tokens_map.json: a string, an
+// {"content": ...} object, or null / absent (none).
+std::optional<std::string> SpecialTokenText(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end()) return std::nullopt;
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object()) {
+    auto content = it->find("content");
+    if (content != it->end() && content->is_string()) return content->get<std::string>();
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<nlohmann::json> ReadJsonObject(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return nlohmann::json::object();
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": not a JSON object"));
+  }
+  return j;
+}
+
+}  // namespace
+
+absl::StatusOr<TokenizerSpecials> ReadTokenizerSpecials(const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (!std::filesystem::exists(dir / "tokenizer.json", ec) &&
+      !std::filesystem::exists(dir / "tokenizer.model", ec)) {
+    return absl::NotFoundError(absl::StrCat(
+        "--tokenizer ", dir.string(),
+        ": no tokenizer.json or tokenizer.model there; give the folder of a Hugging Face "
+        "tokenizer"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::FromDir(dir));
+  ASSIGN_OR_RETURN(nlohmann::json config, ReadJsonObject(dir / "tokenizer_config.json"));
+  ASSIGN_OR_RETURN(nlohmann::json map, ReadJsonObject(dir / "special_tokens_map.json"));
+  TokenizerSpecials t;
+  t.vocab_size = tokenizer->vocab_size();
+  for (auto [key, id] :
+       {std::pair{"bos_token", &t.bos_token_id}, std::pair{"eos_token", &t.eos_token_id},
+        std::pair{"pad_token", &t.pad_token_id}}) {
+    std::optional<std::string> text = SpecialTokenText(config, key);
+    const char* file = "tokenizer_config.json";
+    if (!text) {
+      text = SpecialTokenText(map, key);
+      file = "special_tokens_map.json";
+    }
+    if (!text) continue;
+    const std::optional<int32_t> found = tokenizer->TokenToId(*text);
+    if (!found) {
+      return absl::InvalidArgumentError(absl::StrCat((dir / file).string(), ": ", key, " \"", *text,
+                                                     "\" is not in the tokenizer"));
+    }
+    *id = *found;
+  }
+  return t;
+}
+
+absl::StatusOr<ModelConfig> FitToTokenizer(ModelConfig c, const TokenizerSpecials& t,
+                                           bool keep_vocab_size) {
+  if (!keep_vocab_size) {
+    c.vocab_size = t.vocab_size;
+  } else if (c.vocab_size < t.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--vocab_size ", c.vocab_size, " is smaller than the tokenizer's ",
+                     t.vocab_size, " ids; leave it out to take the tokenizer's"));
+  }
+  c.bos_token_id = t.bos_token_id;
+  c.eos_token_id = t.eos_token_id;
+  RETURN_IF_ERROR(ValidateGeneratorConfig(c));
+  return c;
+}
+
+namespace {
+
+// config.json, and with a real tokenizer its files copied in (stale ones of the other kind
+// removed, so that a tokenizer.json left from an earlier run is not read instead).
+absl::Status WriteConfigAndTokenizer(const ModelConfig& config, const GeneratorOptions& options,
+                                     const std::filesystem::path& dir) {
+  if (options.tokenizer_dir.empty()) {
+    RETURN_IF_ERROR(WriteTextFile(dir / "config.json", ModelConfigToJson(config)));
+    const int special_id = SpecialTokenId(config);
+    const BpeVocab bpe = TrainByteLevelBpe(TokenizerCorpus(), special_id);
+    RETURN_IF_ERROR(
+        WriteTextFile(dir / "tokenizer.json", TokenizerJson(bpe, "<|endoftext|>", special_id)));
+    return WriteTextFile(dir / "tokenizer_config.json", TokenizerConfigJson(config));
+  }
+  ASSIGN_OR_RETURN(TokenizerSpecials t, ReadTokenizerSpecials(options.tokenizer_dir));
+  if (config.vocab_size < t.vocab_size || config.bos_token_id != t.bos_token_id ||
+      config.eos_token_id != t.eos_token_id) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the config does not fit the tokenizer in ", options.tokenizer_dir.string(),
+                     " (vocabulary ", t.vocab_size, ", bos ", t.bos_token_id, ", eos ",
+                     t.eos_token_id, "): make it with FitToTokenizer"));
+  }
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(ModelConfigToJson(config));
+  if (t.pad_token_id >= 0) j["pad_token_id"] = t.pad_token_id;
+  RETURN_IF_ERROR(WriteTextFile(dir / "config.json", j.dump(2) + "\n"));
+  for (const char* name : kTokenizerFiles) {
+    std::error_code ec;
+    const std::filesystem::path from = options.tokenizer_dir / name, to = dir / name;
+    if (!std::filesystem::exists(from, ec)) {
+      std::filesystem::remove(to, ec);
+      continue;
+    }
+    std::filesystem::copy_file(from, to, std::filesystem::copy_options::overwrite_existing, ec);
+    if (ec) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot copy ", from.string(), " to ", to.string(), ": ", ec.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, const GeneratorOptions& options,
                                    const std::filesystem::path& dir) {
   RETURN_IF_ERROR(ValidateGeneratorConfig(config));
@@ -566,12 +687,7 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const GeneratorOpt
   }
   RemoveStaleModelFiles(dir);
 
-  RETURN_IF_ERROR(WriteTextFile(dir / "config.json", ModelConfigToJson(config)));
-  const int special_id = SpecialTokenId(config);
-  const BpeVocab bpe = TrainByteLevelBpe(TokenizerCorpus(), special_id);
-  RETURN_IF_ERROR(
-      WriteTextFile(dir / "tokenizer.json", TokenizerJson(bpe, "<|endoftext|>", special_id)));
-  RETURN_IF_ERROR(WriteTextFile(dir / "tokenizer_config.json", TokenizerConfigJson(config)));
+  RETURN_IF_ERROR(WriteConfigAndTokenizer(config, options, dir));
 
   // Shards as save_pretrained cuts them: tensors in state_dict order, a new shard whenever the
   // next tensor would push a non-empty shard past the limit.

@@ -53,9 +53,36 @@ absl::StatusOr<ModelConfig> ApplyOverrides(ModelConfig base, const ModelOverride
 // vocabulary.
 absl::Status ValidateGeneratorConfig(const ModelConfig& config);
 
+// What a real tokenizer folder fixes about the model beside it: tokenizer.json (else
+// tokenizer.model) gives the vocabulary; tokenizer_config.json's (else special_tokens_map.json's)
+// bos_token, eos_token and pad_token, strings or {"content": ...}, give the special ids.
+struct TokenizerSpecials {
+  int vocab_size = 0;     // highest id + 1 over the vocabulary and the added tokens
+  int bos_token_id = -1;  // -1: the tokenizer names none
+  int eos_token_id = -1;
+  int pad_token_id = -1;
+};
+// NOT_FOUND without a tokenizer in `dir`; INVALID_ARGUMENT naming the file and the token when a
+// special token is not in the vocabulary.
+absl::StatusOr<TokenizerSpecials> ReadTokenizerSpecials(const std::filesystem::path& dir);
+
+// `config` with the tokenizer's special ids, and its vocabulary size unless `keep_vocab_size`
+// (a --vocab_size given), which must then hold every id of the tokenizer (checkpoints often pad
+// the embedding past it).
+absl::StatusOr<ModelConfig> FitToTokenizer(ModelConfig config, const TokenizerSpecials& t,
+                                           bool keep_vocab_size);
+
+// The tokenizer files that WriteRandomCheckpoint copies from GeneratorOptions::tokenizer_dir.
+inline constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json",
+                                                  "special_tokens_map.json", "tokenizer.model"};
+
 struct GeneratorOptions {
   uint64_t seed = 0;
   int64_t max_shard_bytes = 0;  // > 0: split into model-0000i-of-0000n.safetensors + index
+  // Non-empty: copy this folder's tokenizer files (kTokenizerFiles, those present) instead of
+  // writing a BPE tokenizer trained here; the config must fit it (FitToTokenizer), and its pad
+  // id goes into config.json.
+  std::filesystem::path tokenizer_dir = {};
 };
 
 // One tensor of the checkpoint, in the order Hugging Face's state_dict lists it.
@@ -74,10 +101,10 @@ std::vector<TensorSpec> CheckpointTensors(const ModelConfig& config);
 // Irwin-Hall: (u0 + u1 + u2 + u3 - 2) * sqrt(3), ui = UniformFloat(seed', 4 * index + i).
 float RandomWeight(uint64_t seed, const TensorSpec& spec, int64_t index);
 
-// Writes the checkpoint folder `dir` (created if missing): config.json, tokenizer.json,
-// tokenizer_config.json, and model.safetensors or shards + model.safetensors.index.json (stale
-// files of the other layout are removed). Streams tensor by tensor in bounded chunks, so a 13B
-// model needs only a few MB of host memory.
+// Writes the checkpoint folder `dir` (created if missing): config.json, tokenizer.json and
+// tokenizer_config.json (or the files of options.tokenizer_dir), and model.safetensors or shards +
+// model.safetensors.index.json (stale files of the other layout are removed). Streams tensor by
+// tensor in bounded chunks, so a 13B model needs only a few MB of host memory.
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, const GeneratorOptions& options,
                                    const std::filesystem::path& dir);
 

@@ -1,6 +1,8 @@
 #include "coordinator/config.h"
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -154,6 +156,25 @@ TEST(CoordinatorConfigTest, ValidationNamesTheBadField) {
   c.replicas = 1;
   c.heartbeat_timeout_ms = c.heartbeat_interval_ms;
   EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("heartbeat_timeout_ms"));
+}
+
+TEST(CheckModelDirTest, NamesWhatTheFolderIsNotAndWhatToGive) {
+  const std::filesystem::path base =
+      std::filesystem::path(::testing::TempDir()) / "check_model_dir_test";
+  std::filesystem::remove_all(base);
+  std::filesystem::create_directories(base / "empty");
+  std::ofstream(base / "file") << "x";
+  std::filesystem::create_directories(base / "model");
+  std::ofstream(base / "model" / "config.json") << "{}";
+  const absl::Status missing = CheckModelDir(base / "missing");
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.message(), HasSubstr("no such folder"));
+  EXPECT_THAT(CheckModelDir(base / "file").message(), HasSubstr("is a file, not a folder"));
+  EXPECT_THAT(CheckModelDir(base / "empty").message(), HasSubstr("has no config.json"));
+  EXPECT_THAT(CheckModelDir(base / "empty").message(),
+              HasSubstr("folder of a Hugging Face checkpoint"));
+  EXPECT_TRUE(CheckModelDir(base / "model").ok());
+  std::filesystem::remove_all(base);
 }
 
 }  // namespace

@@ -836,5 +836,79 @@ TEST(MakeModelProgramTest, BadFlagsFailWithAMessageNamingThem) {
   EXPECT_FALSE(fs::exists(dir));
 }
 
+// --- a real tokenizer's files beside the weights ---
+
+// A tokenizer folder whose special tokens are added tokens past the BPE vocabulary (ids 600, 601,
+// 602 of 603), named by tokenizer_config.json (bos as a string, eos as {"content": ...}) and
+// special_tokens_map.json (pad), as Hugging Face folders name them.
+fs::path TokenizerWithSpecials(const std::string& name) {
+  const fs::path dir = TestDir(name);
+  EXPECT_TRUE(WriteRandomCheckpoint(Preset("tiny-llama"), {}, dir).ok());
+  nlohmann::json tok = nlohmann::json::parse(ReadBytes(dir / "tokenizer.json"));
+  for (auto [id, content] : {std::pair{600, "<s>"}, std::pair{601, "</s>"},
+                             std::pair{602, "<pad>"}}) {
+    tok["added_tokens"].push_back({{"id", id}, {"content", content}, {"single_word", false},
+                                   {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+                                   {"special", true}});
+  }
+  std::ofstream(dir / "tokenizer.json") << tok.dump();
+  std::ofstream(dir / "tokenizer_config.json")
+      << R"({"bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": false}})";
+  std::ofstream(dir / "special_tokens_map.json") << R"({"pad_token": "<pad>"})";
+  for (const char* stale : {"config.json", "model.safetensors"}) fs::remove(dir / stale);
+  return dir;
+}
+
+TEST(TokenizerSpecialsTest, VocabularyAndSpecialIdsComeFromTheTokenizerFiles) {
+  absl::StatusOr<TokenizerSpecials> t = ReadTokenizerSpecials(TokenizerWithSpecials("specials"));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->vocab_size, 603);
+  EXPECT_EQ(t->bos_token_id, 600);
+  EXPECT_EQ(t->eos_token_id, 601);
+  EXPECT_EQ(t->pad_token_id, 602);
+}
+
+TEST(TokenizerSpecialsTest, ASpecialTokenMissingFromTheVocabularyIsNamed) {
+  const fs::path dir = TokenizerWithSpecials("specials_missing");
+  std::ofstream(dir / "tokenizer_config.json") << R"({"eos_token": "<|eot|>"})";
+  absl::StatusOr<TokenizerSpecials> t = ReadTokenizerSpecials(dir);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(t.status().message(), ::testing::AllOf(HasSubstr("tokenizer_config.json"),
+                                                      HasSubstr("eos_token \"<|eot|>\"")));
+  EXPECT_EQ(ReadTokenizerSpecials(TestDir("no_tokenizer")).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(MakeModelProgramTest, TokenizerFlagCopiesItsFilesAndTakesItsIds) {
+  const fs::path tokenizer = TokenizerWithSpecials("program_tokenizer_src");
+  const fs::path dir = TestDir("program_tokenizer");
+  RunResult r = RunMakeModel("--preset=tiny-llama --tokenizer=" + tokenizer.string() +
+                             " --out=" + dir.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+    EXPECT_EQ(ReadBytes(dir / name), ReadBytes(tokenizer / name)) << name;
+  }
+  EXPECT_FALSE(fs::exists(dir / "tokenizer.model"));
+  const nlohmann::json config = nlohmann::json::parse(ReadBytes(dir / "config.json"));
+  EXPECT_EQ(config["vocab_size"], 603);
+  EXPECT_EQ(config["bos_token_id"], 600);
+  EXPECT_EQ(config["eos_token_id"], 601);
+  EXPECT_EQ(config["pad_token_id"], 602);
+  absl::StatusOr<ModelConfig> loaded = LoadModelConfig(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(Checkpoint::Open(dir).value()->tensor("model.embed_tokens.weight").value().shape,
+            (std::vector<int64_t>{603, 64}));
+
+  // A --vocab_size that holds every id pads the embedding; a smaller one is refused.
+  r = RunMakeModel("--preset=tiny-llama --vocab_size=640 --tokenizer=" + tokenizer.string() +
+                   " --out=" + dir.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(ReadBytes(dir / "config.json"))["vocab_size"], 640);
+  r = RunMakeModel("--preset=tiny-llama --vocab_size=512 --tokenizer=" + tokenizer.string() +
+                   " --out=" + dir.string());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("--vocab_size 512 is smaller than the tokenizer's 603"));
+}
+
 }  // namespace
 }  // namespace tandem

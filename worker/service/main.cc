@@ -12,13 +12,14 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags_usage.h"
 #include "common/metrics.h"
 #include "common/nvml.h"
 #include "common/security/credentials.h"
+#include "common/security/listen.h"
 #include "common/security/tls_flags.h"
+#include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -36,7 +37,8 @@
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "the coordinator's host:port");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "host:port to serve on (0.0.0.0:PORT: every interface, needed when the coordinator or "
-          "other workers run elsewhere; port 0: any free port)");
+          "other workers run elsewhere, with --cluster_secret, --tls_ca or --allow_insecure; "
+          "port 0: any free port)");
 ABSL_FLAG(std::string, advertise_host, "127.0.0.1",
           "host name the coordinator and the other workers use to reach this worker");
 ABSL_FLAG(std::string, backend, "cpu", "compute backend: cpu or cuda (CUDA builds)");
@@ -72,6 +74,10 @@ ABSL_FLAG(std::string, metrics_address, "127.0.0.1:0",
 ABSL_FLAG(std::string, cluster_secret, "",
           "secret shared with the coordinator and the other workers, presented on every call "
           "between them and required of every caller (env TANDEM_CLUSTER_SECRET; empty: none)");
+ABSL_FLAG(bool, allow_insecure, false,
+          "serve --listen on an address other hosts reach without --cluster_secret or --tls_ca "
+          "(any process that reaches the port can then send this worker steps and read its "
+          "results): for a network where every host is trusted");
 ABSL_FLAG(std::string, model_root, "",
           "folder that every checkpoint the coordinator assigns must lie in (empty: anywhere)");
 
@@ -233,6 +239,11 @@ absl::StatusOr<Access> AccessFromFlags() {
   if (!server_credentials.ok()) return server_credentials.status();
   absl::StatusOr<tandem::ClientAuth> cluster_auth = tandem::MakeClientAuth(tls, cluster_secret);
   if (!cluster_auth.ok()) return cluster_auth.status();
+  RETURN_IF_ERROR(
+      tandem::CheckClusterListen("--listen", absl::GetFlag(FLAGS_listen),
+                                 {.has_secret = !cluster_secret.empty(),
+                                  .has_client_ca = !tls.ca.empty(),
+                                  .allow_insecure = absl::GetFlag(FLAGS_allow_insecure)}));
   return Access{*std::move(server_credentials), *std::move(cluster_auth),
                 tandem::CallerPolicy{.key = cluster_secret, .key_name = "cluster secret"}};
 }
@@ -295,7 +306,7 @@ int main(int argc, char** argv) {
   tandem::SetProgramUsage(
       "tandem-worker --coordinator HOST:PORT [--listen ADDR] [--backend cpu|cuda [--gpu N] "
       "[--dtype f16|bf16] [--transport auto|grpc|nccl]]");
-  absl::ParseCommandLine(argc, argv);
+  tandem::ParseFlags(argc, argv);
   absl::StatusOr<Backend> backend = BackendFromFlags();
   if (!backend.ok()) {
     spdlog::error("{}", std::string(backend.status().message()));
@@ -312,7 +323,7 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<Access> access = AccessFromFlags();
   if (!access.ok()) {
-    spdlog::error("{}", access.status().ToString());
+    spdlog::error("{}", std::string(access.status().message()));
     return 2;
   }
   if (const std::string root = absl::GetFlag(FLAGS_model_root);
@@ -347,14 +358,15 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), access->server_credentials, &port);
+  tandem::RefusePortSharing(builder);
   // The largest message is a step's activations on StageLink (AssignStage keeps steps within).
   builder.SetMaxReceiveMessageSize(static_cast<int>(tandem::kMaxStageMessageBytes));
   builder.RegisterService(&worker);
   builder.RegisterService(&link);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    spdlog::error("--listen: cannot listen on {}", absl::GetFlag(FLAGS_listen));
-    return 1;
+    spdlog::error("{}", tandem::CannotListenMessage("--listen", absl::GetFlag(FLAGS_listen)));
+    return 2;
   }
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", port);
   std::printf("tandem-worker listening on port %d\n", port);
