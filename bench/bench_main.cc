@@ -482,7 +482,7 @@ int main(int argc, char** argv) {
   tandem::SetProgramUsage(
       "tandem-bench --model DIR [--batch 1,64] [--prompt 128] [--new_tokens 128] "
       "[--dtype f16|bf16] [--json FILE]");
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> rest = tandem::ParseFlags(argc, argv);
   if (absl::GetFlag(FLAGS_model).empty()) {
     std::cerr << "tandem-bench: --model DIR is required\n";
     return 2;

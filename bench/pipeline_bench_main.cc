@@ -513,7 +513,7 @@ int main(int argc, char** argv) {
   tandem::SetProgramUsage(
       "tandem-pipeline-bench --model DIR (--single | --rank R --world N --id_file FILE) "
       "[--batch 1,8,64] [--json FILE]");
-  absl::ParseCommandLine(argc, argv);
+  tandem::ParseFlags(argc, argv);
   if (absl::GetFlag(FLAGS_model).empty()) {
     std::cerr << "tandem-pipeline-bench: --model DIR is required\n";
     return 2;

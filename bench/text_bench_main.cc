@@ -11,6 +11,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "common/flags_usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/decode_stream.h"
@@ -31,7 +32,7 @@ double Seconds(Clock::time_point since) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  tandem::ParseFlags(argc, argv);
   const std::filesystem::path path = absl::GetFlag(FLAGS_tokenizer);
   auto tok = std::filesystem::is_directory(path) ? tandem::Tokenizer::FromDir(path)
                                                  : tandem::Tokenizer::FromTokenizerJson(path);

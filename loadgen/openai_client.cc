@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/httplib.h"
 #include "loadgen/load_client.h"
@@ -47,6 +49,19 @@ std::string TokenText(const json& choice) {
   auto tokens = lp->find("tokens");
   if (tokens == lp->end() || !tokens->is_array() || tokens->empty()) return "";
   return (*tokens)[0].is_string() ? (*tokens)[0].get<std::string>() : "";
+}
+
+// A chunk's `token_ids` (vLLM's return_token_ids) as "id,id,...", as the gRPC client names
+// tokens; nullopt when the server sent none.
+std::optional<std::string> TokenIds(const json& choice) {
+  auto ids = choice.find("token_ids");
+  if (ids == choice.end() || !ids->is_array() || ids->empty()) return std::nullopt;
+  std::vector<int64_t> values;
+  for (const json& id : *ids) {
+    if (!id.is_number_integer()) return std::nullopt;
+    values.push_back(id.get<int64_t>());
+  }
+  return absl::StrJoin(values, ",");
 }
 
 class OpenAiClient final : public LoadClient {
@@ -125,7 +140,14 @@ class OpenAiClient final : public LoadClient {
                  {"temperature", 0},
                  {"stream", true},
                  {"stream_options", {{"include_usage", true}}}};
-    if (top_logprobs > 0) body["logprobs"] = top_logprobs;
+    // vLLM's extensions, which tandem serves too: each chunk's token ids, and logprobs that name
+    // tokens by id, so that tokens without text (or with the same text) stay apart. A server
+    // without them leaves them out, and the text is compared instead.
+    body["return_token_ids"] = true;
+    if (top_logprobs > 0) {
+      body["logprobs"] = top_logprobs;
+      body["return_tokens_as_token_ids"] = true;
+    }
     httplib::Request req;
     req.method = "POST";
     req.path = "/v1/completions";
@@ -166,8 +188,8 @@ class OpenAiClient final : public LoadClient {
           }
           last = now;
           ++chunks;
-          rec.tokens.push_back(
-              c.contains("text") && c["text"].is_string() ? c["text"].get<std::string>() : "");
+          rec.tokens.push_back(TokenIds(c).value_or(
+              c.contains("text") && c["text"].is_string() ? c["text"].get<std::string>() : ""));
           if (top_logprobs > 0) {
             rec.top2_gaps.push_back(Top2Gap(c));
             rec.unnamed.push_back(TokenText(c).empty());

@@ -122,8 +122,20 @@ json LogprobsOf(const Submitted& s, const Tokenizer* tokenizer,
                 std::span<const TokenLogprob> logprobs, size_t offset) {
   if (!s.api.logprobs.has_value()) return nullptr;
   const std::vector<TokenLogprob> lp(logprobs.begin(), logprobs.end());
-  return s.api.endpoint == Endpoint::kChat ? ChatLogprobs(tokenizer, lp)
-                                           : CompletionLogprobs(tokenizer, lp, offset);
+  return s.api.endpoint == Endpoint::kChat
+             ? ChatLogprobs(tokenizer, lp, s.api.tokens_as_ids)
+             : CompletionLogprobs(tokenizer, lp, offset, s.api.tokens_as_ids);
+}
+
+// vLLM's return_token_ids: a choice (a stream's chunk) carries the ids of its generated tokens
+// (of that chunk) in `token_ids`, and its prompt's in `prompt_token_ids` (a stream: its first
+// chunk only).
+void AddTokenIds(const Submitted& s, size_t choice, std::span<const int32_t> generated,
+                 bool with_prompt, json& out) {
+  if (!s.api.return_token_ids) return;
+  json& c = out["choices"][0];
+  c["token_ids"] = std::vector<int32_t>(generated.begin(), generated.end());
+  if (with_prompt) c["prompt_token_ids"] = s.choices[choice]->request().prompt;
 }
 
 void Answer(Coordinator& c, Submitted& s, HttpExchange& exchange, HttpResponse& res) {
@@ -152,9 +164,16 @@ void Answer(Coordinator& c, Submitted& s, HttpExchange& exchange, HttpResponse& 
     results.push_back(std::move(r));
   }
   const UsageCounts usage{s.prompt_tokens, completion_tokens};
-  const json body = s.api.endpoint == Endpoint::kChat
-                        ? ChatResponse(s.head, results, logprobs, usage)
-                        : CompletionResponse(s.head, results, logprobs, usage);
+  json body = s.api.endpoint == Endpoint::kChat
+                  ? ChatResponse(s.head, results, logprobs, usage)
+                  : CompletionResponse(s.head, results, logprobs, usage);
+  if (s.api.return_token_ids) {
+    for (size_t i = 0; i < snaps->size(); ++i) {
+      json& c = body["choices"][i];
+      c["token_ids"] = (*snaps)[i].tokens;
+      c["prompt_token_ids"] = s.choices[i]->request().prompt;
+    }
+  }
   res.status = 200;
   res.body = JsonText(body);
 }
@@ -247,11 +266,11 @@ class Stream {
       }
       offsets_[i] += piece.size();
       const v1::FinishReason finish = last ? snap.finish : v1::FINISH_REASON_UNSPECIFIED;
-      const bool ok =
-          chat ? Write(ChatChunk(s_.head, i, {{"content", piece}}, logprobs,
-                                 v1::FINISH_REASON_UNSPECIFIED, s_.api.include_usage))
-               : Write(CompletionChunk(s_.head, i, piece, logprobs, finish, s_.api.include_usage));
-      if (!ok) return false;
+      json chunk = chat ? ChatChunk(s_.head, i, {{"content", piece}}, logprobs,
+                                    v1::FINISH_REASON_UNSPECIFIED, s_.api.include_usage)
+                        : CompletionChunk(s_.head, i, piece, logprobs, finish, s_.api.include_usage);
+      AddTokenIds(s_, i, std::span(snap.tokens).subspan(k - 1, 1), k == 1, chunk);
+      if (!Write(chunk)) return false;
     }
     sent_[i] = count;
     if (snap.done && (chat || count == 0)) {

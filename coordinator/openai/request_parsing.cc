@@ -285,6 +285,10 @@ absl::Status Common(const Fields& f, ApiRequest& r) {
       r.include_usage = iu->get<bool>();
     }
   }
+  ASSIGN_OR_RETURN_FIELD(return_token_ids, f.Bool("return_token_ids"));
+  r.return_token_ids = return_token_ids.value_or(false);
+  ASSIGN_OR_RETURN_FIELD(tokens_as_ids, f.Bool("return_tokens_as_token_ids"));
+  r.tokens_as_ids = tokens_as_ids.value_or(false);
   ASSIGN_OR_RETURN_FIELD(user, f.String("user"));
   (void)user;  // accepted for compatibility; tandem keeps no per-user state
 

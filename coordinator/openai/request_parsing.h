@@ -41,6 +41,11 @@ struct ApiRequest {
   // Logprobs of generated tokens: completions' `logprobs: k` or chat's logprobs with top_logprobs
   // k give top = k; no logprobs: nullopt.
   std::optional<int> logprobs;
+  // vLLM's extensions: `return_token_ids` puts each choice's generated token ids (each stream
+  // chunk's) in `token_ids`; `return_tokens_as_token_ids` names the tokens of logprobs
+  // "token_id:N", so that tokens without text (or with the same text) stay apart.
+  bool return_token_ids = false;
+  bool tokens_as_ids = false;
   int min_tokens = 0;  // EOS and stop conditions do not end a choice before this many tokens
   std::optional<uint64_t> seed;  // choice i samples with seed + i; unset: fresh seeds
   // Everything but the prompt: sampling, max_new_tokens, stop, stop_token_ids, ignore_eos.

@@ -3,6 +3,7 @@
 
 #include <span>
 
+#include "absl/strings/str_cat.h"
 #include "common/utf8.h"
 #include "coordinator/request_stream.h"
 
@@ -16,6 +17,11 @@ std::string TokenBytes(const Tokenizer* tokenizer, int32_t id) {
   if (tokenizer == nullptr) return "";
   absl::StatusOr<std::string> text = tokenizer->Decode(std::span<const int32_t>(&id, 1));
   return text.ok() ? *text : "";
+}
+
+// How logprobs name a token: its text, or "token_id:N" (vLLM's return_tokens_as_token_ids).
+std::string TokenName(const Tokenizer* tokenizer, int32_t id, bool as_id) {
+  return as_id ? absl::StrCat("token_id:", id) : TokenBytes(tokenizer, id);
 }
 
 json BytesJson(std::string_view bytes) {
@@ -46,16 +52,16 @@ json UsageJson(const UsageCounts& usage) {
 }
 
 json CompletionLogprobs(const Tokenizer* tokenizer, const std::vector<TokenLogprob>& logprobs,
-                        size_t offset) {
+                        size_t offset, bool tokens_as_ids) {
   json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
        text_offset = json::array();
   for (const TokenLogprob& lp : logprobs) {
     const std::string text = ToValidUtf8(TokenBytes(tokenizer, lp.token));
-    tokens.push_back(text);
+    tokens.push_back(tokens_as_ids ? TokenName(tokenizer, lp.token, true) : text);
     token_logprobs.push_back(lp.logprob);
     json alternatives = json::object();
     for (const auto& [id, logprob] : lp.top) {
-      alternatives[ToValidUtf8(TokenBytes(tokenizer, id))] = logprob;
+      alternatives[ToValidUtf8(TokenName(tokenizer, id, tokens_as_ids))] = logprob;
     }
     top.push_back(std::move(alternatives));
     text_offset.push_back(offset);
@@ -67,13 +73,14 @@ json CompletionLogprobs(const Tokenizer* tokenizer, const std::vector<TokenLogpr
           {"text_offset", std::move(text_offset)}};
 }
 
-json ChatLogprobs(const Tokenizer* tokenizer, const std::vector<TokenLogprob>& logprobs) {
+json ChatLogprobs(const Tokenizer* tokenizer, const std::vector<TokenLogprob>& logprobs,
+                 bool tokens_as_ids) {
   json content = json::array();
   for (const TokenLogprob& lp : logprobs) {
-    const std::string bytes = TokenBytes(tokenizer, lp.token);
+    const std::string bytes = TokenName(tokenizer, lp.token, tokens_as_ids);
     json top = json::array();
     for (const auto& [id, logprob] : lp.top) {
-      const std::string alt = TokenBytes(tokenizer, id);
+      const std::string alt = TokenName(tokenizer, id, tokens_as_ids);
       top.push_back(
           {{"token", ToValidUtf8(alt)}, {"logprob", logprob}, {"bytes", BytesJson(alt)}});
     }

@@ -43,10 +43,14 @@ nlohmann::json UsageJson(const UsageCounts& usage);
 
 // Logprobs in completions' shape: {tokens, token_logprobs, top_logprobs: [{token: logprob}],
 // text_offset}; `offset` is where the first token's text starts in the choice's text.
+// `tokens_as_ids`: tokens are named "token_id:N" instead of by their text (text_offset still
+// counts text).
 nlohmann::json CompletionLogprobs(const Tokenizer* tokenizer,
-                                  const std::vector<TokenLogprob>& logprobs, size_t offset);
+                                  const std::vector<TokenLogprob>& logprobs, size_t offset,
+                                  bool tokens_as_ids = false);
 // Logprobs in chat's shape: {content: [{token, logprob, bytes, top_logprobs: [...]}]}.
-nlohmann::json ChatLogprobs(const Tokenizer* tokenizer, const std::vector<TokenLogprob>& logprobs);
+nlohmann::json ChatLogprobs(const Tokenizer* tokenizer, const std::vector<TokenLogprob>& logprobs,
+                            bool tokens_as_ids = false);
 
 // `logprobs`: with logprobs asked for, the JSON of each choice's (CompletionLogprobs or
 // ChatLogprobs, by choice); else null.

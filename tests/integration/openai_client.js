@@ -130,6 +130,29 @@ async function main() {
     assert.ok(Math.abs(Math.max(...alts) - l.token_logprobs[i]) < 1e-4);
   }
 
+  // vLLM's token-id options: the generated ids (the same, streamed a chunk at a time), the
+  // prompt's, and logprobs that name tokens "token_id:N" (the same ids).
+  const ids = await client.completions.create({ ...greedy, logprobs: 2, return_token_ids: true,
+                                                return_tokens_as_token_ids: true });
+  const gen = ids.choices[0].token_ids;
+  assert.equal(gen.length, 12);
+  assert.ok(ids.choices[0].prompt_token_ids.length >= 1);
+  assert.deepEqual(ids.choices[0].logprobs.tokens, gen.map((t) => `token_id:${t}`));
+  for (const alts of ids.choices[0].logprobs.top_logprobs) {
+    for (const k of Object.keys(alts)) assert.match(k, /^token_id:\d+$/);
+  }
+  const streamed = [];
+  let promptIds = 0;
+  for await (const chunk of await client.completions.create({ ...greedy, stream: true,
+                                                             return_token_ids: true })) {
+    for (const c of chunk.choices) {
+      streamed.push(...(c.token_ids ?? []));
+      if (c.prompt_token_ids) promptIds++;
+    }
+  }
+  assert.deepEqual(streamed, gen);
+  assert.equal(promptIds, 1);
+
   // Errors name the field.
   await expectError(() => client.completions.create({ model, prompt: 'x', temperature: 5 }),
                     400, 'temperature');

@@ -84,6 +84,8 @@ const Refusal kCompletionRefusals[] = {
     {R"({"prompt": "a", "echo": "yes"})", "echo"},
     {R"({"prompt": "a", "echo": true, "logprobs": 1})", "echo"},
     {R"({"prompt": "a", "suffix": "b"})", "suffix"},
+    {R"({"prompt": "a", "return_token_ids": 1})", "return_token_ids"},
+    {R"({"prompt": "a", "return_tokens_as_token_ids": "yes"})", "return_tokens_as_token_ids"},
 };
 
 TEST(ParseCompletionRequest, RefusesEveryInvalidFieldWith400NamingIt) {
@@ -209,6 +211,23 @@ TEST(ParseCompletionRequest, DefaultsAreOpenAIs) {
   r = ParseCompletionRequest(R"({"prompt": "hi", "temperature": null, "stop": null})");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->generation.sampling().temperature(), 1.0f);
+}
+
+TEST(ParseCompletionRequest, ReadsVllmsTokenIdOptions) {
+  absl::StatusOr<ApiRequest> plain = ParseCompletionRequest(R"({"prompt": "a"})");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->return_token_ids);
+  EXPECT_FALSE(plain->tokens_as_ids);
+  absl::StatusOr<ApiRequest> both = ParseCompletionRequest(
+      R"({"prompt": "a", "return_token_ids": true, "return_tokens_as_token_ids": true})");
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_TRUE(both->return_token_ids);
+  EXPECT_TRUE(both->tokens_as_ids);
+  absl::StatusOr<ApiRequest> chat = ParseChatRequest(
+      R"({"messages": [{"role": "user", "content": "a"}], "return_token_ids": true})");
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_TRUE(chat->return_token_ids);
+  EXPECT_FALSE(chat->tokens_as_ids);
 }
 
 TEST(ParseCompletionRequest, ReadsEveryPromptForm) {

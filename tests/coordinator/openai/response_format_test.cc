@@ -69,5 +69,21 @@ TEST(Logprobs, HaveEachEndpointsShape) {
   EXPECT_EQ(chat["content"][0]["top_logprobs"][0]["logprob"], -0.5);
 }
 
+TEST(Logprobs, NameTokensByIdWhenAskedSoThatTokensWithoutTextStayApart) {
+  // Without a tokenizer every token's text is "": by text the two alternatives would be one key.
+  const std::vector<TokenLogprob> lp = {
+      {.token = 7, .logprob = -0.25f, .top = {{7, -0.25f}, {9, -1.5f}}}};
+  const json by_text = CompletionLogprobs(nullptr, lp, 0);
+  EXPECT_EQ(by_text["top_logprobs"][0].size(), 1u);
+  const json completion = CompletionLogprobs(nullptr, lp, 0, /*tokens_as_ids=*/true);
+  EXPECT_EQ(completion["tokens"], json::parse(R"(["token_id:7"])"));
+  EXPECT_EQ(completion["top_logprobs"][0], json::parse(R"({"token_id:7": -0.25, "token_id:9": -1.5})"));
+  EXPECT_EQ(completion["text_offset"], json::parse("[0]"));  // offsets still count text
+  const json chat = ChatLogprobs(nullptr, lp, /*tokens_as_ids=*/true);
+  EXPECT_EQ(chat["content"][0]["token"], "token_id:7");
+  ASSERT_EQ(chat["content"][0]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(chat["content"][0]["top_logprobs"][1]["token"], "token_id:9");
+}
+
 }  // namespace
 }  // namespace tandem::openai
