@@ -42,9 +42,9 @@ ABSL_FLAG(int, max_batch, kDefaults.max_batch, "sequences per step");
 ABSL_FLAG(int, max_slots, kDefaults.max_slots, "KV-cache slots per pipeline");
 ABSL_FLAG(int, max_seq_len, kDefaults.max_seq_len, "KV-cache positions per slot (0: model)");
 ABSL_FLAG(int, micro_batches, kDefaults.micro_batches, "steps in flight per pipeline (0: stages)");
-ABSL_FLAG(std::optional<int>, max_waiting, std::nullopt,
+ABSL_FLAG(int, max_waiting, -1,
           "requests held beyond the KV slots, running or waiting; beyond them RESOURCE_EXHAUSTED "
-          "(default: the slots of the replicas that decode, at least 128)");
+          "(-1: as many as the slots of the replicas that decode, at least 128)");
 ABSL_FLAG(int, prefill_chunk, kDefaults.prefill_chunk, "prompt tokens per sequence per step");
 ABSL_FLAG(int, prefill_budget, kDefaults.prefill_budget,
           "prompt tokens per step across its sequences (0: no bound)");
@@ -145,7 +145,10 @@ int main(int argc, char** argv) {
   Override(FLAGS_max_slots, config.max_slots);
   Override(FLAGS_max_seq_len, config.max_seq_len);
   Override(FLAGS_micro_batches, config.micro_batches);
-  Override(FLAGS_max_waiting, config.max_waiting);
+  if (tandem::FlagGiven("max_waiting")) {
+    const int v = absl::GetFlag(FLAGS_max_waiting);
+    config.max_waiting = v < 0 ? std::nullopt : std::optional<int>(v);
+  }
   Override(FLAGS_prefill_chunk, config.prefill_chunk);
   Override(FLAGS_prefill_budget, config.prefill_budget);
   Override(FLAGS_decode_ahead, config.decode_ahead);

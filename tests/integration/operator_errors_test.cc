@@ -310,7 +310,7 @@ TEST_F(OperatorErrorsTest, HelpExitsZeroAndShowsEveryDefault) {
   // The coordinator's flags show the config's defaults, not "unset".
   const Result coordinator = RunCommand(absl::StrCat(TANDEM_COORDINATOR_BIN, " --help"));
   EXPECT_THAT(coordinator.output, AllOf(HasSubstr("--listen (default: \"127.0.0.1:50051\")"),
-                                        HasSubstr("--max_waiting (default: 64)"),
+                                        HasSubstr("--max_waiting (default: -1)"),
                                         HasSubstr("--decode_ahead (default: true)"),
                                         ::testing::Not(HasSubstr("default: unset"))));
 }
