@@ -215,7 +215,8 @@ std::optional<HttpResponse> HttpServer::Check(const HttpRequest& head) const {
     }
   }
   // HEAD is answered as GET without its body.
-  const std::string_view method = head.method == "HEAD" ? "GET" : head.method;
+  const std::string_view method =
+      head.method == "HEAD" ? std::string_view("GET") : std::string_view(head.method);
   for (const EndpointRule& e : kEndpoints) {
     if (e.path != head.path || e.method != method) continue;
     if (e.json && !IsJsonContentType(head.Header("content-type"))) {

@@ -425,11 +425,7 @@ TEST(ChatTemplateDepthTest, MacroRecursingWithoutEndFailsNamingIt) {
             "193");
 }
 
-TEST(ChatTemplateDepthTest, ValuesThatContainThemselvesPrintLikePython) {
-  const std::string out = Render("{% set ns = namespace(a=0) %}{% set ns.a = [ns] %}{{ ns }}");
-  EXPECT_THAT(out, ::testing::StartsWith("<Namespace {'a': [<Namespace {'a': [<Namespace"));
-  EXPECT_THAT(out, HasSubstr("..."));
-  // A value built deeper than tojson walks fails instead of overflowing the stack.
+TEST(ChatTemplateDepthTest, AValueBuiltDeeperThanTojsonWalksFailsInsteadOfOverflowing) {
   const std::string deep_json =
       "{% set ns = namespace(v=0) %}{% for i in range(1000) %}{% set ns.v = [ns.v] %}{% endfor %}"
       "{{ ns.v | tojson }}";
