@@ -21,6 +21,15 @@
 #include "tests/integration/cluster.h"
 #include "tools/model_generator.h"
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TANDEM_HAS_ASAN 1
+#endif
+#endif
+#ifndef TANDEM_HAS_ASAN
+#define TANDEM_HAS_ASAN 0
+#endif
+
 namespace tandem::testing {
 namespace {
 
@@ -132,6 +141,11 @@ TEST_F(HttpFrontEndTest, TokenizeIsBoundedLikeAPrompt) {
 }
 
 TEST_F(HttpFrontEndTest, ReturnsMemoryAfterLargeRefusedRequests) {
+#if defined(__SANITIZE_ADDRESS__) || TANDEM_HAS_ASAN
+  // AddressSanitizer's allocator keeps freed memory in quarantine: the coordinator's RSS there
+  // says nothing of what the plain build's allocator gives back.
+  GTEST_SKIP() << "RSS is measured in the plain build (AddressSanitizer quarantines frees)";
+#endif
   ASSERT_EQ(StatusOf(Completion()), 200);
   const double start = RssMb(cluster_->coordinator_pid());
   // 1M token ids: under the body bound, refused by validation (the context is 256).
