@@ -62,6 +62,13 @@ class Renderer {
 
   absl::StatusOr<Flow> Exec(const Body& body, Scope& scope, std::string& out) {
     for (const NodePtr& node : body) {
+      // Nested loops multiply: a bound on the statements one render runs keeps a template (or
+      // a request feeding it) from holding a core for minutes.
+      if (++statements_ > kMaxRenderStatements) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "the template runs more than %d statements in one render (loops nested too deep?)",
+            kMaxRenderStatements));
+      }
       absl::StatusOr<Flow> flow = ExecNode(*node, scope, out);
       if (!flow.ok()) return Locate(flow.status(), node->line);
       if (*flow != Flow::kNormal) return flow;
@@ -70,6 +77,8 @@ class Renderer {
   }
 
  private:
+  int64_t statements_ = 0;  // run so far in this render (kMaxRenderStatements)
+
   absl::StatusOr<Flow> ExecNode(const Node& node, Scope& scope, std::string& out) {
     switch (node.kind) {
       case Node::Kind::kData:

@@ -17,6 +17,9 @@ namespace tandem::jinja {
 // the schema, and requests nest at most kMaxJsonDepth (128, common/bounded_json.h) levels; a
 // macro that recurses without end fails here instead of overflowing the stack.
 inline constexpr int kMaxCallDepth = 128;
+// Statements (output, text, set, if, for bodies, ...) one render may run: real chat templates run
+// a few tens per message.
+inline constexpr int kMaxRenderStatements = 500'000;
 
 // `variables` is a dict of the template's variables. `now` gives the local time that
 // strftime_now formats. Errors: INVALID_ARGUMENT; raise_exception's message comes back as is,

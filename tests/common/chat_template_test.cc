@@ -425,6 +425,20 @@ TEST(ChatTemplateDepthTest, MacroRecursingWithoutEndFailsNamingIt) {
             "193");
 }
 
+TEST(ChatTemplateDepthTest, NestedLoopsThatWouldRunMillionsOfStatementsFailNamingTheBound) {
+  std::string tmpl;
+  for (int i = 0; i < 20; ++i) tmpl += "{% for i in [1, 2] %}";
+  tmpl += "{{ i }}";
+  for (int i = 0; i < 20; ++i) tmpl += "{% endfor %}";
+  EXPECT_THAT(RenderStatus(tmpl).message(), HasSubstr("more than 500000 statements"));
+  // 2^12 iterations are far within it.
+  std::string small;
+  for (int i = 0; i < 12; ++i) small += "{% for i in [1, 2] %}";
+  small += "{{ i }}";
+  for (int i = 0; i < 12; ++i) small += "{% endfor %}";
+  EXPECT_EQ(Render(small).size(), 4096u);
+}
+
 TEST(ChatTemplateDepthTest, AValueBuiltDeeperThanTojsonWalksFailsInsteadOfOverflowing) {
   const std::string deep_json =
       "{% set ns = namespace(v=0) %}{% for i in range(1000) %}{% set ns.v = [ns.v] %}{% endfor %}"
