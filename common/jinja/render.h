@@ -19,7 +19,7 @@ namespace tandem::jinja {
 inline constexpr int kMaxCallDepth = 128;
 // Statements (output, text, set, if, for bodies, ...) one render may run: real chat templates run
 // a few tens per message.
-inline constexpr int kMaxRenderStatements = 500'000;
+inline constexpr int kMaxRenderStatements = 200'000;
 
 // `variables` is a dict of the template's variables. `now` gives the local time that
 // strftime_now formats. Errors: INVALID_ARGUMENT; raise_exception's message comes back as is,
