@@ -3,7 +3,7 @@
 # and the status codes of a coordinator without workers (503 no pipeline, 429 queue full), then
 # the `openai` npm SDK (installed with npm into the build folder; exit 77, reported as skipped,
 # when npm cannot reach a registry, a failure with CI=true: tests/skip.sh) against a coordinator
-# and a CPU worker on loopback.
+# and a CPU worker on loopback, and last the documentation's example (docs/examples/openai_chat.mjs).
 # usage: openai_api_test.sh BIN_DIR WORK_DIR
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../skip.sh"
@@ -58,22 +58,24 @@ expect_status() {  # want method url [body]
 }
 
 # A long context, so that the abandoned stream below has 4,000 tokens to go when it is dropped.
-"$bin/tandem-make-model" --preset=tiny-gpt2 --max_positions=4096 --out="$run/model" --seed=3 \
+# The API serves the model under its folder's name, which the clients must ask for.
+mdir=$run/tiny-gpt2-4k
+"$bin/tandem-make-model" --preset=tiny-gpt2 --max_positions=4096 --out="$mdir" --seed=3 \
   >/dev/null
-model=$(basename "$run/model")
+model=$(basename "$mdir")
 node -e 'process.stdout.write(require(process.argv[1]).chat_template)' "$llama3" \
-  >"$run/model/chat_template.jinja"
+  >"$mdir/chat_template.jinja"
 
 # Without workers: not ready, and generation is refused with 503; a full queue gives 429.
 "$bin/tandem-coordinator" --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 --metrics_address= \
-  --model_dir="$run/model" >"$run/idle.log" 2>&1 &
+  --model_dir="$mdir" >"$run/idle.log" 2>&1 &
 pids+=($!)
 idle=http://127.0.0.1:$(port_of "$run/idle.log" http)
 expect_status 503 GET "$idle/health"
 expect_status 503 POST "$idle/v1/completions" '{"prompt": "x"}'
 grep -q '"type":"service_unavailable_error"' "$run/body" || fail "503 body: $(cat "$run/body")"
 "$bin/tandem-coordinator" --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 --metrics_address= \
-  --max_waiting=0 --model_dir="$run/model" >"$run/full.log" 2>&1 &
+  --max_waiting=0 --model_dir="$mdir" >"$run/full.log" 2>&1 &
 pids+=($!)
 full=http://127.0.0.1:$(port_of "$run/full.log" http)
 expect_status 429 POST "$full/v1/completions" '{"prompt": "x"}'
@@ -81,7 +83,7 @@ grep -q '"type":"rate_limit_error"' "$run/body" || fail "429 body: $(cat "$run/b
 
 # One slot, so that the SDK's abandoned stream shows that it freed it.
 "$bin/tandem-coordinator" --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 \
-  --metrics_address=127.0.0.1:0 --max_slots=1 --model_dir="$run/model" >"$run/c.log" 2>&1 &
+  --metrics_address=127.0.0.1:0 --max_slots=1 --model_dir="$mdir" >"$run/c.log" 2>&1 &
 pids+=($!)
 addr=127.0.0.1:$(port_of "$run/c.log" listening)
 http=http://127.0.0.1:$(port_of "$run/c.log" http)
@@ -125,3 +127,13 @@ JS
 
 NODE_PATH="$work/node_modules" node "$here/openai_client.js" "$http/v1" "$metrics" "$model" \
   1 || fail "the openai SDK checks"
+
+# The documentation's example, as a user runs it: an ES module beside the node_modules that hold
+# openai, told only the base URL (it asks the server for the model's name).
+cp "$here/../../docs/examples/openai_chat.mjs" "$work/"
+node "$work/openai_chat.mjs" "$http/v1" >"$run/example.out" 2>&1 ||
+  fail "docs/examples/openai_chat.mjs: $(cat "$run/example.out")"
+grep -qx "model: $model" "$run/example.out" || fail "example's model: $(cat "$run/example.out")"
+grep -q '^completion: "' "$run/example.out" || fail "example's completion: $(cat "$run/example.out")"
+grep -q '^chat: ' "$run/example.out" && ! grep -q '^chat: refused' "$run/example.out" ||
+  fail "example's chat: $(cat "$run/example.out")"
