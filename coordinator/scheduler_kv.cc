@@ -92,7 +92,9 @@ void Scheduler::StartKvStream(Sequence& seq, uint64_t step) {
                    .positions = seq.position,
                    .step = step};
   seq.kv_stream = k.id;
-  streams_.emplace(k.id, PendingStream{.stream = k});
+  PendingStream pending;
+  pending.stream = k;
+  streams_.emplace(k.id, std::move(pending));
 }
 
 std::vector<Scheduler::KvStream> Scheduler::TakeKvStreams() {
