@@ -1,26 +1,34 @@
-// The coordinator's state and decisions: registered workers, the pipelines built from them,
-// health and failure handling, and the wiring of the scheduler (scheduler.h: waiting queue,
-// continuous batching, KV slots, stop rules) to the workers' streams. The gRPC services
-// (grpc_services.h) are thin translations onto this class.
+// The coordinator's state and wiring: registered workers, the pipelines built from them, health
+// and failure handling, and the scheduler (scheduler.h: waiting queue, continuous batching, KV
+// slots, stop rules) wired to the workers' streams. The gRPC services (grpc_services.h) are thin
+// translations onto this class. Its code lives in coordinator.cc (threads, requests, failures,
+// registry, admin), replan.cc (the re-plan: topology_policy.h decides, topology_executor.h
+// performs) and prefill_handoff.cc (KV-cache from prefill to decode pipelines).
 //
-// Threads (all named; see Start()):
-//   gRPC handler threads: Submit/Cancel/RequestState waits, Admin calls, Registry calls.
+// Threads, and what each may touch. All shared state (every field below marked GUARDED_BY, the
+// scheduler's included) is behind mu_; RPCs to workers are made outside it.
+//   gRPC handler threads: Submit/Cancel/RequestState waits, Admin calls, Registry calls; under
+//                  mu_. SetTopology, Drain and Undrain run a re-plan themselves (RunPlan).
 //   "scheduler":   admits waiting requests, forms micro-batch steps and writes them to the
 //                  pipelines' streams. A pipeline's reader of its last stage forms and writes
 //                  the steps a result allows itself; steps leave in the order they were formed
 //                  under mu_ whichever thread writes them (PipelineLink::Queue, Flush).
 //   "health":      declares workers down when their heartbeats stop, and reports readiness
-//                  (whether a pipeline serves) to the readiness observer.
+//                  (whether a pipeline serves) to the readiness observer, without locks held.
 //   "planner":     closes broken pipelines, re-plans onto the workers that are left, and goes
-//                  back to the topology asked for once enough workers are up again.
+//                  back to the topology asked for once enough workers are up again (RunPlan).
+//                  A re-plan, whichever thread runs it, holds plan_mu_ throughout (one at a
+//                  time), takes mu_ only to read the cluster's state and to record what it did,
+//                  and loads stages, moves KV-cache and releases stages outside mu_; the
+//                  releases run on short-lived threads of their own (StageReleaser), joined
+//                  before the re-plan ends, that touch no coordinator state.
 //   "handoff":     moves the KV-cache of sequences whose prompt a prefill pipeline finished to
 //                  their decode pipeline (Worker.ExportKv, ImportKv, DropKv), outside mu_.
 //   "kv-stream":   has decode pipelines import the KV-cache of prompts still running in a
 //                  prefill pipeline, layer by layer as the prefill step writes it out
 //                  (Scheduler::KvStream; Worker.ImportKv with stream_step), outside mu_.
-//   "p<id>a<n>-<s>": one reader per stage stream of a pipeline (PipelineLink).
-// All shared state, the scheduler's included, is behind mu_; the planner's slow work (loading
-// stages) runs outside it, serialized by plan_mu_.
+//   "p<id>a<n>-<s>": one reader per stage stream of a pipeline (PipelineLink); takes mu_ to hand
+//                  a result or a broken stream to the scheduler.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +58,8 @@
 #include "coordinator/request_state.h"
 #include "coordinator/request_validation.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/topology_executor.h"
+#include "coordinator/topology_policy.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem.pb.h"
 
@@ -173,9 +183,10 @@ class Coordinator {
   // Copies queue, running, KV-slot and worker states into the metrics' gauges.
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Brings the pipelines to the wanted topology: closes failed ones, moves the sequences of those
-  // that no longer fit (or drains them without move_kv) and removes them, builds missing ones
-  // from idle workers. Serialized by plan_mu_.
+  // Brings the pipelines to the wanted topology (replan.cc): closes failed ones, moves the
+  // sequences of those that no longer fit (or drains them without move_kv) and removes them,
+  // builds missing ones from idle workers. What to do is the policy's (topology_policy.h), the
+  // RPCs the executor's (topology_executor.h). Serialized by plan_mu_.
   absl::Status RunPlan();
   // Pipeline `p`'s stages as a move sees them.
   std::vector<KvStage> StagesOf(const Pipeline& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -195,9 +206,15 @@ class Coordinator {
   void ArriveMoved(std::vector<Departure>& departures, absl::Time paused);
   // UNAVAILABLE for a request that no pipeline can serve, saying why (plan_error_).
   absl::Status NoPipelineErrorLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The pipelines that retire under the wanted topology (draining ones, those of another stage
-  // count or with a drained worker, and replicas beyond the wanted).
-  std::vector<int> RetiringLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The cluster as the topology policy sees it (topology_policy.h).
+  ClusterState ClusterStateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What every stage is told besides its place in its pipeline.
+  StageSettings StageSettingsOf() const;
+  // Stops the `retiring` pipelines: with move_kv, detaches the sequences that move with their
+  // KV-cache (DetachForMove); otherwise waits up to the drain limit for them to finish. The
+  // sequences left resume elsewhere, recomputed.
+  std::vector<Departure> RetireLocked(const std::vector<int>& retiring)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A pipeline planned before the pipelines it replaces stop: its stages' requests (the link
   // chosen), sent with `prepare` while those still serve.
   struct Planned {
@@ -207,16 +224,17 @@ class Coordinator {
     std::vector<LayerRange> ranges;
     std::vector<v1::AssignStageRequest> requests;
   };
-  // Where pipelines retire, plans their replacements on the workers that will be idle (as
-  // RunPlan would choose them) and gets those ready while the old ones serve: each stage
-  // prepared (AssignStageRequest.prepare: link joined, weights placed) and, with move_kv, the KV
-  // links made between the new stages and the old holders of their layers. Returns the plans
-  // whose stages all got ready. Outside mu_.
+  // Where pipelines retire, has the policy plan their replacements on the workers that will be
+  // idle (PlanTopology: the choice RunPlan then makes) and gets those ready while the old ones
+  // serve: each stage prepared (AssignStageRequest.prepare: link joined, weights placed) and,
+  // with move_kv, the KV links made between the new stages and the old holders of their layers.
+  // Returns the plans whose stages all got ready. Outside mu_.
   std::vector<Planned> PrepareReplacements();
-  // The AssignStage requests of a pipeline's stages.
-  std::vector<v1::AssignStageRequest> StageRequests(int id, uint64_t assignment,
-                                                    const std::vector<std::string>& addresses,
-                                                    const std::vector<LayerRange>& ranges) const;
+  // Builds the pipelines the policy asks for (PlanBuilds) one by one, each from a prepared plan
+  // of `planned` where one fits (taken out of it) or else loaded on assignment, until the replicas
+  // asked for serve or too few workers are idle. The error that leaves fewer (a bad checkpoint);
+  // a worker that fails to load is marked down and the others are tried.
+  absl::Status BuildPipelines(std::vector<Planned>& planned);
   // Assigns the stages (`requests`: those of a prepare, or none to make them) and adds the
   // pipeline to the scheduler.
   absl::Status BuildPipeline(int id, uint64_t assignment, const std::vector<int64_t>& workers,

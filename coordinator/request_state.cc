@@ -40,7 +40,7 @@ void RequestState::Append(int32_t token, absl::Time t, TokenLogprob* logprob) {
 }
 
 void RequestState::AppendLast(int32_t token, absl::Time t, TokenLogprob* logprob,
-                              v1::FinishReason finish, int text_limit) {
+                              FinishReason finish, int text_limit) {
   absl::MutexLock lock(&mu_);
   AppendLocked(token, t, logprob);
   FinishLocked(absl::OkStatus(), finish, text_limit, t);
@@ -59,18 +59,18 @@ void RequestState::AppendPromptLogprobs(std::vector<TokenLogprob> logprobs) {
   for (TokenLogprob& l : logprobs) s_.prompt_logprobs.push_back(std::move(l));
 }
 
-void RequestState::Finish(absl::Status status, v1::FinishReason finish, int text_limit,
+void RequestState::Finish(absl::Status status, FinishReason finish, int text_limit,
                           absl::Time t) {
   absl::MutexLock lock(&mu_);
   FinishLocked(std::move(status), finish, text_limit, t);
 }
 
-void RequestState::FinishLocked(absl::Status status, v1::FinishReason finish, int text_limit,
+void RequestState::FinishLocked(absl::Status status, FinishReason finish, int text_limit,
                                 absl::Time t) {
   if (s_.done) return;
   s_.done = true;
   s_.status = std::move(status);
-  s_.finish = finish;
+  s_.finish = FinishReasonToProto(finish);
   s_.text_limit = text_limit;
   s_.finished = t;
 }

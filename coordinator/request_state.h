@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/step.h"
+#include "coordinator/finish_reason.h"
 #include "coordinator/request_validation.h"
 #include "proto/tandem.pb.h"
 
@@ -30,7 +31,7 @@ class RequestState {
     std::vector<TokenLogprob> prompt_logprobs;  // with request().prompt_logprobs >= 0
     bool done = false;
     absl::Status status;  // when done
-    v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+    v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;  // the front ends speak the wire's
     int text_limit = -1;  // when a stop string ended it: bytes of decoded text to keep
     absl::Time admitted = absl::InfinitePast(), first_token = absl::InfinitePast(),
                finished = absl::InfinitePast();
@@ -48,17 +49,17 @@ class RequestState {
   // Appends the token that ends the request and ends it (OK, `finish`) at once, so that a waiter
   // never sees the last token without the end (a stream would send it as an ordinary token and
   // the end on its own, or show a stop string that the end's text_limit cuts).
-  void AppendLast(int32_t token, absl::Time t, TokenLogprob* logprob, v1::FinishReason finish,
+  void AppendLast(int32_t token, absl::Time t, TokenLogprob* logprob, FinishReason finish,
                   int text_limit);
   void AppendPromptLogprobs(std::vector<TokenLogprob> logprobs);
   // First call wins; later ones are ignored.
-  void Finish(absl::Status status, v1::FinishReason finish, int text_limit, absl::Time t);
+  void Finish(absl::Status status, FinishReason finish, int text_limit, absl::Time t);
   size_t num_tokens();
 
  private:
   void AppendLocked(int32_t token, absl::Time t, TokenLogprob* logprob)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishLocked(absl::Status status, v1::FinishReason finish, int text_limit, absl::Time t)
+  void FinishLocked(absl::Status status, FinishReason finish, int text_limit, absl::Time t)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ValidatedRequest request_;

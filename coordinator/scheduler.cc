@@ -68,12 +68,12 @@ std::shared_ptr<RequestState> Scheduler::Enqueue(ValidatedRequest request, absl:
 void Scheduler::FailWaiting(const absl::Status& why, absl::Time now) {
   std::vector<uint64_t> handing_off;
   for (const auto& [id, pending] : handoffs_) handing_off.push_back(pending.handoff.seq);
-  for (uint64_t seq : handing_off) EndSequence(seq, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
+  for (uint64_t seq : handing_off) EndSequence(seq, why, FinishReason::kNone, -1, now);
   const std::deque<uint64_t> resumed = resumed_;
-  for (uint64_t seq : resumed) EndSequence(seq, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
+  for (uint64_t seq : resumed) EndSequence(seq, why, FinishReason::kNone, -1, now);
   const std::vector<uint64_t> held = held_;
-  for (uint64_t seq : held) EndSequence(seq, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
-  for (auto& r : waiting_) r->Finish(why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
+  for (uint64_t seq : held) EndSequence(seq, why, FinishReason::kNone, -1, now);
+  for (auto& r : waiting_) r->Finish(why, FinishReason::kNone, -1, now);
   waiting_.clear();
 }
 
@@ -98,7 +98,7 @@ void Scheduler::RemovePipeline(int id, const absl::Status& why, absl::Time now, 
   const std::vector<uint64_t> running = it->second.running;
   for (uint64_t seq_id : running) {
     if (!resume) {
-      EndSequence(seq_id, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
+      EndSequence(seq_id, why, FinishReason::kNone, -1, now);
       continue;
     }
     Sequence& seq = *seqs_.at(seq_id);
@@ -112,7 +112,7 @@ void Scheduler::RemovePipeline(int id, const absl::Status& why, absl::Time now, 
 void Scheduler::Recompute(Sequence& seq, const absl::Status& why, absl::Time now) {
   const ValidatedRequest& rq = seq.request->request();
   if (rq.prompt_logprobs >= 0 && seq.generated.empty()) {
-    EndSequence(seq.id, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
+    EndSequence(seq.id, why, FinishReason::kNone, -1, now);
     return;
   }
   if (seq.resumes >= options_.max_resumes) {
@@ -120,7 +120,7 @@ void Scheduler::Recompute(Sequence& seq, const absl::Status& why, absl::Time now
                 absl::Status(why.code(), absl::StrFormat("%s (request %s resumed %d times before)",
                                                          why.message(), rq.request_id,
                                                          seq.resumes)),
-                v1::FINISH_REASON_UNSPECIFIED, -1, now);
+                FinishReason::kNone, -1, now);
     return;
   }
   // What its lost steps fed and sampled is gone: the KV-cache is rebuilt from every token the
@@ -137,71 +137,6 @@ void Scheduler::Recompute(Sequence& seq, const absl::Status& why, absl::Time now
     metrics_->recomputed_sequences.Increment();
     metrics_->recomputed_tokens.Increment(static_cast<double>(seq.pending.size()));
   }
-}
-
-void Scheduler::Pause(int id) {
-  auto it = pipelines_.find(id);
-  if (it == pipelines_.end()) return;
-  it->second.paused = true;
-  it->second.draining = true;
-}
-
-int Scheduler::steps_in_flight(int id) const {
-  auto it = pipelines_.find(id);
-  return it == pipelines_.end() ? 0 : static_cast<int>(it->second.inflight.size());
-}
-
-std::vector<Scheduler::Held> Scheduler::Detach(int id) {
-  std::vector<Held> out;
-  auto it = pipelines_.find(id);
-  if (it == pipelines_.end()) return out;
-  for (uint64_t seq_id : it->second.running) {
-    Sequence& seq = *seqs_.at(seq_id);
-    if (seq.position == 0) {
-      // Admitted but not fed yet: nothing to move; it waits for its first step elsewhere, ahead
-      // of the waiting requests.
-      seq.pipeline = seq.slot = -1;
-      resumed_.push_back(seq_id);
-      continue;
-    }
-    out.push_back({.seq = seq_id, .slot = seq.slot, .positions = seq.position});
-    ReleaseDecodeSlot(seq);
-    seq.pipeline = seq.slot = -1;
-    seq.moving = true;
-    held_.push_back(seq_id);
-  }
-  pipelines_.erase(it);
-  return out;
-}
-
-std::optional<Scheduler::Target> Scheduler::PlaceHeld(uint64_t seq_id) {
-  auto h = std::find(held_.begin(), held_.end(), seq_id);
-  if (h == held_.end()) return std::nullopt;
-  const std::optional<Placement> best = PlacementForNext(/*fed=*/true);
-  if (!best) return std::nullopt;
-  held_.erase(h);
-  Sequence& seq = *seqs_.at(seq_id);
-  Place(seq, *best);
-  return Target{.pipeline = seq.pipeline, .slot = seq.slot};
-}
-
-void Scheduler::Moved(uint64_t seq_id, bool ok, const absl::Status& why, absl::Time now) {
-  auto it = seqs_.find(seq_id);
-  if (it == seqs_.end() || !it->second->moving) return;  // ended meanwhile
-  Sequence& seq = *it->second;
-  if (ok && seq.pipeline >= 0) {
-    seq.moving = false;
-    if (metrics_ != nullptr) metrics_->migrated_sequences.Increment();
-    return;
-  }
-  if (auto pit = pipelines_.find(seq.pipeline); pit != pipelines_.end()) {
-    pit->second.slots.Free(seq.slot);
-    auto& running = pit->second.running;
-    running.erase(std::remove(running.begin(), running.end(), seq_id), running.end());
-  }
-  held_.erase(std::remove(held_.begin(), held_.end(), seq_id), held_.end());
-  seq.pipeline = seq.slot = -1;
-  Recompute(seq, why, now);
 }
 
 void Scheduler::SetDraining(int id) {
@@ -309,125 +244,6 @@ bool Scheduler::SlotIdle(int pipeline, int slot) const {
     }
   }
   return true;
-}
-
-void Scheduler::StartKvStream(Sequence& seq, uint64_t step) {
-  seq.kv_out_step = step;
-  if (!SlotIdle(seq.decode_pipeline, seq.decode_slot)) return;  // after the prompt instead
-  const KvStream k{.id = next_stream_++,
-                   .seq = seq.id,
-                   .from_pipeline = seq.pipeline,
-                   .to_pipeline = seq.decode_pipeline,
-                   .to_slot = seq.decode_slot,
-                   .positions = seq.position,
-                   .step = step};
-  seq.kv_stream = k.id;
-  streams_.emplace(k.id, PendingStream{.stream = k});
-}
-
-std::vector<Scheduler::KvStream> Scheduler::TakeKvStreams() {
-  std::vector<KvStream> out;
-  for (auto& [id, pending] : streams_) {
-    if (pending.taken) continue;
-    pending.taken = true;
-    out.push_back(pending.stream);
-  }
-  return out;
-}
-
-bool Scheduler::kv_streams_ready() const {
-  return std::any_of(streams_.begin(), streams_.end(),
-                     [](const auto& entry) { return !entry.second.taken; });
-}
-
-void Scheduler::KvStreamEnded(uint64_t id, const absl::Status& st) {
-  auto it = streams_.find(id);
-  if (it == streams_.end()) return;
-  PendingStream& p = it->second;
-  p.ended = true;
-  p.status = st;
-  if (!p.orphan) return;  // its hand-off (or its end) takes it
-  if (auto to = pipelines_.find(p.stream.to_pipeline); to != pipelines_.end()) {
-    to->second.slots.Free(p.stream.to_slot);
-  }
-  streams_.erase(it);
-}
-
-void Scheduler::StartHandoff(Sequence& seq) {
-  Pipeline& from = pipelines_.at(seq.pipeline);
-  if (!pipelines_.contains(seq.decode_pipeline)) {
-    ReleaseDecodeSlot(seq);  // decodes where it is
-    return;
-  }
-  const Handoff h{.id = next_handoff_++,
-                  .seq = seq.id,
-                  .from_pipeline = seq.pipeline,
-                  .from_slot = seq.slot,
-                  .positions = seq.position,
-                  .to_pipeline = seq.decode_pipeline,
-                  .to_slot = seq.decode_slot,
-                  .kv_out_step = seq.kv_out_step};
-  // The hand-off owns both slots from here on.
-  from.running.erase(std::remove(from.running.begin(), from.running.end(), seq.id),
-                     from.running.end());
-  seq.pipeline = seq.slot = seq.decode_pipeline = seq.decode_slot = -1;
-  seq.moving = true;
-  seq.handoff = h.id;
-  handoffs_.emplace(h.id, PendingHandoff{.handoff = h, .stream = seq.kv_stream});
-  seq.kv_stream = seq.kv_out_step = 0;
-}
-
-bool Scheduler::HandoffCanStart(const PendingHandoff& h) const {
-  // After its stream (which owns the decode slot until it ends); without one, once no step in
-  // flight uses the decode slot.
-  if (auto k = streams_.find(h.stream); k != streams_.end()) return k->second.ended;
-  return SlotIdle(h.handoff.to_pipeline, h.handoff.to_slot);
-}
-
-bool Scheduler::handoffs_ready() const {
-  return std::any_of(handoffs_.begin(), handoffs_.end(), [this](const auto& entry) {
-    return !entry.second.taken && HandoffCanStart(entry.second);
-  });
-}
-
-std::vector<Scheduler::Handoff> Scheduler::TakeHandoffs() {
-  std::vector<Handoff> out;
-  for (auto& [id, pending] : handoffs_) {
-    if (pending.taken || !HandoffCanStart(pending)) continue;
-    pending.taken = true;
-    Handoff h = pending.handoff;
-    if (auto k = streams_.find(pending.stream); k != streams_.end()) {
-      h.streamed = k->second.status.ok();
-      streams_.erase(k);
-    }
-    out.push_back(h);
-  }
-  return out;
-}
-
-void Scheduler::HandedOff(uint64_t id, bool ok, const absl::Status& why, absl::Time now) {
-  auto hit = handoffs_.find(id);
-  if (hit == handoffs_.end()) return;
-  const Handoff h = hit->second.handoff;
-  handoffs_.erase(hit);
-  if (auto from = pipelines_.find(h.from_pipeline); from != pipelines_.end()) {
-    from->second.slots.Free(h.from_slot);
-  }
-  auto to = pipelines_.find(h.to_pipeline);
-  auto sit = seqs_.find(h.seq);
-  Sequence* seq = sit != seqs_.end() && sit->second->handoff == id ? sit->second.get() : nullptr;
-  if (seq != nullptr && ok && to != pipelines_.end()) {
-    seq->pipeline = h.to_pipeline;
-    seq->slot = h.to_slot;
-    seq->moving = false;
-    seq->handoff = 0;
-    to->second.running.push_back(seq->id);
-    if (metrics_ != nullptr) metrics_->prefill_handoffs.Increment();
-    return;
-  }
-  if (to != pipelines_.end()) to->second.slots.Free(h.to_slot);
-  if (seq == nullptr) return;  // ended meanwhile
-  Recompute(*seq, ok ? absl::UnavailableError("its decode pipeline is gone") : why, now);
 }
 
 void Scheduler::Admit(absl::Time now) {
@@ -823,7 +639,7 @@ void Scheduler::AppendToken(Sequence& seq, int32_t token, TokenLogprob* logprob,
   }
 }
 
-void Scheduler::EndSequence(uint64_t seq_id, absl::Status status, v1::FinishReason finish,
+void Scheduler::EndSequence(uint64_t seq_id, absl::Status status, FinishReason finish,
                             int text_limit, absl::Time now) {
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end()) return;
@@ -850,14 +666,14 @@ void Scheduler::Cancel(const std::shared_ptr<RequestState>& request, const absl:
   auto w = std::find(waiting_.begin(), waiting_.end(), request);
   if (w != waiting_.end()) {
     waiting_.erase(w);
-    request->Finish(why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
+    request->Finish(why, FinishReason::kNone, -1, now);
     return;
   }
   auto it = seq_of_request_.find(request.get());
   if (it != seq_of_request_.end()) {
-    EndSequence(it->second, why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
+    EndSequence(it->second, why, FinishReason::kNone, -1, now);
   } else {
-    request->Finish(why, v1::FINISH_REASON_UNSPECIFIED, -1, now);
+    request->Finish(why, FinishReason::kNone, -1, now);
   }
 }
 

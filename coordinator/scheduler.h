@@ -378,7 +378,7 @@ class Scheduler {
   // token yet).
   void Recompute(Sequence& seq, const absl::Status& why, absl::Time now);
   void AppendToken(Sequence& seq, int32_t token, TokenLogprob* logprob, absl::Time now);
-  void EndSequence(uint64_t seq_id, absl::Status status, v1::FinishReason finish, int text_limit,
+  void EndSequence(uint64_t seq_id, absl::Status status, FinishReason finish, int text_limit,
                    absl::Time now);
 
   const SchedulerOptions options_;

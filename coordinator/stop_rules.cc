@@ -29,19 +29,19 @@ StopDecision CheckStop(const ValidatedRequest& request, std::span<const int32_t>
   if (count <= request.min_tokens) {
     // min_tokens: neither EOS nor a stop condition ends the sequence yet.
   } else if (IsEos(request, token)) {
-    d.finish = v1::FINISH_REASON_EOS;
+    d.finish = FinishReason::kEos;
   } else if (std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(), token) !=
              request.stop_token_ids.end()) {
-    d.finish = v1::FINISH_REASON_STOP;
+    d.finish = FinishReason::kStop;
   } else if (int at = text != nullptr && !request.stop_strings.empty()
                           ? text->EarliestMatch(request.stop_strings, generated)
                           : -1;
              at >= 0) {
-    d.finish = v1::FINISH_REASON_STOP;
+    d.finish = FinishReason::kStop;
     d.text_limit = at;
   }
   if (!d.ends() && ReachesLength(request, count, context_length)) {
-    d.finish = v1::FINISH_REASON_LENGTH;
+    d.finish = FinishReason::kLength;
   }
   return d;
 }

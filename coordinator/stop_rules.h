@@ -1,11 +1,11 @@
 // When a sequence ends: the rules the scheduler applies after every generated token, in order.
 //   1. min_tokens: while generated <= min_tokens, neither EOS nor a stop token or string ends it.
-//   2. EOS: the token is one of the request's EOS ids -> FINISH_REASON_EOS.
-//   3. stop_token_ids: the token is one of them -> FINISH_REASON_STOP.
-//   4. stop_strings: the decoded generated text contains one -> FINISH_REASON_STOP, the text cut
+//   2. EOS: the token is one of the request's EOS ids -> FinishReason::kEos.
+//   3. stop_token_ids: the token is one of them -> FinishReason::kStop.
+//   4. stop_strings: the decoded generated text contains one -> FinishReason::kStop, the text cut
 //      before the earliest match of any of them (a match may span tokens).
 //   5. length: max_new_tokens generated, or prompt + generated > context_length (the next step
-//      would feed the newest token at position prompt + generated - 1) -> FINISH_REASON_LENGTH.
+//      would feed the newest token at position prompt + generated - 1) -> FinishReason::kLength.
 #pragma once
 
 #include <cstdint>
@@ -16,8 +16,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/decode_stream.h"
+#include "coordinator/finish_reason.h"
 #include "coordinator/request_validation.h"
-#include "proto/tandem.pb.h"
 
 namespace tandem {
 
@@ -41,9 +41,9 @@ class StopText {
 };
 
 struct StopDecision {
-  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;  // UNSPECIFIED: the sequence goes on
+  FinishReason finish = FinishReason::kNone;  // kNone: the sequence goes on
   int text_limit = -1;  // ended by a stop string: bytes of the decoded text to keep
-  bool ends() const { return finish != v1::FINISH_REASON_UNSPECIFIED; }
+  bool ends() const { return finish != FinishReason::kNone; }
 };
 
 // Whether `request`'s sequence ends now. `generated`: every token it generated, the newest last

@@ -14,7 +14,7 @@ TEST(RequestState, AppendLastShowsTheTokenAndTheEndTogether) {
   RequestState r(ValidatedRequest{}, kT);
   r.Append(4, kT);
   TokenLogprob lp{.token = 9, .logprob = -0.5f, .top = {}};
-  r.AppendLast(9, kT + absl::Seconds(1), &lp, v1::FINISH_REASON_STOP, 3);
+  r.AppendLast(9, kT + absl::Seconds(1), &lp, FinishReason::kStop, 3);
   RequestState::Snapshot snap;
   r.WaitMore(snap, absl::InfinitePast());
   EXPECT_THAT(snap.tokens, ElementsAre(4, 9));
@@ -47,7 +47,7 @@ TEST(RequestState, WaitMoreAddsOnlyWhatTheFollowersSnapshotLacks) {
   EXPECT_THAT(s.tokens, ElementsAre(4, 5));
   EXPECT_EQ(s.logprobs.size(), 2u);
   TokenLogprob c{.token = 6, .logprob = -2.0f, .top = {}};
-  r.AppendLast(6, kT + absl::Seconds(2), &c, v1::FINISH_REASON_STOP, 7);
+  r.AppendLast(6, kT + absl::Seconds(2), &c, FinishReason::kStop, 7);
   EXPECT_TRUE(r.WaitMore(s, absl::InfinitePast()));
   EXPECT_THAT(s.tokens, ElementsAre(4, 5, 6));
   ASSERT_EQ(s.logprobs.size(), 3u);
@@ -61,10 +61,10 @@ TEST(RequestState, WaitMoreAddsOnlyWhatTheFollowersSnapshotLacks) {
 
 TEST(RequestState, TheFirstEndWinsAndNothingIsAppendedAfterIt) {
   RequestState r(ValidatedRequest{}, kT);
-  r.Finish(absl::CancelledError("client left"), v1::FINISH_REASON_UNSPECIFIED, -1, kT);
-  r.AppendLast(7, kT, nullptr, v1::FINISH_REASON_LENGTH, -1);
+  r.Finish(absl::CancelledError("client left"), FinishReason::kNone, -1, kT);
+  r.AppendLast(7, kT, nullptr, FinishReason::kLength, -1);
   r.Append(8, kT);
-  r.Finish(absl::OkStatus(), v1::FINISH_REASON_EOS, -1, kT);
+  r.Finish(absl::OkStatus(), FinishReason::kEos, -1, kT);
   RequestState::Snapshot snap;
   r.WaitMore(snap, absl::InfinitePast());
   EXPECT_TRUE(snap.tokens.empty());

@@ -48,15 +48,15 @@ TEST(CheckStop, EndsWithEosOnAnyOfSeveralEosIds) {
   ValidatedRequest r = Request();
   r.eos_token_id = 50;
   r.eos_token_ids = {50, 60};
-  EXPECT_EQ(Check(r, {1, 60}).finish, v1::FINISH_REASON_EOS);
-  EXPECT_EQ(Check(r, {1, 50}).finish, v1::FINISH_REASON_EOS);
+  EXPECT_EQ(Check(r, {1, 60}).finish, FinishReason::kEos);
+  EXPECT_EQ(Check(r, {1, 50}).finish, FinishReason::kEos);
   EXPECT_FALSE(Check(r, {1, 55}).ends());
 }
 
 TEST(CheckStop, EndsWithStopOnAStopTokenId) {
   ValidatedRequest r = Request();
   r.stop_token_ids = {7, 9};
-  EXPECT_EQ(Check(r, {1, 9}).finish, v1::FINISH_REASON_STOP);
+  EXPECT_EQ(Check(r, {1, 9}).finish, FinishReason::kStop);
   EXPECT_EQ(Check(r, {1, 9}).text_limit, -1);
   EXPECT_FALSE(Check(r, {1, 8}).ends());
 }
@@ -69,7 +69,7 @@ TEST(CheckStop, CutsBeforeTheEarliestOfSeveralStopStrings) {
        {std::vector<std::string>{" STOP", "wor"}, std::vector<std::string>{"wor", " STOP"}}) {
     r.stop_strings = stops;
     const StopDecision d = Check(r, {1, 2, 3, 6});
-    EXPECT_EQ(d.finish, v1::FINISH_REASON_STOP);
+    EXPECT_EQ(d.finish, FinishReason::kStop);
     EXPECT_EQ(d.text_limit, 6) << stops[0];
   }
 }
@@ -79,7 +79,7 @@ TEST(CheckStop, MatchesAStopStringSplitAcrossTokens) {
   r.stop_strings = {"END"};
   EXPECT_FALSE(Check(r, {1, 4}).ends());  // "Hello E": only a prefix so far
   const StopDecision d = Check(r, {1, 4, 5});  // "Hello END"
-  EXPECT_EQ(d.finish, v1::FINISH_REASON_STOP);
+  EXPECT_EQ(d.finish, FinishReason::kStop);
   EXPECT_EQ(d.text_limit, 6);
 }
 
@@ -116,7 +116,7 @@ TEST(CheckStop, TokenByTokenFindsTheMatchAtItsOffsetDecodingFewIds) {
       EXPECT_FALSE(d.ends());
       continue;
     }
-    EXPECT_EQ(d.finish, v1::FINISH_REASON_STOP);
+    EXPECT_EQ(d.finish, FinishReason::kStop);
     EXPECT_EQ(d.text_limit, static_cast<int>(bytes));
   }
 }
@@ -129,16 +129,16 @@ TEST(CheckStop, MinTokensHoldsBackEosAndStopsButNotLength) {
   r.min_tokens = 2;
   EXPECT_FALSE(Check(r, {60}).ends());
   EXPECT_FALSE(Check(r, {1, 9}).ends());
-  EXPECT_EQ(Check(r, {1, 9, 60}).finish, v1::FINISH_REASON_EOS);  // the third token may end it
+  EXPECT_EQ(Check(r, {1, 9, 60}).finish, FinishReason::kEos);  // the third token may end it
   r.max_new_tokens = 2;
-  EXPECT_EQ(Check(r, {1, 9}).finish, v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(Check(r, {1, 9}).finish, FinishReason::kLength);
 }
 
 TEST(CheckStop, EndsWithLengthAtMaxNewTokens) {
   ValidatedRequest r = Request();
   r.max_new_tokens = 3;
   EXPECT_FALSE(Check(r, {1, 2}).ends());
-  EXPECT_EQ(Check(r, {1, 2, 3}).finish, v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(Check(r, {1, 2, 3}).finish, FinishReason::kLength);
 }
 
 TEST(CheckStop, EndsWithLengthWhenTheNextTokenWouldPassTheContext) {
@@ -146,7 +146,7 @@ TEST(CheckStop, EndsWithLengthWhenTheNextTokenWouldPassTheContext) {
   // Context 5: the third token would be fed at position 2 + 3 - 1 = 4, the last one; the fourth
   // at 5, past it.
   EXPECT_FALSE(Check(r, {1, 2, 3}, 5).ends());
-  EXPECT_EQ(Check(r, {1, 2, 3, 7}, 5).finish, v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(Check(r, {1, 2, 3, 7}, 5).finish, FinishReason::kLength);
 }
 
 TEST(CheckStop, EosWinsOverAStopTokenAndLength) {
@@ -154,7 +154,7 @@ TEST(CheckStop, EosWinsOverAStopTokenAndLength) {
   r.eos_token_ids = {9};
   r.stop_token_ids = {9};
   r.max_new_tokens = 1;
-  EXPECT_EQ(Check(r, {9}).finish, v1::FINISH_REASON_EOS);
+  EXPECT_EQ(Check(r, {9}).finish, FinishReason::kEos);
 }
 
 }  // namespace
