@@ -37,8 +37,8 @@ bool FlagGiven(absl::string_view name);
 #define TANDEM_SETTING_ABSL_FLAG_(type, name, default_value, least, help) \
   ABSL_FLAG(::tandem::SettingFlagType<type>, name,                        \
             ::tandem::SettingFlag<type>::To(type{default_value}), help);
-#define TANDEM_SETTING_FROM_FLAG_(type, name, default_value, least, help) \
-  if (::tandem::FlagGiven(#name)) {                                       \
+#define TANDEM_SETTING_FROM_FLAG_(type, name, default_value, least, help)         \
+  if (::tandem::FlagGiven(#name)) {                                               \
     config.name = ::tandem::SettingFlag<type>::From(absl::GetFlag(FLAGS_##name)); \
   }
 

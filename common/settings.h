@@ -77,8 +77,8 @@ absl::Status CheckSettingAtLeast(std::string_view prefix, std::string_view name,
 // `template <typename C, typename F> void function(C& config, F&& visit)`: calls
 // visit(name, field, least) for each setting of LIST, in the list's order (C: the config, or a
 // const one).
-#define TANDEM_DEFINE_SETTING_VISITOR(LIST, function)           \
-  template <typename C, typename F>                             \
-  void function(C& config, F&& visit) {                         \
-    LIST(TANDEM_SETTING_VISIT_)                                 \
+#define TANDEM_DEFINE_SETTING_VISITOR(LIST, function) \
+  template <typename C, typename F>                   \
+  void function(C& config, F&& visit) {               \
+    LIST(TANDEM_SETTING_VISIT_)                       \
   }

@@ -15,7 +15,7 @@ namespace tandem {
 
 // Every coordinator setting, once: X(type, name, default, least, help) (common/settings.h). The
 // name is the flag's and the YAML key's; the help is what --help prints.
-#define TANDEM_COORDINATOR_SETTINGS(X)                                                            \
+#define TANDEM_COORDINATOR_SETTINGS(X)                                                           \
   /* Inference, Admin, Registry and health on one port; loopback unless told otherwise. */       \
   X(std::string, listen, "127.0.0.1:50051", ::tandem::kAnyValue,                                 \
     "host:port of Inference, Admin and Registry (0.0.0.0:PORT: every interface, for "            \
@@ -55,7 +55,7 @@ namespace tandem {
     "replicas that run prompts only and hand each sequence's KV-cache to the other replicas, "   \
     "which decode (0: every replica does both)")                                                 \
   X(bool, move_kv, true, ::tandem::kAnyValue,                                                    \
-    "on a topology change, move running requests with their KV-cache to the new layout "        \
+    "on a topology change, move running requests with their KV-cache to the new layout "         \
     "(false: let them finish on the old one, up to --drain_timeout_s)")                          \
   /* Told to workers when they register. */                                                      \
   X(int, heartbeat_interval_ms, 1000, 10, "worker heartbeat period")                             \

@@ -3,7 +3,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-
 #include <string>
 #include <vector>
 
@@ -45,7 +44,8 @@ heartbeat_interval_ms: 100
 heartbeat_timeout_ms: 900
 drain_timeout_s: 5.5
 grpc_threads: 40
-)", "test.yaml");
+)",
+                                                               "test.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->listen, "127.0.0.1:6000");
   EXPECT_EQ(c->model_dir, "/models/tiny");

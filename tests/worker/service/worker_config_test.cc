@@ -44,8 +44,7 @@ TEST(WorkerConfigTest, DefaultsAreValid) { EXPECT_TRUE(ValidateWorkerConfig({}).
 TEST(WorkerConfigTest, ARecvTimeoutBelowOneSecondIsRefusedNamingTheFlag) {
   WorkerConfig c;
   c.recv_timeout_s = 0;
-  EXPECT_THAT(ValidateWorkerConfig(c).message(),
-              HasSubstr("--recv_timeout_s must be >= 1, got 0"));
+  EXPECT_THAT(ValidateWorkerConfig(c).message(), HasSubstr("--recv_timeout_s must be >= 1, got 0"));
   c.recv_timeout_s = 1;
   EXPECT_TRUE(ValidateWorkerConfig(c).ok());
 }
