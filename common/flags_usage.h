@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/string_view.h"
+#include "common/settings.h"
 
 namespace tandem {
 
@@ -31,3 +33,18 @@ std::vector<char*> ParseFlags(int argc, char** argv);
 bool FlagGiven(absl::string_view name);
 
 }  // namespace tandem
+
+#define TANDEM_SETTING_ABSL_FLAG_(type, name, default_value, least, help) \
+  ABSL_FLAG(::tandem::SettingFlagType<type>, name,                        \
+            ::tandem::SettingFlag<type>::To(type{default_value}), help);
+#define TANDEM_SETTING_FROM_FLAG_(type, name, default_value, least, help)         \
+  if (::tandem::FlagGiven(#name)) {                                               \
+    config.name = ::tandem::SettingFlag<type>::From(absl::GetFlag(FLAGS_##name)); \
+  }
+
+// At global scope of a program's main.cc: a flag for each setting of LIST, with the setting's
+// default and help, and `void apply(Config& config)`, which copies into `config` the settings
+// given on the command line (even at their default value: they override a config file).
+#define TANDEM_DEFINE_SETTING_FLAGS(LIST, Config, apply) \
+  LIST(TANDEM_SETTING_ABSL_FLAG_)                        \
+  [[maybe_unused]] static void apply(Config& config) { LIST(TANDEM_SETTING_FROM_FLAG_) }

@@ -3,12 +3,29 @@
 
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 
 #include "absl/strings/str_format.h"
 #include "coordinator/scheduler.h"
 #include "yaml-cpp/yaml.h"
 
 namespace tandem {
+
+namespace {
+
+// A setting's value from its YAML node (yaml-cpp throws YAML::Exception on a wrong type).
+template <typename T>
+T FromYaml(const YAML::Node& v) {
+  if constexpr (std::is_same_v<T, std::filesystem::path>) {
+    return v.as<std::string>();
+  } else if constexpr (std::is_same_v<T, std::optional<int>>) {
+    return v.as<int>();
+  } else {
+    return v.as<T>();
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(std::string_view yaml_text,
                                                          std::string_view source) {
@@ -23,36 +40,13 @@ absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(std::string_view yaml_t
     }
     for (const auto& kv : root) {
       key = kv.first.as<std::string>();
-      const YAML::Node& v = kv.second;
-      if (key == "listen") c.listen = v.as<std::string>();
-      else if (key == "model_dir") c.model_dir = v.as<std::string>();
-      else if (key == "stages") c.stages = v.as<int>();
-      else if (key == "replicas") c.replicas = v.as<int>();
-      else if (key == "max_batch") c.max_batch = v.as<int>();
-      else if (key == "max_slots") c.max_slots = v.as<int>();
-      else if (key == "max_seq_len") c.max_seq_len = v.as<int>();
-      else if (key == "micro_batches") c.micro_batches = v.as<int>();
-      else if (key == "max_waiting") c.max_waiting = v.as<int>();
-      else if (key == "prefill_chunk") c.prefill_chunk = v.as<int>();
-      else if (key == "prefill_budget") c.prefill_budget = v.as<int>();
-      else if (key == "decode_ahead") c.decode_ahead = v.as<bool>();
-      else if (key == "decode_ahead_ms") c.decode_ahead_ms = v.as<double>();
-      else if (key == "max_resumes") c.max_resumes = v.as<int>();
-      else if (key == "admission_quiet_ms") c.admission_quiet_ms = v.as<double>();
-      else if (key == "admission_wait_ms") c.admission_wait_ms = v.as<double>();
-      else if (key == "prefill_replicas") c.prefill_replicas = v.as<int>();
-      else if (key == "move_kv") c.move_kv = v.as<bool>();
-      else if (key == "heartbeat_interval_ms") c.heartbeat_interval_ms = v.as<int>();
-      else if (key == "heartbeat_timeout_ms") c.heartbeat_timeout_ms = v.as<int>();
-      else if (key == "drain_timeout_s") c.drain_timeout_s = v.as<double>();
-      else if (key == "http_listen") c.http_listen = v.as<std::string>();
-      else if (key == "http_threads") c.http_threads = v.as<int>();
-      else if (key == "http_max_connections") c.http_max_connections = v.as<int>();
-      else if (key == "http_header_timeout_s") c.http_header_timeout_s = v.as<int>();
-      else if (key == "http_body_timeout_s") c.http_body_timeout_s = v.as<int>();
-      else if (key == "grpc_threads") c.grpc_threads = v.as<int>();
-      else if (key == "served_model_name") c.served_model_name = v.as<std::string>();
-      else {
+      bool known = false;
+      ForEachCoordinatorSetting(c, [&](std::string_view name, auto& field, double) {
+        if (name != key) return;
+        field = FromYaml<std::remove_reference_t<decltype(field)>>(kv.second);
+        known = true;
+      });
+      if (!known) {
         return absl::InvalidArgumentError(
             absl::StrFormat("%s: unknown setting '%s'", source, key));
       }
@@ -78,41 +72,15 @@ absl::StatusOr<CoordinatorConfig> LoadCoordinatorConfig(const std::filesystem::p
 }
 
 absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
-  auto at_least = [](std::string_view name, double v, double min) -> absl::Status {
-    if (!(v >= min)) {  // NaN too
-      return absl::InvalidArgumentError(
-          absl::StrFormat("config: %s must be >= %g, got %g", name, min, v));
-    }
-    return absl::OkStatus();
-  };
   if (c.listen.empty()) return absl::InvalidArgumentError("config: listen is empty");
   if (c.model_dir.empty()) {
     return absl::InvalidArgumentError("config: model_dir is not set (a Hugging Face folder)");
   }
-  for (auto [name, v, min] : {std::tuple<std::string_view, double, double>{"stages", c.stages, 1},
-                              {"replicas", c.replicas, 1},
-                              {"max_batch", c.max_batch, 1},
-                              {"max_slots", c.max_slots, 1},
-                              {"max_seq_len", c.max_seq_len, 0},
-                              {"micro_batches", c.micro_batches, 0},
-                              {"max_waiting", c.max_waiting.value_or(0), 0},
-                              {"prefill_chunk", c.prefill_chunk, 1},
-                              {"prefill_budget", c.prefill_budget, 0},
-                              {"decode_ahead_ms", c.decode_ahead_ms, 0},
-                              {"max_resumes", c.max_resumes, 0},
-                              {"admission_quiet_ms", c.admission_quiet_ms, 0},
-                              {"admission_wait_ms", c.admission_wait_ms, 0},
-                              {"prefill_replicas", c.prefill_replicas, 0},
-                              {"heartbeat_interval_ms", c.heartbeat_interval_ms, 10},
-                              {"heartbeat_timeout_ms", c.heartbeat_timeout_ms, 50},
-                              {"drain_timeout_s", c.drain_timeout_s, 0},
-                              {"http_threads", c.http_threads, 0},
-                              {"http_max_connections", c.http_max_connections, 1},
-                              {"http_header_timeout_s", c.http_header_timeout_s, 1},
-                              {"http_body_timeout_s", c.http_body_timeout_s, 1},
-                              {"grpc_threads", c.grpc_threads, 0}}) {
-    if (absl::Status s = at_least(name, v, min); !s.ok()) return s;
-  }
+  absl::Status status;
+  ForEachCoordinatorSetting(c, [&](std::string_view name, const auto& value, double least) {
+    if (status.ok()) status = CheckSettingAtLeast("config: ", name, value, least);
+  });
+  if (!status.ok()) return status;
   if (c.prefill_replicas > 0 && c.prefill_replicas >= c.replicas) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "config: prefill_replicas (%d) must leave at least one of the %d replicas to decode",

@@ -1,5 +1,6 @@
-// The coordinator's settings: read from YAML, then overridden by flags (main.cc), then validated
-// once. Nothing else in the coordinator reads flags or the environment.
+// The coordinator's settings, each declared once in TANDEM_COORDINATOR_SETTINGS: read from YAML,
+// then overridden by flags (main.cc), then validated once. Nothing else in the coordinator reads
+// flags or the environment.
 #pragma once
 
 #include <filesystem>
@@ -8,61 +9,85 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "common/settings.h"
 
 namespace tandem {
 
+// Every coordinator setting, once: X(type, name, default, least, help) (common/settings.h). The
+// name is the flag's and the YAML key's; the help is what --help prints.
+#define TANDEM_COORDINATOR_SETTINGS(X)                                                           \
+  /* Inference, Admin, Registry and health on one port; loopback unless told otherwise. */       \
+  X(std::string, listen, "127.0.0.1:50051", ::tandem::kAnyValue,                                 \
+    "host:port of Inference, Admin and Registry (0.0.0.0:PORT: every interface, for "            \
+    "workers on other hosts, with --cluster_secret, --tls_ca or --allow_insecure)")              \
+  /* Workers are sent this path: every worker must read the folder at the same path. */          \
+  X(std::filesystem::path, model_dir, "", ::tandem::kAnyValue, "Hugging Face checkpoint folder") \
+  X(int, stages, 1, 1, "pipeline stages per replica")                                            \
+  X(int, replicas, 1, 1, "data-parallel pipelines")                                              \
+  X(int, max_batch, 16, 1, "sequences per step")                                                 \
+  X(int, max_slots, 16, 1, "KV-cache slots per pipeline")                                        \
+  X(int, max_seq_len, 0, 0, "KV-cache positions per slot (0: model)")                            \
+  X(int, micro_batches, 0, 0, "steps in flight per pipeline (0: stages)")                        \
+  /* Scheduler::CheckRoom; unset: at least 128 (kMinDefaultWaiting). */                          \
+  X(std::optional<int>, max_waiting, std::nullopt, 0,                                            \
+    "requests held beyond the KV slots, running or waiting; beyond them RESOURCE_EXHAUSTED "     \
+    "(-1: as many as the slots of the replicas that decode, at least 128)")                      \
+  X(int, prefill_chunk, 512, 1, "prompt tokens per sequence per step")                           \
+  X(int, prefill_budget, 0, 0, "prompt tokens per step across its sequences (0: no bound)")      \
+  X(bool, decode_ahead, true, ::tandem::kAnyValue,                                               \
+    "send a sequence's next decode step while the step before runs (one-stage pipelines, "       \
+    "and NCCL pipelines, whose first stage gets the last one's tokens over the link)")           \
+  X(double, decode_ahead_ms, 1.0, 0,                                                             \
+    "with --decode_ahead, a sequence goes as many steps ahead as fit in this much of its "       \
+    "pipeline's measured step time (at least 1, at most 16)")                                    \
+  X(int, max_resumes, 3, 0,                                                                      \
+    "times a running request whose pipeline is lost (a worker down) continues on another, "      \
+    "its KV-cache recomputed, before it fails (0: fails at once)")                               \
+  /* SchedulerOptions::admission_quiet. */                                                       \
+  X(double, admission_quiet_ms, 0.5, 0,                                                          \
+    "new requests are admitted once neither has a request arrived nor a sequence ended for "     \
+    "this long, and not while a quarter of a pipeline's sequences are about to end by "          \
+    "length (at most --admission_wait_ms; at once when --max_batch wait), so that prompts "      \
+    "arriving together share one prompt step (0: admitted at once)")                             \
+  X(double, admission_wait_ms, 20.0, 0,                                                          \
+    "the longest a new request is held back for others to arrive")                               \
+  X(int, prefill_replicas, 0, 0,                                                                 \
+    "replicas that run prompts only and hand each sequence's KV-cache to the other replicas, "   \
+    "which decode (0: every replica does both)")                                                 \
+  X(bool, move_kv, true, ::tandem::kAnyValue,                                                    \
+    "on a topology change, move running requests with their KV-cache to the new layout "         \
+    "(false: let them finish on the old one, up to --drain_timeout_s)")                          \
+  /* Told to workers when they register. */                                                      \
+  X(int, heartbeat_interval_ms, 1000, 10, "worker heartbeat period")                             \
+  /* Ten beats, so that a busy host's scheduling delays are not taken for a death (a worker      \
+     declared down by mistake registers again). */                                               \
+  X(int, heartbeat_timeout_ms, 10000, 50, "silence before a worker is declared down")            \
+  X(double, drain_timeout_s, 60.0, 0, "topology change drain limit")                             \
+  X(std::string, http_listen, "", ::tandem::kAnyValue,                                           \
+    "host:port of the OpenAI-compatible HTTP API (port 0: any free port; empty: off)")           \
+  X(int, http_threads, 4, 0, "HTTP event threads (epoll; each serves many connections; 0: 4)")   \
+  X(int, http_max_connections, 4096, 1,                                                          \
+    "open HTTP connections at most; beyond them a new one is closed at once")                    \
+  X(int, http_header_timeout_s, 10, 1,                                                           \
+    "seconds a client has for a request's headers, counted from the connection's start or "      \
+    "the previous response (so also an idle keep-alive connection's life)")                      \
+  X(int, http_body_timeout_s, 60, 1,                                                             \
+    "seconds a client has for a request's body once its headers are in")                         \
+  X(std::string, served_model_name, "", ::tandem::kAnyValue,                                     \
+    "the model's id in the HTTP API (empty: the name of --model_dir)")                           \
+  /* A synchronous gRPC server keeps two idle threads by default: when a closed loop's round of  \
+     streams ends together, the threads of all but two exit, and the next round's streams wait   \
+     for threads made one after another (a few milliseconds for 64), arriving spread out. */     \
+  X(int, grpc_threads, 0, 0,                                                                     \
+    "threads the gRPC server keeps for request streams once they end, so that a burst of "       \
+    "new ones does not wait for threads to be made (0: running slots + waiting queue + 8)")
+
 struct CoordinatorConfig {
-  // Inference, Admin, Registry and health on one port; loopback unless told otherwise.
-  std::string listen = "127.0.0.1:50051";
-  std::filesystem::path model_dir;        // HF folder every worker can read at the same path
-  int stages = 1;                         // pipeline stages per replica
-  int replicas = 1;                       // data-parallel pipelines
-  int max_batch = 16;                     // sequences in one step (micro-batch)
-  int max_slots = 16;                     // KV-cache slots (concurrent sequences) per pipeline
-  int max_seq_len = 0;                    // KV-cache positions per slot; 0: the model's context
-  int micro_batches = 0;                  // steps in flight per pipeline; 0: = stages
-  // Requests held beyond the KV slots (Scheduler::CheckRoom); beyond: RESOURCE_EXHAUSTED. Unset:
-  // as many as the slots of the replicas that decode (a round waits behind the one that runs),
-  // at least 128 (kMinDefaultWaiting).
-  std::optional<int> max_waiting;
-  int prefill_chunk = 512;                // prompt tokens per sequence per step
-  int prefill_budget = 0;                 // prompt tokens per step, all sequences; 0: no bound
-  bool decode_ahead = true;               // one stage: the next decode step sent while one runs
-  double decode_ahead_ms = 1.0;           // ... and as many more as fit in this much step time
-  int max_resumes = 3;                    // a running request's pipeline lost: resumed this often
-  // New requests are admitted once neither has a request arrived nor a sequence ended for
-  // admission_quiet_ms, and not while a quarter or more of a pipeline's sequences are about to
-  // end by length; at most admission_wait_ms after the oldest arrived, and at once when
-  // max_batch wait (SchedulerOptions::admission_quiet): prompts that arrive together share a
-  // step. 0: admitted at once.
-  double admission_quiet_ms = 0.5;
-  double admission_wait_ms = 20.0;
-  // Replicas that run prompts only, handing each sequence's KV-cache to the others (which then
-  // only decode) after its first token; 0: every replica does both.
-  int prefill_replicas = 0;
-  // Topology change with the old stages alive: running sequences move to the new layout with
-  // their KV-cache (worker to worker) and continue; false: they drain (drain_timeout_s).
-  bool move_kv = true;
-  int heartbeat_interval_ms = 1000;       // told to workers when they register
-  // A silent worker is down after this: ten beats, so that a busy host's scheduling delays are
-  // not taken for a death (a worker declared down by mistake registers again).
-  int heartbeat_timeout_ms = 10000;
-  double drain_timeout_s = 60;            // topology change: wait this long for running requests
-  std::string http_listen;                // OpenAI-compatible HTTP API host:port; empty: off
-  int http_threads = 4;                   // its event threads (epoll); 0: 4
-  // Open HTTP connections; beyond them a new connection is closed at once.
-  int http_max_connections = 4096;
-  // Total time a client has for a request's headers (counted from the connection's start or the
-  // previous response, so also an idle keep-alive connection's life) and for its body.
-  int http_header_timeout_s = 10;
-  int http_body_timeout_s = 60;
-  std::string served_model_name;          // the model's id in that API; empty: model_dir's name
-  // Threads the gRPC server keeps for request streams once they end (0: RequestThreads). A
-  // synchronous gRPC server keeps two idle ones by default: when a closed loop's round of
-  // streams ends together, the threads of all but two exit, and the next round's streams wait
-  // for threads made one after another (a few milliseconds for 64), arriving spread out.
-  int grpc_threads = 0;
+  TANDEM_COORDINATOR_SETTINGS(TANDEM_SETTING_FIELD)
 };
+
+// Calls visit(name, field, least) for each of the config's settings (common/settings.h).
+TANDEM_DEFINE_SETTING_VISITOR(TANDEM_COORDINATOR_SETTINGS, ForEachCoordinatorSetting)
 
 // Requests the service may hold at once (every replica's slots and the waiting queue), plus 8:
 // the default of grpc_threads.
@@ -73,7 +98,8 @@ int RequestThreads(const CoordinatorConfig& c);
 absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(std::string_view yaml_text,
                                                          std::string_view source);
 absl::StatusOr<CoordinatorConfig> LoadCoordinatorConfig(const std::filesystem::path& path);
-// Checks ranges and names the field that is wrong.
+// Checks each setting's bound and the settings that depend on each other, and names the field
+// that is wrong.
 absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c);
 // That `dir` is a folder holding a config.json: NOT_FOUND or INVALID_ARGUMENT saying which of
 // the two it is not, and what a checkpoint folder holds.

@@ -9,7 +9,6 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/reflection.h"
 #include "common/flags_usage.h"
 #include "coordinator/config.h"
 #include "coordinator/coordinator.h"
@@ -24,72 +23,12 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "spdlog/spdlog.h"
 
-namespace {
-// The flags' defaults are the config's: one place says them, --help shows them.
-const tandem::CoordinatorConfig kDefaults;
-}  // namespace
-
 ABSL_FLAG(std::string, config, "",
           "YAML config file of the settings below (its keys are the flags' names); flags given "
           "on the command line override it");
-ABSL_FLAG(std::string, listen, kDefaults.listen,
-          "host:port of Inference, Admin and Registry (0.0.0.0:PORT: every interface, for "
-          "workers on other hosts, with --cluster_secret, --tls_ca or --allow_insecure)");
-ABSL_FLAG(std::string, model_dir, kDefaults.model_dir.string(), "Hugging Face checkpoint folder");
-ABSL_FLAG(int, stages, kDefaults.stages, "pipeline stages per replica");
-ABSL_FLAG(int, replicas, kDefaults.replicas, "data-parallel pipelines");
-ABSL_FLAG(int, max_batch, kDefaults.max_batch, "sequences per step");
-ABSL_FLAG(int, max_slots, kDefaults.max_slots, "KV-cache slots per pipeline");
-ABSL_FLAG(int, max_seq_len, kDefaults.max_seq_len, "KV-cache positions per slot (0: model)");
-ABSL_FLAG(int, micro_batches, kDefaults.micro_batches, "steps in flight per pipeline (0: stages)");
-ABSL_FLAG(int, max_waiting, -1,
-          "requests held beyond the KV slots, running or waiting; beyond them RESOURCE_EXHAUSTED "
-          "(-1: as many as the slots of the replicas that decode, at least 128)");
-ABSL_FLAG(int, prefill_chunk, kDefaults.prefill_chunk, "prompt tokens per sequence per step");
-ABSL_FLAG(int, prefill_budget, kDefaults.prefill_budget,
-          "prompt tokens per step across its sequences (0: no bound)");
-ABSL_FLAG(bool, decode_ahead, kDefaults.decode_ahead,
-          "send a sequence's next decode step while the step before runs (one-stage pipelines, "
-          "and NCCL pipelines, whose first stage gets the last one's tokens over the link)");
-ABSL_FLAG(double, decode_ahead_ms, kDefaults.decode_ahead_ms,
-          "with --decode_ahead, a sequence goes as many steps ahead as fit in this much of its "
-          "pipeline's measured step time (at least 1, at most 16)");
-ABSL_FLAG(double, admission_quiet_ms, kDefaults.admission_quiet_ms,
-          "new requests are admitted once neither has a request arrived nor a sequence ended for "
-          "this long, and not while a quarter of a pipeline's sequences are about to end by "
-          "length (at most --admission_wait_ms; at once when --max_batch wait), so that prompts "
-          "arriving together share one prompt step (0: admitted at once)");
-ABSL_FLAG(double, admission_wait_ms, kDefaults.admission_wait_ms,
-          "the longest a new request is held back for others to arrive");
-ABSL_FLAG(int, prefill_replicas, kDefaults.prefill_replicas,
-          "replicas that run prompts only and hand each sequence's KV-cache to the other replicas, "
-          "which decode (0: every replica does both)");
-ABSL_FLAG(int, max_resumes, kDefaults.max_resumes,
-          "times a running request whose pipeline is lost (a worker down) continues on another, "
-          "its KV-cache recomputed, before it fails (0: fails at once)");
-ABSL_FLAG(bool, move_kv, kDefaults.move_kv,
-          "on a topology change, move running requests with their KV-cache to the new layout "
-          "(false: let them finish on the old one, up to --drain_timeout_s)");
-ABSL_FLAG(int, heartbeat_interval_ms, kDefaults.heartbeat_interval_ms, "worker heartbeat period");
-ABSL_FLAG(int, heartbeat_timeout_ms, kDefaults.heartbeat_timeout_ms,
-          "silence before a worker is declared down");
-ABSL_FLAG(double, drain_timeout_s, kDefaults.drain_timeout_s, "topology change drain limit");
-ABSL_FLAG(std::string, http_listen, kDefaults.http_listen,
-          "host:port of the OpenAI-compatible HTTP API (port 0: any free port; empty: off)");
-ABSL_FLAG(int, http_threads, kDefaults.http_threads,
-          "HTTP event threads (epoll; each serves many connections; 0: 4)");
-ABSL_FLAG(int, http_max_connections, kDefaults.http_max_connections,
-          "open HTTP connections at most; beyond them a new one is closed at once");
-ABSL_FLAG(int, http_header_timeout_s, kDefaults.http_header_timeout_s,
-          "seconds a client has for a request's headers, counted from the connection's start or "
-          "the previous response (so also an idle keep-alive connection's life)");
-ABSL_FLAG(int, http_body_timeout_s, kDefaults.http_body_timeout_s,
-          "seconds a client has for a request's body once its headers are in");
-ABSL_FLAG(int, grpc_threads, kDefaults.grpc_threads,
-          "threads the gRPC server keeps for request streams once they end, so that a burst of "
-          "new ones does not wait for threads to be made (0: running slots + waiting queue + 8)");
-ABSL_FLAG(std::string, served_model_name, kDefaults.served_model_name,
-          "the model's id in the HTTP API (empty: the name of --model_dir)");
+// A flag per setting of CoordinatorConfig, with its default and help (coordinator/config.h).
+TANDEM_DEFINE_SETTING_FLAGS(TANDEM_COORDINATOR_SETTINGS, tandem::CoordinatorConfig,
+                            OverrideWithFlagsGiven)
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
           "host:port serving Prometheus /metrics (0.0.0.0:PORT: every interface; port 0: any free "
           "port; empty: off)");
@@ -116,11 +55,6 @@ namespace {
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop.store(true); }
 
-template <typename T, typename Field>
-void Override(const absl::Flag<T>& flag, Field& field) {
-  if (tandem::FlagGiven(absl::GetFlagReflectionHandle(flag).Name())) field = absl::GetFlag(flag);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -137,37 +71,7 @@ int main(int argc, char** argv) {
     config = *c;
   }
   // A flag given on the command line overrides the config file, even with its default value.
-  Override(FLAGS_listen, config.listen);
-  Override(FLAGS_model_dir, config.model_dir);
-  Override(FLAGS_stages, config.stages);
-  Override(FLAGS_replicas, config.replicas);
-  Override(FLAGS_max_batch, config.max_batch);
-  Override(FLAGS_max_slots, config.max_slots);
-  Override(FLAGS_max_seq_len, config.max_seq_len);
-  Override(FLAGS_micro_batches, config.micro_batches);
-  if (tandem::FlagGiven("max_waiting")) {
-    const int v = absl::GetFlag(FLAGS_max_waiting);
-    config.max_waiting = v < 0 ? std::nullopt : std::optional<int>(v);
-  }
-  Override(FLAGS_prefill_chunk, config.prefill_chunk);
-  Override(FLAGS_prefill_budget, config.prefill_budget);
-  Override(FLAGS_decode_ahead, config.decode_ahead);
-  Override(FLAGS_decode_ahead_ms, config.decode_ahead_ms);
-  Override(FLAGS_max_resumes, config.max_resumes);
-  Override(FLAGS_admission_quiet_ms, config.admission_quiet_ms);
-  Override(FLAGS_admission_wait_ms, config.admission_wait_ms);
-  Override(FLAGS_prefill_replicas, config.prefill_replicas);
-  Override(FLAGS_move_kv, config.move_kv);
-  Override(FLAGS_heartbeat_interval_ms, config.heartbeat_interval_ms);
-  Override(FLAGS_heartbeat_timeout_ms, config.heartbeat_timeout_ms);
-  Override(FLAGS_drain_timeout_s, config.drain_timeout_s);
-  Override(FLAGS_http_listen, config.http_listen);
-  Override(FLAGS_http_threads, config.http_threads);
-  Override(FLAGS_http_max_connections, config.http_max_connections);
-  Override(FLAGS_http_header_timeout_s, config.http_header_timeout_s);
-  Override(FLAGS_http_body_timeout_s, config.http_body_timeout_s);
-  Override(FLAGS_grpc_threads, config.grpc_threads);
-  Override(FLAGS_served_model_name, config.served_model_name);
+  OverrideWithFlagsGiven(config);
   // Workers run in folders (and on nodes) of their own: a relative folder means this process's
   // working directory, so the workers are sent the absolute path.
   if (!config.model_dir.empty()) {

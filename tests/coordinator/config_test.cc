@@ -3,9 +3,19 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "common/flags_usage.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/setting_values.h"
+
+// The coordinator's flags, made as tandem-coordinator makes them.
+TANDEM_DEFINE_SETTING_FLAGS(TANDEM_COORDINATOR_SETTINGS, tandem::CoordinatorConfig,
+                            OverrideWithFlagsGiven)
 
 namespace tandem {
 namespace {
@@ -34,7 +44,8 @@ heartbeat_interval_ms: 100
 heartbeat_timeout_ms: 900
 drain_timeout_s: 5.5
 grpc_threads: 40
-)", "test.yaml");
+)",
+                                                               "test.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->listen, "127.0.0.1:6000");
   EXPECT_EQ(c->model_dir, "/models/tiny");
@@ -156,6 +167,58 @@ TEST(CoordinatorConfigTest, ValidationNamesTheBadField) {
   c.replicas = 1;
   c.heartbeat_timeout_ms = c.heartbeat_interval_ms;
   EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("heartbeat_timeout_ms"));
+}
+
+// Every setting, changed from its default, reaches its field from its flag and from its YAML key.
+TEST(CoordinatorConfigTest, EverySettingRoundTripsFromItsFlagAndItsYamlKey) {
+  CoordinatorConfig want;
+  std::vector<std::string> args = {"config_test"};
+  std::string yaml;
+  ForEachCoordinatorSetting(want, [&](std::string_view name, auto& field, double) {
+    field = ChangedSetting(field);
+    args.push_back(absl::StrCat("--", std::string(name), "=", SettingText(field)));
+    absl::StrAppend(&yaml, std::string(name), ": ", SettingText(field), "\n");
+  });
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  absl::ParseCommandLine(static_cast<int>(argv.size()), argv.data());
+  CoordinatorConfig from_flags;
+  OverrideWithFlagsGiven(from_flags);
+  absl::StatusOr<CoordinatorConfig> from_yaml = ParseCoordinatorConfig(yaml, "all.yaml");
+  ASSERT_TRUE(from_yaml.ok()) << from_yaml.status() << "\n" << yaml;
+  const CoordinatorConfig defaults;
+#define EXPECT_SETTING_ROUND_TRIPS(type, name, default_value, least, help) \
+  EXPECT_NE(want.name, defaults.name) << #name;                            \
+  EXPECT_EQ(from_flags.name, want.name) << "--" #name;                     \
+  EXPECT_EQ(from_yaml->name, want.name) << "YAML " #name;
+  TANDEM_COORDINATOR_SETTINGS(EXPECT_SETTING_ROUND_TRIPS)
+#undef EXPECT_SETTING_ROUND_TRIPS
+}
+
+// Each bounded setting, one below its bound (the others valid), is refused naming it.
+TEST(CoordinatorConfigTest, EachBoundRefusesAValueBelowItNamingTheSetting) {
+  int bounded = 0;
+  for (int target = 0;; ++target) {
+    CoordinatorConfig c;
+    c.model_dir = "/m";
+    std::string changed;
+    int index = 0;
+    ForEachCoordinatorSetting(c, [&](std::string_view name, auto& field, double least) {
+      using T = std::remove_reference_t<decltype(field)>;
+      if constexpr (std::is_same_v<T, int> || std::is_same_v<T, double> ||
+                    std::is_same_v<T, std::optional<int>>) {
+        if (least != kAnyValue && index++ == target) {
+          field = static_cast<int>(least) - 1;
+          changed = name;
+        }
+      }
+    });
+    if (changed.empty()) break;
+    ++bounded;
+    EXPECT_THAT(ValidateCoordinatorConfig(c).message(),
+                HasSubstr(absl::StrCat("config: ", changed, " must be >= ")));
+  }
+  EXPECT_EQ(bounded, 22);
 }
 
 TEST(CheckModelDirTest, NamesWhatTheFolderIsNotAndWhatToGive) {

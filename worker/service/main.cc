@@ -25,6 +25,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "spdlog/spdlog.h"
 #include "worker/cpu/cpu_stage.h"
+#include "worker/service/worker_config.h"
 #include "worker/service/worker_service.h"
 #include "worker/transport/grpc_transport.h"
 #ifdef TANDEM_HAVE_CUDA
@@ -34,52 +35,11 @@
 #include "worker/transport/nccl_transport.h"
 #endif
 
-ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "the coordinator's host:port");
-ABSL_FLAG(std::string, listen, "127.0.0.1:0",
-          "host:port to serve on (0.0.0.0:PORT: every interface, needed when the coordinator or "
-          "other workers run elsewhere, with --cluster_secret, --tls_ca or --allow_insecure; "
-          "port 0: any free port)");
-ABSL_FLAG(std::string, advertise_host, "127.0.0.1",
-          "host name the coordinator and the other workers use to reach this worker");
-ABSL_FLAG(std::string, backend, "cpu", "compute backend: cpu or cuda (CUDA builds)");
-ABSL_FLAG(int, cpu_threads, 1,
-          "cpu: threads of the GEMMs (OpenBLAS), process-wide; more speed up long prompts on a "
-          "host of many cores, and take cores from whatever else runs there");
-ABSL_FLAG(int, gpu, 0, "cuda: the CUDA device index");
-ABSL_FLAG(std::string, dtype, "f16", "cuda: weights, activations and KV-cache type, f16 or bf16");
-ABSL_FLAG(double, kv_memory_fraction, 0.9,
-          "cuda: share of the GPU memory left after the weights that the KV-cache takes");
-ABSL_FLAG(std::string, transport, "auto",
-          "activations to the next stage: grpc (host bytes over StageLink), nccl (cuda backend; "
-          "offered when this worker is a pipeline's first stage) or auto (nccl with --backend=cuda, "
-          "grpc otherwise)");
-ABSL_FLAG(bool, kv_over_nccl, true,
-          "cuda: move KV-cache to and from other CUDA workers over NCCL between the GPUs (false: "
-          "through host memory and gRPC)");
-ABSL_FLAG(bool, batch_invariant, false,
-          "cuda: results independent of the batch (greedy outputs equal at every batch size and "
-          "node count), slower at small batches");
-ABSL_FLAG(std::string, step_trace, "",
-          "file to append one line per step to (end time in us, step id, sequences, tokens, "
-          "sequences feeding a prompt chunk, receive / compute / send ms); empty: none");
-ABSL_FLAG(std::string, launch_ahead, "auto",
-          "a single stage's decode steps queued behind the one running, their tokens fed from its "
-          "samples: auto (where the stage runs them on a GPU while the host goes on), always (a "
-          "CPU stage too: it runs each at once, and a step's result leaves after the next has "
-          "run) or off (each step ends before the next starts)");
-ABSL_FLAG(int, recv_timeout_s, 300, "how long a stage waits for its input before failing a step");
-ABSL_FLAG(std::string, metrics_address, "127.0.0.1:0",
-          "host:port serving Prometheus /metrics (0.0.0.0:PORT: every interface; port 0: any free "
-          "port, printed; empty: off)");
+// A flag per setting of WorkerConfig, with its default and help (worker/service/worker_config.h).
+TANDEM_DEFINE_SETTING_FLAGS(TANDEM_WORKER_SETTINGS, tandem::WorkerConfig, SetFromFlags)
 ABSL_FLAG(std::string, cluster_secret, "",
           "secret shared with the coordinator and the other workers, presented on every call "
           "between them and required of every caller (env TANDEM_CLUSTER_SECRET; empty: none)");
-ABSL_FLAG(bool, allow_insecure, false,
-          "serve --listen on an address other hosts reach without --cluster_secret or --tls_ca "
-          "(any process that reaches the port can then send this worker steps and read its "
-          "results): for a network where every host is trusted");
-ABSL_FLAG(std::string, model_root, "",
-          "folder that every checkpoint the coordinator assigns must lie in (empty: anywhere)");
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -92,14 +52,15 @@ struct Backend {
   tandem::LinkOptions link;
 };
 
-absl::StatusOr<Backend> CpuBackend(const std::string& transport) {
+absl::StatusOr<Backend> CpuBackend(const tandem::WorkerConfig& config,
+                                   const std::string& transport) {
   if (transport == "nccl")
     return absl::InvalidArgumentError("--transport=nccl needs --backend=cuda");
-  if (absl::GetFlag(FLAGS_batch_invariant)) {
+  if (config.batch_invariant) {
     return absl::InvalidArgumentError(
         "--batch_invariant needs --backend=cuda (the cpu backend has no such mode)");
   }
-  if (absl::Status s = tandem::SetCpuThreads(absl::GetFlag(FLAGS_cpu_threads)); !s.ok()) {
+  if (absl::Status s = tandem::SetCpuThreads(config.cpu_threads); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--cpu_threads: ", s.message()));
   }
   Backend b;
@@ -108,20 +69,21 @@ absl::StatusOr<Backend> CpuBackend(const std::string& transport) {
 }
 
 #ifdef TANDEM_HAVE_CUDA
-absl::StatusOr<tandem::CudaOptions> CudaOptionsFromFlags() {
+absl::StatusOr<tandem::CudaOptions> CudaOptionsFromFlags(
+    const tandem::WorkerConfig& config) {
   tandem::CudaOptions options;
-  options.device = absl::GetFlag(FLAGS_gpu);
+  options.device = config.gpu;
   absl::StatusOr<tandem::DType> dtype =
-      tandem::ParseHalfDTypeFlag(absl::GetFlag(FLAGS_dtype), "--dtype");
+      tandem::ParseHalfDTypeFlag(config.dtype, "--dtype");
   if (!dtype.ok()) return absl::InvalidArgumentError(dtype.status().message());
   options.dtype = *dtype;
-  const double kv = absl::GetFlag(FLAGS_kv_memory_fraction);
+  const double kv = config.kv_memory_fraction;
   if (!(kv > 0.0 && kv <= 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--kv_memory_fraction: ", kv, " (expected a share in (0, 1])"));
   }
   options.kv_memory_fraction = static_cast<float>(kv);
-  options.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  options.batch_invariant = config.batch_invariant;
   if (options.device < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--gpu: ", options.device, " (expected a CUDA device index >= 0)"));
@@ -130,9 +92,9 @@ absl::StatusOr<tandem::CudaOptions> CudaOptionsFromFlags() {
 }
 #endif
 
-absl::StatusOr<Backend> CudaBackend() {
+absl::StatusOr<Backend> CudaBackend(const tandem::WorkerConfig& config) {
 #ifdef TANDEM_HAVE_CUDA
-  absl::StatusOr<tandem::CudaOptions> opt = CudaOptionsFromFlags();
+  absl::StatusOr<tandem::CudaOptions> opt = CudaOptionsFromFlags(config);
   if (!opt.ok()) return opt.status();
   const tandem::CudaOptions options = *opt;
   Backend b;
@@ -164,7 +126,7 @@ absl::StatusOr<Backend> CudaBackend() {
   b.link.set_decode_tail = tandem::SetDecodeTail;
   b.link.make_nccl_id = [] { return tandem::MakeNcclUniqueId(); };
   b.link.join_nccl = [options,
-                      recv_timeout = absl::GetFlag(FLAGS_recv_timeout_s)](const tandem::NcclJoin& j)
+                      recv_timeout = config.recv_timeout_s](const tandem::NcclJoin& j)
       -> absl::StatusOr<std::unique_ptr<tandem::ActivationTransport>> {
     tandem::NcclTransportOptions o;
     o.device = options.device;
@@ -180,11 +142,11 @@ absl::StatusOr<Backend> CudaBackend() {
     return std::unique_ptr<tandem::ActivationTransport>(*std::move(t));
   };
   b.link.kv_to_host = tandem::KvBlockToHost;
-  if (absl::GetFlag(FLAGS_kv_over_nccl)) {
+  if (config.kv_over_nccl) {
     b.link.join_kv_link =
         [device = options.device,
          // Joining waits for the other worker, which joins as it takes the request.
-         timeout = std::min(absl::Seconds(absl::GetFlag(FLAGS_recv_timeout_s)), absl::Seconds(60))](
+         timeout = std::min(absl::Seconds(config.recv_timeout_s), absl::Seconds(60))](
             const std::string& id, int rank,
             std::function<bool()> cancelled) -> absl::StatusOr<std::unique_ptr<tandem::KvLink>> {
       absl::StatusOr<std::unique_ptr<tandem::NcclKvLink>> l =
@@ -200,18 +162,18 @@ absl::StatusOr<Backend> CudaBackend() {
 #endif
 }
 
-absl::StatusOr<Backend> BackendFromFlags() {
-  const std::string backend = absl::GetFlag(FLAGS_backend);
-  const std::string transport = absl::GetFlag(FLAGS_transport);
+absl::StatusOr<Backend> BackendFromFlags(const tandem::WorkerConfig& config) {
+  const std::string backend = config.backend;
+  const std::string transport = config.transport;
   if (transport != "grpc" && transport != "nccl" && transport != "auto") {
     return absl::InvalidArgumentError(
         absl::StrCat("--transport: '", transport, "' (expected grpc, nccl or auto)"));
   }
   absl::StatusOr<Backend> b;
   if (backend == "cpu") {
-    b = CpuBackend(transport);
+    b = CpuBackend(config, transport);
   } else if (backend == "cuda") {
-    b = CudaBackend();
+    b = CudaBackend(config);
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend: '", backend, "' is not a backend (expected cpu or cuda)"));
@@ -230,7 +192,7 @@ struct Access {
   tandem::CallerPolicy callers;
 };
 
-absl::StatusOr<Access> AccessFromFlags() {
+absl::StatusOr<Access> AccessFromFlags(const tandem::WorkerConfig& config) {
   const tandem::TlsFiles tls = tandem::TlsFilesFromFlags();
   const std::string cluster_secret =
       tandem::FlagOrEnv(absl::GetFlag(FLAGS_cluster_secret), "TANDEM_CLUSTER_SECRET");
@@ -240,10 +202,10 @@ absl::StatusOr<Access> AccessFromFlags() {
   absl::StatusOr<tandem::ClientAuth> cluster_auth = tandem::MakeClientAuth(tls, cluster_secret);
   if (!cluster_auth.ok()) return cluster_auth.status();
   RETURN_IF_ERROR(
-      tandem::CheckClusterListen("--listen", absl::GetFlag(FLAGS_listen),
+      tandem::CheckClusterListen("--listen", config.listen,
                                  {.has_secret = !cluster_secret.empty(),
                                   .has_client_ca = !tls.ca.empty(),
-                                  .allow_insecure = absl::GetFlag(FLAGS_allow_insecure)}));
+                                  .allow_insecure = config.allow_insecure}));
   return Access{*std::move(server_credentials), *std::move(cluster_auth),
                 tandem::CallerPolicy{.key = cluster_secret, .key_name = "cluster secret"}};
 }
@@ -261,11 +223,12 @@ struct Monitoring {
 // The GPUs whose readings the worker reports: a CUDA worker the one it computes on (found by
 // UUID: CUDA's and NVML's orders may differ), so that a sweep does not count a host's idle GPUs;
 // otherwise every visible one.
-std::vector<int> ReportedGpus(tandem::Nvml& nvml, int gpus) {
+std::vector<int> ReportedGpus(const tandem::WorkerConfig& config, tandem::Nvml& nvml,
+                              int gpus) {
   std::vector<int> reported = tandem::VisibleGpuIndices(std::getenv("CUDA_VISIBLE_DEVICES"), gpus);
 #ifdef TANDEM_HAVE_CUDA
-  if (absl::GetFlag(FLAGS_backend) == "cuda") {
-    absl::StatusOr<std::string> uuid = tandem::CudaDeviceUuid(absl::GetFlag(FLAGS_gpu));
+  if (config.backend == "cuda") {
+    absl::StatusOr<std::string> uuid = tandem::CudaDeviceUuid(config.gpu);
     absl::StatusOr<int> index =
         uuid.ok() ? nvml.IndexOfUuid(*uuid) : absl::StatusOr<int>(uuid.status());
     if (index.ok()) return {*index};
@@ -277,8 +240,9 @@ std::vector<int> ReportedGpus(tandem::Nvml& nvml, int gpus) {
   return reported;
 }
 
-void StartMonitoring(Monitoring& m, tandem::WorkerService& worker) {
-  const std::string addr = absl::GetFlag(FLAGS_metrics_address);
+void StartMonitoring(const tandem::WorkerConfig& config, Monitoring& m,
+                     tandem::WorkerService& worker) {
+  const std::string addr = config.metrics_address;
   if (addr.empty()) return;
   absl::StatusOr<std::unique_ptr<tandem::MetricsServer>> server =
       tandem::MetricsServer::Start(addr, m.registry);
@@ -295,7 +259,7 @@ void StartMonitoring(Monitoring& m, tandem::WorkerService& worker) {
     spdlog::info("no GPU metrics: {}", nvml.ok() ? "no GPU" : nvml.status().ToString());
     return;
   }
-  std::vector<int> reported = ReportedGpus(**nvml, *gpus);
+  std::vector<int> reported = ReportedGpus(config, **nvml, *gpus);
   m.gpu_sampler = std::make_unique<tandem::GpuSampler>(*std::move(nvml), std::move(reported),
                                                        m.gpu_metrics, absl::Milliseconds(500));
 }
@@ -307,12 +271,18 @@ int main(int argc, char** argv) {
       "tandem-worker --coordinator HOST:PORT [--listen ADDR] [--backend cpu|cuda [--gpu N] "
       "[--dtype f16|bf16] [--transport auto|grpc|nccl]]");
   tandem::ParseFlags(argc, argv);
-  absl::StatusOr<Backend> backend = BackendFromFlags();
+  tandem::WorkerConfig config;
+  SetFromFlags(config);
+  if (absl::Status s = tandem::ValidateWorkerConfig(config); !s.ok()) {
+    spdlog::error("{}", std::string(s.message()));
+    return 2;
+  }
+  absl::StatusOr<Backend> backend = BackendFromFlags(config);
   if (!backend.ok()) {
     spdlog::error("{}", std::string(backend.status().message()));
     return 2;
   }
-  const std::string launch_flag = absl::GetFlag(FLAGS_launch_ahead);
+  const std::string launch_flag = config.launch_ahead;
   std::optional<tandem::WorkerService::LaunchAhead> launch_ahead;
   if (launch_flag == "auto") launch_ahead = tandem::WorkerService::LaunchAhead::kAuto;
   if (launch_flag == "always") launch_ahead = tandem::WorkerService::LaunchAhead::kAlways;
@@ -321,12 +291,12 @@ int main(int argc, char** argv) {
     spdlog::error("--launch_ahead: '{}' (expected auto, always or off)", launch_flag);
     return 2;
   }
-  absl::StatusOr<Access> access = AccessFromFlags();
+  absl::StatusOr<Access> access = AccessFromFlags(config);
   if (!access.ok()) {
     spdlog::error("{}", std::string(access.status().message()));
     return 2;
   }
-  if (const std::string root = absl::GetFlag(FLAGS_model_root);
+  if (const std::string root = config.model_root;
       !root.empty() && !std::filesystem::is_directory(root)) {
     spdlog::error("--model_root: '{}' is not a folder", root);
     return 2;
@@ -335,12 +305,12 @@ int main(int argc, char** argv) {
 
   tandem::ActivationInbox inbox;
   tandem::WorkerService worker(backend->factory, inbox,
-                               absl::Seconds(absl::GetFlag(FLAGS_recv_timeout_s)),
+                               absl::Seconds(config.recv_timeout_s),
                                std::move(backend->link));
-  worker.set_access(access->callers, absl::GetFlag(FLAGS_model_root));
+  worker.set_access(access->callers, config.model_root);
   worker.set_launch_ahead(*launch_ahead);
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> step_trace(nullptr, &std::fclose);
-  if (const std::string path = absl::GetFlag(FLAGS_step_trace); !path.empty()) {
+  if (const std::string path = config.step_trace; !path.empty()) {
     step_trace.reset(std::fopen(path.c_str(), "a"));
     if (step_trace == nullptr) {
       spdlog::error("--step_trace: cannot open '{}' for appending", path);
@@ -351,13 +321,13 @@ int main(int argc, char** argv) {
   }
   tandem::StageLinkService link(inbox, access->callers);
   Monitoring monitoring;
-  StartMonitoring(monitoring, worker);
+  StartMonitoring(config, monitoring, worker);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), access->server_credentials, &port);
+  builder.AddListeningPort(config.listen, access->server_credentials, &port);
   tandem::RefusePortSharing(builder);
   // The largest message is a step's activations on StageLink (AssignStage keeps steps within).
   builder.SetMaxReceiveMessageSize(static_cast<int>(tandem::kMaxStageMessageBytes));
@@ -365,19 +335,19 @@ int main(int argc, char** argv) {
   builder.RegisterService(&link);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    spdlog::error("{}", tandem::CannotListenMessage("--listen", absl::GetFlag(FLAGS_listen)));
+    spdlog::error("{}", tandem::CannotListenMessage("--listen", config.listen));
     return 2;
   }
-  const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", port);
+  const std::string address = absl::StrCat(config.advertise_host, ":", port);
   std::printf("tandem-worker listening on port %d\n", port);
   std::fflush(stdout);
-  spdlog::info("worker ({}) serving on {}, coordinator {}", absl::GetFlag(FLAGS_backend), address,
-               absl::GetFlag(FLAGS_coordinator));
+  spdlog::info("worker ({}) serving on {}, coordinator {}", config.backend, address,
+               config.coordinator);
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   {
-    tandem::Registrar registrar(absl::GetFlag(FLAGS_coordinator), address,
-                                absl::GetFlag(FLAGS_backend), std::move(access->cluster_auth));
+    tandem::Registrar registrar(config.coordinator, address,
+                                config.backend, std::move(access->cluster_auth));
     while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   spdlog::info("shutting down");
