@@ -44,10 +44,15 @@ absl::StatusOr<nlohmann::ordered_json> JsonObject(const std::string& body) {
 // the chat template exactly as a chat request's are; the special tokens the template writes (its
 // BOS, its turn markers) are read as those tokens, and add_special_tokens adds the tokenizer's
 // own around the text.
-void Tokenize(const Coordinator& c, const ChatRenderer& render_chat, const HttpRequest& req,
-              HttpResponse& res) {
+void Tokenize(const Coordinator& c, const std::string& model_name, const ChatRenderer& render_chat,
+              const HttpRequest& req, HttpResponse& res) {
   absl::StatusOr<TokenizeRequest> r = ParseTokenizeRequest(req.body);
   if (!r.ok()) return SetError(res, r.status());
+  if (const std::string& model = r->conversation.model; !model.empty() && model != model_name) {
+    return SetError(res, absl::NotFoundError(absl::StrCat(
+                             "model: '", model, "' is not served here; this server serves '",
+                             model_name, "'")));
+  }
   const std::string param = r->chat ? "messages" : "prompt";
   if (c.tokenizer() == nullptr) {
     return SetError(res, InvalidField(param, "this model has no tokenizer"));
@@ -271,7 +276,7 @@ void HttpServer::Route(const HttpRequest& req, std::shared_ptr<HttpExchange> exc
                                                      options_.model_name, "'")));
     }
   } else if (path == "/tokenize") {
-    Tokenize(c_, render_chat_, req, res);
+    Tokenize(c_, options_.model_name, render_chat_, req, res);
   } else if (path == "/detokenize") {
     Detokenize(c_, req, res);
   } else if (path == "/health") {

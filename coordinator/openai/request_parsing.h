@@ -62,7 +62,8 @@ struct ApiRequest {
 struct TokenizeRequest {
   bool chat = false;        // messages given (else prompt)
   std::string prompt;       // !chat
-  ApiRequest conversation;  // chat: messages, tools, template kwargs, the two prompt flags
+  // Chat: messages, tools, template kwargs, the two prompt flags; always: model ("" when none).
+  ApiRequest conversation;
   // Whether the tokenizer adds its special tokens (BOS) around the text. vLLM's defaults: true
   // for a prompt, false for messages (the template writes its own BOS).
   bool add_special_tokens = true;

@@ -124,6 +124,7 @@ user='[128000,128006,882,128007,271,13347,128009'
   fail "tokenize with the generation prompt: $(cat "$run/body")"
 [ "$(tokens "{$chat, \"add_generation_prompt\": false, \"add_special_tokens\": true}" | cut -c1-14)" = "[128000,128000" ] ||
   fail "tokenize messages with add_special_tokens: $(cat "$run/body")"
+expect_status 404 POST "$l3/tokenize" '{"model": "other", "prompt": "a"}'
 expect_status 200 GET "$l3/v1/models/llama3"
 expect_status 404 GET "$l3/v1/models/other"
 grep -q '"type":"not_found_error"' "$run/body" ||
