@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <optional>
 #include <memory>
 #include <span>
 #include <thread>
@@ -228,7 +229,16 @@ class Stream {
       } else if (s_.api.echo) {
         const std::string& prompt = s_.echo[i / s_.api.n];
         offsets_[i] = prompt.size();
-        if (!Write(CompletionChunk(s_.head, index, prompt, nullptr, v1::FINISH_REASON_UNSPECIFIED,
+        json logprobs = nullptr;
+        if (s_.api.logprobs.has_value()) {
+          // The prompt's logprobs come with its group's first sequence (request_group.h).
+          std::optional<std::vector<TokenLogprob>> prompt_logprobs =
+              PromptLogprobs(i / s_.api.n * s_.api.n);
+          if (!prompt_logprobs.has_value()) return Abandon();
+          logprobs = EchoedLogprobs(c_.tokenizer(), s_.choices[i]->request().prompt,
+                                    *prompt_logprobs, json::object(), s_.api.tokens_as_ids);
+        }
+        if (!Write(CompletionChunk(s_.head, index, prompt, logprobs, v1::FINISH_REASON_UNSPECIFIED,
                                    s_.api.include_usage))) {
           return Abandon();
         }
@@ -264,6 +274,17 @@ class Stream {
   bool Abandon() {
     Release();
     return false;
+  }
+
+  // Choice `k`'s prompt logprobs, once it has them all (its first token, or its end); nullopt
+  // when the client goes away first.
+  std::optional<std::vector<TokenLogprob>> PromptLogprobs(size_t k) {
+    RequestState::Snapshot snap;
+    while (!snap.done && snap.tokens.empty()) {
+      if (sink_->ClientGone()) return std::nullopt;
+      s_.choices[k]->WaitMore(snap, absl::Now() + absl::Milliseconds(50));
+    }
+    return std::move(snap.prompt_logprobs);
   }
 
   bool Write(const json& event) {

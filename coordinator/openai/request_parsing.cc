@@ -449,10 +449,6 @@ absl::StatusOr<ApiRequest> ParseCompletionRequest(absl::string_view body) {
   if (logprobs.has_value()) r.logprobs = static_cast<int>(*logprobs);
   ASSIGN_OR_RETURN_FIELD(echo, f.Bool("echo"));
   r.echo = echo.value_or(false);
-  if (r.echo && r.logprobs.has_value() && r.stream) {
-    return InvalidField("echo", "together with logprobs is answered whole only; set stream to "
-                                "false");
-  }
   ASSIGN_OR_RETURN_FIELD(suffix, f.String("suffix"));
   if (suffix.has_value() && !suffix->empty()) return InvalidField("suffix", "is not supported");
   return r;

@@ -139,6 +139,20 @@ async function main() {
   for (let i = 1; i < el.tokens.length; i++) assert.ok(el.token_logprobs[i] <= 0, `entry ${i}`);
   assert.equal(el.tokens.slice(tok.count).join(''), full);
   assert.equal(el.text_offset[tok.count], 'Once upon a time'.length);
+  // Streamed: the first chunk carries the prompt's text and logprobs, then one token a chunk.
+  const streamedLp = { tokens: [], token_logprobs: [] };
+  for await (const chunk of await client.completions.create({ ...greedy, echo: true, logprobs: 1,
+                                                             stream: true })) {
+    const l = chunk.choices[0]?.logprobs;
+    if (!l) continue;
+    streamedLp.tokens.push(...l.tokens);
+    streamedLp.token_logprobs.push(...l.token_logprobs);
+  }
+  assert.deepEqual(streamedLp.tokens, el.tokens);
+  assert.equal(streamedLp.token_logprobs[0], null);
+  for (let i = 1; i < el.tokens.length; i++) {
+    assert.ok(Math.abs(streamedLp.token_logprobs[i] - el.token_logprobs[i]) < 1e-4, `entry ${i}`);
+  }
 
   // Logprobs: one entry per token, with the alternatives asked for, most likely first.
   const lp = await client.completions.create({ ...greedy, logprobs: 3 });

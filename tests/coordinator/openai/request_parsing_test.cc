@@ -82,7 +82,6 @@ const Refusal kCompletionRefusals[] = {
     {R"({"prompt": "a", "logprobs": 21})", "logprobs"},
     {R"({"prompt": "a", "logprobs": true})", "logprobs"},
     {R"({"prompt": "a", "echo": "yes"})", "echo"},
-    {R"({"prompt": "a", "echo": true, "logprobs": 1, "stream": true})", "echo"},
     {R"({"prompt": "a", "suffix": "b"})", "suffix"},
     {R"({"prompt": "a", "return_token_ids": 1})", "return_token_ids"},
     {R"({"prompt": "a", "return_tokens_as_token_ids": "yes"})", "return_tokens_as_token_ids"},
