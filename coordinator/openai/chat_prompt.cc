@@ -3,11 +3,30 @@
 
 #include <memory>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/chat_template.h"
 #include "coordinator/openai/api_error.h"
 
 namespace tandem::openai {
+
+absl::StatusOr<std::string> OpenFinalMessage(std::string prompt, std::string_view final_text,
+                                             size_t final_index) {
+  // As Hugging Face's apply_chat_template: the template may trim the message, so the stripped
+  // text is looked for, and its trailing whitespace kept only where the template kept it.
+  const absl::string_view text(final_text.data(), final_text.size());
+  const absl::string_view stripped = absl::StripAsciiWhitespace(text);
+  const size_t at = prompt.rfind(stripped.data(), std::string::npos, stripped.size());
+  if (at == std::string::npos) {
+    return InvalidField(absl::StrCat("messages[", final_index, "].content"),
+                        "continue_final_message: the chat template does not write the last "
+                        "message's text into the prompt, so it cannot be continued");
+  }
+  const absl::string_view lstripped = absl::StripLeadingAsciiWhitespace(text);
+  const bool kept = std::string_view(prompt).substr(at, lstripped.size()) == final_text;
+  prompt.resize(at + (kept ? lstripped.size() : stripped.size()));
+  return prompt;
+}
 
 ChatRenderer MakeChatRenderer(const TextConfig& text, absl::Status* load_error) {
   absl::Status error;
@@ -22,7 +41,7 @@ ChatRenderer MakeChatRenderer(const TextConfig& text, absl::Status* load_error) 
       if (load_error != nullptr) *load_error = absl::OkStatus();
       return [tmpl, bos = text.bos_token,
               eos = text.eos_token](const ApiRequest& r) -> absl::StatusOr<std::string> {
-        nlohmann::json context = r.template_kwargs;
+        nlohmann::ordered_json context = r.template_kwargs;
         context["messages"] = r.messages;
         context["add_generation_prompt"] = r.add_generation_prompt;
         context["bos_token"] = bos;
@@ -34,7 +53,10 @@ ChatRenderer MakeChatRenderer(const TextConfig& text, absl::Status* load_error) 
                               absl::StrCat("the model's chat template refused the conversation: ",
                                            prompt.status().message()));
         }
-        return prompt;
+        if (!r.continue_final_message) return prompt;
+        return OpenFinalMessage(*std::move(prompt),
+                                r.messages.back()["content"].get_ref<const std::string&>(),
+                                r.messages.size() - 1);
       };
     }
     error = absl::InvalidArgumentError(absl::StrCat(

@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <optional>
 #include <memory>
 #include <span>
 #include <thread>
@@ -58,6 +59,11 @@ absl::StatusOr<Submitted> Submit(Coordinator& c, ApiRequest api,
   }
   absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> choices =
       SubmitChoices(c, std::move(validated));
+  if (absl::IsUnimplemented(choices.status()) && api.echo && api.logprobs.has_value()) {
+    return InvalidField("echo", absl::StrCat("with logprobs needs the prompt's logprobs, which "
+                                             "this service cannot compute (",
+                                             choices.status().message(), ")"));
+  }
   // More sequences than the service can hold: the prompts and n make them.
   if (absl::IsInvalidArgument(choices.status())) {
     return InvalidFieldMessage(ids.size() > 1 ? "prompt" : "n", choices.status().message());
@@ -118,6 +124,18 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> PromptIds(const ApiRequest& ap
   return ids;
 }
 
+// vLLM's stop_reason of a choice that ended.
+json StopReasonOf(const Tokenizer* tokenizer, const RequestState& choice,
+                  const RequestState::Snapshot& snap) {
+  std::string text;
+  if (snap.finish == v1::FINISH_REASON_STOP && snap.text_limit >= 0 && tokenizer != nullptr) {
+    absl::StatusOr<std::string> decoded = tokenizer->Decode(snap.tokens);
+    if (decoded.ok()) text = *std::move(decoded);
+  }
+  return StopReasonJson(snap.finish, snap.tokens, snap.text_limit, text,
+                        choice.request().stop_strings);
+}
+
 json LogprobsOf(const Submitted& s, const Tokenizer* tokenizer,
                 std::span<const TokenLogprob> logprobs, size_t offset) {
   if (!s.api.logprobs.has_value()) return nullptr;
@@ -159,7 +177,15 @@ void Answer(Coordinator& c, Submitted& s, HttpExchange& exchange, HttpResponse& 
     r.index = static_cast<int>(i);
     r.text = prefix + text.Next(snap.tokens, true, snap.text_limit);
     r.finish = snap.finish;
-    logprobs.push_back(LogprobsOf(s, tokenizer, snap.logprobs, prefix.size()));
+    r.stop_reason = StopReasonOf(tokenizer, *s.choices[i], snap);
+    json lp = LogprobsOf(s, tokenizer, snap.logprobs, prefix.size());
+    if (s.api.echo && s.api.logprobs.has_value()) {
+      // The prompt's logprobs come with its group's first sequence (request_group.h).
+      const RequestState::Snapshot& first = (*snaps)[i / s.api.n * s.api.n];
+      lp = EchoedLogprobs(tokenizer, s.choices[i]->request().prompt, first.prompt_logprobs, lp,
+                          s.api.tokens_as_ids);
+    }
+    logprobs.push_back(std::move(lp));
     completion_tokens += static_cast<int>(snap.tokens.size());
     results.push_back(std::move(r));
   }
@@ -203,7 +229,16 @@ class Stream {
       } else if (s_.api.echo) {
         const std::string& prompt = s_.echo[i / s_.api.n];
         offsets_[i] = prompt.size();
-        if (!Write(CompletionChunk(s_.head, index, prompt, nullptr, v1::FINISH_REASON_UNSPECIFIED,
+        json logprobs = nullptr;
+        if (s_.api.logprobs.has_value()) {
+          // The prompt's logprobs come with its group's first sequence (request_group.h).
+          std::optional<std::vector<TokenLogprob>> prompt_logprobs =
+              PromptLogprobs(i / s_.api.n * s_.api.n);
+          if (!prompt_logprobs.has_value()) return Abandon();
+          logprobs = EchoedLogprobs(c_.tokenizer(), s_.choices[i]->request().prompt,
+                                    *prompt_logprobs, json::object(), s_.api.tokens_as_ids);
+        }
+        if (!Write(CompletionChunk(s_.head, index, prompt, logprobs, v1::FINISH_REASON_UNSPECIFIED,
                                    s_.api.include_usage))) {
           return Abandon();
         }
@@ -241,6 +276,17 @@ class Stream {
     return false;
   }
 
+  // Choice `k`'s prompt logprobs, once it has them all (its first token, or its end); nullopt
+  // when the client goes away first.
+  std::optional<std::vector<TokenLogprob>> PromptLogprobs(size_t k) {
+    RequestState::Snapshot snap;
+    while (!snap.done && snap.tokens.empty()) {
+      if (sink_->ClientGone()) return std::nullopt;
+      s_.choices[k]->WaitMore(snap, absl::Now() + absl::Milliseconds(50));
+    }
+    return std::move(snap.prompt_logprobs);
+  }
+
   bool Write(const json& event) {
     if (gone_) return false;
     const std::string text = SseEvent(event);
@@ -266,18 +312,21 @@ class Stream {
       }
       offsets_[i] += piece.size();
       const v1::FinishReason finish = last ? snap.finish : v1::FINISH_REASON_UNSPECIFIED;
-      json chunk = chat ? ChatChunk(s_.head, i, {{"content", piece}}, logprobs,
-                                    v1::FINISH_REASON_UNSPECIFIED, s_.api.include_usage)
-                        : CompletionChunk(s_.head, i, piece, logprobs, finish, s_.api.include_usage);
+      json chunk =
+          chat ? ChatChunk(s_.head, i, {{"content", piece}}, logprobs,
+                           v1::FINISH_REASON_UNSPECIFIED, s_.api.include_usage)
+               : CompletionChunk(s_.head, i, piece, logprobs, finish, s_.api.include_usage,
+                                 last ? StopReasonOf(tokenizer, *s_.choices[i], snap) : json());
       AddTokenIds(s_, i, std::span(snap.tokens).subspan(k - 1, 1), k == 1, chunk);
       if (!Write(chunk)) return false;
     }
     sent_[i] = count;
     if (snap.done && (chat || count == 0)) {
-      const bool ok =
-          chat ? Write(ChatChunk(s_.head, i, json::object(), nullptr, snap.finish,
-                                 s_.api.include_usage))
-               : Write(CompletionChunk(s_.head, i, "", nullptr, snap.finish, s_.api.include_usage));
+      const json stop_reason = StopReasonOf(tokenizer, *s_.choices[i], snap);
+      const bool ok = chat ? Write(ChatChunk(s_.head, i, json::object(), nullptr, snap.finish,
+                                             s_.api.include_usage, stop_reason))
+                           : Write(CompletionChunk(s_.head, i, "", nullptr, snap.finish,
+                                                   s_.api.include_usage, stop_reason));
       if (!ok) return false;
     }
     return true;

@@ -2,6 +2,7 @@
 // health, version).
 #include "coordinator/openai/http_server.h"
 
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -33,30 +34,42 @@ void SetJson(HttpResponse& res, const json& body) {
   res.body = JsonText(body);
 }
 
-absl::StatusOr<json> JsonObject(const std::string& body) { return ParseJsonBody(body); }
+absl::StatusOr<nlohmann::ordered_json> JsonObject(const std::string& body) {
+  return ParseJsonBody(body);
+}
 
-// vLLM's POST /tokenize: {"prompt": text, "add_special_tokens": true} ->
-// {"count", "max_model_len", "tokens"}.
-void Tokenize(const Coordinator& c, const HttpRequest& req, HttpResponse& res) {
-  absl::StatusOr<json> body = JsonObject(req.body);
-  if (!body.ok()) return SetError(res, body.status());
-  auto prompt = body->find("prompt");
-  if (prompt == body->end()) return SetError(res, InvalidField("prompt", "is required"));
-  if (!prompt->is_string()) return SetError(res, InvalidField("prompt", "must be a string"));
-  auto special = body->find("add_special_tokens");
-  if (special != body->end() && !special->is_null() && !special->is_boolean()) {
-    return SetError(res, InvalidField("add_special_tokens", "must be a boolean"));
+// vLLM's POST /tokenize: {"prompt": text, "add_special_tokens": true} or {"messages": [...],
+// "add_generation_prompt", "continue_final_message", "tools", "chat_template_kwargs",
+// "add_special_tokens": false} -> {"count", "max_model_len", "tokens"}. Messages are rendered by
+// the chat template exactly as a chat request's are; the special tokens the template writes (its
+// BOS, its turn markers) are read as those tokens, and add_special_tokens adds the tokenizer's
+// own around the text.
+void Tokenize(const Coordinator& c, const std::string& model_name, const ChatRenderer& render_chat,
+              const HttpRequest& req, HttpResponse& res) {
+  absl::StatusOr<TokenizeRequest> r = ParseTokenizeRequest(req.body);
+  if (!r.ok()) return SetError(res, r.status());
+  if (const std::string& model = r->conversation.model; !model.empty() && model != model_name) {
+    return SetError(res, absl::NotFoundError(absl::StrCat(
+                             "model: '", model, "' is not served here; this server serves '",
+                             model_name, "'")));
   }
+  const std::string param = r->chat ? "messages" : "prompt";
   if (c.tokenizer() == nullptr) {
-    return SetError(res, InvalidField("prompt", "this model has no tokenizer"));
+    return SetError(res, InvalidField(param, "this model has no tokenizer"));
+  }
+  std::string text = std::move(r->prompt);
+  if (r->chat) {
+    if (!render_chat) return SetError(res, InvalidField("messages", "this model cannot chat"));
+    absl::StatusOr<std::string> rendered = render_chat(r->conversation);
+    if (!rendered.ok()) return SetError(res, rendered.status());
+    text = *std::move(rendered);
   }
   // Bounded as a generation's prompt is, before it is tokenized.
-  if (absl::Status s = CheckPromptText("prompt", prompt->get_ref<const std::string&>(), c.limits());
-      !s.ok()) {
-    return SetError(res, InvalidFieldMessage("prompt", s.message()));
+  if (absl::Status s = CheckPromptText(param, text, c.limits()); !s.ok()) {
+    return SetError(res, InvalidFieldMessage(param, s.message()));
   }
-  absl::StatusOr<std::vector<int32_t>> ids = c.tokenizer()->Encode(prompt->get<std::string>());
-  if (!ids.ok()) return SetError(res, InvalidField("prompt", ids.status().message()));
+  absl::StatusOr<std::vector<int32_t>> ids = c.tokenizer()->Encode(text, r->add_special_tokens);
+  if (!ids.ok()) return SetError(res, InvalidField(param, ids.status().message()));
   SetJson(res, {{"count", ids->size()},
                 {"max_model_len", c.limits().context_length},
                 {"tokens", *ids}});
@@ -64,14 +77,14 @@ void Tokenize(const Coordinator& c, const HttpRequest& req, HttpResponse& res) {
 
 // vLLM's POST /detokenize: {"tokens": [ids]} -> {"prompt": text}.
 void Detokenize(const Coordinator& c, const HttpRequest& req, HttpResponse& res) {
-  absl::StatusOr<json> body = JsonObject(req.body);
+  absl::StatusOr<nlohmann::ordered_json> body = JsonObject(req.body);
   if (!body.ok()) return SetError(res, body.status());
   auto tokens = body->find("tokens");
   if (tokens == body->end()) return SetError(res, InvalidField("tokens", "is required"));
   if (!tokens->is_array()) return SetError(res, InvalidField("tokens", "must be a list of ids"));
   std::vector<int32_t> ids;
   for (size_t i = 0; i < tokens->size(); ++i) {
-    const json& id = (*tokens)[i];
+    const nlohmann::ordered_json& id = (*tokens)[i];
     const std::string param = absl::StrCat("tokens[", i, "]");
     if (!id.is_number_integer() && !id.is_number_unsigned()) {
       return SetError(res, InvalidField(param, "must be a token id (an integer)"));
@@ -108,15 +121,20 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view f
   return text.str();
 }
 
-// The endpoints: method, path, whether the body is JSON.
+// The endpoints: method, path (a prefix when it ends with '/'), whether the body is JSON.
 struct EndpointRule {
   std::string_view method;
   std::string_view path;
   bool json;
+  bool Matches(std::string_view request_path) const {
+    return path.back() == '/' ? request_path.starts_with(path) && request_path != path
+                              : request_path == path;
+  }
 };
 constexpr EndpointRule kEndpoints[] = {
     {"POST", "/v1/completions", true}, {"POST", "/v1/chat/completions", true},
-    {"GET", "/v1/models", false},      {"POST", "/tokenize", true},
+    {"GET", "/v1/models", false},      {"GET", "/v1/models/", false},
+    {"POST", "/tokenize", true},
     {"POST", "/detokenize", true},     {"GET", "/health", false},
     {"GET", "/version", false},
 };
@@ -135,7 +153,10 @@ HttpResponse Refusal(int status, std::string_view message) {
 }  // namespace
 
 HttpServer::HttpServer(Coordinator& c, const HttpServerOptions& options, ChatRenderer render_chat)
-    : c_(c), options_(options), generation_(c, options.model_name, std::move(render_chat)) {}
+    : c_(c),
+      options_(options),
+      render_chat_(render_chat),
+      generation_(c, options.model_name, std::move(render_chat)) {}
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Coordinator& c,
                                                               const HttpServerOptions& options,
@@ -218,7 +239,7 @@ std::optional<HttpResponse> HttpServer::Check(const HttpRequest& head) const {
   const std::string_view method =
       head.method == "HEAD" ? std::string_view("GET") : std::string_view(head.method);
   for (const EndpointRule& e : kEndpoints) {
-    if (e.path != head.path || e.method != method) continue;
+    if (!e.Matches(head.path) || e.method != method) continue;
     if (e.json && !IsJsonContentType(head.Header("content-type"))) {
       return Refusal(415,
                      absl::StrCat("Content-Type '", head.Header("content-type"), "': ", head.path,
@@ -236,16 +257,26 @@ void HttpServer::Route(const HttpRequest& req, std::shared_ptr<HttpExchange> exc
   if (path == "/v1/completions") return generation_.Handle(Endpoint::kCompletions, req, exchange);
   if (path == "/v1/chat/completions") return generation_.Handle(Endpoint::kChat, req, exchange);
   HttpResponse res;
+  const json model = {{"id", options_.model_name},
+                      {"object", "model"},
+                      {"created", absl::ToUnixSeconds(absl::Now())},
+                      {"owned_by", "tandem"},
+                      {"max_model_len", c_.limits().context_length},
+                      {"vocab_size", c_.limits().vocab_size}};
   if (path == "/v1/models") {
-    SetJson(res, {{"object", "list"},
-                  {"data", json::array({{{"id", options_.model_name},
-                                         {"object", "model"},
-                                         {"created", absl::ToUnixSeconds(absl::Now())},
-                                         {"owned_by", "tandem"},
-                                         {"max_model_len", c_.limits().context_length},
-                                         {"vocab_size", c_.limits().vocab_size}}})}});
+    SetJson(res, {{"object", "list"}, {"data", json::array({model})}});
+  } else if (absl::StartsWith(path, "/v1/models/")) {
+    // The id may hold slashes ("org/name"); libmicrohttpd has decoded %2F already.
+    const std::string id = path.substr(std::strlen("/v1/models/"));
+    if (id == options_.model_name) {
+      SetJson(res, model);
+    } else {
+      SetError(res, absl::NotFoundError(absl::StrCat("model: '", id,
+                                                     "' is not served here; this server serves '",
+                                                     options_.model_name, "'")));
+    }
   } else if (path == "/tokenize") {
-    Tokenize(c_, req, res);
+    Tokenize(c_, options_.model_name, render_chat_, req, res);
   } else if (path == "/detokenize") {
     Detokenize(c_, req, res);
   } else if (path == "/health") {

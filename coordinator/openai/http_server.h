@@ -1,6 +1,6 @@
 // tandem-coordinator's OpenAI-compatible HTTP front end, in process with the coordinator:
-// /v1/models, /v1/completions, /v1/chat/completions (with server-sent events), /tokenize,
-// /detokenize, /health (readiness: 200 only while a pipeline serves) and /version.
+// /v1/models, /v1/models/{id}, /v1/completions, /v1/chat/completions (with server-sent events),
+// /tokenize (a prompt or chat messages), /detokenize, /health (readiness: 200 only while a pipeline serves) and /version.
 //
 // Served by HttpDaemon (libmicrohttpd, http_daemon.h: deadlines, connection and size bounds,
 // strict framing). Before a body is read, a request is checked for its API key (every endpoint
@@ -56,6 +56,7 @@ class HttpServer {
 
   Coordinator& c_;
   const HttpServerOptions options_;
+  const ChatRenderer render_chat_;  // for /tokenize with messages
   GenerationHandler generation_;
   std::unique_ptr<HttpDaemon> http_;
   int port_ = 0;

@@ -17,7 +17,8 @@
 namespace tandem::openai {
 namespace {
 
-using nlohmann::json;
+// Objects keep the client's key order up to the chat template.
+using json = nlohmann::ordered_json;
 
 // Most choices one request may ask for (prompts x n).
 constexpr int kMaxPromptChoices = 128;
@@ -372,6 +373,41 @@ absl::Status Common(const Fields& f, ApiRequest& r) {
   return absl::OkStatus();
 }
 
+
+// What a chat template sees: messages, tools, chat_template_kwargs and the two flags that shape
+// the prompt's end (chat requests and /tokenize with messages).
+absl::Status Conversation(const Fields& f, ApiRequest& r) {
+  ASSIGN_OR_RETURN_FIELD(messages, Messages(f.Get("messages")));
+  r.messages = std::move(messages);
+  if (const json* tools = f.Get("tools")) {
+    if (!tools->is_array()) return WrongType("tools", "a list of tools", *tools);
+    r.tools = *tools;
+  }
+  ASSIGN_OR_RETURN_FIELD(add_gen, f.Bool("add_generation_prompt"));
+  ASSIGN_OR_RETURN_FIELD(continue_final, f.Bool("continue_final_message"));
+  r.continue_final_message = continue_final.value_or(false);
+  if (r.continue_final_message) {
+    // As vLLM: the prompt cannot both leave the last message open and start a new one.
+    if (add_gen.value_or(false)) {
+      return InvalidField("continue_final_message",
+                          "cannot be true together with add_generation_prompt true; set "
+                          "add_generation_prompt to false");
+    }
+    const json& last = r.messages.back();
+    if (!last["content"].is_string()) {
+      return InvalidField(absl::StrCat("messages[", r.messages.size() - 1, "].content"),
+                          "must be text for continue_final_message to continue it");
+    }
+  }
+  r.add_generation_prompt = add_gen.value_or(!r.continue_final_message);
+  r.template_kwargs = json::object();
+  if (const json* kw = f.Get("chat_template_kwargs")) {
+    if (!kw->is_object()) return WrongType("chat_template_kwargs", "an object", *kw);
+    r.template_kwargs = *kw;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<json> ParseJsonBody(absl::string_view body) {
@@ -413,9 +449,6 @@ absl::StatusOr<ApiRequest> ParseCompletionRequest(absl::string_view body) {
   if (logprobs.has_value()) r.logprobs = static_cast<int>(*logprobs);
   ASSIGN_OR_RETURN_FIELD(echo, f.Bool("echo"));
   r.echo = echo.value_or(false);
-  if (r.echo && r.logprobs.has_value()) {
-    return InvalidField("echo", "together with logprobs is not supported");
-  }
   ASSIGN_OR_RETURN_FIELD(suffix, f.String("suffix"));
   if (suffix.has_value() && !suffix->empty()) return InvalidField("suffix", "is not supported");
   return r;
@@ -426,26 +459,39 @@ absl::StatusOr<ApiRequest> ParseChatRequest(absl::string_view body) {
   const Fields f(parsed);
   ApiRequest r;
   r.endpoint = Endpoint::kChat;
-  ASSIGN_OR_RETURN_FIELD(messages, Messages(f.Get("messages")));
-  r.messages = std::move(messages);
+  if (absl::Status s = Conversation(f, r); !s.ok()) return s;
   if (absl::Status s = Common(f, r); !s.ok()) return s;
-  if (const json* tools = f.Get("tools")) {
-    if (!tools->is_array()) return WrongType("tools", "a list of tools", *tools);
-    r.tools = *tools;
-  }
-  ASSIGN_OR_RETURN_FIELD(add_gen, f.Bool("add_generation_prompt"));
-  r.add_generation_prompt = add_gen.value_or(true);
-  r.template_kwargs = json::object();
-  if (const json* kw = f.Get("chat_template_kwargs")) {
-    if (!kw->is_object()) return WrongType("chat_template_kwargs", "an object", *kw);
-    r.template_kwargs = *kw;
-  }
   ASSIGN_OR_RETURN_FIELD(logprobs, f.Bool("logprobs"));
   ASSIGN_OR_RETURN_FIELD(top, f.Integer("top_logprobs", 0, kMaxTopLogprobs));
   if (top.has_value() && !logprobs.value_or(false)) {
     return InvalidField("top_logprobs", "requires logprobs to be true");
   }
   if (logprobs.value_or(false)) r.logprobs = static_cast<int>(top.value_or(0));
+  return r;
+}
+
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
+  ASSIGN_OR_RETURN_FIELD(parsed, ParseJsonBody(body));
+  const Fields f(parsed);
+  TokenizeRequest r;
+  const json* prompt = f.Get("prompt");
+  const json* messages = f.Get("messages");
+  if (prompt != nullptr && messages != nullptr) {
+    return InvalidField("messages", "give either prompt or messages, not both");
+  }
+  if (messages != nullptr) {
+    r.chat = true;
+    r.conversation.endpoint = Endpoint::kChat;
+    if (absl::Status s = Conversation(f, r.conversation); !s.ok()) return s;
+  } else {
+    ASSIGN_OR_RETURN_FIELD(text, f.String("prompt"));
+    if (!text.has_value()) return InvalidField("prompt", "is required (or give messages)");
+    r.prompt = *std::move(text);
+  }
+  ASSIGN_OR_RETURN_FIELD(model, f.String("model"));
+  r.conversation.model = model.value_or("");
+  ASSIGN_OR_RETURN_FIELD(special, f.Bool("add_special_tokens"));
+  r.add_special_tokens = special.value_or(!r.chat);
   return r;
 }
 
@@ -458,6 +504,10 @@ v1::GenerateRequest PromptRequest(const ApiRequest& request, const std::vector<i
   if (request.logprobs.has_value()) {
     s.set_logprobs(true);
     s.set_top_logprobs(*request.logprobs);
+    if (request.echo) {
+      s.set_prompt_logprobs(true);
+      s.set_prompt_top_logprobs(*request.logprobs);
+    }
   }
   return g;
 }
@@ -488,6 +538,9 @@ absl::Status ToApiError(const absl::Status& status, Endpoint endpoint,
   if (field == "token_ids" || field == "prompt") param = std::string(prompt_param);
   if (field == "sampling.top_logprobs" || field == "sampling.logprobs") {
     param = endpoint == Endpoint::kChat ? "top_logprobs" : "logprobs";
+  }
+  if (field == "sampling.prompt_logprobs" || field == "sampling.prompt_top_logprobs") {
+    param = "echo";
   }
   for (const auto& [proto_name, api_name] : kNames) {
     if (field == proto_name) param = std::string(api_name);

@@ -30,16 +30,22 @@ struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;                // "" when the client named none
   std::vector<PromptInput> prompts;  // completions: one per prompt, each gets n choices
-  nlohmann::json messages;          // chat: [{role, content: string|null, ...}], text parts joined
-  nlohmann::json tools;             // chat: as given, for the template; null when absent
-  nlohmann::json template_kwargs;   // chat: chat_template_kwargs, an object (may be empty)
-  bool add_generation_prompt = true;  // chat
+  // Chat: what its template sees, each object with its keys in the client's order (a template's
+  // tojson then writes tools and their parameters as Hugging Face's does).
+  nlohmann::ordered_json messages;  // [{role, content: string|null, ...}], text parts joined
+  nlohmann::ordered_json tools;     // as given; null when absent
+  nlohmann::ordered_json template_kwargs;  // chat_template_kwargs, an object (may be empty)
+  // Default true; false when continue_final_message is set (both true is refused).
+  bool add_generation_prompt = true;
+  // vLLM's continue_final_message: the prompt ends inside the last message (no end of turn), so
+  // that the model continues it (an assistant's prefill).
+  bool continue_final_message = false;
   int n = 1;                          // choices per prompt
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool echo = false;           // completions: the prompt's text before each choice's
   // Logprobs of generated tokens: completions' `logprobs: k` or chat's logprobs with top_logprobs
-  // k give top = k; no logprobs: nullopt.
+  // k give top = k; no logprobs: nullopt. With echo, the prompt's tokens' logprobs come first.
   std::optional<int> logprobs;
   // vLLM's extensions: `return_token_ids` puts each choice's generated token ids (each stream
   // chunk's) in `token_ids`; `return_tokens_as_token_ids` names the tokens of logprobs
@@ -52,15 +58,28 @@ struct ApiRequest {
   v1::GenerateRequest generation;
 };
 
+// vLLM's POST /tokenize: a prompt, or a conversation rendered by the chat template.
+struct TokenizeRequest {
+  bool chat = false;        // messages given (else prompt)
+  std::string prompt;       // !chat
+  // Chat: messages, tools, template kwargs, the two prompt flags; always: model ("" when none).
+  ApiRequest conversation;
+  // Whether the tokenizer adds its special tokens (BOS) around the text. vLLM's defaults: true
+  // for a prompt, false for messages (the template writes its own BOS).
+  bool add_special_tokens = true;
+};
+
 // A JSON request body: UTF-8, nested at most kMaxJsonDepth levels (common/bounded_json.h; the
-// error's field is the path that goes deeper), and an object. Every JSON endpoint parses its body
-// here, so nothing deeper reaches the recursive walks after the parse.
-absl::StatusOr<nlohmann::json> ParseJsonBody(absl::string_view body);
+// error's field is the path that goes deeper), and an object whose keys keep the client's order.
+// Every JSON endpoint parses its body here, so nothing deeper reaches the recursive walks after
+// the parse.
+absl::StatusOr<nlohmann::ordered_json> ParseJsonBody(absl::string_view body);
 
 // Defaults as OpenAI documents them: temperature 1, top_p 1, n 1, completions' max_tokens 16
 // (chat: up to the end of the context, at most kDefaultMaxNewTokens).
 absl::StatusOr<ApiRequest> ParseCompletionRequest(absl::string_view body);
 absl::StatusOr<ApiRequest> ParseChatRequest(absl::string_view body);
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body);
 
 // The coordinator's request for one prompt (token ids; text prompts are tokenized by the
 // caller), with sampling.n = n (the coordinator seeds choice i with seed + i).

@@ -45,6 +45,28 @@ json FinishReasonJson(v1::FinishReason finish) {
   }
 }
 
+json StopReasonJson(v1::FinishReason finish, std::span<const int32_t> tokens, int text_limit,
+                    std::string_view text, const std::vector<std::string>& stops) {
+  if (finish != v1::FINISH_REASON_STOP) return nullptr;
+  if (text_limit < 0) return tokens.empty() ? json() : json(tokens.back());
+  // The match the stop rule cut at; a string that matched earlier, within min_tokens, did not stop.
+  if (static_cast<size_t>(text_limit) <= text.size()) {
+    for (const std::string& stop : stops) {
+      if (text.substr(text_limit).starts_with(stop)) return stop;
+    }
+  }
+  const std::string* earliest = nullptr;
+  size_t earliest_at = std::string_view::npos;
+  for (const std::string& stop : stops) {
+    const size_t at = text.find(stop);
+    if (at < earliest_at) {
+      earliest = &stop;
+      earliest_at = at;
+    }
+  }
+  return earliest == nullptr ? json() : json(*earliest);
+}
+
 json UsageJson(const UsageCounts& usage) {
   return {{"prompt_tokens", usage.prompt_tokens},
           {"completion_tokens", usage.completion_tokens},
@@ -67,6 +89,45 @@ json CompletionLogprobs(const Tokenizer* tokenizer, const std::vector<TokenLogpr
     text_offset.push_back(offset);
     offset += text.size();
   }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"top_logprobs", std::move(top)},
+          {"text_offset", std::move(text_offset)}};
+}
+
+json EchoedLogprobs(const Tokenizer* tokenizer, std::span<const int32_t> prompt,
+                    const std::vector<TokenLogprob>& prompt_logprobs, const json& generated,
+                    bool tokens_as_ids) {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
+       text_offset = json::array();
+  size_t offset = 0;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const std::string text = ToValidUtf8(TokenBytes(tokenizer, prompt[i]));
+    tokens.push_back(tokens_as_ids ? TokenName(tokenizer, prompt[i], true) : text);
+    text_offset.push_back(offset);
+    offset += text.size();
+    // Entry i - 1 scores prompt token i.
+    if (i == 0 || i - 1 >= prompt_logprobs.size()) {
+      token_logprobs.push_back(nullptr);
+      top.push_back(nullptr);
+      continue;
+    }
+    const TokenLogprob& lp = prompt_logprobs[i - 1];
+    token_logprobs.push_back(lp.logprob);
+    json alternatives = json::object();
+    for (const auto& [id, logprob] : lp.top) {
+      alternatives[ToValidUtf8(TokenName(tokenizer, id, tokens_as_ids))] = logprob;
+    }
+    top.push_back(std::move(alternatives));
+  }
+  auto append = [&generated](json& into, const char* field) {
+    if (!generated.is_object() || !generated.contains(field)) return;
+    for (const json& v : generated.at(field)) into.push_back(v);
+  };
+  append(tokens, "tokens");
+  append(token_logprobs, "token_logprobs");
+  append(top, "top_logprobs");
+  append(text_offset, "text_offset");
   return {{"tokens", std::move(tokens)},
           {"token_logprobs", std::move(token_logprobs)},
           {"top_logprobs", std::move(top)},
@@ -101,7 +162,8 @@ json CompletionResponse(const ResponseHead& head, const std::vector<ChoiceResult
     list.push_back({{"index", c.index},
                     {"text", c.text},
                     {"logprobs", i < logprobs.size() ? logprobs[i] : json()},
-                    {"finish_reason", FinishReasonJson(c.finish)}});
+                    {"finish_reason", FinishReasonJson(c.finish)},
+                    {"stop_reason", c.stop_reason}});
   }
   out["choices"] = std::move(list);
   out["usage"] = UsageJson(usage);
@@ -117,7 +179,8 @@ json ChatResponse(const ResponseHead& head, const std::vector<ChoiceResult>& cho
     list.push_back({{"index", c.index},
                     {"message", {{"role", "assistant"}, {"content", c.text}}},
                     {"logprobs", i < logprobs.size() ? logprobs[i] : json()},
-                    {"finish_reason", FinishReasonJson(c.finish)}});
+                    {"finish_reason", FinishReasonJson(c.finish)},
+                    {"stop_reason", c.stop_reason}});
   }
   out["choices"] = std::move(list);
   out["usage"] = UsageJson(usage);
@@ -125,23 +188,26 @@ json ChatResponse(const ResponseHead& head, const std::vector<ChoiceResult>& cho
 }
 
 json CompletionChunk(const ResponseHead& head, int index, std::string_view text,
-                     const json& logprobs, v1::FinishReason finish, bool with_usage) {
+                     const json& logprobs, v1::FinishReason finish, bool with_usage,
+                     const json& stop_reason) {
   json out = Head(head, "text_completion");
   out["choices"] = json::array({{{"index", index},
                                  {"text", text},
                                  {"logprobs", logprobs},
-                                 {"finish_reason", FinishReasonJson(finish)}}});
+                                 {"finish_reason", FinishReasonJson(finish)},
+                                 {"stop_reason", stop_reason}}});
   if (with_usage) out["usage"] = nullptr;
   return out;
 }
 
 json ChatChunk(const ResponseHead& head, int index, const json& delta, const json& logprobs,
-               v1::FinishReason finish, bool with_usage) {
+               v1::FinishReason finish, bool with_usage, const json& stop_reason) {
   json out = Head(head, "chat.completion.chunk");
   out["choices"] = json::array({{{"index", index},
                                  {"delta", delta},
                                  {"logprobs", logprobs},
-                                 {"finish_reason", FinishReasonJson(finish)}}});
+                                 {"finish_reason", FinishReasonJson(finish)},
+                                 {"stop_reason", stop_reason}}});
   if (with_usage) out["usage"] = nullptr;
   return out;
 }

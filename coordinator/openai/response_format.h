@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,6 +30,7 @@ struct ChoiceResult {
   int index = 0;
   std::string text;
   v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+  nlohmann::json stop_reason;          // StopReasonJson's
   std::vector<TokenLogprob> logprobs;  // with logprobs asked for: one per generated token
 };
 
@@ -41,6 +43,14 @@ struct UsageCounts {
 nlohmann::json FinishReasonJson(v1::FinishReason finish);
 nlohmann::json UsageJson(const UsageCounts& usage);
 
+// vLLM's stop_reason for a choice that ended with `finish`: the stop string that ended it (of
+// `stops`, the one at byte `text_limit` of `text`, the decoded text of all its tokens; else the
+// one found earliest), or the stop token id that ended it (the last of `tokens`, when
+// `text_limit` < 0); null when it ended otherwise (EOS, length) or goes on.
+nlohmann::json StopReasonJson(v1::FinishReason finish, std::span<const int32_t> tokens,
+                              int text_limit, std::string_view text,
+                              const std::vector<std::string>& stops);
+
 // Logprobs in completions' shape: {tokens, token_logprobs, top_logprobs: [{token: logprob}],
 // text_offset}; `offset` is where the first token's text starts in the choice's text.
 // `tokens_as_ids`: tokens are named "token_id:N" instead of by their text (text_offset still
@@ -48,6 +58,13 @@ nlohmann::json UsageJson(const UsageCounts& usage);
 nlohmann::json CompletionLogprobs(const Tokenizer* tokenizer,
                                   const std::vector<TokenLogprob>& logprobs, size_t offset,
                                   bool tokens_as_ids = false);
+// echo with logprobs: the prompt's tokens first, the first with null logprob and alternatives
+// (nothing comes before it to predict it) and the rest with `prompt_logprobs` (one per prompt
+// token after the first), from text_offset 0; then `generated` (CompletionLogprobs' JSON of the
+// generated tokens, which start at the end of the echoed text).
+nlohmann::json EchoedLogprobs(const Tokenizer* tokenizer, std::span<const int32_t> prompt,
+                              const std::vector<TokenLogprob>& prompt_logprobs,
+                              const nlohmann::json& generated, bool tokens_as_ids = false);
 // Logprobs in chat's shape: {content: [{token, logprob, bytes, top_logprobs: [...]}]}.
 nlohmann::json ChatLogprobs(const Tokenizer* tokenizer, const std::vector<TokenLogprob>& logprobs,
                             bool tokens_as_ids = false);
@@ -60,15 +77,15 @@ nlohmann::json CompletionResponse(const ResponseHead& head, const std::vector<Ch
 nlohmann::json ChatResponse(const ResponseHead& head, const std::vector<ChoiceResult>& choices,
                             const std::vector<nlohmann::json>& logprobs, const UsageCounts& usage);
 
-// One streamed piece of choice `index`. `finish`: set on its last piece. `with_usage`: the
-// stream asked for usage, so every chunk carries "usage": null until the last.
+// One streamed piece of choice `index`. `finish` and `stop_reason`: set on its last piece.
+// `with_usage`: the stream asked for usage, so every chunk carries "usage": null until the last.
 nlohmann::json CompletionChunk(const ResponseHead& head, int index, std::string_view text,
-                               const nlohmann::json& logprobs,
-                               v1::FinishReason finish, bool with_usage);
+                               const nlohmann::json& logprobs, v1::FinishReason finish,
+                               bool with_usage, const nlohmann::json& stop_reason = nullptr);
 // `delta`: {"role": "assistant", "content": ""} first, then {"content": "..."}, {} at the end.
 nlohmann::json ChatChunk(const ResponseHead& head, int index, const nlohmann::json& delta,
-                         const nlohmann::json& logprobs, v1::FinishReason finish,
-                         bool with_usage);
+                         const nlohmann::json& logprobs, v1::FinishReason finish, bool with_usage,
+                         const nlohmann::json& stop_reason = nullptr);
 // The stream's last chunk when it asked for usage: no choices, the usage.
 nlohmann::json UsageChunk(const ResponseHead& head, std::string_view object,
                           const UsageCounts& usage);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The OpenAI-compatible HTTP API with real clients: curl for the exact server-sent-event framing
-# and the status codes of a coordinator without workers (503 no pipeline, 429 queue full), then
+# and the status codes of a coordinator without workers (503 no pipeline, 429 queue full),
+# /tokenize with Meta's Llama-3 tokenizer and chat template (special tokens, messages), then
 # the `openai` npm SDK (installed with npm into the build folder; exit 77, reported as skipped,
 # when npm cannot reach a registry, a failure with CI=true: tests/skip.sh) against a coordinator
 # and a CPU worker on loopback, and last the documentation's example (docs/examples/openai_chat.mjs).
@@ -80,6 +81,56 @@ pids+=($!)
 full=http://127.0.0.1:$(port_of "$run/full.log" http)
 expect_status 429 POST "$full/v1/completions" '{"prompt": "x"}'
 grep -q '"type":"rate_limit_error"' "$run/body" || fail "429 body: $(cat "$run/body")"
+
+# /tokenize as vLLM's, with Meta's Llama-3 tokenizer (BOS 128000 added by its post-processor, as
+# Meta's current tokenizer.json does) and chat template; served without workers.
+mkdir -p "$run/llama3-tok"
+cp "$llama3" "$run/llama3-tok/"
+node - "$(dirname "$llama3")/tokenizer.json" "$run/llama3-tok/tokenizer.json" <<'JS'
+const fs = require('fs');
+const tok = JSON.parse(fs.readFileSync(process.argv[2], 'utf8'));
+const bos = '<|begin_of_text|>';
+tok.post_processor = { type: 'Sequence', processors: [tok.post_processor, {
+  type: 'TemplateProcessing',
+  single: [{ SpecialToken: { id: bos, type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }],
+  pair: [], special_tokens: { [bos]: { id: bos, ids: [128000], tokens: [bos] } } }] };
+fs.writeFileSync(process.argv[3], JSON.stringify(tok));
+JS
+"$bin/tandem-make-model" --preset=tiny-llama3 --tokenizer="$run/llama3-tok" \
+  --out="$run/llama3" --seed=3 >/dev/null
+"$bin/tandem-coordinator" --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 --metrics_address= \
+  --model_dir="$run/llama3" >"$run/llama3.log" 2>&1 &
+pids+=($!)
+l3=http://127.0.0.1:$(port_of "$run/llama3.log" http)
+tokens() {  # body -> the tokens /tokenize answers, as JSON
+  expect_status 200 POST "$l3/tokenize" "$1"
+  node -e 'process.stdout.write(JSON.stringify(JSON.parse(require("fs").readFileSync(0)).tokens))' \
+    <"$run/body"
+}
+[ "$(tokens '{"prompt": ""}')" = "[128000]" ] || fail "tokenize '': $(cat "$run/body")"
+[ "$(tokens '{"prompt": "", "add_special_tokens": false}')" = "[]" ] ||
+  fail "tokenize '' without special tokens: $(cat "$run/body")"
+expect_status 400 POST "$l3/tokenize" '{"prompt": "a", "add_special_tokens": 1}'
+grep -q '"param":"add_special_tokens"' "$run/body" || fail "400 body: $(cat "$run/body")"
+# Messages: the template's BOS once (the tokenizer adds none by default), its special tokens as
+# single ids (128006 <|start_header_id|>, 128009 <|eot_id|>). This template always ends with an
+# assistant header; the open final message has neither its <|eot_id|> nor that header after it
+# (and the template's trim of "Hello " is followed).
+chat='"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello "}]'
+user='[128000,128006,882,128007,271,13347,128009'
+[ "$(tokens "{$chat, \"add_generation_prompt\": false}")" = "$user,128006,78191,128007,271,9906,128009,128006,78191,128007,271]" ] ||
+  fail "tokenize messages: $(cat "$run/body")"
+[ "$(tokens "{$chat, \"continue_final_message\": true}")" = "$user,128006,78191,128007,271,9906]" ] ||
+  fail "tokenize continue_final_message: $(cat "$run/body")"
+[ "$(tokens "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}")" = "$user,128006,78191,128007,271]" ] ||
+  fail "tokenize with the generation prompt: $(cat "$run/body")"
+[ "$(tokens "{$chat, \"add_generation_prompt\": false, \"add_special_tokens\": true}" | cut -c1-14)" = "[128000,128000" ] ||
+  fail "tokenize messages with add_special_tokens: $(cat "$run/body")"
+expect_status 404 POST "$l3/tokenize" '{"model": "other", "prompt": "a"}'
+expect_status 200 GET "$l3/v1/models/llama3"
+expect_status 404 GET "$l3/v1/models/other"
+grep -q '"type":"not_found_error"' "$run/body" ||
+  fail "404 body: $(cat "$run/body")"
 
 # One slot, so that the SDK's abandoned stream shows that it freed it.
 "$bin/tandem-coordinator" --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 \

@@ -1,6 +1,8 @@
-// The openai npm SDK against tandem's HTTP API: completions (every prompt form, n, seeds, stop
-// strings, logprobs), streaming (text equal to the whole answer, usage, no text past a stop
-// string), errors (status and param), and an abandoned stream freeing its slot.
+// The openai npm SDK against tandem's HTTP API: models (list and retrieve), completions (every
+// prompt form, n, seeds, stop strings and stop_reason, logprobs, echo with logprobs), streaming
+// (text equal to the whole answer, usage, no text past a stop string), chat (continue_final_message
+// against /tokenize of the same messages), errors (status and param), and an abandoned stream
+// freeing its slot.
 // usage: node openai_client.js BASE_URL METRICS_HOST_PORT MODEL CHAT(0|1)
 'use strict';
 const assert = require('node:assert/strict');
@@ -53,6 +55,10 @@ async function collect(stream) {
 async function main() {
   const models = await client.models.list();
   assert.deepEqual(models.data.map((m) => m.id), [model]);
+  const retrieved = await client.models.retrieve(model);
+  assert.equal(retrieved.id, model);
+  assert.equal(retrieved.object, 'model');
+  await expectError(() => client.models.retrieve('no-such-model'), 404, null);
 
   const greedy = { model, prompt: 'Once upon a time', max_tokens: 12, temperature: 0,
                    ignore_eos: true };
@@ -94,9 +100,17 @@ async function main() {
   const stopped = await client.completions.create({ ...greedy, stop });
   assert.equal(stopped.choices[0].text, cut);
   assert.equal(stopped.choices[0].finish_reason, 'stop');
+  assert.equal(stopped.choices[0].stop_reason, stop);
+  assert.equal(a.choices[0].stop_reason, null);
+  let streamedStopReason;
   const stoppedStream = await collect(
     await client.completions.create({ ...greedy, stop: [stop], stream: true }));
   assert.equal(stoppedStream.texts[0], cut);
+  for await (const chunk of await client.completions.create({ ...greedy, stop: [stop],
+                                                              stream: true })) {
+    if (chunk.choices[0]?.finish_reason) streamedStopReason = chunk.choices[0].stop_reason;
+  }
+  assert.equal(streamedStopReason, stop);
 
   // min_tokens: no stop condition ends a choice before it (the first token already holds the
   // stop string here).
@@ -116,6 +130,29 @@ async function main() {
   assert.equal(st.chunks, 12 + 1);
   const echo = await client.completions.create({ ...greedy, echo: true });
   assert.equal(echo.choices[0].text, 'Once upon a time' + full);
+  // echo with logprobs: the prompt's tokens first (the first has none), then the generated ones.
+  const echoLp = await client.completions.create({ ...greedy, echo: true, logprobs: 1 });
+  const el = echoLp.choices[0].logprobs;
+  assert.equal(el.tokens.length, tok.count + 12);
+  assert.equal(el.token_logprobs[0], null);
+  assert.equal(el.top_logprobs[0], null);
+  for (let i = 1; i < el.tokens.length; i++) assert.ok(el.token_logprobs[i] <= 0, `entry ${i}`);
+  assert.equal(el.tokens.slice(tok.count).join(''), full);
+  assert.equal(el.text_offset[tok.count], 'Once upon a time'.length);
+  // Streamed: the first chunk carries the prompt's text and logprobs, then one token a chunk.
+  const streamedLp = { tokens: [], token_logprobs: [] };
+  for await (const chunk of await client.completions.create({ ...greedy, echo: true, logprobs: 1,
+                                                             stream: true })) {
+    const l = chunk.choices[0]?.logprobs;
+    if (!l) continue;
+    streamedLp.tokens.push(...l.tokens);
+    streamedLp.token_logprobs.push(...l.token_logprobs);
+  }
+  assert.deepEqual(streamedLp.tokens, el.tokens);
+  assert.equal(streamedLp.token_logprobs[0], null);
+  for (let i = 1; i < el.tokens.length; i++) {
+    assert.ok(Math.abs(streamedLp.token_logprobs[i] - el.token_logprobs[i]) < 1e-4, `entry ${i}`);
+  }
 
   // Logprobs: one entry per token, with the alternatives asked for, most likely first.
   const lp = await client.completions.create({ ...greedy, logprobs: 3 });
@@ -129,6 +166,13 @@ async function main() {
     // Greedy picks the most likely token.
     assert.ok(Math.abs(Math.max(...alts) - l.token_logprobs[i]) < 1e-4);
   }
+
+  // A stop token: stop_reason is its id.
+  const firstId = (await client.completions.create({ ...greedy, return_token_ids: true }))
+    .choices[0].token_ids[0];
+  const byToken = await client.completions.create({ ...greedy, stop_token_ids: [firstId] });
+  assert.equal(byToken.choices[0].finish_reason, 'stop');
+  assert.equal(byToken.choices[0].stop_reason, firstId);
 
   // vLLM's token-id options: the generated ids (the same, streamed a chunk at a time), the
   // prompt's, and logprobs that name tokens "token_id:N" (the same ids).
@@ -183,6 +227,25 @@ async function main() {
     assert.equal(cs.finish[0], 'length');
     await expectError(() => client.chat.completions.create({
       model, messages: [{ role: 'robot', content: 'x' }] }), 400, 'messages[0].role');
+
+    // continue_final_message: the prompt ends inside the assistant's message, exactly as
+    // /tokenize renders the same messages; closing the turn makes it longer.
+    const prefill = [{ role: 'user', content: 'Tell a story.' },
+                     { role: 'assistant', content: 'Once upon' }];
+    const tokenize = async (body) => (await fetch(baseURL.replace(/\/v1$/, '') + '/tokenize', {
+      method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify(body) })).json();
+    const open = await tokenize({ messages: prefill, continue_final_message: true,
+                                  add_generation_prompt: false });
+    const closed = await tokenize({ messages: prefill, add_generation_prompt: false });
+    assert.ok(open.count > 0 && open.count < closed.count, `${open.count} vs ${closed.count}`);
+    const cont = await client.chat.completions.create({
+      model, messages: prefill, max_tokens: 2, ignore_eos: true,
+      continue_final_message: true, add_generation_prompt: false });
+    assert.equal(cont.usage.prompt_tokens, open.count);
+    await expectError(() => client.chat.completions.create({
+      model, messages: prefill, continue_final_message: true, add_generation_prompt: true }),
+                      400, 'continue_final_message');
   } else {
     await expectError(() => client.chat.completions.create({
       model, messages: [{ role: 'user', content: 'x' }] }), 400, 'messages');

@@ -50,5 +50,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       CheckRefusal(request.status());
     }
   }
+  if (auto tokenize = tandem::openai::ParseTokenizeRequest(body); !tokenize.ok()) {
+    CheckRefusal(tokenize.status());
+  }
   return 0;
 }

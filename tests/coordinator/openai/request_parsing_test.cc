@@ -82,7 +82,6 @@ const Refusal kCompletionRefusals[] = {
     {R"({"prompt": "a", "logprobs": 21})", "logprobs"},
     {R"({"prompt": "a", "logprobs": true})", "logprobs"},
     {R"({"prompt": "a", "echo": "yes"})", "echo"},
-    {R"({"prompt": "a", "echo": true, "logprobs": 1})", "echo"},
     {R"({"prompt": "a", "suffix": "b"})", "suffix"},
     {R"({"prompt": "a", "return_token_ids": 1})", "return_token_ids"},
     {R"({"prompt": "a", "return_tokens_as_token_ids": "yes"})", "return_tokens_as_token_ids"},
@@ -128,6 +127,14 @@ const Refusal kChatRefusals[] = {
      "add_generation_prompt"},
     {R"({"messages": [{"role": "user", "content": "a"}], "chat_template_kwargs": []})",
      "chat_template_kwargs"},
+    {R"({"messages": [{"role": "user", "content": "a"}], "continue_final_message": 1})",
+     "continue_final_message"},
+    {R"({"messages": [{"role": "assistant", "content": "a"}], "continue_final_message": true,
+         "add_generation_prompt": true})",
+     "continue_final_message"},
+    {R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": null}],
+         "continue_final_message": true})",
+     "messages[1].content"},
     {R"({"messages": [{"role": "user", "content": "a"}], "logprobs": 1})", "logprobs"},
     {R"({"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2})", "top_logprobs"},
     {R"({"messages": [{"role": "user", "content": "a"}], "logprobs": true, "top_logprobs": 21})",
@@ -187,8 +194,101 @@ TEST(ParseChatRequest, JsonNestedAtTheLimitIsAcceptedAndOneLevelMoreRefused) {
   }
 }
 
+TEST(ParseChatRequest, ContinueFinalMessageTurnsTheGenerationPromptOffByDefault) {
+  const std::string messages = R"("messages": [{"role": "assistant", "content": "Once"}])";
+  absl::StatusOr<ApiRequest> r =
+      ParseChatRequest(absl::StrCat("{", messages, R"(, "continue_final_message": true})"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->continue_final_message);
+  EXPECT_FALSE(r->add_generation_prompt);
+  r = ParseChatRequest(absl::StrCat("{", messages, "}"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->continue_final_message);
+  EXPECT_TRUE(r->add_generation_prompt);
+}
+
+// The template sees objects as the client wrote them: Hugging Face's tojson keeps Python's dict
+// order, and a sorted one changes the prompt's tokens.
+TEST(ParseChatRequest, KeepsTheClientsKeyOrderInMessagesToolsAndKwargs) {
+  absl::StatusOr<ApiRequest> r = ParseChatRequest(R"({
+      "messages": [{"role": "user", "name": "z", "content": "a"}],
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+          "type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {}}}}}],
+      "chat_template_kwargs": {"z": 1, "a": 2}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->messages[0].dump(), R"({"role":"user","name":"z","content":"a"})");
+  EXPECT_EQ(r->tools[0]["function"]["parameters"]["properties"].dump(),
+            R"({"zeta":{"type":"string"},"alpha":{}})");
+  EXPECT_EQ(r->template_kwargs.dump(), R"({"z":1,"a":2})");
+}
+
+const Refusal kTokenizeRefusals[] = {
+    {R"({})", "prompt"},
+    {R"({"prompt": 3})", "prompt"},
+    {R"({"prompt": "a", "messages": []})", "messages"},
+    {R"({"messages": []})", "messages"},
+    {R"({"messages": [{"role": "user"}]})", "messages[0].content"},
+    {R"({"prompt": "a", "add_special_tokens": "no"})", "add_special_tokens"},
+    {R"({"messages": [{"role": "user", "content": "a"}], "add_generation_prompt": 0})",
+     "add_generation_prompt"},
+    {R"({"messages": [{"role": "user", "content": "a"}], "tools": 1})", "tools"},
+    {R"({"messages": [{"role": "assistant", "content": "a"}], "continue_final_message": true,
+         "add_generation_prompt": true})",
+     "continue_final_message"},
+};
+
+TEST(ParseTokenizeRequest, RefusesEveryInvalidFieldWith400NamingIt) {
+  for (const Refusal& r : kTokenizeRefusals) {
+    SCOPED_TRACE(r.body);
+    absl::StatusOr<TokenizeRequest> got = ParseTokenizeRequest(r.body);
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(HttpStatusOf(got.status()), 400);
+    EXPECT_EQ(ParamOf(got.status()), r.param);
+  }
+}
+
+// vLLM's defaults: a prompt gets the tokenizer's special tokens, messages do not (the template
+// writes its own BOS).
+TEST(ParseTokenizeRequest, AddsSpecialTokensToAPromptButNotToMessagesByDefault) {
+  absl::StatusOr<TokenizeRequest> r = ParseTokenizeRequest(R"({"prompt": ""})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->chat);
+  EXPECT_TRUE(r->add_special_tokens);
+  r = ParseTokenizeRequest(R"({"prompt": "", "add_special_tokens": false})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->add_special_tokens);
+  r = ParseTokenizeRequest(R"({"messages": [{"role": "assistant", "content": "a"}],
+                               "continue_final_message": true, "tools": []})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->chat);
+  EXPECT_FALSE(r->add_special_tokens);
+  EXPECT_TRUE(r->conversation.continue_final_message);
+  EXPECT_FALSE(r->conversation.add_generation_prompt);
+  EXPECT_TRUE(r->conversation.tools.is_array());
+  r = ParseTokenizeRequest(R"({"messages": [{"role": "user", "content": "a"}],
+                               "add_special_tokens": true})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->add_special_tokens);
+  EXPECT_TRUE(r->conversation.add_generation_prompt);
+}
+
+TEST(PromptRequest, EchoWithLogprobsAsksForThePromptsLogprobs) {
+  absl::StatusOr<ApiRequest> r =
+      ParseCompletionRequest(R"({"prompt": "a", "echo": true, "logprobs": 2})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  v1::GenerateRequest g = PromptRequest(*r, {1, 2});
+  EXPECT_TRUE(g.sampling().prompt_logprobs());
+  EXPECT_EQ(g.sampling().prompt_top_logprobs(), 2);
+  r = ParseCompletionRequest(R"({"prompt": "a", "logprobs": 2})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(PromptRequest(*r, {1, 2}).sampling().prompt_logprobs());
+  EXPECT_EQ(ParamOf(ToApiError(absl::InvalidArgumentError("sampling.prompt_top_logprobs: x"),
+                               Endpoint::kCompletions, "prompt")),
+            "echo");
+}
+
 TEST(ParseJsonBody, EveryJsonEndpointsBodyIsBoundedTheSameWay) {
-  absl::StatusOr<nlohmann::json> got = ParseJsonBody(R"({"prompt": )" + Nested(200) + "}");
+  absl::StatusOr<nlohmann::ordered_json> got = ParseJsonBody(R"({"prompt": )" + Nested(200) + "}");
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(ParamOf(got.status()), "prompt[0][0][0][0][0]...");
   EXPECT_TRUE(ParseJsonBody(R"({"prompt": "a"})").ok());
