@@ -19,9 +19,7 @@
 // --batch row counts (1, 2, 4, 8) for every launch shape (gemv_sweep.h); needs only config.json.
 //
 // usage: tandem-bench --model DIR [--batch 1,8,64] [--prompt 128,2048] [--new_tokens 128] [--dtype f16]
-//        [--graphs=true] [--gemv_max_rows 4] [--attention_combine]
-//        [--qkv_cache_epilogue] [--gemv_rows_per_warp 0] [--gemv_k_split 0] [--batch_invariant]
-//        [--last_layer_sampled_rows_only]
+//        [--graphs=true] [--gemv_max_rows 4] [--batch_invariant]
 //        [--profile] [--json OUT.json]
 //        | --model DIR [--dtype f16] --dump_logits IN.json OUT.json
 //        | --model DIR [--dtype f16] [--batch 1,2,4] --gemv_sweep [--json OUT.json]
@@ -62,17 +60,6 @@ ABSL_FLAG(std::string, dtype, "f16", "f16 or bf16");
 ABSL_FLAG(bool, graphs, true, "replay decode steps from CUDA graphs");
 ABSL_FLAG(int, gemv_max_rows, tandem::CudaOptions{}.gemv_max_rows,
           "decode passes of at most this many rows use the GEMV kernels (0: cuBLAS throughout)");
-ABSL_FLAG(bool, attention_combine, tandem::CudaOptions{}.attention_combine,
-          "combine attention key splits in the attention kernel (CudaOptions::attention_combine)");
-ABSL_FLAG(bool, qkv_cache_epilogue, tandem::CudaOptions{}.qkv_cache_epilogue,
-          "the QKV GEMV writes q and the KV-cache itself (CudaOptions::qkv_cache_epilogue)");
-ABSL_FLAG(bool, last_layer_sampled_rows_only, tandem::CudaOptions{}.last_layer_sampled_rows_only,
-          "a prompt pass's last layer runs attention and MLP for the sampled rows only "
-          "(CudaOptions::last_layer_sampled_rows_only)");
-ABSL_FLAG(int, gemv_rows_per_warp, 0,
-          "GEMV weight rows per warp, 1 or 2; 0: per shape (CudaOptions::gemv_rows_per_warp)");
-ABSL_FLAG(int, gemv_k_split, 0,
-          "GEMV warps dividing K, 1, 2 or 4; 0: per shape (CudaOptions::gemv_k_split)");
 ABSL_FLAG(bool, gemv_sweep, false,
           "time the GEMV kernels alone on the model's projections for every launch shape");
 ABSL_FLAG(bool, batch_invariant, false,
@@ -135,12 +122,7 @@ double WeightBytesPerStep(const ModelConfig& c, size_t elem) {
 }
 
 void SetFusionFlags(CudaOptions& opt) {
-  opt.attention_combine = absl::GetFlag(FLAGS_attention_combine);
   opt.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
-  opt.qkv_cache_epilogue = absl::GetFlag(FLAGS_qkv_cache_epilogue);
-  opt.last_layer_sampled_rows_only = absl::GetFlag(FLAGS_last_layer_sampled_rows_only);
-  opt.gemv_rows_per_warp = absl::GetFlag(FLAGS_gemv_rows_per_warp);
-  opt.gemv_k_split = absl::GetFlag(FLAGS_gemv_k_split);
 }
 
 struct BatchResult {
@@ -316,15 +298,11 @@ absl::Status Bench() {
 
   std::printf(
       "model %s (%s, %d layers, hidden %d), %s, prompt %s, new %d, graphs %s, "
-      "gemv_max_rows %d, attention_combine %s, "
-      "qkv_cache_epilogue %s, gemv rows/warp %d, gemv K split %d, batch_invariant %s, "
-      "last layer sampled rows only %s\n",
+      "gemv_max_rows %d, batch_invariant %s\n",
       model.c_str(), std::string(ArchName(c.arch)).c_str(), c.num_layers, c.hidden_size,
       std::string(DTypeName(dtype)).c_str(), absl::GetFlag(FLAGS_prompt).c_str(), steps,
       opt.cuda_graphs ? "on" : "off",
-      opt.gemv_max_rows, opt.attention_combine ? "on" : "off", opt.qkv_cache_epilogue ? "on" : "off",
-      opt.gemv_rows_per_warp, opt.gemv_k_split, opt.batch_invariant ? "on" : "off",
-      opt.last_layer_sampled_rows_only ? "on" : "off");
+      opt.gemv_max_rows, opt.batch_invariant ? "on" : "off");
   std::printf(
       "device %s, copy bandwidth %.0f GB/s (read + write%s), load %.1f s, GPU memory in use "
       "%.2f GiB\n\n",
@@ -356,12 +334,7 @@ absl::Status Bench() {
     j["new_tokens"] = steps;
     j["cuda_graphs"] = opt.cuda_graphs;
     j["gemv_max_rows"] = opt.gemv_max_rows;
-    j["attention_combine"] = opt.attention_combine;
     j["batch_invariant"] = opt.batch_invariant;
-    j["qkv_cache_epilogue"] = opt.qkv_cache_epilogue;
-    j["last_layer_sampled_rows_only"] = opt.last_layer_sampled_rows_only;
-    j["gemv_rows_per_warp"] = opt.gemv_rows_per_warp;
-    j["gemv_k_split"] = opt.gemv_k_split;
     j["copy_bandwidth_gb_s"] = *copy_bw / 1e9;
     j["copy_bandwidth_after_freeing_the_stage"] = after_free;
     j["gpu_memory_used_bytes"] = total_b - free_b;

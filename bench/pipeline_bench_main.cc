@@ -13,7 +13,7 @@
 //
 // usage, N processes:  tandem-pipeline-bench --model DIR --world N --rank R --id_file PATH
 //                        [--device R] [--batch 1,8,64] [--prompt 128] [--new_tokens 128]
-//                        [--json OUT.json] [--reference SINGLE.json] [--post_recv=false]
+//                        [--json OUT.json] [--reference SINGLE.json]
 //                        [--stage_stream=false] [--device_send=false]
 //        one process:  tandem-pipeline-bench --model DIR --single [--device 0] [--json OUT.json]
 //                        [--split_local]
@@ -67,9 +67,6 @@ ABSL_FLAG(std::string, json, "", "write figures and tokens as JSON to this file"
 ABSL_FLAG(bool, split_local, false,
           "with --single: the model as two stages in this process on the one GPU, the first's "
           "device output handed to the second (the cost of the split itself, without a hop)");
-ABSL_FLAG(bool, post_recv, true,
-          "stages after the first post each step's receive and queue the step behind it on the "
-          "device (NcclTransport::PostRecv); false: wait for the input on the host first (Recv)");
 ABSL_FLAG(bool, stage_stream, true,
           "queue the transport's copies and NCCL operations on the stage's own stream "
           "(NcclTransportOptions::stream); false: on streams of the transport's own");
@@ -392,7 +389,6 @@ absl::StatusOr<int> Run() {
       StepRunnerOptions o;
       o.stage = half;
       o.num_stages = 2;
-      o.post_recv = false;
       o.host_link = false;
       ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> r,
                        StepRunner::Create(half == 0 ? *stage : *second, &hand_off, o));
@@ -402,7 +398,6 @@ absl::StatusOr<int> Run() {
     StepRunnerOptions o;
     o.stage = rank;
     o.num_stages = world;
-    o.post_recv = absl::GetFlag(FLAGS_post_recv);
     o.tokens_to_first = true;  // no coordinator: the last rank returns the tokens to rank 0
     o.host_link = false;
     if (device_send) o.set_decode_tail = SetDecodeTail;
@@ -426,11 +421,10 @@ absl::StatusOr<int> Run() {
   cudaGetDeviceProperties(&prop, device);
   std::printf(
       "%s: model %s, layers [%d, %d) of %d, %s, prompt %d, new %d, device %d (%s), "
-      "load %.1f s, join %.2f s, input %s, transport on %s, decode output sent %s\n",
+      "load %.1f s, join %.2f s, transport on %s, decode output sent %s\n",
       single ? "single" : absl::StrCat("rank ", rank, "/", world).c_str(), model.c_str(),
       spec.first_layer, spec.last_layer, c.num_layers, std::string(DTypeName(dtype)).c_str(),
       prompt, steps, device, prop.name, load_s, join_s,
-      absl::GetFlag(FLAGS_post_recv) ? "posted (PostRecv)" : "waited for (Recv)",
       stage_stream ? "the stage's stream" : "streams of its own",
       device_send ? "from behind the forward pass" : "after the host saw the step");
   std::printf("| batch | prefill ms | decode ms/step | decode tok/s | end-to-end tok/s | "
@@ -464,7 +458,6 @@ absl::StatusOr<int> Run() {
   j["new_tokens"] = steps;
   j["load_seconds"] = load_s;
   j["join_seconds"] = join_s;
-  j["post_recv"] = absl::GetFlag(FLAGS_post_recv);
   j["stage_stream"] = stage_stream;
   j["device_send"] = device_send;
   j["split_local"] = split_local;

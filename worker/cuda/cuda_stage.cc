@@ -278,10 +278,11 @@ class CudaStage final : public Stage {
     return rows <= GemvMaxRows() && cuda::GemvSupported(rows, c_.hidden_size) &&
            cuda::GemvSupported(rows, c_.intermediate_size) && cuda::GemvSupported(rows, c_.q_dim());
   }
-  // Whether the last layer of a pass runs past its cache write only for the sampled rows
-  // (CudaOptions::last_layer_sampled_rows_only): a head's prompt pass, where rows go unsampled.
+  // Whether the last layer of a pass runs past its cache write only for the sampled rows: a
+  // head's prompt pass, where rows go unsampled and nothing reads their outputs (every row still
+  // writes its keys and values). A pass that samples nothing stops after that cache write.
   bool LastLayerSampledOnly(int rows, int samples, bool gemv) const {
-    return has_head_ && opt_.last_layer_sampled_rows_only && !gemv && samples < rows;
+    return has_head_ && !gemv && samples < rows;
   }
   // y (rows, out) = x · wᵀ + beta * y: cuBLAS, or the pinned algorithms when batch-invariant.
   absl::Status Matmul(const void* x, const void* w, void* y, int rows, int out, int in, float beta,
@@ -391,15 +392,6 @@ absl::Status CudaStage::CheckOptions(const StageSpec& spec) {
   if (!(opt_.kv_memory_fraction > 0.0f && opt_.kv_memory_fraction <= 1.0f)) {
     return absl::InvalidArgumentError(absl::StrCat("kv_memory_fraction must be in (0, 1], got ",
                                                    opt_.kv_memory_fraction));
-  }
-  if (opt_.gemv_rows_per_warp < 0 || opt_.gemv_rows_per_warp > 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gemv_rows_per_warp must be 0 (per shape), 1 or 2, got ", opt_.gemv_rows_per_warp));
-  }
-  if (opt_.gemv_k_split != 0 && opt_.gemv_k_split != 1 && opt_.gemv_k_split != 2 &&
-      opt_.gemv_k_split != 4) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gemv_k_split must be 0 (per shape), 1, 2 or 4, got ", opt_.gemv_k_split));
   }
   if (spec.max_slots < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_slots must be >= 1, got ", spec.max_slots));
@@ -643,8 +635,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
   // Decode-sized passes: every projection through the GEMV kernels, with biases, residual adds
   // and the MLP activation fused into them.
   const bool gemv = GemvFits(rows);
-  uint32_t* counters = opt_.attention_combine ? attn_counters_.as<uint32_t>() : nullptr;
-  const GemvTuning tuning{opt_.gemv_rows_per_warp, opt_.gemv_k_split};
+  uint32_t* counters = attn_counters_.as<uint32_t>();
   if (has_embedding_) {
     // Decode rows fed by the step before read its tokens where its sampling left them.
     RETURN_IF_ERROR(LaunchEmbedding(t, DevIn<int32_t>(layout_.tokens), positions, tok_embedding_,
@@ -671,7 +662,9 @@ absl::Status CudaStage::Forward(int rows, int samples) {
     // Attention block: norm -> qkv -> rope + cache -> attention -> out-proj added into x.
     RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, L.attn_norm_w, L.attn_norm_b,
                                nullptr, xn_.get(), rows, hidden, c_.norm_eps, s));
-    if (gemv && opt_.qkv_cache_epilogue) {
+    // GEMV-sized passes: the QKV projection writes q and the KV-cache itself, rotary embedding
+    // included; otherwise a separate split/rotate kernel follows the GEMM.
+    if (gemv) {
       QkvCacheArgs cache;
       cache.q_out = q_.get();
       cache.k_cache = KCache(l);
@@ -683,15 +676,10 @@ absl::Status CudaStage::Forward(int rows, int samples) {
       cache.head_dim = c_.head_dim;
       cache.seq_capacity = seq_capacity_;
       cache.inv_freq = inv_freq;
-      RETURN_IF_ERROR(GemvQkvCache(t, xn_.get(), L.wqkv, L.bqkv, cache, rows, hidden, s, tuning));
-    } else if (gemv) {
-      RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kStore, xn_.get(), L.wqkv, L.bqkv, qkv_.get(), rows,
-                           qkv_cols, hidden, s, tuning));
+      RETURN_IF_ERROR(GemvQkvCache(t, xn_.get(), L.wqkv, L.bqkv, cache, rows, hidden, s));
     } else {
       RETURN_IF_ERROR(Matmul(xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols, hidden, 0.0f, false));
-    }
-    if (!gemv || !opt_.qkv_cache_epilogue) {
-      RETURN_IF_ERROR(LaunchQkvRopeCache(t, qkv_.get(), gemv ? nullptr : L.bqkv, q_.get(),
+      RETURN_IF_ERROR(LaunchQkvRopeCache(t, qkv_.get(), L.bqkv, q_.get(),
                                          KCache(l), VCache(l), positions, slots, rows, c_.num_heads,
                                          c_.num_kv_heads, c_.head_dim, seq_capacity_, inv_freq, s));
     }
@@ -727,7 +715,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
     }
     if (rest_gemv) {
       RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, attn_.get(), L.wo, L.bo, x, n, hidden,
-                           c_.q_dim(), s, tuning));
+                           c_.q_dim(), s));
     } else {
       RETURN_IF_ERROR(Matmul(attn_.get(), L.wo, x, n, hidden, c_.q_dim(), 1.0f, false));
     }
@@ -741,10 +729,10 @@ absl::Status CudaStage::Forward(int rows, int samples) {
       void* in_out = llama ? mlp_act_.get() : mlp_in_.get();
       const void* in_bias = llama ? nullptr : L.b_in;
       RETURN_IF_ERROR(
-          Gemv(t, in_epilogue, mlp_x, L.w_in, in_bias, in_out, n, inter, hidden, s, tuning));
+          Gemv(t, in_epilogue, mlp_x, L.w_in, in_bias, in_out, n, inter, hidden, s));
       act = in_out;
       RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, act, L.w_out, L.b_out, x, n, hidden,
-                           inter, s, tuning));
+                           inter, s));
       pending_bias = nullptr;
       continue;
     }
@@ -770,7 +758,7 @@ absl::Status CudaStage::Forward(int rows, int samples) {
                                  gather, head_in_.get(), samples, hidden, c_.norm_eps, s));
       if (head_gemv) {
         RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kF32, head_in_.get(), lm_head_, nullptr,
-                             logits_.get(), samples, c_.vocab_size, hidden, s, tuning));
+                             logits_.get(), samples, c_.vocab_size, hidden, s));
       } else {
         RETURN_IF_ERROR(Matmul(head_in_.get(), lm_head_, logits_.get(), samples, c_.vocab_size,
                                hidden, 0.0f, true));
