@@ -121,10 +121,6 @@ double WeightBytesPerStep(const ModelConfig& c, size_t elem) {
   return (c.num_layers * per_layer + static_cast<double>(c.vocab_size) * h + 2 * h) * elem;
 }
 
-void SetFusionFlags(CudaOptions& opt) {
-  opt.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
-}
-
 struct BatchResult {
   int batch, prompt;
   double prefill_s, prefill_tok_s, decode_ms_step, decode_tok_s, e2e_tok_s, gb_s;
@@ -184,6 +180,66 @@ absl::Status GemvSweep() {
   return RunGemvSweep(c, dtype, rows, absl::GetFlag(FLAGS_json));
 }
 
+// One batch size on a loaded stage: round 0 warms up (cuBLAS heuristics, graph capture of the
+// bucket), round 1 is measured; the prefill step three times, timed by its median, then `steps`
+// - 1 greedy decode steps.
+absl::StatusOr<BatchResult> MeasureBatch(Stage& stage, const ModelConfig& c, int batch, int prompt,
+                                         int steps, double weight_bytes, double kv_token_bytes,
+                                         DecodeProfiler* profiler) {
+  BatchResult r{batch, prompt, 0, 0, 0, 0, 0, 0, {}};
+  for (int round = 0; round < 2; ++round) {
+    StepDescriptor pre = PrefillStep(batch, prompt, c, round);
+    // The prefill step three times (it rewrites the same positions), timed by its median.
+    std::vector<double> prefill_s;
+    StepOutput out;
+    auto t0 = Clock::now(), t1 = t0;
+    for (int rep = 0; rep < (round == 1 ? 3 : 1); ++rep) {
+      t0 = Clock::now();
+      ASSIGN_OR_RETURN(out, stage.Step(pre, Activations{}));
+      t1 = Clock::now();
+      prefill_s.push_back(Seconds(t0, t1));
+    }
+    std::sort(prefill_s.begin(), prefill_s.end());
+    std::vector<int32_t> last = out.tokens;
+    if (profiler) profiler->Take();
+    double kv_bytes = 0;
+    const int decode_steps = round == 0 ? std::min(steps - 1, 3) : steps - 1;
+    for (int i = 0; i < decode_steps; ++i) {
+      StepDescriptor step;
+      step.id = i + 1;
+      for (int b = 0; b < batch; ++b) {
+        SequenceStep s;
+        s.slot = b;
+        s.position = prompt + i;
+        s.num_tokens = 1;
+        s.sample_index = i + 1;
+        step.seqs.push_back(s);
+        kv_bytes += (prompt + i + 1) * kv_token_bytes;
+      }
+      step.tokens = last;
+      ASSIGN_OR_RETURN(StepOutput o, stage.Step(step, Activations{}));
+      last = std::move(o.tokens);
+    }
+    const auto t2 = Clock::now();
+    if (round == 1) {
+      r.prefill_s = prefill_s[prefill_s.size() / 2];
+      r.prefill_tok_s = batch * prompt / r.prefill_s;
+      const double decode_s = Seconds(t1, t2);
+      const int n = std::max(decode_steps, 1);
+      r.decode_ms_step = decode_s / n * 1e3;
+      r.decode_tok_s = decode_steps > 0 ? batch * decode_steps / decode_s : 0;
+      r.e2e_tok_s = batch * steps / Seconds(t0, t2);
+      r.gb_s = decode_steps > 0
+                   ? (weight_bytes * decode_steps + kv_bytes) / decode_s / 1e9
+                   : 0;
+      if (profiler) {
+        r.profile = profiler->Take();
+      }
+    }
+  }
+  return r;
+}
+
 absl::Status Bench() {
   const std::string model = absl::GetFlag(FLAGS_model);
   ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model));
@@ -202,7 +258,7 @@ absl::Status Bench() {
   opt.dtype = dtype;
   opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
   opt.gemv_max_rows = absl::GetFlag(FLAGS_gemv_max_rows);
-  SetFusionFlags(opt);
+  opt.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   opt.kv_memory_fraction = static_cast<float>(absl::GetFlag(FLAGS_kv_memory_fraction));
   const bool profile = absl::GetFlag(FLAGS_profile);
   const int steps = new_tokens;
@@ -224,58 +280,8 @@ absl::Status Bench() {
     load_s = Seconds(t_load, Clock::now());
     if (profiler) RETURN_IF_ERROR(SetDecodeObserver(*stage, profiler.get()));
     for (int batch : batches) {
-      // Round 0 warms up (cuBLAS heuristics, graph capture of the bucket); round 1 is measured.
-      BatchResult r{batch, prompt, 0, 0, 0, 0, 0, 0, {}};
-      for (int round = 0; round < 2; ++round) {
-        StepDescriptor pre = PrefillStep(batch, prompt, c, round);
-        // The prefill step three times (it rewrites the same positions), timed by its median.
-        std::vector<double> prefill_s;
-        StepOutput out;
-        auto t0 = Clock::now(), t1 = t0;
-        for (int rep = 0; rep < (round == 1 ? 3 : 1); ++rep) {
-          t0 = Clock::now();
-          ASSIGN_OR_RETURN(out, stage->Step(pre, Activations{}));
-          t1 = Clock::now();
-          prefill_s.push_back(Seconds(t0, t1));
-        }
-        std::sort(prefill_s.begin(), prefill_s.end());
-        std::vector<int32_t> last = out.tokens;
-        if (profiler) profiler->Take();
-        double kv_bytes = 0;
-        const int decode_steps = round == 0 ? std::min(steps - 1, 3) : steps - 1;
-        for (int i = 0; i < decode_steps; ++i) {
-          StepDescriptor step;
-          step.id = i + 1;
-          for (int b = 0; b < batch; ++b) {
-            SequenceStep s;
-            s.slot = b;
-            s.position = prompt + i;
-            s.num_tokens = 1;
-            s.sample_index = i + 1;
-            step.seqs.push_back(s);
-            kv_bytes += (prompt + i + 1) * kv_token_bytes;
-          }
-          step.tokens = last;
-          ASSIGN_OR_RETURN(StepOutput o, stage->Step(step, Activations{}));
-          last = std::move(o.tokens);
-        }
-        const auto t2 = Clock::now();
-        if (round == 1) {
-          r.prefill_s = prefill_s[prefill_s.size() / 2];
-          r.prefill_tok_s = batch * prompt / r.prefill_s;
-          const double decode_s = Seconds(t1, t2);
-          const int n = std::max(decode_steps, 1);
-          r.decode_ms_step = decode_s / n * 1e3;
-          r.decode_tok_s = decode_steps > 0 ? batch * decode_steps / decode_s : 0;
-          r.e2e_tok_s = batch * steps / Seconds(t0, t2);
-          r.gb_s = decode_steps > 0
-                       ? (weight_bytes * decode_steps + kv_bytes) / decode_s / 1e9
-                       : 0;
-          if (profiler) {
-            r.profile = profiler->Take();
-          }
-        }
-      }
+      ASSIGN_OR_RETURN(BatchResult r, MeasureBatch(*stage, c, batch, prompt, steps, weight_bytes,
+                                                   kv_token_bytes, profiler.get()));
       results.push_back(r);
     }
   }
@@ -389,7 +395,7 @@ absl::Status DumpLogits(const std::string& in_path, const std::string& out_path)
   opt.dtype = dtype;
   opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
   opt.gemv_max_rows = absl::GetFlag(FLAGS_gemv_max_rows);
-  SetFusionFlags(opt);
+  opt.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCudaStage(spec, opt));
 
   std::ofstream out(out_path);
