@@ -19,9 +19,7 @@
 // --batch row counts (1, 2, 4, 8) for every launch shape (gemv_sweep.h); needs only config.json.
 //
 // usage: tandem-bench --model DIR [--batch 1,8,64] [--prompt 128,2048] [--new_tokens 128] [--dtype f16]
-//        [--graphs=true] [--gemv_max_rows 4] [--attention_combine]
-//        [--qkv_cache_epilogue] [--gemv_rows_per_warp 0] [--gemv_k_split 0] [--batch_invariant]
-//        [--last_layer_sampled_rows_only]
+//        [--graphs=true] [--gemv_max_rows 4] [--batch_invariant]
 //        [--profile] [--json OUT.json]
 //        | --model DIR [--dtype f16] --dump_logits IN.json OUT.json
 //        | --model DIR [--dtype f16] [--batch 1,2,4] --gemv_sweep [--json OUT.json]
@@ -62,17 +60,6 @@ ABSL_FLAG(std::string, dtype, "f16", "f16 or bf16");
 ABSL_FLAG(bool, graphs, true, "replay decode steps from CUDA graphs");
 ABSL_FLAG(int, gemv_max_rows, tandem::CudaOptions{}.gemv_max_rows,
           "decode passes of at most this many rows use the GEMV kernels (0: cuBLAS throughout)");
-ABSL_FLAG(bool, attention_combine, tandem::CudaOptions{}.attention_combine,
-          "combine attention key splits in the attention kernel (CudaOptions::attention_combine)");
-ABSL_FLAG(bool, qkv_cache_epilogue, tandem::CudaOptions{}.qkv_cache_epilogue,
-          "the QKV GEMV writes q and the KV-cache itself (CudaOptions::qkv_cache_epilogue)");
-ABSL_FLAG(bool, last_layer_sampled_rows_only, tandem::CudaOptions{}.last_layer_sampled_rows_only,
-          "a prompt pass's last layer runs attention and MLP for the sampled rows only "
-          "(CudaOptions::last_layer_sampled_rows_only)");
-ABSL_FLAG(int, gemv_rows_per_warp, 0,
-          "GEMV weight rows per warp, 1 or 2; 0: per shape (CudaOptions::gemv_rows_per_warp)");
-ABSL_FLAG(int, gemv_k_split, 0,
-          "GEMV warps dividing K, 1, 2 or 4; 0: per shape (CudaOptions::gemv_k_split)");
 ABSL_FLAG(bool, gemv_sweep, false,
           "time the GEMV kernels alone on the model's projections for every launch shape");
 ABSL_FLAG(bool, batch_invariant, false,
@@ -134,15 +121,6 @@ double WeightBytesPerStep(const ModelConfig& c, size_t elem) {
   return (c.num_layers * per_layer + static_cast<double>(c.vocab_size) * h + 2 * h) * elem;
 }
 
-void SetFusionFlags(CudaOptions& opt) {
-  opt.attention_combine = absl::GetFlag(FLAGS_attention_combine);
-  opt.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
-  opt.qkv_cache_epilogue = absl::GetFlag(FLAGS_qkv_cache_epilogue);
-  opt.last_layer_sampled_rows_only = absl::GetFlag(FLAGS_last_layer_sampled_rows_only);
-  opt.gemv_rows_per_warp = absl::GetFlag(FLAGS_gemv_rows_per_warp);
-  opt.gemv_k_split = absl::GetFlag(FLAGS_gemv_k_split);
-}
-
 struct BatchResult {
   int batch, prompt;
   double prefill_s, prefill_tok_s, decode_ms_step, decode_tok_s, e2e_tok_s, gb_s;
@@ -202,6 +180,66 @@ absl::Status GemvSweep() {
   return RunGemvSweep(c, dtype, rows, absl::GetFlag(FLAGS_json));
 }
 
+// One batch size on a loaded stage: round 0 warms up (cuBLAS heuristics, graph capture of the
+// bucket), round 1 is measured; the prefill step three times, timed by its median, then `steps`
+// - 1 greedy decode steps.
+absl::StatusOr<BatchResult> MeasureBatch(Stage& stage, const ModelConfig& c, int batch, int prompt,
+                                         int steps, double weight_bytes, double kv_token_bytes,
+                                         DecodeProfiler* profiler) {
+  BatchResult r{batch, prompt, 0, 0, 0, 0, 0, 0, {}};
+  for (int round = 0; round < 2; ++round) {
+    StepDescriptor pre = PrefillStep(batch, prompt, c, round);
+    // The prefill step three times (it rewrites the same positions), timed by its median.
+    std::vector<double> prefill_s;
+    StepOutput out;
+    auto t0 = Clock::now(), t1 = t0;
+    for (int rep = 0; rep < (round == 1 ? 3 : 1); ++rep) {
+      t0 = Clock::now();
+      ASSIGN_OR_RETURN(out, stage.Step(pre, Activations{}));
+      t1 = Clock::now();
+      prefill_s.push_back(Seconds(t0, t1));
+    }
+    std::sort(prefill_s.begin(), prefill_s.end());
+    std::vector<int32_t> last = out.tokens;
+    if (profiler) profiler->Take();
+    double kv_bytes = 0;
+    const int decode_steps = round == 0 ? std::min(steps - 1, 3) : steps - 1;
+    for (int i = 0; i < decode_steps; ++i) {
+      StepDescriptor step;
+      step.id = i + 1;
+      for (int b = 0; b < batch; ++b) {
+        SequenceStep s;
+        s.slot = b;
+        s.position = prompt + i;
+        s.num_tokens = 1;
+        s.sample_index = i + 1;
+        step.seqs.push_back(s);
+        kv_bytes += (prompt + i + 1) * kv_token_bytes;
+      }
+      step.tokens = last;
+      ASSIGN_OR_RETURN(StepOutput o, stage.Step(step, Activations{}));
+      last = std::move(o.tokens);
+    }
+    const auto t2 = Clock::now();
+    if (round == 1) {
+      r.prefill_s = prefill_s[prefill_s.size() / 2];
+      r.prefill_tok_s = batch * prompt / r.prefill_s;
+      const double decode_s = Seconds(t1, t2);
+      const int n = std::max(decode_steps, 1);
+      r.decode_ms_step = decode_s / n * 1e3;
+      r.decode_tok_s = decode_steps > 0 ? batch * decode_steps / decode_s : 0;
+      r.e2e_tok_s = batch * steps / Seconds(t0, t2);
+      r.gb_s = decode_steps > 0
+                   ? (weight_bytes * decode_steps + kv_bytes) / decode_s / 1e9
+                   : 0;
+      if (profiler) {
+        r.profile = profiler->Take();
+      }
+    }
+  }
+  return r;
+}
+
 absl::Status Bench() {
   const std::string model = absl::GetFlag(FLAGS_model);
   ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model));
@@ -220,7 +258,7 @@ absl::Status Bench() {
   opt.dtype = dtype;
   opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
   opt.gemv_max_rows = absl::GetFlag(FLAGS_gemv_max_rows);
-  SetFusionFlags(opt);
+  opt.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   opt.kv_memory_fraction = static_cast<float>(absl::GetFlag(FLAGS_kv_memory_fraction));
   const bool profile = absl::GetFlag(FLAGS_profile);
   const int steps = new_tokens;
@@ -242,58 +280,8 @@ absl::Status Bench() {
     load_s = Seconds(t_load, Clock::now());
     if (profiler) RETURN_IF_ERROR(SetDecodeObserver(*stage, profiler.get()));
     for (int batch : batches) {
-      // Round 0 warms up (cuBLAS heuristics, graph capture of the bucket); round 1 is measured.
-      BatchResult r{batch, prompt, 0, 0, 0, 0, 0, 0, {}};
-      for (int round = 0; round < 2; ++round) {
-        StepDescriptor pre = PrefillStep(batch, prompt, c, round);
-        // The prefill step three times (it rewrites the same positions), timed by its median.
-        std::vector<double> prefill_s;
-        StepOutput out;
-        auto t0 = Clock::now(), t1 = t0;
-        for (int rep = 0; rep < (round == 1 ? 3 : 1); ++rep) {
-          t0 = Clock::now();
-          ASSIGN_OR_RETURN(out, stage->Step(pre, Activations{}));
-          t1 = Clock::now();
-          prefill_s.push_back(Seconds(t0, t1));
-        }
-        std::sort(prefill_s.begin(), prefill_s.end());
-        std::vector<int32_t> last = out.tokens;
-        if (profiler) profiler->Take();
-        double kv_bytes = 0;
-        const int decode_steps = round == 0 ? std::min(steps - 1, 3) : steps - 1;
-        for (int i = 0; i < decode_steps; ++i) {
-          StepDescriptor step;
-          step.id = i + 1;
-          for (int b = 0; b < batch; ++b) {
-            SequenceStep s;
-            s.slot = b;
-            s.position = prompt + i;
-            s.num_tokens = 1;
-            s.sample_index = i + 1;
-            step.seqs.push_back(s);
-            kv_bytes += (prompt + i + 1) * kv_token_bytes;
-          }
-          step.tokens = last;
-          ASSIGN_OR_RETURN(StepOutput o, stage->Step(step, Activations{}));
-          last = std::move(o.tokens);
-        }
-        const auto t2 = Clock::now();
-        if (round == 1) {
-          r.prefill_s = prefill_s[prefill_s.size() / 2];
-          r.prefill_tok_s = batch * prompt / r.prefill_s;
-          const double decode_s = Seconds(t1, t2);
-          const int n = std::max(decode_steps, 1);
-          r.decode_ms_step = decode_s / n * 1e3;
-          r.decode_tok_s = decode_steps > 0 ? batch * decode_steps / decode_s : 0;
-          r.e2e_tok_s = batch * steps / Seconds(t0, t2);
-          r.gb_s = decode_steps > 0
-                       ? (weight_bytes * decode_steps + kv_bytes) / decode_s / 1e9
-                       : 0;
-          if (profiler) {
-            r.profile = profiler->Take();
-          }
-        }
-      }
+      ASSIGN_OR_RETURN(BatchResult r, MeasureBatch(*stage, c, batch, prompt, steps, weight_bytes,
+                                                   kv_token_bytes, profiler.get()));
       results.push_back(r);
     }
   }
@@ -316,15 +304,11 @@ absl::Status Bench() {
 
   std::printf(
       "model %s (%s, %d layers, hidden %d), %s, prompt %s, new %d, graphs %s, "
-      "gemv_max_rows %d, attention_combine %s, "
-      "qkv_cache_epilogue %s, gemv rows/warp %d, gemv K split %d, batch_invariant %s, "
-      "last layer sampled rows only %s\n",
+      "gemv_max_rows %d, batch_invariant %s\n",
       model.c_str(), std::string(ArchName(c.arch)).c_str(), c.num_layers, c.hidden_size,
       std::string(DTypeName(dtype)).c_str(), absl::GetFlag(FLAGS_prompt).c_str(), steps,
       opt.cuda_graphs ? "on" : "off",
-      opt.gemv_max_rows, opt.attention_combine ? "on" : "off", opt.qkv_cache_epilogue ? "on" : "off",
-      opt.gemv_rows_per_warp, opt.gemv_k_split, opt.batch_invariant ? "on" : "off",
-      opt.last_layer_sampled_rows_only ? "on" : "off");
+      opt.gemv_max_rows, opt.batch_invariant ? "on" : "off");
   std::printf(
       "device %s, copy bandwidth %.0f GB/s (read + write%s), load %.1f s, GPU memory in use "
       "%.2f GiB\n\n",
@@ -356,12 +340,7 @@ absl::Status Bench() {
     j["new_tokens"] = steps;
     j["cuda_graphs"] = opt.cuda_graphs;
     j["gemv_max_rows"] = opt.gemv_max_rows;
-    j["attention_combine"] = opt.attention_combine;
     j["batch_invariant"] = opt.batch_invariant;
-    j["qkv_cache_epilogue"] = opt.qkv_cache_epilogue;
-    j["last_layer_sampled_rows_only"] = opt.last_layer_sampled_rows_only;
-    j["gemv_rows_per_warp"] = opt.gemv_rows_per_warp;
-    j["gemv_k_split"] = opt.gemv_k_split;
     j["copy_bandwidth_gb_s"] = *copy_bw / 1e9;
     j["copy_bandwidth_after_freeing_the_stage"] = after_free;
     j["gpu_memory_used_bytes"] = total_b - free_b;
@@ -416,7 +395,7 @@ absl::Status DumpLogits(const std::string& in_path, const std::string& out_path)
   opt.dtype = dtype;
   opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
   opt.gemv_max_rows = absl::GetFlag(FLAGS_gemv_max_rows);
-  SetFusionFlags(opt);
+  opt.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCudaStage(spec, opt));
 
   std::ofstream out(out_path);

@@ -13,7 +13,7 @@
 //
 // usage, N processes:  tandem-pipeline-bench --model DIR --world N --rank R --id_file PATH
 //                        [--device R] [--batch 1,8,64] [--prompt 128] [--new_tokens 128]
-//                        [--json OUT.json] [--reference SINGLE.json] [--post_recv=false]
+//                        [--json OUT.json] [--reference SINGLE.json]
 //                        [--stage_stream=false] [--device_send=false]
 //        one process:  tandem-pipeline-bench --model DIR --single [--device 0] [--json OUT.json]
 //                        [--split_local]
@@ -67,9 +67,6 @@ ABSL_FLAG(std::string, json, "", "write figures and tokens as JSON to this file"
 ABSL_FLAG(bool, split_local, false,
           "with --single: the model as two stages in this process on the one GPU, the first's "
           "device output handed to the second (the cost of the split itself, without a hop)");
-ABSL_FLAG(bool, post_recv, true,
-          "stages after the first post each step's receive and queue the step behind it on the "
-          "device (NcclTransport::PostRecv); false: wait for the input on the host first (Recv)");
 ABSL_FLAG(bool, stage_stream, true,
           "queue the transport's copies and NCCL operations on the stage's own stream "
           "(NcclTransportOptions::stream); false: on streams of the transport's own");
@@ -293,6 +290,120 @@ absl::StatusOr<bool> Compare(const std::string& path, std::vector<BatchResult>& 
   return all_same;
 }
 
+// The step runners of this process: the two halves of --split_local handing off through
+// `hand_off` (when `second` is set), else this rank's stage over `transport`.
+absl::StatusOr<std::vector<std::unique_ptr<StepRunner>>> MakeRunners(
+    Stage& stage, Stage* second, HandOff* hand_off, NcclTransport* transport, int rank, int world,
+    bool device_send) {
+  std::vector<std::unique_ptr<StepRunner>> runners;
+  if (second != nullptr) {
+    for (int half = 0; half < 2; ++half) {
+      StepRunnerOptions o;
+      o.stage = half;
+      o.num_stages = 2;
+      o.host_link = false;
+      ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> r,
+                       StepRunner::Create(half == 0 ? stage : *second, hand_off, o));
+      runners.push_back(std::move(r));
+    }
+    return runners;
+  }
+  StepRunnerOptions o;
+  o.stage = rank;
+  o.num_stages = world;
+  o.tokens_to_first = true;  // no coordinator: the last rank returns the tokens to rank 0
+  o.host_link = false;
+  if (device_send) o.set_decode_tail = SetDecodeTail;
+  ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> r, StepRunner::Create(stage, transport, o));
+  runners.push_back(std::move(r));
+  return runners;
+}
+
+// The results as a Markdown table on stdout, and with --profile the decode profile of each stage
+// (numbered by rank, or by half with --split_local).
+void PrintTable(const std::vector<BatchResult>& results, bool split_local, int rank, bool profile) {
+  std::printf("| batch | prefill ms | decode ms/step | decode tok/s | end-to-end tok/s | "
+              "recv ms/step | compute ms/step | send (+ tokens back) ms/step |\n"
+              "|---|---|---|---|---|---|---|---|\n");
+  for (const BatchResult& r : results) {
+    std::printf("| %d | %.2f | %.3f | %.0f | %.0f | %.3f | %.3f | %.3f |\n", r.batch,
+                r.prefill_ms, r.decode_ms_step, r.decode_tok_s, r.e2e_tok_s, r.recv_ms,
+                r.step_ms, r.send_ms);
+  }
+  if (profile) {
+    std::vector<DecodeProfileRow> rows;
+    for (const BatchResult& r : results) {
+      for (size_t i = 0; i < r.profiles.size(); ++i) {
+        rows.push_back({r.batch, split_local ? static_cast<int>(i) : rank, r.profiles[i]});
+      }
+    }
+    std::printf("\n%s", DecodeProfileTable(rows).c_str());
+  }
+}
+
+// Each batch's figures and tokens, with its stages' decode profiles.
+nlohmann::json ResultsJson(const std::vector<BatchResult>& results) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const BatchResult& r : results) {
+    out.push_back({{"batch", r.batch}, {"prefill_ms", r.prefill_ms},
+                   {"decode_ms_per_step", r.decode_ms_step},
+                   {"decode_tok_s", r.decode_tok_s}, {"end_to_end_tok_s", r.e2e_tok_s},
+                   {"recv_ms_per_step", r.recv_ms}, {"compute_ms_per_step", r.step_ms},
+                   {"send_ms_per_step", r.send_ms}, {"tokens", r.tokens}});
+    for (const CudaDecodeProfile& p : r.profiles) {
+      const DecodeStepTimes t = PerStep(p);
+      out.back()["profile"].push_back({{"device_ms", t.device_ms},
+                                       {"forward_ms", t.forward_ms},
+                                       {"idle_us", t.idle_us},
+                                       {"host_ms", t.host_ms},
+                                       {"host_to_launch_us", t.host_to_launch_us},
+                                       {"to_first_layer_us", t.to_first_layer_us},
+                                       {"first_layer_us", t.first_layer_us},
+                                       {"middle_layer_us", t.middle_layer_us},
+                                       {"last_layer_us", t.last_layer_us},
+                                       {"after_layers_us", t.after_layers_us}});
+    }
+  }
+  return out;
+}
+
+// This rank's NCCL transport of options `to` and unique id `id`; with `stage`, on that stage's
+// stream, whose waits then watch the transport (SetStreamWatch).
+absl::StatusOr<std::unique_ptr<NcclTransport>> JoinTransport(NcclTransportOptions to,
+                                                             const std::string& id, Stage* stage) {
+  if (stage != nullptr) {
+    ASSIGN_OR_RETURN(to.stream, CudaStageStream(*stage));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<NcclTransport> transport, NcclTransport::Create(to, id));
+  if (stage != nullptr) {
+    NcclTransport* t = transport.get();
+    RETURN_IF_ERROR(SetStreamWatch(*stage, [t] { return t->Watch(); }));
+  }
+  return transport;
+}
+
+// With --reference (rank 0): the tokens against the single-stage run's, into `j`; then `j` to
+// --json. The exit code: 3 when any token differs, else 0.
+absl::StatusOr<int> CompareAndWrite(nlohmann::json& j, std::vector<BatchResult>& results,
+                                    int rank) {
+  int code = 0;
+  const std::string ref = absl::GetFlag(FLAGS_reference);
+  if (!ref.empty() && rank == 0) {
+    nlohmann::json cmp = nlohmann::json::array();
+    ASSIGN_OR_RETURN(bool same, Compare(ref, results, cmp));
+    j["comparison"] = cmp;
+    j["tokens_identical"] = same;
+    if (!same) code = 3;
+  }
+  const std::string json_path = absl::GetFlag(FLAGS_json);
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << j.dump(1) << "\n";
+    if (!f) return absl::InternalError("cannot write " + json_path);
+  }
+  return code;
+}
+
 absl::StatusOr<int> Run() {
   const std::string model = absl::GetFlag(FLAGS_model);
   const bool single = absl::GetFlag(FLAGS_single);
@@ -372,44 +483,16 @@ absl::StatusOr<int> Run() {
     to.dtype = dtype;
     to.max_rows = static_cast<int64_t>(max_batch) * prompt;
     to.timeout = absl::Seconds(timeout_s);
-    if (stage_stream) {
-      ASSIGN_OR_RETURN(to.stream, CudaStageStream(*stage));
-    }
     const auto t_join = Clock::now();
-    ASSIGN_OR_RETURN(transport, NcclTransport::Create(to, id));
+    ASSIGN_OR_RETURN(transport, JoinTransport(to, id, stage_stream ? stage.get() : nullptr));
     join_s = Ms(t_join, Clock::now()) * 1e-3;
-    if (stage_stream) {
-      NcclTransport* t = transport.get();
-      RETURN_IF_ERROR(SetStreamWatch(*stage, [t] { return t->Watch(); }));
-    }
   }
 
   const int steps = std::min(new_tokens, spec.max_seq_len - prompt + 1);
-  std::vector<std::unique_ptr<StepRunner>> runners;
   HandOff hand_off;
-  if (split_local) {
-    for (int half = 0; half < 2; ++half) {
-      StepRunnerOptions o;
-      o.stage = half;
-      o.num_stages = 2;
-      o.post_recv = false;
-      o.host_link = false;
-      ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> r,
-                       StepRunner::Create(half == 0 ? *stage : *second, &hand_off, o));
-      runners.push_back(std::move(r));
-    }
-  } else {
-    StepRunnerOptions o;
-    o.stage = rank;
-    o.num_stages = world;
-    o.post_recv = absl::GetFlag(FLAGS_post_recv);
-    o.tokens_to_first = true;  // no coordinator: the last rank returns the tokens to rank 0
-    o.host_link = false;
-    if (device_send) o.set_decode_tail = SetDecodeTail;
-    ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> r,
-                     StepRunner::Create(*stage, transport.get(), o));
-    runners.push_back(std::move(r));
-  }
+  ASSIGN_OR_RETURN(std::vector<std::unique_ptr<StepRunner>> runners,
+                   MakeRunners(*stage, second.get(), &hand_off, transport.get(), rank, world,
+                               device_send));
   Runner runner(std::move(runners));
   std::vector<BatchResult> results;
   for (int batch : batches) {
@@ -426,30 +509,13 @@ absl::StatusOr<int> Run() {
   cudaGetDeviceProperties(&prop, device);
   std::printf(
       "%s: model %s, layers [%d, %d) of %d, %s, prompt %d, new %d, device %d (%s), "
-      "load %.1f s, join %.2f s, input %s, transport on %s, decode output sent %s\n",
+      "load %.1f s, join %.2f s, transport on %s, decode output sent %s\n",
       single ? "single" : absl::StrCat("rank ", rank, "/", world).c_str(), model.c_str(),
       spec.first_layer, spec.last_layer, c.num_layers, std::string(DTypeName(dtype)).c_str(),
       prompt, steps, device, prop.name, load_s, join_s,
-      absl::GetFlag(FLAGS_post_recv) ? "posted (PostRecv)" : "waited for (Recv)",
       stage_stream ? "the stage's stream" : "streams of its own",
       device_send ? "from behind the forward pass" : "after the host saw the step");
-  std::printf("| batch | prefill ms | decode ms/step | decode tok/s | end-to-end tok/s | "
-              "recv ms/step | compute ms/step | send (+ tokens back) ms/step |\n"
-              "|---|---|---|---|---|---|---|---|\n");
-  for (const BatchResult& r : results) {
-    std::printf("| %d | %.2f | %.3f | %.0f | %.0f | %.3f | %.3f | %.3f |\n", r.batch,
-                r.prefill_ms, r.decode_ms_step, r.decode_tok_s, r.e2e_tok_s, r.recv_ms,
-                r.step_ms, r.send_ms);
-  }
-  if (profile) {
-    std::vector<DecodeProfileRow> rows;
-    for (const BatchResult& r : results) {
-      for (size_t i = 0; i < r.profiles.size(); ++i) {
-        rows.push_back({r.batch, split_local ? static_cast<int>(i) : rank, r.profiles[i]});
-      }
-    }
-    std::printf("\n%s", DecodeProfileTable(rows).c_str());
-  }
+  PrintTable(results, split_local, rank, profile);
   std::fflush(stdout);
 
   nlohmann::json j;
@@ -464,46 +530,11 @@ absl::StatusOr<int> Run() {
   j["new_tokens"] = steps;
   j["load_seconds"] = load_s;
   j["join_seconds"] = join_s;
-  j["post_recv"] = absl::GetFlag(FLAGS_post_recv);
   j["stage_stream"] = stage_stream;
   j["device_send"] = device_send;
   j["split_local"] = split_local;
-  for (const BatchResult& r : results) {
-    j["results"].push_back({{"batch", r.batch}, {"prefill_ms", r.prefill_ms},
-                            {"decode_ms_per_step", r.decode_ms_step},
-                            {"decode_tok_s", r.decode_tok_s}, {"end_to_end_tok_s", r.e2e_tok_s},
-                            {"recv_ms_per_step", r.recv_ms}, {"compute_ms_per_step", r.step_ms},
-                            {"send_ms_per_step", r.send_ms}, {"tokens", r.tokens}});
-    for (const CudaDecodeProfile& p : r.profiles) {
-      const DecodeStepTimes t = PerStep(p);
-      j["results"].back()["profile"].push_back({{"device_ms", t.device_ms},
-                                                {"forward_ms", t.forward_ms},
-                                                {"idle_us", t.idle_us},
-                                                {"host_ms", t.host_ms},
-                                                {"host_to_launch_us", t.host_to_launch_us},
-                                                {"to_first_layer_us", t.to_first_layer_us},
-                                                {"first_layer_us", t.first_layer_us},
-                                                {"middle_layer_us", t.middle_layer_us},
-                                                {"last_layer_us", t.last_layer_us},
-                                                {"after_layers_us", t.after_layers_us}});
-    }
-  }
-  int code = 0;
-  const std::string ref = absl::GetFlag(FLAGS_reference);
-  if (!ref.empty() && rank == 0) {
-    nlohmann::json cmp = nlohmann::json::array();
-    ASSIGN_OR_RETURN(bool same, Compare(ref, results, cmp));
-    j["comparison"] = cmp;
-    j["tokens_identical"] = same;
-    if (!same) code = 3;
-  }
-  const std::string json_path = absl::GetFlag(FLAGS_json);
-  if (!json_path.empty()) {
-    std::ofstream f(json_path);
-    f << j.dump(1) << "\n";
-    if (!f) return absl::InternalError("cannot write " + json_path);
-  }
-  return code;
+  j["results"] = ResultsJson(results);
+  return CompareAndWrite(j, results, rank);
 }
 
 }  // namespace

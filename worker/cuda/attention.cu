@@ -1,7 +1,7 @@
 // Causal attention over the KV-cache, for prefill and decode alike: each row (one query token)
 // attends to keys [0, position] of its slot. Grouped-query heads share one block per kv head, and
-// the keys are split over `splits` blocks (flash-decoding), whose partial softmax states a second
-// kernel combines. Cache layout (slots, kv_heads, seq_capacity, head_dim): a head's keys are one
+// the keys are split over `splits` blocks (flash-decoding), whose partial softmax states the last
+// block of each (row, kv head) combines. Cache layout (slots, kv_heads, seq_capacity, head_dim): a head's keys are one
 // contiguous run, loaded with 16-byte loads into shared memory a tile at a time.
 #include <cfloat>
 
@@ -77,11 +77,11 @@ __device__ void FinishSplits(const float* part_acc, const float2* part_ml, T* ou
 // grid (num_kv_heads, rows, splits). partials per (row, split, head): head_dim accumulators, then
 // in a separate array (max, sum).
 //
-// kFinish: the kernel also writes `out`. With one split the block divides by its own sum and no
-// partials are written; otherwise every block publishes its partials, counts itself in
-// counters[r * num_kv_heads + kvh] (zero on entry; the last block resets it), and the last block
-// of a (row, kv head) combines the splits as the separate combine kernel does.
-template <typename T, bool kFinish, int kLoadBatch>
+// With one split the block divides by its own sum into `out` and no partials are written;
+// otherwise every block publishes its partials, counts itself in counters[r * num_kv_heads + kvh]
+// (zero on entry; the last block resets it), and the last block of a (row, kv head) combines the
+// splits into `out`.
+template <typename T, int kLoadBatch>
 __global__ void __launch_bounds__(kThreads)
     AttentionPartialKernel(const T* __restrict__ q, const T* __restrict__ k_cache,
                            const T* __restrict__ v_cache, const int32_t* __restrict__ positions,
@@ -108,10 +108,8 @@ __global__ void __launch_bounds__(kThreads)
   const size_t part_row = (static_cast<size_t>(r) * splits + split) * num_heads + kvh * group;
   if (begin >= end) {
     for (int g = threadIdx.x; g < group; g += blockDim.x) part_ml[part_row + g] = {-INFINITY, 0.0f};
-    if constexpr (kFinish) {
-      FinishSplits(part_acc, part_ml, out, counters, r, kvh, num_heads, num_kv_heads, head_dim,
-                   splits);
-    }
+    FinishSplits(part_acc, part_ml, out, counters, r, kvh, num_heads, num_kv_heads, head_dim,
+                 splits);
     return;
   }
 
@@ -236,17 +234,15 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
   }
-  if constexpr (kFinish) {
-    if (splits == 1) {
-      // The combine of a single split: its accumulators over its own sum.
-      T* o = out + static_cast<size_t>(r) * num_heads * head_dim + kvh * width;
+  if (splits == 1) {
+    // The combine of a single split: its accumulators over its own sum.
+    T* o = out + static_cast<size_t>(r) * num_heads * head_dim + kvh * width;
 #pragma unroll
-      for (int k = 0; k < kMaxOut; ++k) {
-        const int i = threadIdx.x + k * kThreads;
-        if (i < width) o[i] = FromF<T>(acc[k] / l_s[i / head_dim]);
-      }
-      return;
+    for (int k = 0; k < kMaxOut; ++k) {
+      const int i = threadIdx.x + k * kThreads;
+      if (i < width) o[i] = FromF<T>(acc[k] / l_s[i / head_dim]);
     }
+    return;
   }
   float* pa = part_acc + part_row * head_dim;
 #pragma unroll
@@ -255,24 +251,8 @@ __global__ void __launch_bounds__(kThreads)
     if (o < width) pa[o] = acc[k];
   }
   for (int g = threadIdx.x; g < group; g += blockDim.x) part_ml[part_row + g] = {m_s[g], l_s[g]};
-  if constexpr (kFinish) {
-    FinishSplits(part_acc, part_ml, out, counters, r, kvh, num_heads, num_kv_heads, head_dim,
-                 splits);
-  }
-}
-
-// grid (num_heads, rows); threads over head_dim.
-template <typename T>
-__global__ void AttentionCombineKernel(const float* __restrict__ part_acc,
-                                       const float2* __restrict__ part_ml, T* __restrict__ out,
-                                       int num_heads, int head_dim, int splits) {
-  AllowDependentLaunch();  // the out-projection may start prefetching its weights
-  WaitForPrerequisites();
-  const int h = blockIdx.x, r = blockIdx.y;
-  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    out[(static_cast<size_t>(r) * num_heads + h) * head_dim + d] =
-        FromF<T>(CombineSplits(part_acc, part_ml, r, h, d, num_heads, head_dim, splits));
-  }
+  FinishSplits(part_acc, part_ml, out, counters, r, kvh, num_heads, num_kv_heads, head_dim,
+               splits);
 }
 
 size_t PartialAccFloats(int rows, int num_heads, int head_dim, int splits) {
@@ -304,19 +284,20 @@ absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache, co
                                                    " must be >= 0 and scale ", params.scale,
                                                    " positive"));
   }
+  if (counters == nullptr) {
+    return absl::InvalidArgumentError(
+        "attention: counters is null; pass rows * num_kv_heads zeroed uint32 counters (the "
+        "kernel leaves them zero for the next launch)");
+  }
   float* part_acc = partials;
   float2* part_ml = reinterpret_cast<float2*>(
       partials + PartialAccFloats(rows, num_heads, head_dim, splits));
   const size_t smem = (group * head_dim + group * kTile + 3 * group + 4) * sizeof(float) +
                       2 * kTile * TileStride(head_dim) * 2;
   dim3 grid(num_kv_heads, rows, splits);
-  const bool finish = counters != nullptr;
   TANDEM_DISPATCH_HALF(dtype, {
-    const bool few = rows <= kMaxRowsForLoadBatch;
-    auto* kernel = finish ? (few ? AttentionPartialKernel<T, true, kLoadBatchFew>
-                                 : AttentionPartialKernel<T, true, 1>)
-                          : (few ? AttentionPartialKernel<T, false, kLoadBatchFew>
-                                 : AttentionPartialKernel<T, false, 1>);
+    auto* kernel = rows <= kMaxRowsForLoadBatch ? AttentionPartialKernel<T, kLoadBatchFew>
+                                                : AttentionPartialKernel<T, 1>;
     if (smem > 48 * 1024) {
       CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem)));
@@ -326,11 +307,6 @@ absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache, co
                             static_cast<const T*>(v_cache), positions, slots, part_acc, part_ml,
                             static_cast<T*>(out), counters, num_heads, num_kv_heads, head_dim,
                             seq_capacity, params.scale, params.window));
-    if (!finish) {
-      CUDA_CHECK(LaunchKernel(AttentionCombineKernel<T>, dim3(num_heads, rows),
-                              dim3(((head_dim + 31) / 32) * 32), 0, stream, pdl, part_acc, part_ml,
-                              static_cast<T*>(out), num_heads, head_dim, splits));
-    }
   });
   CUDA_CHECK_LAUNCH();
   return absl::OkStatus();

@@ -21,31 +21,12 @@ struct CudaOptions {
   // gemv.cu for every projection instead of cuBLAS; 0 uses cuBLAS throughout. At 8 rows cuBLAS
   // was faster on an H100 (docs/performance.md).
   int gemv_max_rows = 4;
-  // Kernel-latency fusions (false: the kernels as before, for comparison; docs/performance.md
-  // has what each one measured; two more that measured slower, every kernel of a GEMV-sized pass
-  // launched programmatically and the norms folded into the GEMVs, were removed):
-  // - attention_combine: the attention kernel combines its key splits itself (the last block of a
-  //   head does it) instead of a separate combine kernel; the same arithmetic.
   // Batch-invariant: a sequence's results do not depend on the other sequences of its batch (or
   // on how the batch is split into micro-batches and stages), so greedy outputs are the same at
   // every batch size and node count. Every projection goes through one cuBLASLt algorithm pinned
   // per shape without split-K (cuda::FixedAlgoGemm), the GEMV kernels are not used, and attention
   // never splits a row's keys. Slower at small batches (docs/performance.md).
   bool batch_invariant = false;
-  bool attention_combine = true;
-  // On GEMV-sized passes the QKV projection writes q and the KV-cache itself, rotary embedding
-  // included (cuda::GemvQkvCache), instead of a separate split/rotate kernel; the same bits.
-  bool qkv_cache_epilogue = true;
-  // In a prompt pass of the stage that holds the LM head, the last layer runs its attention and
-  // MLP only for the rows that are sampled (every row still writes its keys and values): nothing
-  // reads the other rows' outputs. A pass that samples nothing stops after the last layer's
-  // cache write. false: every row through the whole layer, for comparison.
-  bool last_layer_sampled_rows_only = true;
-  // GEMV launch shape for every projection of a GEMV-sized pass (cuda::GemvTuning): weight rows
-  // per warp (1 or 2) and warps per row group dividing K (1, 2 or 4); 0 leaves each to the
-  // per-shape choice. For measurements.
-  int gemv_rows_per_warp = 0;
-  int gemv_k_split = 0;
   // Rows of one forward pass for prompts (at least 1024 and the largest decode bucket): longer
   // steps run in chunks of this many rows. Larger chunks give the projections larger GEMMs.
   int prefill_rows = 8192;

@@ -80,14 +80,13 @@ struct AttentionParams {
 // (the last params.window of them when a window is set), scores scaled by params.scale.
 // q (rows, num_heads * head_dim), out (rows, num_heads * head_dim). The keys are split over
 // `splits` blocks per (row, kv head); partials (rows * splits * num_heads * (head_dim + 2) floats)
-// are combined by a second kernel, or, when `counters` is given (rows * num_kv_heads zeros, left
-// zero after the call), by the last block of each (row, kv head) in the same kernel; with one
-// split that kernel writes `out` directly. The same arithmetic either way.
+// are combined by the last block of each (row, kv head), counted in `counters` (rows *
+// num_kv_heads zeros, left zero after the call); with one split the block writes `out` directly.
 absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache, const void* v_cache,
                              const int32_t* positions, const int32_t* slots, float* partials,
                              void* out, int rows, int num_heads, int num_kv_heads, int head_dim,
                              int seq_capacity, int splits, const AttentionParams& params,
-                             cudaStream_t stream, uint32_t* counters = nullptr, bool pdl = false);
+                             cudaStream_t stream, uint32_t* counters, bool pdl = false);
 // Floats of partials that LaunchAttention needs.
 size_t AttentionPartialFloats(int rows, int num_heads, int head_dim, int splits);
 // Largest num_heads / num_kv_heads * head_dim the attention kernel handles.

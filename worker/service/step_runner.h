@@ -50,10 +50,6 @@ using DecodeSend = std::function<absl::Status(const StepDescriptor& step, const 
 struct StepRunnerOptions {
   int stage = 0;       // this stage's index in its pipeline
   int num_stages = 1;  // stages in the pipeline
-  // Post each step's receive before running it (ActivationTransport::PostRecv), so that over NCCL
-  // the step starts on the device once its input lands; false: wait for the input on the host
-  // first (Recv).
-  bool post_recv = true;
   // The last stage sends each step's sampled tokens to the first stage over the transport, whose
   // Run returns them (a pipeline without a coordinator); false: the last stage's Run returns them.
   bool tokens_to_first = false;

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (one H100), from the repository root, after
 # `PACK=... scripts/gpu-check` packed the binaries: a prompt pass's last layer for the sampled rows
-# only (CudaOptions::last_layer_sampled_rows_only) against every row through it. cuda_stage_test;
+# only against every row through it (the option that chose between them,
+# CudaOptions::last_layer_sampled_rows_only, has since been removed with the every-row pass, so
+# the A/B below now needs the tree of the recorded run; see git log). cuda_stage_test;
 # tandem's prefill against HF transformers (scripts/prefill-vs-hf) at 1 x 8192 on the llama3.1-8b
 # shape and at the openllama-3b shapes; tandem-bench with the option off and on, alternated, at
 # the same shapes; prefill logits against HF at 8,191 and 2,047 tokens (compare_gpu.py); decode

@@ -338,15 +338,13 @@ TEST_P(KernelTest, RopeOfManyRowsEqualsRowByRowForEveryVectorWidth) {
   }
 }
 
-// Causal attention over a filled cache for rows of different lengths and slots, GQA heads.
-// With `in_kernel_combine` the splits are combined by the attention kernel itself (twice in a
-// row, so that the second launch sees the counters the first one reset), and the output must have
-// the very bits of the two-kernel path.
+// Causal attention over a filled cache for rows of different lengths and slots, GQA heads. The
+// kernel runs twice (the second launch sees the counters the first one reset): the same bits both
+// times, the counters left zero, and the output against the reference below.
 // `copies` > 1 repeats the five rows (more than 8 rows take the kernel's one-load-at-a-time path).
 // `window` > 0: a sliding window (keys [pos - window + 1, pos]); `scale` 0: 1 / sqrt(head_dim).
 void CheckAttention(DType t, float tol, int head_dim, int heads, int kv_heads, int splits,
-                    bool in_kernel_combine = false, int copies = 1, int window = 0,
-                    float scale = 0.0f) {
+                    int copies = 1, int window = 0, float scale = 0.0f) {
   const AttentionParams params{scale > 0 ? scale : 1.0f / std::sqrt(float(head_dim)), window};
   const int slots = 3, cap = 320;
   const size_t cache = size_t{slots} * kv_heads * cap * head_dim;
@@ -360,36 +358,30 @@ void CheckAttention(DType t, float tol, int head_dim, int heads, int kv_heads, i
   const int rows = static_cast<int>(pos.size()), q_dim = heads * head_dim;
   auto q = Quantize(t, Random(rows * q_dim, 12, 2.0f));
   DeviceBuffer dk = Upload(t, kc), dv = Upload(t, vc), dq = Upload(t, q);
-  DeviceBuffer dpos = UploadRaw(pos), dslot = UploadRaw(slot), part, out;
+  DeviceBuffer dpos = UploadRaw(pos), dslot = UploadRaw(slot), part, out, counters;
   ASSERT_TRUE(part.Allocate(AttentionPartialFloats(rows, heads, head_dim, splits) * 4).ok());
   ASSERT_TRUE(out.Allocate(rows * q_dim * 2).ok());
-  ASSERT_TRUE(LaunchAttention(t, dq.get(), dk.get(), dv.get(), dpos.as<int32_t>(),
-                              dslot.as<int32_t>(), part.as<float>(), out.get(), rows, heads,
-                              kv_heads, head_dim, cap, splits, params, nullptr).ok());
-  if (in_kernel_combine) {
-    const std::vector<float> two_kernels = Download(t, out, rows * q_dim);
-    DeviceBuffer counters, fused;
-    ASSERT_TRUE(counters.Allocate(rows * kv_heads * 4).ok());
-    ASSERT_EQ(cudaMemset(counters.get(), 0, rows * kv_heads * 4), cudaSuccess);
-    ASSERT_TRUE(fused.Allocate(rows * q_dim * 2).ok());
-    for (int run = 0; run < 2; ++run) {
-      ASSERT_EQ(cudaMemset(fused.get(), 0xff, rows * q_dim * 2), cudaSuccess);  // NaN
-      ASSERT_TRUE(LaunchAttention(t, dq.get(), dk.get(), dv.get(), dpos.as<int32_t>(),
-                                  dslot.as<int32_t>(), part.as<float>(), fused.get(), rows, heads,
-                                  kv_heads, head_dim, cap, splits, params, nullptr,
-                                  counters.as<uint32_t>(), false)
-                      .ok());
-      const std::vector<float> got = Download(t, fused, rows * q_dim);
-      for (size_t i = 0; i < got.size(); ++i) {
-        ASSERT_EQ(std::memcmp(&got[i], &two_kernels[i], sizeof(float)), 0)
-            << "run " << run << " element " << i << ": " << got[i] << " vs " << two_kernels[i];
-      }
+  ASSERT_TRUE(counters.Allocate(rows * kv_heads * 4).ok());
+  ASSERT_EQ(cudaMemset(counters.get(), 0, rows * kv_heads * 4), cudaSuccess);
+  std::vector<float> got;
+  for (int run = 0; run < 2; ++run) {
+    ASSERT_EQ(cudaMemset(out.get(), 0xff, rows * q_dim * 2), cudaSuccess);  // NaN
+    ASSERT_TRUE(LaunchAttention(t, dq.get(), dk.get(), dv.get(), dpos.as<int32_t>(),
+                                dslot.as<int32_t>(), part.as<float>(), out.get(), rows, heads,
+                                kv_heads, head_dim, cap, splits, params, nullptr,
+                                counters.as<uint32_t>())
+                    .ok());
+    const std::vector<float> again = Download(t, out, rows * q_dim);
+    for (size_t i = 0; run == 1 && i < got.size(); ++i) {
+      ASSERT_EQ(std::memcmp(&got[i], &again[i], sizeof(float)), 0)
+          << "element " << i << ": " << again[i] << " on the second run, " << got[i] << " first";
     }
-    std::vector<uint32_t> left(rows * kv_heads, 1);
-    ASSERT_EQ(cudaMemcpy(left.data(), counters.get(), left.size() * 4, cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    EXPECT_EQ(left, std::vector<uint32_t>(rows * kv_heads, 0u)) << "counters left non-zero";
+    got = again;
   }
+  std::vector<uint32_t> left(rows * kv_heads, 1);
+  ASSERT_EQ(cudaMemcpy(left.data(), counters.get(), left.size() * 4, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(left, std::vector<uint32_t>(rows * kv_heads, 0u)) << "counters left non-zero";
   std::vector<float> want(rows * q_dim);
   const int group = heads / kv_heads;
   for (int r = 0; r < rows; ++r) {
@@ -436,21 +428,10 @@ TEST_P(KernelTest, AttentionHeadDimNotMultipleOfEight) {
   CheckAttention(t(), tol(), 100, 4, 4, 3);  // the OpenLLaMA-3B head size
 }
 
-TEST_P(KernelTest, AttentionCombinedInKernelOneSplitEqualsTwoKernels) {
-  SKIP_WITHOUT_GPU();
-  CheckAttention(t(), tol(), 64, 8, 2, 1, true);
-}
-
-TEST_P(KernelTest, AttentionCombinedInKernelManySplitsEqualsTwoKernels) {
-  SKIP_WITHOUT_GPU();
-  CheckAttention(t(), tol(), 64, 8, 2, 5, true);  // row 0 leaves splits 1-4 empty
-  CheckAttention(t(), tol(), 100, 4, 4, 3, true);
-}
-
 TEST_P(KernelTest, AttentionOfManyRowsMatchesTheReference) {
   SKIP_WITHOUT_GPU();
-  CheckAttention(t(), tol(), 100, 4, 4, 3, false, 3);
-  CheckAttention(t(), tol(), 64, 8, 2, 5, true, 2);
+  CheckAttention(t(), tol(), 100, 4, 4, 3, 3);
+  CheckAttention(t(), tol(), 64, 8, 2, 5, 2);
 }
 
 // Mistral's sliding window: rows at positions 0, 63, 64, 299 and 130 against windows that cut
@@ -460,31 +441,42 @@ TEST_P(KernelTest, AttentionSlidingWindowSeesOnlyTheLastWindowKeys) {
   SKIP_WITHOUT_GPU();
   for (int window : {1, 2, 17, 64, 65, 200, 1000}) {
     SCOPED_TRACE(testing::Message() << "window " << window);
-    CheckAttention(t(), tol(), 64, 8, 2, 1, false, 1, window);
-    CheckAttention(t(), tol(), 64, 8, 2, 5, true, 1, window);
-    CheckAttention(t(), tol(), 100, 4, 4, 3, false, 3, window);
+    CheckAttention(t(), tol(), 64, 8, 2, 1, 1, window);
+    CheckAttention(t(), tol(), 64, 8, 2, 5, 1, window);
+    CheckAttention(t(), tol(), 100, 4, 4, 3, 3, window);
   }
 }
 
 // GPT-2's scale_attn_weights false / scale_attn_by_inverse_layer_idx: the scale is the caller's.
 TEST_P(KernelTest, AttentionScalesScoresByTheGivenFactor) {
   SKIP_WITHOUT_GPU();
-  CheckAttention(t(), tol(), 64, 8, 2, 5, true, 1, 0, 1.0f / 3.0f);
-  CheckAttention(t(), tol(), 64, 8, 2, 1, false, 1, 30, 0.05f);
+  CheckAttention(t(), tol(), 64, 8, 2, 5, 1, 0, 1.0f / 3.0f);
+  CheckAttention(t(), tol(), 64, 8, 2, 1, 1, 30, 0.05f);
 }
 
 TEST_P(KernelTest, AttentionRejectsGroupWiderThanKernel) {
   SKIP_WITHOUT_GPU();
   EXPECT_FALSE(LaunchAttention(t(), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                               1, 32, 1, 128, 64, 1, AttentionParams{0.1f, 0}, nullptr).ok());
+                               1, 32, 1, 128, 64, 1, AttentionParams{0.1f, 0}, nullptr, nullptr)
+                   .ok());
 }
 
 TEST_P(KernelTest, AttentionRejectsNegativeWindowAndNonPositiveScale) {
   SKIP_WITHOUT_GPU();
   EXPECT_FALSE(LaunchAttention(t(), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                               1, 8, 2, 64, 64, 1, AttentionParams{0.1f, -1}, nullptr).ok());
+                               1, 8, 2, 64, 64, 1, AttentionParams{0.1f, -1}, nullptr, nullptr)
+                   .ok());
   EXPECT_FALSE(LaunchAttention(t(), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                               1, 8, 2, 64, 64, 1, AttentionParams{0.0f, 0}, nullptr).ok());
+                               1, 8, 2, 64, 64, 1, AttentionParams{0.0f, 0}, nullptr, nullptr)
+                   .ok());
+}
+
+TEST_P(KernelTest, AttentionRejectsMissingSplitCounters) {
+  const absl::Status st =
+      LaunchAttention(t(), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 8, 2,
+                      64, 64, 1, AttentionParams{0.1f, 0}, nullptr, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), testing::HasSubstr("counters"));
 }
 
 TEST_P(KernelTest, GeluTanhWithBias) {

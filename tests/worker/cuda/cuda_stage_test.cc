@@ -162,13 +162,11 @@ std::unique_ptr<Stage> MakeCudaWith(const std::filesystem::path& dir, const Cuda
 }
 
 std::unique_ptr<Stage> MakeCuda(const std::filesystem::path& dir, DType dtype, bool graphs,
-                                int first = 0, int last = -1, int gemv_max_rows = 8,
-                                bool decode_fusions = true) {
+                                int first = 0, int last = -1, int gemv_max_rows = 8) {
   CudaOptions o;
   o.dtype = dtype;
   o.cuda_graphs = graphs;
   o.gemv_max_rows = gemv_max_rows;
-  o.attention_combine = decode_fusions;
   return MakeCudaWith(dir, o, first, last);
 }
 
@@ -303,23 +301,23 @@ TEST_P(CudaStageVsCpu, GemvDecodeMatchesCublasDecode) {
   }
 }
 
-// The decode fusions (attention splits combined in the attention kernel) against the unfused
-// kernels, in decode buckets 1, 2 and 4, through graphs and direct launches alike; and a later
-// pipeline stage (no embedding) agrees too. The combine keeps the arithmetic up to the order of
-// the splits' sums; the bound (2e-3 relative on the logits) and the comparison of tokens only
-// where the top-2 gap is clear leave room for a greedy token that flips on a near tie.
-TEST_P(CudaStageVsCpu, DecodeFusionsGiveTheSameResultsAsUnfusedKernels) {
+// Decode passes of at most 4 rows through the GEMV kernels (the QKV projection writing q and the
+// KV-cache itself) against cuBLAS with the separate split/rotate kernel, in decode buckets 1, 2
+// and 4, through graphs and direct launches alike; and a later pipeline stage (no embedding)
+// agrees too. The bound (5e-3 relative on the logits) and the comparison of tokens only where the
+// top-2 gap is clear leave room for a greedy token that flips on a near tie.
+TEST_P(CudaStageVsCpu, GemvDecodeOfFourRowsMatchesCublasInGraphsDirectLaunchesAndLaterStages) {
   SKIP_WITHOUT_GPU();
   const auto dir = Checkpoint(GetParam());
   auto probe = MakeCuda(dir, DType::kF16, true);
   ASSERT_TRUE(probe);
   const int v = probe->config().vocab_size;
   probe.reset();
-  const double bound = 2e-3;
+  const double bound = 5e-3;
   for (bool graphs : {true, false}) {
     SCOPED_TRACE(graphs ? "graphs" : "direct launches");
-    auto fused = MakeCuda(dir, DType::kF16, graphs, 0, -1, 4, true);
-    auto plain = MakeCuda(dir, DType::kF16, graphs, 0, -1, 4, false);
+    auto fused = MakeCuda(dir, DType::kF16, graphs, 0, -1, 4);
+    auto plain = MakeCuda(dir, DType::kF16, graphs, 0, -1, 0);
     ASSERT_TRUE(fused && plain);
     for (const std::vector<Seq>& seqs :
          {std::vector<Seq>{{0, Prompt(9, 21, v)}},
@@ -331,10 +329,11 @@ TEST_P(CudaStageVsCpu, DecodeFusionsGiveTheSameResultsAsUnfusedKernels) {
       ExpectSameDecodeUpToNearTies(a, b, v, bound);
     }
   }
-  // Two stages, fused, against one unfused stage: a single-token prompt is a GEMV-sized pass.
-  auto first = MakeCuda(dir, DType::kF16, true, 0, 2, 4, true);
-  auto second = MakeCuda(dir, DType::kF16, true, 2, -1, 4, true);
-  auto whole = MakeCuda(dir, DType::kF16, true, 0, -1, 4, false);
+  // Two stages through the GEMV kernels against one through cuBLAS: a single-token prompt is a
+  // GEMV-sized pass.
+  auto first = MakeCuda(dir, DType::kF16, true, 0, 2, 4);
+  auto second = MakeCuda(dir, DType::kF16, true, 2, -1, 4);
+  auto whole = MakeCuda(dir, DType::kF16, true, 0, -1, 0);
   ASSERT_TRUE(first && second && whole);
   StepDescriptor step;
   step.return_logits = true;
@@ -350,53 +349,6 @@ TEST_P(CudaStageVsCpu, DecodeFusionsGiveTheSameResultsAsUnfusedKernels) {
   ASSERT_TRUE(got.ok()) << got.status();
   ExpectSameDecodeUpToNearTies(Trace{{got->tokens}, {got->logits}},
                                Trace{{want->tokens}, {want->logits}}, v, bound);
-}
-
-// The QKV GEMV writing q and the KV-cache itself keeps every bit of the separate split/rotate
-// kernel, in decode buckets 1, 2 and 4, through graphs and direct launches; GEMVs that divide K
-// between 2 or 4 warps change only the order of fp32 sums.
-TEST_P(CudaStageVsCpu, QkvCacheEpilogueKeepsTheBitsAndKSplitsKeepTheResults) {
-  SKIP_WITHOUT_GPU();
-  const auto dir = Checkpoint(GetParam());
-  for (bool graphs : {true, false}) {
-    SCOPED_TRACE(graphs ? "graphs" : "direct launches");
-    CudaOptions o;
-    o.cuda_graphs = graphs;
-    o.gemv_max_rows = 4;
-    o.gemv_k_split = 1;
-    auto separate = MakeCudaWith(dir, [&] {
-      CudaOptions x = o;
-      x.qkv_cache_epilogue = false;
-      return x;
-    }());
-    auto fused = MakeCudaWith(dir, o);
-    auto split = MakeCudaWith(dir, [&] {
-      CudaOptions x = o;
-      x.gemv_k_split = 4;
-      x.gemv_rows_per_warp = 2;
-      return x;
-    }());
-    ASSERT_TRUE(separate && fused && split);
-    const int v = fused->config().vocab_size;
-    for (const std::vector<Seq>& seqs :
-         {std::vector<Seq>{{0, Prompt(9, 31, v)}},
-          std::vector<Seq>{{1, Prompt(3, 32, v)}, {0, Prompt(17, 33, v)}},
-          std::vector<Seq>{{3, Prompt(6, 34, v)}, {1, Prompt(2, 35, v)}, {0, Prompt(70, 36, v)}}}) {
-      SCOPED_TRACE(testing::Message() << seqs.size() << " sequences");
-      Trace a = RunSteps(*fused, seqs, 12), b = RunSteps(*separate, seqs, 12);
-      EXPECT_EQ(a.tokens, b.tokens);
-      EXPECT_EQ(a.logits, b.logits);
-      ExpectSameDecodeUpToNearTies(RunSteps(*split, seqs, 12), a, v, 1e-3);
-    }
-  }
-  CudaOptions bad;
-  bad.gemv_k_split = 3;
-  StageSpec spec;
-  spec.model_dir = dir;
-  EXPECT_EQ(MakeCudaStage(spec, bad).status().code(), absl::StatusCode::kInvalidArgument);
-  bad.gemv_k_split = 0;
-  bad.gemv_rows_per_warp = 4;
-  EXPECT_EQ(MakeCudaStage(spec, bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(CudaStageVsCpu, TwoStagesGiveTheSameLogitsAsOne) {
@@ -888,11 +840,10 @@ TEST_P(CudaStageVsCpu, BatchInvariantModeGivesASequenceTheSameBitsInAnyBatch) {
   EXPECT_EQ(got->logits, alone.logits[0]);
 }
 
-// A prompt pass's last layer runs past its cache write only for the rows it samples
-// (CudaOptions::last_layer_sampled_rows_only). In batch-invariant mode, where a row's arithmetic
-// does not depend on the other rows, that gives the same bits as every row through the whole
-// layer; and a prompt cut into pieces that sample nothing until the last (their passes stop after
-// the last layer's cache write) gives the same bits as the whole prompt.
+// A prompt pass's last layer runs past its cache write only for the rows it samples. In
+// batch-invariant mode, where a row's arithmetic does not depend on the other rows, a prompt cut
+// into pieces that sample nothing until the last (their passes stop after the last layer's cache
+// write) gives the same bits as the whole prompt among others.
 TEST_P(CudaStageVsCpu, LastLayerOfTheSampledRowsOnlyKeepsTheBits) {
   SKIP_WITHOUT_GPU();
   const auto dir = Checkpoint(GetParam());
@@ -900,17 +851,12 @@ TEST_P(CudaStageVsCpu, LastLayerOfTheSampledRowsOnlyKeepsTheBits) {
   o.dtype = DType::kF16;
   o.batch_invariant = true;
   auto sampled_only = MakeCudaWith(dir, o);
-  o.last_layer_sampled_rows_only = false;
-  auto every_row = MakeCudaWith(dir, o);
-  ASSERT_TRUE(sampled_only && every_row);
+  ASSERT_TRUE(sampled_only);
   const int v = sampled_only->config().vocab_size;
   const std::vector<Seq> seqs = {{0, Prompt(20, 61, v)}, {1, Prompt(5, 62, v)},
                                  {2, Prompt(33, 63, v)}};
-  const Trace a = RunSteps(*sampled_only, seqs, 4), b = RunSteps(*every_row, seqs, 4);
-  ASSERT_EQ(a.logits.size(), 5u);
+  const Trace b = RunSteps(*sampled_only, seqs, 4);
   ASSERT_EQ(b.logits.size(), 5u);
-  for (size_t i = 0; i < a.logits.size(); ++i) EXPECT_EQ(a.logits[i], b.logits[i]) << "step " << i;
-  EXPECT_EQ(a.tokens, b.tokens);
 
   // The third prompt again in slot 3, in pieces of 12, 1 and 20 tokens; only the last samples.
   const std::vector<int32_t>& p = seqs[2].prompt;

@@ -202,18 +202,6 @@ TEST_F(StepRunnerTest, MiddleStagePostsTheReceiveStepsThenSends) {
   EXPECT_EQ(run->times.send_bytes, 6 * 4 * 4);
 }
 
-TEST_F(StepRunnerTest, WaitsForTheInputWhenReceivesAreNotPosted) {
-  transport.rows_on_recv = 2;
-  auto runner = StepRunner::Create(stage, &transport,
-                                   Opt(1, 2, [&](StepRunnerOptions& o) { o.post_recv = false; }));
-  ASSERT_TRUE(runner.ok()) << runner.status();
-  stage.head = true;
-  absl::StatusOr<StepRun> run = (*runner)->Run(Decode(3, 2), kNever);
-  ASSERT_TRUE(run.ok()) << run.status();
-  EXPECT_THAT(log, ElementsAre("recv 3", "step 3 in 2"));
-  EXPECT_THAT(run->tokens, ElementsAre(100, 101));
-}
-
 TEST_F(StepRunnerTest, StepsRunInTheOrderGiven) {
   auto runner = StepRunner::Create(stage, &transport, Opt(1, 3));
   ASSERT_TRUE(runner.ok()) << runner.status();

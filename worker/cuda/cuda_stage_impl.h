@@ -1,0 +1,310 @@
+// The CUDA stage's class and the pieces its files share: cuda_stage.cc (loading, steps, the public
+// functions of cuda_stage.h), cuda_stage_weights.cc (weights placed on the device),
+// cuda_stage_memory.cc (workspace and KV-cache), cuda_stage_kv.cc (KV blocks in and out),
+// cuda_stage_forward.cc (the forward pass), cuda_stage_decode.cc (decode graphs and decode steps
+// launched ahead). Internal to worker/cuda/.
+//
+// Device memory, all allocated at load time so that no step can run out of memory:
+//   placed_    every tensor of the stage: arenas of weights, its own or taken from earlier stages
+//              (StageSpec::placed) where they hold its layers
+//   kv_        K and V: (layers, 2, max_slots + 1, kv_heads, seq_capacity, head_dim); the extra
+//              slot takes the writes of the padding rows of a decode bucket, and stages KV blocks
+//              (ExportKv, ImportKv) in the block's layout on their way to and from the host
+//   work       activations for rows_cap rows: x (residual), xn, qkv, q, attn, mlp, partials and
+//              the attention split counters; logits and sampling for samples_cap rows
+//   inputs_    per-row and per-sample step inputs, mirrored by a pinned host block and copied in
+//              one cudaMemcpyAsync, so that a graph reads them from fixed addresses
+// A step with more rows than rows_cap (a long prefill) runs as consecutive row chunks: each chunk
+// goes through every layer before the next, which is the same causal computation.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/cuda/cuda_check.h"
+#include "worker/cuda/cuda_stage.h"
+#include "worker/cuda/kernels.h"
+#include "worker/cuda/weight_upload.h"
+#include "worker/kv_out.h"
+#include "worker/weights.h"
+
+namespace tandem {
+
+using cuda::DeviceBuffer;
+using cuda::PinnedBuffer;
+
+// One arena of weights in device memory (PlacedWeights), of one checkpoint directory, dtype and
+// device.
+class CudaPlacedWeights final : public PlacedWeights {
+ public:
+  CudaPlacedWeights(std::string dir, DType dtype, int device, cuda::DeviceWeights w)
+      : dir_(std::move(dir)), dtype_(dtype), device_(device), w_(std::move(w)) {}
+  int first_layer() const override { return w_.tensors.first_layer; }
+  int last_layer() const override { return w_.tensors.last_layer; }
+  int64_t bytes() const override { return static_cast<int64_t>(w_.arena.size()); }
+  bool Serves(const std::string& dir, DType dtype, int device) const {
+    return dir == dir_ && dtype == dtype_ && device == device_;
+  }
+  bool Holds(int layer) const { return layer >= first_layer() && layer < last_layer(); }
+  const StageWeightsOf<const void*>& tensors() const { return w_.tensors; }
+
+ private:
+  const std::string dir_;
+  const DType dtype_;
+  const int device_;
+  const cuda::DeviceWeights w_;
+};
+
+// The weights of the layers [first, last) of `spec`'s checkpoint: those of `spec.placed` that
+// serve it (same directory, dtype and device), and the layers they lack, from the first one
+// lacking to the last, uploaded as one more arena (`uploaded`, null when nothing lacked).
+struct StageArenas {
+  std::vector<std::shared_ptr<const CudaPlacedWeights>> usable;
+  std::shared_ptr<const CudaPlacedWeights> uploaded;
+};
+absl::StatusOr<StageArenas> ArenasFor(const StageSpec& spec, int first, int last,
+                                      const CudaOptions& opt, bool tie_word_embeddings);
+
+constexpr int kMinRowsCap = 1024;  // rows per forward pass (prefill chunk)
+constexpr int kMaxSplits = 16;     // key splits per (row, kv head) in attention
+
+// A sequence whose token the device's sampler does not draw by the whole rule.
+inline bool NeedsHostRule(const SequenceStep& s) {
+  return s.sample && (s.sampling.has_penalties() || s.sampling.min_p > 0.0f || s.logprobs >= 0);
+}
+
+inline int NextPow2(int n) {
+  int b = 1;
+  while (b < n) b <<= 1;
+  return b;
+}
+
+struct DeviceLayer {
+  const void* attn_norm_w = nullptr;  // (hidden)
+  const void* attn_norm_b = nullptr;  // (hidden), GPT-2
+  const void* wqkv = nullptr;         // (q_dim + 2 kv_dim, hidden)
+  const void* bqkv = nullptr;         // (q_dim + 2 kv_dim), GPT-2
+  const void* wo = nullptr;           // (hidden, q_dim)
+  const void* bo = nullptr;           // (hidden), GPT-2
+  const void* mlp_norm_w = nullptr;   // (hidden)
+  const void* mlp_norm_b = nullptr;   // (hidden), GPT-2
+  const void* w_in = nullptr;         // (intermediate or 2 * intermediate, hidden)
+  const void* b_in = nullptr;         // (intermediate), GPT-2
+  const void* w_out = nullptr;        // (hidden, intermediate)
+  const void* b_out = nullptr;        // (hidden), GPT-2
+};
+
+class CudaStage final : public Stage {
+ public:
+  CudaStage(const ModelConfig& c, const CudaOptions& o) : c_(c), opt_(o) {}
+
+  ~CudaStage() override {
+    if (stream_.get() != nullptr) cudaStreamSynchronize(stream_.get());
+  }
+
+  // Load in phases: options and shapes checked, weights uploaded, working buffers, KV-cache
+  // (its share of the memory the others leave).
+  absl::Status Load(const StageSpec& spec);
+  absl::Status CheckOptions(const StageSpec& spec);
+  absl::Status UploadWeights(const StageSpec& spec);
+  absl::Status AllocateWorkspace();
+  absl::Status AllocateKvCache();
+  // Bytes of the KV-cache of `layers` layers at the checked sizes, at most `budget`.
+  absl::StatusOr<int64_t> KvBytes(int layers, int64_t budget, std::string_view budget_what) const;
+  absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) override;
+  const ModelConfig& config() const override { return c_; }
+  std::vector<std::shared_ptr<const PlacedWeights>> placed_weights() const override {
+    return {placed_.begin(), placed_.end()};
+  }
+  absl::StatusOr<KvBlock> ExportKv(int slot, int positions, int first_layer,
+                                   int num_layers) const override;
+  absl::StatusOr<KvBlock> ExportKvToDevice(int slot, int positions, int first_layer,
+                                           int num_layers) const override;
+  absl::Status ImportKv(int slot, const KvBlock& block) override;
+  // A write-out's block is in device memory; the last chunk of its step gathers each layer's rows
+  // into it right after writing them, on the stage's stream, and publishes the layer with an
+  // event recorded behind the copy.
+  absl::StatusOr<std::shared_ptr<KvOut>> OpenKvOut(int slot, int positions) override;
+  // Decode steps launched ahead: each fills one of two input blocks (the other may still be on
+  // its way to the device for the step before), replays its graph behind the steps launched
+  // before, and copies its tokens into one of two host blocks, with an event recorded after; a
+  // row fed by the step before reads its token from tokens_out_ in the embedding.
+  bool LaunchOverlaps() const override { return true; }
+  bool CanLaunchDecode(const StepDescriptor& step) const override;
+  absl::Status LaunchDecode(const StepDescriptor& step,
+                            std::span<const int> from_previous) override;
+  bool DecodeDone() const override;
+  absl::StatusOr<StepOutput> FinishDecode() override;
+  int launched_decodes() const override { return static_cast<int>(ahead_.size()); }
+  // The observer's marks are recorded into the decode graphs: they are captured again.
+  void set_observer(DecodeObserver* observer) {
+    observer_ = observer;
+    graphs_.clear();
+  }
+  int decode_graphs() const { return static_cast<int>(graphs_.size()); }
+  cudaStream_t stream() const { return stream_.get(); }
+  void set_tail(DecodeTail tail) { tail_ = std::move(tail); }
+  void set_watch(std::function<absl::Status()> watch) { watch_ = std::move(watch); }
+
+ private:
+  // Offsets (bytes) of the step inputs inside the host and device blocks.
+  struct InputLayout {
+    size_t seed, sample_index, temperature, top_p, top_k, tokens, positions, slots, gather, total;
+    // Position and slot of each sampled row (gather's rows), for a last layer of sampled rows.
+    size_t sample_positions, sample_slots;
+  };
+
+  absl::Status Validate(const StepDescriptor& step, const Activations& in) const;
+  absl::StatusOr<StepOutput> StepRows(const StepDescriptor& step, const Activations& in);
+  // A block of this stage's dtype and dims over the given layers and positions, its K and V in
+  // device memory (not written).
+  absl::StatusOr<KvBlock> DeviceKvBlock(int first_layer, int num_layers, int positions) const;
+  // Layer `l`'s rows of the write-out's slot into its block, published once they are there.
+  absl::Status WriteOut(KvOut& out, int l);
+  // Where a forward pass stands between layers: the residual stream and the rows a layer runs
+  // past its cache write (every row, or in a pruned last layer the sampled ones, gathered), and
+  // the bias of the last projection into x, not yet added.
+  struct PassRows {
+    void* x;
+    const void* q;
+    int n;
+    const int32_t* positions;
+    const int32_t* slots;
+    bool sampled_only = false;
+    const void* pending_bias = nullptr;
+  };
+  absl::Status Forward(int rows, int samples);
+  absl::Status QkvIntoCache(int l, int rows, bool gemv, const void* pending_bias);
+  absl::Status KeepSampledRows(int samples, PassRows& p);
+  absl::Status AttentionAndMlp(int l, bool gemv, PassRows& p);
+  absl::Status Head(int samples, const PassRows& p);
+  // A decode step; `from_previous` as LaunchDecode's. With `wait` false it returns once the step
+  // and the copy of its tokens to host_tokens_[buf_] are queued (no tail, no input to await).
+  absl::Status RunDecode(const StepDescriptor& step, const Activations& in, StepOutput& out,
+                         std::span<const int> from_previous = {}, bool wait = true);
+  // The sampled rows' tokens (and logits) of decode step `step` from `host_tokens` into `out`.
+  void ReadDecodeTokens(const StepDescriptor& step, const int32_t* host_tokens,
+                        StepOutput& out) const;
+  absl::Status RunChunks(const StepDescriptor& step, const Activations& in, StepOutput& out);
+  absl::Status CopyInput(const Activations& in, int64_t row0, int rows);
+  absl::Status AwaitInput(const Activations& in);
+  absl::Status Replay(int bucket);
+  // Captures the decode graph of batch-size bucket `bucket` (nothing runs).
+  absl::Status Capture(int bucket);
+  // Every bucket's graph, 1, 2, 4, ... up to the largest, when the stage loads: a bucket's first
+  // step would otherwise stall all of its sequences for the capture (tens of milliseconds, seen
+  // as inter-token latency spikes in a service whose batch grows and shrinks).
+  absl::Status CaptureDecodeGraphs();
+  // Waits for the stream: in the driver, or polling watch_ where one is set.
+  absl::Status Drain() const;
+  // Where a KV block's layer `layer` (of the stage) passes through on its way to or from the
+  // host, as (positions, kv_dim): the spare slot's rows of that layer's K and V. No sequence owns
+  // the spare slot; padding rows of decode steps write there and nothing reads it back.
+  std::pair<void*, void*> KvStaging(int layer) const {
+    const size_t spare = static_cast<size_t>(max_slots_) * seq_capacity_ * RowBytes(c_.kv_dim());
+    return {static_cast<char*>(KCache(layer)) + spare, static_cast<char*>(VCache(layer)) + spare};
+  }
+  // The observer's mark at `point` of the step, where one is set.
+  absl::Status Mark(DecodeObserver::Point point) {
+    return observer_ != nullptr ? observer_->Mark(point, stream_.get()) : absl::OkStatus();
+  }
+  int SplitsFor(int rows) const;
+  // Decode passes of at most this many rows use the GEMV kernels (none when batch-invariant).
+  int GemvMaxRows() const { return opt_.batch_invariant ? 0 : opt_.gemv_max_rows; }
+  // Whether a pass of `rows` rows takes the GEMV kernels for every projection.
+  bool GemvFits(int rows) const {
+    return rows <= GemvMaxRows() && cuda::GemvSupported(rows, c_.hidden_size) &&
+           cuda::GemvSupported(rows, c_.intermediate_size) && cuda::GemvSupported(rows, c_.q_dim());
+  }
+  // Whether the last layer of a pass runs past its cache write only for the sampled rows: a
+  // head's prompt pass, where rows go unsampled and nothing reads their outputs (every row still
+  // writes its keys and values). A pass that samples nothing stops after that cache write.
+  bool LastLayerSampledOnly(int rows, int samples, bool gemv) const {
+    return has_head_ && !gemv && samples < rows;
+  }
+  // y (rows, out) = x · wᵀ + beta * y: cuBLAS, or the pinned algorithms when batch-invariant.
+  absl::Status Matmul(const void* x, const void* w, void* y, int rows, int out, int in, float beta,
+                      bool y_f32);
+
+  template <typename T>
+  T* HostIn(size_t off) { return reinterpret_cast<T*>(host_in_[buf_].as<char>() + off); }
+  template <typename T>
+  T* DevIn(size_t off) const { return reinterpret_cast<T*>(inputs_.as<char>() + off); }
+  void* KCache(int layer) const {
+    return kv_.as<char>() + (2 * static_cast<size_t>(layer)) * kv_layer_bytes_;
+  }
+  void* VCache(int layer) const {
+    return kv_.as<char>() + (2 * static_cast<size_t>(layer) + 1) * kv_layer_bytes_;
+  }
+  size_t RowBytes(int cols) const { return static_cast<size_t>(cols) * DTypeSize(opt_.dtype); }
+
+  const ModelConfig c_;
+  const CudaOptions opt_;
+  bool has_embedding_ = false, has_head_ = false;
+  int first_layer_ = 0;  // of the model: attention's scale and window are per model layer
+  int num_layers_ = 0;
+  int max_slots_ = 0, max_seq_len_ = 0, seq_capacity_ = 0;
+  int rows_cap_ = 0, samples_cap_ = 0, max_bucket_ = 0, sm_count_ = 0;
+  // The next forward pass's rows are prompt runs (several rows per sequence): attention through
+  // the tensor-core prefill kernel. Set per chunk by RunChunks; never for decode steps.
+  bool prefill_attention_ = false;
+  size_t kv_layer_bytes_ = 0;
+
+  cuda::Stream stream_;
+  cuda::CublasHandle cublas_;
+  DeviceBuffer cublas_workspace_;
+  std::unique_ptr<cuda::FixedAlgoGemm> fixed_gemm_;  // batch_invariant: every GEMM through it
+  // The weights' arenas this stage runs on (its own upload, or taken from earlier stages).
+  std::vector<std::shared_ptr<const CudaPlacedWeights>> placed_;
+  DeviceBuffer kv_;
+  DeviceBuffer inv_freq_;  // (head_dim / 2) fp32 rotary inverse frequencies (Llama)
+  DeviceBuffer x_, xn_, qkv_, q_, attn_, mlp_in_, mlp_act_, partials_, attn_counters_;
+  DeviceBuffer head_in_, logits_, probs_, tokens_out_;
+  DeviceBuffer sampled_x_, sampled_q_;  // the sampled rows of x_ and q_ in a pruned last layer
+  DeviceBuffer inputs_;
+  DeviceBuffer out_hidden_;  // outputs of steps longer than one chunk
+  // Step inputs and sampled tokens in two blocks each, buf_ the one the next step uses: a step
+  // launched ahead fills one while the step before may still read the other.
+  PinnedBuffer host_in_[2], host_tokens_[2];
+  int buf_ = 0;
+  PinnedBuffer host_hidden_, host_logits_;
+  // Decode steps launched ahead and not finished, oldest first: the step and the block (and
+  // event, done_[buf]) of its tokens.
+  struct Launched {
+    StepDescriptor step;
+    int buf = 0;
+  };
+  std::deque<Launched> ahead_;
+  cuda::Event done_[2];
+  InputLayout layout_{};
+
+  const void* tok_embedding_ = nullptr;  // (vocab, hidden)
+  const void* pos_embedding_ = nullptr;  // (max_positions, hidden), GPT-2
+  std::vector<DeviceLayer> layers_;
+  const void* final_norm_w_ = nullptr;
+  const void* final_norm_b_ = nullptr;
+  const void* lm_head_ = nullptr;  // (vocab, hidden)
+
+  std::map<int, std::unique_ptr<cuda::GraphExec>> graphs_;  // decode bucket -> graph
+
+  DecodeObserver* observer_ = nullptr;  // SetDecodeObserver
+  DecodeTail tail_;
+  std::function<absl::Status()> watch_;  // SetStreamWatch
+  PendingKvOuts kv_outs_;  // opened for the next step (OpenKvOut)
+  // The write-outs the pass being queued fills layer by layer (a step's last chunk only).
+  std::vector<std::shared_ptr<KvOut>> forward_outs_;
+  std::vector<std::shared_ptr<KvOut>> step_outs_;  // the running step's
+  std::vector<int> cached_len_;  // per slot: positions [0, len) hold K/V
+};
+
+}  // namespace tandem
