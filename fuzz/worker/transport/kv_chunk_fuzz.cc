@@ -33,7 +33,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   tandem::KvAssembler assembler(shape);
   tandem::v1::KvChunk next = chunk;
-  next.set_first_position(chunk.first_position() + chunk.positions());
+  // One position further, where that is still an int32 (the assembler refuses either way).
+  const int64_t after = int64_t{chunk.first_position()} + chunk.positions();
+  next.set_first_position(after >= INT32_MIN && after <= INT32_MAX ? static_cast<int32_t>(after)
+                                                                   : chunk.first_position());
   for (const tandem::v1::KvChunk* c : {&chunk, &next}) {
     const absl::Status s = assembler.Add(*c);
     if (!s.ok() && s.code() != absl::StatusCode::kInvalidArgument) std::abort();
