@@ -18,6 +18,7 @@
 #include "common/status_macros.h"
 #include "common/thread_name.h"
 #include "proto/grpc_status.h"
+#include "proto/step_codec.h"
 #include "spdlog/spdlog.h"
 #include "worker/model_root.h"
 #include "worker/transport/kv_wire.h"
@@ -37,53 +38,6 @@ v1::StepResult ErrorResult(uint64_t step, const absl::Status& s) {
   r.set_error_code(static_cast<int>(s.code()));
   r.set_error_message(std::string(s.message()));
   return r;
-}
-
-void ToProto(const TokenLogprob& in, v1::TokenLogprob& out) {
-  out.set_token_id(in.token);
-  out.set_logprob(in.logprob);
-  for (const auto& [token, logprob] : in.top) {
-    v1::TopLogprob* t = out.add_top_logprobs();
-    t->set_token_id(token);
-    t->set_logprob(logprob);
-  }
-}
-
-StepDescriptor ToDescriptor(const v1::StepRequest& req) {
-  StepDescriptor d;
-  d.id = req.step_id();
-  for (const v1::SequenceStep& s : req.seqs()) {
-    SequenceStep q;
-    q.slot = s.slot();
-    q.position = s.position();
-    q.num_tokens = s.num_tokens();
-    q.sample = s.sample();
-    q.sampling = {.temperature = s.temperature(),
-                  .top_k = s.top_k(),
-                  .top_p = s.top_p(),
-                  .seed = s.seed(),
-                  .min_p = s.min_p(),
-                  .presence_penalty = s.presence_penalty(),
-                  .frequency_penalty = s.frequency_penalty(),
-                  .repetition_penalty =
-                      s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty()};
-    q.sample_index = s.sample_index();
-    const int seen = std::min({s.seen_token_ids_size(), s.seen_output_counts_size(),
-                               s.seen_in_prompt_size()});
-    q.seen.reserve(seen);
-    for (int k = 0; k < seen; ++k) {
-      q.seen.push_back({.id = s.seen_token_ids(k),
-                        .output_count = s.seen_output_counts(k),
-                        .in_prompt = s.seen_in_prompt(k)});
-    }
-    q.logprobs = s.logprobs() ? s.top_logprobs() : -1;
-    q.prompt_logprobs = s.prompt_logprobs() ? s.prompt_top_logprobs() : -1;
-    q.next_prompt_token = s.next_prompt_token();
-    q.kv_out_key = s.kv_out_key();
-    d.seqs.push_back(q);
-  }
-  d.tokens.assign(req.tokens().begin(), req.tokens().end());
-  return d;
 }
 
 // Rows of the largest step of an assignment: max_step_rows, or every slot's whole context when
@@ -503,12 +457,7 @@ v1::StepResult WorkerService::ResultOf(Assignment& a, const StepDescriptor& d,
   r.set_step_id(d.id);
   if (a.runner->last()) {
     r.mutable_tokens()->Assign(run->tokens.begin(), run->tokens.end());
-    for (const SequenceLogprobs& l : run->output.logprobs) {
-      v1::SequenceLogprobs* m = r.add_logprobs();
-      m->set_seq(l.seq);
-      if (l.has_sampled) ToProto(l.sampled, *m->mutable_sampled());
-      for (const TokenLogprob& p : l.prompt) ToProto(p, *m->add_prompt());
-    }
+    AddLogprobs(run->output.logprobs, r);
   }
   return r;
 }
@@ -632,7 +581,7 @@ grpc::Status WorkerService::Steps(
         result = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(s.message()));
         return;
       }
-      StepDescriptor d = ToDescriptor(req);
+      StepDescriptor d = FromStepRequest(req);
       const bool ahead = launch_ahead_ == LaunchAhead::kAlways ||
                          (launch_ahead_ == LaunchAhead::kAuto && a->engine->LaunchOverlaps());
       if (ahead && a->runner->CanLaunch(d)) {
