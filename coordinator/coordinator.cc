@@ -16,7 +16,7 @@
 #include "common/metrics.h"
 #include "common/status_macros.h"
 #include "common/thread_name.h"
-#include "coordinator/step_proto.h"
+#include "proto/step_codec.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem {

@@ -1,15 +1,14 @@
-// Worker service: assignment, the ordered step loop, registration and heartbeats.
+// Worker service: assignment, the ordered step loop, the KV-cache RPCs (handed to kv_moves.h),
+// registration and heartbeats.
 #include "worker/service/worker_service.h"
 
 #include <algorithm>
 #include <deque>
 #include <limits>
 #include <optional>
-#include <set>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/checked_math.h"
@@ -18,9 +17,9 @@
 #include "common/status_macros.h"
 #include "common/thread_name.h"
 #include "proto/grpc_status.h"
+#include "proto/step_codec.h"
 #include "spdlog/spdlog.h"
 #include "worker/model_root.h"
-#include "worker/transport/kv_wire.h"
 
 namespace tandem {
 namespace {
@@ -37,53 +36,6 @@ v1::StepResult ErrorResult(uint64_t step, const absl::Status& s) {
   r.set_error_code(static_cast<int>(s.code()));
   r.set_error_message(std::string(s.message()));
   return r;
-}
-
-void ToProto(const TokenLogprob& in, v1::TokenLogprob& out) {
-  out.set_token_id(in.token);
-  out.set_logprob(in.logprob);
-  for (const auto& [token, logprob] : in.top) {
-    v1::TopLogprob* t = out.add_top_logprobs();
-    t->set_token_id(token);
-    t->set_logprob(logprob);
-  }
-}
-
-StepDescriptor ToDescriptor(const v1::StepRequest& req) {
-  StepDescriptor d;
-  d.id = req.step_id();
-  for (const v1::SequenceStep& s : req.seqs()) {
-    SequenceStep q;
-    q.slot = s.slot();
-    q.position = s.position();
-    q.num_tokens = s.num_tokens();
-    q.sample = s.sample();
-    q.sampling = {.temperature = s.temperature(),
-                  .top_k = s.top_k(),
-                  .top_p = s.top_p(),
-                  .seed = s.seed(),
-                  .min_p = s.min_p(),
-                  .presence_penalty = s.presence_penalty(),
-                  .frequency_penalty = s.frequency_penalty(),
-                  .repetition_penalty =
-                      s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty()};
-    q.sample_index = s.sample_index();
-    const int seen = std::min({s.seen_token_ids_size(), s.seen_output_counts_size(),
-                               s.seen_in_prompt_size()});
-    q.seen.reserve(seen);
-    for (int k = 0; k < seen; ++k) {
-      q.seen.push_back({.id = s.seen_token_ids(k),
-                        .output_count = s.seen_output_counts(k),
-                        .in_prompt = s.seen_in_prompt(k)});
-    }
-    q.logprobs = s.logprobs() ? s.top_logprobs() : -1;
-    q.prompt_logprobs = s.prompt_logprobs() ? s.prompt_top_logprobs() : -1;
-    q.next_prompt_token = s.next_prompt_token();
-    q.kv_out_key = s.kv_out_key();
-    d.seqs.push_back(q);
-  }
-  d.tokens.assign(req.tokens().begin(), req.tokens().end());
-  return d;
 }
 
 // Rows of the largest step of an assignment: max_step_rows, or every slot's whole context when
@@ -113,7 +65,11 @@ WorkerService::WorkerService(StageFactory factory, ActivationInbox& inbox,
     : factory_(std::move(factory)),
       inbox_(inbox),
       recv_timeout_(recv_timeout),
-      link_(std::move(link)) {}
+      link_(std::move(link)),
+      kv_({.make_nccl_id = link_.make_nccl_id,
+           .join_kv_link = link_.join_kv_link,
+           .kv_to_host = link_.kv_to_host,
+           .peer_auth = link_.peer_auth}) {}
 
 grpc::Status WorkerService::PrepareLink(grpc::ServerContext* ctx,
                                         const v1::PrepareLinkRequest* req,
@@ -380,7 +336,7 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
     nccl = *std::move(t);
   }
   absl::StatusOr<std::unique_ptr<Stage>> stage = factory_(spec);
-  if (absl::IsResourceExhausted(stage.status()) && SpillStashToHost() > 0) {
+  if (absl::IsResourceExhausted(stage.status()) && kv_.SpillToHost() > 0) {
     stage = factory_(spec);  // with the GPU memory the stash held
   }
   if (absl::IsResourceExhausted(stage.status()) && !spec.placed.empty()) {
@@ -439,14 +395,10 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
                         std::string(runner.status().message()));
   }
   a->runner = *std::move(runner);
+  kv_.BeginAssignment(a->id);
   {
-    std::map<uint64_t, WrittenOutKv> before;  // of an assignment before: freed after the locks
     absl::MutexLock lock(&mu_);
     current_ = a;
-    absl::MutexLock stash(&stash_mu_);
-    std::swap(before, written_out_);
-    newest_step_ = 0;
-    out_assignment_ = a->id;
   }
   int64_t taken = 0;  // bytes of weights the stage took rather than loaded
   for (const std::shared_ptr<const PlacedWeights>& w : a->engine->placed_weights()) {
@@ -469,7 +421,7 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
 
 v1::StepResult WorkerService::RunStep(Assignment& a, const StepDescriptor& d,
                                       const std::function<bool()>& cancelled) {
-  OpenKvOuts(a, d);
+  kv_.OpenKvOuts(a, d);
   return ResultOf(a, d, a.runner->Run(d, cancelled));
 }
 
@@ -503,12 +455,7 @@ v1::StepResult WorkerService::ResultOf(Assignment& a, const StepDescriptor& d,
   r.set_step_id(d.id);
   if (a.runner->last()) {
     r.mutable_tokens()->Assign(run->tokens.begin(), run->tokens.end());
-    for (const SequenceLogprobs& l : run->output.logprobs) {
-      v1::SequenceLogprobs* m = r.add_logprobs();
-      m->set_seq(l.seq);
-      if (l.has_sampled) ToProto(l.sampled, *m->mutable_sampled());
-      for (const TokenLogprob& p : l.prompt) ToProto(p, *m->add_prompt());
-    }
+    AddLogprobs(run->output.logprobs, r);
   }
   return r;
 }
@@ -564,7 +511,7 @@ grpc::Status WorkerService::Steps(
     // Finishes the oldest launched step and sends its result; false where it failed.
     auto finish = [&]() -> bool {
       StepDescriptor d;
-      LockForStep(*a);
+      a->LockForStep();
       absl::StatusOr<StepRun> run = a->runner->Finish(&d);
       a->run_mu.Unlock();
       v1::StepResult r = ResultOf(*a, d, std::move(run));
@@ -586,7 +533,7 @@ grpc::Status WorkerService::Steps(
     // lasts), so that the runner holds none when the next stream comes.
     absl::Cleanup drop = [&] {
       while (launched() > 0) {
-        LockForStep(*a);
+        a->LockForStep();
         (void)a->runner->Finish();
         a->run_mu.Unlock();
       }
@@ -632,11 +579,11 @@ grpc::Status WorkerService::Steps(
         result = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(s.message()));
         return;
       }
-      StepDescriptor d = ToDescriptor(req);
+      StepDescriptor d = FromStepRequest(req);
       const bool ahead = launch_ahead_ == LaunchAhead::kAlways ||
                          (launch_ahead_ == LaunchAhead::kAuto && a->engine->LaunchOverlaps());
       if (ahead && a->runner->CanLaunch(d)) {
-        LockForStep(*a);
+        a->LockForStep();
         absl::Status launch = a->runner->Launch(d);
         a->run_mu.Unlock();
         if (!launch.ok()) {
@@ -653,7 +600,7 @@ grpc::Status WorkerService::Steps(
         continue;
       }
       if (!finish_all()) return;
-      LockForStep(*a);
+      a->LockForStep();
       v1::StepResult r = RunStep(*a, d, cancelled);
       a->run_mu.Unlock();
       const bool last = a->stage + 1 == a->num_stages;
@@ -681,10 +628,7 @@ grpc::Status WorkerService::Steps(
   }
   failed.store(true);  // stops a Recv that waits for an input which will not come
   executor.join();
-  {
-    absl::MutexLock stash(&stash_mu_);
-    ++steps_epoch_;  // the steps not run will not open their write-outs
-  }
+  kv_.EndSteps();
   {
     absl::MutexLock lock(&mu);
     executing_done = true;  // the writer sends what is left, then ends
@@ -695,184 +639,9 @@ grpc::Status WorkerService::Steps(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Moving sequences with their KV-cache
+// Moving sequences with their KV-cache (kv_moves.h)
 
-namespace {
-
-// K and V bytes of one stash chunk at most: some MB, so that a fetch streams rather than
-// building one message per sequence.
-constexpr int64_t kKvChunkBytes = int64_t{16} << 20;
-// Streams (and connections) one import fetches a worker's sequences over.
-constexpr size_t kFetchStreams = 4;
-// How long a fetch of a step's write-out waits for the step to open it, and then for each of its
-// layers (the step may be queued behind others, each up to a long prompt).
-constexpr absl::Duration kWrittenOutWait = absl::Seconds(60);
-
-// Moves of a layout change are logged; the many small prefill hand-offs only at debug level.
-spdlog::level::level_enum KvLogLevel(int64_t bytes, absl::Duration took) {
-  return bytes >= (int64_t{64} << 20) || took >= absl::Milliseconds(100) ? spdlog::level::info
-                                                                          : spdlog::level::debug;
-}
-
-// `s` with "sequence <key>: " before its message.
-absl::Status OfSequence(uint64_t key, const absl::Status& s) {
-  return absl::Status(s.code(), absl::StrCat("sequence ", key, ": ", s.message()));
-}
-
-// A FetchKv request of the layers [first_layer, first_layer + num_layers) of `keys`.
-v1::FetchKvRequest FetchRequest(const std::vector<uint64_t>& keys, int first_layer,
-                                int num_layers, WriteOutRef stream) {
-  v1::FetchKvRequest req;
-  req.mutable_keys()->Assign(keys.begin(), keys.end());
-  req.set_first_layer(first_layer);
-  req.set_num_layers(num_layers);
-  req.set_stream_step(stream.step);
-  req.set_stream_assignment(stream.assignment);
-  return req;
-}
-
-// The earlier of the call's deadline and kWrittenOutWait from now.
-absl::Time WrittenOutDeadline(const grpc::ServerContext& ctx) {
-  return std::min(absl::FromChrono(ctx.deadline()), absl::Now() + kWrittenOutWait);
-}
-
-}  // namespace
-
-std::unique_ptr<v1::Worker::Stub> WorkerService::KvStub(const std::string& address,
-                                                        int connection) const {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(static_cast<int>(kMaxStageMessageBytes));
-  // A connection of its own per number (channels with other arguments share no subchannel).
-  args.SetInt("tandem.kv_fetch_connection", connection);
-  return v1::Worker::NewStub(MakeChannel(address, link_.peer_auth, args));
-}
-
-void WorkerService::LockForStep(Assignment& a) {
-  a.run_mu.LockWhen(absl::Condition(
-      +[](std::atomic<int>* waiting) { return waiting->load() == 0; }, &a.kv_waiting));
-}
-
-void WorkerService::LockForKv(Assignment& a) {
-  a.kv_waiting.fetch_add(1);
-  a.run_mu.Lock();
-  a.kv_waiting.fetch_sub(1);
-}
-
-int WorkerService::SpillStashToHost() {
-  if (!link_.kv_to_host) return 0;
-  absl::MutexLock lock(&stash_mu_);
-  int moved = 0;
-  for (auto& [key, block] : stash_) {
-    if (!block->on_device()) continue;
-    absl::StatusOr<KvBlock> host = link_.kv_to_host(*block);
-    if (!host.ok()) {
-      spdlog::warn("sequence {}: KV stash kept in device memory: {}", key,
-                   host.status().ToString());
-      continue;
-    }
-    block = std::make_shared<const KvBlock>(*std::move(host));
-    ++moved;
-  }
-  spdlog::info("moved {} stashed sequence(s) from device to host memory for a new stage", moved);
-  return moved;
-}
-
-absl::StatusOr<std::shared_ptr<const KvBlock>> WorkerService::Stashed(uint64_t key) {
-  absl::MutexLock lock(&stash_mu_);
-  auto it = stash_.find(key);
-  if (it == stash_.end()) {
-    return absl::NotFoundError(absl::StrCat("sequence ", key, ": not in this worker's KV stash"));
-  }
-  return it->second;
-}
-
-void WorkerService::OpenKvOuts(Assignment& a, const StepDescriptor& d) {
-  std::vector<std::pair<const SequenceStep*, std::shared_ptr<KvOut>>> opened;
-  for (const SequenceStep& s : d.seqs) {
-    if (s.kv_out_key == 0) continue;
-    absl::StatusOr<std::shared_ptr<KvOut>> out =
-        a.engine->OpenKvOut(s.slot, s.position + s.num_tokens);
-    if (!out.ok()) {
-      spdlog::debug("assignment {} step {}: sequence {} not written out: {}", a.id, d.id,
-                    s.kv_out_key, out.status().ToString());
-      auto failed = std::make_shared<KvOut>(KvBlock{}, s.slot);
-      failed->Fail(OfSequence(s.kv_out_key, out.status()));
-      out = std::move(failed);
-    }
-    opened.emplace_back(&s, *std::move(out));
-  }
-  // What the write-outs replace is freed after the lock (freeing device memory waits for the
-  // GPU's queue).
-  std::vector<std::shared_ptr<const void>> replaced;
-  absl::MutexLock lock(&stash_mu_);
-  for (auto& [row, out] : opened) {
-    for (auto it = written_out_.begin(); it != written_out_.end();) {
-      const bool same = it->first == row->kv_out_key || it->second.out->slot() == row->slot;
-      if (same) replaced.push_back(std::move(it->second.out));
-      it = same ? written_out_.erase(it) : std::next(it);
-    }
-    if (auto it = stash_.find(row->kv_out_key); it != stash_.end()) {
-      replaced.push_back(std::move(it->second));
-      stash_.erase(it);
-    }
-    written_out_[row->kv_out_key] = {.by = {a.id, d.id}, .out = std::move(out)};
-  }
-  // After its write-outs are there: a fetch of one that is not gives up once this is past it.
-  if (a.id == out_assignment_) newest_step_ = std::max(newest_step_, d.id);
-}
-
-absl::StatusOr<std::shared_ptr<KvOut>> WorkerService::WrittenOut(uint64_t key, WriteOutRef ref,
-                                                                 absl::Time deadline) {
-  absl::MutexLock lock(&stash_mu_);
-  const uint64_t epoch = steps_epoch_;
-  auto opened = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stash_mu_) {
-    auto it = written_out_.find(key);
-    return it != written_out_.end() && it->second.by.assignment == ref.assignment &&
-           it->second.by.step == ref.step;
-  };
-  // Opened by the step, or the step cannot come any more.
-  auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stash_mu_) {
-    return opened() || out_assignment_ != ref.assignment || newest_step_ >= ref.step ||
-           steps_epoch_ != epoch;
-  };
-  if (!stash_mu_.AwaitWithDeadline(absl::Condition(&settled), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat("sequence ", key, ": step ", ref.step,
-                                                    " did not begin to write it out in time"));
-  }
-  if (!opened()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "sequence ", key, ": not written out by step ", ref.step, " of assignment ",
-        ref.assignment,
-        out_assignment_ != ref.assignment ? " (this worker holds another assignment)"
-        : steps_epoch_ != epoch          ? " (the steps' stream ended)"
-                                         : ""));
-  }
-  return written_out_.at(key).out;
-}
-
-absl::StatusOr<KvBlock> WorkerService::OwnBlock(uint64_t key, int first_layer, int num_layers,
-                                               WriteOutRef stream) {
-  std::shared_ptr<const KvBlock> held;
-  if (stream.step != 0) {
-    absl::StatusOr<std::shared_ptr<KvOut>> out =
-        WrittenOut(key, stream, absl::Now() + kWrittenOutWait);
-    if (!out.ok()) return out.status();
-    if (absl::Status st = (*out)->AwaitAll(absl::Now() + kWrittenOutWait); !st.ok()) {
-      return OfSequence(key, st);
-    }
-    held = std::shared_ptr<const KvBlock>(*out, &(*out)->block());
-  } else {
-    absl::StatusOr<std::shared_ptr<const KvBlock>> stashed = Stashed(key);
-    if (!stashed.ok()) return stashed.status();
-    held = *std::move(stashed);
-  }
-  absl::StatusOr<KvBlock> b = SliceKvLayers(*held, first_layer, num_layers);
-  if (!b.ok()) return OfSequence(key, b.status());
-  return b;
-}
-
-absl::StatusOr<std::shared_ptr<WorkerService::Assignment>> WorkerService::AssignmentFor(
-    uint64_t id) {
+absl::StatusOr<std::shared_ptr<Assignment>> WorkerService::AssignmentFor(uint64_t id) {
   absl::MutexLock lock(&mu_);
   if (current_ == nullptr || current_->id != id) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -887,596 +656,31 @@ grpc::Status WorkerService::ExportKv(grpc::ServerContext* ctx, const v1::ExportK
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
   absl::StatusOr<std::shared_ptr<Assignment>> a = AssignmentFor(req->assignment_id());
   if (!a.ok()) return ToGrpcStatus(a.status());
-  std::map<uint64_t, std::shared_ptr<const KvBlock>> blocks;
-  int64_t bytes = 0;
-  const absl::Time t0 = absl::Now();
-  // One sequence at a time between steps, so that a stage that keeps running steps (a prefill
-  // worker handing off) waits for one sequence's copies at most.
-  const int layers = (*a)->last_layer - (*a)->first_layer;
-  // On the GPU only where it can leave over NCCL.
-  const bool on_device = req->device() && link_.join_kv_link && link_.make_nccl_id;
-  for (const v1::KvSequence& s : req->seqs()) {
-    LockForKv(**a);
-    absl::StatusOr<KvBlock> b =
-        on_device
-            ? (*a)->engine->ExportKvToDevice(s.slot(), s.positions(), (*a)->first_layer, layers)
-            : (*a)->engine->ExportKv(s.slot(), s.positions(), (*a)->first_layer, layers);
-    // No device after all, or no room there: host memory.
-    if (on_device && (absl::IsUnimplemented(b.status()) || absl::IsResourceExhausted(b.status()))) {
-      b = (*a)->engine->ExportKv(s.slot(), s.positions(), (*a)->first_layer, layers);
-    }
-    (*a)->run_mu.Unlock();
-    if (!b.ok()) return ToGrpcStatus(OfSequence(s.key(), b.status()));
-    bytes += static_cast<int64_t>(b->bytes());
-    blocks[s.key()] = std::make_shared<const KvBlock>(*std::move(b));
-  }
-  // What the stash replaces is freed after the lock (`blocks` and `replaced` outlive it).
-  std::vector<std::shared_ptr<const void>> replaced;
-  absl::MutexLock lock(&stash_mu_);
-  for (auto& [key, block] : blocks) {
-    if (auto it = written_out_.find(key); it != written_out_.end()) {
-      replaced.push_back(std::move(it->second.out));
-      written_out_.erase(it);
-    }
-    std::swap(stash_[key], block);
-  }
-  resp->set_bytes(bytes);
-  const absl::Duration took = absl::Now() - t0;
-  spdlog::log(KvLogLevel(bytes, took),
-              "assignment {}: stashed the KV-cache of {} sequence(s), {} bytes, in {} memory, "
-              "in {:.3f} s",
-              req->assignment_id(), req->seqs_size(), bytes, on_device ? "device" : "host",
-              absl::ToDoubleSeconds(took));
-  return grpc::Status::OK;
-}
-
-absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchBlocks(
-    const Assignment& a, const std::string& address, const std::vector<uint64_t>& keys,
-    int first_layer, int num_layers, WriteOutRef stream) {
-  // The sequences in up to kFetchStreams groups, each over a connection of its own, at once: one
-  if (link_.join_kv_link && link_.make_nccl_id) {
-    absl::StatusOr<std::optional<std::vector<KvBlock>>> over =
-        FetchOverNccl(&a, address, keys, first_layer, num_layers, stream);
-    if (!over.ok()) return over.status();
-    if (over->has_value()) return **std::move(over);
-  }
-  // gRPC stream moves a few hundred MB/s, bound by its copies on one core.
-  const size_t groups = std::min(keys.size(), kFetchStreams);
-  std::vector<absl::StatusOr<std::vector<KvBlock>>> parts(groups);
-  std::vector<std::thread> threads;
-  for (size_t g = 0; g < groups; ++g) {
-    threads.emplace_back([&, g] {
-      const std::vector<uint64_t> group(keys.begin() + keys.size() * g / groups,
-                                        keys.begin() + keys.size() * (g + 1) / groups);
-      parts[g] = FetchGroup(a, address, group, first_layer, num_layers, static_cast<int>(g),
-                            stream);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  std::vector<KvBlock> blocks;
-  for (absl::StatusOr<std::vector<KvBlock>>& part : parts) {
-    if (!part.ok()) return part.status();
-    for (KvBlock& b : *part) blocks.push_back(std::move(b));
-  }
-  return blocks;
-}
-
-absl::StatusOr<std::vector<KvBlock>> WorkerService::FetchGroup(
-    const Assignment& a, const std::string& address, const std::vector<uint64_t>& keys,
-    int first_layer, int num_layers, int connection, WriteOutRef stream) {
-  auto stub = KvStub(address, connection);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
-  const v1::FetchKvRequest req = FetchRequest(keys, first_layer, num_layers, stream);
-  const ModelConfig& c = a.engine->config();
-  KvAssembler assembler({.first_layer = first_layer,
-                         .num_layers = num_layers,
-                         .num_kv_heads = c.num_kv_heads,
-                         .head_dim = c.head_dim,
-                         .max_positions = a.max_seq_len});
-  std::unique_ptr<grpc::ClientReader<v1::KvChunk>> reader = stub->FetchKv(&ctx, req);
-  v1::KvChunk chunk;
-  absl::Status bad;
-  while (reader->Read(&chunk)) {
-    bad = assembler.Add(chunk);
-    if (!bad.ok()) {
-      ctx.TryCancel();
-      break;
-    }
-  }
-  const grpc::Status done = reader->Finish();
-  auto from = [&address](absl::Status s) {
-    return absl::Status(s.code(), absl::StrCat("KV from ", address, ": ", s.message()));
-  };
-  if (!bad.ok()) return from(bad);
-  if (!done.ok()) return from(FromGrpcStatus(done));
-  std::vector<KvBlock> blocks;
-  for (uint64_t key : keys) {
-    absl::StatusOr<KvBlock> b = assembler.Take(key);
-    if (!b.ok()) return from(b.status());
-    blocks.push_back(*std::move(b));
-  }
-  return blocks;
+  return ToGrpcStatus(kv_.Export(**a, *req, *resp));
 }
 
 grpc::Status WorkerService::ImportKv(grpc::ServerContext* ctx, const v1::ImportKvRequest* req,
                                      v1::ImportKvResponse* resp) {
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
-  if (req->assignment_id() == 0 && req->seqs().empty()) {
-    // Links only, made ahead of the imports that will use them.
-    for (const v1::KvSource& src : req->sources()) {
-      if (src.address().empty() || !link_.join_kv_link || !link_.make_nccl_id) continue;
-      absl::StatusOr<std::optional<std::vector<KvBlock>>> made =
-          FetchOverNccl(nullptr, src.address(), {}, 0, 0);
-      if (!made.ok()) return ToGrpcStatus(made.status());
-    }
-    return grpc::Status::OK;
-  }
+  if (req->assignment_id() == 0 && req->seqs().empty()) return ToGrpcStatus(kv_.MakeLinks(*req));
   absl::StatusOr<std::shared_ptr<Assignment>> a = AssignmentFor(req->assignment_id());
   if (!a.ok()) return ToGrpcStatus(a.status());
-  // The sources must cover the stage's layers once each, so that no slot is left half filled.
-  std::vector<const v1::KvSource*> sources;
-  for (const v1::KvSource& src : req->sources()) sources.push_back(&src);
-  std::sort(sources.begin(), sources.end(), [](const v1::KvSource* x, const v1::KvSource* y) {
-    return x->first_layer() < y->first_layer();
-  });
-  int next = (*a)->first_layer;
-  for (const v1::KvSource* src : sources) {
-    if (src->first_layer() != next || src->num_layers() < 1 ||
-        src->num_layers() > (*a)->last_layer - next) {
-      return grpc::Status(
-          grpc::StatusCode::INVALID_ARGUMENT,
-          absl::StrFormat("sources: layers [%d, %d) do not continue this stage's [%d, %d) at %d",
-                          src->first_layer(),
-                          static_cast<int64_t>(src->first_layer()) + src->num_layers(),
-                          (*a)->first_layer, (*a)->last_layer, next));
-    }
-    next += src->num_layers();
-  }
-  if (next != (*a)->last_layer) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrFormat("sources: layers [%d, %d) of this stage's [%d, %d) have "
-                                        "no source",
-                                        next, (*a)->last_layer, (*a)->first_layer,
-                                        (*a)->last_layer));
-  }
-  std::vector<uint64_t> keys;
-  std::set<int> slots;
-  for (const v1::KvSequence& s : req->seqs()) {
-    keys.push_back(s.key());
-    if (!slots.insert(s.slot()).second) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("seqs: slot ", s.slot(), " is given twice"));
-    }
-  }
-  // Every block first (fetches take long and need no lock; the remote ones all at once), then
-  // the writes between steps.
-  const absl::Time t0 = absl::Now();
-  std::vector<absl::StatusOr<std::vector<KvBlock>>> blocks(sources.size());
-  std::vector<std::thread> fetches;
-  for (size_t i = 0; i < sources.size(); ++i) {
-    const v1::KvSource* src = sources[i];
-    if (src->address().empty()) continue;
-    fetches.emplace_back([&, i, src] {
-      blocks[i] = FetchBlocks(**a, src->address(), keys, src->first_layer(), src->num_layers(),
-                              WriteOutRef{src->assignment_id(), req->stream_step()});
-    });
-  }
-  // This worker's own stash meanwhile.
-  auto own = [&](const v1::KvSource& src) -> absl::StatusOr<std::vector<KvBlock>> {
-    std::vector<KvBlock> part;
-    for (uint64_t key : keys) {
-      absl::StatusOr<KvBlock> b =
-          OwnBlock(key, src.first_layer(), src.num_layers(),
-                   WriteOutRef{src.assignment_id(), req->stream_step()});
-      if (!b.ok()) return b.status();
-      part.push_back(*std::move(b));
-    }
-    return part;
-  };
-  for (size_t i = 0; i < sources.size(); ++i) {
-    if (sources[i]->address().empty()) blocks[i] = own(*sources[i]);
-  }
-  for (std::thread& t : fetches) t.join();
-  int64_t fetched = 0;
-  for (size_t i = 0; i < sources.size(); ++i) {
-    if (!blocks[i].ok()) return ToGrpcStatus(blocks[i].status());
-    if (sources[i]->address().empty()) continue;
-    for (const KvBlock& b : *blocks[i]) fetched += static_cast<int64_t>(b.bytes());
-  }
-  resp->set_fetch_seconds(absl::ToDoubleSeconds(absl::Now() - t0));
-  // One sequence at a time between steps (all its layers at once), so that the stage's running
-  // sequences wait for one sequence's copies at most.
-  int64_t bytes = 0;
-  for (int i = 0; i < req->seqs_size(); ++i) {
-    const v1::KvSequence& s = req->seqs(i);
-    LockForKv(**a);
-    absl::Status st;
-    for (const absl::StatusOr<std::vector<KvBlock>>& part : blocks) {
-      const KvBlock& b = (*part)[i];
-      if (st = (*a)->engine->ImportKv(s.slot(), b); !st.ok()) break;
-      bytes += static_cast<int64_t>(b.bytes());
-    }
-    (*a)->run_mu.Unlock();
-    if (!st.ok()) return ToGrpcStatus(OfSequence(s.key(), st));
-  }
-  resp->set_bytes(bytes);
-  resp->set_fetched_bytes(fetched);
-  const absl::Duration took = absl::Now() - t0;
-  spdlog::log(KvLogLevel(bytes, took),
-              "assignment {}: imported the KV-cache of {} sequence(s), {} bytes ({} fetched in "
-              "{:.3f} s), in {:.3f} s",
-              req->assignment_id(), req->seqs_size(), bytes, fetched, resp->fetch_seconds(),
-              absl::ToDoubleSeconds(took));
-  return grpc::Status::OK;
+  return ToGrpcStatus(kv_.Import(**a, *req, *resp));
 }
 
 grpc::Status WorkerService::FetchKv(grpc::ServerContext* ctx, const v1::FetchKvRequest* req,
                                     grpc::ServerWriter<v1::KvChunk>* writer) {
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
-  if (!req->nccl_id().empty()) return SendOverNccl(ctx, *req, writer);
-  if (req->stream_step() != 0) return SendWrittenOut(ctx, *req, writer);
-  for (uint64_t key : req->keys()) {
-    absl::StatusOr<std::shared_ptr<const KvBlock>> held = Stashed(key);
-    if (!held.ok()) return ToGrpcStatus(held.status());
-    std::shared_ptr<const KvBlock> block = *held;
-    if (block->on_device()) {  // kept on the GPU for NCCL; the host copy for this fetch only
-      absl::StatusOr<KvBlock> host =
-          link_.kv_to_host ? link_.kv_to_host(*block)
-                           : absl::InternalError("no copy from device memory in this worker");
-      if (!host.ok()) return ToGrpcStatus(OfSequence(key, host.status()));
-      block = std::make_shared<const KvBlock>(*std::move(host));
-    }
-    absl::StatusOr<bool> sent = ForEachKvChunk(
-        key, *block, kKvChunkBytes, [&](const v1::KvChunk& c) { return writer->Write(c); },
-        req->first_layer(), req->num_layers());
-    if (!sent.ok()) return ToGrpcStatus(OfSequence(key, sent.status()));
-    if (!*sent) return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching worker went away");
-  }
-  return grpc::Status::OK;
-}
-
-grpc::Status WorkerService::SendWrittenOut(grpc::ServerContext* ctx,
-                                           const v1::FetchKvRequest& req,
-                                           grpc::ServerWriter<v1::KvChunk>* writer) {
-  const absl::Time deadline = WrittenOutDeadline(*ctx);
-  for (uint64_t key : req.keys()) {
-    absl::StatusOr<std::shared_ptr<KvOut>> out = WrittenOut(key, {req.stream_assignment(), req.stream_step()}, deadline);
-    if (!out.ok()) return ToGrpcStatus(out.status());
-    std::shared_ptr<const KvBlock> block(*out, &(*out)->block());
-    if (block->on_device()) {
-      // Over gRPC from device memory (no NCCL between the two): all layers, then one host copy.
-      if (absl::Status st = (*out)->AwaitAll(deadline); !st.ok()) {
-        return ToGrpcStatus(OfSequence(key, st));
-      }
-      absl::StatusOr<KvBlock> host =
-          link_.kv_to_host ? link_.kv_to_host(*block)
-                           : absl::InternalError("no copy from device memory in this worker");
-      if (!host.ok()) return ToGrpcStatus(OfSequence(key, host.status()));
-      block = std::make_shared<const KvBlock>(*std::move(host));
-    }
-    const int last = req.first_layer() + std::max(req.num_layers(), 0);
-    for (int layer = req.first_layer(); layer < last; ++layer) {
-      const int l = layer - block->first_layer;
-      if (l >= 0 && l < block->num_layers) {
-        if (absl::Status st = (*out)->Await(l, deadline); !st.ok()) {
-          return ToGrpcStatus(OfSequence(key, st));
-        }
-      }
-      absl::StatusOr<bool> sent = ForEachKvChunk(
-          key, *block, kKvChunkBytes, [&](const v1::KvChunk& c) { return writer->Write(c); },
-          layer, 1);
-      if (!sent.ok()) return ToGrpcStatus(OfSequence(key, sent.status()));
-      if (!*sent) return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching worker went away");
-    }
-  }
-  return grpc::Status::OK;
-}
-
-grpc::Status WorkerService::SendOverNccl(grpc::ServerContext* ctx, const v1::FetchKvRequest& req,
-                                         grpc::ServerWriter<v1::KvChunk>* writer) {
-  auto refuse = [](auto&&... parts) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("KV over NCCL: ", parts...));
-  };
-  if (!link_.join_kv_link) return refuse("this worker has no NCCL");
-  // Every sequence first, on the GPU, so that a refusal comes before anything moves. A step's
-  // write-outs (stream_step) once the step has opened them: their layers are sent as it writes
-  // them.
-  std::vector<KvBlock> blocks;
-  std::vector<std::shared_ptr<KvOut>> outs;
-  const bool streamed = req.stream_step() != 0;
-  const absl::Time deadline = WrittenOutDeadline(*ctx);
-  for (uint64_t key : req.keys()) {
-    absl::StatusOr<std::shared_ptr<const KvBlock>> held;
-    if (streamed) {
-      absl::StatusOr<std::shared_ptr<KvOut>> out =
-          WrittenOut(key, {req.stream_assignment(), req.stream_step()}, deadline);
-      if (!out.ok()) return ToGrpcStatus(out.status());
-      if (absl::Status failed = (*out)->Await(0, absl::InfinitePast());
-          !failed.ok() && !absl::IsDeadlineExceeded(failed)) {
-        return ToGrpcStatus(OfSequence(key, failed));  // not written out at all
-      }
-      outs.push_back(*out);
-      held = std::shared_ptr<const KvBlock>(*out, &(*out)->block());
-    } else {
-      held = Stashed(key);
-    }
-    if (!held.ok()) return ToGrpcStatus(held.status());
-    if (!(*held)->on_device()) return refuse("sequence ", key, " is stashed in host memory");
-    absl::StatusOr<KvBlock> b = SliceKvLayers(**held, req.first_layer(), req.num_layers());
-    if (!b.ok()) return ToGrpcStatus(OfSequence(key, b.status()));
-    blocks.push_back(*std::move(b));
-  }
-  std::shared_ptr<HeldKvLink> held;
-  {
-    absl::MutexLock lock(&kv_links_mu_);
-    auto it = send_links_.find(req.nccl_id());
-    if (it == send_links_.end()) {
-      if (!req.nccl_join()) return refuse("no link of that id here (joined anew)");
-      it = send_links_.emplace(req.nccl_id(), std::make_shared<HeldKvLink>()).first;
-    }
-    held = it->second;
-  }
-  absl::MutexLock lock(&held->mu);
-  auto drop = [&] {
-    held->link.reset();
-    absl::MutexLock links(&kv_links_mu_);
-    send_links_.erase(req.nccl_id());
-  };
-  if (held->link == nullptr) {
-    // Ready to send: the other worker joins on reading this.
-    v1::KvChunk ready;
-    ready.set_version(KvBlock::kVersion);
-    ready.set_nccl(true);
-    if (!writer->Write(ready)) {
-      drop();
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching worker went away");
-    }
-    absl::StatusOr<std::unique_ptr<KvLink>> joined =
-        link_.join_kv_link(req.nccl_id(), /*rank=*/0, [ctx] { return ctx->IsCancelled(); });
-    if (!joined.ok()) {
-      drop();
-      return ToGrpcStatus(joined.status());
-    }
-    held->link = *std::move(joined);
-  }
-  if (streamed) {
-    // Every header, then layer by layer one transfer of every sequence's K and V of that layer,
-    // once the step has written it for all of them. A layer that is not written (the step
-    // failed) is sent all the same, so that the link stays in step with the other worker, which
-    // the error then reaches.
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      if (!writer->Write(NcclKvHeader(req.keys(i), blocks[i]))) {
-        drop();
-        return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching worker went away");
-      }
-    }
-    absl::Status unwritten;
-    const int layers = blocks.empty() ? 0 : blocks[0].num_layers;
-    std::vector<std::pair<const void*, size_t>> layer;
-    const absl::Time t0 = absl::Now();
-    absl::Time first_sent;
-    int64_t bytes = 0;
-    for (int l = 0; l < layers; ++l) {
-      layer.clear();
-      for (size_t i = 0; i < blocks.size(); ++i) {
-        const KvBlock& b = blocks[i];
-        if (unwritten.ok()) {
-          unwritten = outs[i]->Await(b.first_layer - outs[i]->block().first_layer + l, deadline);
-          if (!unwritten.ok()) unwritten = OfSequence(req.keys(i), unwritten);
-        }
-        const size_t layer_bytes = b.expected_bytes() / b.num_layers;
-        layer.emplace_back(b.device_k.get() + l * layer_bytes, layer_bytes);
-        layer.emplace_back(b.device_v.get() + l * layer_bytes, layer_bytes);
-      }
-      // The layer is there: the other worker posts its receive on this message, so that no
-      // NCCL kernel waits on its GPU while the step computes.
-      v1::KvChunk ready;
-      ready.set_version(KvBlock::kVersion);
-      ready.set_nccl(true);
-      ready.set_layer(blocks[0].first_layer + l);
-      ready.set_num_layers(1);
-      if (!writer->Write(ready)) {
-        drop();
-        return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching worker went away");
-      }
-      if (absl::Status st = held->link->Send(layer); !st.ok()) {
-        drop();
-        return ToGrpcStatus(st);
-      }
-      if (l == 0) first_sent = absl::Now();
-      for (const auto& [p, n] : layer) bytes += static_cast<int64_t>(n);
-    }
-    const absl::Duration took = absl::Now() - t0;
-    spdlog::log(KvLogLevel(bytes, took),
-                "step {}: sent the write-out of {} sequence(s), {} bytes, layer by layer over NCCL "
-                "in {:.3f} s (the first layer after {:.3f} s)",
-                req.stream_step(), blocks.size(), bytes, absl::ToDoubleSeconds(took),
-                absl::ToDoubleSeconds(first_sent - t0));
-    return ToGrpcStatus(unwritten);
-  }
-  // Every header, then every sequence's K and V as one NCCL transfer.
-  std::vector<std::pair<const void*, size_t>> buffers;
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    const KvBlock& b = blocks[i];
-    if (!writer->Write(NcclKvHeader(req.keys(i), b))) {
-      drop();
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching worker went away");
-    }
-    buffers.emplace_back(b.device_k.get(), b.expected_bytes());
-    buffers.emplace_back(b.device_v.get(), b.expected_bytes());
-  }
-  if (absl::Status st = held->link->Send(buffers); !st.ok()) {
-    drop();
-    return ToGrpcStatus(st);
-  }
-  return grpc::Status::OK;
-}
-
-absl::StatusOr<std::optional<std::vector<KvBlock>>> WorkerService::FetchOverNccl(
-    const Assignment* a, const std::string& address, const std::vector<uint64_t>& keys,
-    int first_layer, int num_layers, WriteOutRef stream) {
-  std::shared_ptr<HeldKvLink> held;
-  {
-    absl::MutexLock lock(&kv_links_mu_);
-    std::shared_ptr<HeldKvLink>& slot = fetch_links_[address];
-    if (slot == nullptr) slot = std::make_shared<HeldKvLink>();
-    held = slot;
-  }
-  absl::MutexLock lock(&held->mu);
-  if (held->unreachable) return std::nullopt;
-  auto from = [&address](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("KV over NCCL from ", address, ": ", s.message()));
-  };
-  const bool join = held->link == nullptr;
-  // Nothing asked but the link, which is there.
-  if (!join && keys.empty()) return std::optional<std::vector<KvBlock>>(std::in_place);
-  if (join) {
-    absl::StatusOr<std::string> id = link_.make_nccl_id();
-    if (!id.ok()) return from(id.status());
-    held->unique_id = *id;
-  }
-  auto stub = KvStub(address, /*connection=*/0);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
-  v1::FetchKvRequest req = FetchRequest(keys, first_layer, num_layers, stream);
-  req.set_nccl_id(held->unique_id);
-  req.set_nccl_join(join);
-  // A new link: the other worker first checks that it can send everything and says so (a message
-  // with no sequence), then both join; a refusal ends the stream before any message.
-  std::unique_ptr<grpc::ClientReader<v1::KvChunk>> reader = stub->FetchKv(&ctx, req);
-  v1::KvChunk chunk;
-  const bool first = reader->Read(&chunk);
-  auto fail = [&](const absl::Status& s) {
-    held->link.reset();
-    ctx.TryCancel();
-    while (reader->Read(&chunk)) {
-    }
-    reader->Finish();
-    return from(s);
-  };
-  if (!first) {
-    // Nothing moved: over gRPC instead (which also names a sequence that is not stashed). A
-    // worker that has no NCCL is not asked again.
-    const grpc::Status done = reader->Finish();
-    held->link.reset();
-    if (absl::StrContains(done.error_message(), "has no NCCL")) held->unreachable = true;
-    spdlog::debug("KV from {}: over gRPC ({})", address, done.error_message());
-    return std::nullopt;
-  }
-  if (join) {
-    if (!chunk.nccl() || chunk.num_layers() != 0) {
-      return fail(absl::DataLossError("a sequence came before the link was joined"));
-    }
-    absl::StatusOr<std::unique_ptr<KvLink>> joined =
-        link_.join_kv_link(held->unique_id, /*rank=*/1, nullptr);
-    if (!joined.ok()) {
-      held->unreachable = true;  // NCCL does not connect the two: gRPC from now on
-      spdlog::warn("KV from {}: NCCL link not joined, over gRPC from now on: {}", address,
-                   joined.status().ToString());
-      return fail(joined.status());
-    }
-    held->link = *std::move(joined);
-    if (!reader->Read(&chunk)) {
-      const grpc::Status done = reader->Finish();
-      // No sequence asked: the link was all (made ahead of the moves that will use it).
-      if (done.ok() && keys.empty()) return std::optional<std::vector<KvBlock>>(std::in_place);
-      held->link.reset();
-      return from(done.ok() ? absl::DataLossError("the stream ended after the link was joined")
-                            : FromGrpcStatus(done));
-    }
-  }
-  if (keys.empty()) return std::optional<std::vector<KvBlock>>(std::in_place);
-  const ModelConfig& c = a->engine->config();
-  const KvShape shape{.first_layer = first_layer,
-                      .num_layers = num_layers,
-                      .num_kv_heads = c.num_kv_heads,
-                      .head_dim = c.head_dim,
-                      .max_positions = a->max_seq_len};
-  // Every header, then every sequence's K and V as one NCCL transfer into memory of this GPU.
-  std::vector<KvBlock> blocks;
-  std::vector<std::pair<void*, size_t>> buffers;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (i > 0 && !reader->Read(&chunk)) {
-      const grpc::Status done = reader->Finish();
-      held->link.reset();
-      return from(done.ok() ? absl::DataLossError(absl::StrCat("the stream ended after ", i, " of ",
-                                                               keys.size(), " sequences"))
-                            : FromGrpcStatus(done));
-    }
-    if (chunk.key() != keys[i]) {
-      return fail(absl::InvalidArgumentError(
-          absl::StrCat("sequence ", chunk.key(), " came where ", keys[i], " was expected")));
-    }
-    absl::StatusOr<KvBlock> b = KvBlockOfNcclHeader(chunk, shape);
-    if (!b.ok()) return fail(b.status());
-    const size_t bytes = b->expected_bytes();
-    absl::StatusOr<std::shared_ptr<uint8_t>> mem = held->link->Allocate(2 * bytes);
-    if (!mem.ok()) return fail(mem.status());
-    b->device_k = *mem;
-    b->device_v = std::shared_ptr<uint8_t>(*mem, mem->get() + bytes);
-    buffers.emplace_back(b->device_k.get(), bytes);
-    buffers.emplace_back(b->device_v.get(), bytes);
-    blocks.push_back(*std::move(b));
-  }
-  if (stream.step == 0) {
-    if (absl::Status st = held->link->Recv(buffers); !st.ok()) return fail(st);
-  } else {
-    // Layer by layer, every sequence's K and V of the layer at once, as the other worker's step
-    // writes them (SendOverNccl).
-    std::vector<std::pair<void*, size_t>> layer;
-    for (int l = 0; l < num_layers; ++l) {
-      // Posted once the other worker says the layer is written.
-      if (!reader->Read(&chunk)) {
-        const grpc::Status done = reader->Finish();
-        held->link.reset();
-        return from(done.ok() ? absl::DataLossError(absl::StrCat("the stream ended before layer ",
-                                                                 first_layer + l))
-                              : FromGrpcStatus(done));
-      }
-      if (!chunk.nccl() || chunk.layer() != first_layer + l || chunk.num_layers() != 1) {
-        return fail(absl::InvalidArgumentError(absl::StrCat(
-            "layer ", chunk.layer(), " (", chunk.num_layers(), ") announced where layer ",
-            first_layer + l, " was expected")));
-      }
-      layer.clear();
-      for (const KvBlock& b : blocks) {
-        const size_t layer_bytes = b.expected_bytes() / b.num_layers;
-        layer.emplace_back(b.device_k.get() + l * layer_bytes, layer_bytes);
-        layer.emplace_back(b.device_v.get() + l * layer_bytes, layer_bytes);
-      }
-      if (absl::Status st = held->link->Recv(layer); !st.ok()) return fail(st);
-    }
-  }
-  if (reader->Read(&chunk)) {
-    return fail(absl::InvalidArgumentError("more sequences came than were asked for"));
-  }
-  const grpc::Status done = reader->Finish();
-  if (!done.ok()) {
-    held->link.reset();
-    return from(FromGrpcStatus(done));
-  }
-  return std::optional<std::vector<KvBlock>>(std::move(blocks));
+  const KvChunkSink sink{.write = [writer](const v1::KvChunk& c) { return writer->Write(c); },
+                         .cancelled = [ctx] { return ctx->IsCancelled(); },
+                         .deadline = absl::FromChrono(ctx->deadline())};
+  return ToGrpcStatus(kv_.Send(*req, sink));
 }
 
 grpc::Status WorkerService::DropKv(grpc::ServerContext* ctx, const v1::DropKvRequest* req,
                                    v1::DropKvResponse*) {
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
-  // Freed after the lock: freeing device memory waits for the GPU's queue, and the executor takes
-  // the lock before each step that writes sequences out.
-  std::map<uint64_t, std::shared_ptr<const KvBlock>> stashed;
-  std::map<uint64_t, WrittenOutKv> written;
-  absl::MutexLock lock(&stash_mu_);
-  if (req->keys().empty()) {
-    std::swap(stashed, stash_);
-    std::swap(written, written_out_);
-  } else {
-    for (uint64_t key : req->keys()) {
-      if (auto node = stash_.extract(key)) stashed.insert(std::move(node));
-      if (auto node = written_out_.extract(key)) written.insert(std::move(node));
-    }
-  }
+  kv_.Drop(std::span<const uint64_t>(req->keys().data(), req->keys().size()));
   return grpc::Status::OK;
 }
 

@@ -25,7 +25,8 @@
 #include "common/security/credentials.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem.grpc.pb.h"
-#include "worker/kv_out.h"
+#include "worker/service/assignment.h"
+#include "worker/service/kv_moves.h"
 #include "worker/service/step_runner.h"
 #include "worker/stage.h"
 #include "worker/transport/grpc_transport.h"
@@ -87,12 +88,6 @@ struct LinkOptions {
   std::function<absl::Status(const StageSpec& spec)> warm_up;
 };
 
-// A step of an assignment that writes sequences out (SequenceStep.kv_out_key; step 0: none).
-struct WriteOutRef {
-  uint64_t assignment = 0;
-  uint64_t step = 0;
-};
-
 class WorkerService final : public v1::Worker::Service {
  public:
   WorkerService(StageFactory factory, ActivationInbox& inbox, absl::Duration recv_timeout,
@@ -125,9 +120,9 @@ class WorkerService final : public v1::Worker::Service {
                      grpc::ServerReaderWriter<v1::StepResult, v1::StepRequest>* stream) override;
   grpc::Status PrepareLink(grpc::ServerContext* ctx, const v1::PrepareLinkRequest* req,
                            v1::PrepareLinkResponse* resp) override;
-  // Moving sequences with their KV-cache (proto/tandem.proto, service Worker). Export and import
-  // run between steps (the stage's run lock); a stashed sequence lives in host memory until DropKv
-  // drops it (or an ExportKv of the same key replaces it), across assignments.
+  // Moving sequences with their KV-cache (proto/tandem.proto, service Worker), done by kv_moves.h:
+  // export and import run between steps (the stage's run lock); a stashed sequence lives until
+  // DropKv drops it (or an ExportKv of the same key replaces it), across assignments.
   grpc::Status ExportKv(grpc::ServerContext* ctx, const v1::ExportKvRequest* req,
                         v1::ExportKvResponse* resp) override;
   grpc::Status ImportKv(grpc::ServerContext* ctx, const v1::ImportKvRequest* req,
@@ -138,24 +133,6 @@ class WorkerService final : public v1::Worker::Service {
                       v1::DropKvResponse* resp) override;
 
  private:
-  // One assignment: the loaded stage and its link to the neighbours.
-  struct Assignment {
-    uint64_t id = 0;
-    int stage = 0;
-    int num_stages = 1;
-    int first_layer = 0;  // the model layers the stage holds, [first_layer, last_layer)
-    int last_layer = 0;
-    int max_seq_len = 0;
-    std::unique_ptr<Stage> engine;
-    std::unique_ptr<ActivationTransport> transport;
-    std::unique_ptr<StepRunner> runner;  // over engine and transport; destroyed first
-    // Serializes the executors of streams that overlap during a hand-over, and the KV-cache
-    // exports and imports that run between steps.
-    absl::Mutex run_mu;
-    // Exports and imports waiting for run_mu: an executor lets them in before its next step
-    // (RunLock), so that a busy stage does not keep a hand-off waiting step after step.
-    std::atomic<int> kv_waiting{0};
-  };
   // An assignment got ready for (AssignStageRequest.prepare): the request (prepare cleared), its
   // NCCL link and the weights placed for it.
   struct Prepared {
@@ -183,64 +160,13 @@ class WorkerService final : public v1::Worker::Service {
   // Closes `link` (null: nothing) on a thread of its own: an NCCL link's close waits for the
   // peers to close theirs, bounded by the transport.
   void CloseLinkInBackground(std::unique_ptr<ActivationTransport> link);
-  // run_mu for a step (after every waiting export or import) or for one sequence's KV-cache.
-  static void LockForStep(Assignment& a);
-  static void LockForKv(Assignment& a);
   // Executes one step; the result to send back (errors as error_code).
   v1::StepResult RunStep(Assignment& a, const StepDescriptor& d,
                          const std::function<bool()>& cancelled);
   // The result of step `d` that ran as `run` (errors as error_code), its times recorded.
   v1::StepResult ResultOf(Assignment& a, const StepDescriptor& d, absl::StatusOr<StepRun> run);
-  // Copies the stash's blocks in device memory to host memory (a new stage needs the room);
-  // returns how many.
-  int SpillStashToHost();
-  // The stash's block of sequence `key`; NOT_FOUND naming it otherwise (a step's write-out is
-  // fetched by its step: WrittenOut).
-  absl::StatusOr<std::shared_ptr<const KvBlock>> Stashed(uint64_t key);
-  // Opens the write-outs of `d`'s rows with kv_out_key set (Stage::OpenKvOut) and puts them in
-  // the stash as the step's, replacing what the stash held of their keys or slots; one the stage
-  // cannot open is put in failed, so that its fetch fails at once and the hand-off falls back.
-  void OpenKvOuts(Assignment& a, const StepDescriptor& d);
-  // The write-out of sequence `key` by `ref`'s step, waiting until `deadline` for the step to
-  // open it: FAILED_PRECONDITION at once where it cannot (another assignment, a later step run,
-  // the steps' stream ended), DEADLINE_EXCEEDED naming the sequence and the step at the deadline.
-  absl::StatusOr<std::shared_ptr<KvOut>> WrittenOut(uint64_t key, WriteOutRef ref,
-                                                    absl::Time deadline);
-  // The block of `key` over layers [first_layer, first_layer + num_layers) from this worker's
-  // stash, or from `stream`'s write-out (step nonzero) once its layers are written.
-  absl::StatusOr<KvBlock> OwnBlock(uint64_t key, int first_layer, int num_layers,
-                                   WriteOutRef stream);
   // The current assignment when it is `id`; FAILED_PRECONDITION otherwise.
   absl::StatusOr<std::shared_ptr<Assignment>> AssignmentFor(uint64_t id);
-  // The blocks of `keys` over layers [first_layer, first_layer + num_layers) from the stash of
-  // the worker at `address` (over FetchKv), put together for `a`'s stage.
-  // With `stream` (step nonzero), the sequences as that step of the other worker writes them
-  // out, each layer fetched as soon as it is written.
-  absl::StatusOr<std::vector<KvBlock>> FetchBlocks(const Assignment& a, const std::string& address,
-                                                   const std::vector<uint64_t>& keys,
-                                                   int first_layer, int num_layers,
-                                                   WriteOutRef stream = {});
-  // FetchBlocks over NCCL (LinkOptions::join_kv_link): the blocks in this worker's device memory,
-  // or, when the other worker refused before sending anything (it cannot), nullopt.
-  // With no keys, only the link (made where there is none); `a` may then be null.
-  absl::StatusOr<std::optional<std::vector<KvBlock>>> FetchOverNccl(
-      const Assignment* a, const std::string& address, const std::vector<uint64_t>& keys,
-      int first_layer, int num_layers, WriteOutRef stream = {});
-  // FetchKv's side of FetchOverNccl: the blocks of `req` sent over the link of req.nccl_id.
-  grpc::Status SendOverNccl(grpc::ServerContext* ctx, const v1::FetchKvRequest& req,
-                            grpc::ServerWriter<v1::KvChunk>* writer);
-  // FetchKv of a step's write-outs (req.stream_step) over gRPC: each layer's chunks as soon as
-  // the layer is written.
-  grpc::Status SendWrittenOut(grpc::ServerContext* ctx, const v1::FetchKvRequest& req,
-                              grpc::ServerWriter<v1::KvChunk>* writer);
-  // A stub of the worker at `address` for KV-cache fetches, on connection number `connection`.
-  std::unique_ptr<v1::Worker::Stub> KvStub(const std::string& address, int connection) const;
-  // One FetchKv stream of FetchBlocks, over connection number `connection`.
-  absl::StatusOr<std::vector<KvBlock>> FetchGroup(const Assignment& a, const std::string& address,
-                                                  const std::vector<uint64_t>& keys,
-                                                  int first_layer, int num_layers,
-                                                  int connection, WriteOutRef stream = {});
-
   const StageFactory factory_;
   ActivationInbox& inbox_;
   const absl::Duration recv_timeout_;
@@ -256,31 +182,7 @@ class WorkerService final : public v1::Worker::Service {
   std::vector<Closing> closing_ ABSL_GUARDED_BY(closing_mu_);
   absl::Mutex mu_;
   std::shared_ptr<Assignment> current_ ABSL_GUARDED_BY(mu_);
-  absl::Mutex stash_mu_;
-  std::map<uint64_t, std::shared_ptr<const KvBlock>> stash_ ABSL_GUARDED_BY(stash_mu_);
-  // Sequences written out by a step as it runs (OpenKvOuts), until DropKv, another write-out of
-  // the key or slot, or an ExportKv of the key: at most one per slot of the stage.
-  struct WrittenOutKv {
-    WriteOutRef by;
-    std::shared_ptr<KvOut> out;
-  };
-  std::map<uint64_t, WrittenOutKv> written_out_ ABSL_GUARDED_BY(stash_mu_);
-  // The newest step run of the current assignment, and a count of the ends of steps' streams and
-  // assignments: a fetch of a write-out gives up once its step has passed or can no longer come.
-  uint64_t newest_step_ ABSL_GUARDED_BY(stash_mu_) = 0;
-  uint64_t out_assignment_ ABSL_GUARDED_BY(stash_mu_) = 0;  // the current assignment
-  uint64_t steps_epoch_ ABSL_GUARDED_BY(stash_mu_) = 0;
-  // NCCL links for KV-cache, kept for later moves: those this worker sends on, by unique id, and
-  // those it fetches on, by the other worker's address. A link is used by one move at a time.
-  struct HeldKvLink {
-    absl::Mutex mu;
-    std::string unique_id;  // of a fetch link (a send link's is its key)
-    std::unique_ptr<KvLink> link ABSL_GUARDED_BY(mu);
-    bool unreachable ABSL_GUARDED_BY(mu) = false;  // a join failed: gRPC from then on
-  };
-  absl::Mutex kv_links_mu_;
-  std::map<std::string, std::shared_ptr<HeldKvLink>> send_links_ ABSL_GUARDED_BY(kv_links_mu_);
-  std::map<std::string, std::shared_ptr<HeldKvLink>> fetch_links_ ABSL_GUARDED_BY(kv_links_mu_);
+  KvMoves kv_;  // the stash, the write-outs and the KV-cache links
   WorkerMetrics* metrics_ = nullptr;
   std::FILE* step_trace_ = nullptr;
   LaunchAhead launch_ahead_ = LaunchAhead::kAuto;
