@@ -9,6 +9,8 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "common/flags_usage.h"
 #include "coordinator/config.h"
 #include "coordinator/coordinator.h"
@@ -18,6 +20,7 @@
 #include "common/security/credentials.h"
 #include "common/security/listen.h"
 #include "common/security/tls_flags.h"
+#include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -55,19 +58,12 @@ namespace {
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop.store(true); }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  tandem::SetProgramUsage("tandem-coordinator --model_dir DIR [--config FILE] [--listen ADDR]");
-  tandem::ParseFlags(argc, argv);
-  using tandem::CoordinatorConfig;
-  CoordinatorConfig config;
+// The settings: --config's file, then the flags given on the command line.
+absl::StatusOr<tandem::CoordinatorConfig> LoadConfig() {
+  tandem::CoordinatorConfig config;
   if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
-    absl::StatusOr<CoordinatorConfig> c = tandem::LoadCoordinatorConfig(path);
-    if (!c.ok()) {
-      spdlog::error("--config: {}", std::string(c.status().message()));
-      return 2;
-    }
+    absl::StatusOr<tandem::CoordinatorConfig> c = tandem::LoadCoordinatorConfig(path);
+    if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat("--config: ", c.status().message()));
     config = *c;
   }
   // A flag given on the command line overrides the config file, even with its default value.
@@ -77,89 +73,130 @@ int main(int argc, char** argv) {
   if (!config.model_dir.empty()) {
     config.model_dir = std::filesystem::absolute(config.model_dir).lexically_normal();
   }
+  return config;
+}
 
-  const tandem::TlsFiles tls = tandem::TlsFilesFromFlags();
-  const std::string api_key = tandem::FlagOrEnv(absl::GetFlag(FLAGS_api_key), "TANDEM_API_KEY");
-  std::string admin_key = tandem::FlagOrEnv(absl::GetFlag(FLAGS_admin_key), "TANDEM_ADMIN_KEY");
-  if (admin_key.empty()) admin_key = api_key;
-  const std::string cluster_secret =
+// Keys, TLS and the check that --listen is not open to other hosts without them.
+struct Security {
+  tandem::TlsFiles tls;
+  std::string api_key, admin_key, cluster_secret;
+  std::shared_ptr<grpc::ServerCredentials> server_credentials;
+  tandem::ClientAuth worker_auth;
+};
+
+absl::StatusOr<Security> SecurityFromFlags(const tandem::CoordinatorConfig& config) {
+  Security s;
+  s.tls = tandem::TlsFilesFromFlags();
+  s.api_key = tandem::FlagOrEnv(absl::GetFlag(FLAGS_api_key), "TANDEM_API_KEY");
+  s.admin_key = tandem::FlagOrEnv(absl::GetFlag(FLAGS_admin_key), "TANDEM_ADMIN_KEY");
+  if (s.admin_key.empty()) s.admin_key = s.api_key;
+  s.cluster_secret =
       tandem::FlagOrEnv(absl::GetFlag(FLAGS_cluster_secret), "TANDEM_CLUSTER_SECRET");
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server_credentials =
-      tandem::MakeServerCredentials(tls, tandem::ClientCerts::kVerifyIfPresented);
-  absl::StatusOr<tandem::ClientAuth> worker_auth = tandem::MakeClientAuth(tls, cluster_secret);
-  if (!server_credentials.ok() || !worker_auth.ok()) {
-    spdlog::error("{}", (server_credentials.ok() ? worker_auth.status()
-                                                 : server_credentials.status()).ToString());
-    return 2;
-  }
-
-  if (absl::Status s =
-          tandem::CheckClusterListen("--listen", config.listen,
-                                     {.has_secret = !cluster_secret.empty(),
-                                      .has_client_ca = !tls.ca.empty(),
-                                      .allow_insecure = absl::GetFlag(FLAGS_allow_insecure)});
-      !s.ok()) {
-    spdlog::error("{}", std::string(s.message()));
-    return 2;
-  }
-  if (cluster_secret.empty() && tls.ca.empty()) {
+  ASSIGN_OR_RETURN(s.server_credentials,
+                   tandem::MakeServerCredentials(s.tls, tandem::ClientCerts::kVerifyIfPresented));
+  ASSIGN_OR_RETURN(s.worker_auth, tandem::MakeClientAuth(s.tls, s.cluster_secret));
+  RETURN_IF_ERROR(tandem::CheckClusterListen(
+      "--listen", config.listen,
+      {.has_secret = !s.cluster_secret.empty(),
+       .has_client_ca = !s.tls.ca.empty(),
+       .allow_insecure = absl::GetFlag(FLAGS_allow_insecure)}));
+  if (s.cluster_secret.empty() && s.tls.ca.empty()) {
     spdlog::warn("no --cluster_secret or --tls_ca: any process that reaches {} can register as a "
                  "worker", config.listen);
   }
+  if (s.api_key.empty()) spdlog::warn("no --api_key: Inference is open to every caller");
+  return s;
+}
 
+// Metrics are an aid, not a requirement: a taken port is logged and the service runs on (null).
+std::unique_ptr<tandem::MetricsServer> StartMetrics(
+    std::shared_ptr<prometheus::Registry> registry) {
+  const std::string addr = absl::GetFlag(FLAGS_metrics_address);
+  if (addr.empty()) return nullptr;
+  absl::StatusOr<std::unique_ptr<tandem::MetricsServer>> m =
+      tandem::MetricsServer::Start(addr, std::move(registry));
+  if (!m.ok()) {
+    spdlog::error("--metrics_address: {}; serving without metrics", m.status().ToString());
+    return nullptr;
+  }
+  std::printf("tandem-coordinator metrics on port %d\n", (*m)->port());
+  return *std::move(m);
+}
+
+// The gRPC services on --listen, and the port bound (0 when nothing could be bound).
+struct GrpcServices {
+  GrpcServices(tandem::Coordinator& coordinator, const Security& security)
+      : inference(coordinator, {.key = security.api_key, .key_name = "api key"}),
+        admin(coordinator, {.key = security.admin_key, .key_name = "admin key"}),
+        registry(coordinator,
+                 {.key = security.cluster_secret,
+                  .require_client_cert = !security.tls.ca.empty(),
+                  .key_name = "cluster secret"},
+                 absl::GetFlag(FLAGS_trust_worker_addresses)) {}
+  tandem::InferenceService inference;
+  tandem::AdminService admin;
+  tandem::RegistryService registry;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+};
+
+void StartGrpc(const tandem::CoordinatorConfig& config, const Security& security,
+               tandem::Coordinator& coordinator, GrpcServices& services) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(config.listen, security.server_credentials, &services.port);
+  tandem::RefusePortSharing(builder);
+  // Sized from the largest legal request (prompt bytes, token ids, stop strings).
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<int64_t>(tandem::MaxRequestBytes(coordinator.limits()), INT32_MAX)));
+  // Idle threads are kept up to this many (gRPC's default: 2; CoordinatorConfig::grpc_threads).
+  builder.SetSyncServerOption(
+      grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
+      config.grpc_threads > 0 ? config.grpc_threads : tandem::RequestThreads(config));
+  builder.RegisterService(&services.inference);
+  builder.RegisterService(&services.admin);
+  builder.RegisterService(&services.registry);
+  services.server = builder.BuildAndStart();
+  if (services.server == nullptr) services.port = 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tandem::SetProgramUsage("tandem-coordinator --model_dir DIR [--config FILE] [--listen ADDR]");
+  tandem::ParseFlags(argc, argv);
+  absl::StatusOr<tandem::CoordinatorConfig> loaded = LoadConfig();
+  if (!loaded.ok()) {
+    spdlog::error("{}", std::string(loaded.status().message()));
+    return 2;
+  }
+  const tandem::CoordinatorConfig& config = *loaded;
+  absl::StatusOr<Security> security = SecurityFromFlags(config);
+  if (!security.ok()) {
+    spdlog::error("{}", std::string(security.status().message()));
+    return 2;
+  }
   absl::StatusOr<std::unique_ptr<tandem::Coordinator>> coordinator =
       tandem::Coordinator::Create(config);
   if (!coordinator.ok()) {
     spdlog::error("{}", coordinator.status().ToString());
     return 2;
   }
-  // Metrics are an aid, not a requirement: a taken port is logged and the service runs on.
   auto metrics_registry = std::make_shared<prometheus::Registry>();
   tandem::CoordinatorMetrics metrics(*metrics_registry);
-  std::unique_ptr<tandem::MetricsServer> metrics_server;
-  if (const std::string addr = absl::GetFlag(FLAGS_metrics_address); !addr.empty()) {
-    absl::StatusOr<std::unique_ptr<tandem::MetricsServer>> m =
-        tandem::MetricsServer::Start(addr, metrics_registry);
-    if (m.ok()) {
-      metrics_server = *std::move(m);
-      (*coordinator)->set_metrics(&metrics);
-      std::printf("tandem-coordinator metrics on port %d\n", metrics_server->port());
-    } else {
-      spdlog::error("--metrics_address: {}; serving without metrics", m.status().ToString());
-    }
-  }
-  (*coordinator)->set_worker_auth(*std::move(worker_auth));
-  tandem::InferenceService inference(**coordinator, {.key = api_key, .key_name = "api key"});
-  tandem::AdminService admin(**coordinator, {.key = admin_key, .key_name = "admin key"});
-  tandem::RegistryService registry(
-      **coordinator,
-      {.key = cluster_secret, .require_client_cert = !tls.ca.empty(), .key_name = "cluster secret"},
-      absl::GetFlag(FLAGS_trust_worker_addresses));
-  if (api_key.empty()) spdlog::warn("no --api_key: Inference is open to every caller");
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(config.listen, *server_credentials, &port);
-  tandem::RefusePortSharing(builder);
-  // Sized from the largest legal request (prompt bytes, token ids, stop strings).
-  builder.SetMaxReceiveMessageSize(static_cast<int>(
-      std::min<int64_t>(tandem::MaxRequestBytes((*coordinator)->limits()), INT32_MAX)));
-  // Idle threads are kept up to this many (gRPC's default: 2; CoordinatorConfig::grpc_threads).
-  builder.SetSyncServerOption(
-      grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
-      config.grpc_threads > 0 ? config.grpc_threads : tandem::RequestThreads(config));
-  builder.RegisterService(&inference);
-  builder.RegisterService(&admin);
-  builder.RegisterService(&registry);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
+  std::unique_ptr<tandem::MetricsServer> metrics_server = StartMetrics(metrics_registry);
+  if (metrics_server != nullptr) (*coordinator)->set_metrics(&metrics);
+  (*coordinator)->set_worker_auth(security->worker_auth);
+  GrpcServices services(**coordinator, *security);
+  StartGrpc(config, *security, **coordinator, services);
+  if (services.port == 0) {
     spdlog::error("{}", tandem::CannotListenMessage("--listen", config.listen));
     return 2;
   }
   // Readiness per service: Inference is SERVING only while a pipeline serves; "" (the process)
   // stays SERVING while it is up, for liveness probes.
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  grpc::HealthCheckServiceInterface* health = services.server->GetHealthCheckService();
   health->SetServingStatus(tandem::v1::Inference::service_full_name(), false);
   (*coordinator)->set_readiness_observer([health](bool serving) {
     health->SetServingStatus(tandem::v1::Inference::service_full_name(), serving);
@@ -170,7 +207,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<tandem::openai::HttpServer> http;
   if (!config.http_listen.empty()) {
     absl::StatusOr<std::unique_ptr<tandem::openai::HttpServer>> h =
-        tandem::openai::StartHttpApi(**coordinator, api_key, tls);
+        tandem::openai::StartHttpApi(**coordinator, security->api_key, security->tls);
     if (!h.ok()) {
       spdlog::error("{}", h.status().ToString());
       return 1;
@@ -179,10 +216,11 @@ int main(int argc, char** argv) {
     std::printf("tandem-coordinator http on port %d\n", http->port());
   }
   // The bound port on stdout (one line) lets scripts and tests use --listen=127.0.0.1:0.
-  std::printf("tandem-coordinator listening on port %d\n", port);
+  std::printf("tandem-coordinator listening on port %d\n", services.port);
   std::fflush(stdout);
   spdlog::info("coordinator serving {} on {} (port {}), waiting for {} x {} workers",
-               config.model_dir.string(), config.listen, port, config.stages, config.replicas);
+               config.model_dir.string(), config.listen, services.port, config.stages,
+               config.replicas);
 
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
@@ -190,6 +228,6 @@ int main(int argc, char** argv) {
   spdlog::info("shutting down");
   (*coordinator)->Shutdown();
   http.reset();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  services.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;
 }
