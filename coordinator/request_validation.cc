@@ -32,39 +32,9 @@ absl::Status CheckStopStrings(const v1::GenerateRequest& request) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-int64_t MaxPromptBytes(const ModelLimits& limits) {
-  return std::max<int64_t>(limits.context_length, 1) * kPromptBytesPerToken;
-}
-
-int64_t MaxRequestBytes(const ModelLimits& limits) {
-  // Token ids take at most 5 bytes each as varints; 1 MiB covers the other fields.
-  const int64_t stops = int64_t{kMaxStopStrings} * (kMaxStopStringBytes + 8);
-  const int64_t bytes =
-      MaxPromptBytes(limits) + 5 * int64_t{limits.context_length} + stops + (int64_t{1} << 20);
-  return std::max<int64_t>(bytes, 4 << 20);
-}
-
-absl::Status CheckPromptText(std::string_view field, std::string_view text,
-                             const ModelLimits& limits) {
-  const int64_t max_bytes = MaxPromptBytes(limits);
-  if (static_cast<int64_t>(text.size()) > max_bytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: %d bytes, more than the %d this model takes (%d bytes for each of the %d tokens of "
-        "its context)",
-        field, text.size(), max_bytes, kPromptBytesPerToken, limits.context_length));
-  }
-  return CheckUtf8(field, text);
-}
-
-absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& request,
-                                                 const ModelLimits& limits,
-                                                 const Tokenizer* tokenizer) {
-  ValidatedRequest out;
-  out.request_id = request.request_id();
-  const int context = limits.context_length;
-
+// The prompt: text (tokenized here) or token ids, inside the vocabulary and the context.
+absl::Status CheckPrompt(const v1::GenerateRequest& request, const ModelLimits& limits,
+                         const Tokenizer* tokenizer, ValidatedRequest& out) {
   if (!request.prompt().empty() && request.token_ids_size() > 0) {
     return absl::InvalidArgumentError("prompt and token_ids: give one of them, not both");
   }
@@ -104,13 +74,17 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& requ
       }
     }
   }
-  if (static_cast<int>(out.prompt.size()) > context) {
+  if (static_cast<int>(out.prompt.size()) > limits.context_length) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: %d tokens, longer than the context of %d tokens",
-        request.token_ids_size() > 0 ? "token_ids" : "prompt", out.prompt.size(), context));
+        request.token_ids_size() > 0 ? "token_ids" : "prompt", out.prompt.size(),
+        limits.context_length));
   }
+  return absl::OkStatus();
+}
 
-  const v1::SamplingParams& s = request.sampling();
+// The sampling parameters, each in its range, into out's sampling fields.
+absl::Status CheckSampling(const v1::SamplingParams& s, ValidatedRequest& out) {
   if (!std::isfinite(s.temperature()) || s.temperature() < 0.0f) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "sampling.temperature: must be a finite number >= 0, got %g", s.temperature()));
@@ -174,18 +148,12 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& requ
   out.n = std::max(1, s.n());
   out.logprobs = s.logprobs() ? s.top_logprobs() : -1;
   out.prompt_logprobs = s.prompt_logprobs() ? s.prompt_top_logprobs() : -1;
+  return absl::OkStatus();
+}
 
-  if (request.has_max_new_tokens()) {
-    const int n = request.max_new_tokens();
-    if (n < 1 || n > context) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "max_new_tokens: must be between 1 and the context length %d, got %d", context, n));
-    }
-    out.max_new_tokens = n;
-  } else {
-    out.max_new_tokens = std::min(kDefaultMaxNewTokens, context);
-  }
-
+// Stop token ids, stop strings and the end-of-sequence tokens.
+absl::Status CheckStops(const v1::GenerateRequest& request, const ModelLimits& limits,
+                        const Tokenizer* tokenizer, ValidatedRequest& out) {
   for (int i = 0; i < request.stop_token_ids_size(); ++i) {
     const int32_t id = request.stop_token_ids(i);
     if (id < 0 || id >= limits.vocab_size) {
@@ -200,6 +168,55 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& requ
         "stop: this model has no tokenizer, so stop strings cannot be matched");
   }
   out.stop_strings.assign(request.stop().begin(), request.stop().end());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t MaxPromptBytes(const ModelLimits& limits) {
+  return std::max<int64_t>(limits.context_length, 1) * kPromptBytesPerToken;
+}
+
+int64_t MaxRequestBytes(const ModelLimits& limits) {
+  // Token ids take at most 5 bytes each as varints; 1 MiB covers the other fields.
+  const int64_t stops = int64_t{kMaxStopStrings} * (kMaxStopStringBytes + 8);
+  const int64_t bytes =
+      MaxPromptBytes(limits) + 5 * int64_t{limits.context_length} + stops + (int64_t{1} << 20);
+  return std::max<int64_t>(bytes, 4 << 20);
+}
+
+absl::Status CheckPromptText(std::string_view field, std::string_view text,
+                             const ModelLimits& limits) {
+  const int64_t max_bytes = MaxPromptBytes(limits);
+  if (static_cast<int64_t>(text.size()) > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %d bytes, more than the %d this model takes (%d bytes for each of the %d tokens of "
+        "its context)",
+        field, text.size(), max_bytes, kPromptBytesPerToken, limits.context_length));
+  }
+  return CheckUtf8(field, text);
+}
+
+absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& request,
+                                                 const ModelLimits& limits,
+                                                 const Tokenizer* tokenizer) {
+  ValidatedRequest out;
+  out.request_id = request.request_id();
+  const int context = limits.context_length;
+  RETURN_IF_ERROR(CheckPrompt(request, limits, tokenizer, out));
+  RETURN_IF_ERROR(CheckSampling(request.sampling(), out));
+  if (request.has_max_new_tokens()) {
+    const int n = request.max_new_tokens();
+    if (n < 1 || n > context) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "max_new_tokens: must be between 1 and the context length %d, got %d", context, n));
+    }
+    out.max_new_tokens = n;
+  } else {
+    out.max_new_tokens = std::min(kDefaultMaxNewTokens, context);
+  }
+
+  RETURN_IF_ERROR(CheckStops(request, limits, tokenizer, out));
   out.eos_token_id = request.ignore_eos() ? -1 : limits.eos_token_id;
   if (!request.ignore_eos()) out.eos_token_ids = limits.eos_token_ids;
   if (request.timeout_ms() > 0) out.timeout = absl::Milliseconds(request.timeout_ms());
