@@ -190,132 +190,133 @@ class Parser {
     auto node = std::make_unique<Node>();
     node->line = line;
     Next();
-    std::string end;
-    if (keyword == "if") {
-      node->kind = Node::Kind::kIf;
-      while (true) {
-        ASSIGN_OR_RETURN(ExprPtr condition, ParseTuple(false, {}));
-        node->conditions.push_back(std::move(condition));
-        RETURN_IF_ERROR(ExpectBlockEnd());
-        ASSIGN_OR_RETURN(Body body, ParseBody({"elif", "else", "endif"}, &end));
-        node->bodies.push_back(std::move(body));
-        Next();
-        if (end == "elif") continue;
-        if (end == "else") {
-          RETURN_IF_ERROR(ExpectBlockEnd());
-          ASSIGN_OR_RETURN(Body else_body, ParseBody({"endif"}, &end));
-          node->bodies.push_back(std::move(else_body));
-          Next();
-        }
-        break;
-      }
-      RETURN_IF_ERROR(ExpectBlockEnd());
-      return node;
-    }
-    if (keyword == "for") {
-      node->kind = Node::Kind::kFor;
-      ASSIGN_OR_RETURN(node->targets, ParseTargets());
-      if (!SkipName("in")) return Error("expected 'in' in a for statement");
-      ASSIGN_OR_RETURN(node->expr, ParseTuple(false, {"recursive"}));
-      if (SkipName("if")) {
-        ASSIGN_OR_RETURN(node->filter, ParseExpression(true));
-      }
-      if (IsName("recursive")) return Error("recursive for loops are not supported");
-      RETURN_IF_ERROR(ExpectBlockEnd());
-      ++loop_depth_;
-      absl::StatusOr<Body> body = ParseBody({"endfor", "else"}, &end);
-      --loop_depth_;
-      if (!body.ok()) return body.status();
-      node->bodies.push_back(*std::move(body));
-      Next();
-      if (end == "else") {
-        RETURN_IF_ERROR(ExpectBlockEnd());
-        ASSIGN_OR_RETURN(Body else_body, ParseBody({"endfor"}, &end));
-        node->bodies.push_back(std::move(else_body));
-        Next();
-      }
-      RETURN_IF_ERROR(ExpectBlockEnd());
-      return node;
-    }
-    if (keyword == "set") {
-      ASSIGN_OR_RETURN(std::string target, ExpectName());
-      node->targets.push_back(target);
-      if (SkipOp(".")) {
-        ASSIGN_OR_RETURN(node->attribute, ExpectName());
-      } else if (IsOp(",")) {
-        return Error("'{% set %}' of several names is not supported");
-      }
-      if (SkipOp("=")) {
-        node->kind = Node::Kind::kSet;
-        ASSIGN_OR_RETURN(node->expr, ParseTuple(true, {}));
-        RETURN_IF_ERROR(ExpectBlockEnd());
-        return node;
-      }
-      if (!node->attribute.empty()) return Error("expected '=' after a namespace attribute");
-      node->kind = Node::Kind::kSetBlock;
-      if (IsOp("|")) {
-        ASSIGN_OR_RETURN(node->filter, ParseFilter(nullptr, false));
-      }
-      RETURN_IF_ERROR(ExpectBlockEnd());
-      ASSIGN_OR_RETURN(Body body, ParseBody({"endset"}, &end));
-      node->bodies.push_back(std::move(body));
-      Next();
-      RETURN_IF_ERROR(ExpectBlockEnd());
-      return node;
-    }
-    if (keyword == "macro") {
-      node->kind = Node::Kind::kMacro;
-      ASSIGN_OR_RETURN(node->text, ExpectName());
-      RETURN_IF_ERROR(ExpectOp("("));
-      while (!IsOp(")")) {
-        if (!node->params.empty()) RETURN_IF_ERROR(ExpectOp(","));
-        if (IsOp(")")) break;
-        MacroParam param;
-        ASSIGN_OR_RETURN(param.name, ExpectName());
-        if (SkipOp("=")) {
-          ASSIGN_OR_RETURN(param.default_value, ParseExpression(true));
-        }
-        node->params.push_back(std::move(param));
-      }
-      Next();
-      RETURN_IF_ERROR(ExpectBlockEnd());
-      ASSIGN_OR_RETURN(Body body, ParseBody({"endmacro"}, &end));
-      node->bodies.push_back(std::move(body));
-      Next();
-      if (Current().kind == TK::kName) Next();  // {% endmacro name %}
-      RETURN_IF_ERROR(ExpectBlockEnd());
-      return node;
-    }
-    if (keyword == "break" || keyword == "continue") {
+    if (keyword == "if") RETURN_IF_ERROR(ParseIf(*node));
+    else if (keyword == "for") RETURN_IF_ERROR(ParseFor(*node));
+    else if (keyword == "set") RETURN_IF_ERROR(ParseSet(*node));
+    else if (keyword == "macro") RETURN_IF_ERROR(ParseMacro(*node));
+    else if (keyword == "break" || keyword == "continue") {
       if (loop_depth_ == 0) {
         return Error(absl::StrCat("'", keyword, "' outside a for loop"));
       }
       node->kind = keyword == "break" ? Node::Kind::kBreak : Node::Kind::kContinue;
       RETURN_IF_ERROR(ExpectBlockEnd());
-      return node;
-    }
-    if (keyword == "filter") {
+    } else if (keyword == "filter") {
       node->kind = Node::Kind::kFilterBlock;
       ASSIGN_OR_RETURN(node->filter, ParseFilter(nullptr, true));
       RETURN_IF_ERROR(ExpectBlockEnd());
-      ASSIGN_OR_RETURN(Body body, ParseBody({"endfilter"}, &end));
-      node->bodies.push_back(std::move(body));
-      Next();
-      RETURN_IF_ERROR(ExpectBlockEnd());
-      return node;
-    }
-    if (keyword == "generation") {
+      RETURN_IF_ERROR(ParseBodyUntil("endfilter", *node));
+    } else if (keyword == "generation") {
       // Hugging Face's extension marking assistant text; it writes its body unchanged.
       node->kind = Node::Kind::kPlain;
       RETURN_IF_ERROR(ExpectBlockEnd());
-      ASSIGN_OR_RETURN(Body body, ParseBody({"endgeneration"}, &end));
-      node->bodies.push_back(std::move(body));
-      Next();
-      RETURN_IF_ERROR(ExpectBlockEnd());
-      return node;
+      RETURN_IF_ERROR(ParseBodyUntil("endgeneration", *node));
+    } else {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "line %d: the '{%% %s %%}' statement is not supported", line, keyword));
     }
-    return absl::InvalidArgumentError(
-        absl::StrFormat("line %d: the '{%% %s %%}' statement is not supported", line, keyword));
+    return node;
+  }
+
+  // A body up to `{% end %}` (consumed, with its block end), appended to node's bodies.
+  absl::Status ParseBodyUntil(const std::string& end, Node& node) {
+    std::string found;
+    ASSIGN_OR_RETURN(Body body, ParseBody({end}, &found));
+    node.bodies.push_back(std::move(body));
+    Next();
+    return ExpectBlockEnd();
+  }
+
+  // `{% if %}` ... `{% elif %}` ... `{% else %}` ... `{% endif %}`, after the keyword.
+  absl::Status ParseIf(Node& node) {
+    node.kind = Node::Kind::kIf;
+    std::string end;
+    while (true) {
+      ASSIGN_OR_RETURN(ExprPtr condition, ParseTuple(false, {}));
+      node.conditions.push_back(std::move(condition));
+      RETURN_IF_ERROR(ExpectBlockEnd());
+      ASSIGN_OR_RETURN(Body body, ParseBody({"elif", "else", "endif"}, &end));
+      node.bodies.push_back(std::move(body));
+      Next();
+      if (end == "elif") continue;
+      if (end == "else") {
+        RETURN_IF_ERROR(ExpectBlockEnd());
+        return ParseBodyUntil("endif", node);
+      }
+      return ExpectBlockEnd();
+    }
+  }
+
+  // `{% for targets in expr [if filter] %}` ... [`{% else %}` ...] `{% endfor %}`.
+  absl::Status ParseFor(Node& node) {
+    node.kind = Node::Kind::kFor;
+    ASSIGN_OR_RETURN(node.targets, ParseTargets());
+    if (!SkipName("in")) return Error("expected 'in' in a for statement");
+    ASSIGN_OR_RETURN(node.expr, ParseTuple(false, {"recursive"}));
+    if (SkipName("if")) {
+      ASSIGN_OR_RETURN(node.filter, ParseExpression(true));
+    }
+    if (IsName("recursive")) return Error("recursive for loops are not supported");
+    RETURN_IF_ERROR(ExpectBlockEnd());
+    std::string end;
+    ++loop_depth_;
+    absl::StatusOr<Body> body = ParseBody({"endfor", "else"}, &end);
+    --loop_depth_;
+    if (!body.ok()) return body.status();
+    node.bodies.push_back(*std::move(body));
+    Next();
+    if (end == "else") {
+      RETURN_IF_ERROR(ExpectBlockEnd());
+      return ParseBodyUntil("endfor", node);
+    }
+    return ExpectBlockEnd();
+  }
+
+  // `{% set name[.attr] = expr %}` or the block form `{% set name [| filter] %}` ... `{% endset %}`.
+  absl::Status ParseSet(Node& node) {
+    ASSIGN_OR_RETURN(std::string target, ExpectName());
+    node.targets.push_back(target);
+    if (SkipOp(".")) {
+      ASSIGN_OR_RETURN(node.attribute, ExpectName());
+    } else if (IsOp(",")) {
+      return Error("'{% set %}' of several names is not supported");
+    }
+    if (SkipOp("=")) {
+      node.kind = Node::Kind::kSet;
+      ASSIGN_OR_RETURN(node.expr, ParseTuple(true, {}));
+      return ExpectBlockEnd();
+    }
+    if (!node.attribute.empty()) return Error("expected '=' after a namespace attribute");
+    node.kind = Node::Kind::kSetBlock;
+    if (IsOp("|")) {
+      ASSIGN_OR_RETURN(node.filter, ParseFilter(nullptr, false));
+    }
+    RETURN_IF_ERROR(ExpectBlockEnd());
+    return ParseBodyUntil("endset", node);
+  }
+
+  // `{% macro name(param[=default], ...) %}` ... `{% endmacro [name] %}`.
+  absl::Status ParseMacro(Node& node) {
+    node.kind = Node::Kind::kMacro;
+    ASSIGN_OR_RETURN(node.text, ExpectName());
+    RETURN_IF_ERROR(ExpectOp("("));
+    while (!IsOp(")")) {
+      if (!node.params.empty()) RETURN_IF_ERROR(ExpectOp(","));
+      if (IsOp(")")) break;
+      MacroParam param;
+      ASSIGN_OR_RETURN(param.name, ExpectName());
+      if (SkipOp("=")) {
+        ASSIGN_OR_RETURN(param.default_value, ParseExpression(true));
+      }
+      node.params.push_back(std::move(param));
+    }
+    Next();
+    RETURN_IF_ERROR(ExpectBlockEnd());
+    std::string end;
+    ASSIGN_OR_RETURN(Body body, ParseBody({"endmacro"}, &end));
+    node.bodies.push_back(std::move(body));
+    Next();
+    if (Current().kind == TK::kName) Next();  // {% endmacro name %}
+    return ExpectBlockEnd();
   }
 
   // Loop and assignment targets: `name` or `a, b`.
