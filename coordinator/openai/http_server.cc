@@ -156,7 +156,7 @@ HttpServer::HttpServer(Coordinator& c, const HttpServerOptions& options, ChatRen
     : c_(c),
       options_(options),
       render_chat_(render_chat),
-      generation_(c, options.model_name, std::move(render_chat)) {}
+      generation_(c, options.model_name, std::move(render_chat), options.tool_format) {}
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Coordinator& c,
                                                               const HttpServerOptions& options,

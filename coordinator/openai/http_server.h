@@ -19,12 +19,15 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/openai/generation_handler.h"
 #include "coordinator/openai/http_daemon.h"
+#include "coordinator/openai/tool_calls.h"
 
 namespace tandem::openai {
 
 struct HttpServerOptions {
   std::string listen;      // host:port; port 0 picks a free one
   std::string model_name;  // the id /v1/models lists and requests may name
+  // How the model writes tool calls; kNone: chat requests with tools are refused.
+  ToolCallFormat tool_format = ToolCallFormat::kNone;
   int threads = 4;         // event threads
   int max_connections = 4096;
   int header_timeout_s = 10;  // total, for a request's headers (HttpDaemonOptions)
