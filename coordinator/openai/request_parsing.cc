@@ -379,7 +379,6 @@ absl::Status Common(const Fields& f, ApiRequest& r) {
 absl::Status Conversation(const Fields& f, ApiRequest& r) {
   ASSIGN_OR_RETURN_FIELD(messages, Messages(f.Get("messages")));
   r.messages = std::move(messages);
-  if (absl::Status s = NormalizeToolMessages(r.messages); !s.ok()) return s;
   if (const json* tools = f.Get("tools")) {
     if (!tools->is_array()) return WrongType("tools", "a list of tools", *tools);
     if (absl::Status s = CheckTools(*tools); !s.ok()) return s;
@@ -402,6 +401,7 @@ absl::Status Conversation(const Fields& f, ApiRequest& r) {
     }
   }
   r.add_generation_prompt = add_gen.value_or(!r.continue_final_message);
+  if (absl::Status s = NormalizeToolMessages(r.messages); !s.ok()) return s;
   r.template_kwargs = json::object();
   if (const json* kw = f.Get("chat_template_kwargs")) {
     if (!kw->is_object()) return WrongType("chat_template_kwargs", "an object", *kw);

@@ -281,6 +281,8 @@ absl::Status NormalizeToolMessages(ordered_json& messages) {
   for (size_t i = 0; i < messages.size(); ++i) {
     ordered_json& m = messages[i];
     const std::string param = absl::StrCat("messages[", i, "]");
+    // vLLM hands templates "" for no content (Qwen3's looks for '</think>' in every assistant's).
+    if (m["content"].is_null()) m["content"] = "";
     if (m["role"] == "tool") {
       auto id = m.find("tool_call_id");
       if (id == m.end() || !id->is_string()) {

@@ -51,7 +51,8 @@ absl::StatusOr<ToolChoice> ParseToolChoice(const nlohmann::ordered_json* choice,
 // apply_chat_template gets them from vLLM): a `tool` message needs tool_call_id (a string); an
 // assistant's tool_calls are [{id, type: "function", function: {name, arguments}}] whose
 // arguments, a JSON string as OpenAI sends them, become the object they encode. Errors name the
-// field ("messages[2].tool_calls[0].function.arguments").
+// field ("messages[2].tool_calls[0].function.arguments"). A null content becomes "", as vLLM
+// renders it.
 absl::Status NormalizeToolMessages(nlohmann::ordered_json& messages);
 
 // The JSON schema of the output a forcing tool_choice allows: named, the function's parameters
