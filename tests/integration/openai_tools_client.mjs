@@ -17,9 +17,11 @@ import { generateText, streamText, tool, jsonSchema } from 'ai';
 const [baseURL, model] = process.argv.slice(2);
 const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 60000 });
 
+// Enums only, so that a forced call of random weights is short enough to end within max_tokens.
 const weatherParams = {
   type: 'object',
-  properties: { city: { type: 'string' }, unit: { type: 'string', enum: ['c', 'f'] } },
+  properties: { city: { type: 'string', enum: ['Oslo', 'Lima'] },
+                unit: { type: 'string', enum: ['c', 'f'] } },
   required: ['city'],
   additionalProperties: false,
 };
@@ -230,12 +232,12 @@ if (await constrained()) {
     for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
       const oneTool = [tools[0]];
       const r = await client.chat.completions.create(
-        { ...short, max_tokens: 64, messages: ask, tools: oneTool, tool_choice });
+        { ...short, max_tokens: 200, messages: ask, tools: oneTool, tool_choice });
       assert.equal(r.choices[0].finish_reason, 'tool_calls');
       assert.ok(r.choices[0].message.tool_calls.length >= 1);
       r.choices[0].message.tool_calls.forEach(valid);
       const s = await collectChat(await client.chat.completions.create(
-        { ...short, max_tokens: 64, messages: ask, tools: oneTool, tool_choice, stream: true }));
+        { ...short, max_tokens: 200, messages: ask, tools: oneTool, tool_choice, stream: true }));
       assert.equal(s.finish, 'tool_calls');
       s.calls.forEach((c) => valid({ function: c }));
       // The call goes back with its result, and the conversation goes on.
@@ -247,7 +249,7 @@ if (await constrained()) {
   });
   await check('responses.create with a forced function call', async () => {
     const r = await client.responses.create({ model, input: 'Weather in Oslo?', temperature: 0,
-      max_output_tokens: 64, tool_choice: 'required',
+      max_output_tokens: 200, tool_choice: 'required',
       tools: [{ type: 'function', name: 'get_weather', parameters: weatherParams }] });
     const call = r.output.find((o) => o.type === 'function_call');
     assert.ok(call, JSON.stringify(r.output));
@@ -255,7 +257,7 @@ if (await constrained()) {
   });
   await check('LangChain bindTools required and named', async () => {
     for (const tool_choice of ['required', 'get_weather']) {
-      const reply = await langchain({ maxTokens: 64 }).bindTools([weatherTool], { tool_choice })
+      const reply = await langchain({ maxTokens: 200 }).bindTools([weatherTool], { tool_choice })
         .invoke('Weather in Oslo?');
       assert.equal(reply.tool_calls.length >= 1, true, JSON.stringify(reply));
       assert.equal(reply.tool_calls[0].name, 'get_weather');
@@ -265,7 +267,7 @@ if (await constrained()) {
   await check('AI SDK toolChoice required and named', async () => {
     for (const toolChoice of ['required', { type: 'tool', toolName: 'get_weather' }]) {
       const r = await generateText({ model: provider(model), prompt: 'Weather in Oslo?',
-                                     tools: aiTools, toolChoice, maxOutputTokens: 64 });
+                                     tools: aiTools, toolChoice, maxOutputTokens: 200 });
       assert.ok(r.toolCalls.length >= 1);
       assert.equal(r.toolCalls[0].toolName, 'get_weather');
       assert.equal(typeof r.toolCalls[0].input.city, 'string');

@@ -60,7 +60,9 @@ coordinator() {  # NAME MODEL_DIR [FLAGS...]: starts one, logging to $run/NAME.l
   pids+=($!)
 }
 
-"$bin/tandem-make-model" --preset=tiny-qwen2 --tokenizer="$qwen3" --out="$run/qwen3" --seed=3 \
+# A context long enough for Qwen3's tool instructions and a forced call.
+"$bin/tandem-make-model" --preset=tiny-qwen2 --tokenizer="$qwen3" --max_positions=2048 \
+  --out="$run/qwen3" --seed=3 \
   >/dev/null
 "$bin/tandem-make-model" --preset=tiny-gpt2 --out="$run/plain" --seed=3 >/dev/null
 printf '%s' '{% for m in messages %}{{ m.content }}{% endfor %}' >"$run/plain/chat_template.jinja"
