@@ -413,11 +413,17 @@ void GenerationHandler::Handle(Endpoint endpoint, const HttpRequest& req,
   Serve(*std::move(api), std::move(exchange));
 }
 
-void GenerationHandler::Serve(ApiRequest request, std::shared_ptr<HttpExchange> exchange) {
+void GenerationHandler::Serve(ApiRequest api, std::shared_ptr<HttpExchange> exchange) {
   HttpResponse res;
-  const Endpoint endpoint = request.endpoint;
-  std::optional<ApiRequest> api(std::move(request));
-  if (api->tool_choice.kind == ToolChoice::Kind::kAuto && tool_format_ == ToolCallFormat::kNone) {
+  const Endpoint endpoint = api.endpoint;
+  if (!api.model.empty() && api.model != model_name_) {
+    const absl::Status s = absl::NotFoundError(absl::StrFormat(
+        "model: '%s' is not served here; this server serves '%s'", api.model, model_name_));
+    RecordRejected(c_, s);
+    SetError(res, s);
+    return exchange->Respond(std::move(res));
+  }
+  if (api.tool_choice.kind == ToolChoice::Kind::kAuto && tool_format_ == ToolCallFormat::kNone) {
     const absl::Status s = InvalidField(
         "tools", "this model's chat template has no tool-call format, so its replies could not "
                  "be read for calls; start the coordinator with --tool_call_parser (llama3_json, "
@@ -426,22 +432,15 @@ void GenerationHandler::Serve(ApiRequest request, std::shared_ptr<HttpExchange> 
     SetError(res, s);
     return exchange->Respond(std::move(res));
   }
-  if (!api->model.empty() && api->model != model_name_) {
-    const absl::Status s = absl::NotFoundError(absl::StrFormat(
-        "model: '%s' is not served here; this server serves '%s'", api->model, model_name_));
-    RecordRejected(c_, s);
-    SetError(res, s);
-    return exchange->Respond(std::move(res));
-  }
   std::vector<std::string> texts;
   absl::StatusOr<std::vector<std::vector<int32_t>>> ids =
-      PromptIds(*api, c_.tokenizer(), c_.limits(), render_chat_, texts);
+      PromptIds(api, c_.tokenizer(), c_.limits(), render_chat_, texts);
   if (!ids.ok()) {
     RecordRejected(c_, ids.status());
     SetError(res, ids.status());
     return exchange->Respond(std::move(res));
   }
-  absl::StatusOr<Submitted> s = Submit(c_, *std::move(api), *ids);
+  absl::StatusOr<Submitted> s = Submit(c_, std::move(api), *ids);
   if (!s.ok()) {
     RecordRejected(c_, s.status());
     SetError(res, s.status());
