@@ -418,7 +418,9 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(std::string_view body) {
   }
   if (const ordered_json* text = Field(b, "text")) {
     const ordered_json* format = text->is_object() ? Field(*text, "format") : nullptr;
-    if (format != nullptr && (!format->is_object() || format->value("type", "") != "text")) {
+    const ordered_json* type = format != nullptr && format->is_object() ? Field(*format, "type")
+                                                                        : nullptr;
+    if (format != nullptr && (type == nullptr || *type != "text")) {
       return InvalidField("text.format", "only {\"type\": \"text\"} is supported");
     }
   }
@@ -438,8 +440,8 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(std::string_view body) {
   }
   if (const ordered_json* choice = Field(b, "tool_choice")) {
     echo["tool_choice"] = *choice;
-    if (choice->is_object() && choice->value("type", "") == "function" &&
-        choice->contains("name")) {
+    const ordered_json* type = choice->is_object() ? Field(*choice, "type") : nullptr;
+    if (type != nullptr && *type == "function" && choice->contains("name")) {
       chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", (*choice)["name"]}}}};
     } else {
       chat["tool_choice"] = *choice;
@@ -449,7 +451,9 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(std::string_view body) {
     if (const ordered_json* v = Field(b, name)) chat[name] = *v;
   }
   if (const ordered_json* max = Field(b, "max_output_tokens")) chat["max_tokens"] = *max;
-  if (b.value("stream", false) == true) chat["stream_options"] = {{"include_usage", true}};
+  if (const ordered_json* stream = Field(b, "stream"); stream != nullptr && *stream == true) {
+    chat["stream_options"] = {{"include_usage", true}};
+  }
 
   absl::StatusOr<ApiRequest> api = ParseChatRequest(Text(chat));
   if (!api.ok()) return Renamed(api.status());

@@ -73,6 +73,9 @@ TEST(ParseResponsesRequest, RefusesWhatItCannotServeNamingTheField) {
       {R"({"input": "a", "temperature": 3})", "temperature"},
       {R"({"input": "a", "text": {"format": {"type": "json_object"}}})", "text.format"},
       {R"({})", "input"},
+      {R"({"input": "a", "stream": "yes"})", "stream"},  // wrong types are 400s, never throws
+      {R"({"input": "a", "text": {"format": {"type": 3}}})", "text.format"},
+      {R"({"input": "a", "tool_choice": {"type": 1, "name": "f"}})", "tool_choice.type"},
       {R"({"input": [{"type": "item_reference", "id": "x"}]})", "input[0].type"},
       {R"({"input": [{"role": "user", "content": [{"type": "input_image"}]}]})",
        "input[0].content[0].type"},
