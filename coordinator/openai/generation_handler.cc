@@ -226,8 +226,8 @@ class Stream {
   Stream(Coordinator& c, Submitted s) : c_(c), s_(std::move(s)) {
     for (const auto& r : s_.choices) {
       texts_.emplace_back(c_.tokenizer(), r->request().stop_strings);
-      if (s_.reads_calls()) calls_.emplace_back(std::in_place, s_.tool_format, s_.api.tool_choice);
-      else calls_.emplace_back();
+      calls_.emplace_back();
+      if (s_.reads_calls()) calls_.back().emplace(s_.tool_format, s_.api.tool_choice);
     }
     sent_.assign(s_.choices.size(), 0);
     offsets_.assign(s_.choices.size(), 0);

@@ -1,7 +1,7 @@
 // tandem-coordinator's OpenAI-compatible HTTP front end, in process with the coordinator:
 // /v1/models, /v1/models/{id}, /v1/completions, /v1/chat/completions, /v1/responses (with
-// server-sent events),
-// /tokenize (a prompt or chat messages), /detokenize, /health (readiness: 200 only while a pipeline serves) and /version.
+// server-sent events), /tokenize (a prompt or chat messages), /detokenize, /health (readiness: 200
+// only while a pipeline serves) and /version.
 //
 // Served by HttpDaemon (libmicrohttpd, http_daemon.h: deadlines, connection and size bounds,
 // strict framing). Before a body is read, a request is checked for its API key (every endpoint

@@ -244,7 +244,8 @@ class Adapter : public HttpExchange {
   void Emit(std::string_view type, const ordered_json& fields) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ordered_json event = {{"type", type}, {"sequence_number", sequence_++}};
     for (const auto& [key, value] : fields.items()) event[key] = value;
-    const std::string text = absl::StrCat("event: ", std::string(type), "\ndata: ", Text(event), "\n\n");
+    const std::string text =
+        absl::StrCat("event: ", std::string(type), "\ndata: ", Text(event), "\n\n");
     if (!gone_ && !inner_->Write(text)) gone_ = true;
   }
 
@@ -301,18 +302,19 @@ class Adapter : public HttpExchange {
     open_ = Open::kMessage;
     item_id_ = NewResponsesId("msg");
     text_.clear();
-    Emit("response.output_item.added",
-         {{"output_index", output_.size()},
-          {"item", {{"id", item_id_},
-                    {"type", "message"},
-                    {"status", "in_progress"},
-                    {"role", "assistant"},
-                    {"content", ordered_json::array()}}}});
+    Emit("response.output_item.added", {{"output_index", output_.size()},
+                                        {"item",
+                                         {{"id", item_id_},
+                                          {"type", "message"},
+                                          {"status", "in_progress"},
+                                          {"role", "assistant"},
+                                          {"content", ordered_json::array()}}}});
     Emit("response.content_part.added",
          {{"item_id", item_id_},
           {"output_index", output_.size()},
           {"content_index", 0},
-          {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", ordered_json::array()}}}});
+          {"part",
+           {{"type", "output_text"}, {"text", ""}, {"annotations", ordered_json::array()}}}});
   }
 
   void OpenCall(const json& call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -323,12 +325,13 @@ class Adapter : public HttpExchange {
     name_ = call["function"].value("name", "");
     arguments_.clear();
     Emit("response.output_item.added", {{"output_index", output_.size()},
-                                        {"item", {{"id", item_id_},
-                                                  {"type", "function_call"},
-                                                  {"status", "in_progress"},
-                                                  {"arguments", ""},
-                                                  {"call_id", call_id_},
-                                                  {"name", name_}}}});
+                                        {"item",
+                                         {{"id", item_id_},
+                                          {"type", "function_call"},
+                                          {"status", "in_progress"},
+                                          {"arguments", ""},
+                                          {"call_id", call_id_},
+                                          {"name", name_}}}});
   }
 
   void CloseItem() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -354,9 +357,9 @@ class Adapter : public HttpExchange {
     } else if (open_ == Open::kCall) {
       Emit("response.function_call_arguments.done",
            {{"item_id", item_id_}, {"output_index", output_.size()}, {"arguments", arguments_}});
-      ordered_json item = {{"id", item_id_},          {"type", "function_call"},
-                           {"status", "completed"},   {"arguments", arguments_},
-                           {"call_id", call_id_},     {"name", name_}};
+      ordered_json item = {{"id", item_id_},        {"type", "function_call"},
+                           {"status", "completed"}, {"arguments", arguments_},
+                           {"call_id", call_id_},   {"name", name_}};
       Emit("response.output_item.done", {{"output_index", output_.size()}, {"item", item}});
       output_.push_back(std::move(item));
     }
@@ -384,11 +387,11 @@ class Adapter : public HttpExchange {
   ordered_json output_ ABSL_GUARDED_BY(mu_) = ordered_json::array();  // items done
   Open open_ ABSL_GUARDED_BY(mu_) = Open::kNothing;
   std::string item_id_ ABSL_GUARDED_BY(mu_);
-  std::string text_ ABSL_GUARDED_BY(mu_);       // the open message's text
-  std::string call_id_ ABSL_GUARDED_BY(mu_);    // the open call's
+  std::string text_ ABSL_GUARDED_BY(mu_);     // the open message's text
+  std::string call_id_ ABSL_GUARDED_BY(mu_);  // the open call's
   std::string name_ ABSL_GUARDED_BY(mu_);
   std::string arguments_ ABSL_GUARDED_BY(mu_);
-  std::string finish_ ABSL_GUARDED_BY(mu_);     // the chat finish_reason
+  std::string finish_ ABSL_GUARDED_BY(mu_);  // the chat finish_reason
   json usage_ ABSL_GUARDED_BY(mu_);
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   bool gone_ ABSL_GUARDED_BY(mu_) = false;
@@ -404,12 +407,13 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(std::string_view body) {
   for (const char* name : {"previous_response_id", "conversation", "prompt", "reasoning",
                            "top_logprobs", "prompt_cache_key"}) {
     if (Field(b, name) != nullptr) {
-      return InvalidField(name, "is not supported (this server stores no responses and "
-                                "produces text and function calls only)");
+      return InvalidField(name,
+                          "is not supported (this server stores no responses and "
+                          "produces text and function calls only)");
     }
   }
-  if (const ordered_json* background = Field(b, "background"); background != nullptr &&
-                                                              *background != false) {
+  if (const ordered_json* background = Field(b, "background");
+      background != nullptr && *background != false) {
     return InvalidField("background", "is not supported; leave it false");
   }
   if (const ordered_json* include = Field(b, "include");
@@ -418,8 +422,8 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(std::string_view body) {
   }
   if (const ordered_json* text = Field(b, "text")) {
     const ordered_json* format = text->is_object() ? Field(*text, "format") : nullptr;
-    const ordered_json* type = format != nullptr && format->is_object() ? Field(*format, "type")
-                                                                        : nullptr;
+    const ordered_json* type =
+        format != nullptr && format->is_object() ? Field(*format, "type") : nullptr;
     if (format != nullptr && (type == nullptr || *type != "text")) {
       return InvalidField("text.format", "only {\"type\": \"text\"} is supported");
     }
@@ -500,16 +504,16 @@ ordered_json ResponseOfChat(const json& chat, const ordered_json& echo, std::str
       incomplete = {{"reason", "max_output_tokens"}};
     }
   }
-  ordered_json r = {{"id", id},
-                    {"object", "response"},
-                    {"created_at", chat.is_object() ? chat.value("created", int64_t{0})
-                                                    : int64_t{0}},
-                    {"status", status},
-                    {"error", nullptr},
-                    {"incomplete_details", incomplete},
-                    {"model", chat.is_object() ? chat.value("model", echo.value("model", ""))
-                                               : echo.value("model", "")},
-                    {"output", std::move(output)}};
+  ordered_json r = {
+      {"id", id},
+      {"object", "response"},
+      {"created_at", chat.is_object() ? chat.value("created", int64_t{0}) : int64_t{0}},
+      {"status", status},
+      {"error", nullptr},
+      {"incomplete_details", incomplete},
+      {"model",
+       chat.is_object() ? chat.value("model", echo.value("model", "")) : echo.value("model", "")},
+      {"output", std::move(output)}};
   for (const auto& [key, value] : echo.items()) {
     if (key != "model") r[key] = value;
   }
@@ -517,8 +521,7 @@ ordered_json ResponseOfChat(const json& chat, const ordered_json& echo, std::str
   r["reasoning"] = nullptr;
   r["text"] = {{"format", {{"type", "text"}}}};
   r["truncation"] = "disabled";
-  r["usage"] = chat.is_object() && chat.contains("usage") ? UsageOf(chat["usage"])
-                                                           : ordered_json();
+  r["usage"] = chat.is_object() && chat.contains("usage") ? UsageOf(chat["usage"]) : ordered_json();
   return r;
 }
 

@@ -41,7 +41,7 @@ std::shared_ptr<HttpExchange> ResponsesExchange(std::shared_ptr<HttpExchange> in
                                                 nlohmann::ordered_json echo);
 
 // The response object for a whole chat.completion `chat` (one choice).
-nlohmann::ordered_json ResponseOfChat(const nlohmann::json& chat, const nlohmann::ordered_json& echo,
-                                      std::string_view id);
+nlohmann::ordered_json ResponseOfChat(const nlohmann::json& chat,
+                                      const nlohmann::ordered_json& echo, std::string_view id);
 
 }  // namespace tandem::openai

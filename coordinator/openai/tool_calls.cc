@@ -156,16 +156,20 @@ absl::StatusOr<ToolCallFormat> ToolCallFormatNamed(std::string_view name) {
   if (name == "llama3_json") return ToolCallFormat::kLlama3Json;
   if (name == "hermes") return ToolCallFormat::kHermes;
   if (name == "mistral") return ToolCallFormat::kMistral;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "tool_call_parser: '", std::string(name), "' is not one of llama3_json, hermes, mistral"));
+  return absl::InvalidArgumentError(absl::StrCat("tool_call_parser: '", std::string(name),
+                                                 "' is not one of llama3_json, hermes, mistral"));
 }
 
 std::string_view ToolCallFormatName(ToolCallFormat format) {
   switch (format) {
-    case ToolCallFormat::kLlama3Json: return "llama3_json";
-    case ToolCallFormat::kHermes: return "hermes";
-    case ToolCallFormat::kMistral: return "mistral";
-    case ToolCallFormat::kNone: break;
+    case ToolCallFormat::kLlama3Json:
+      return "llama3_json";
+    case ToolCallFormat::kHermes:
+      return "hermes";
+    case ToolCallFormat::kMistral:
+      return "mistral";
+    case ToolCallFormat::kNone:
+      break;
   }
   return "none";
 }
@@ -347,11 +351,13 @@ std::string ForcedCallSchema(const ToolChoice& choice, const ordered_json& tools
   if (choice.kind != ToolChoice::Kind::kRequired) return "";
   ordered_json any_of = ordered_json::array();
   for (const ordered_json& tool : tools) {
-    ordered_json name = {{"type", "string"}, {"enum", ordered_json::array({tool["function"]["name"]})}};
-    any_of.push_back({{"type", "object"},
-                      {"properties",
-                       {{"name", std::move(name)}, {"parameters", ParametersSchema(tool["function"])}}},
-                      {"required", {"name", "parameters"}}});
+    ordered_json name = {{"type", "string"},
+                         {"enum", ordered_json::array({tool["function"]["name"]})}};
+    any_of.push_back(
+        {{"type", "object"},
+         {"properties",
+          {{"name", std::move(name)}, {"parameters", ParametersSchema(tool["function"])}}},
+         {"required", {"name", "parameters"}}});
   }
   const ordered_json schema = {
       {"type", "array"}, {"minItems", 1}, {"items", {{"type", "object"}, {"anyOf", any_of}}}};
@@ -377,7 +383,8 @@ ParsedReply ParseToolCalls(ToolCallFormat format, std::string_view text) {
   size_t start = std::string_view::npos;
   std::optional<std::vector<ToolCall>> calls;
   switch (format) {
-    case ToolCallFormat::kNone: return out;
+    case ToolCallFormat::kNone:
+      return out;
     case ToolCallFormat::kHermes:
       start = text.find(kHermesOpen);
       if (start != std::string_view::npos) calls = HermesCalls(text);
@@ -448,9 +455,14 @@ size_t ToolCallStream::MarkerStart(size_t& safe) const {
   safe = text.size();
   std::string_view marker;
   switch (format_) {
-    case ToolCallFormat::kNone: return std::string_view::npos;
-    case ToolCallFormat::kHermes: marker = kHermesOpen; break;
-    case ToolCallFormat::kMistral: marker = kMistralCalls; break;
+    case ToolCallFormat::kNone:
+      return std::string_view::npos;
+    case ToolCallFormat::kHermes:
+      marker = kHermesOpen;
+      break;
+    case ToolCallFormat::kMistral:
+      marker = kMistralCalls;
+      break;
     case ToolCallFormat::kLlama3Json: {
       const size_t first = text.find_first_not_of(" \t\r\n");
       if (first == std::string_view::npos) {

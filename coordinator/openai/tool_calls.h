@@ -112,10 +112,10 @@ class ToolCallStream {
 
   const ToolCallFormat format_;
   const ToolChoice choice_;
-  std::string text_;        // the reply so far
-  size_t shown_ = 0;        // bytes of text_ handed out as content
-  bool holding_ = false;    // a marker was seen: the rest waits for Finish
-  std::string named_id_;    // named choice: its call's id, once announced
+  std::string text_;      // the reply so far
+  size_t shown_ = 0;      // bytes of text_ handed out as content
+  bool holding_ = false;  // a marker was seen: the rest waits for Finish
+  std::string named_id_;  // named choice: its call's id, once announced
   int calls_ = 0;
 };
 

@@ -68,7 +68,8 @@ TEST(ParseResponsesRequest, RefusesWhatItCannotServeNamingTheField) {
       {R"({"input": "a", "tools": [{"type": "web_search"}]})", "tools[0].type"},
       {R"({"input": "a", "tools": [{"type": "function", "name": "bad name"}]})", "tools[0].name"},
       {R"({"input": "a", "tools": [{"type": "function", "name": "f"}],
-           "tool_choice": {"type": "function", "name": "g"}})", "tool_choice.name"},
+           "tool_choice": {"type": "function", "name": "g"}})",
+       "tool_choice.name"},
       {R"({"input": "a", "max_output_tokens": 0})", "max_output_tokens"},
       {R"({"input": "a", "temperature": 3})", "temperature"},
       {R"({"input": "a", "text": {"format": {"type": "json_object"}}})", "text.format"},
@@ -158,14 +159,18 @@ TEST(ResponsesExchange, TurnsChatChunksIntoTheResponsesEventsInOrder) {
   exchange->Write(Data(Chunk({{"role", "assistant"}, {"content", ""}})));
   exchange->Write(Data(Chunk({{"content", "Hel"}})));
   exchange->Write(Data(Chunk({{"content", "lo"}})));
-  exchange->Write(Data(Chunk({{"tool_calls", {{{"index", 0}, {"id", "call_9"}, {"type", "function"},
-                                               {"function", {{"name", "f"}, {"arguments", ""}}}}}}})));
-  exchange->Write(Data(Chunk({{"tool_calls", {{{"index", 0},
-                                               {"function", {{"arguments", "{\"a\":"}}}}}}})));
-  exchange->Write(Data(Chunk({{"tool_calls", {{{"index", 0}, {"function", {{"arguments", "1}"}}}}}}})));
+  exchange->Write(Data(Chunk({{"tool_calls",
+                               {{{"index", 0},
+                                 {"id", "call_9"},
+                                 {"type", "function"},
+                                 {"function", {{"name", "f"}, {"arguments", ""}}}}}}})));
+  exchange->Write(
+      Data(Chunk({{"tool_calls", {{{"index", 0}, {"function", {{"arguments", "{\"a\":"}}}}}}})));
+  exchange->Write(
+      Data(Chunk({{"tool_calls", {{{"index", 0}, {"function", {{"arguments", "1}"}}}}}}})));
   exchange->Write(Data(Chunk(json::object(), "tool_calls")));
-  exchange->Write(Data({{"choices", json::array()},
-                        {"usage", {{"prompt_tokens", 2}, {"completion_tokens", 5}}}}));
+  exchange->Write(Data(
+      {{"choices", json::array()}, {"usage", {{"prompt_tokens", 2}, {"completion_tokens", 5}}}}));
   exchange->Write("data: [DONE]\n\n");
   exchange->End();
   EXPECT_TRUE(recorder->ended);
@@ -188,15 +193,15 @@ TEST(ResponsesExchange, TurnsChatChunksIntoTheResponsesEventsInOrder) {
     types.push_back(type);
     events.push_back(data);
   }
-  EXPECT_THAT(types, testing::ElementsAre(
-                         "response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added", "response.output_text.delta",
-                         "response.output_text.delta", "response.output_text.done",
-                         "response.content_part.done", "response.output_item.done",
-                         "response.output_item.added", "response.function_call_arguments.delta",
-                         "response.function_call_arguments.delta",
-                         "response.function_call_arguments.done", "response.output_item.done",
-                         "response.completed"));
+  EXPECT_THAT(
+      types,
+      testing::ElementsAre(
+          "response.created", "response.in_progress", "response.output_item.added",
+          "response.content_part.added", "response.output_text.delta", "response.output_text.delta",
+          "response.output_text.done", "response.content_part.done", "response.output_item.done",
+          "response.output_item.added", "response.function_call_arguments.delta",
+          "response.function_call_arguments.delta", "response.function_call_arguments.done",
+          "response.output_item.done", "response.completed"));
   EXPECT_EQ(events[6]["text"], "Hello");
   EXPECT_EQ(events[9]["output_index"], 1);
   EXPECT_EQ(events[9]["item"]["call_id"], "call_9");

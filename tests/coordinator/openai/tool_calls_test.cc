@@ -41,8 +41,8 @@ TEST(ParseToolCalls, ReadsLlamaCallsWithOrWithoutTheTagSeparatedBySemicolons) {
                                  "{\"name\": \"f\", \"parameters\": {\"x\": \"a;b}\"}}; "
                                  "{\"name\": \"g\", \"parameters\": {\"y\": [1, 2]}}");
   EXPECT_EQ(r.content, "");
-  EXPECT_THAT(CallsOf(r.calls), testing::ElementsAre(Call{"f", {{"x", "a;b}"}}},
-                                                     Call{"g", {{"y", {1, 2}}}}));
+  EXPECT_THAT(CallsOf(r.calls),
+              testing::ElementsAre(Call{"f", {{"x", "a;b}"}}}, Call{"g", {{"y", {1, 2}}}}));
   r = ParseToolCalls(ToolCallFormat::kLlama3Json,
                      "Sure. <|python_tag|>{\"name\": \"f\", \"parameters\": {}}");
   EXPECT_EQ(r.content, "Sure. ");
@@ -50,10 +50,10 @@ TEST(ParseToolCalls, ReadsLlamaCallsWithOrWithoutTheTagSeparatedBySemicolons) {
 }
 
 TEST(ParseToolCalls, ReadsAMistralArray) {
-  const ParsedReply r = ParseToolCalls(
-      ToolCallFormat::kMistral,
-      "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1}}, {\"name\": \"g\", "
-      "\"arguments\": {\"b\": \"x\"}}]");
+  const ParsedReply r =
+      ParseToolCalls(ToolCallFormat::kMistral,
+                     "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1}}, {\"name\": \"g\", "
+                     "\"arguments\": {\"b\": \"x\"}}]");
   EXPECT_EQ(r.content, "");
   EXPECT_THAT(CallsOf(r.calls),
               testing::ElementsAre(Call{"f", {{"a", 1}}}, Call{"g", {{"b", "x"}}}));
@@ -131,7 +131,8 @@ TEST(ToolCallStream, AnySplitGivesTheWholeReplysTextAndCalls) {
       {ToolCallFormat::kLlama3Json, "<|python_tag|>{\"name\": \"f\", \"parameters\": {}}"},
       {ToolCallFormat::kLlama3Json, "<|pyth plain text"},
       {ToolCallFormat::kLlama3Json, "{\"not\": \"a call\"}"},
-      {ToolCallFormat::kMistral, "ok [TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"s\": \"]\"}}]"},
+      {ToolCallFormat::kMistral,
+       "ok [TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"s\": \"]\"}}]"},
   };
   for (const auto& [format, text] : replies) {
     const ParsedReply whole = ParseToolCalls(format, text);
@@ -139,9 +140,9 @@ TEST(ToolCallStream, AnySplitGivesTheWholeReplysTextAndCalls) {
       for (size_t cut2 = cut; cut2 <= text.size(); cut2 += 7) {
         const std::string_view t = text;
         std::string framing_error;
-        const ParsedReply streamed = StreamOf(
-            format, auto_choice, {t.substr(0, cut), t.substr(cut, cut2 - cut), t.substr(cut2)},
-            framing_error);
+        const ParsedReply streamed =
+            StreamOf(format, auto_choice,
+                     {t.substr(0, cut), t.substr(cut, cut2 - cut), t.substr(cut2)}, framing_error);
         ASSERT_EQ(streamed.content, whole.content) << text << " cut at " << cut << ", " << cut2;
         ASSERT_EQ(CallsOf(streamed.calls), CallsOf(whole.calls)) << text << " cut at " << cut;
         ASSERT_EQ(framing_error, "");
@@ -218,7 +219,8 @@ TEST(CheckTools, NamesTheMalformedField) {
       {R"([{"type": "code_interpreter"}])", "tools[0].type"},
       {R"([{"type": "function"}])", "tools[0].function"},
       {R"([{"type": "function", "function": {"name": "ok"}},
-           {"type": "function", "function": {"name": "bad name"}}])", "tools[1].function.name"},
+           {"type": "function", "function": {"name": "bad name"}}])",
+       "tools[1].function.name"},
       {R"([{"type": "function", "function": {"name": "f", "parameters": []}}])",
        "tools[0].function.parameters"},
       {R"([{"type": "function", "function": {"name": "f", "description": 3}}])",
@@ -248,9 +250,9 @@ TEST(ParseToolChoice, ReadsEachFormAndRefusesAnUnknownName) {
   EXPECT_EQ(named->kind, ToolChoice::Kind::kNamed);
   EXPECT_EQ(named->name, "now");
   EXPECT_EQ(parse(R"({"type": "function", "name": "now"})", tools)->name, "now");
-  EXPECT_EQ(ParamOf(parse(R"({"type": "function", "function": {"name": "later"}})", tools)
-                        .status()),
-            "tool_choice.function.name");
+  EXPECT_EQ(
+      ParamOf(parse(R"({"type": "function", "function": {"name": "later"}})", tools).status()),
+      "tool_choice.function.name");
   EXPECT_EQ(ParamOf(parse(R"("sometimes")", tools).status()), "tool_choice");
   EXPECT_EQ(ParamOf(parse(R"("required")", ordered_json()).status()), "tool_choice");
 }
@@ -269,7 +271,8 @@ TEST(NormalizeToolMessages, TurnsArgumentStringsIntoObjectsAndNamesBadFields) {
   const std::pair<const char*, const char*> cases[] = {
       {R"([{"role": "tool", "content": "x"}])", "messages[0].tool_call_id"},
       {R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f",
-           "arguments": "{oops"}}]}])", "messages[0].tool_calls[0].function.arguments"},
+           "arguments": "{oops"}}]}])",
+       "messages[0].tool_calls[0].function.arguments"},
       {R"([{"role": "assistant", "tool_calls": [{"type": "function"}]}])",
        "messages[0].tool_calls[0].function"},
       {R"([{"role": "user", "content": "a", "tool_calls": []}])", "messages[0].tool_calls"},
