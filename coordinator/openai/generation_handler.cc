@@ -33,7 +33,21 @@ struct Submitted {
   std::vector<std::shared_ptr<RequestState>> choices;
   std::vector<std::string> echo;  // per prompt: its text, with echo
   int prompt_tokens = 0;          // every prompt once
+  ToolCallFormat tool_format = ToolCallFormat::kNone;
+  // Chat with tools and a tool_choice other than none: replies are read for calls.
+  bool reads_calls() const {
+    return api.endpoint == Endpoint::kChat && api.tool_choice.kind != ToolChoice::Kind::kNone;
+  }
 };
+
+// A whole reply split into text and calls, as `s` asks.
+ParsedReply ReadCalls(const Submitted& s, std::string text) {
+  if (!s.reads_calls()) return {std::move(text), {}};
+  if (s.api.tool_choice.kind == ToolChoice::Kind::kAuto) {
+    return ParseToolCalls(s.tool_format, text);
+  }
+  return ParseForcedCalls(s.api.tool_choice, text, s.tool_format);
+}
 
 std::string NewId(std::string_view prefix) {
   static std::atomic<uint64_t> counter{0};
@@ -175,7 +189,9 @@ void Answer(Coordinator& c, Submitted& s, HttpExchange& exchange, HttpResponse& 
     const std::string prefix = s.api.echo ? s.echo[i / s.api.n] : "";
     ChoiceResult r;
     r.index = static_cast<int>(i);
-    r.text = prefix + text.Next(snap.tokens, true, snap.text_limit);
+    ParsedReply reply = ReadCalls(s, prefix + text.Next(snap.tokens, true, snap.text_limit));
+    r.text = std::move(reply.content);
+    r.tool_calls = std::move(reply.calls);
     r.finish = snap.finish;
     r.stop_reason = StopReasonOf(tokenizer, *s.choices[i], snap);
     json lp = LogprobsOf(s, tokenizer, snap.logprobs, prefix.size());
@@ -210,6 +226,8 @@ class Stream {
   Stream(Coordinator& c, Submitted s) : c_(c), s_(std::move(s)) {
     for (const auto& r : s_.choices) {
       texts_.emplace_back(c_.tokenizer(), r->request().stop_strings);
+      calls_.emplace_back();
+      if (s_.reads_calls()) calls_.back().emplace(s_.tool_format, s_.api.tool_choice);
     }
     sent_.assign(s_.choices.size(), 0);
     offsets_.assign(s_.choices.size(), 0);
@@ -318,16 +336,42 @@ class Stream {
                : CompletionChunk(s_.head, i, piece, logprobs, finish, s_.api.include_usage,
                                  last ? StopReasonOf(tokenizer, *s_.choices[i], snap) : json());
       AddTokenIds(s_, i, std::span(snap.tokens).subspan(k - 1, 1), k == 1, chunk);
+      if (calls_[i].has_value()) {
+        if (!WriteCalls(i, calls_[i]->Next(piece), logprobs)) return false;
+        continue;
+      }
       if (!Write(chunk)) return false;
     }
     sent_[i] = count;
     if (snap.done && (chat || count == 0)) {
       const json stop_reason = StopReasonOf(tokenizer, *s_.choices[i], snap);
-      const bool ok = chat ? Write(ChatChunk(s_.head, i, json::object(), nullptr, snap.finish,
-                                             s_.api.include_usage, stop_reason))
-                           : Write(CompletionChunk(s_.head, i, "", nullptr, snap.finish,
-                                                   s_.api.include_usage, stop_reason));
-      if (!ok) return false;
+      bool called = false;
+      if (calls_[i].has_value()) {
+        if (!WriteCalls(i, calls_[i]->Finish(), nullptr)) return false;
+        called = calls_[i]->called();
+      }
+      json last = chat ? ChatChunk(s_.head, i, json::object(), nullptr, snap.finish,
+                                   s_.api.include_usage, stop_reason)
+                       : CompletionChunk(s_.head, i, "", nullptr, snap.finish,
+                                         s_.api.include_usage, stop_reason);
+      last["choices"][0]["finish_reason"] = FinishReasonJson(snap.finish, called);
+      if (!Write(last)) return false;
+    }
+    return true;
+  }
+
+  // A reply read for calls: its text (never a call marker's) and its calls, each a chunk.
+  bool WriteCalls(int i, const ToolCallStream::Delta& delta, const json& logprobs) {
+    if (!delta.content.empty() &&
+        !Write(ChatChunk(s_.head, i, {{"content", delta.content}}, logprobs,
+                         v1::FINISH_REASON_UNSPECIFIED, s_.api.include_usage))) {
+      return false;
+    }
+    for (const json& call : delta.tool_calls) {
+      if (!Write(ChatChunk(s_.head, i, {{"tool_calls", json::array({call})}}, nullptr,
+                           v1::FINISH_REASON_UNSPECIFIED, s_.api.include_usage))) {
+        return false;
+      }
     }
     return true;
   }
@@ -335,6 +379,7 @@ class Stream {
   Coordinator& c_;
   Submitted s_;
   std::vector<TextStream> texts_;
+  std::vector<std::optional<ToolCallStream>> calls_;  // per choice, when replies are read for calls
   std::vector<size_t> sent_;     // tokens streamed, per choice
   std::vector<size_t> offsets_;  // bytes of text streamed, per choice (completions' text_offset)
   HttpExchange* sink_ = nullptr;
@@ -365,28 +410,44 @@ void GenerationHandler::Handle(Endpoint endpoint, const HttpRequest& req,
     SetError(res, api.status());
     return exchange->Respond(std::move(res));
   }
-  if (!api->model.empty() && api->model != model_name_) {
+  Serve(*std::move(api), std::move(exchange));
+}
+
+void GenerationHandler::Serve(ApiRequest api, std::shared_ptr<HttpExchange> exchange) {
+  HttpResponse res;
+  const Endpoint endpoint = api.endpoint;
+  if (!api.model.empty() && api.model != model_name_) {
     const absl::Status s = absl::NotFoundError(absl::StrFormat(
-        "model: '%s' is not served here; this server serves '%s'", api->model, model_name_));
+        "model: '%s' is not served here; this server serves '%s'", api.model, model_name_));
+    RecordRejected(c_, s);
+    SetError(res, s);
+    return exchange->Respond(std::move(res));
+  }
+  if (api.tool_choice.kind == ToolChoice::Kind::kAuto && tool_format_ == ToolCallFormat::kNone) {
+    const absl::Status s = InvalidField(
+        "tools", "this model's chat template has no tool-call format, so its replies could not "
+                 "be read for calls; start the coordinator with --tool_call_parser (llama3_json, "
+                 "hermes or mistral), or force a call with tool_choice");
     RecordRejected(c_, s);
     SetError(res, s);
     return exchange->Respond(std::move(res));
   }
   std::vector<std::string> texts;
   absl::StatusOr<std::vector<std::vector<int32_t>>> ids =
-      PromptIds(*api, c_.tokenizer(), c_.limits(), render_chat_, texts);
+      PromptIds(api, c_.tokenizer(), c_.limits(), render_chat_, texts);
   if (!ids.ok()) {
     RecordRejected(c_, ids.status());
     SetError(res, ids.status());
     return exchange->Respond(std::move(res));
   }
-  absl::StatusOr<Submitted> s = Submit(c_, *std::move(api), *ids);
+  absl::StatusOr<Submitted> s = Submit(c_, std::move(api), *ids);
   if (!s.ok()) {
     RecordRejected(c_, s.status());
     SetError(res, s.status());
     return exchange->Respond(std::move(res));
   }
   s->echo = std::move(texts);
+  s->tool_format = tool_format_;
   s->head = {.id = NewId(endpoint == Endpoint::kChat ? "chatcmpl" : "cmpl"),
              .created = absl::ToUnixSeconds(absl::Now()),
              .model = model_name_};

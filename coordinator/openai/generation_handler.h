@@ -16,6 +16,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/openai/http_daemon.h"
 #include "coordinator/openai/request_parsing.h"
+#include "coordinator/openai/tool_calls.h"
 
 namespace tandem::openai {
 
@@ -27,13 +28,20 @@ class GenerationHandler {
  public:
   // `model_name`: the id /v1/models lists; requests naming another model get 404.
   // `render_chat`: null when the model has no tokenizer (chat requests then get 400).
-  GenerationHandler(Coordinator& c, std::string model_name, ChatRenderer render_chat)
-      : c_(c), model_name_(std::move(model_name)), render_chat_(std::move(render_chat)) {}
+  // `tool_format`: how the model writes tool calls (kNone: chat requests with tools are refused).
+  GenerationHandler(Coordinator& c, std::string model_name, ChatRenderer render_chat,
+                    ToolCallFormat tool_format = ToolCallFormat::kNone)
+      : c_(c),
+        model_name_(std::move(model_name)),
+        render_chat_(std::move(render_chat)),
+        tool_format_(tool_format) {}
   ~GenerationHandler() { WaitForFollowers(); }
 
   // On an event thread: parses, tokenizes, validates and submits, answering a refusal at once;
   // a submitted request is followed on a thread of its own, which answers through `exchange`.
   void Handle(Endpoint endpoint, const HttpRequest& req, std::shared_ptr<HttpExchange> exchange);
+  // The same for a request parsed already (the Responses API's, made a chat request).
+  void Serve(ApiRequest api, std::shared_ptr<HttpExchange> exchange);
   // Until every follower thread has ended (their clients gone: HttpDaemon::AbandonAll).
   void WaitForFollowers();
 
@@ -41,6 +49,7 @@ class GenerationHandler {
   Coordinator& c_;
   const std::string model_name_;
   const ChatRenderer render_chat_;
+  const ToolCallFormat tool_format_;
   absl::Mutex mu_;
   int followers_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -26,13 +26,21 @@ absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(Coordinator& c,
                             .api_key = api_key,
                             .tls_cert = tls.cert,
                             .tls_key = tls.key};
+  if (!config.tool_call_parser.empty()) {
+    absl::StatusOr<ToolCallFormat> format = ToolCallFormatNamed(config.tool_call_parser);
+    if (!format.ok()) return format.status();
+    options.tool_format = *format;
+  } else {
+    options.tool_format = ToolCallFormatOfTemplate(c.text_config().chat_template);
+  }
   ChatRenderer render_chat;
   if (c.tokenizer() != nullptr) {
     absl::Status chat_status;
     render_chat = MakeChatRenderer(c.text_config(), &chat_status);
     if (!chat_status.ok()) spdlog::warn("http: chat requests refused: {}", chat_status.ToString());
   }
-  spdlog::info("http: serving {} as '{}'", config.model_dir.string(), options.model_name);
+  spdlog::info("http: serving {} as '{}' (tool calls: {})", config.model_dir.string(),
+               options.model_name, ToolCallFormatName(options.tool_format));
   return HttpServer::Start(c, options, std::move(render_chat));
 }
 

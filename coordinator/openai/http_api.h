@@ -15,9 +15,10 @@ namespace tandem::openai {
 std::string ServedModelName(const CoordinatorConfig& config);
 
 // Serves config().http_listen. A model without a usable chat template is logged and served
-// without chat (chat requests get 400 saying so; completions work). `api_key`: what callers
-// present as `Authorization: Bearer <key>` (empty: no key needed). `tls`: with a certificate and
-// key, HTTPS (clients are not asked for certificates).
+// without chat (chat requests get 400 saying so; completions work). Tool calls are read in the
+// format config().tool_call_parser names, else the one the chat template's markers show.
+// `api_key`: what callers present as `Authorization: Bearer <key>` (empty: no key needed). `tls`:
+// with a certificate and key, HTTPS (clients are not asked for certificates).
 absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(Coordinator& c,
                                                          const std::string& api_key = "",
                                                          const TlsFiles& tls = {});

@@ -16,6 +16,7 @@
 #include "coordinator/openai/api_error.h"
 #include "coordinator/openai/request_parsing.h"
 #include "coordinator/openai/response_format.h"
+#include "coordinator/openai/responses_api.h"
 #include "coordinator/request_stream.h"
 #include "coordinator/request_validation.h"
 
@@ -133,6 +134,7 @@ struct EndpointRule {
 };
 constexpr EndpointRule kEndpoints[] = {
     {"POST", "/v1/completions", true}, {"POST", "/v1/chat/completions", true},
+    {"POST", "/v1/responses", true},
     {"GET", "/v1/models", false},      {"GET", "/v1/models/", false},
     {"POST", "/tokenize", true},
     {"POST", "/detokenize", true},     {"GET", "/health", false},
@@ -156,7 +158,7 @@ HttpServer::HttpServer(Coordinator& c, const HttpServerOptions& options, ChatRen
     : c_(c),
       options_(options),
       render_chat_(render_chat),
-      generation_(c, options.model_name, std::move(render_chat)) {}
+      generation_(c, options.model_name, std::move(render_chat), options.tool_format) {}
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Coordinator& c,
                                                               const HttpServerOptions& options,
@@ -256,6 +258,9 @@ void HttpServer::Route(const HttpRequest& req, std::shared_ptr<HttpExchange> exc
   const std::string& path = req.path;
   if (path == "/v1/completions") return generation_.Handle(Endpoint::kCompletions, req, exchange);
   if (path == "/v1/chat/completions") return generation_.Handle(Endpoint::kChat, req, exchange);
+  if (path == "/v1/responses") {
+    return HandleResponses(generation_, options_.model_name, req, std::move(exchange));
+  }
   HttpResponse res;
   const json model = {{"id", options_.model_name},
                       {"object", "model"},

@@ -1,6 +1,7 @@
 // tandem-coordinator's OpenAI-compatible HTTP front end, in process with the coordinator:
-// /v1/models, /v1/models/{id}, /v1/completions, /v1/chat/completions (with server-sent events),
-// /tokenize (a prompt or chat messages), /detokenize, /health (readiness: 200 only while a pipeline serves) and /version.
+// /v1/models, /v1/models/{id}, /v1/completions, /v1/chat/completions, /v1/responses (with
+// server-sent events), /tokenize (a prompt or chat messages), /detokenize, /health (readiness: 200
+// only while a pipeline serves) and /version.
 //
 // Served by HttpDaemon (libmicrohttpd, http_daemon.h: deadlines, connection and size bounds,
 // strict framing). Before a body is read, a request is checked for its API key (every endpoint
@@ -19,12 +20,15 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/openai/generation_handler.h"
 #include "coordinator/openai/http_daemon.h"
+#include "coordinator/openai/tool_calls.h"
 
 namespace tandem::openai {
 
 struct HttpServerOptions {
   std::string listen;      // host:port; port 0 picks a free one
   std::string model_name;  // the id /v1/models lists and requests may name
+  // How the model writes tool calls; kNone: chat requests with tools are refused.
+  ToolCallFormat tool_format = ToolCallFormat::kNone;
   int threads = 4;         // event threads
   int max_connections = 4096;
   int header_timeout_s = 10;  // total, for a request's headers (HttpDaemonOptions)

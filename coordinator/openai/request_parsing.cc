@@ -381,6 +381,7 @@ absl::Status Conversation(const Fields& f, ApiRequest& r) {
   r.messages = std::move(messages);
   if (const json* tools = f.Get("tools")) {
     if (!tools->is_array()) return WrongType("tools", "a list of tools", *tools);
+    if (absl::Status s = CheckTools(*tools); !s.ok()) return s;
     r.tools = *tools;
   }
   ASSIGN_OR_RETURN_FIELD(add_gen, f.Bool("add_generation_prompt"));
@@ -400,11 +401,26 @@ absl::Status Conversation(const Fields& f, ApiRequest& r) {
     }
   }
   r.add_generation_prompt = add_gen.value_or(!r.continue_final_message);
+  if (absl::Status s = NormalizeToolMessages(r.messages); !s.ok()) return s;
   r.template_kwargs = json::object();
   if (const json* kw = f.Get("chat_template_kwargs")) {
     if (!kw->is_object()) return WrongType("chat_template_kwargs", "an object", *kw);
     r.template_kwargs = *kw;
   }
+  return absl::OkStatus();
+}
+
+// tool_choice; "required" and a named function constrain the output to a call (vLLM's way).
+absl::Status ForceToolCall(const Fields& f, ApiRequest& r) {
+  ASSIGN_OR_RETURN_FIELD(choice, ParseToolChoice(f.Get("tool_choice"), r.tools));
+  r.tool_choice = std::move(choice);
+  const std::string schema = ForcedCallSchema(r.tool_choice, r.tools);
+  if (schema.empty()) return absl::OkStatus();
+  if (r.generation.has_constraint()) {
+    return InvalidField("tool_choice", "cannot force a tool call together with response_format; "
+                                       "drop one of them");
+  }
+  r.generation.mutable_constraint()->set_json_schema(schema);
   return absl::OkStatus();
 }
 
@@ -461,6 +477,7 @@ absl::StatusOr<ApiRequest> ParseChatRequest(absl::string_view body) {
   r.endpoint = Endpoint::kChat;
   if (absl::Status s = Conversation(f, r); !s.ok()) return s;
   if (absl::Status s = Common(f, r); !s.ok()) return s;
+  if (absl::Status s = ForceToolCall(f, r); !s.ok()) return s;
   ASSIGN_OR_RETURN_FIELD(logprobs, f.Bool("logprobs"));
   ASSIGN_OR_RETURN_FIELD(top, f.Integer("top_logprobs", 0, kMaxTopLogprobs));
   if (top.has_value() && !logprobs.value_or(false)) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "coordinator/openai/tool_calls.h"
 #include "nlohmann/json.hpp"
 #include "proto/tandem.pb.h"
 
@@ -33,7 +34,9 @@ struct ApiRequest {
   // Chat: what its template sees, each object with its keys in the client's order (a template's
   // tojson then writes tools and their parameters as Hugging Face's does).
   nlohmann::ordered_json messages;  // [{role, content: string|null, ...}], text parts joined
-  nlohmann::ordered_json tools;     // as given; null when absent
+  nlohmann::ordered_json tools;     // as given (checked: CheckTools); null when absent
+  // Chat: kNone without tools. Required and named set generation.constraint (ForcedCallSchema).
+  ToolChoice tool_choice;
   nlohmann::ordered_json template_kwargs;  // chat_template_kwargs, an object (may be empty)
   // Default true; false when continue_final_message is set (both true is refused).
   bool add_generation_prompt = true;

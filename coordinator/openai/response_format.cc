@@ -36,7 +36,8 @@ json Head(const ResponseHead& head, std::string_view object) {
 
 }  // namespace
 
-json FinishReasonJson(v1::FinishReason finish) {
+json FinishReasonJson(v1::FinishReason finish, bool called) {
+  if (called && finish != v1::FINISH_REASON_LENGTH) return "tool_calls";
   switch (finish) {
     case v1::FINISH_REASON_LENGTH: return "length";
     case v1::FINISH_REASON_STOP:
@@ -176,10 +177,15 @@ json ChatResponse(const ResponseHead& head, const std::vector<ChoiceResult>& cho
   json list = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     const ChoiceResult& c = choices[i];
+    json message = {{"role", "assistant"}, {"content", c.text}};
+    if (!c.tool_calls.empty()) {
+      if (c.text.empty()) message["content"] = nullptr;
+      message["tool_calls"] = ToolCallsJson(c.tool_calls);
+    }
     list.push_back({{"index", c.index},
-                    {"message", {{"role", "assistant"}, {"content", c.text}}},
+                    {"message", std::move(message)},
                     {"logprobs", i < logprobs.size() ? logprobs[i] : json()},
-                    {"finish_reason", FinishReasonJson(c.finish)},
+                    {"finish_reason", FinishReasonJson(c.finish, !c.tool_calls.empty())},
                     {"stop_reason", c.stop_reason}});
   }
   out["choices"] = std::move(list);

@@ -13,6 +13,7 @@
 
 #include "common/step.h"
 #include "common/tokenizer.h"
+#include "coordinator/openai/tool_calls.h"
 #include "nlohmann/json.hpp"
 #include "proto/tandem.pb.h"
 
@@ -32,6 +33,9 @@ struct ChoiceResult {
   v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
   nlohmann::json stop_reason;          // StopReasonJson's
   std::vector<TokenLogprob> logprobs;  // with logprobs asked for: one per generated token
+  // Chat: the calls read from the reply (`text` is then what came before them; null when empty)
+  // and finish_reason "tool_calls".
+  std::vector<ToolCall> tool_calls;
 };
 
 struct UsageCounts {
@@ -39,8 +43,9 @@ struct UsageCounts {
   int completion_tokens = 0;
 };
 
-// "stop" (EOS, a stop token or a stop string), "length", or null while generating.
-nlohmann::json FinishReasonJson(v1::FinishReason finish);
+// "stop" (EOS, a stop token or a stop string), "length", or null while generating; a reply that
+// ended with tool calls (`called`) and not by its length: "tool_calls".
+nlohmann::json FinishReasonJson(v1::FinishReason finish, bool called = false);
 nlohmann::json UsageJson(const UsageCounts& usage);
 
 // vLLM's stop_reason for a choice that ended with `finish`: the stop string that ended it (of

@@ -1,5 +1,5 @@
-// The OpenAI-compatible API's request bodies on any bytes, as /v1/completions and as
-// /v1/chat/completions: a body is refused with INVALID_ARGUMENT, or each of its prompts (token ids,
+// The OpenAI-compatible API's request bodies on any bytes, as /v1/completions, as
+// /v1/chat/completions and as /v1/responses: a body is refused with INVALID_ARGUMENT, or each of its prompts (token ids,
 // or text through the generated checkpoints' tokenizer) becomes a GenerateRequest that
 // ValidateRequest accepts or refuses with INVALID_ARGUMENT.
 #include <cstddef>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "coordinator/openai/request_parsing.h"
+#include "coordinator/openai/responses_api.h"
 #include "coordinator/request_validation.h"
 #include "fuzz/fuzz_support.h"
 
@@ -52,6 +53,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (auto tokenize = tandem::openai::ParseTokenizeRequest(body); !tokenize.ok()) {
     CheckRefusal(tokenize.status());
+  }
+  const std::string_view text(body.data(), body.size());
+  if (auto responses = tandem::openai::ParseResponsesRequest(text); !responses.ok()) {
+    CheckRefusal(responses.status());
   }
   return 0;
 }

@@ -46,6 +46,24 @@ TEST(ChatRenderer, TemplatePrintingToolsGetsTheirKeysInRequestOrder) {
             R"("alpha": {"type": "integer"}}}}}])");
 }
 
+// Llama-3.1's way of writing a past call, in short.
+constexpr char kLlama31Call[] =
+    "{% for m in messages %}{% if m.tool_calls %}{% set call = m.tool_calls[0].function %}"
+    "{\"name\": \"{{ call.name }}\", \"parameters\": {{ call.arguments | tojson }}}"
+    "[{{ m.content }}]{% elif m.role == 'tool' %}<ipython>{{ m.content }}{% endif %}{% endfor %}";
+
+TEST(ChatRenderer, PastCallsReachTheTemplateWithArgumentsAsObjects) {
+  absl::StatusOr<std::string> prompt = Render(kLlama31Call, R"({"messages": [
+      {"role": "user", "content": "weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"days\": 2}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]})");
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  // Not the arguments' JSON string written as a string again; content null becomes "".
+  EXPECT_EQ(*prompt,
+            R"({"name": "get_weather", "parameters": {"city": "Oslo", "days": 2}}[]<ipython>sunny)");
+}
+
 TEST(ChatRenderer, MessageKeysAndKwargsReachTheTemplateInRequestOrder) {
   absl::StatusOr<std::string> prompt =
       Render("{% for k in messages[0] %}{{ k }},{% endfor %}{{ extra | tojson }}", R"({

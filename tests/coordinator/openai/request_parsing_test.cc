@@ -168,7 +168,10 @@ std::vector<DeepBody> DeepChatBodies(int levels) {
   return {
       {R"({"messages": [)" + message + R"(}], "chat_template_kwargs": {"x": )" + value + "}}",
        "chat_template_kwargs.x", levels + 2},
-      {R"({"messages": [)" + message + R"(}], "tools": )" + value + "}", "tools", levels + 1},
+      {R"({"messages": [)" + message +
+           R"(}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"x": )" +
+           value + "}}}]}",
+       "tools[0].function.parameters.x", levels + 5},
       {R"({"messages": [)" + message + R"(, "extra": )" + value + "}]}", "messages[0].extra",
        levels + 3},
   };
@@ -387,10 +390,10 @@ TEST(ParseChatRequest, JoinsTextPartsAndKeepsTheRest) {
                                                 {"type": "text", "text": "b"}]},
                    {"role": "assistant", "tool_calls": []}],
       "logprobs": true, "top_logprobs": 3, "add_generation_prompt": false,
-      "tools": [{"type": "function"}]})");
+      "tools": [{"type": "function", "function": {"name": "f"}}]})");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->messages[1]["content"], "a\nb");
-  EXPECT_TRUE(r->messages[2]["content"].is_null());
+  EXPECT_EQ(r->messages[2]["content"], "");  // as vLLM gives it to templates
   EXPECT_EQ(r->logprobs, 3);
   EXPECT_FALSE(r->add_generation_prompt);
   EXPECT_EQ(r->tools.size(), 1u);
