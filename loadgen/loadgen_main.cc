@@ -44,6 +44,14 @@ ABSL_FLAG(int, requests, 32, "measured requests per configuration (per node with
 ABSL_FLAG(std::string, scaling, "strong", "strong (fixed work) or weak (work grows with nodes)");
 ABSL_FLAG(int, warmup, 4, "unmeasured requests before each configuration");
 ABSL_FLAG(int, prompt_pool, 16, "distinct prompts");
+ABSL_FLAG(std::string, workload, "fixed",
+          "fixed (every prompt of --prompt_lens), mixed (prompt and output lengths from seeded "
+          "lognormals whose medians are --prompt_lens/--output_lens, clipped to the context) or "
+          "shared_prefix (a --shared_prefix_len system prompt shared by every request, then a "
+          "suffix of --prompt_lens tokens of each request's own)");
+ABSL_FLAG(double, length_sigma, 1.0,
+          "--workload mixed: sigma of the lognormal lengths (1: a tail to ~10x the median)");
+ABSL_FLAG(int, shared_prefix_len, 1000, "--workload shared_prefix: tokens of the system prompt");
 ABSL_FLAG(uint64_t, seed, 1, "prompt seed");
 ABSL_FLAG(double, request_timeout_s, 300, "deadline of one request");
 ABSL_FLAG(bool, connection_per_client, false,
@@ -143,6 +151,9 @@ int main(int argc, char** argv) {
   o.requests = absl::GetFlag(FLAGS_requests);
   o.warmup = absl::GetFlag(FLAGS_warmup);
   o.prompt_pool = absl::GetFlag(FLAGS_prompt_pool);
+  o.workload.kind = absl::GetFlag(FLAGS_workload);
+  o.workload.length_sigma = absl::GetFlag(FLAGS_length_sigma);
+  o.workload.shared_prefix_len = absl::GetFlag(FLAGS_shared_prefix_len);
   o.seed = absl::GetFlag(FLAGS_seed);
   o.request_timeout_s = absl::GetFlag(FLAGS_request_timeout_s);
   o.connection_per_client = absl::GetFlag(FLAGS_connection_per_client);

@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "common/metrics.h"
 #include "loadgen/load_client.h"
+#include "loadgen/workload.h"
 
 namespace tandem::loadgen {
 namespace {
@@ -31,21 +32,6 @@ using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t0, Clock::time_point t) {
   return std::chrono::duration<double>(t - t0).count();
-}
-
-uint64_t Mix(uint64_t x) {  // splitmix64: prompts identical on every machine
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-std::vector<int32_t> MakePrompt(uint64_t seed, int index, int len, int vocab) {
-  std::vector<int32_t> ids(len);
-  for (int t = 0; t < len; ++t) {
-    ids[t] = static_cast<int32_t>(Mix(seed * 1000003 + index * 7919 + t) % vocab);
-  }
-  return ids;
 }
 
 // All workers' samples; a worker that cannot be read contributes none.
@@ -257,6 +243,7 @@ absl::Status ValidateSweepOptions(const SweepOptions& o) {
   if (o.requests < 1) return absl::InvalidArgumentError("--requests: must be >= 1");
   if (o.warmup < 0) return absl::InvalidArgumentError("--warmup: must be >= 0");
   if (o.prompt_pool < 1) return absl::InvalidArgumentError("--prompt_pool: must be >= 1");
+  if (absl::Status s = ValidateWorkload(o.workload); !s.ok()) return s;
   if (!(o.tie_tolerance >= 0) || std::isinf(o.tie_tolerance)) {
     return absl::InvalidArgumentError(absl::StrCat("--tie_tolerance: ", o.tie_tolerance,
                                                    " is not a gap in nats >= 0 (0: outputs must be "
@@ -271,15 +258,18 @@ namespace {
 // Prompt ids stay below this when the server says nothing of its vocabulary.
 constexpr int kForeignVocab = 1000;
 
-// Every prompt + output length pair fits the model's context (where the server says it).
+// Every prompt + output length pair fits the model's context (where the server says it); with
+// a shared prefix, after it. Mixed lengths are clipped to the context instead.
 absl::Status CheckLengthsFit(const SweepOptions& o, const ServedModel& info) {
-  if (info.context_length <= 0) return absl::OkStatus();
+  if (info.context_length <= 0 || o.workload.kind == "mixed") return absl::OkStatus();
+  const int prefix = o.workload.kind == "shared_prefix" ? o.workload.shared_prefix_len : 0;
   for (int p : o.prompt_lens) {
     for (int g : o.output_lens) {
-      if (p + g > info.context_length) {
+      if (prefix + p + g > info.context_length) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "--prompt_lens/--output_lens: %d + %d exceeds the model's context of %d", p, g,
-            info.context_length));
+            "--shared_prefix_len/--prompt_lens/--output_lens: %d + %d + %d exceeds the model's "
+            "context of %d",
+            prefix, p, g, info.context_length));
       }
     }
   }
@@ -302,7 +292,8 @@ struct LoadRun {
 // Sends `count` requests of configuration `c`: closed loop, c.batch clients each sending its next
 // request when the last is answered; open loop, Poisson arrivals at c.rate requests per second.
 LoadRun DriveLoad(LoadClient& client, const SweepOptions& o, const ConfigResult& c,
-                  const Point& point, int vocab_size, int count, Progress* progress) {
+                  const Point& point, const std::vector<WorkloadItem>& pool, int count,
+                  Progress* progress) {
   LoadRun run;
   run.records.assign(count, {});
   run.prompt_ids.assign(count, 0);
@@ -313,8 +304,8 @@ LoadRun DriveLoad(LoadClient& client, const SweepOptions& o, const ConfigResult&
   auto one = [&](int i, int connection) {
     const int pid = i % o.prompt_pool;
     run.prompt_ids[i] = pid;
-    run.records[i] = client.Generate(MakePrompt(o.seed, pid, c.prompt_len, vocab_size),
-                                     c.output_len, o.connection_per_client ? connection : 0, 0);
+    run.records[i] = client.Generate(pool[pid].prompt, pool[pid].output_len,
+                                     o.connection_per_client ? connection : 0, 0);
     done.fetch_add(1);
   };
   const Clock::time_point t0 = Clock::now();
@@ -357,14 +348,16 @@ absl::StatusOr<References> RunReferences(LoadClient& client, const SweepOptions&
       absl::StrFormat("reference: %d prompt(s), one at a time, with top-2 logprobs", total), true);
   for (int prompt_len : o.prompt_lens) {
     for (int output_len : o.output_lens) {
+      const std::vector<WorkloadItem> pool =
+          MakeWorkloadPool(o.workload, o.seed, prompt_len, output_len, o.prompt_pool, vocab,
+                           result.server.context_length);
       for (int pid = 0; pid < prompts; ++pid) {
         progress.Show(absl::StrFormat("reference: %d/%d", refs.size(), total));
-        RequestRecord r =
-            client.Generate(MakePrompt(o.seed, pid, prompt_len, vocab), output_len, 0, 2);
+        RequestRecord r = client.Generate(pool[pid].prompt, pool[pid].output_len, 0, 2);
         if (!r.ok) {
           return absl::UnavailableError(
               absl::StrFormat("the reference run of prompt %d (%d + %d tokens) failed: %s", pid,
-                              prompt_len, output_len, r.error));
+                              pool[pid].prompt.size(), pool[pid].output_len, r.error));
         }
         tokens += r.num_tokens;
         unnamed += static_cast<int>(std::count(r.unnamed.begin(), r.unnamed.end(), true));
@@ -487,13 +480,14 @@ void AddResourceUse(const std::vector<std::vector<MetricSample>>& before_each,
 
 // One configuration on the current topology: warm-up at the same load (not measured), then the
 // measured requests between two scrapes of the workers.
-ConfigResult MeasureConfig(LoadClient& client, const SweepOptions& o, int vocab, ConfigResult c,
+ConfigResult MeasureConfig(LoadClient& client, const SweepOptions& o,
+                           const std::vector<WorkloadItem>& pool, ConfigResult c,
                            const Point& point, Progress& progress, const References& references) {
   progress.Show(absl::StrCat(point.label, o.warmup > 0 ? ": warm-up" : ": measuring"), true);
-  if (o.warmup > 0) DriveLoad(client, o, c, point, vocab, o.warmup, nullptr);
+  if (o.warmup > 0) DriveLoad(client, o, c, point, pool, o.warmup, nullptr);
   const std::vector<std::vector<MetricSample>> before_each = ScrapeEach(o.worker_metrics);
   Poller poller(o.worker_metrics);
-  const LoadRun run = DriveLoad(client, o, c, point, vocab, c.requests, &progress);
+  const LoadRun run = DriveLoad(client, o, c, point, pool, c.requests, &progress);
   poller.Stop();
   const std::vector<std::vector<MetricSample>> after_each = ScrapeEach(o.worker_metrics);
   c.wall_s = run.wall_s;
@@ -677,13 +671,16 @@ absl::Status RunConfigs(LoadClient& client, const SweepOptions& o, Progress& pro
             ++index;
             const Point point{
                 .index = index,
-                .label = absl::StrFormat("[%d/%d] nodes=%d%s %s=%g prompt=%d output=%d", index,
-                                         total, nodes,
-                                         prefill > 0 ? absl::StrCat(" (", prefill, " prefill)")
-                                                     : "",
-                                         o.mode == "closed" ? "batch" : "rate", load, prompt_len,
-                                         output_len)};
-            c = MeasureConfig(client, o, vocab, std::move(c), point, progress, *references);
+                .label = absl::StrFormat(
+                    "[%d/%d]%s nodes=%d%s %s=%g prompt=%d output=%d", index, total,
+                    o.workload.kind == "fixed" ? "" : absl::StrCat(" ", o.workload.kind), nodes,
+                    prefill > 0 ? absl::StrCat(" (", prefill, " prefill)") : "",
+                    o.mode == "closed" ? "batch" : "rate", load, prompt_len, output_len)};
+            c.workload = o.workload.kind;
+            const std::vector<WorkloadItem> pool =
+                MakeWorkloadPool(o.workload, o.seed, prompt_len, output_len, o.prompt_pool, vocab,
+                                 info.context_length);
+            c = MeasureConfig(client, o, pool, std::move(c), point, progress, *references);
             result.all_correct &= c.correct;
             result.configs.push_back(std::move(c));
           }

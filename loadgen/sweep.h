@@ -22,6 +22,7 @@
 #include "common/security/credentials.h"
 #include "loadgen/greedy_agreement.h"
 #include "loadgen/load_client.h"
+#include "loadgen/workload.h"
 
 namespace tandem::loadgen {
 
@@ -50,6 +51,9 @@ struct SweepOptions {
   bool weak_scaling = false;  // strong (fixed work) or weak (work grows with nodes)
   int warmup = 4;             // unmeasured requests per configuration
   int prompt_pool = 16;       // distinct prompts; request i uses prompt i mod pool
+  // Which requests are sent (workload.h): fixed lengths, mixed lengths whose medians are
+  // prompt_lens/output_lens, or a shared system prompt before suffixes of prompt_lens.
+  WorkloadSpec workload;
   uint64_t seed = 1;
   double request_timeout_s = 300;
   // gRPC: each closed-loop client on a connection of its own (open loop: each request, up to 64
@@ -91,8 +95,9 @@ struct ConfigResult {
   std::string mode;
   int batch = 0;      // closed loop
   double rate = 0;    // open loop
-  int prompt_len = 0;
-  int output_len = 0;
+  std::string workload = "fixed";  // WorkloadSpec::kind
+  int prompt_len = 0;  // mixed: the median; shared_prefix: the suffix after the shared prefix
+  int output_len = 0;  // mixed: the median
   int requests = 0;
   int errors = 0;
   double wall_s = 0;

@@ -44,16 +44,18 @@ std::string Csv(const SweepResult& r) {
       "nodes,stages,replicas,mode,batch,rate,prompt_len,output_len,requests,errors,wall_s,"
       "tokens,tokens_per_s,requests_per_s,ttft_p50_s,ttft_p90_s,ttft_p99_s,itl_p50_s,itl_p90_s,"
       "itl_p99_s,e2e_p50_s,e2e_p90_s,e2e_p99_s,speedup,efficiency,energy_j,power_w,"
-      "tokens_per_joule,peak_gpu_memory_bytes,compute_share_by_stage,correct,prefill_nodes\n";
+      "tokens_per_joule,peak_gpu_memory_bytes,compute_share_by_stage,correct,prefill_nodes,"
+      "workload\n";
   for (const ConfigResult& c : r.configs) {
     absl::StrAppend(&out, absl::StrFormat(
         "%d,%d,%d,%s,%d,%g,%d,%d,%d,%d,%.4f,%.0f,%.3f,%.4f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,"
-        "%.6f,%.6f,%.4f,%.4f,%.3f,%.2f,%.4f,%.0f,%s,%s,%d\n",
+        "%.6f,%.6f,%.4f,%.4f,%.3f,%.2f,%.4f,%.0f,%s,%s,%d,%s\n",
         c.nodes, c.stages, c.replicas, c.mode, c.batch, c.rate, c.prompt_len, c.output_len,
         c.requests, c.errors, c.wall_s, c.tokens, c.tokens_per_s, c.requests_per_s, c.ttft_p50,
         c.ttft_p90, c.ttft_p99, c.itl_p50, c.itl_p90, c.itl_p99, c.e2e_p50, c.e2e_p90, c.e2e_p99,
         c.speedup, c.efficiency, c.energy_j, c.power_w, c.tokens_per_joule,
-        c.peak_gpu_memory_bytes, Shares(c), c.correct ? "true" : "false", c.prefill_nodes));
+        c.peak_gpu_memory_bytes, Shares(c), c.correct ? "true" : "false", c.prefill_nodes,
+        c.workload));
   }
   return out;
 }
@@ -92,6 +94,9 @@ nlohmann::json Json(const SweepResult& r) {
                   {"scaling", o.weak_scaling ? "weak" : "strong"},
                   {"warmup", o.warmup},
                   {"prompt_pool", o.prompt_pool},
+                  {"workload", o.workload.kind},
+                  {"length_sigma", o.workload.length_sigma},
+                  {"shared_prefix_len", o.workload.shared_prefix_len},
                   {"seed", o.seed},
                   {"tie_tolerance", o.tie_tolerance}};
   const ServedModel& m = r.server;
@@ -125,6 +130,7 @@ nlohmann::json Json(const SweepResult& r) {
          {"mode", c.mode},
          {"batch", c.batch},
          {"rate", c.rate},
+         {"workload", c.workload},
          {"prompt_len", c.prompt_len},
          {"output_len", c.output_len},
          {"requests", c.requests},
@@ -236,7 +242,8 @@ std::string CorrectCell(const ConfigResult& c) {
 
 std::string ConfigName(const ConfigResult& c) {
   return absl::StrFormat(
-      "nodes %d%s, %s %g, prompt %d, output %d", c.nodes,
+      "%snodes %d%s, %s %g, prompt %d, output %d",
+      c.workload == "fixed" ? "" : absl::StrCat(c.workload, ", "), c.nodes,
       c.prefill_nodes > 0 ? absl::StrFormat(" (%d prefill)", c.prefill_nodes) : "",
       c.mode == "closed" ? "batch" : "rate", Load(c), c.prompt_len, c.output_len);
 }
@@ -279,6 +286,7 @@ std::string Markdown(const SweepResult& r) {
                                      "\"nodes\" below says how many)",
                                      absl::StrJoin(o.prefill_nodes, " or "))
                    : ""));
+  absl::StrAppend(&md, "Workload: ", DescribeWorkload(o.workload), ".\n\n");
   md += CheckRule(r);
   if (const std::string server = ServerLine(r.server); !server.empty()) {
     absl::StrAppend(&md, server, "\n\n");
@@ -444,6 +452,12 @@ absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
     read.Get(*oj, "scaling", &scaling);
     read.Get(*oj, "warmup", &o.warmup);
     read.Get(*oj, "prompt_pool", &o.prompt_pool);
+    // Run folders from before workloads were recorded sent fixed lengths.
+    if (oj->contains("workload")) {
+      read.Get(*oj, "workload", &o.workload.kind);
+      read.Get(*oj, "length_sigma", &o.workload.length_sigma);
+      read.Get(*oj, "shared_prefix_len", &o.workload.shared_prefix_len);
+    }
     read.Get(*oj, "seed", &o.seed);
     if (oj->contains("tie_tolerance")) read.Get(*oj, "tie_tolerance", &o.tie_tolerance);
     o.weak_scaling = scaling == "weak";
@@ -485,6 +499,7 @@ absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
     rc.Get(cj, "mode", &c.mode);
     rc.Get(cj, "batch", &c.batch);
     rc.Get(cj, "rate", &c.rate);
+    if (cj.contains("workload")) rc.Get(cj, "workload", &c.workload);
     rc.Get(cj, "prompt_len", &c.prompt_len);
     rc.Get(cj, "output_len", &c.output_len);
     rc.Get(cj, "requests", &c.requests);

@@ -14,6 +14,7 @@
 #include <regex>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/httplib.h"
@@ -194,9 +195,9 @@ TEST(SweepTest, PrefillNodesAreASweepDimensionCheckedAgainstColocatedReplicas) {
   std::istringstream csv(ReadFile(run / "results.csv"));
   std::string line;
   std::getline(csv, line);
-  EXPECT_THAT(line, ::testing::EndsWith(",correct,prefill_nodes"));
+  EXPECT_THAT(line, ::testing::EndsWith(",correct,prefill_nodes,workload"));
   std::getline(csv, line);
-  EXPECT_THAT(line, ::testing::EndsWith(",true,0"));
+  EXPECT_THAT(line, ::testing::EndsWith(",true,0,fixed"));
   const std::string md = ReadFile(run / "summary.md");
   EXPECT_THAT(md, HasSubstr("| 2 (1 prefill) | 4 |"));
   EXPECT_THAT(md, HasSubstr("of them 0 or 1 running prompts only"));
@@ -264,6 +265,46 @@ TEST(SweepTest, OpenAiApiSweepWritesTheSameTables) {
   EXPECT_THAT(md, HasSubstr("Server: model model (context 256 tokens, vocabulary "));
   EXPECT_THAT(md, ::testing::Not(HasSubstr("0 layers")));
   EXPECT_THAT(md, ::testing::Not(HasSubstr("(, ")));
+  cluster->reset();
+  fs::remove_all(dir);
+}
+
+// Each workload runs end to end over a CPU worker, named in the tables, every output equal to
+// its reference (the reference sends the same pool: mixed lengths, or the shared system prompt).
+TEST(SweepTest, MixedAndSharedPrefixWorkloadsRunAndAreNamedInTheTables) {
+  const fs::path dir = ModelFolder("sweep-workloads", "tiny-gpt2", 5);
+  absl::StatusOr<std::unique_ptr<Cluster>> cluster =
+      Cluster::Start({.model_dir = dir / "model",
+                      .workers = 1,
+                      .stages = 1,
+                      .replicas = 1,
+                      .coordinator_flags = {"--max_slots=4"}});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (const auto& [workload, flags, described] :
+       {std::tuple<std::string, std::string, std::string>{
+            "mixed", "--length_sigma=0.5 --prompt_lens=12 --output_lens=6", "mixed lengths"},
+        {"shared_prefix", "--shared_prefix_len=24 --prompt_lens=4 --output_lens=4",
+         "a 24-token system prompt"}}) {
+    const fs::path run = dir / workload;
+    const std::string log = (dir / (workload + ".log")).string();
+    const std::string cmd = absl::StrCat(
+        TANDEM_LOADGEN_BIN, " sweep --addr=", (*cluster)->address(), " --workload=", workload, " ",
+        flags, " --nodes=1 --batch=2 --requests=6 --warmup=0 --prompt_pool=6",
+        " --progress=false --out=", run.string(), " > ", log, " 2>&1");
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << ReadFile(log) << (*cluster)->Logs();
+    EXPECT_THAT(ReadFile(log), HasSubstr("correctness: pass"));
+    std::istringstream csv(ReadFile(run / "results.csv"));
+    std::string header, row;
+    std::getline(csv, header);
+    std::getline(csv, row);
+    EXPECT_TRUE(absl::EndsWith(header, ",workload")) << header;
+    EXPECT_TRUE(absl::EndsWith(row, absl::StrCat(",", workload))) << row;
+    EXPECT_THAT(ReadFile(run / "summary.md"), HasSubstr(described));
+    const nlohmann::json j = ReadResults(run);
+    ASSERT_FALSE(j.is_null());
+    EXPECT_EQ(j["options"]["workload"], workload);
+    EXPECT_EQ(j["configs"][0]["errors"], 0);
+  }
   cluster->reset();
   fs::remove_all(dir);
 }
