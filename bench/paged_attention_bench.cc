@@ -4,8 +4,7 @@
 // as the CUDA stage splits it) and prefill attention (every position of every sequence), at batch
 // 1 and 64 and contexts 512 and 8192, for page sizes 16, 32, 64 and 128 with each sequence's pages
 // shuffled over the pool. Prints a markdown table of the median time of each launch and its ratio
-// to the contiguous cache's. On compute capability 9.0 the contiguous prefill runs the warpgroup-
-// MMA kernel and the paged one the mma.sync kernel; the table names the kernel.
+// to the contiguous cache's, naming the prefill kernel (wgmma on compute capability 9.0).
 //
 // usage: tandem-paged-attention-bench [--iters 20] [--prefill=true]
 #include <cuda_runtime.h>
@@ -187,8 +186,12 @@ absl::Status Run(int iters, bool prefill) {
                                                  kHeads, kKvHeads, kHeadDim, params, nullptr);
             },
             prefill_iters));
+        const bool paged_sm90 = pages.page_size >= kMinSm90PageSize &&
+                                PrefillAttentionSm90Usable(kHeadDim, pq.get(), pages.k, pages.v);
         Print("prefill", batch, context,
-              absl::StrCat("pages of ", pages.page_size, " (mma.sync)"), ms, pc);
+              absl::StrCat("pages of ", pages.page_size, " (", paged_sm90 ? "wgmma" : "mma.sync",
+                           ")"),
+              ms, pc);
       }
     }
   }

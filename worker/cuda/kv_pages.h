@@ -14,9 +14,10 @@
 //
 // Numerics: every paged kernel performs the same arithmetic in the same order as its contiguous
 // counterpart, so for the same K and V (scattered over pages or held in a slot) the outputs are
-// bit-identical. The one exception is the prefill attention on compute capability 9.0: the paged
-// launcher always runs the mma.sync kernel, while the contiguous one takes the warpgroup-MMA kernel
-// for head_dim 64 and 128 there; those two agree within fp16/bf16 rounding of the output.
+// bit-identical. The one exception is the prefill attention on compute capability 9.0 with
+// head_dim 64 or 128 and pages of fewer than 8 positions: the paged launcher runs the mma.sync
+// kernel there, the contiguous one the warpgroup-MMA kernel; the two agree within fp16/bf16
+// rounding of the output. With larger pages both take the warpgroup-MMA kernel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -70,7 +71,8 @@ absl::Status LaunchAttentionPaged(DType dtype, const void* q, const KvPages& pag
                                   cudaStream_t stream, uint32_t* counters, bool pdl = false);
 
 // As LaunchPrefillAttention (runs of rows of one sequence at consecutive positions are fast; any
-// rows are correct), through the table rows seqs[r]; the mma.sync kernel on every device.
+// rows are correct), through the table rows seqs[r]: the warpgroup-MMA kernel where the contiguous
+// launcher takes it and pages hold >= 8 positions (kMinSm90PageSize), the mma.sync kernel elsewhere.
 absl::Status LaunchPrefillAttentionPaged(DType dtype, const void* q, const KvPages& pages,
                                          const int32_t* positions, const int32_t* seqs, void* out,
                                          int rows, int num_heads, int num_kv_heads, int head_dim,

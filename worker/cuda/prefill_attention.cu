@@ -11,9 +11,9 @@
 // slot and consecutive positions is a segment (one sequence's chunk); a block whose 128 rows span
 // several segments runs its key loop once per segment, each time writing only that segment's rows.
 // head_dim is padded to a multiple of 16 in shared memory with zeros. Hopper with head_dim 64 and
-// 128 takes prefill_attention_sm90.cu instead (warpgroup MMA and TMA). The paged cache
-// (kv_pages.h) takes this kernel on every device, each key row's address found through the block
-// table (kv_view.cuh).
+// 128 takes prefill_attention_sm90.cu instead (warpgroup MMA and TMA), for the paged cache too with
+// pages of 8 positions or more. Elsewhere the paged cache (kv_pages.h) takes this kernel, each key
+// row's address found through the block table (kv_view.cuh).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -536,6 +536,11 @@ absl::Status LaunchPrefillAttentionPaged(DType dtype, const void* q, const KvPag
   if (rows == 0) return absl::OkStatus();
   RETURN_IF_ERROR(CheckKvPages(pages, head_dim, "paged prefill attention"));
   RETURN_IF_ERROR(CheckPrefill(num_heads, num_kv_heads, head_dim, 0, params));
+  if (pages.page_size >= kMinSm90PageSize &&
+      PrefillAttentionSm90Usable(head_dim, q, pages.k, pages.v)) {
+    return LaunchPrefillAttentionSm90Paged(dtype, q, pages, positions, seqs, out, rows, num_heads,
+                                           num_kv_heads, head_dim, params, stream, pdl);
+  }
   return LaunchMmaSync(dtype, q, pages.k, pages.v, positions, seqs, out, rows, num_heads,
                        num_kv_heads, head_dim, ToPagedKv(pages, num_kv_heads, head_dim), params,
                        stream, pdl);
