@@ -114,17 +114,19 @@ absl::Status Run(int iters, bool prefill) {
       RETURN_IF_ERROR(Alloc(out, size_t(batch) * kHeads * kHeadDim * 2));
       const int blocks = batch * kKvHeads;
       const int splits = std::max(1, std::min({(2 * sms + blocks - 1) / blocks, 16, context / 64}));
-      RETURN_IF_ERROR(Alloc(partials,
-                            AttentionPartialFloats(batch, kHeads, kHeadDim, splits) * 4, 0));
+      RETURN_IF_ERROR(
+          Alloc(partials, AttentionPartialFloats(batch, kHeads, kHeadDim, splits) * 4, 0));
       RETURN_IF_ERROR(Alloc(counters, size_t(batch) * kKvHeads * 4, 0));
-      ASSIGN_OR_RETURN(const float contiguous, TimeMs(
-          [&] {
-            return LaunchAttention(kType, q.get(), k.get(), v.get(), d_last.as<int32_t>(),
-                                   d_seqs.as<int32_t>(), partials.as<float>(), out.get(), batch,
-                                   kHeads, kKvHeads, kHeadDim, context, splits, params, nullptr,
-                                   counters.as<uint32_t>());
-          },
-          iters));
+      ASSIGN_OR_RETURN(const float contiguous,
+                       TimeMs(
+                           [&] {
+                             return LaunchAttention(kType, q.get(), k.get(), v.get(),
+                                                    d_last.as<int32_t>(), d_seqs.as<int32_t>(),
+                                                    partials.as<float>(), out.get(), batch, kHeads,
+                                                    kKvHeads, kHeadDim, context, splits, params,
+                                                    nullptr, counters.as<uint32_t>());
+                           },
+                           iters));
       Print("decode", batch, context, absl::StrCat("contiguous, ", splits, " splits"), contiguous,
             contiguous);
       std::vector<KvPages> paged;
@@ -142,13 +144,15 @@ absl::Status Run(int iters, bool prefill) {
                                 d_table.as<int32_t>(), per_seq});
         tables.push_back(std::move(d_table));
         ASSIGN_OR_RETURN(const float ms, TimeMs(
-            [&] {
-              return LaunchAttentionPaged(kType, q.get(), paged.back(), d_last.as<int32_t>(),
-                                          d_seqs.as<int32_t>(), partials.as<float>(), out.get(),
-                                          batch, kHeads, kKvHeads, kHeadDim, splits, params,
-                                          nullptr, counters.as<uint32_t>());
-            },
-            iters));
+                                             [&] {
+                                               return LaunchAttentionPaged(
+                                                   kType, q.get(), paged.back(),
+                                                   d_last.as<int32_t>(), d_seqs.as<int32_t>(),
+                                                   partials.as<float>(), out.get(), batch, kHeads,
+                                                   kKvHeads, kHeadDim, splits, params, nullptr,
+                                                   counters.as<uint32_t>());
+                                             },
+                                             iters));
         Print("decode", batch, context, absl::StrCat("pages of ", page_size), ms, contiguous);
       }
       if (!prefill) continue;
@@ -169,23 +173,26 @@ absl::Status Run(int iters, bool prefill) {
       RETURN_IF_ERROR(Alloc(pout, size_t(rows) * kHeads * kHeadDim * 2));
       const int prefill_iters = std::max(3, iters / 4);
       ASSIGN_OR_RETURN(const float pc, TimeMs(
-          [&] {
-            return LaunchPrefillAttention(kType, pq.get(), k.get(), v.get(), d_pos.as<int32_t>(),
-                                          d_row_seq.as<int32_t>(), pout.get(), rows, kHeads,
-                                          kKvHeads, kHeadDim, context, params, nullptr);
-          },
-          prefill_iters));
+                                           [&] {
+                                             return LaunchPrefillAttention(
+                                                 kType, pq.get(), k.get(), v.get(),
+                                                 d_pos.as<int32_t>(), d_row_seq.as<int32_t>(),
+                                                 pout.get(), rows, kHeads, kKvHeads, kHeadDim,
+                                                 context, params, nullptr);
+                                           },
+                                           prefill_iters));
       const bool sm90 = PrefillAttentionSm90Usable(kHeadDim, pq.get(), k.get(), v.get());
       Print("prefill", batch, context,
             absl::StrCat("contiguous (", sm90 ? "wgmma" : "mma.sync", ")"), pc, pc);
       for (const KvPages& pages : paged) {
         ASSIGN_OR_RETURN(const float ms, TimeMs(
-            [&] {
-              return LaunchPrefillAttentionPaged(kType, pq.get(), pages, d_pos.as<int32_t>(),
-                                                 d_row_seq.as<int32_t>(), pout.get(), rows,
-                                                 kHeads, kKvHeads, kHeadDim, params, nullptr);
-            },
-            prefill_iters));
+                                             [&] {
+                                               return LaunchPrefillAttentionPaged(
+                                                   kType, pq.get(), pages, d_pos.as<int32_t>(),
+                                                   d_row_seq.as<int32_t>(), pout.get(), rows,
+                                                   kHeads, kKvHeads, kHeadDim, params, nullptr);
+                                             },
+                                             prefill_iters));
         const bool paged_sm90 = pages.page_size >= kMinSm90PageSize &&
                                 PrefillAttentionSm90Usable(kHeadDim, pq.get(), pages.k, pages.v);
         Print("prefill", batch, context,

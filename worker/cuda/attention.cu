@@ -319,8 +319,9 @@ absl::Status Launch(DType dtype, const void* q, const void* k_cache, const void*
 absl::Status CheckAttention(int num_heads, int num_kv_heads, int head_dim, int capacity,
                             int splits, const AttentionParams& params, const uint32_t* counters) {
   const int group = num_kv_heads > 0 ? num_heads / num_kv_heads : 0;
-  if (group < 1 || group * num_kv_heads != num_heads || group * head_dim > kMaxAttentionGroupWidth ||
-      head_dim % 2 != 0 || capacity % kKvSeqAlign != 0 || splits < 1) {
+  if (group < 1 || group * num_kv_heads != num_heads ||
+      group * head_dim > kMaxAttentionGroupWidth || head_dim % 2 != 0 ||
+      capacity % kKvSeqAlign != 0 || splits < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "attention: unsupported shape (heads ", num_heads, " a multiple of kv heads ", num_kv_heads,
         "; heads per kv head ", group, " x head_dim ", head_dim, " must be <= ",

@@ -52,9 +52,9 @@ absl::Status CheckKvPages(const KvPages& pages, int head_dim, const char* what);
 // As LaunchQkvRopeCache, writing k and v of row r at positions[r] through table row seqs[r].
 absl::Status LaunchQkvRopeCachePaged(DType dtype, const void* qkv, const void* bias, void* q_out,
                                      const KvPages& pages, const int32_t* positions,
-                                     const int32_t* seqs, int rows, int num_heads,
-                                     int num_kv_heads, int head_dim, const float* inv_freq,
-                                     cudaStream_t stream, bool pdl = false);
+                                     const int32_t* seqs, int rows, int num_heads, int num_kv_heads,
+                                     int head_dim, const float* inv_freq, cudaStream_t stream,
+                                     bool pdl = false);
 
 // As GemvQkvCache, with cache.k_cache, cache.v_cache and cache.seq_capacity unused: k and v go
 // through `pages`, row r's table row being cache.slots[r].
@@ -72,7 +72,8 @@ absl::Status LaunchAttentionPaged(DType dtype, const void* q, const KvPages& pag
 
 // As LaunchPrefillAttention (runs of rows of one sequence at consecutive positions are fast; any
 // rows are correct), through the table rows seqs[r]: the warpgroup-MMA kernel where the contiguous
-// launcher takes it and pages hold >= 8 positions (kMinSm90PageSize), the mma.sync kernel elsewhere.
+// launcher takes it and pages hold >= 8 positions (kMinSm90PageSize), the mma.sync kernel
+// elsewhere.
 absl::Status LaunchPrefillAttentionPaged(DType dtype, const void* q, const KvPages& pages,
                                          const int32_t* positions, const int32_t* seqs, void* out,
                                          int rows, int num_heads, int num_kv_heads, int head_dim,

@@ -67,8 +67,12 @@ struct PagedCopy {
 
   PagedCopy(int seqs_, int kv_heads_, int head_dim_, int capacity_, int page_size_,
             const std::vector<int>& lo, const std::vector<int>& hi, uint64_t seed)
-      : seqs(seqs_), kv_heads(kv_heads_), head_dim(head_dim_), capacity(capacity_),
-        page_size(page_size_), stride(capacity_ / page_size_) {
+      : seqs(seqs_),
+        kv_heads(kv_heads_),
+        head_dim(head_dim_),
+        capacity(capacity_),
+        page_size(page_size_),
+        stride(capacity_ / page_size_) {
     num_pages = 1 + seqs * stride + 3;  // the NaN page, every sequence's pages, spares
     std::vector<int32_t> ids(num_pages - 1);
     std::iota(ids.begin(), ids.end(), 1);
@@ -124,8 +128,11 @@ struct DeviceCaches {
   KvPages pages;
   DeviceCaches(const PagedCopy& pc, const std::vector<uint16_t>& k_host,
                const std::vector<uint16_t>& v_host, uint16_t nan)
-      : k(Upload(k_host)), v(Upload(v_host)), k_pool(Upload(pc.Scatter(k_host, nan))),
-        v_pool(Upload(pc.Scatter(v_host, nan))), table(Upload(pc.table)) {
+      : k(Upload(k_host)),
+        v(Upload(v_host)),
+        k_pool(Upload(pc.Scatter(k_host, nan))),
+        v_pool(Upload(pc.Scatter(v_host, nan))),
+        table(Upload(pc.table)) {
     pages.k = k_pool.get();
     pages.v = v_pool.get();
     pages.num_pages = pc.num_pages;
@@ -160,8 +167,8 @@ TEST_P(KvPagesTest, DecodeAttentionEqualsContiguousBitForBit) {
       const auto v = RandomHalves(t(), pc.ContiguousSize(), 3);
       DeviceCaches dc(pc, k, v, NanBits(t()));
       for (int splits : {1, 3}) {
-        SCOPED_TRACE(testing::Message() << "page size " << ps << ", window " << window << ", "
-                                        << splits << " splits");
+        SCOPED_TRACE(testing::Message()
+                     << "page size " << ps << ", window " << window << ", " << splits << " splits");
         DeviceBuffer part, counters, out[2];
         ASSERT_TRUE(
             part.Allocate(AttentionPartialFloats(rows, heads, hd, splits) * sizeof(float)).ok());
@@ -170,8 +177,8 @@ TEST_P(KvPagesTest, DecodeAttentionEqualsContiguousBitForBit) {
         for (DeviceBuffer& o : out) ASSERT_TRUE(o.Allocate(q.size() * 2).ok());
         const AttentionParams params{0.125f, window};
         ASSERT_TRUE(LaunchAttention(t(), dq.get(), dc.k.get(), dc.v.get(), dpos.as<int32_t>(),
-                                    dseq.as<int32_t>(), part.as<float>(), out[0].get(), rows,
-                                    heads, kv_heads, hd, cap, splits, params, nullptr,
+                                    dseq.as<int32_t>(), part.as<float>(), out[0].get(), rows, heads,
+                                    kv_heads, hd, cap, splits, params, nullptr,
                                     counters.as<uint32_t>())
                         .ok());
         ASSERT_TRUE(LaunchAttentionPaged(t(), dq.get(), dc.pages, dpos.as<int32_t>(),
@@ -212,8 +219,8 @@ TEST_P(KvPagesTest, PrefillAttentionEqualsContiguous) {
     DeviceBuffer dq = Upload(q);
     for (int ps : {4, 16, 64, 128}) {
       for (int window : {0, 50}) {
-        SCOPED_TRACE(testing::Message() << "head_dim " << hd << ", page size " << ps
-                                        << ", window " << window);
+        SCOPED_TRACE(testing::Message()
+                     << "head_dim " << hd << ", page size " << ps << ", window " << window);
         std::vector<int> lo(seqs, 0);
         for (const Run& r : runs) lo[r.seq] = window > 0 ? std::max(0, r.start - window + 1) : 0;
         const PagedCopy pc(seqs, kv_heads, hd, cap, ps, lo, last, 19 + ps);
@@ -352,11 +359,11 @@ TEST(KvPagesCopyTest, BlockCopyEqualsContiguousBitForBit) {
         ASSERT_TRUE(bk[i].Allocate(block_n * 2).ok());
         ASSERT_TRUE(bv[i].Allocate(block_n * 2).ok());
       }
-      ASSERT_TRUE(LaunchKvBlockCopy(dc.k.get(), dc.v.get(), s, bk[0].get(), bv[0].get(),
-                                    positions, kv_heads, hd, cap, /*to_block=*/true, nullptr)
+      ASSERT_TRUE(LaunchKvBlockCopy(dc.k.get(), dc.v.get(), s, bk[0].get(), bv[0].get(), positions,
+                                    kv_heads, hd, cap, /*to_block=*/true, nullptr)
                       .ok());
-      ASSERT_TRUE(LaunchKvBlockCopyPaged(dc.pages, s, bk[1].get(), bv[1].get(), positions,
-                                         kv_heads, hd, /*to_block=*/true, nullptr)
+      ASSERT_TRUE(LaunchKvBlockCopyPaged(dc.pages, s, bk[1].get(), bv[1].get(), positions, kv_heads,
+                                         hd, /*to_block=*/true, nullptr)
                       .ok());
       EXPECT_EQ(Download(bk[1], block_n), Download(bk[0], block_n));
       EXPECT_EQ(Download(bv[1], block_n), Download(bv[0], block_n));
@@ -404,15 +411,15 @@ TEST(KvPagesCheckTest, RejectsPagesTheKernelsCannotAddress) {
   KvPages bad = ok;
   bad.page_size = 48;
   const AttentionParams params{0.1f, 0};
-  const absl::Status attention = LaunchAttentionPaged(
-      DType::kF16, pool, bad, table, table, nullptr, pool, 1, 1, 1, 128, 1, params, nullptr,
-      nullptr);
+  const absl::Status attention =
+      LaunchAttentionPaged(DType::kF16, pool, bad, table, table, nullptr, pool, 1, 1, 1, 128, 1,
+                           params, nullptr, nullptr);
   EXPECT_NE(attention.message().find("page size 48"), std::string::npos) << attention;
-  EXPECT_FALSE(LaunchPrefillAttentionPaged(DType::kF16, pool, bad, table, table, pool, 1, 1, 1,
-                                           128, params, nullptr)
+  EXPECT_FALSE(LaunchPrefillAttentionPaged(DType::kF16, pool, bad, table, table, pool, 1, 1, 1, 128,
+                                           params, nullptr)
                    .ok());
-  EXPECT_FALSE(LaunchQkvRopeCachePaged(DType::kF16, pool, nullptr, pool, bad, table, table, 1, 1,
-                                       1, 128, nullptr, nullptr)
+  EXPECT_FALSE(LaunchQkvRopeCachePaged(DType::kF16, pool, nullptr, pool, bad, table, table, 1, 1, 1,
+                                       128, nullptr, nullptr)
                    .ok());
   EXPECT_FALSE(
       LaunchKvBlockCopyPaged(bad, 0, pool, pool, 1, 1, 128, /*to_block=*/true, nullptr).ok());
