@@ -1,13 +1,19 @@
 // Causal attention over the KV-cache, for prefill and decode alike: each row (one query token)
 // attends to keys [0, position] of its slot. Grouped-query heads share one block per kv head, and
 // the keys are split over `splits` blocks (flash-decoding), whose partial softmax states the last
-// block of each (row, kv head) combines. Cache layout (slots, kv_heads, seq_capacity, head_dim): a head's keys are one
-// contiguous run, loaded with 16-byte loads into shared memory a tile at a time.
+// block of each (row, kv head) combines. Cache layout (slots, kv_heads, seq_capacity, head_dim): a
+// head's keys are one contiguous run, loaded with 16-byte loads into shared memory a tile at a
+// time. The paged cache (kv_pages.h) takes the same kernel with each 16-byte load's key found
+// through the block table (kv_view.cuh).
 #include <cfloat>
 
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/device_util.cuh"
 #include "worker/cuda/kernels.h"
+#include "worker/cuda/kv_pages.h"
+#include "worker/cuda/kv_view.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -81,14 +87,14 @@ __device__ void FinishSplits(const float* part_acc, const float2* part_ml, T* ou
 // otherwise every block publishes its partials, counts itself in counters[r * num_kv_heads + kvh]
 // (zero on entry; the last block resets it), and the last block of a (row, kv head) combines the
 // splits into `out`.
-template <typename T, int kLoadBatch>
+template <typename T, int kLoadBatch, typename Kv>
 __global__ void __launch_bounds__(kThreads)
     AttentionPartialKernel(const T* __restrict__ q, const T* __restrict__ k_cache,
                            const T* __restrict__ v_cache, const int32_t* __restrict__ positions,
                            const int32_t* __restrict__ slots, float* __restrict__ part_acc,
                            float2* __restrict__ part_ml, T* __restrict__ out,
                            uint32_t* __restrict__ counters, int num_heads, int num_kv_heads,
-                           int head_dim, int seq_capacity, float scale, int window) {
+                           int head_dim, Kv kv, float scale, int window) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   AllowDependentLaunch();  // the out-projection may start prefetching its weights
   const int kvh = blockIdx.x, r = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
@@ -128,10 +134,25 @@ __global__ void __launch_bounds__(kThreads)
     m_s[g] = -INFINITY;
     l_s[g] = 0.0f;
   }
-  const size_t head_base =
-      (static_cast<size_t>(slots[r]) * num_kv_heads + kvh) * seq_capacity * head_dim;
+  const int seq = slots[r];
+  const size_t head_base = Kv::kPaged ? 0 : kv.Offset(seq, kvh, 0);
   const T* kh = k_cache + head_base;
   const T* vh = v_cache + head_base;
+  // The 16-byte vectors vi of a tile's K and V: one contiguous run from the slot's head; in pages,
+  // the vector's key (head_dim % 8 == 0: a vector is part of one key) found through the table,
+  // keys before the window (masked below) read as the window's first so that pages out of the
+  // window need not be in the table.
+  auto load_kv = [&](int t0, int vi, Vec8<T>& kv8, Vec8<T>& vv8) {
+    if constexpr (Kv::kPaged) {
+      const int flat = vi * 8, row = flat / head_dim;
+      const size_t at = kv.Offset(seq, kvh, max(t0 + row, lo)) + (flat - row * head_dim);
+      kv8 = *reinterpret_cast<const Vec8<T>*>(k_cache + at);
+      vv8 = *reinterpret_cast<const Vec8<T>*>(v_cache + at);
+    } else {
+      kv8 = reinterpret_cast<const Vec8<T>*>(kh + static_cast<size_t>(t0) * head_dim)[vi];
+      vv8 = reinterpret_cast<const Vec8<T>*>(vh + static_cast<size_t>(t0) * head_dim)[vi];
+    }
+  };
 
   float acc[kMaxOut];
 #pragma unroll
@@ -143,8 +164,6 @@ __global__ void __launch_bounds__(kThreads)
     // K and V tiles: n * head_dim contiguous elements each, 8 per 16-byte load (t0 * head_dim is
     // a multiple of 8 because t0 is a multiple of kTile).
     const int total = n * head_dim, nvec = total / 8;
-    const Vec8<T>* ksrc = reinterpret_cast<const Vec8<T>*>(kh + static_cast<size_t>(t0) * head_dim);
-    const Vec8<T>* vsrc = reinterpret_cast<const Vec8<T>*>(vh + static_cast<size_t>(t0) * head_dim);
     if constexpr (kLoadBatch > 1) {
       // kLoadBatch loads of each in flight per thread before any is stored, so that a tile costs
       // one memory latency, not one per load.
@@ -153,10 +172,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int b = 0; b < kLoadBatch; ++b) {
           const int vi = v0 + b * kThreads;
-          if (vi < nvec) {
-            kv[b] = ksrc[vi];
-            vv[b] = vsrc[vi];
-          }
+          if (vi < nvec) load_kv(t0, vi, kv[b], vv[b]);
         }
 #pragma unroll
         for (int b = 0; b < kLoadBatch; ++b) {
@@ -173,16 +189,18 @@ __global__ void __launch_bounds__(kThreads)
       }
     } else {
       for (int vi = threadIdx.x; vi < nvec; vi += blockDim.x) {
-        const Vec8<T> kv = ksrc[vi], vv = vsrc[vi];
+        Vec8<T> k8, v8;
+        load_kv(t0, vi, k8, v8);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const int flat = vi * 8 + e, row = flat / head_dim, col = flat % head_dim;
-          k_s[row * stride + col] = kv.v[e];
-          v_s[row * stride + col] = vv.v[e];
+          k_s[row * stride + col] = k8.v[e];
+          v_s[row * stride + col] = v8.v[e];
         }
       }
     }
-    for (int flat = nvec * 8 + threadIdx.x; flat < total; flat += blockDim.x) {
+    // Only where head_dim % 8 != 0, which pages do not take.
+    for (int flat = nvec * 8 + threadIdx.x; !Kv::kPaged && flat < total; flat += blockDim.x) {
       const int row = flat / head_dim, col = flat % head_dim;
       k_s[row * stride + col] = kh[static_cast<size_t>(t0) * head_dim + flat];
       v_s[row * stride + col] = vh[static_cast<size_t>(t0) * head_dim + flat];
@@ -265,19 +283,50 @@ size_t AttentionPartialFloats(int rows, int num_heads, int head_dim, int splits)
   return static_cast<size_t>(rows) * splits * num_heads * (head_dim + 2);
 }
 
-absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache, const void* v_cache,
-                             const int32_t* positions, const int32_t* slots, float* partials,
-                             void* out, int rows, int num_heads, int num_kv_heads, int head_dim,
-                             int seq_capacity, int splits, const AttentionParams& params,
-                             cudaStream_t stream, uint32_t* counters, bool pdl) {
-  if (rows == 0) return absl::OkStatus();
+namespace {
+
+template <typename Kv>
+absl::Status Launch(DType dtype, const void* q, const void* k_cache, const void* v_cache,
+                    const int32_t* positions, const int32_t* slots, float* partials, void* out,
+                    int rows, int num_heads, int num_kv_heads, int head_dim, Kv kv, int splits,
+                    const AttentionParams& params, cudaStream_t stream, uint32_t* counters,
+                    bool pdl) {
+  float* part_acc = partials;
+  float2* part_ml = reinterpret_cast<float2*>(
+      partials + PartialAccFloats(rows, num_heads, head_dim, splits));
   const int group = num_heads / num_kv_heads;
-  if (group * head_dim > kMaxAttentionGroupWidth || head_dim % 2 != 0 ||
-      seq_capacity % kKvSeqAlign != 0 || splits < 1) {
+  const size_t smem = (group * head_dim + group * kTile + 3 * group + 4) * sizeof(float) +
+                      2 * kTile * TileStride(head_dim) * 2;
+  dim3 grid(num_kv_heads, rows, splits);
+  TANDEM_DISPATCH_HALF(dtype, {
+    auto* kernel = rows <= kMaxRowsForLoadBatch ? AttentionPartialKernel<T, kLoadBatchFew, Kv>
+                                                : AttentionPartialKernel<T, 1, Kv>;
+    if (smem > 48 * 1024) {
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem)));
+    }
+    CUDA_CHECK(LaunchKernel(kernel, grid, dim3(kThreads), smem, stream, pdl,
+                            static_cast<const T*>(q), static_cast<const T*>(k_cache),
+                            static_cast<const T*>(v_cache), positions, slots, part_acc, part_ml,
+                            static_cast<T*>(out), counters, num_heads, num_kv_heads, head_dim, kv,
+                            params.scale, params.window));
+  });
+  CUDA_CHECK_LAUNCH();
+  return absl::OkStatus();
+}
+
+// The checks both layouts share; `capacity` is the slot's capacity, or 0 for pages.
+absl::Status CheckAttention(int num_heads, int num_kv_heads, int head_dim, int capacity,
+                            int splits, const AttentionParams& params, const uint32_t* counters) {
+  const int group = num_kv_heads > 0 ? num_heads / num_kv_heads : 0;
+  if (group < 1 || group * num_kv_heads != num_heads ||
+      group * head_dim > kMaxAttentionGroupWidth || head_dim % 2 != 0 ||
+      capacity % kKvSeqAlign != 0 || splits < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "attention: unsupported shape (heads per kv head ", group, " x head_dim ", head_dim,
-        " must be <= ", kMaxAttentionGroupWidth, ", head_dim even, seq capacity ", seq_capacity,
-        " a multiple of ", kKvSeqAlign, ", splits ", splits, " >= 1)"));
+        "attention: unsupported shape (heads ", num_heads, " a multiple of kv heads ", num_kv_heads,
+        "; heads per kv head ", group, " x head_dim ", head_dim, " must be <= ",
+        kMaxAttentionGroupWidth, ", head_dim even, seq capacity ", capacity, " a multiple of ",
+        kKvSeqAlign, ", splits ", splits, " >= 1)"));
   }
   if (params.window < 0 || !(params.scale > 0.0f)) {
     return absl::InvalidArgumentError(absl::StrCat("attention: window ", params.window,
@@ -289,27 +338,36 @@ absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache, co
         "attention: counters is null; pass rows * num_kv_heads zeroed uint32 counters (the "
         "kernel leaves them zero for the next launch)");
   }
-  float* part_acc = partials;
-  float2* part_ml = reinterpret_cast<float2*>(
-      partials + PartialAccFloats(rows, num_heads, head_dim, splits));
-  const size_t smem = (group * head_dim + group * kTile + 3 * group + 4) * sizeof(float) +
-                      2 * kTile * TileStride(head_dim) * 2;
-  dim3 grid(num_kv_heads, rows, splits);
-  TANDEM_DISPATCH_HALF(dtype, {
-    auto* kernel = rows <= kMaxRowsForLoadBatch ? AttentionPartialKernel<T, kLoadBatchFew>
-                                                : AttentionPartialKernel<T, 1>;
-    if (smem > 48 * 1024) {
-      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(smem)));
-    }
-    CUDA_CHECK(LaunchKernel(kernel, grid, dim3(kThreads), smem, stream, pdl,
-                            static_cast<const T*>(q), static_cast<const T*>(k_cache),
-                            static_cast<const T*>(v_cache), positions, slots, part_acc, part_ml,
-                            static_cast<T*>(out), counters, num_heads, num_kv_heads, head_dim,
-                            seq_capacity, params.scale, params.window));
-  });
-  CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache, const void* v_cache,
+                             const int32_t* positions, const int32_t* slots, float* partials,
+                             void* out, int rows, int num_heads, int num_kv_heads, int head_dim,
+                             int seq_capacity, int splits, const AttentionParams& params,
+                             cudaStream_t stream, uint32_t* counters, bool pdl) {
+  if (rows == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckAttention(num_heads, num_kv_heads, head_dim, seq_capacity, splits, params,
+                                 counters));
+  return Launch(dtype, q, k_cache, v_cache, positions, slots, partials, out, rows, num_heads,
+                num_kv_heads, head_dim, SlotKv{num_kv_heads, seq_capacity, head_dim}, splits,
+                params, stream, counters, pdl);
+}
+
+absl::Status LaunchAttentionPaged(DType dtype, const void* q, const KvPages& pages,
+                                  const int32_t* positions, const int32_t* seqs, float* partials,
+                                  void* out, int rows, int num_heads, int num_kv_heads,
+                                  int head_dim, int splits, const AttentionParams& params,
+                                  cudaStream_t stream, uint32_t* counters, bool pdl) {
+  if (rows == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckKvPages(pages, head_dim, "paged attention"));
+  RETURN_IF_ERROR(
+      CheckAttention(num_heads, num_kv_heads, head_dim, 0, splits, params, counters));
+  return Launch(dtype, q, pages.k, pages.v, positions, seqs, partials, out, rows, num_heads,
+                num_kv_heads, head_dim, ToPagedKv(pages, num_kv_heads, head_dim), splits, params,
+                stream, counters, pdl);
 }
 
 }  // namespace tandem::cuda

@@ -11,6 +11,8 @@
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/device_util.cuh"
 #include "worker/cuda/kernels.h"
+#include "worker/cuda/kv_pages.h"
+#include "worker/cuda/kv_view.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -64,6 +66,8 @@ struct GemvParams {
   int units;  // groups of R weight rows, one per `split` warps
   int split;  // warps that divide one unit's K between them (1, 2 or 4)
   QkvCacheArgs cache;  // kQkvCache only
+  // kQkvCache into a paged cache (kv_pages.h) when table is set: cache.slots are table rows.
+  PagedKv pages;
 };
 
 // Rows of w that unit `unit` reads: R consecutive rows; for SwiGLU the gate row j and the up row
@@ -218,7 +222,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
         const bool is_k = head < c.num_heads + c.num_kv_heads;
         const int kv_head = head - c.num_heads - (is_k ? 0 : c.num_kv_heads);
         out = static_cast<T*>(is_k ? c.k_cache : c.v_cache) +
-              KvCacheOffset(slot, kv_head, pos, c.num_kv_heads, c.seq_capacity, c.head_dim);
+              (p.pages.table != nullptr
+                   ? p.pages.Offset(slot, kv_head, pos)
+                   : KvCacheOffset(slot, kv_head, pos, c.num_kv_heads, c.seq_capacity, c.head_dim));
       }
       if (c.inv_freq != nullptr && head < c.num_heads + c.num_kv_heads) {
         RotateHalfPair<T>(x1, x2, pos, c.inv_freq[i]);
@@ -428,9 +434,12 @@ absl::Status Gemv(DType dtype, GemvEpilogue epilogue, const void* x, const void*
   return absl::OkStatus();
 }
 
-absl::Status GemvQkvCache(DType dtype, const void* x, const void* w, const void* bias,
-                          const QkvCacheArgs& cache, int rows, int in, cudaStream_t stream,
-                          GemvTuning tuning) {
+namespace {
+
+// GemvQkvCache into the contiguous cache (pages.table null) or into pages.
+absl::Status QkvCache(DType dtype, const void* x, const void* w, const void* bias,
+                      const QkvCacheArgs& cache, const PagedKv& pages, int rows, int in,
+                      cudaStream_t stream, GemvTuning tuning) {
   if (cache.head_dim < 2 || cache.head_dim % 2 != 0 || cache.num_heads < 1 ||
       cache.num_kv_heads < 1 || cache.seq_capacity < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -449,11 +458,32 @@ absl::Status GemvQkvCache(DType dtype, const void* x, const void* w, const void*
   ASSIGN_OR_RETURN(const GemvTuning t, ResolveTuning(tuning, rows, out / 2, in));
   GemvParams p = ProductParams(x, w, bias, nullptr, out, in, t.k_split);
   p.cache = cache;
+  p.pages = pages;
   TANDEM_DISPATCH_HALF(dtype, {
     CUDA_CHECK((LaunchEpilogue<T>(GemvEpilogue::kQkvCache, rows, 2, p, stream, true)));
   });
   CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status GemvQkvCache(DType dtype, const void* x, const void* w, const void* bias,
+                          const QkvCacheArgs& cache, int rows, int in, cudaStream_t stream,
+                          GemvTuning tuning) {
+  return QkvCache(dtype, x, w, bias, cache, PagedKv{}, rows, in, stream, tuning);
+}
+
+absl::Status GemvQkvCachePaged(DType dtype, const void* x, const void* w, const void* bias,
+                               const QkvCacheArgs& cache, const KvPages& pages, int rows, int in,
+                               cudaStream_t stream, GemvTuning tuning) {
+  RETURN_IF_ERROR(CheckKvPages(pages, cache.head_dim, "QKV-into-pages GEMV"));
+  QkvCacheArgs c = cache;
+  c.k_cache = pages.k;
+  c.v_cache = pages.v;
+  c.seq_capacity = pages.page_size;  // unused: positions go through the table
+  return QkvCache(dtype, x, w, bias, c, ToPagedKv(pages, cache.num_kv_heads, cache.head_dim), rows,
+                  in, stream, tuning);
 }
 
 }  // namespace tandem::cuda

@@ -11,7 +11,9 @@
 // slot and consecutive positions is a segment (one sequence's chunk); a block whose 128 rows span
 // several segments runs its key loop once per segment, each time writing only that segment's rows.
 // head_dim is padded to a multiple of 16 in shared memory with zeros. Hopper with head_dim 64 and
-// 128 takes prefill_attention_sm90.cu instead (warpgroup MMA and TMA).
+// 128 takes prefill_attention_sm90.cu instead (warpgroup MMA and TMA), for the paged cache too with
+// pages of 8 positions or more. Elsewhere the paged cache (kv_pages.h) takes this kernel, each key
+// row's address found through the block table (kv_view.cuh).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -20,8 +22,11 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/device_util.cuh"
+#include "worker/cuda/kv_pages.h"
+#include "worker/cuda/kv_view.cuh"
 #include "worker/cuda/prefill_attention.h"
 #include "worker/cuda/prefill_attention_sm90.h"
 
@@ -131,14 +136,35 @@ __device__ __forceinline__ void LoadRows(T* dst, const T* src, size_t src_stride
   }
 }
 
-// grid (num_heads, ceil(rows / kRows)); kD: padded head_dim; kVec: bytes per cp.async.
-template <typename T, int kD, int kVec>
+// LoadRows from the paged cache (kv_pages.h): key row `row` of the tile at t0 is position t0 + row
+// of table row `seq`, clamped to [lo, hi] (the keys the segment sees), so that the rows the mask
+// hides read a page the table holds rather than one past its end or before the window.
+template <typename T, int kStride, int kVec, int kN, typename Kv>
+__device__ __forceinline__ void LoadPagedRows(T* dst, const T* pool, const Kv& kv, int seq, int kvh,
+                                              int t0, int lo, int hi, const RowWalk& w) {
+  constexpr int kElems = kVec / 2;
+  int row = w.row0, c = w.c0;
+  while (row < kN) {
+    const int pos = min(max(t0 + row, lo), hi);
+    CpAsync<kVec>(dst + row * kStride + c * kElems, pool + kv.Offset(seq, kvh, pos) + c * kElems);
+    row += w.drow;
+    c += w.dc;
+    if (c >= w.per_row) {
+      c -= w.per_row;
+      ++row;
+    }
+  }
+}
+
+// grid (num_heads, ceil(rows / kRows)); kD: padded head_dim; kVec: bytes per cp.async; Kv: the
+// cache layout (kv_view.cuh), slots being table rows for pages.
+template <typename T, int kD, int kVec, typename Kv>
 __global__ void __launch_bounds__(kThreads)
     PrefillAttentionKernel(const T* __restrict__ q, const T* __restrict__ k_cache,
                            const T* __restrict__ v_cache, const int32_t* __restrict__ positions,
                            const int32_t* __restrict__ slots, T* __restrict__ out, int rows,
-                           int num_heads, int num_kv_heads, int head_dim, int seq_capacity,
-                           float scale, int window) {
+                           int num_heads, int num_kv_heads, int head_dim, Kv kv, float scale,
+                           int window) {
   constexpr int kStride = kD + 8;  // 16-byte row padding: ldmatrix rows fall in distinct banks
   constexpr int kTileElems = kKeys * kStride;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -243,14 +269,20 @@ __global__ void __launch_bounds__(kThreads)
       l[mt][0] = l[mt][1] = 0.0f;
     }
 
-    const size_t head_base =
-        (static_cast<size_t>(slot) * num_kv_heads + kvh) * seq_capacity * head_dim;
+    const size_t head_base = Kv::kPaged ? 0 : kv.Offset(slot, kvh, 0);
     auto load_tile = [&](int it) {
       const int t0 = tile_lo + it * kKeys;
       T* ks = kv_s + (it & 1) * 2 * kTileElems;
-      const size_t off = head_base + static_cast<size_t>(t0) * head_dim;
-      LoadRows<T, kStride, kVec, kKeys>(ks, k_cache + off, head_dim, kKeys, walk);
-      LoadRows<T, kStride, kVec, kKeys>(ks + kTileElems, v_cache + off, head_dim, kKeys, walk);
+      if constexpr (Kv::kPaged) {
+        LoadPagedRows<T, kStride, kVec, kKeys>(ks, k_cache, kv, slot, kvh, t0, key_lo, last_pos,
+                                               walk);
+        LoadPagedRows<T, kStride, kVec, kKeys>(ks + kTileElems, v_cache, kv, slot, kvh, t0, key_lo,
+                                               last_pos, walk);
+      } else {
+        const size_t off = head_base + static_cast<size_t>(t0) * head_dim;
+        LoadRows<T, kStride, kVec, kKeys>(ks, k_cache + off, head_dim, kKeys, walk);
+        LoadRows<T, kStride, kVec, kKeys>(ks + kTileElems, v_cache + off, head_dim, kKeys, walk);
+      }
       CpAsyncCommit();
     };
     load_tile(0);
@@ -401,22 +433,74 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T, int kD, int kVec>
+template <typename T, int kD, int kVec, typename Kv>
 absl::Status Launch(const void* q, const void* k_cache, const void* v_cache,
                     const int32_t* positions, const int32_t* slots, void* out, int rows,
-                    int num_heads, int num_kv_heads, int head_dim, int seq_capacity,
+                    int num_heads, int num_kv_heads, int head_dim, Kv kv,
                     const AttentionParams& params, cudaStream_t stream, bool pdl) {
   constexpr size_t kSmem = (kRows + 4 * kKeys) * (kD + 8) * sizeof(T);  // Q, and K and V twice
-  auto* kernel = PrefillAttentionKernel<T, kD, kVec>;
+  auto* kernel = PrefillAttentionKernel<T, kD, kVec, Kv>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kSmem)));
   const dim3 grid(num_heads, (rows + kRows - 1) / kRows);
   CUDA_CHECK(LaunchKernel(kernel, grid, dim3(kThreads), kSmem, stream, pdl,
                           static_cast<const T*>(q), static_cast<const T*>(k_cache),
                           static_cast<const T*>(v_cache), positions, slots, static_cast<T*>(out),
-                          rows, num_heads, num_kv_heads, head_dim, seq_capacity, params.scale,
+                          rows, num_heads, num_kv_heads, head_dim, kv, params.scale,
                           params.window));
   CUDA_CHECK_LAUNCH();
+  return absl::OkStatus();
+}
+
+// The mma.sync kernel compiled for head_dim's padded size.
+template <typename Kv>
+absl::Status LaunchMmaSync(DType dtype, const void* q, const void* k_cache, const void* v_cache,
+                           const int32_t* positions, const int32_t* slots, void* out, int rows,
+                           int num_heads, int num_kv_heads, int head_dim, Kv kv,
+                           const AttentionParams& params, cudaStream_t stream, bool pdl) {
+  const int d = PaddedDim(head_dim);
+  TANDEM_DISPATCH_HALF(dtype, {
+    switch (d) {
+      case 64:
+        return Launch<T, 64, 16>(q, k_cache, v_cache, positions, slots, out, rows, num_heads,
+                                 num_kv_heads, head_dim, kv, params, stream, pdl);
+      case 80:
+        return Launch<T, 80, 16>(q, k_cache, v_cache, positions, slots, out, rows, num_heads,
+                                 num_kv_heads, head_dim, kv, params, stream, pdl);
+      case 96:
+        return Launch<T, 96, 16>(q, k_cache, v_cache, positions, slots, out, rows, num_heads,
+                                 num_kv_heads, head_dim, kv, params, stream, pdl);
+      case 112:
+        if (head_dim % 8 == 0) {
+          return Launch<T, 112, 16>(q, k_cache, v_cache, positions, slots, out, rows, num_heads,
+                                    num_kv_heads, head_dim, kv, params, stream, pdl);
+        }
+        return Launch<T, 112, 8>(q, k_cache, v_cache, positions, slots, out, rows, num_heads,
+                                 num_kv_heads, head_dim, kv, params, stream, pdl);
+      default:
+        return Launch<T, 128, 16>(q, k_cache, v_cache, positions, slots, out, rows, num_heads,
+                                  num_kv_heads, head_dim, kv, params, stream, pdl);
+    }
+  });
+  return absl::OkStatus();
+}
+
+// The checks both layouts share; `capacity` is the slot's capacity, or 0 for pages.
+absl::Status CheckPrefill(int num_heads, int num_kv_heads, int head_dim, int capacity,
+                          const AttentionParams& params) {
+  if (!PrefillAttentionSupported(head_dim) || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 ||
+      capacity % kKeys != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill attention: unsupported shape (head_dim ", head_dim,
+                     " must be a multiple of 8 up to 128, or 100 or 108; heads ", num_heads,
+                     " a multiple of kv heads ", num_kv_heads, "; seq capacity ", capacity,
+                     " a multiple of ", kKeys, ")"));
+  }
+  if (params.window < 0 || !(params.scale > 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill attention: window ", params.window,
+                                                   " must be >= 0 and scale ", params.scale,
+                                                   " positive"));
+  }
   return absl::OkStatus();
 }
 
@@ -433,49 +517,33 @@ absl::Status LaunchPrefillAttention(DType dtype, const void* q, const void* k_ca
                                     int num_kv_heads, int head_dim, int seq_capacity,
                                     const AttentionParams& params, cudaStream_t stream, bool pdl) {
   if (rows == 0) return absl::OkStatus();
-  if (!PrefillAttentionSupported(head_dim) || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 ||
-      seq_capacity % kKeys != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prefill attention: unsupported shape (head_dim ", head_dim,
-                     " must be a multiple of 8 up to 128, or 100 or 108; heads ", num_heads,
-                     " a multiple of kv heads ", num_kv_heads, "; seq capacity ", seq_capacity,
-                     " a multiple of ", kKeys, ")"));
-  }
-  if (params.window < 0 || !(params.scale > 0.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat("prefill attention: window ", params.window,
-                                                   " must be >= 0 and scale ", params.scale,
-                                                   " positive"));
-  }
+  RETURN_IF_ERROR(CheckPrefill(num_heads, num_kv_heads, head_dim, seq_capacity, params));
   if (PrefillAttentionSm90Usable(head_dim, q, k_cache, v_cache)) {
     return LaunchPrefillAttentionSm90(dtype, q, k_cache, v_cache, positions, slots, out, rows,
                                       num_heads, num_kv_heads, head_dim, seq_capacity, params,
                                       stream, pdl);
   }
-  const int d = PaddedDim(head_dim);
-  TANDEM_DISPATCH_HALF(dtype, {
-    switch (d) {
-      case 64:
-        return Launch<T, 64, 16>(q, k_cache, v_cache, positions, slots, out, rows, num_heads,
-                                 num_kv_heads, head_dim, seq_capacity, params, stream, pdl);
-      case 80:
-        return Launch<T, 80, 16>(q, k_cache, v_cache, positions, slots, out, rows, num_heads,
-                                 num_kv_heads, head_dim, seq_capacity, params, stream, pdl);
-      case 96:
-        return Launch<T, 96, 16>(q, k_cache, v_cache, positions, slots, out, rows, num_heads,
-                                 num_kv_heads, head_dim, seq_capacity, params, stream, pdl);
-      case 112:
-        if (head_dim % 8 == 0) {
-          return Launch<T, 112, 16>(q, k_cache, v_cache, positions, slots, out, rows, num_heads,
-                                    num_kv_heads, head_dim, seq_capacity, params, stream, pdl);
-        }
-        return Launch<T, 112, 8>(q, k_cache, v_cache, positions, slots, out, rows, num_heads,
-                                 num_kv_heads, head_dim, seq_capacity, params, stream, pdl);
-      default:
-        return Launch<T, 128, 16>(q, k_cache, v_cache, positions, slots, out, rows, num_heads,
-                                  num_kv_heads, head_dim, seq_capacity, params, stream, pdl);
-    }
-  });
-  return absl::OkStatus();
+  return LaunchMmaSync(dtype, q, k_cache, v_cache, positions, slots, out, rows, num_heads,
+                       num_kv_heads, head_dim, SlotKv{num_kv_heads, seq_capacity, head_dim},
+                       params, stream, pdl);
+}
+
+absl::Status LaunchPrefillAttentionPaged(DType dtype, const void* q, const KvPages& pages,
+                                         const int32_t* positions, const int32_t* seqs, void* out,
+                                         int rows, int num_heads, int num_kv_heads, int head_dim,
+                                         const AttentionParams& params, cudaStream_t stream,
+                                         bool pdl) {
+  if (rows == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckKvPages(pages, head_dim, "paged prefill attention"));
+  RETURN_IF_ERROR(CheckPrefill(num_heads, num_kv_heads, head_dim, 0, params));
+  if (pages.page_size >= kMinSm90PageSize &&
+      PrefillAttentionSm90Usable(head_dim, q, pages.k, pages.v)) {
+    return LaunchPrefillAttentionSm90Paged(dtype, q, pages, positions, seqs, out, rows, num_heads,
+                                           num_kv_heads, head_dim, params, stream, pdl);
+  }
+  return LaunchMmaSync(dtype, q, pages.k, pages.v, positions, seqs, out, rows, num_heads,
+                       num_kv_heads, head_dim, ToPagedKv(pages, num_kv_heads, head_dim), params,
+                       stream, pdl);
 }
 
 }  // namespace tandem::cuda

@@ -16,12 +16,17 @@
 // products. Segments (runs of one slot at consecutive positions) are walked by every role in the
 // same order, so that the ring's stages and phases agree.
 //
+// The paged cache (kv_pages.h) takes the same kernel: only the producer differs, loading each tile
+// as 128 / page_size boxes of one page each (pages of 8 positions or more, so that every box starts
+// on a 1024-byte swizzle atom and the tile's layout in shared memory is the contiguous one's).
+//
 // Compiled for sm_90a only (wgmma and setmaxnreg need the architecture-specific target);
 // LaunchPrefillAttention calls it where the device is of compute capability 9.0.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -204,6 +209,7 @@ struct Segment {
   int slot;
   int tile_lo;  // first key of the first tile
   int n_tiles;
+  int key_lo, key_hi;  // the keys some row of the segment sees
 };
 
 __device__ __forceinline__ Segment NextSegment(int row0, int n_rows, const int* pos_s,
@@ -218,6 +224,8 @@ __device__ __forceinline__ Segment NextSegment(int row0, int n_rows, const int* 
   const int key_lo = window > 0 ? max(0, first_pos - window + 1) : 0;
   s.tile_lo = key_lo / kKeys * kKeys;
   s.n_tiles = (last_pos - s.tile_lo) / kKeys + 1;
+  s.key_lo = key_lo;
+  s.key_hi = last_pos;
   return s;
 }
 
@@ -228,12 +236,38 @@ struct Ring {
   __device__ uint32_t parity() const { return (n / kStages) & 1; }
 };
 
+// Where the paged cache's tiles come from: table null for the contiguous cache.
+struct PageTable {
+  const int32_t* table;  // (sequences, stride) page ids; a segment's slot is its table row
+  int stride;
+  int page_shift;  // page size 1 << page_shift, >= 8
+};
+
+// One K or V tile half from pages: boxes of min(page size, kKeys) keys, each from the page of its
+// first key, a key outside [key_lo, key_hi] (masked by the consumers) taken from the page of the
+// nearest visible key so that only the table entries of visible keys are read.
+__device__ __forceinline__ void LoadPagedHalf(uint32_t dst, const CUtensorMap* map, int half,
+                                              int t0, const Segment& seg, int kvh,
+                                              int num_kv_heads, const PageTable& pt,
+                                              uint32_t bar) {
+  const int page_size = 1 << pt.page_shift;
+  const int box = min(page_size, kKeys);
+  const int32_t* row = pt.table + static_cast<size_t>(seg.slot) * pt.stride;
+  for (int j = 0; j < kKeys; j += box) {
+    const int key = min(max(t0 + j, seg.key_lo), seg.key_hi);
+    const int page = __ldg(row + (key >> pt.page_shift));
+    TmaLoad3d(dst + j * kHalfCols * 2, map, half * kHalfCols, (t0 + j) & (page_size - 1),
+              page * num_kv_heads + kvh, bar);
+  }
+}
+
 // The producer's one thread: Q once, then every segment's K and V tiles, in 64-column halves.
 template <int kD>
 __device__ void Produce(const CUtensorMap* q_map, const CUtensorMap* k_map,
                         const CUtensorMap* v_map, uint32_t smem, uint32_t q_full, Ring ring,
                         int row0, int n_rows, int h, int kvh, int num_kv_heads, const int* pos_s,
-                        const int* slot_s, const uint32_t* starts, int window) {
+                        const int* slot_s, const uint32_t* starts, int window,
+                        const PageTable& pt) {
   constexpr int kHalves = kD / kHalfCols;
   BarrierExpectBytes(q_full, kHalves * kHalfBytes);
   for (int half = 0; half < kHalves; ++half) {
@@ -249,11 +283,23 @@ __device__ void Produce(const CUtensorMap* q_map, const CUtensorMap* k_map,
       const int t0 = seg.tile_lo + it * kKeys;
       BarrierExpectBytes(ring.k_full + 8 * st, kHalves * kHalfBytes);
       for (int half = 0; half < kHalves; ++half) {
-        TmaLoad3d(k_s + half * kHalfBytes, k_map, half * kHalfCols, t0, head, ring.k_full + 8 * st);
+        if (pt.table != nullptr) {
+          LoadPagedHalf(k_s + half * kHalfBytes, k_map, half, t0, seg, kvh, num_kv_heads, pt,
+                        ring.k_full + 8 * st);
+        } else {
+          TmaLoad3d(k_s + half * kHalfBytes, k_map, half * kHalfCols, t0, head,
+                    ring.k_full + 8 * st);
+        }
       }
       BarrierExpectBytes(ring.v_full + 8 * st, kHalves * kHalfBytes);
       for (int half = 0; half < kHalves; ++half) {
-        TmaLoad3d(v_s + half * kHalfBytes, v_map, half * kHalfCols, t0, head, ring.v_full + 8 * st);
+        if (pt.table != nullptr) {
+          LoadPagedHalf(v_s + half * kHalfBytes, v_map, half, t0, seg, kvh, num_kv_heads, pt,
+                        ring.v_full + 8 * st);
+        } else {
+          TmaLoad3d(v_s + half * kHalfBytes, v_map, half * kHalfCols, t0, head,
+                    ring.v_full + 8 * st);
+        }
       }
     }
     r = seg.row1;
@@ -550,7 +596,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                                const __grid_constant__ CUtensorMap v_map,
                                const int32_t* __restrict__ positions,
                                const int32_t* __restrict__ slots, T* __restrict__ out, int rows,
-                               int num_heads, int num_kv_heads, float scale, int window) {
+                               int num_heads, int num_kv_heads, float scale, int window,
+                               PageTable pages) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Static shared memory stays at 1 KB: with the dynamic part aligned to 1 KB after it, more
@@ -595,7 +642,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     if (threadIdx.x == kConsumerWarps * 32) {
       Produce<kD>(&q_map, &k_map, &v_map, smem, q_full, ring, row0, n_rows, h, kvh, num_kv_heads,
-                  pos_s, slot_s, starts, window);
+                  pos_s, slot_s, starts, window, pages);
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
@@ -628,10 +675,12 @@ EncodeTiledFn EncodeTiled() {
 }
 
 // A tensor map of `rank` dimensions (innermost first; strides in bytes of dimensions 1 on) read in
-// boxes of 64 columns x 128 rows (x 1) with the 128-byte swizzle; rows past a dimension read as 0.
+// boxes of 64 columns x box_rows rows (x 1) with the 128-byte swizzle; rows past a dimension read
+// as 0.
 absl::Status MakeMap(CUtensorMap* map, DType dtype, const void* base, int rank,
-                     const cuuint64_t* dims, const cuuint64_t* strides, const char* what) {
-  const cuuint32_t box[3] = {kHalfCols, 128, 1}, unit[3] = {1, 1, 1};
+                     const cuuint64_t* dims, const cuuint64_t* strides, const char* what,
+                     cuuint32_t box_rows = 128) {
+  const cuuint32_t box[3] = {kHalfCols, box_rows, 1}, unit[3] = {1, 1, 1};
   const CUresult r = EncodeTiled()(
       map,
       dtype == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
@@ -645,30 +694,50 @@ absl::Status MakeMap(CUtensorMap* map, DType dtype, const void* base, int rank,
   return absl::OkStatus();
 }
 
+// `pages` null: the contiguous cache of `seq_capacity` positions per slot; otherwise the pools
+// k_cache and v_cache of pages->num_pages pages, `slots` being table rows.
 template <typename T, int kD>
 absl::Status Launch(DType dtype, const void* q, const void* k_cache, const void* v_cache,
                     const int32_t* positions, const int32_t* slots, void* out, int rows,
-                    int num_heads, int num_kv_heads, int seq_capacity,
+                    int num_heads, int num_kv_heads, int seq_capacity, const KvPages* pages,
                     const AttentionParams& params, cudaStream_t stream, bool pdl) {
   CUtensorMap q_map, k_map, v_map;
   const cuuint64_t q_dims[2] = {static_cast<cuuint64_t>(num_heads) * kD,
                                 static_cast<cuuint64_t>(rows)};
   const cuuint64_t q_strides[1] = {static_cast<cuuint64_t>(num_heads) * kD * sizeof(T)};
   RETURN_IF_ERROR(MakeMap(&q_map, dtype, q, 2, q_dims, q_strides, "the queries"));
-  // The cache as (head_dim, seq_capacity, slot * kv_heads + kv_head): a tile reaching past a
-  // head's capacity reads zeros. The slot count is not known here; the last dimension is only an
-  // upper bound for the coordinates the kernel uses.
-  const cuuint64_t c_dims[3] = {kD, static_cast<cuuint64_t>(seq_capacity), 1u << 24};
-  const cuuint64_t c_strides[2] = {kD * sizeof(T),
-                                   static_cast<cuuint64_t>(seq_capacity) * kD * sizeof(T)};
-  RETURN_IF_ERROR(MakeMap(&k_map, dtype, k_cache, 3, c_dims, c_strides, "the key cache"));
-  RETURN_IF_ERROR(MakeMap(&v_map, dtype, v_cache, 3, c_dims, c_strides, "the value cache"));
+  PageTable pt{nullptr, 0, 0};
+  if (pages == nullptr) {
+    // The cache as (head_dim, seq_capacity, slot * kv_heads + kv_head): a tile reaching past a
+    // head's capacity reads zeros. The slot count is not known here; the last dimension is only
+    // an upper bound for the coordinates the kernel uses.
+    const cuuint64_t c_dims[3] = {kD, static_cast<cuuint64_t>(seq_capacity), 1u << 24};
+    const cuuint64_t c_strides[2] = {kD * sizeof(T),
+                                     static_cast<cuuint64_t>(seq_capacity) * kD * sizeof(T)};
+    RETURN_IF_ERROR(MakeMap(&k_map, dtype, k_cache, 3, c_dims, c_strides, "the key cache"));
+    RETURN_IF_ERROR(MakeMap(&v_map, dtype, v_cache, 3, c_dims, c_strides, "the value cache"));
+  } else {
+    // The pools as (head_dim, page_size, page * kv_heads + kv_head), read a page (or 128 keys of
+    // one) per box.
+    const int ps = pages->page_size;
+    const cuuint64_t c_dims[3] = {kD, static_cast<cuuint64_t>(ps),
+                                  static_cast<cuuint64_t>(pages->num_pages) * num_kv_heads};
+    const cuuint64_t c_strides[2] = {kD * sizeof(T), static_cast<cuuint64_t>(ps) * kD * sizeof(T)};
+    const cuuint32_t box_rows = static_cast<cuuint32_t>(std::min(ps, kKeys));
+    RETURN_IF_ERROR(
+        MakeMap(&k_map, dtype, k_cache, 3, c_dims, c_strides, "the key pages", box_rows));
+    RETURN_IF_ERROR(
+        MakeMap(&v_map, dtype, v_cache, 3, c_dims, c_strides, "the value pages", box_rows));
+    int shift = 0;
+    while ((1 << shift) < ps) ++shift;
+    pt = PageTable{pages->block_table, pages->table_stride, shift};
+  }
   auto* kernel = PrefillAttentionSm90Kernel<T, kD>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   const dim3 grid(num_heads, (rows + kRows - 1) / kRows);
   CUDA_CHECK(LaunchKernel(kernel, grid, dim3(kThreads), kSmemBytes, stream, pdl, q_map, k_map,
                           v_map, positions, slots, static_cast<T*>(out), rows, num_heads,
-                          num_kv_heads, params.scale, params.window));
+                          num_kv_heads, params.scale, params.window, pt));
   CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
 }
@@ -701,10 +770,27 @@ absl::Status LaunchPrefillAttentionSm90(DType dtype, const void* q, const void* 
   TANDEM_DISPATCH_HALF(dtype, {
     if (head_dim == 64) {
       return Launch<T, 64>(dtype, q, k_cache, v_cache, positions, slots, out, rows, num_heads,
-                           num_kv_heads, seq_capacity, params, stream, pdl);
+                           num_kv_heads, seq_capacity, nullptr, params, stream, pdl);
     }
     return Launch<T, kMaxD>(dtype, q, k_cache, v_cache, positions, slots, out, rows, num_heads,
-                            num_kv_heads, seq_capacity, params, stream, pdl);
+                            num_kv_heads, seq_capacity, nullptr, params, stream, pdl);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status LaunchPrefillAttentionSm90Paged(DType dtype, const void* q, const KvPages& pages,
+                                             const int32_t* positions, const int32_t* seqs,
+                                             void* out, int rows, int num_heads,
+                                             int num_kv_heads, int head_dim,
+                                             const AttentionParams& params, cudaStream_t stream,
+                                             bool pdl) {
+  TANDEM_DISPATCH_HALF(dtype, {
+    if (head_dim == 64) {
+      return Launch<T, 64>(dtype, q, pages.k, pages.v, positions, seqs, out, rows, num_heads,
+                           num_kv_heads, 0, &pages, params, stream, pdl);
+    }
+    return Launch<T, kMaxD>(dtype, q, pages.k, pages.v, positions, seqs, out, rows, num_heads,
+                            num_kv_heads, 0, &pages, params, stream, pdl);
   });
   return absl::OkStatus();
 }

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "common/dtype.h"
 #include "worker/cuda/kernels.h"
+#include "worker/cuda/kv_pages.h"
 
 namespace tandem::cuda {
 
@@ -24,5 +25,18 @@ absl::Status LaunchPrefillAttentionSm90(DType dtype, const void* q, const void* 
                                         int num_kv_heads, int head_dim, int seq_capacity,
                                         const AttentionParams& params, cudaStream_t stream,
                                         bool pdl);
+
+// Smallest page the warpgroup-MMA kernel reads (a box per page must start on a 1024-byte swizzle
+// atom of its tile); LaunchPrefillAttentionPaged takes the mma.sync kernel for smaller pages.
+constexpr int kMinSm90PageSize = 8;
+
+// LaunchPrefillAttentionPaged's contract for head_dim 64 and 128 and pages of at least
+// kMinSm90PageSize positions, with arguments already checked.
+absl::Status LaunchPrefillAttentionSm90Paged(DType dtype, const void* q, const KvPages& pages,
+                                             const int32_t* positions, const int32_t* seqs,
+                                             void* out, int rows, int num_heads,
+                                             int num_kv_heads, int head_dim,
+                                             const AttentionParams& params, cudaStream_t stream,
+                                             bool pdl);
 
 }  // namespace tandem::cuda

@@ -7,9 +7,12 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "common/status_macros.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/device_util.cuh"
 #include "worker/cuda/kernels.h"
+#include "worker/cuda/kv_pages.h"
+#include "worker/cuda/kv_view.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -20,12 +23,12 @@ namespace {
 // prefill of thousands of rows is not a grid of hundreds of thousands of short blocks (which
 // block scheduling, not memory, bounded at 5x the copy time). A pair (i, i + half) of one head
 // rotates by angle pos * inv_freq[i].
-template <typename T>
+template <typename T, typename Kv>
 __global__ void QkvRopeCacheKernel(const T* __restrict__ qkv, const T* __restrict__ bias,
                                    T* __restrict__ q_out, T* __restrict__ k_cache,
                                    T* __restrict__ v_cache, const int32_t* __restrict__ positions,
                                    const int32_t* __restrict__ slots, int rows, int num_heads,
-                                   int num_kv_heads, int head_dim, int seq_capacity,
+                                   int num_kv_heads, int head_dim, Kv kv,
                                    const float* __restrict__ inv_freq) {
   AllowDependentLaunch();  // attention may start; it waits for the cache writes below
   WaitForPrerequisites();  // qkv is the previous kernel's output
@@ -41,7 +44,7 @@ __global__ void QkvRopeCacheKernel(const T* __restrict__ qkv, const T* __restric
       return v;
     };
     auto cache_index = [&](int kvh, int d) {
-      return KvCacheOffset(slot, kvh, pos, num_kv_heads, seq_capacity, head_dim) + d;
+      return kv.Offset(slot, kvh, pos) + d;
     };
     const int q_pairs = num_heads * half, k_pairs = num_kv_heads * half;
     const int w = blockIdx.x * blockDim.x + threadIdx.x;
@@ -82,13 +85,13 @@ constexpr int kRowKernelMinRows = 128;
 // rotary items (num_heads + num_kv_heads heads, whose columns are contiguous in qkv, times
 // head_dim / 2 / V: elements [i, i + V) with their partners [i + half, i + half + V)), then the
 // value items (kv_dim / V). half % V == 0, and every pointer aligned to V elements.
-template <typename T, int V>
+template <typename T, int V, typename Kv>
 __global__ void __launch_bounds__(kRowThreads)
     QkvRopeCacheRowsKernel(const T* __restrict__ qkv, const T* __restrict__ bias,
                            T* __restrict__ q_out, T* __restrict__ k_cache, T* __restrict__ v_cache,
                            const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
-                           int rows, int num_heads, int num_kv_heads, int head_dim,
-                           int seq_capacity, const float* __restrict__ inv_freq) {
+                           int rows, int num_heads, int num_kv_heads, int head_dim, Kv kv,
+                           const float* __restrict__ inv_freq) {
   using Vec = VecN<T, V>;
   __shared__ float cos_s[kMaxRowHalf], sin_s[kMaxRowHalf];
   AllowDependentLaunch();
@@ -129,8 +132,7 @@ __global__ void __launch_bounds__(kRowThreads)
           b.v[j] = FromF<T>(x2);
         }
         T* dst = head < num_heads ? q_out + static_cast<size_t>(r) * q_dim + head * head_dim
-                                  : k_cache + KvCacheOffset(slot, head - num_heads, pos,
-                                                            num_kv_heads, seq_capacity, head_dim);
+                                  : k_cache + kv.Offset(slot, head - num_heads, pos);
         *reinterpret_cast<Vec*>(dst + i0) = a;
         *reinterpret_cast<Vec*>(dst + i0 + half) = b;
       } else {
@@ -141,9 +143,7 @@ __global__ void __launch_bounds__(kRowThreads)
 #pragma unroll
           for (int j = 0; j < V; ++j) x.v[j] = FromF<T>(ToF(x.v[j]) + ToF(bx.v[j]));
         }
-        *reinterpret_cast<Vec*>(
-            v_cache + KvCacheOffset(slot, kvh, pos, num_kv_heads, seq_capacity, head_dim) + c -
-            kvh * head_dim) = x;
+        *reinterpret_cast<Vec*>(v_cache + kv.Offset(slot, kvh, pos) + c - kvh * head_dim) = x;
       }
     }
     __syncthreads();  // cos_s and sin_s are the next row's
@@ -161,13 +161,14 @@ int RowVector(int half, std::initializer_list<const void*> ptrs) {
   return 1;
 }
 
-}  // namespace
-
-absl::Status LaunchQkvRopeCache(DType dtype, const void* qkv, const void* bias, void* q_out,
-                                void* k_cache, void* v_cache, const int32_t* positions,
-                                const int32_t* slots, int rows, int num_heads, int num_kv_heads,
-                                int head_dim, int seq_capacity, const float* inv_freq,
-                                cudaStream_t stream, bool pdl) {
+// The launch of either kernel for either cache layout; `slots` are the rows' slots (SlotKv) or
+// table rows (PagedKv).
+template <typename Kv>
+absl::Status LaunchQkvRope(DType dtype, const void* qkv, const void* bias, void* q_out,
+                           void* k_cache, void* v_cache, const int32_t* positions,
+                           const int32_t* slots, int rows, int num_heads, int num_kv_heads,
+                           int head_dim, Kv kv, const float* inv_freq, cudaStream_t stream,
+                           bool pdl) {
   if (rows == 0) return absl::OkStatus();
   if (head_dim % 2 != 0) return absl::InvalidArgumentError("head_dim must be even");
   const int half = head_dim / 2;
@@ -175,15 +176,15 @@ absl::Status LaunchQkvRopeCache(DType dtype, const void* qkv, const void* bias, 
     const int v = RowVector(half, {qkv, bias, q_out, k_cache, v_cache});
     const dim3 grid(std::min(rows, 65535));
     TANDEM_DISPATCH_HALF(dtype, {
-      auto* kernel = v == 8   ? QkvRopeCacheRowsKernel<T, 8>
-                     : v == 4 ? QkvRopeCacheRowsKernel<T, 4>
-                     : v == 2 ? QkvRopeCacheRowsKernel<T, 2>
-                              : QkvRopeCacheRowsKernel<T, 1>;
+      auto* kernel = v == 8   ? QkvRopeCacheRowsKernel<T, 8, Kv>
+                     : v == 4 ? QkvRopeCacheRowsKernel<T, 4, Kv>
+                     : v == 2 ? QkvRopeCacheRowsKernel<T, 2, Kv>
+                              : QkvRopeCacheRowsKernel<T, 1, Kv>;
       CUDA_CHECK(LaunchKernel(kernel, grid, dim3(kRowThreads), 0, stream, pdl,
                               static_cast<const T*>(qkv), static_cast<const T*>(bias),
                               static_cast<T*>(q_out), static_cast<T*>(k_cache),
                               static_cast<T*>(v_cache), positions, slots, rows, num_heads,
-                              num_kv_heads, head_dim, seq_capacity, inv_freq));
+                              num_kv_heads, head_dim, kv, inv_freq));
     });
     CUDA_CHECK_LAUNCH();
     return absl::OkStatus();
@@ -193,14 +194,37 @@ absl::Status LaunchQkvRopeCache(DType dtype, const void* qkv, const void* bias, 
         num_heads * head_dim / 2 + num_kv_heads * head_dim / 2 + num_kv_heads * head_dim;
     constexpr int kMaxRowGroups = 256;
     const dim3 grid((items + 127) / 128, std::min(rows, kMaxRowGroups));
-    CUDA_CHECK(LaunchKernel(QkvRopeCacheKernel<T>, grid, dim3(128), 0, stream, pdl,
+    CUDA_CHECK(LaunchKernel(QkvRopeCacheKernel<T, Kv>, grid, dim3(128), 0, stream, pdl,
                             static_cast<const T*>(qkv), static_cast<const T*>(bias),
                             static_cast<T*>(q_out), static_cast<T*>(k_cache),
                             static_cast<T*>(v_cache), positions, slots, rows, num_heads,
-                            num_kv_heads, head_dim, seq_capacity, inv_freq));
+                            num_kv_heads, head_dim, kv, inv_freq));
   });
   CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchQkvRopeCache(DType dtype, const void* qkv, const void* bias, void* q_out,
+                                void* k_cache, void* v_cache, const int32_t* positions,
+                                const int32_t* slots, int rows, int num_heads, int num_kv_heads,
+                                int head_dim, int seq_capacity, const float* inv_freq,
+                                cudaStream_t stream, bool pdl) {
+  return LaunchQkvRope(dtype, qkv, bias, q_out, k_cache, v_cache, positions, slots, rows,
+                       num_heads, num_kv_heads, head_dim,
+                       SlotKv{num_kv_heads, seq_capacity, head_dim}, inv_freq, stream, pdl);
+}
+
+absl::Status LaunchQkvRopeCachePaged(DType dtype, const void* qkv, const void* bias, void* q_out,
+                                     const KvPages& pages, const int32_t* positions,
+                                     const int32_t* seqs, int rows, int num_heads,
+                                     int num_kv_heads, int head_dim, const float* inv_freq,
+                                     cudaStream_t stream, bool pdl) {
+  RETURN_IF_ERROR(CheckKvPages(pages, head_dim, "QKV into the paged cache"));
+  return LaunchQkvRope(dtype, qkv, bias, q_out, pages.k, pages.v, positions, seqs, rows,
+                       num_heads, num_kv_heads, head_dim, ToPagedKv(pages, num_kv_heads, head_dim),
+                       inv_freq, stream, pdl);
 }
 
 }  // namespace tandem::cuda
