@@ -27,7 +27,7 @@ namespace {
 // How often an executor holding a launched step looks whether it ended while it waits for the
 // next request.
 constexpr absl::Duration kLaunchedPoll = absl::Microseconds(50);
-// Positions of the KV-cache of the stage a prepare warms up (LinkOptions::warm_up).
+// Positions of the KV-cache of the stage a prepare warms up (Backend::WarmUp).
 constexpr int kWarmUpPositions = 16;
 
 v1::StepResult ErrorResult(uint64_t step, const absl::Status& s) {
@@ -60,16 +60,13 @@ grpc::Status CheckStepFitsLink(const v1::AssignStageRequest& req, int hidden_siz
 
 }  // namespace
 
-WorkerService::WorkerService(StageFactory factory, ActivationInbox& inbox,
+WorkerService::WorkerService(std::unique_ptr<Backend> backend, ActivationInbox& inbox,
                              absl::Duration recv_timeout, LinkOptions link)
-    : factory_(std::move(factory)),
+    : backend_(std::move(backend)),
       inbox_(inbox),
       recv_timeout_(recv_timeout),
       link_(std::move(link)),
-      kv_({.make_nccl_id = link_.make_nccl_id,
-           .join_kv_link = link_.join_kv_link,
-           .kv_to_host = link_.kv_to_host,
-           .peer_auth = link_.peer_auth}) {}
+      kv_({.backend = backend_.get(), .peer_auth = link_.peer_auth}) {}
 
 grpc::Status WorkerService::PrepareLink(grpc::ServerContext* ctx,
                                         const v1::PrepareLinkRequest* req,
@@ -79,11 +76,11 @@ grpc::Status WorkerService::PrepareLink(grpc::ServerContext* ctx,
     resp->set_transport("grpc");
     return grpc::Status::OK;
   }
-  if (!link_.make_nccl_id) {
+  if (!backend_->has_nccl()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "transport nccl: this worker has no NCCL (a CUDA build with --backend=cuda)");
   }
-  absl::StatusOr<std::string> id = link_.make_nccl_id();
+  absl::StatusOr<std::string> id = backend_->MakeNcclId();
   if (!id.ok()) {
     spdlog::error("assignment {}: ncclUniqueId: {}", req->assignment_id(), id.status().ToString());
     return grpc::Status(grpc::StatusCode::INTERNAL,
@@ -110,7 +107,7 @@ grpc::Status WorkerService::CheckAssignment(const v1::AssignStageRequest& req, S
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("transport: '", *transport, "' (expected grpc or nccl)"));
   }
-  if (*transport == "nccl" && !link_.join_nccl) {
+  if (*transport == "nccl" && !backend_->has_nccl()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "transport nccl: this worker has no NCCL (a CUDA build with --backend=cuda)");
   }
@@ -145,7 +142,7 @@ absl::StatusOr<std::unique_ptr<ActivationTransport>> WorkerService::JoinPipeline
   join.world = req.num_stages();
   join.hidden_size = config.hidden_size;
   join.max_rows = MaxStepRows(req);
-  absl::StatusOr<std::unique_ptr<ActivationTransport>> t = link_.join_nccl(join);
+  absl::StatusOr<std::unique_ptr<ActivationTransport>> t = backend_->JoinNccl(join);
   if (!t.ok()) {
     spdlog::error("assignment {}: NCCL: {}", req.assignment_id(), t.status().ToString());
     return absl::Status(t.status().code() == absl::StatusCode::kInvalidArgument
@@ -182,13 +179,13 @@ grpc::Status WorkerService::Prepare(const v1::AssignStageRequest& req, const Sta
                                        std::string(st.message())));
     }
   }
-  if (link_.place_weights) {
+  if (backend_->places_weights()) {
     StageSpec want = spec;
     {
       absl::MutexLock lock(&mu_);
       if (current_ != nullptr) want.placed = current_->engine->placed_weights();
     }
-    absl::StatusOr<std::shared_ptr<const PlacedWeights>> w = link_.place_weights(want);
+    absl::StatusOr<std::shared_ptr<const PlacedWeights>> w = backend_->PlaceWeights(want);
     if (w.ok()) {
       p->weights = *std::move(w);
     } else {
@@ -198,13 +195,13 @@ grpc::Status WorkerService::Prepare(const v1::AssignStageRequest& req, const Sta
     }
     // A worker's first stage: a throwaway one on the weights just placed, with a KV-cache of a
     // few positions, so that the libraries' and kernels' code is loaded now, not in the pause.
-    if (link_.warm_up && !made_a_stage_ && p->weights != nullptr) {
+    if (!made_a_stage_ && p->weights != nullptr) {
       const absl::Time w0 = absl::Now();
       StageSpec small = want;
       small.placed.push_back(p->weights);
       small.max_seq_len = std::min(spec.max_seq_len > 0 ? spec.max_seq_len : kWarmUpPositions,
                                    kWarmUpPositions);
-      if (absl::Status st = link_.warm_up(small); st.ok()) {
+      if (absl::Status st = backend_->WarmUp(small); st.ok()) {
         made_a_stage_ = true;
         spdlog::info("assignment {}: a first stage warmed up in {:.3f} s", req.assignment_id(),
                      absl::ToDoubleSeconds(absl::Now() - w0));
@@ -335,13 +332,13 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
     if (!t.ok()) return ToGrpcStatus(t.status());
     nccl = *std::move(t);
   }
-  absl::StatusOr<std::unique_ptr<Stage>> stage = factory_(spec);
+  absl::StatusOr<std::unique_ptr<Stage>> stage = backend_->MakeStage(spec);
   if (absl::IsResourceExhausted(stage.status()) && kv_.SpillToHost() > 0) {
-    stage = factory_(spec);  // with the GPU memory the stash held
+    stage = backend_->MakeStage(spec);  // with the GPU memory the stash held
   }
   if (absl::IsResourceExhausted(stage.status()) && !spec.placed.empty()) {
     spec.placed.clear();  // arenas held whole for some of their layers: load just what it needs
-    stage = factory_(spec);
+    stage = backend_->MakeStage(spec);
   }
   if (stage.ok()) made_a_stage_ = true;
   if (!stage.ok()) {
@@ -355,13 +352,17 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
                               : grpc::StatusCode::FAILED_PRECONDITION,
                         std::string(stage.status().message()));
   }
-  if (nccl != nullptr && link_.bind_nccl) {
-    if (absl::Status st = link_.bind_nccl(**stage, *nccl); !st.ok()) {
-      spdlog::error("assignment {}: NCCL: {}", req->assignment_id(), st.ToString());
-      return grpc::Status(
-          grpc::StatusCode::FAILED_PRECONDITION,
-          absl::StrCat("NCCL link of stage ", req->stage(), ": ", std::string(st.message())));
+  // The link's work goes on the stage's stream, so decode steps send from the device.
+  bool device_sends = false;
+  if (nccl != nullptr) {
+    absl::StatusOr<bool> bound = nccl->BindStage(**stage);
+    if (!bound.ok()) {
+      spdlog::error("assignment {}: NCCL: {}", req->assignment_id(), bound.status().ToString());
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("NCCL link of stage ", req->stage(), ": ",
+                                       std::string(bound.status().message())));
     }
+    device_sends = *bound;
   }
   auto a = std::make_shared<Assignment>();
   a->id = req->assignment_id();
@@ -380,12 +381,11 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
     a->transport = std::move(nccl);
     run.host_link = false;
     run.feed_first = true;  // the first stage gets the last one's tokens over NCCL
-    if (link_.bind_nccl) run.set_decode_tail = link_.set_decode_tail;
+    run.device_sends = device_sends;
   } else {
-    a->transport = std::make_unique<GrpcTransport>(a->stage > 0 ? &inbox_ : nullptr, a->id,
-                                                   req->next_address(), recv_timeout_,
-                                                   link_.peer_auth);
-    run.to_host = link_.to_host;
+    a->transport =
+        std::make_unique<GrpcTransport>(a->stage > 0 ? &inbox_ : nullptr, a->id,
+                                        req->next_address(), recv_timeout_, link_.peer_auth);
   }
   absl::StatusOr<std::unique_ptr<StepRunner>> runner =
       StepRunner::Create(*a->engine, a->transport.get(), std::move(run));
