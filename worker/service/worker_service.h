@@ -109,6 +109,18 @@ class WorkerService final : public v1::Worker::Service {
   grpc::Status Prepare(const v1::AssignStageRequest& req, const StageSpec& spec,
                        const std::string& transport, v1::AssignStageResponse* resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(assign_mu_);
+  // Pieces of AssignStage. Drops the current assignment (CloseInBackground), first putting the
+  // weights of it that hold layers of `spec` in spec.placed for the new stage to take.
+  void DropCurrentFor(StageSpec& spec, bool drained) ABSL_EXCLUSIVE_LOCKS_REQUIRED(assign_mu_);
+  // The stage of `spec`; where memory runs short, again after spilling the KV stash to the host,
+  // then again without the placed weights (which `spec` then lacks).
+  absl::StatusOr<std::unique_ptr<Stage>> MakeStage(StageSpec& spec);
+  // What AssignStage answers when the stage of `req` cannot be made with `s`.
+  static grpc::Status StageError(const v1::AssignStageRequest& req, const absl::Status& s);
+  // The assignment of `req` over `stage` and its link (`nccl`, or null: gRPC), with its runner.
+  absl::StatusOr<std::shared_ptr<Assignment>> NewAssignment(
+      const v1::AssignStageRequest& req, const StageSpec& spec, std::unique_ptr<Stage> stage,
+      std::unique_ptr<ActivationTransport> nccl);
   // Drops an assignment that is over. `drained`: its pipeline ran its last steps to the end (a
   // layout change), so nothing of the link's is left on the stage's stream: the stage goes at
   // once (its memory is the next one's) and the link on a thread of its own, as closing an NCCL
@@ -119,6 +131,9 @@ class WorkerService final : public v1::Worker::Service {
   // Closes `link` (null: nothing) on a thread of its own: an NCCL link's close waits for the
   // peers to close theirs, bounded by the transport.
   void CloseLinkInBackground(std::unique_ptr<ActivationTransport> link);
+  // One Steps stream's shared state, and its executor (worker_service.cc).
+  struct StepStream;
+  class StepExecutor;
   // Executes one step; the result to send back (errors as error_code).
   v1::StepResult RunStep(Assignment& a, const StepDescriptor& d,
                          const std::function<bool()>& cancelled);
