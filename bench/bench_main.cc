@@ -278,7 +278,7 @@ absl::Status Bench() {
     const auto t_load = Clock::now();
     ASSIGN_OR_RETURN(stage, MakeCudaStage(spec, opt));
     load_s = Seconds(t_load, Clock::now());
-    if (profiler) RETURN_IF_ERROR(SetDecodeObserver(*stage, profiler.get()));
+    if (profiler) RETURN_IF_ERROR(stage->SetDecodeObserver(profiler.get()));
     for (int batch : batches) {
       ASSIGN_OR_RETURN(BatchResult r, MeasureBatch(*stage, c, batch, prompt, steps, weight_bytes,
                                                    kv_token_bytes, profiler.get()));

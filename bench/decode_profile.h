@@ -31,7 +31,7 @@ struct CudaDecodeProfile {
 };
 
 // Times a stage's decode steps with CUDA events at each DecodeObserver::Point. Set it on the stage
-// before its first step (SetDecodeObserver) and keep it alive as long as the stage.
+// before its first step (Stage::SetDecodeObserver) and keep it alive as long as the stage.
 class DecodeProfiler final : public DecodeObserver {
  public:
   static absl::StatusOr<std::unique_ptr<DecodeProfiler>> Create();

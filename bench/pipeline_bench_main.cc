@@ -72,8 +72,8 @@ ABSL_FLAG(bool, stage_stream, true,
           "(NcclTransportOptions::stream); false: on streams of the transport's own");
 ABSL_FLAG(bool, device_send, true,
           "with --stage_stream: each decode step's send (activations, or the last stage's tokens) "
-          "is queued behind its forward pass on the device (SetDecodeTail); false: sent once the "
-          "host has seen the step finish");
+          "is queued behind its forward pass on the device (Stage::SetDecodeTail); false: sent "
+          "once the host has seen the step finish");
 ABSL_FLAG(bool, profile, false,
           "time each decode step of each stage on the device too (bench/decode_profile.h)");
 ABSL_FLAG(std::string, reference, "",
@@ -313,7 +313,7 @@ absl::StatusOr<std::vector<std::unique_ptr<StepRunner>>> MakeRunners(
   o.num_stages = world;
   o.tokens_to_first = true;  // no coordinator: the last rank returns the tokens to rank 0
   o.host_link = false;
-  if (device_send) o.set_decode_tail = SetDecodeTail;
+  o.device_sends = device_send;
   ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> r, StepRunner::Create(stage, transport, o));
   runners.push_back(std::move(r));
   return runners;
@@ -368,16 +368,16 @@ nlohmann::json ResultsJson(const std::vector<BatchResult>& results) {
 }
 
 // This rank's NCCL transport of options `to` and unique id `id`; with `stage`, on that stage's
-// stream, whose waits then watch the transport (SetStreamWatch).
+// stream, whose waits then watch the transport (Stage::SetStreamWatch).
 absl::StatusOr<std::unique_ptr<NcclTransport>> JoinTransport(NcclTransportOptions to,
                                                              const std::string& id, Stage* stage) {
   if (stage != nullptr) {
-    ASSIGN_OR_RETURN(to.stream, CudaStageStream(*stage));
+    ASSIGN_OR_RETURN(to.stream, stage->DeviceStream());
   }
   ASSIGN_OR_RETURN(std::unique_ptr<NcclTransport> transport, NcclTransport::Create(to, id));
   if (stage != nullptr) {
     NcclTransport* t = transport.get();
-    RETURN_IF_ERROR(SetStreamWatch(*stage, [t] { return t->Watch(); }));
+    RETURN_IF_ERROR(stage->SetStreamWatch([t] { return t->Watch(); }));
   }
   return transport;
 }
@@ -466,7 +466,7 @@ absl::StatusOr<int> Run() {
   const double load_s = Ms(t_load, Clock::now()) * 1e-3;
   for (int i = 0; profile && i < 2; ++i) {
     Stage* s = i == 0 ? stage.get() : second.get();
-    if (s != nullptr) RETURN_IF_ERROR(SetDecodeObserver(*s, profilers[i].get()));
+    if (s != nullptr) RETURN_IF_ERROR(s->SetDecodeObserver(profilers[i].get()));
   }
 
   std::unique_ptr<NcclTransport> transport;

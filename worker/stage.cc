@@ -1,5 +1,6 @@
-// Stage's decode steps launched ahead (worker/stage.h): the checks every backend makes, and the
-// default, which runs each step as it is launched.
+// Stage's defaults (worker/stage.h): the checks of decode steps launched ahead that every backend
+// makes, the default that runs each step as it is launched, and the answers of a stage without a
+// device.
 #include <cstdint>
 #include <span>
 #include <utility>
@@ -83,5 +84,36 @@ absl::StatusOr<StepOutput> Stage::FinishDecode() {
   launched_.pop_front();
   return out;
 }
+
+namespace {
+absl::Status NoDevice(const char* what) {
+  return absl::UnimplementedError(
+      absl::StrCat(what, ": this backend's stages run on the host, without a device"));
+}
+}  // namespace
+
+absl::StatusOr<Activations> Stage::ToHost(const Activations& a) const {
+  if (a.where == Where::kHost) return a;
+  return NoDevice("a copy of device activations to the host");
+}
+
+absl::StatusOr<void*> Stage::DeviceStream() const { return NoDevice("a device stream"); }
+
+absl::Status Stage::SetDecodeTail(DecodeTail tail) {
+  (void)tail;
+  return NoDevice("a decode tail");
+}
+
+absl::Status Stage::SetStreamWatch(std::function<absl::Status()> watch) {
+  (void)watch;
+  return NoDevice("a stream watch");
+}
+
+absl::Status Stage::SetDecodeObserver(DecodeObserver* observer) {
+  (void)observer;
+  return NoDevice("a decode observer");
+}
+
+absl::StatusOr<int> Stage::DecodeGraphCount() const { return NoDevice("decode graphs"); }
 
 }  // namespace tandem

@@ -83,7 +83,19 @@ class PlacedWeights {
   virtual int64_t bytes() const = 0;
 };
 
-class KvOut;  // worker/kv_out.h
+class KvOut;           // worker/kv_out.h
+class DecodeObserver;  // worker/cuda/cuda_stage.h
+
+// Work queued on a device stage's stream right behind each decode step's forward pass, before the
+// stage waits for the step: a transport sharing the stream (ActivationTransport::BindStage) sends
+// the step's output from there, so the send starts when the forward pass ends rather than once
+// the host has seen the step complete. `hidden` is the output of a stage without the LM head
+// (device memory, written in stream order), `device_tokens` that of the last stage (one sampled
+// token per sequence of the step, in order, whether or not the sequence samples; device memory),
+// null otherwise. An error fails the step (after the stage has waited for it) and leaves the
+// stage usable.
+using DecodeTail = std::function<absl::Status(const StepDescriptor& step, const Activations& hidden,
+                                              const int32_t* device_tokens)>;
 
 class Stage {
  public:
@@ -152,6 +164,29 @@ class Stage {
   virtual bool DecodeDone() const { return true; }
   virtual absl::StatusOr<StepOutput> FinishDecode();
   virtual int launched_decodes() const { return static_cast<int>(launched_.size()); }
+
+  // What a stage on a device offers the worker and its transport. A host stage (the defaults)
+  // has no device: ToHost returns host activations as they are, the rest is UNIMPLEMENTED.
+  //
+  // `a` in host memory: a copy of device activations this stage made, or `a` itself.
+  virtual absl::StatusOr<Activations> ToHost(const Activations& a) const;
+  // The stream (a cudaStream_t) every step of this stage runs on, for a transport to queue its
+  // work on in issue order.
+  virtual absl::StatusOr<void*> DeviceStream() const;
+  // Sets (or, with an empty function, clears) the work queued behind each decode step's forward
+  // pass (DecodeTail).
+  virtual absl::Status SetDecodeTail(DecodeTail tail);
+  // Has the stage's waits for its stream poll `watch` (about every millisecond) instead of
+  // blocking in the driver, for a transport that shares the stream: an error from it fails the
+  // step once the stream has drained (the watch having aborted what kept it busy), or after 10 s
+  // more if it does not drain. An empty function restores the plain wait. The watch must stay
+  // callable while set.
+  virtual absl::Status SetStreamWatch(std::function<absl::Status()> watch);
+  // Sets (or, with null, clears) the observer of the decode steps, which must outlive the stage;
+  // set it before the first step, so that the decode graphs hold its marks.
+  virtual absl::Status SetDecodeObserver(DecodeObserver* observer);
+  // How many decode graphs the stage holds (one per batch-size bucket replayed so far).
+  virtual absl::StatusOr<int> DecodeGraphCount() const;
 
  protected:
   // The checks of LaunchDecode every backend makes: that `step` can be launched, that no more

@@ -5,7 +5,6 @@
 // This file: loading, steps (validation, inputs, row chunks) and the public functions of
 // cuda_stage.h; the class and its other files are in cuda_stage_impl.h.
 #include "worker/cuda/cuda_stage.h"
-#include "worker/cuda/cuda_stage_impl.h"
 
 #include <cuda_runtime.h>
 
@@ -31,6 +30,8 @@
 #include "spdlog/spdlog.h"
 #include "worker/context_fit.h"
 #include "worker/cuda/cuda_check.h"
+#include "worker/cuda/cuda_stage_impl.h"
+#include "worker/cuda/host_copy.h"
 #include "worker/cuda/kernels.h"
 #include "worker/cuda/prefill_attention.h"
 #include "worker/cuda/weight_upload.h"
@@ -393,18 +394,8 @@ absl::StatusOr<std::string> CudaDeviceUuid(int device) {
                          b[12], b[13], b[14], b[15]);
 }
 
-namespace {
-absl::StatusOr<CudaStage*> AsCudaStage(Stage& stage) {
-  auto* cuda_stage = dynamic_cast<CudaStage*>(&stage);
-  if (cuda_stage == nullptr) return absl::InvalidArgumentError("not a CUDA stage");
-  return cuda_stage;
-}
-}  // namespace
-
-absl::StatusOr<int> DecodeGraphCount(const Stage& stage) {
-  const auto* cuda_stage = dynamic_cast<const CudaStage*>(&stage);
-  if (cuda_stage == nullptr) return absl::InvalidArgumentError("not a CUDA stage");
-  return cuda_stage->decode_graphs();
+absl::StatusOr<Activations> CudaStage::ToHost(const Activations& a) const {
+  return CopyActivationsToHost(a, opt_.device);
 }
 
 absl::StatusOr<std::shared_ptr<uint8_t>> SharedDeviceBytes(int device, size_t bytes) {
@@ -431,29 +422,6 @@ absl::StatusOr<KvBlock> KvBlockToHost(const KvBlock& block) {
   CUDA_CHECK(cudaMemcpy(out.k.data(), block.device_k.get(), out.k.size(), cudaMemcpyDefault));
   CUDA_CHECK(cudaMemcpy(out.v.data(), block.device_v.get(), out.v.size(), cudaMemcpyDefault));
   return out;
-}
-
-absl::StatusOr<void*> CudaStageStream(Stage& stage) {
-  ASSIGN_OR_RETURN(CudaStage * cuda_stage, AsCudaStage(stage));
-  return static_cast<void*>(cuda_stage->stream());
-}
-
-absl::Status SetStreamWatch(Stage& stage, std::function<absl::Status()> watch) {
-  ASSIGN_OR_RETURN(CudaStage * cuda_stage, AsCudaStage(stage));
-  cuda_stage->set_watch(std::move(watch));
-  return absl::OkStatus();
-}
-
-absl::Status SetDecodeObserver(Stage& stage, DecodeObserver* observer) {
-  ASSIGN_OR_RETURN(CudaStage * cuda_stage, AsCudaStage(stage));
-  cuda_stage->set_observer(observer);
-  return absl::OkStatus();
-}
-
-absl::Status SetDecodeTail(Stage& stage, DecodeTail tail) {
-  ASSIGN_OR_RETURN(CudaStage * cuda_stage, AsCudaStage(stage));
-  cuda_stage->set_tail(std::move(tail));
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<const PlacedWeights>> PlaceCudaWeights(

@@ -33,9 +33,10 @@ struct CudaOptions {
 };
 
 // Watches a CUDA stage's decode steps from inside, for measurements (bench/decode_profile.h
-// times them with CUDA events). Called on the thread that runs the step. Mark queues work on the
-// stage's stream at that point of the step, also while a decode step's graph is captured (then as
-// a node of the graph, replayed with it: what it records must outlive the stage's graphs).
+// times them with CUDA events; Stage::SetDecodeObserver installs it). Called on the thread that
+// runs the step. Mark queues work on the stage's stream at that point of the step, also while a
+// decode step's graph is captured (then as a node of the graph, replayed with it: what it records
+// must outlive the stage's graphs).
 class DecodeObserver {
  public:
   // In a decode step's order: its start (before its inputs are copied), the forward pass's start,
@@ -49,40 +50,6 @@ class DecodeObserver {
   // After any other step (prompts, chunks): the next decode step follows no decode step.
   virtual void OtherStep() = 0;
 };
-
-// Sets (or, with null, clears) the stage's observer, which must outlive the stage; set it before
-// the first step, so that the decode graphs hold its marks. INVALID_ARGUMENT for a stage of
-// another backend.
-absl::Status SetDecodeObserver(Stage& stage, DecodeObserver* observer);
-// How many decode graphs the stage holds (with cuda_graphs: one per batch-size bucket from the
-// load on). INVALID_ARGUMENT for a stage of another backend.
-absl::StatusOr<int> DecodeGraphCount(const Stage& stage);
-
-// The cudaStream_t every step of a CUDA stage runs on (NcclTransportOptions::stream);
-// INVALID_ARGUMENT for a stage of another backend.
-absl::StatusOr<void*> CudaStageStream(Stage& stage);
-
-// Work queued on a CUDA stage's stream right behind each decode step's forward pass, before the
-// stage waits for the step: a transport sharing the stream (NcclTransportOptions::stream) sends
-// the step's output from there, so the send starts when the forward pass ends rather than once
-// the host has seen the step complete. `hidden` is the output of a stage without the LM head
-// (device memory, written in stream order), `device_tokens` that of the last stage (one sampled
-// token per sequence of the step, in order, whether or not the sequence samples; device memory),
-// null otherwise. An error fails the step (after the stage has waited for it) and leaves the
-// stage usable.
-using DecodeTail = std::function<absl::Status(const StepDescriptor& step, const Activations& hidden,
-                                              const int32_t* device_tokens)>;
-
-// Sets (or, with an empty function, clears) the stage's decode tail; INVALID_ARGUMENT for a stage
-// of another backend.
-absl::Status SetDecodeTail(Stage& stage, DecodeTail tail);
-
-// Has the stage's waits for its stream poll `watch` (about every millisecond) instead of blocking
-// in the driver, for a transport that shares the stream (NcclTransport::Watch): an error from it
-// fails the step once the stream has drained (the watch having aborted what kept it busy), or
-// after 10 s more if it does not drain. An empty function restores the plain wait. The watch must
-// stay callable while set. INVALID_ARGUMENT for a stage of another backend.
-absl::Status SetStreamWatch(Stage& stage, std::function<absl::Status()> watch);
 
 // `bytes` of device memory of CUDA device `device`, freed (on that device) when the last owner,
 // aliases included, lets go.

@@ -146,15 +146,24 @@ class CudaStage final : public Stage {
   bool DecodeDone() const override;
   absl::StatusOr<StepOutput> FinishDecode() override;
   int launched_decodes() const override { return static_cast<int>(ahead_.size()); }
+  absl::StatusOr<Activations> ToHost(const Activations& a) const override;
+  absl::StatusOr<void*> DeviceStream() const override { return static_cast<void*>(stream()); }
+  absl::Status SetDecodeTail(DecodeTail tail) override {
+    tail_ = std::move(tail);
+    return absl::OkStatus();
+  }
+  absl::Status SetStreamWatch(std::function<absl::Status()> watch) override {
+    watch_ = std::move(watch);
+    return absl::OkStatus();
+  }
   // The observer's marks are recorded into the decode graphs: they are captured again.
-  void set_observer(DecodeObserver* observer) {
+  absl::Status SetDecodeObserver(DecodeObserver* observer) override {
     observer_ = observer;
     graphs_.clear();
+    return absl::OkStatus();
   }
-  int decode_graphs() const { return static_cast<int>(graphs_.size()); }
+  absl::StatusOr<int> DecodeGraphCount() const override { return static_cast<int>(graphs_.size()); }
   cudaStream_t stream() const { return stream_.get(); }
-  void set_tail(DecodeTail tail) { tail_ = std::move(tail); }
-  void set_watch(std::function<absl::Status()> watch) { watch_ = std::move(watch); }
 
  private:
   // Offsets (bytes) of the step inputs inside the host and device blocks.

@@ -129,12 +129,12 @@ void KvMoves::EndSteps() {
 }
 
 int KvMoves::SpillToHost() {
-  if (!options_.kv_to_host) return 0;
+  if (options_.backend == nullptr) return 0;
   absl::MutexLock lock(&stash_mu_);
   int moved = 0;
   for (auto& [key, block] : stash_) {
     if (!block->on_device()) continue;
-    absl::StatusOr<KvBlock> host = options_.kv_to_host(*block);
+    absl::StatusOr<KvBlock> host = options_.backend->KvToHost(*block);
     if (!host.ok()) {
       spdlog::warn("sequence {}: KV stash kept in device memory: {}", key,
                    host.status().ToString());
@@ -258,8 +258,9 @@ absl::StatusOr<std::shared_ptr<const KvBlock>> KvMoves::OnHost(
     uint64_t key, std::shared_ptr<const KvBlock> block) {
   if (!block->on_device()) return block;
   absl::StatusOr<KvBlock> host =
-      options_.kv_to_host ? options_.kv_to_host(*block)
-                          : absl::InternalError("no copy from device memory in this worker");
+      options_.backend != nullptr
+          ? options_.backend->KvToHost(*block)
+          : absl::InternalError("no copy from device memory in this worker");
   if (!host.ok()) return OfSequence(key, host.status());
   return std::make_shared<const KvBlock>(*std::move(host));
 }
@@ -593,7 +594,7 @@ absl::Status KvMoves::JoinSendLink(HeldKvLink& held, const v1::FetchKvRequest& r
     return WentAway();
   }
   absl::StatusOr<std::unique_ptr<KvLink>> joined =
-      options_.join_kv_link(req.nccl_id(), /*rank=*/0, sink.cancelled);
+      options_.backend->JoinKvLink(req.nccl_id(), /*rank=*/0, sink.cancelled);
   if (!joined.ok()) {
     DropSendLink(held, req.nccl_id());
     return joined.status();
@@ -609,7 +610,7 @@ void KvMoves::DropSendLink(HeldKvLink& held, const std::string& unique_id) {
 }
 
 absl::Status KvMoves::SendOverNccl(const v1::FetchKvRequest& req, const KvChunkSink& sink) {
-  if (!options_.join_kv_link) {
+  if (!has_nccl()) {
     return absl::FailedPreconditionError("KV over NCCL: this worker has no NCCL");
   }
   // Every sequence first, on the GPU, so that a refusal comes before anything moves. A step's
@@ -716,7 +717,7 @@ absl::StatusOr<std::optional<std::vector<KvBlock>>> KvMoves::FetchOverNccl(
   // Nothing asked but the link, which is there.
   if (!join && keys.empty()) return Fetched(std::in_place);
   if (join) {
-    absl::StatusOr<std::string> id = options_.make_nccl_id();
+    absl::StatusOr<std::string> id = options_.backend->MakeNcclId();
     if (!id.ok()) return from(id.status());
     held->unique_id = *id;
   }
@@ -753,7 +754,7 @@ absl::StatusOr<std::optional<std::vector<KvBlock>>> KvMoves::FetchOverNccl(
       return fail(absl::DataLossError("a sequence came before the link was joined"));
     }
     absl::StatusOr<std::unique_ptr<KvLink>> joined =
-        options_.join_kv_link(held->unique_id, /*rank=*/1, nullptr);
+        options_.backend->JoinKvLink(held->unique_id, /*rank=*/1, nullptr);
     if (!joined.ok()) {
       held->unreachable = true;  // NCCL does not connect the two: gRPC from now on
       spdlog::warn("KV from {}: NCCL link not joined, over gRPC from now on: {}", address,

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "common/security/credentials.h"
 #include "proto/tandem.grpc.pb.h"
+#include "worker/backend.h"
 #include "worker/kv_out.h"
 #include "worker/service/assignment.h"
 #include "worker/stage.h"
@@ -32,19 +33,14 @@
 
 namespace tandem {
 
-// What moves KV-cache off this worker's host (the backend's; all empty on a CPU worker).
+// What moves KV-cache off this worker's host.
 struct KvMoveOptions {
-  // A new NCCL unique id, for a two-rank KV link this worker fetches on.
-  std::function<absl::StatusOr<std::string>()> make_nccl_id;
-  // Joins the two-rank NCCL communicator of a unique id as rank 0 (sends) or 1 (receives),
-  // giving up once `cancelled` says so. With it (and make_nccl_id), ExportKv keeps stashes on
-  // the GPU when asked, and fetches between two such workers go over NCCL (gRPC when the other
-  // worker cannot). Empty: KV-cache moves through host memory and gRPC.
-  std::function<absl::StatusOr<std::unique_ptr<KvLink>>(const std::string& unique_id, int rank,
-                                                        std::function<bool()> cancelled)>
-      join_kv_link;
-  // A stashed block in device memory copied to host memory, for a fetch over gRPC.
-  std::function<absl::StatusOr<KvBlock>(const KvBlock&)> kv_to_host;
+  // The worker's backend (worker/backend.h), which must outlive the moves; null: a host worker's.
+  // With its KV link (Backend::has_kv_link), ExportKv keeps stashes on the GPU when asked, and
+  // fetches between two such workers go over NCCL (gRPC when the other worker cannot); without,
+  // KV-cache moves through host memory and gRPC. A stashed block in device memory is copied to
+  // host memory (Backend::KvToHost) for a fetch over gRPC.
+  Backend* backend = nullptr;
   // How fetches reach other workers: TLS and the cluster secret.
   ClientAuth peer_auth;
 };
@@ -67,7 +63,7 @@ class KvMoves {
   explicit KvMoves(KvMoveOptions options);
 
   // Whether KV-cache can move between GPUs over NCCL from this worker.
-  bool has_nccl() const { return options_.join_kv_link && options_.make_nccl_id; }
+  bool has_nccl() const { return options_.backend != nullptr && options_.backend->has_kv_link(); }
 
   // ExportKv: `req`'s sequences of `a`'s stage into the stash (replacing what it held of their
   // keys, write-outs included), in device memory where asked and possible; resp.bytes set.

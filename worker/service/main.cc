@@ -24,15 +24,14 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "spdlog/spdlog.h"
+#include "worker/cpu/cpu_backend.h"
 #include "worker/cpu/cpu_stage.h"
 #include "worker/service/worker_config.h"
 #include "worker/service/worker_service.h"
 #include "worker/transport/grpc_transport.h"
 #ifdef TANDEM_HAVE_CUDA
+#include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_stage.h"
-#include "worker/cuda/host_copy.h"
-#include "worker/transport/nccl_kv_link.h"
-#include "worker/transport/nccl_transport.h"
 #endif
 
 // A flag per setting of WorkerConfig, with its default and help (worker/service/worker_config.h).
@@ -45,15 +44,10 @@ namespace {
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop.store(true); }
 
-// The compute backend the flags ask for: how stages are made and how they link to their
-// neighbours. A bad flag is INVALID_ARGUMENT with the message to print.
-struct Backend {
-  tandem::StageFactory factory;
-  tandem::LinkOptions link;
-};
-
-absl::StatusOr<Backend> CpuBackend(const tandem::WorkerConfig& config,
-                                   const std::string& transport) {
+// The compute backend the flags ask for. A bad flag is INVALID_ARGUMENT with the message to
+// print.
+absl::StatusOr<std::unique_ptr<tandem::Backend>> CpuBackendFromFlags(
+    const tandem::WorkerConfig& config, const std::string& transport) {
   if (transport == "nccl")
     return absl::InvalidArgumentError("--transport=nccl needs --backend=cuda");
   if (config.batch_invariant) {
@@ -63,9 +57,7 @@ absl::StatusOr<Backend> CpuBackend(const tandem::WorkerConfig& config,
   if (absl::Status s = tandem::SetCpuThreads(config.cpu_threads); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--cpu_threads: ", s.message()));
   }
-  Backend b;
-  b.factory = [](const tandem::StageSpec& spec) { return tandem::MakeCpuStage(spec); };
-  return b;
+  return std::make_unique<tandem::CpuBackend>();
 }
 
 #ifdef TANDEM_HAVE_CUDA
@@ -92,96 +84,48 @@ absl::StatusOr<tandem::CudaOptions> CudaOptionsFromFlags(
 }
 #endif
 
-absl::StatusOr<Backend> CudaBackend(const tandem::WorkerConfig& config) {
+absl::StatusOr<std::unique_ptr<tandem::Backend>> CudaBackendFromFlags(
+    const tandem::WorkerConfig& config) {
 #ifdef TANDEM_HAVE_CUDA
-  absl::StatusOr<tandem::CudaOptions> opt = CudaOptionsFromFlags(config);
-  if (!opt.ok()) return opt.status();
-  const tandem::CudaOptions options = *opt;
-  Backend b;
-  b.factory = [options](const tandem::StageSpec& spec) {
-    return tandem::MakeCudaStage(spec, options);
-  };
-  b.link.place_weights = [options](const tandem::StageSpec& spec) {
-    return tandem::PlaceCudaWeights(spec, options);
-  };
-  b.link.warm_up = [options](const tandem::StageSpec& spec) -> absl::Status {
-    return tandem::MakeCudaStage(spec, options).status();
-  };
-  b.link.to_host = [device = options.device](const tandem::Activations& a) {
-    return tandem::CopyActivationsToHost(a, device);
-  };
-  // One stream per worker: the transport's copies and NCCL kernels go on the stage's stream
-  // (kernels on a second stream slow cuBLAS's GEMMs by ~3% on Hopper,
-  // docs/performance-pipeline.md), and the stage's waits watch the sends, so that one the next
-  // stage never takes ends in an abort at the timeout instead of a wait without end.
-  b.link.bind_nccl = [](tandem::Stage& stage, tandem::ActivationTransport& t) -> absl::Status {
-    auto* nccl = dynamic_cast<tandem::NcclTransport*>(&t);
-    if (nccl == nullptr) return absl::OkStatus();
-    absl::StatusOr<void*> stream = tandem::CudaStageStream(stage);
-    if (!stream.ok()) return stream.status();
-    if (absl::Status st = nccl->UseStream(*stream); !st.ok()) return st;
-    return tandem::SetStreamWatch(stage, [nccl] { return nccl->Watch(); });
-  };
-  // With the link on the stage's stream, decode steps send their output from the device.
-  b.link.set_decode_tail = tandem::SetDecodeTail;
-  b.link.make_nccl_id = [] { return tandem::MakeNcclUniqueId(); };
-  b.link.join_nccl = [options,
-                      recv_timeout = config.recv_timeout_s](const tandem::NcclJoin& j)
-      -> absl::StatusOr<std::unique_ptr<tandem::ActivationTransport>> {
-    tandem::NcclTransportOptions o;
-    o.device = options.device;
-    o.rank = j.rank;
-    o.world = j.world;
-    o.hidden_size = j.hidden_size;
-    o.dtype = options.dtype;
-    o.max_rows = j.max_rows;
-    o.timeout = absl::Seconds(recv_timeout);
-    absl::StatusOr<std::unique_ptr<tandem::NcclTransport>> t =
-        tandem::NcclTransport::Create(o, j.unique_id);
-    if (!t.ok()) return t.status();
-    return std::unique_ptr<tandem::ActivationTransport>(*std::move(t));
-  };
-  b.link.kv_to_host = tandem::KvBlockToHost;
-  if (config.kv_over_nccl) {
-    b.link.join_kv_link =
-        [device = options.device,
-         // Joining waits for the other worker, which joins as it takes the request.
-         timeout = std::min(absl::Seconds(config.recv_timeout_s), absl::Seconds(60))](
-            const std::string& id, int rank,
-            std::function<bool()> cancelled) -> absl::StatusOr<std::unique_ptr<tandem::KvLink>> {
-      absl::StatusOr<std::unique_ptr<tandem::NcclKvLink>> l =
-          tandem::NcclKvLink::Join(device, rank, id, timeout, std::move(cancelled));
-      if (!l.ok()) return l.status();
-      return std::unique_ptr<tandem::KvLink>(*std::move(l));
-    };
-  }
-  return b;
+  absl::StatusOr<tandem::CudaOptions> options = CudaOptionsFromFlags(config);
+  if (!options.ok()) return options.status();
+  return std::make_unique<tandem::CudaBackend>(
+      tandem::CudaBackendOptions{.stage = *options,
+                                 .recv_timeout = absl::Seconds(config.recv_timeout_s),
+                                 .kv_over_nccl = config.kv_over_nccl});
 #else
+  (void)config;
   return absl::InvalidArgumentError(
       "--backend=cuda: this tandem-worker was built without CUDA (available: cpu)");
 #endif
 }
 
-absl::StatusOr<Backend> BackendFromFlags(const tandem::WorkerConfig& config) {
+// The backend and what PrepareLink offers ("auto": nccl on the cuda backend, grpc otherwise).
+struct BackendChoice {
+  std::unique_ptr<tandem::Backend> backend;
+  std::string transport;
+};
+
+absl::StatusOr<BackendChoice> BackendFromFlags(const tandem::WorkerConfig& config) {
   const std::string backend = config.backend;
   const std::string transport = config.transport;
   if (transport != "grpc" && transport != "nccl" && transport != "auto") {
     return absl::InvalidArgumentError(
         absl::StrCat("--transport: '", transport, "' (expected grpc, nccl or auto)"));
   }
-  absl::StatusOr<Backend> b;
+  absl::StatusOr<std::unique_ptr<tandem::Backend>> b;
   if (backend == "cpu") {
-    b = CpuBackend(config, transport);
+    b = CpuBackendFromFlags(config, transport);
   } else if (backend == "cuda") {
-    b = CudaBackend(config);
+    b = CudaBackendFromFlags(config);
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend: '", backend, "' is not a backend (expected cpu or cuda)"));
   }
-  if (b.ok()) {
-    b->link.transport = transport != "auto" ? transport : backend == "cuda" ? "nccl" : "grpc";
-  }
-  return b;
+  if (!b.ok()) return b.status();
+  return BackendChoice{*std::move(b), transport != "auto" ? transport
+                                      : backend == "cuda" ? "nccl"
+                                                          : "grpc"};
 }
 
 // Cluster members only: the secret on every call, and with --tls_ca a certificate the CA signed
@@ -277,7 +221,7 @@ int main(int argc, char** argv) {
     spdlog::error("{}", std::string(s.message()));
     return 2;
   }
-  absl::StatusOr<Backend> backend = BackendFromFlags(config);
+  absl::StatusOr<BackendChoice> backend = BackendFromFlags(config);
   if (!backend.ok()) {
     spdlog::error("{}", std::string(backend.status().message()));
     return 2;
@@ -301,12 +245,11 @@ int main(int argc, char** argv) {
     spdlog::error("--model_root: '{}' is not a folder", root);
     return 2;
   }
-  backend->link.peer_auth = access->cluster_auth;
 
   tandem::ActivationInbox inbox;
-  tandem::WorkerService worker(backend->factory, inbox,
-                               absl::Seconds(config.recv_timeout_s),
-                               std::move(backend->link));
+  tandem::WorkerService worker(
+      std::move(backend->backend), inbox, absl::Seconds(config.recv_timeout_s),
+      {.transport = backend->transport, .peer_auth = access->cluster_auth});
   worker.set_access(access->callers, config.model_root);
   worker.set_launch_ahead(*launch_ahead);
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> step_trace(nullptr, &std::fclose);

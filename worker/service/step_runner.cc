@@ -21,7 +21,7 @@ absl::StatusOr<std::unique_ptr<StepRunner>> StepRunner::Create(Stage& stage,
     return absl::InvalidArgumentError(absl::StrCat("step runner: stage ", options.stage, " of ",
                                                    options.num_stages, " has no transport"));
   }
-  if (options.host_link && options.set_decode_tail) {
+  if (options.host_link && options.device_sends) {
     return absl::InvalidArgumentError(
         "step runner: device sends need a transport of device activations (not a host link)");
   }
@@ -35,16 +35,15 @@ absl::StatusOr<std::unique_ptr<StepRunner>> StepRunner::Create(Stage& stage,
   // send from the device.
   if (options.stage + 1 == options.num_stages && !options.tokens_to_first &&
       !options.feed_first) {
-    options.set_decode_tail = nullptr;
+    options.device_sends = false;
   }
   if (options.feed_first && (options.stage == 0 || options.stage + 1 == options.num_stages)) {
     RETURN_IF_ERROR(transport->SeparateTokens());
   }
   std::unique_ptr<StepRunner> runner(new StepRunner(stage, transport, std::move(options)));
-  if (runner->opt_.set_decode_tail) {
+  if (runner->opt_.device_sends) {
     StepRunner* r = runner.get();
-    RETURN_IF_ERROR(runner->opt_.set_decode_tail(
-        stage,
+    RETURN_IF_ERROR(stage.SetDecodeTail(
         [r](const StepDescriptor& step, const Activations& hidden, const int32_t* device_tokens) {
           return r->SendFromDevice(step, hidden, device_tokens);
         }));
@@ -56,7 +55,7 @@ StepRunner::StepRunner(Stage& stage, ActivationTransport* transport, StepRunnerO
     : stage_(stage), transport_(transport), opt_(std::move(options)) {}
 
 StepRunner::~StepRunner() {
-  if (opt_.set_decode_tail) (void)opt_.set_decode_tail(stage_, nullptr);
+  if (opt_.device_sends) (void)stage_.SetDecodeTail(nullptr);
 }
 
 absl::Status StepRunner::SendFromDevice(const StepDescriptor& step, const Activations& hidden,
@@ -214,11 +213,7 @@ absl::StatusOr<StepRun> StepRunner::Run(const StepDescriptor& given,
   StepOutput& o = run.output;
   if (!last() && !sent_) {
     if (opt_.host_link && o.hidden.where == Where::kDevice) {
-      if (!opt_.to_host) {
-        return absl::InternalError(absl::StrCat(
-            "step ", step.id, ": device activations, but no device-to-host copy is set up"));
-      }
-      ASSIGN_OR_RETURN(o.hidden, opt_.to_host(o.hidden));
+      ASSIGN_OR_RETURN(o.hidden, stage_.ToHost(o.hidden));
     }
     RETURN_IF_ERROR(transport_->Send(step.id, o.hidden));
     run.times.send_bytes = static_cast<int64_t>(o.hidden.nbytes());

@@ -40,12 +40,8 @@
 
 namespace tandem {
 
-// Work queued behind a decode step's forward pass, inside Stage::Step (the CUDA stage's
-// DecodeTail, worker/cuda/cuda_stage.h): `hidden` is the output of a stage without the LM head,
-// `device_tokens` that of the last stage (one sampled token per sequence of the step, in device
-// memory), null otherwise. An error fails the step.
-using DecodeSend = std::function<absl::Status(const StepDescriptor& step, const Activations& hidden,
-                                              const int32_t* device_tokens)>;
+// Work queued behind a decode step's forward pass, inside Stage::Step (Stage::SetDecodeTail).
+using DecodeSend = DecodeTail;
 
 struct StepRunnerOptions {
   int stage = 0;       // this stage's index in its pipeline
@@ -58,13 +54,12 @@ struct StepRunnerOptions {
   // too, which feeds kPreviousSample tokens from them (ActivationTransport::PostRecvTokens).
   bool feed_first = false;
   // The transport carries host activations only (gRPC): device outputs are copied to the host
-  // with `to_host` first.
+  // (Stage::ToHost) first.
   bool host_link = true;
-  std::function<absl::StatusOr<Activations>(const Activations&)> to_host;
-  // Installs (or, with an empty function, clears) the stage's decode tail (SetDecodeTail of the
-  // CUDA stage); set only where the transport's work shares the stage's stream. Empty: every send
-  // is made once the step has finished.
-  std::function<absl::Status(Stage&, DecodeSend)> set_decode_tail;
+  // The transport's work shares the stage's stream (ActivationTransport::BindStage): decode steps
+  // send their output from the device, through the stage's decode tail (Stage::SetDecodeTail).
+  // False: every send is made once the step has finished.
+  bool device_sends = false;
 };
 
 // Where one step's time went on the host, and what it moved.
@@ -85,7 +80,7 @@ struct StepRun {
 class StepRunner {
  public:
   // `transport` may be null for a single stage; it must outlive the runner, as must `stage`.
-  // Installs the decode tail where `options.set_decode_tail` is set (and clears it on
+  // Installs the decode tail where `options.device_sends` is set (and clears it on
   // destruction). INVALID_ARGUMENT for options that describe no stage of a pipeline.
   static absl::StatusOr<std::unique_ptr<StepRunner>> Create(Stage& stage,
                                                             ActivationTransport* transport,
@@ -103,7 +98,7 @@ class StepRunner {
 
   bool first() const { return opt_.stage == 0; }
   bool last() const { return opt_.stage + 1 == opt_.num_stages; }
-  bool device_sends() const { return static_cast<bool>(opt_.set_decode_tail); }
+  bool device_sends() const { return opt_.device_sends; }
   // Steps whose tokens stand for the previous samples (kPreviousSample) run on this stage's
   // pipeline: a single stage, or stages whose first is fed by the last.
   bool feeds_previous_samples() const { return opt_.num_stages == 1 || opt_.feed_first; }

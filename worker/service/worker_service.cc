@@ -27,7 +27,7 @@ namespace {
 // How often an executor holding a launched step looks whether it ended while it waits for the
 // next request.
 constexpr absl::Duration kLaunchedPoll = absl::Microseconds(50);
-// Positions of the KV-cache of the stage a prepare warms up (LinkOptions::warm_up).
+// Positions of the KV-cache of the stage a prepare warms up (Backend::WarmUp).
 constexpr int kWarmUpPositions = 16;
 
 v1::StepResult ErrorResult(uint64_t step, const absl::Status& s) {
@@ -60,16 +60,13 @@ grpc::Status CheckStepFitsLink(const v1::AssignStageRequest& req, int hidden_siz
 
 }  // namespace
 
-WorkerService::WorkerService(StageFactory factory, ActivationInbox& inbox,
+WorkerService::WorkerService(std::unique_ptr<Backend> backend, ActivationInbox& inbox,
                              absl::Duration recv_timeout, LinkOptions link)
-    : factory_(std::move(factory)),
+    : backend_(std::move(backend)),
       inbox_(inbox),
       recv_timeout_(recv_timeout),
       link_(std::move(link)),
-      kv_({.make_nccl_id = link_.make_nccl_id,
-           .join_kv_link = link_.join_kv_link,
-           .kv_to_host = link_.kv_to_host,
-           .peer_auth = link_.peer_auth}) {}
+      kv_({.backend = backend_.get(), .peer_auth = link_.peer_auth}) {}
 
 grpc::Status WorkerService::PrepareLink(grpc::ServerContext* ctx,
                                         const v1::PrepareLinkRequest* req,
@@ -79,11 +76,11 @@ grpc::Status WorkerService::PrepareLink(grpc::ServerContext* ctx,
     resp->set_transport("grpc");
     return grpc::Status::OK;
   }
-  if (!link_.make_nccl_id) {
+  if (!backend_->has_nccl()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "transport nccl: this worker has no NCCL (a CUDA build with --backend=cuda)");
   }
-  absl::StatusOr<std::string> id = link_.make_nccl_id();
+  absl::StatusOr<std::string> id = backend_->MakeNcclId();
   if (!id.ok()) {
     spdlog::error("assignment {}: ncclUniqueId: {}", req->assignment_id(), id.status().ToString());
     return grpc::Status(grpc::StatusCode::INTERNAL,
@@ -110,7 +107,7 @@ grpc::Status WorkerService::CheckAssignment(const v1::AssignStageRequest& req, S
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("transport: '", *transport, "' (expected grpc or nccl)"));
   }
-  if (*transport == "nccl" && !link_.join_nccl) {
+  if (*transport == "nccl" && !backend_->has_nccl()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "transport nccl: this worker has no NCCL (a CUDA build with --backend=cuda)");
   }
@@ -145,7 +142,7 @@ absl::StatusOr<std::unique_ptr<ActivationTransport>> WorkerService::JoinPipeline
   join.world = req.num_stages();
   join.hidden_size = config.hidden_size;
   join.max_rows = MaxStepRows(req);
-  absl::StatusOr<std::unique_ptr<ActivationTransport>> t = link_.join_nccl(join);
+  absl::StatusOr<std::unique_ptr<ActivationTransport>> t = backend_->JoinNccl(join);
   if (!t.ok()) {
     spdlog::error("assignment {}: NCCL: {}", req.assignment_id(), t.status().ToString());
     return absl::Status(t.status().code() == absl::StatusCode::kInvalidArgument
@@ -182,13 +179,13 @@ grpc::Status WorkerService::Prepare(const v1::AssignStageRequest& req, const Sta
                                        std::string(st.message())));
     }
   }
-  if (link_.place_weights) {
+  if (backend_->places_weights()) {
     StageSpec want = spec;
     {
       absl::MutexLock lock(&mu_);
       if (current_ != nullptr) want.placed = current_->engine->placed_weights();
     }
-    absl::StatusOr<std::shared_ptr<const PlacedWeights>> w = link_.place_weights(want);
+    absl::StatusOr<std::shared_ptr<const PlacedWeights>> w = backend_->PlaceWeights(want);
     if (w.ok()) {
       p->weights = *std::move(w);
     } else {
@@ -198,13 +195,13 @@ grpc::Status WorkerService::Prepare(const v1::AssignStageRequest& req, const Sta
     }
     // A worker's first stage: a throwaway one on the weights just placed, with a KV-cache of a
     // few positions, so that the libraries' and kernels' code is loaded now, not in the pause.
-    if (link_.warm_up && !made_a_stage_ && p->weights != nullptr) {
+    if (!made_a_stage_ && p->weights != nullptr) {
       const absl::Time w0 = absl::Now();
       StageSpec small = want;
       small.placed.push_back(p->weights);
       small.max_seq_len = std::min(spec.max_seq_len > 0 ? spec.max_seq_len : kWarmUpPositions,
                                    kWarmUpPositions);
-      if (absl::Status st = link_.warm_up(small); st.ok()) {
+      if (absl::Status st = backend_->WarmUp(small); st.ok()) {
         made_a_stage_ = true;
         spdlog::info("assignment {}: a first stage warmed up in {:.3f} s", req.assignment_id(),
                      absl::ToDoubleSeconds(absl::Now() - w0));
@@ -286,8 +283,94 @@ grpc::Status WorkerService::ReleaseStage(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
-                                        const v1::AssignStageRequest* req,
+void WorkerService::DropCurrentFor(StageSpec& spec, bool drained) {
+  std::shared_ptr<Assignment> old;
+  {
+    absl::MutexLock lock(&mu_);
+    if (current_ != nullptr) {
+      for (std::shared_ptr<const PlacedWeights>& w : current_->engine->placed_weights()) {
+        if (w->last_layer() > spec.first_layer &&
+            (spec.last_layer < 0 || w->first_layer() < spec.last_layer)) {
+          spec.placed.push_back(std::move(w));
+        }
+      }
+    }
+    old = std::move(current_);
+  }
+  CloseInBackground(std::move(old), drained);
+}
+
+absl::StatusOr<std::unique_ptr<Stage>> WorkerService::MakeStage(StageSpec& spec) {
+  absl::StatusOr<std::unique_ptr<Stage>> stage = backend_->MakeStage(spec);
+  if (absl::IsResourceExhausted(stage.status()) && kv_.SpillToHost() > 0) {
+    stage = backend_->MakeStage(spec);  // with the GPU memory the stash held
+  }
+  if (absl::IsResourceExhausted(stage.status()) && !spec.placed.empty()) {
+    spec.placed.clear();  // arenas held whole for some of their layers: load just what it needs
+    stage = backend_->MakeStage(spec);
+  }
+  return stage;
+}
+
+grpc::Status WorkerService::StageError(const v1::AssignStageRequest& req, const absl::Status& s) {
+  spdlog::error("assignment {}: {}", req.assignment_id(), s.ToString());
+  // INVALID_ARGUMENT (sizes that overflow, a malformed checkpoint) and RESOURCE_EXHAUSTED (a
+  // KV-cache that does not fit) keep their code; other failures are the worker's state.
+  const bool sizes = s.code() == absl::StatusCode::kInvalidArgument ||
+                     s.code() == absl::StatusCode::kResourceExhausted;
+  return grpc::Status(
+      sizes ? static_cast<grpc::StatusCode>(s.code()) : grpc::StatusCode::FAILED_PRECONDITION,
+      std::string(s.message()));
+}
+
+absl::StatusOr<std::shared_ptr<Assignment>> WorkerService::NewAssignment(
+    const v1::AssignStageRequest& req, const StageSpec& spec, std::unique_ptr<Stage> stage,
+    std::unique_ptr<ActivationTransport> nccl) {
+  // The link's work goes on the stage's stream, so decode steps send from the device.
+  bool device_sends = false;
+  if (nccl != nullptr) {
+    absl::StatusOr<bool> bound = nccl->BindStage(*stage);
+    if (!bound.ok()) {
+      spdlog::error("assignment {}: NCCL: {}", req.assignment_id(), bound.status().ToString());
+      return absl::FailedPreconditionError(
+          absl::StrCat("NCCL link of stage ", req.stage(), ": ", bound.status().message()));
+    }
+    device_sends = *bound;
+  }
+  auto a = std::make_shared<Assignment>();
+  a->id = req.assignment_id();
+  a->stage = req.stage();
+  a->num_stages = req.num_stages();
+  a->first_layer = spec.first_layer;
+  a->last_layer = stage->config().num_layers;
+  if (spec.last_layer >= 0 && spec.last_layer < a->last_layer) a->last_layer = spec.last_layer;
+  a->max_seq_len = req.max_seq_len() > 0 ? req.max_seq_len() : stage->config().max_positions;
+  a->engine = std::move(stage);
+  inbox_.Reset(a->id);
+  StepRunnerOptions run;
+  run.stage = a->stage;
+  run.num_stages = a->num_stages;
+  if (nccl != nullptr) {
+    a->transport = std::move(nccl);
+    run.host_link = false;
+    run.feed_first = true;  // the first stage gets the last one's tokens over NCCL
+    run.device_sends = device_sends;
+  } else {
+    a->transport =
+        std::make_unique<GrpcTransport>(a->stage > 0 ? &inbox_ : nullptr, a->id, req.next_address(),
+                                        recv_timeout_, link_.peer_auth);
+  }
+  absl::StatusOr<std::unique_ptr<StepRunner>> runner =
+      StepRunner::Create(*a->engine, a->transport.get(), std::move(run));
+  if (!runner.ok()) {
+    spdlog::error("assignment {}: {}", req.assignment_id(), runner.status().ToString());
+    return absl::FailedPreconditionError(runner.status().message());
+  }
+  a->runner = *std::move(runner);
+  return a;
+}
+
+grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx, const v1::AssignStageRequest* req,
                                         v1::AssignStageResponse* resp) {
   if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
   absl::MutexLock assign(&assign_mu_);
@@ -302,24 +385,10 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
     CloseLinkInBackground(std::move(prepared->nccl));
     prepared.reset();
   }
-  // Drop the old stage first: two full stages may not fit in memory. The weights of it that hold
-  // layers of the new stage stay for it to take.
+  // Drop the old stage first: two full stages may not fit in memory. A prepared assignment follows
+  // a layout change that drained the old pipeline first.
   const absl::Time dropping = absl::Now();
-  std::shared_ptr<Assignment> old;
-  {
-    absl::MutexLock lock(&mu_);
-    if (current_ != nullptr) {
-      for (std::shared_ptr<const PlacedWeights>& w : current_->engine->placed_weights()) {
-        if (w->last_layer() > spec.first_layer &&
-            (spec.last_layer < 0 || w->first_layer() < spec.last_layer)) {
-          spec.placed.push_back(std::move(w));
-        }
-      }
-    }
-    old = std::move(current_);
-  }
-  // A prepared assignment follows a layout change that drained the old pipeline first.
-  CloseInBackground(std::move(old), /*drained=*/prepared != nullptr);
+  DropCurrentFor(spec, /*drained=*/prepared != nullptr);
   const absl::Duration dropped = absl::Now() - dropping;
   if (prepared != nullptr && prepared->weights != nullptr) {
     spec.placed.push_back(prepared->weights);
@@ -335,66 +404,13 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx,
     if (!t.ok()) return ToGrpcStatus(t.status());
     nccl = *std::move(t);
   }
-  absl::StatusOr<std::unique_ptr<Stage>> stage = factory_(spec);
-  if (absl::IsResourceExhausted(stage.status()) && kv_.SpillToHost() > 0) {
-    stage = factory_(spec);  // with the GPU memory the stash held
-  }
-  if (absl::IsResourceExhausted(stage.status()) && !spec.placed.empty()) {
-    spec.placed.clear();  // arenas held whole for some of their layers: load just what it needs
-    stage = factory_(spec);
-  }
-  if (stage.ok()) made_a_stage_ = true;
-  if (!stage.ok()) {
-    spdlog::error("assignment {}: {}", req->assignment_id(), stage.status().ToString());
-    // INVALID_ARGUMENT (sizes that overflow, a malformed checkpoint) and RESOURCE_EXHAUSTED (a
-    // KV-cache that does not fit) keep their code; other failures are the worker's state.
-    const absl::StatusCode code = stage.status().code();
-    const bool sizes = code == absl::StatusCode::kInvalidArgument ||
-                       code == absl::StatusCode::kResourceExhausted;
-    return grpc::Status(sizes ? static_cast<grpc::StatusCode>(code)
-                              : grpc::StatusCode::FAILED_PRECONDITION,
-                        std::string(stage.status().message()));
-  }
-  if (nccl != nullptr && link_.bind_nccl) {
-    if (absl::Status st = link_.bind_nccl(**stage, *nccl); !st.ok()) {
-      spdlog::error("assignment {}: NCCL: {}", req->assignment_id(), st.ToString());
-      return grpc::Status(
-          grpc::StatusCode::FAILED_PRECONDITION,
-          absl::StrCat("NCCL link of stage ", req->stage(), ": ", std::string(st.message())));
-    }
-  }
-  auto a = std::make_shared<Assignment>();
-  a->id = req->assignment_id();
-  a->stage = req->stage();
-  a->num_stages = req->num_stages();
-  a->first_layer = spec.first_layer;
-  a->last_layer = (*stage)->config().num_layers;
-  if (spec.last_layer >= 0 && spec.last_layer < a->last_layer) a->last_layer = spec.last_layer;
-  a->max_seq_len = req->max_seq_len() > 0 ? req->max_seq_len() : (*stage)->config().max_positions;
-  a->engine = *std::move(stage);
-  inbox_.Reset(a->id);
-  StepRunnerOptions run;
-  run.stage = a->stage;
-  run.num_stages = a->num_stages;
-  if (nccl != nullptr) {
-    a->transport = std::move(nccl);
-    run.host_link = false;
-    run.feed_first = true;  // the first stage gets the last one's tokens over NCCL
-    if (link_.bind_nccl) run.set_decode_tail = link_.set_decode_tail;
-  } else {
-    a->transport = std::make_unique<GrpcTransport>(a->stage > 0 ? &inbox_ : nullptr, a->id,
-                                                   req->next_address(), recv_timeout_,
-                                                   link_.peer_auth);
-    run.to_host = link_.to_host;
-  }
-  absl::StatusOr<std::unique_ptr<StepRunner>> runner =
-      StepRunner::Create(*a->engine, a->transport.get(), std::move(run));
-  if (!runner.ok()) {
-    spdlog::error("assignment {}: {}", req->assignment_id(), runner.status().ToString());
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        std::string(runner.status().message()));
-  }
-  a->runner = *std::move(runner);
+  absl::StatusOr<std::unique_ptr<Stage>> stage = MakeStage(spec);
+  if (!stage.ok()) return StageError(*req, stage.status());
+  made_a_stage_ = true;
+  absl::StatusOr<std::shared_ptr<Assignment>> made =
+      NewAssignment(*req, spec, *std::move(stage), std::move(nccl));
+  if (!made.ok()) return ToGrpcStatus(made.status());
+  std::shared_ptr<Assignment> a = *std::move(made);
   kv_.BeginAssignment(a->id);
   {
     absl::MutexLock lock(&mu_);
@@ -460,32 +476,36 @@ v1::StepResult WorkerService::ResultOf(Assignment& a, const StepDescriptor& d,
   return r;
 }
 
-grpc::Status WorkerService::Steps(
-    grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::StepResult, v1::StepRequest>* stream) {
-  if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
-  // This handler thread reads; the executor runs steps in arrival order; the writer sends their
-  // results. A long step never stops the coordinator from queueing the next ones, and the next
-  // step starts while the last one's result is still being written.
+// What one Steps stream's three threads share: the handler thread reads requests into `queue`;
+// the executor (StepExecutor) runs them in arrival order and puts their results in `results`;
+// the writer sends those. A long step never stops the coordinator from queueing the next ones,
+// and the next step starts while the last one's result is still being written.
+struct WorkerService::StepStream {
+  grpc::ServerContext* ctx = nullptr;
+  grpc::ServerReaderWriter<v1::StepResult, v1::StepRequest>* stream = nullptr;
   absl::Mutex mu;
-  std::deque<v1::StepRequest> queue;
-  std::deque<v1::StepResult> results;
-  bool reading_done = false;
-  bool executing_done = false;
+  std::deque<v1::StepRequest> queue ABSL_GUARDED_BY(mu);
+  std::deque<v1::StepResult> results ABSL_GUARDED_BY(mu);
+  bool reading_done ABSL_GUARDED_BY(mu) = false;
+  bool executing_done ABSL_GUARDED_BY(mu) = false;
   std::atomic<bool> failed{false};
-  grpc::Status result = grpc::Status::OK;
-  auto cancelled = [&] { return ctx->IsCancelled() || failed.load(); };
-  auto send = [&](v1::StepResult r) {
+  grpc::Status result ABSL_GUARDED_BY(mu) = grpc::Status::OK;
+
+  bool cancelled() const { return ctx->IsCancelled() || failed.load(); }
+  void Send(v1::StepResult r) {
     absl::MutexLock lock(&mu);
     results.push_back(std::move(r));
-  };
-
-  std::thread writer([&] {
+  }
+  // The writer: sends the results until the executor is done and none is left.
+  void WriteResults() {
     SetThreadName("results");
     while (true) {
       v1::StepResult r;
       {
         absl::MutexLock lock(&mu);
-        auto ready = [&]() { return !results.empty() || executing_done; };
+        auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+          return !results.empty() || executing_done;
+        };
         mu.Await(absl::Condition(&ready));
         if (results.empty()) return;
         r = std::move(results.front());
@@ -496,146 +516,175 @@ grpc::Status WorkerService::Steps(
         return;
       }
     }
-  });
+  }
+};
 
-  // Decode steps of a single stage are launched ahead (StepRunner::Launch) where the stage can:
-  // the next step goes to the device before the one running there has finished, and the result
-  // of that one is taken after. The executor holds at most one launched step between steps, and
-  // while it waits for the next request it also watches that step end, so that its result never
-  // waits for a request that only comes after it.
-  std::thread executor([&] {
+// The executor of a Steps stream. Decode steps of a single stage are launched ahead
+// (StepRunner::Launch) where the stage can: the next step goes to the device before the one
+// running there has finished, and the result of that one is taken after. The executor holds at
+// most one launched step between steps, and while it waits for the next request it also watches
+// that step end, so that its result never waits for a request that only comes after it.
+class WorkerService::StepExecutor {
+ public:
+  StepExecutor(WorkerService& service, StepStream& s) : service_(service), s_(s) {}
+
+  void Run() {
     SetThreadName("steps");
-    std::shared_ptr<Assignment> a;
-    // Steps of a launched and not finished.
-    auto launched = [&] { return a != nullptr ? a->runner->launched() : 0; };
-    // Finishes the oldest launched step and sends its result; false where it failed.
-    auto finish = [&]() -> bool {
-      StepDescriptor d;
-      a->LockForStep();
-      absl::StatusOr<StepRun> run = a->runner->Finish(&d);
-      a->run_mu.Unlock();
-      v1::StepResult r = ResultOf(*a, d, std::move(run));
-      const bool ok = r.error_code() == 0;
-      if (!ok && !ctx->IsCancelled()) {
-        spdlog::warn("assignment {} step {}: {}", a->id, r.step_id(), r.error_message());
-      }
-      send(std::move(r));
-      if (!ok) failed.store(true);
-      return ok;
-    };
-    auto finish_all = [&]() -> bool {
-      while (launched() > 0) {
-        if (!finish()) return false;
-      }
-      return true;
-    };
     // On the way out, steps still launched are finished (their results sent while the stream
     // lasts), so that the runner holds none when the next stream comes.
     absl::Cleanup drop = [&] {
       while (launched() > 0) {
-        a->LockForStep();
-        (void)a->runner->Finish();
-        a->run_mu.Unlock();
+        a_->LockForStep();
+        (void)a_->runner->Finish();
+        a_->run_mu.Unlock();
       }
     };
     while (true) {
       v1::StepRequest req;
-      bool have = false;
-      while (true) {
-        {
-          absl::MutexLock lock(&mu);
-          auto ready = [&]() { return !queue.empty() || reading_done; };
-          if (launched() == 0) {
-            mu.Await(absl::Condition(&ready));
-          } else {
-            mu.AwaitWithTimeout(absl::Condition(&ready), kLaunchedPoll);
-          }
-          if (!queue.empty()) {
-            req = std::move(queue.front());
-            queue.pop_front();
-            have = true;
-          }
-          if (have || reading_done) break;
-        }
-        if (a->runner->LaunchedDone()) break;
-      }
-      if (!have) {
-        if (launched() == 0) return;
-        if (!finish()) return;
+      if (!Next(req)) {
+        if (launched() == 0 || !Finish()) return;
         continue;
       }
-      if (a == nullptr) {
-        absl::MutexLock lock(&mu_);
-        a = current_;
-      }
-      if (a == nullptr || a->id != req.assignment_id()) {
-        if (a != nullptr && !finish_all()) return;
-        const absl::Status s = absl::FailedPreconditionError(absl::StrFormat(
-            "step %d is for assignment %d, but this worker holds %s", req.step_id(),
-            req.assignment_id(), a ? absl::StrCat("assignment ", a->id) : "no stage"));
-        send(ErrorResult(req.step_id(), s));
-        failed.store(true);
-        absl::MutexLock lock(&mu);
-        result = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(s.message()));
-        return;
-      }
-      StepDescriptor d = FromStepRequest(req);
-      const bool ahead = launch_ahead_ == LaunchAhead::kAlways ||
-                         (launch_ahead_ == LaunchAhead::kAuto && a->engine->LaunchOverlaps());
-      if (ahead && a->runner->CanLaunch(d)) {
-        a->LockForStep();
-        absl::Status launch = a->runner->Launch(d);
-        a->run_mu.Unlock();
-        if (!launch.ok()) {
-          if (!finish_all()) return;
-          if (!ctx->IsCancelled()) {
-            spdlog::warn("assignment {} step {}: {}", a->id, d.id, launch.ToString());
-          }
-          send(ErrorResult(d.id, launch));
-          failed.store(true);
-          return;
-        }
-        // One launched step stays behind: it runs while the next request is read.
-        if (launched() > 1 && !finish()) return;
-        continue;
-      }
-      if (!finish_all()) return;
-      a->LockForStep();
-      v1::StepResult r = RunStep(*a, d, cancelled);
-      a->run_mu.Unlock();
-      const bool last = a->stage + 1 == a->num_stages;
-      if (r.error_code() != 0) {
-        if (!ctx->IsCancelled()) {
-          spdlog::warn("assignment {} step {}: {}", a->id, r.step_id(), r.error_message());
-        }
-        send(std::move(r));
-        failed.store(true);
-        return;
-      }
-      if (last) send(std::move(r));
+      if (!Execute(req)) return;
     }
-  });
+  }
 
+ private:
+  // Steps of a_ launched and not finished.
+  int launched() const { return a_ != nullptr ? a_->runner->launched() : 0; }
+
+  // The next request in `req`; false where there is none (the reading is done) or the launched
+  // step ended first.
+  bool Next(v1::StepRequest& req) {
+    while (true) {
+      {
+        absl::MutexLock lock(&s_.mu);
+        auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu) {
+          return !s_.queue.empty() || s_.reading_done;
+        };
+        if (launched() == 0) {
+          s_.mu.Await(absl::Condition(&ready));
+        } else {
+          s_.mu.AwaitWithTimeout(absl::Condition(&ready), kLaunchedPoll);
+        }
+        if (!s_.queue.empty()) {
+          req = std::move(s_.queue.front());
+          s_.queue.pop_front();
+          return true;
+        }
+        if (s_.reading_done) return false;
+      }
+      if (a_->runner->LaunchedDone()) return false;
+    }
+  }
+
+  // Runs or launches `req`; false where the stream is to end (a step failed, or it is for
+  // another assignment).
+  bool Execute(const v1::StepRequest& req) {
+    if (a_ == nullptr) {
+      absl::MutexLock lock(&service_.mu_);
+      a_ = service_.current_;
+    }
+    if (a_ == nullptr || a_->id != req.assignment_id()) {
+      if (a_ != nullptr && !FinishAll()) return false;
+      const absl::Status s = absl::FailedPreconditionError(absl::StrFormat(
+          "step %d is for assignment %d, but this worker holds %s", req.step_id(),
+          req.assignment_id(), a_ ? absl::StrCat("assignment ", a_->id) : "no stage"));
+      s_.Send(ErrorResult(req.step_id(), s));
+      s_.failed.store(true);
+      absl::MutexLock lock(&s_.mu);
+      s_.result = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(s.message()));
+      return false;
+    }
+    const StepDescriptor d = FromStepRequest(req);
+    const LaunchAhead mode = service_.launch_ahead_;
+    const bool ahead = mode == LaunchAhead::kAlways ||
+                       (mode == LaunchAhead::kAuto && a_->engine->LaunchOverlaps());
+    if (ahead && a_->runner->CanLaunch(d)) return Launch(d);
+    if (!FinishAll()) return false;
+    a_->LockForStep();
+    v1::StepResult r = service_.RunStep(*a_, d, [this] { return s_.cancelled(); });
+    a_->run_mu.Unlock();
+    if (r.error_code() != 0) return Failed(std::move(r));
+    if (a_->stage + 1 == a_->num_stages) s_.Send(std::move(r));
+    return true;
+  }
+
+  // Launches `d`, finishing the step launched before it unless it is the only one.
+  bool Launch(const StepDescriptor& d) {
+    a_->LockForStep();
+    absl::Status launch = a_->runner->Launch(d);
+    a_->run_mu.Unlock();
+    if (!launch.ok()) {
+      if (!FinishAll()) return false;
+      return Failed(ErrorResult(d.id, launch));
+    }
+    // One launched step stays behind: it runs while the next request is read.
+    return launched() <= 1 || Finish();
+  }
+
+  // Finishes the oldest launched step and sends its result; false where it failed.
+  bool Finish() {
+    StepDescriptor d;
+    a_->LockForStep();
+    absl::StatusOr<StepRun> run = a_->runner->Finish(&d);
+    a_->run_mu.Unlock();
+    v1::StepResult r = service_.ResultOf(*a_, d, std::move(run));
+    if (r.error_code() != 0) return Failed(std::move(r));
+    s_.Send(std::move(r));
+    return true;
+  }
+
+  bool FinishAll() {
+    while (launched() > 0) {
+      if (!Finish()) return false;
+    }
+    return true;
+  }
+
+  // Sends the error result `r` and ends the stream: false.
+  bool Failed(v1::StepResult r) {
+    if (!s_.ctx->IsCancelled()) {
+      spdlog::warn("assignment {} step {}: {}", a_->id, r.step_id(), r.error_message());
+    }
+    s_.Send(std::move(r));
+    s_.failed.store(true);
+    return false;
+  }
+
+  WorkerService& service_;
+  StepStream& s_;
+  std::shared_ptr<Assignment> a_;
+};
+
+grpc::Status WorkerService::Steps(
+    grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::StepResult, v1::StepRequest>* stream) {
+  if (grpc::Status a = CheckCaller(*ctx, callers_); !a.ok()) return a;
+  StepStream s;
+  s.ctx = ctx;
+  s.stream = stream;
+  std::thread writer([&s] { s.WriteResults(); });
+  std::thread executor([&] { StepExecutor(*this, s).Run(); });
   v1::StepRequest req;
-  while (!failed.load() && stream->Read(&req)) {
-    absl::MutexLock lock(&mu);
-    queue.push_back(std::move(req));
+  while (!s.failed.load() && stream->Read(&req)) {
+    absl::MutexLock lock(&s.mu);
+    s.queue.push_back(std::move(req));
   }
   {
-    absl::MutexLock lock(&mu);
-    reading_done = true;
-    queue.clear();
+    absl::MutexLock lock(&s.mu);
+    s.reading_done = true;
+    s.queue.clear();
   }
-  failed.store(true);  // stops a Recv that waits for an input which will not come
+  s.failed.store(true);  // stops a Recv that waits for an input which will not come
   executor.join();
   kv_.EndSteps();
   {
-    absl::MutexLock lock(&mu);
-    executing_done = true;  // the writer sends what is left, then ends
+    absl::MutexLock lock(&s.mu);
+    s.executing_done = true;  // the writer sends what is left, then ends
   }
   writer.join();
-  absl::MutexLock lock(&mu);
-  return result;
+  absl::MutexLock lock(&s.mu);
+  return s.result;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@
 #include "common/security/credentials.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem.grpc.pb.h"
+#include "worker/backend.h"
 #include "worker/service/assignment.h"
 #include "worker/service/kv_moves.h"
 #include "worker/service/step_runner.h"
@@ -36,62 +37,20 @@ namespace tandem {
 
 struct WorkerMetrics;  // common/metrics.h
 
-// Makes the compute backend's stage: "cpu" (and "cuda" where built).
-using StageFactory =
-    std::function<absl::StatusOr<std::unique_ptr<Stage>>(const StageSpec& spec)>;
-
-// What a stage needs to join its pipeline's NCCL communicator.
-struct NcclJoin {
-  std::string unique_id;  // kNcclUniqueIdBytes bytes from the first stage's PrepareLink
-  int rank = 0;           // the stage index
-  int world = 1;          // stages in the pipeline
-  int hidden_size = 0;    // cols of every activation
-  int64_t max_rows = 0;   // rows of the largest step
-};
-
-// How this worker links to its neighbours. The NCCL functions exist only in CUDA builds with the
-// cuda backend (main.cc); without them a "nccl" assignment fails with FAILED_PRECONDITION.
+// How this worker links to its neighbours.
 struct LinkOptions {
-  // What PrepareLink offers when this worker is a pipeline's first stage: "grpc" or "nccl".
+  // What PrepareLink offers when this worker is a pipeline's first stage: "grpc" or "nccl" (which
+  // needs a backend with NCCL; without it a "nccl" assignment fails with FAILED_PRECONDITION).
   std::string transport = "grpc";
-  std::function<absl::StatusOr<std::string>()> make_nccl_id;
-  std::function<absl::StatusOr<std::unique_ptr<ActivationTransport>>(const NcclJoin&)> join_nccl;
-  // Copies device activations to the host for the gRPC link; empty: stages output host ones.
-  std::function<absl::StatusOr<Activations>(const Activations&)> to_host;
-  // Called once an assignment has both its stage and its NCCL transport (the transport is made
-  // first and destroyed first): main.cc puts the transport's work on the stage's stream and has
-  // the stage's waits watch the transport's sends. Empty: nothing.
-  std::function<absl::Status(Stage&, ActivationTransport&)> bind_nccl;
-  // With an NCCL link bound to the stage's stream: installs the stage's decode tail, so that
-  // decode steps send their output from the device (StepRunnerOptions::set_decode_tail). Empty:
-  // every send once the host has seen the step finish.
-  std::function<absl::Status(Stage&, DecodeSend)> set_decode_tail;
   // How the gRPC link reaches the next stage's StageLink: TLS and the cluster secret.
   ClientAuth peer_auth;
-  // KV-cache between GPUs: joins the two-rank NCCL communicator of a unique id (make_nccl_id) as
-  // rank 0 (sends) or 1 (receives), giving up once `cancelled` says so. With it, ExportKv keeps
-  // stashes on the GPU when asked, and fetches between two such workers go over NCCL (gRPC when
-  // the other worker cannot). Empty: KV-cache moves through host memory and gRPC.
-  std::function<absl::StatusOr<std::unique_ptr<KvLink>>(const std::string& unique_id, int rank,
-                                                        std::function<bool()> cancelled)>
-      join_kv_link;
-  // A stashed block in device memory copied to host memory, for a fetch over gRPC.
-  std::function<absl::StatusOr<KvBlock>(const KvBlock&)> kv_to_host;
-  // Places the weights of `spec`'s layers that spec.placed lacks (MakeCudaStage's
-  // PlaceCudaWeights), for a prepared assignment; null when nothing lacks. Empty: the backend
-  // places none, and a stage loads all it needs when assigned.
-  std::function<absl::StatusOr<std::shared_ptr<const PlacedWeights>>(const StageSpec& spec)>
-      place_weights;
-  // Makes a stage of `spec` (on placed weights, with a small KV-cache) and drops it, so that a
-  // worker's first stage does not load its libraries' and kernels' code in a re-partition's pause;
-  // asked by a prepare of a worker that has made no stage yet. Empty: nothing to warm.
-  std::function<absl::Status(const StageSpec& spec)> warm_up;
 };
 
 class WorkerService final : public v1::Worker::Service {
  public:
-  WorkerService(StageFactory factory, ActivationInbox& inbox, absl::Duration recv_timeout,
-                LinkOptions link = {});
+  // `backend` makes the stages and links over its device (worker/backend.h).
+  WorkerService(std::unique_ptr<Backend> backend, ActivationInbox& inbox,
+                absl::Duration recv_timeout, LinkOptions link = {});
   ~WorkerService() override;
   // Where to record stage timings (common/metrics.h); null: nowhere. Set before serving.
   void set_metrics(WorkerMetrics* metrics) { metrics_ = metrics; }
@@ -150,6 +109,18 @@ class WorkerService final : public v1::Worker::Service {
   grpc::Status Prepare(const v1::AssignStageRequest& req, const StageSpec& spec,
                        const std::string& transport, v1::AssignStageResponse* resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(assign_mu_);
+  // Pieces of AssignStage. Drops the current assignment (CloseInBackground), first putting the
+  // weights of it that hold layers of `spec` in spec.placed for the new stage to take.
+  void DropCurrentFor(StageSpec& spec, bool drained) ABSL_EXCLUSIVE_LOCKS_REQUIRED(assign_mu_);
+  // The stage of `spec`; where memory runs short, again after spilling the KV stash to the host,
+  // then again without the placed weights (which `spec` then lacks).
+  absl::StatusOr<std::unique_ptr<Stage>> MakeStage(StageSpec& spec);
+  // What AssignStage answers when the stage of `req` cannot be made with `s`.
+  static grpc::Status StageError(const v1::AssignStageRequest& req, const absl::Status& s);
+  // The assignment of `req` over `stage` and its link (`nccl`, or null: gRPC), with its runner.
+  absl::StatusOr<std::shared_ptr<Assignment>> NewAssignment(
+      const v1::AssignStageRequest& req, const StageSpec& spec, std::unique_ptr<Stage> stage,
+      std::unique_ptr<ActivationTransport> nccl);
   // Drops an assignment that is over. `drained`: its pipeline ran its last steps to the end (a
   // layout change), so nothing of the link's is left on the stage's stream: the stage goes at
   // once (its memory is the next one's) and the link on a thread of its own, as closing an NCCL
@@ -160,6 +131,9 @@ class WorkerService final : public v1::Worker::Service {
   // Closes `link` (null: nothing) on a thread of its own: an NCCL link's close waits for the
   // peers to close theirs, bounded by the transport.
   void CloseLinkInBackground(std::unique_ptr<ActivationTransport> link);
+  // One Steps stream's shared state, and its executor (worker_service.cc).
+  struct StepStream;
+  class StepExecutor;
   // Executes one step; the result to send back (errors as error_code).
   v1::StepResult RunStep(Assignment& a, const StepDescriptor& d,
                          const std::function<bool()>& cancelled);
@@ -167,13 +141,13 @@ class WorkerService final : public v1::Worker::Service {
   v1::StepResult ResultOf(Assignment& a, const StepDescriptor& d, absl::StatusOr<StepRun> run);
   // The current assignment when it is `id`; FAILED_PRECONDITION otherwise.
   absl::StatusOr<std::shared_ptr<Assignment>> AssignmentFor(uint64_t id);
-  const StageFactory factory_;
+  const std::unique_ptr<Backend> backend_;
   ActivationInbox& inbox_;
   const absl::Duration recv_timeout_;
   const LinkOptions link_;
   absl::Mutex assign_mu_;  // one AssignStage at a time
   std::unique_ptr<Prepared> prepared_ ABSL_GUARDED_BY(assign_mu_);
-  bool made_a_stage_ ABSL_GUARDED_BY(assign_mu_) = false;  // or warmed up for one (warm_up)
+  bool made_a_stage_ ABSL_GUARDED_BY(assign_mu_) = false;  // or warmed up for one (WarmUp)
   struct Closing {  // a link closing on a thread of its own
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;

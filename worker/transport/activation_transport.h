@@ -80,6 +80,17 @@ class ActivationTransport {
   // apart from the activations, so that a receive posted ahead never holds them back. By default
   // OK (nothing to separate).
   virtual absl::Status SeparateTokens() { return absl::OkStatus(); }
+
+  // Before the first frame, once the stage this transport serves is made: a transport of device
+  // activations queues its work on the stage's stream (Stage::DeviceStream) and has the stage's
+  // waits watch its sends (Stage::SetStreamWatch), so that a send the next stage never takes ends
+  // in an abort at the timeout instead of a wait without end. Returns whether it did, and so
+  // whether decode steps may send their output from the device (StepRunnerOptions::device_sends).
+  // By default false (a host transport shares nothing with the stage).
+  virtual absl::StatusOr<bool> BindStage(Stage& stage) {
+    (void)stage;
+    return false;
+  }
 };
 
 }  // namespace tandem

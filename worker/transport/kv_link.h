@@ -1,7 +1,7 @@
 // A link for KV-cache bytes between the GPUs of two workers: device memory on both sides, each
 // Send meeting the peer's Recv of the same size, in order. NcclKvLink
-// (worker/transport/nccl_kv_link.h) implements it; the worker makes links through
-// LinkOptions::join_kv_link (worker/service/worker_service.h) and falls back to gRPC without one.
+// (worker/transport/nccl_kv_link.h) implements it; the worker makes links through its backend
+// (Backend::JoinKvLink, worker/backend.h) and falls back to gRPC without one.
 #pragma once
 
 #include <cstddef>

@@ -234,6 +234,13 @@ absl::Status NcclTransport::UseStream(void* stream) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> NcclTransport::BindStage(Stage& stage) {
+  ASSIGN_OR_RETURN(void* stream, stage.DeviceStream());
+  RETURN_IF_ERROR(UseStream(stream));
+  RETURN_IF_ERROR(stage.SetStreamWatch([this] { return Watch(); }));
+  return true;
+}
+
 absl::Status NcclTransport::Watch() {
   State& s = *s_;
   RETURN_IF_ERROR(s.Healthy());

@@ -64,7 +64,7 @@ struct NcclTransportOptions {
   int64_t max_rows = 0;       // rows of the largest step (prefill tokens): receive buffers' size
   absl::Duration timeout = absl::Seconds(60);  // for joining and for each wait on the peer
   // A cudaStream_t of `device` on which every copy and NCCL operation of the transport is queued,
-  // in issue order: the stream of the stage it serves (CudaStageStream), so that the process
+  // in issue order: the stream of the stage it serves (Stage::DeviceStream), so that the process
   // launches no kernel on a stream other than its stage's (docs/performance-pipeline.md: kernels
   // on a second stream slow cuBLAS's GEMMs by ~3% on Hopper). Null: two streams of its own (NCCL
   // operations on one, staging copies on the other).
@@ -130,6 +130,10 @@ class NcclTransport : public ActivationTransport {
   // device, which must outlive the transport), as NcclTransportOptions::stream does for a
   // transport made before its stage. FAILED_PRECONDITION once a frame has moved.
   absl::Status UseStream(void* stream);
+  // UseStream on the stage's stream, and the stage's waits watch this transport (Watch). One
+  // stream per worker: kernels on a second stream slow cuBLAS's GEMMs by ~3% on Hopper
+  // (docs/performance-pipeline.md). Returns true.
+  absl::StatusOr<bool> BindStage(Stage& stage) override;
 
   // For a stage waiting on a stream it shares with this transport: OK while every queued send
   // has completed or is younger than the timeout and the communicators report no error;

@@ -234,8 +234,8 @@ TEST_P(CudaStageVsCpu, GraphReplayEqualsDirectLaunches) {
   ASSERT_TRUE(with && without);
   // Every bucket of the 4 slots (1, 2, 4) is captured when the stage loads, so that no step
   // stalls for a capture; the steps below replay those graphs.
-  EXPECT_EQ(DecodeGraphCount(*with).value_or(-1), 3);
-  EXPECT_EQ(DecodeGraphCount(*without).value_or(-1), 0);
+  EXPECT_EQ(with->DecodeGraphCount().value_or(-1), 3);
+  EXPECT_EQ(without->DecodeGraphCount().value_or(-1), 0);
   const int v = with->config().vocab_size;
   const std::vector<Seq> seqs = {{0, Prompt(7, 6, v)}, {1, Prompt(11, 7, v)}, {2, Prompt(3, 8, v)}};
   Trace a = RunSteps(*with, seqs, 10), b = RunSteps(*without, seqs, 10);
@@ -529,7 +529,7 @@ TEST_P(CudaStageVsCpu, DecodeProfileCountsStepsAndLeavesTheResults) {
   auto plain = MakeCudaWith(dir, o);
   auto profiled = MakeCudaWith(dir, o);
   ASSERT_TRUE(plain && profiled);
-  ASSERT_TRUE(SetDecodeObserver(*profiled, profiler->get()).ok());
+  ASSERT_TRUE(profiled->SetDecodeObserver(profiler->get()).ok());
   const int v = plain->config().vocab_size;
   const std::vector<Seq> seqs = {{0, Prompt(13, 9, v)}, {2, Prompt(7, 4, v)}};
   const Trace want = RunSteps(*plain, seqs, 5);
@@ -555,9 +555,9 @@ TEST_P(CudaStageVsCpu, DecodeProfileCountsStepsAndLeavesTheResults) {
   profiled.reset();  // before the profiler its graphs record into
 }
 
-// A decode tail (SetDecodeTail) runs once per decode step, after the forward pass is queued and
-// before the stage waits: work it queues on the stage's stream (CudaStageStream) sees the step's
-// output, hidden rows on a first stage and every sequence's token on the last; an error it
+// A decode tail (Stage::SetDecodeTail) runs once per decode step, after the forward pass is queued
+// and before the stage waits: work it queues on the stage's stream (Stage::DeviceStream) sees the
+// step's output, hidden rows on a first stage and every sequence's token on the last; an error it
 // returns fails the step and leaves the stage usable; prefill steps do not call it.
 TEST_P(CudaStageVsCpu, DecodeTailSeesTheStepsOutputOnTheStream) {
   SKIP_WITHOUT_GPU();
@@ -574,23 +574,22 @@ TEST_P(CudaStageVsCpu, DecodeTailSeesTheStepsOutputOnTheStream) {
   uint16_t* hidden_seen = nullptr;
   ASSERT_EQ(cudaMallocHost(&tokens_seen, 4 * sizeof(int32_t)), cudaSuccess);
   ASSERT_EQ(cudaMallocHost(&hidden_seen, 2 * hidden * sizeof(uint16_t)), cudaSuccess);
-  absl::StatusOr<void*> stream = CudaStageStream(*whole);
+  absl::StatusOr<void*> stream = whole->DeviceStream();
   ASSERT_TRUE(stream.ok()) << stream.status();
   int calls = 0;
   uint64_t last_id = 0;
-  ASSERT_TRUE(SetDecodeTail(*whole,
-                            [&](const StepDescriptor& step, const Activations& h,
-                                const int32_t* device_tokens) -> absl::Status {
-                              ++calls;
-                              last_id = step.id;
-                              EXPECT_EQ(h.data, nullptr);  // the last stage has no hidden output
-                              EXPECT_NE(device_tokens, nullptr);
-                              const cudaError_t e = cudaMemcpyAsync(
-                                  tokens_seen, device_tokens, step.seqs.size() * sizeof(int32_t),
-                                  cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(*stream));
-                              return e == cudaSuccess ? absl::OkStatus()
-                                                      : absl::InternalError("copy");
-                            })
+  ASSERT_TRUE(whole
+                  ->SetDecodeTail([&](const StepDescriptor& step, const Activations& h,
+                                      const int32_t* device_tokens) -> absl::Status {
+                    ++calls;
+                    last_id = step.id;
+                    EXPECT_EQ(h.data, nullptr);  // the last stage has no hidden output
+                    EXPECT_NE(device_tokens, nullptr);
+                    const cudaError_t e = cudaMemcpyAsync(
+                        tokens_seen, device_tokens, step.seqs.size() * sizeof(int32_t),
+                        cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(*stream));
+                    return e == cudaSuccess ? absl::OkStatus() : absl::InternalError("copy");
+                  })
                   .ok());
   const Trace want = RunSteps(*plain, seqs, 4);
   const Trace got = RunSteps(*whole, seqs, 4);
@@ -601,31 +600,32 @@ TEST_P(CudaStageVsCpu, DecodeTailSeesTheStepsOutputOnTheStream) {
   EXPECT_EQ(std::vector<int32_t>(tokens_seen, tokens_seen + 2), got.tokens.back());
 
   // A failing tail fails its step; without the tail the next steps give the same tokens.
-  ASSERT_TRUE(SetDecodeTail(*whole, [](const StepDescriptor&, const Activations&, const int32_t*) {
-                return absl::UnavailableError("gone");
-              }).ok());
+  ASSERT_TRUE(whole
+                  ->SetDecodeTail([](const StepDescriptor&, const Activations&, const int32_t*) {
+                    return absl::UnavailableError("gone");
+                  })
+                  .ok());
   const StepDescriptor d = DecodeStep(seqs, 0, want.tokens[0]);
   EXPECT_EQ(whole->Step(d, Activations{}).status().code(), absl::StatusCode::kUnavailable);
-  ASSERT_TRUE(SetDecodeTail(*whole, nullptr).ok());
+  ASSERT_TRUE(whole->SetDecodeTail(nullptr).ok());
   const Trace again = RunSteps(*whole, seqs, 4);
   EXPECT_EQ(again.tokens, want.tokens);
 
   // A first stage's tail sees its hidden rows (device memory, in stream order).
-  absl::StatusOr<void*> first_stream = CudaStageStream(*first);
+  absl::StatusOr<void*> first_stream = first->DeviceStream();
   ASSERT_TRUE(first_stream.ok());
-  ASSERT_TRUE(SetDecodeTail(*first,
-                            [&](const StepDescriptor& step, const Activations& h,
-                                const int32_t* device_tokens) -> absl::Status {
-                              EXPECT_EQ(device_tokens, nullptr);
-                              EXPECT_EQ(h.where, Where::kDevice);
-                              EXPECT_EQ(h.rows, static_cast<int64_t>(step.seqs.size()));
-                              EXPECT_EQ(h.cols, hidden);
-                              const cudaError_t e = cudaMemcpyAsync(
-                                  hidden_seen, h.data.get(), h.nbytes(), cudaMemcpyDeviceToHost,
-                                  static_cast<cudaStream_t>(*first_stream));
-                              return e == cudaSuccess ? absl::OkStatus()
-                                                      : absl::InternalError("copy");
-                            })
+  ASSERT_TRUE(first
+                  ->SetDecodeTail([&](const StepDescriptor& step, const Activations& h,
+                                      const int32_t* device_tokens) -> absl::Status {
+                    EXPECT_EQ(device_tokens, nullptr);
+                    EXPECT_EQ(h.where, Where::kDevice);
+                    EXPECT_EQ(h.rows, static_cast<int64_t>(step.seqs.size()));
+                    EXPECT_EQ(h.cols, hidden);
+                    const cudaError_t e = cudaMemcpyAsync(hidden_seen, h.data.get(), h.nbytes(),
+                                                          cudaMemcpyDeviceToHost,
+                                                          static_cast<cudaStream_t>(*first_stream));
+                    return e == cudaSuccess ? absl::OkStatus() : absl::InternalError("copy");
+                  })
                   .ok());
   ASSERT_TRUE(first->Step(PrefillStep(seqs), Activations{}).ok());
   auto out = first->Step(d, Activations{});
@@ -638,8 +638,8 @@ TEST_P(CudaStageVsCpu, DecodeTailSeesTheStepsOutputOnTheStream) {
   cudaFreeHost(hidden_seen);
 }
 
-// With a stream watch (SetStreamWatch) the stage polls it while waiting for its stream: an OK
-// watch leaves the results as they were; an error fails the step once the stream has drained,
+// With a stream watch (Stage::SetStreamWatch) the stage polls it while waiting for its stream: an
+// OK watch leaves the results as they were; an error fails the step once the stream has drained,
 // and the stage stays usable. The stream is kept busy by a host function sleeping behind each
 // decode step's forward pass (queued from a decode tail, so that the stage is waiting for it).
 TEST_P(CudaStageVsCpu, StreamWatchIsPolledAndItsErrorFailsTheStep) {
@@ -650,11 +650,11 @@ TEST_P(CudaStageVsCpu, StreamWatchIsPolledAndItsErrorFailsTheStep) {
   ASSERT_TRUE(plain && watched);
   const int v = plain->config().vocab_size;
   const std::vector<Seq> seqs = {{0, Prompt(13, 9, v)}, {2, Prompt(7, 4, v)}};
-  absl::StatusOr<void*> stream = CudaStageStream(*watched);
+  absl::StatusOr<void*> stream = watched->DeviceStream();
   ASSERT_TRUE(stream.ok());
-  ASSERT_TRUE(SetDecodeTail(
-                  *watched,
-                  [&](const StepDescriptor&, const Activations&, const int32_t*) -> absl::Status {
+  ASSERT_TRUE(watched
+                  ->SetDecodeTail([&](const StepDescriptor&, const Activations&,
+                                      const int32_t*) -> absl::Status {
                     const auto sleep = [](void*) {
                       std::this_thread::sleep_for(std::chrono::milliseconds(20));
                     };
@@ -666,10 +666,12 @@ TEST_P(CudaStageVsCpu, StreamWatchIsPolledAndItsErrorFailsTheStep) {
                   .ok());
   int calls = 0;
   absl::Status verdict;
-  ASSERT_TRUE(SetStreamWatch(*watched, [&] {
-                ++calls;
-                return verdict;
-              }).ok());
+  ASSERT_TRUE(watched
+                  ->SetStreamWatch([&] {
+                    ++calls;
+                    return verdict;
+                  })
+                  .ok());
   const Trace want = RunSteps(*plain, seqs, 3);
   const Trace got = RunSteps(*watched, seqs, 3);
   EXPECT_EQ(got.tokens, want.tokens);
@@ -680,8 +682,8 @@ TEST_P(CudaStageVsCpu, StreamWatchIsPolledAndItsErrorFailsTheStep) {
   const absl::StatusOr<StepOutput> failed =
       watched->Step(DecodeStep(seqs, 3, want.tokens[3]), Activations{});
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
-  ASSERT_TRUE(SetStreamWatch(*watched, nullptr).ok());
-  ASSERT_TRUE(SetDecodeTail(*watched, nullptr).ok());
+  ASSERT_TRUE(watched->SetStreamWatch(nullptr).ok());
+  ASSERT_TRUE(watched->SetDecodeTail(nullptr).ok());
   EXPECT_EQ(RunSteps(*watched, seqs, 3).tokens, want.tokens);
 }
 
@@ -1161,18 +1163,14 @@ TEST(CudaStageTest, RejectsFp32AndBadKvFraction) {
   EXPECT_EQ(MakeCudaStage(spec, o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(CudaStageTest, DecodeObserverOfAnotherBackendIsAnInvalidArgument) {
+TEST(CudaStageTest, DeviceCapabilitiesOfAHostStageAreUnimplemented) {
   auto cpu = MakeCpu(Checkpoint("tiny-llama"));
   ASSERT_TRUE(cpu);
-  EXPECT_EQ(SetDecodeObserver(*cpu, nullptr).code(), absl::StatusCode::kInvalidArgument);
-}
-
-TEST(CudaStageTest, StreamAndTailOfAnotherBackendAreInvalidArguments) {
-  auto cpu = MakeCpu(Checkpoint("tiny-llama"));
-  ASSERT_TRUE(cpu);
-  EXPECT_EQ(CudaStageStream(*cpu).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SetDecodeTail(*cpu, nullptr).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SetStreamWatch(*cpu, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cpu->SetDecodeObserver(nullptr).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(cpu->DecodeGraphCount().status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(cpu->DeviceStream().status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(cpu->SetDecodeTail(nullptr).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(cpu->SetStreamWatch(nullptr).code(), absl::StatusCode::kUnimplemented);
 }
 
 TEST(CudaStageTest, MissingCheckpointFailsTheLoad) {

@@ -68,6 +68,24 @@ absl::StatusOr<KvBlock> PretendToHost(const KvBlock& d) {
   return b;
 }
 
+// A backend of that pretend device whose KV link is never joined: NCCL is there but the other
+// worker cannot be reached over it.
+class PretendGpuBackend final : public Backend {
+ public:
+  absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec) override {
+    return MakeCpuStage(spec);
+  }
+  absl::StatusOr<KvBlock> KvToHost(const KvBlock& block) const override {
+    return PretendToHost(block);
+  }
+  bool has_kv_link() const override { return true; }
+  absl::StatusOr<std::string> MakeNcclId() override { return std::string("id"); }
+  absl::StatusOr<std::unique_ptr<KvLink>> JoinKvLink(const std::string&, int,
+                                                     std::function<bool()>) override {
+    return absl::UnavailableError("not in this test");
+  }
+};
+
 // A CPU stage that also exports into a pretend device memory (ExportKvToDevice), as a GPU stage
 // keeps a stash for NCCL.
 class PretendDeviceStage : public Stage {
@@ -289,13 +307,8 @@ TEST(KvMovesTest, ADeviceStashIsSpilledToHostAndFetchedOverGrpcFromEither) {
   ASSERT_NE(a, nullptr);
   Prefill(*a, 0);
   Prefill(*a, 1);
-  KvMoveOptions options;
-  options.make_nccl_id = [] { return std::string("id"); };
-  options.join_kv_link = [](const std::string&, int, std::function<bool()>) {
-    return absl::StatusOr<std::unique_ptr<KvLink>>(absl::UnavailableError("not in this test"));
-  };
-  options.kv_to_host = PretendToHost;
-  KvMoves kv(std::move(options));
+  PretendGpuBackend backend;
+  KvMoves kv({.backend = &backend});
   v1::ExportKvResponse exported;
   ASSERT_TRUE(kv.Export(*a, ExportRequest(1, 1, 0, 6, /*device=*/true), exported).ok());
   ASSERT_TRUE(kv.Export(*a, ExportRequest(1, 2, 1, 6, /*device=*/true), exported).ok());

@@ -72,6 +72,22 @@ class FakeStage final : public Stage {
   Where output_where = Where::kHost;
   absl::Status fail;
   DecodeSend tail;
+  // A stage on a device copies its outputs to the host (counted) and keeps a decode tail; one on
+  // the host answers as Stage's defaults do.
+  bool on_device = true;
+  mutable int copies = 0;
+  absl::StatusOr<Activations> ToHost(const Activations& a) const override {
+    if (!on_device) return Stage::ToHost(a);
+    ++copies;
+    Activations h = a;
+    h.where = Where::kHost;
+    return h;
+  }
+  absl::Status SetDecodeTail(DecodeTail t) override {
+    if (!on_device) return Stage::SetDecodeTail(std::move(t));
+    tail = std::move(t);
+    return absl::OkStatus();
+  }
 
  private:
   std::vector<std::string>& log_;
@@ -173,14 +189,6 @@ StepRunnerOptions Opt(int stage, int num_stages,
   return o;
 }
 
-// The stage's tail setter, as the CUDA stage's SetDecodeTail.
-std::function<absl::Status(Stage&, DecodeSend)> TailSetter() {
-  return [](Stage& s, DecodeSend f) {
-    static_cast<FakeStage&>(s).tail = std::move(f);
-    return absl::OkStatus();
-  };
-}
-
 class StepRunnerTest : public ::testing::Test {
  protected:
   std::vector<std::string> log;
@@ -260,7 +268,7 @@ TEST_F(StepRunnerTest, DeviceSendsLeaveTheStepFromInsideIt) {
   {
     auto runner = StepRunner::Create(stage, &transport, Opt(0, 2, [&](StepRunnerOptions& o) {
                                        o.host_link = false;
-                                       o.set_decode_tail = TailSetter();
+                                       o.device_sends = true;
                                      }));
     ASSERT_TRUE(runner.ok()) << runner.status();
     EXPECT_TRUE((*runner)->device_sends());
@@ -279,7 +287,7 @@ TEST_F(StepRunnerTest, LastStageSendsSampledTokensFromTheDeviceOnlyWhenEverySequ
   auto runner = StepRunner::Create(stage, &transport, Opt(1, 2, [&](StepRunnerOptions& o) {
                                      o.tokens_to_first = true;
                                      o.host_link = false;
-                                     o.set_decode_tail = TailSetter();
+                                     o.device_sends = true;
                                    }));
   ASSERT_TRUE(runner.ok()) << runner.status();
   ASSERT_TRUE((*runner)->Run(Decode(1, 3), kNever).ok());
@@ -298,7 +306,7 @@ TEST_F(StepRunnerTest, LastStageWithACoordinatorInstallsNoTail) {
   stage.head = true;
   auto runner = StepRunner::Create(stage, &transport, Opt(1, 2, [&](StepRunnerOptions& o) {
                                      o.host_link = false;
-                                     o.set_decode_tail = TailSetter();
+                                     o.device_sends = true;
                                    }));
   ASSERT_TRUE(runner.ok()) << runner.status();
   EXPECT_FALSE((*runner)->device_sends());
@@ -338,25 +346,28 @@ TEST_F(StepRunnerTest, AFailedStepSendsNothing) {
 
 TEST_F(StepRunnerTest, HostLinkCopiesDeviceOutputToTheHostFirst) {
   stage.output_where = Where::kDevice;
-  int copies = 0;
-  auto runner = StepRunner::Create(stage, &transport, Opt(0, 2, [&](StepRunnerOptions& o) {
-                                     o.to_host = [&](const Activations& a) {
-                                       ++copies;
-                                       Activations h = a;
-                                       h.where = Where::kHost;
-                                       return absl::StatusOr<Activations>(h);
-                                     };
-                                   }));
+  auto runner = StepRunner::Create(stage, &transport, Opt(0, 2));
   ASSERT_TRUE(runner.ok()) << runner.status();
   ASSERT_TRUE((*runner)->Run(Decode(1, 2), kNever).ok());
-  EXPECT_EQ(copies, 1);
+  EXPECT_EQ(stage.copies, 1);
   EXPECT_EQ(log.back(), "send 1 rows 2 host");
 
-  auto bare = StepRunner::Create(stage, &transport, Opt(0, 2));
-  ASSERT_TRUE(bare.ok()) << bare.status();
-  absl::StatusOr<StepRun> run = (*bare)->Run(Decode(2, 2), kNever);
-  EXPECT_EQ(run.status().code(), absl::StatusCode::kInternal);
-  EXPECT_THAT(std::string(run.status().message()), HasSubstr("device-to-host"));
+  stage.on_device = false;  // a host stage cannot copy device activations
+  absl::StatusOr<StepRun> run = (*runner)->Run(Decode(2, 2), kNever);
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(run.status().message()), HasSubstr("device activations"));
+}
+
+TEST_F(StepRunnerTest, DeviceSendsNeedAStageThatTakesADecodeTail) {
+  stage.on_device = false;
+  absl::Status s = StepRunner::Create(stage, &transport,
+                                      Opt(0, 2,
+                                          [&](StepRunnerOptions& o) {
+                                            o.host_link = false;
+                                            o.device_sends = true;
+                                          }))
+                       .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
 }
 
 TEST_F(StepRunnerTest, SingleStageFeedsTheTokenItsSlotSampledInTheStepBefore) {
@@ -572,7 +583,7 @@ TEST_F(StepRunnerTest, LastStageFeedingTheFirstReturnsItsTokensAndSendsThemToo) 
   auto runner = StepRunner::Create(stage, &transport, Opt(1, 2, [&](StepRunnerOptions& o) {
                                      o.feed_first = true;
                                      o.host_link = false;
-                                     o.set_decode_tail = TailSetter();
+                                     o.device_sends = true;
                                    }));
   ASSERT_TRUE(runner.ok()) << runner.status();
   EXPECT_TRUE((*runner)->device_sends());
@@ -603,7 +614,7 @@ TEST_F(StepRunnerTest, OptionsThatDescribeNoStageAreRefused) {
   EXPECT_THAT(std::string(no_transport.message()), HasSubstr("no transport"));
   absl::Status host_tail =
       StepRunner::Create(stage, &transport,
-                         Opt(0, 2, [&](StepRunnerOptions& o) { o.set_decode_tail = TailSetter(); }))
+                         Opt(0, 2, [&](StepRunnerOptions& o) { o.device_sends = true; }))
           .status();
   EXPECT_THAT(std::string(host_tail.message()), HasSubstr("device sends"));
   absl::Status both = StepRunner::Create(stage, &transport, Opt(1, 2, [&](StepRunnerOptions& o) {
