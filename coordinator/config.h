@@ -75,6 +75,9 @@ namespace tandem {
     "seconds a client has for a request's body once its headers are in")                         \
   X(std::string, served_model_name, "", ::tandem::kAnyValue,                                     \
     "the model's id in the HTTP API (empty: the name of --model_dir)")                           \
+  X(std::string, reasoning_parser, "", ::tandem::kAnyValue,                                      \
+    "split a reasoning model's <think> block into the chat reply's reasoning_content: qwen3 "    \
+    "or deepseek_r1 (vLLM's names; empty: off)")                                                 \
   /* A synchronous gRPC server keeps two idle threads by default: when a closed loop's round of  \
      streams ends together, the threads of all but two exit, and the next round's streams wait   \
      for threads made one after another (a few milliseconds for 64), arriving spread out. */     \

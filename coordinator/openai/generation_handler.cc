@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "common/utf8.h"
 #include "coordinator/openai/api_error.h"
+#include "coordinator/openai/reasoning_parser.h"
 #include "coordinator/openai/response_format.h"
 #include "coordinator/request_group.h"
 #include "coordinator/request_stream.h"
@@ -33,6 +34,9 @@ struct Submitted {
   std::vector<std::shared_ptr<RequestState>> choices;
   std::vector<std::string> echo;  // per prompt: its text, with echo
   int prompt_tokens = 0;          // every prompt once
+  // Chat with --reasoning_parser: how the text splits into reasoning_content and content.
+  ReasoningParser reasoning = ReasoningParser::kNone;
+  PromptThought prompt_thought = PromptThought::kMayOpen;
 };
 
 std::string NewId(std::string_view prefix) {
@@ -168,6 +172,7 @@ void Answer(Coordinator& c, Submitted& s, HttpExchange& exchange, HttpResponse& 
   const Tokenizer* tokenizer = c.tokenizer();
   std::vector<ChoiceResult> results;
   std::vector<json> logprobs;
+  std::vector<std::string> reasoning;  // per choice, with a reasoning parser
   int completion_tokens = 0;
   for (size_t i = 0; i < snaps->size(); ++i) {
     const RequestState::Snapshot& snap = (*snaps)[i];
@@ -176,6 +181,11 @@ void Answer(Coordinator& c, Submitted& s, HttpExchange& exchange, HttpResponse& 
     ChoiceResult r;
     r.index = static_cast<int>(i);
     r.text = prefix + text.Next(snap.tokens, true, snap.text_limit);
+    if (s.reasoning != ReasoningParser::kNone) {
+      ReasoningSplit split = SplitReasoning(s.reasoning, s.prompt_thought, r.text);
+      r.text = std::move(split.content);
+      reasoning.push_back(std::move(split.reasoning));
+    }
     r.finish = snap.finish;
     r.stop_reason = StopReasonOf(tokenizer, *s.choices[i], snap);
     json lp = LogprobsOf(s, tokenizer, snap.logprobs, prefix.size());
@@ -193,6 +203,10 @@ void Answer(Coordinator& c, Submitted& s, HttpExchange& exchange, HttpResponse& 
   json body = s.api.endpoint == Endpoint::kChat
                   ? ChatResponse(s.head, results, logprobs, usage)
                   : CompletionResponse(s.head, results, logprobs, usage);
+  for (size_t i = 0; i < reasoning.size(); ++i) {
+    json& message = body["choices"][i]["message"];
+    message["reasoning_content"] = reasoning[i].empty() ? json() : json(reasoning[i]);
+  }
   if (s.api.return_token_ids) {
     for (size_t i = 0; i < snaps->size(); ++i) {
       json& c = body["choices"][i];
@@ -210,6 +224,7 @@ class Stream {
   Stream(Coordinator& c, Submitted s) : c_(c), s_(std::move(s)) {
     for (const auto& r : s_.choices) {
       texts_.emplace_back(c_.tokenizer(), r->request().stop_strings);
+      reasoning_.emplace_back(s_.reasoning, s_.prompt_thought);
     }
     sent_.assign(s_.choices.size(), 0);
     offsets_.assign(s_.choices.size(), 0);
@@ -313,7 +328,7 @@ class Stream {
       offsets_[i] += piece.size();
       const v1::FinishReason finish = last ? snap.finish : v1::FINISH_REASON_UNSPECIFIED;
       json chunk =
-          chat ? ChatChunk(s_.head, i, {{"content", piece}}, logprobs,
+          chat ? ChatChunk(s_.head, i, ReasoningDelta(reasoning_[i].Next(piece, last)), logprobs,
                            v1::FINISH_REASON_UNSPECIFIED, s_.api.include_usage)
                : CompletionChunk(s_.head, i, piece, logprobs, finish, s_.api.include_usage,
                                  last ? StopReasonOf(tokenizer, *s_.choices[i], snap) : json());
@@ -335,6 +350,7 @@ class Stream {
   Coordinator& c_;
   Submitted s_;
   std::vector<TextStream> texts_;
+  std::vector<ReasoningSplitter> reasoning_;  // per choice; kNone: all content
   std::vector<size_t> sent_;     // tokens streamed, per choice
   std::vector<size_t> offsets_;  // bytes of text streamed, per choice (completions' text_offset)
   HttpExchange* sink_ = nullptr;
@@ -385,6 +401,12 @@ void GenerationHandler::Handle(Endpoint endpoint, const HttpRequest& req,
     RecordRejected(c_, s.status());
     SetError(res, s.status());
     return exchange->Respond(std::move(res));
+  }
+  if (endpoint == Endpoint::kChat) {
+    // Checked when the server started (StartHttpApi).
+    s->reasoning = ParseReasoningParserName(c_.config().reasoning_parser)
+                       .value_or(ReasoningParser::kNone);
+    s->prompt_thought = PromptThoughtOf(texts.front());
   }
   s->echo = std::move(texts);
   s->head = {.id = NewId(endpoint == Endpoint::kChat ? "chatcmpl" : "cmpl"),
