@@ -1,5 +1,5 @@
 // config.json <-> ModelConfig, for GPT-2 (GPT2Config) and the Llama architecture (LlamaConfig,
-// MistralConfig, Qwen2Config) field names.
+// MistralConfig, Qwen2Config, Qwen3Config) field names.
 #include "common/model_config.h"
 
 #include <algorithm>
@@ -212,7 +212,7 @@ absl::Status ParseRope(const json& j, const std::string& source, ModelConfig& c)
   return absl::OkStatus();
 }
 
-// Qwen2's window: layers from max_window_layers on (or those layer_types calls
+// Qwen2's and Qwen3's window: layers from max_window_layers on (or those layer_types calls
 // "sliding_attention") when use_sliding_window is true; none otherwise.
 absl::Status ParseQwen2Window(const json& j, const std::string& source, ModelConfig& c) {
   ASSIGN_OR_RETURN(bool use, BoolField(j, "use_sliding_window", source, false));
@@ -236,7 +236,7 @@ absl::Status ParseQwen2Window(const json& j, const std::string& source, ModelCon
       }
     }
   } else {
-    // As transformers' Qwen2Config: layer i slides where i >= max_window_layers (every layer for
+    // As transformers' Qwen2Config and Qwen3Config: layer i slides where i >= max_window_layers (every layer for
     // a negative one).
     for (int l = std::max(first, 0); l < c.num_layers; ++l) windowed[l] = true;
   }
@@ -252,12 +252,13 @@ absl::Status ParseQwen2Window(const json& j, const std::string& source, ModelCon
   return absl::OkStatus();
 }
 
-// Llama, Mistral and Qwen2: one architecture whose members differ in biases, window and defaults.
+// Llama, Mistral, Qwen2 and Qwen3: one architecture whose members differ in biases, window, q/k
+// norm and defaults.
 absl::Status ParseLlamaFamily(const json& j, const std::string& type, const std::string& source,
                               ModelConfig& c) {
   c.arch = Arch::kLlama;
   c.model_type = type;
-  const bool mistral = type == "mistral", qwen2 = type == "qwen2";
+  const bool mistral = type == "mistral", qwen2 = type == "qwen2", qwen3 = type == "qwen3";
   ASSIGN_OR_RETURN(c.vocab_size, IntField(j, "vocab_size", source));
   ASSIGN_OR_RETURN(c.hidden_size, IntField(j, "hidden_size", source));
   ASSIGN_OR_RETURN(c.intermediate_size, IntField(j, "intermediate_size", source));
@@ -273,6 +274,13 @@ absl::Status ParseLlamaFamily(const json& j, const std::string& type, const std:
     // Qwen2Attention: q, k and v with biases, o without.
     c.qkv_bias = true;
     RETURN_IF_ERROR(ParseQwen2Window(j, source, c));
+  } else if (qwen3) {
+    // Qwen3Attention: q_norm and k_norm over each head; all four projections biased or none.
+    c.qk_norm = true;
+    ASSIGN_OR_RETURN(bool bias, BoolField(j, "attention_bias", source, false));
+    c.qkv_bias = c.o_bias = bias;
+    RETURN_IF_ERROR(ParseQwen2Window(j, source, c));
+    RETURN_IF_ERROR(RequireDefault(j, "mlp_bias", false, source, "MLP projections without bias"));
   } else {
     ASSIGN_OR_RETURN(bool bias, BoolField(j, "attention_bias", source, false));
     c.qkv_bias = c.o_bias = bias;
@@ -337,12 +345,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
   c.model_type = type;
   if (type == "gpt2") {
     RETURN_IF_ERROR(ParseGpt2(j, source, c));
-  } else if (type == "llama" || type == "mistral" || type == "qwen2") {
+  } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3") {
     RETURN_IF_ERROR(ParseLlamaFamily(j, type, source, c));
   } else {
     return absl::UnimplementedError(
         absl::StrCat(source, ": unknown architecture model_type \"", type,
-                     "\" (supported: gpt2, llama, mistral, qwen2)"));
+                     "\" (supported: gpt2, llama, mistral, qwen2, qwen3)"));
   }
   RETURN_IF_ERROR(Positive(c.num_heads, "num_attention_heads", source));
   RETURN_IF_ERROR(Positive(c.num_kv_heads, "num_key_value_heads", source));
@@ -351,15 +359,17 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
         absl::StrCat(source, ": num_attention_heads ", c.num_heads,
                      " is not divisible by num_key_value_heads ", c.num_kv_heads));
   }
-  // head_dim given explicitly (Mistral, Llama 3.2 style) need not divide the hidden size.
+  // head_dim given explicitly (Mistral, Llama 3.2 style) need not divide the hidden size; Qwen3's
+  // always has one (Qwen3Config's default is 128).
+  const bool qwen3 = type == "qwen3";
   const bool explicit_head_dim =
-      c.arch == Arch::kLlama && j.contains("head_dim") && !j["head_dim"].is_null();
+      qwen3 || (c.arch == Arch::kLlama && j.contains("head_dim") && !j["head_dim"].is_null());
   if (!explicit_head_dim && c.hidden_size % c.num_heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": hidden size ", c.hidden_size,
                      " is not divisible by the number of attention heads ", c.num_heads));
   }
-  c.head_dim = c.hidden_size / c.num_heads;
+  c.head_dim = qwen3 ? 128 : c.hidden_size / c.num_heads;
   if (c.arch == Arch::kLlama) {
     ASSIGN_OR_RETURN(c.head_dim, IntField(j, "head_dim", source, c.head_dim));
     RETURN_IF_ERROR(Positive(c.head_dim, "head_dim", source));
@@ -419,10 +429,12 @@ std::string ModelConfigToJson(const ModelConfig& c) {
          {"tie_word_embeddings", c.tie_word_embeddings}};
   } else {
     const bool mistral = c.model_type == "mistral", qwen2 = c.model_type == "qwen2";
+    const bool qwen3 = c.qk_norm;
     j = {{"architectures", {mistral ? "MistralForCausalLM"
                             : qwen2 ? "Qwen2ForCausalLM"
+                            : qwen3 ? "Qwen3ForCausalLM"
                                     : "LlamaForCausalLM"}},
-         {"model_type", mistral ? "mistral" : qwen2 ? "qwen2" : "llama"},
+         {"model_type", mistral ? "mistral" : qwen2 ? "qwen2" : qwen3 ? "qwen3" : "llama"},
          {"vocab_size", c.vocab_size},
          {"hidden_size", c.hidden_size},
          {"intermediate_size", c.intermediate_size},
@@ -442,7 +454,7 @@ std::string ModelConfigToJson(const ModelConfig& c) {
     }
     if (mistral) {
       j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json();
-    } else if (qwen2) {
+    } else if (qwen2 || qwen3) {
       // Windowed layers are a suffix from max_window_layers on.
       int first = c.num_layers;
       if (c.sliding_window > 0) {
@@ -452,7 +464,8 @@ std::string ModelConfigToJson(const ModelConfig& c) {
       j["use_sliding_window"] = c.sliding_window > 0;
       j["sliding_window"] = c.sliding_window > 0 ? c.sliding_window : c.max_positions;
       j["max_window_layers"] = first;
-    } else {
+    }
+    if (!(mistral || qwen2)) {
       j["attention_bias"] = c.qkv_bias;
       j["mlp_bias"] = false;
     }

@@ -34,8 +34,8 @@ struct RopeScaling {
 
 struct ModelConfig {
   Arch arch = Arch::kLlama;
-  // config.json's model_type: "gpt2", or for the Llama architecture "llama", "mistral" or "qwen2",
-  // which differ only in the data below (biases, window, rope scaling).
+  // config.json's model_type: "gpt2", or for the Llama architecture "llama", "mistral", "qwen2" or
+  // "qwen3", which differ only in the data below (biases, window, rope scaling, q/k norm).
   std::string model_type = "llama";
   int vocab_size = 0;            // rows of the token embedding and of the LM head
   int hidden_size = 0;           // width of the residual stream
@@ -44,13 +44,16 @@ struct ModelConfig {
   int num_heads = 0;             // query heads
   int num_kv_heads = 0;          // key/value heads; == num_heads for GPT-2, divides num_heads
   int head_dim = 0;              // hidden_size / num_heads, or config.json's head_dim (Llama)
+  // Qwen3: q and k RMSNorm-ed per head over head_dim (weights q_norm, k_norm of (head_dim), eps
+  // norm_eps) after the projection and its bias, before the rotary embedding.
+  bool qk_norm = false;
   int max_positions = 0;         // context length (n_positions / max_position_embeddings)
   float norm_eps = 1e-5f;        // layer_norm_epsilon / rms_norm_eps
   float rope_theta = 10000.0f;   // RoPE base (Llama only)
   RopeScaling rope_scaling;      // (Llama only)
   bool tie_word_embeddings = false;  // LM head shares the token embedding
-  // Llama architecture: biases of the q, k, v projections (Qwen2; Llama's attention_bias) and of
-  // the output projection (attention_bias). GPT-2 has every bias whatever these say.
+  // Llama architecture: biases of the q, k, v projections (Qwen2; attention_bias of Llama and
+  // Qwen3) and of the output projection (attention_bias). GPT-2 has every bias whatever these say.
   bool qkv_bias = false;
   bool o_bias = false;
   // > 0: windowed layers attend to the last sliding_window positions only, the query's own
@@ -93,7 +96,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text, std::st
 // Reads `dir`/config.json.
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::filesystem::path& dir);
 // The config.json of this shape with the fields and names of the real checkpoints of its
-// model_type (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config).
+// model_type (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config).
 std::string ModelConfigToJson(const ModelConfig& c);
 
 }  // namespace tandem

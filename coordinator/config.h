@@ -78,6 +78,9 @@ namespace tandem {
   X(std::string, tool_call_parser, "", ::tandem::kAnyValue,                                      \
     "how the model writes tool calls: llama3_json, hermes or mistral (empty: from the chat "     \
     "template's markers; none there: requests with tools are refused)")                          \
+  X(std::string, reasoning_parser, "", ::tandem::kAnyValue,                                      \
+    "split a reasoning model's <think> block into the chat reply's reasoning_content: qwen3 "    \
+    "or deepseek_r1 (vLLM's names; empty: off)")                                                 \
   /* A synchronous gRPC server keeps two idle threads by default: when a closed loop's round of  \
      streams ends together, the threads of all but two exit, and the next round's streams wait   \
      for threads made one after another (a few milliseconds for 64), arriving spread out. */     \

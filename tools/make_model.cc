@@ -33,9 +33,11 @@ ABSL_FLAG(bool, tie_word_embeddings, false,
           "override: LM head shares the token embedding (Llama; GPT-2 is always tied); "
           "unless given, the preset decides");
 ABSL_FLAG(std::optional<int>, sliding_window, std::nullopt,
-          "override: attention window in positions, 0 for none (Mistral, Qwen2)");
+          "override: attention window in positions, 0 for none (Mistral, Qwen2, Qwen3)");
 ABSL_FLAG(std::optional<int>, max_window_layers, std::nullopt,
-          "override: first layer the window applies to (Qwen2)");
+          "override: first layer the window applies to (Qwen2, Qwen3)");
+ABSL_FLAG(std::optional<int>, head_dim, std::nullopt,
+          "override: width of one attention head (Qwen3; the others have hidden / heads)");
 ABSL_FLAG(std::string, tokenizer, "",
           "folder of a real Hugging Face tokenizer: its tokenizer.json, tokenizer_config.json, "
           "special_tokens_map.json and tokenizer.model (those present) are copied next to the "
@@ -96,6 +98,7 @@ int main(int argc, char** argv) {
   if (tie_given) o.tie_word_embeddings = absl::GetFlag(FLAGS_tie_word_embeddings);
   o.sliding_window = absl::GetFlag(FLAGS_sliding_window);
   o.max_window_layers = absl::GetFlag(FLAGS_max_window_layers);
+  o.head_dim = absl::GetFlag(FLAGS_head_dim);
   o.dtype = absl::GetFlag(FLAGS_dtype);
   auto config = tandem::ApplyOverrides(*base, o);
   tandem::GeneratorOptions options;

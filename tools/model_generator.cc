@@ -120,11 +120,24 @@ ModelConfig Qwen25_7b() {
   return c;
 }
 
+ModelConfig Qwen3_8b() {
+  ModelConfig c = Llama(151936, 4096, 12288, 36, 32, 8, 40960, 1e-6f);
+  c.model_type = "qwen3";
+  c.qk_norm = true;
+  c.head_dim = 128;
+  c.rope_theta = 1000000.0f;
+  c.bos_token_id = 151643;
+  c.eos_token_id = 151645;
+  c.dtype = DType::kBF16;
+  return c;
+}
+
 // Tiny members of the families, each with what sets it apart where the tests see it:
 // tiny-llama3: Llama 3.1's rope scaling with the original context cut to 64, so that at the test
 // prompts' positions its three bands all turn (wavelength 6.3 kept, 32 ramped, 166 and up
 // divided by 8); tiny-mistral: a sliding window shorter than the test prompts; tiny-qwen2: q/k/v
-// biases and a tied head.
+// biases and a tied head; tiny-qwen3: the per-head q/k norm and a head_dim of 32 that is not
+// hidden / heads (16), untied or tied.
 ModelConfig TinyLlama3() {
   ModelConfig c = TinyLlama(false);
   c.rope_theta = 500000.0f;
@@ -147,6 +160,15 @@ ModelConfig TinyQwen2() {
   return c;
 }
 
+ModelConfig TinyQwen3(bool tied) {
+  ModelConfig c = TinyLlama(tied);
+  c.model_type = "qwen3";
+  c.qk_norm = true;
+  c.head_dim = 32;
+  c.rope_theta = 1000000.0f;
+  return c;
+}
+
 struct Preset {
   const char* name;
   ModelConfig (*make)();
@@ -160,6 +182,8 @@ const std::vector<Preset>& Presets() {
       {"tiny-llama3", [] { return TinyLlama3(); }},
       {"tiny-mistral", [] { return TinyMistral(); }},
       {"tiny-qwen2", [] { return TinyQwen2(); }},
+      {"tiny-qwen3", [] { return TinyQwen3(false); }},
+      {"tiny-qwen3-tied", [] { return TinyQwen3(true); }},
       {"gpt2",
        [] {
          ModelConfig c;
@@ -186,6 +210,7 @@ const std::vector<Preset>& Presets() {
       {"llama3.1-8b", [] { return Llama3(128256, 4096, 14336, 32, 32, 8, false, 8.0f); }},
       {"mistral-7b", [] { return Mistral7b(); }},
       {"qwen2.5-7b", [] { return Qwen25_7b(); }},
+      {"qwen3-8b", [] { return Qwen3_8b(); }},
   };
   return presets;
 }
@@ -337,7 +362,7 @@ absl::StatusOr<ModelConfig> PresetConfig(std::string_view name) {
   for (const Preset& p : Presets()) {
     if (name == p.name) {
       ModelConfig c = p.make();
-      c.head_dim = c.hidden_size / c.num_heads;
+      if (c.head_dim == 0) c.head_dim = c.hidden_size / c.num_heads;
       if (c.arch == Arch::kGpt2) c.model_type = "gpt2";
       return c;
     }
@@ -386,9 +411,9 @@ absl::StatusOr<ModelConfig> ApplyOverrides(ModelConfig c, const ModelOverrides& 
   }
   if (o.tie_word_embeddings) c.tie_word_embeddings = *o.tie_word_embeddings;
   if (o.sliding_window) {
-    if (c.model_type != "mistral" && c.model_type != "qwen2") {
+    if (c.model_type != "mistral" && c.model_type != "qwen2" && c.model_type != "qwen3") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--sliding_window applies only to Mistral and Qwen2 models, not ", c.model_type));
+          "--sliding_window applies only to Mistral, Qwen2 and Qwen3 models, not ", c.model_type));
     }
     if (*o.sliding_window < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -397,8 +422,8 @@ absl::StatusOr<ModelConfig> ApplyOverrides(ModelConfig c, const ModelOverrides& 
     c.sliding_window = *o.sliding_window;
   }
   if (o.max_window_layers) {
-    if (c.model_type != "qwen2") {
-      return absl::InvalidArgumentError("--max_window_layers applies only to Qwen2 models");
+    if (c.model_type != "qwen2" && c.model_type != "qwen3") {
+      return absl::InvalidArgumentError("--max_window_layers applies only to Qwen2 and Qwen3 models");
     }
     if (*o.max_window_layers < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -409,8 +434,18 @@ absl::StatusOr<ModelConfig> ApplyOverrides(ModelConfig c, const ModelOverrides& 
   if (o.dtype) {
     ASSIGN_OR_RETURN(c.dtype, ParseDTypeFlag(*o.dtype));
   }
-  if (c.num_heads > 0) c.head_dim = c.hidden_size / c.num_heads;
-  // Qwen2 windows layers [max_window_layers, num_layers), once the layer count is known.
+  // Qwen3 keeps its own head_dim, as Qwen3Config does; the others follow hidden / heads.
+  if (o.head_dim) {
+    if (!c.qk_norm) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--head_dim applies only to Qwen3 models (the others have hidden / heads), not ",
+          c.model_type));
+    }
+    c.head_dim = *o.head_dim;
+  } else if (c.num_heads > 0 && !c.qk_norm) {
+    c.head_dim = c.hidden_size / c.num_heads;
+  }
+  // Qwen2 and Qwen3 window layers [max_window_layers, num_layers), once the layer count is known.
   if (o.max_window_layers && c.num_layers > 0) {
     c.windowed_layers.assign(c.num_layers, false);
     for (int l = std::min(*o.max_window_layers, c.num_layers); l < c.num_layers; ++l) {
@@ -429,11 +464,13 @@ absl::Status ValidateGeneratorConfig(const ModelConfig& c) {
   RETURN_IF_ERROR(Positive(c.num_heads, "num_heads"));
   RETURN_IF_ERROR(Positive(c.num_kv_heads, "num_kv_heads"));
   RETURN_IF_ERROR(Positive(c.max_positions, "max_positions"));
-  if (c.hidden_size % c.num_heads != 0) {
+  if (c.qk_norm) {
+    RETURN_IF_ERROR(Positive(c.head_dim, "head_dim"));
+  } else if (c.hidden_size % c.num_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--num_heads (", c.num_heads, ") must divide --hidden_size (", c.hidden_size, ")"));
   }
-  if (c.head_dim != c.hidden_size / c.num_heads) {
+  if (!c.qk_norm && c.head_dim != c.hidden_size / c.num_heads) {
     return absl::InvalidArgumentError(absl::StrCat("head_dim (", c.head_dim,
                                                    ") must be --hidden_size / --num_heads (",
                                                    c.hidden_size / c.num_heads, ")"));
@@ -448,8 +485,9 @@ absl::Status ValidateGeneratorConfig(const ModelConfig& c) {
         "--num_kv_heads (", c.num_kv_heads, ") must divide --num_heads (", c.num_heads, ")"));
   }
   if (c.arch == Arch::kLlama && c.head_dim % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--hidden_size / --num_heads (", c.head_dim,
-                                                   ") must be even: RoPE rotates pairs"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        c.qk_norm ? "--head_dim (" : "--hidden_size / --num_heads (", c.head_dim,
+        ") must be even: RoPE rotates pairs"));
   }
   if (!(c.norm_eps > 0.0f) || !std::isfinite(c.norm_eps)) {
     return absl::InvalidArgumentError(
@@ -525,7 +563,8 @@ std::vector<TensorSpec> CheckpointTensors(const ModelConfig& c) {
     return t;
   }
 
-  // Llama, Mistral, Qwen2: nn.Linear stores weights as (out, in), a bias after its weight.
+  // Llama, Mistral, Qwen2, Qwen3: nn.Linear stores weights as (out, in), a bias after its weight;
+  // Qwen3's q_norm and k_norm follow o_proj.
   const int64_t q = c.q_dim(), kv = c.kv_dim();
   matrix("model.embed_tokens.weight", {vocab, h});
   for (int i = 0; i < c.num_layers; ++i) {
@@ -538,6 +577,10 @@ std::vector<TensorSpec> CheckpointTensors(const ModelConfig& c) {
     if (c.qkv_bias) bias(p + "self_attn.v_proj.bias", kv);
     matrix(p + "self_attn.o_proj.weight", {h, q});
     if (c.o_bias) bias(p + "self_attn.o_proj.bias", h);
+    if (c.qk_norm) {
+      norm(p + "self_attn.q_norm.weight", c.head_dim);
+      norm(p + "self_attn.k_norm.weight", c.head_dim);
+    }
     matrix(p + "mlp.gate_proj.weight", {inter, h});
     matrix(p + "mlp.up_proj.weight", {inter, h});
     matrix(p + "mlp.down_proj.weight", {h, inter});

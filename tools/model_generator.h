@@ -16,10 +16,11 @@
 namespace tandem {
 
 // Named shapes: tiny-gpt2, tiny-llama (GQA, untied head), tiny-llama-tied, tiny-llama3 (Llama 3.1
-// rope scaling), tiny-mistral (sliding window 16), tiny-qwen2 (q/k/v biases, tied head), gpt2
-// (124M), tinyllama-1b (GQA), openllama-3b, llama2-7b, llama2-13b, and with the config fields of
-// the published checkpoints llama3.2-1b, llama3.1-8b, mistral-7b (v0.1) and qwen2.5-7b. dtype
-// defaults to F32 for tiny presets, BF16 for the Llama 3, Mistral and Qwen2.5 shapes (as
+// rope scaling), tiny-mistral (sliding window 16), tiny-qwen2 (q/k/v biases, tied head),
+// tiny-qwen3 and tiny-qwen3-tied (q/k norm, head_dim 32 != hidden / heads), gpt2 (124M),
+// tinyllama-1b (GQA), openllama-3b, llama2-7b, llama2-13b, and with the config fields of the
+// published checkpoints llama3.2-1b, llama3.1-8b, mistral-7b (v0.1), qwen2.5-7b and qwen3-8b.
+// dtype defaults to F32 for tiny presets, BF16 for the Llama 3, Mistral and Qwen shapes (as
 // published) and F16 for the rest.
 absl::StatusOr<ModelConfig> PresetConfig(std::string_view name);
 std::vector<std::string> PresetNames();
@@ -38,12 +39,13 @@ struct ModelOverrides {
   std::optional<float> rope_theta;
   std::optional<bool> tie_word_embeddings;
   std::optional<int> sliding_window;     // Mistral, Qwen2; 0: none
-  std::optional<int> max_window_layers;  // Qwen2: the window applies from this layer on
+  std::optional<int> max_window_layers;  // Qwen2, Qwen3: the window applies from this layer on
+  std::optional<int> head_dim;           // Qwen3 only (the others have hidden / heads)
   std::optional<std::string> dtype;  // "f32", "f16", "bf16"
 };
 
 // Applies `o` to `base` and validates the result. Dimensions that follow others follow them:
-// head_dim = hidden / heads; GPT-2's intermediate size stays 4 * hidden and its kv heads equal its
+// head_dim = hidden / heads (Qwen3 keeps its own unless --head_dim); GPT-2's intermediate size stays 4 * hidden and its kv heads equal its
 // heads; an end-of-text id that was the last id stays the last id when the vocabulary changes.
 absl::StatusOr<ModelConfig> ApplyOverrides(ModelConfig base, const ModelOverrides& o);
 

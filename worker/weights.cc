@@ -5,9 +5,10 @@
 //   GPT-2: wte, wpe, h.{i}.ln_1, h.{i}.attn.c_attn (hidden, 3 * hidden), h.{i}.attn.c_proj,
 //          h.{i}.ln_2, h.{i}.mlp.c_fc (hidden, inter), h.{i}.mlp.c_proj (inter, hidden), ln_f.
 //          Conv1D stores (in, out); every matrix is transposed to (out, in) here.
-//   Llama, Mistral, Qwen2: embed_tokens, layers.{i}.input_layernorm,
+//   Llama, Mistral, Qwen2, Qwen3: embed_tokens, layers.{i}.input_layernorm,
 //          layers.{i}.self_attn.{q,k,v,o}_proj (.weight, and .bias where the config has biases:
-//          q, k, v for Qwen2, all four for Llama's attention_bias),
+//          q, k, v for Qwen2, all four for attention_bias of Llama and Qwen3),
+//          layers.{i}.self_attn.{q,k}_norm.weight (Qwen3),
 //          layers.{i}.post_attention_layernorm, layers.{i}.mlp.{gate,up,down}_proj, norm.
 //   Both:  lm_head.weight (never prefixed), or the token embedding when the head is tied.
 // GPT-2's attn.bias / attn.masked_bias are causal-mask buffers, not weights, and are never read.
@@ -120,6 +121,10 @@ absl::StatusOr<LayerSources> LoadLlamaLayer(TensorReader& r, const ModelConfig& 
       AppendRows(l.bqkv, b);
     }
   }
+  if (c.qk_norm) {
+    ASSIGN_OR_RETURN(l.q_norm_w, r.Read(p + "self_attn.q_norm.weight", {c.head_dim}));
+    ASSIGN_OR_RETURN(l.k_norm_w, r.Read(p + "self_attn.k_norm.weight", {c.head_dim}));
+  }
   ASSIGN_OR_RETURN(l.wo, r.Read(p + "self_attn.o_proj.weight", {h, q_dim}));
   if (c.o_bias) {
     ASSIGN_OR_RETURN(l.bo, r.Read(p + "self_attn.o_proj.bias", {h}));
@@ -168,7 +173,8 @@ absl::Status CheckNoUnusedTensors(const Checkpoint& ckpt, const std::set<std::st
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint ", ckpt.dir().string(), " has tensor '", name,
         "' that the model as config.json describes does not use (model_type ",
-        ckpt.config().model_type, "; a bias needs attention_bias or the model type that has it)"));
+        ckpt.config().model_type,
+        "; a bias needs attention_bias or the model type that has it, q_norm/k_norm need qwen3)"));
   }
   return absl::OkStatus();
 }

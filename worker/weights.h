@@ -23,6 +23,8 @@ struct LayerWeightsOf {
   Tensor attn_norm_b;  // (hidden); GPT-2 only, empty for Llama
   Tensor wqkv;         // (q_dim + 2 * kv_dim, hidden): q rows, then k, then v
   Tensor bqkv;         // (q_dim + 2 * kv_dim); GPT-2, Qwen2, Llama attention_bias
+  Tensor q_norm_w;     // (head_dim); Qwen3 only: per-head RMSNorm of q, before RoPE
+  Tensor k_norm_w;     // (head_dim); Qwen3 only: per-head RMSNorm of k, before RoPE
   Tensor wo;           // (hidden, q_dim)
   Tensor bo;           // (hidden); GPT-2, Llama attention_bias
   Tensor mlp_norm_w;   // (hidden)
@@ -67,6 +69,8 @@ void ForEachTensor(A& from, StageWeightsOf<B>& to, Fn&& fn) {
     fn(f.attn_norm_b, t.attn_norm_b);
     fn(f.wqkv, t.wqkv);
     fn(f.bqkv, t.bqkv);
+    fn(f.q_norm_w, t.q_norm_w);
+    fn(f.k_norm_w, t.k_norm_w);
     fn(f.wo, t.wo);
     fn(f.bo, t.bo);
     fn(f.mlp_norm_w, t.mlp_norm_w);

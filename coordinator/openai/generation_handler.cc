@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "common/utf8.h"
 #include "coordinator/openai/api_error.h"
+#include "coordinator/openai/reasoning_parser.h"
 #include "coordinator/openai/response_format.h"
 #include "coordinator/request_group.h"
 #include "coordinator/request_stream.h"
@@ -38,6 +39,9 @@ struct Submitted {
   bool reads_calls() const {
     return api.endpoint == Endpoint::kChat && api.tool_choice.kind != ToolChoice::Kind::kNone;
   }
+  // Chat with --reasoning_parser: how the text splits into reasoning_content and content.
+  ReasoningParser reasoning = ReasoningParser::kNone;
+  PromptThought prompt_thought = PromptThought::kMayOpen;
 };
 
 // A whole reply split into text and calls, as `s` asks.
@@ -182,6 +186,7 @@ void Answer(Coordinator& c, Submitted& s, HttpExchange& exchange, HttpResponse& 
   const Tokenizer* tokenizer = c.tokenizer();
   std::vector<ChoiceResult> results;
   std::vector<json> logprobs;
+  std::vector<std::string> reasoning;  // per choice, with a reasoning parser
   int completion_tokens = 0;
   for (size_t i = 0; i < snaps->size(); ++i) {
     const RequestState::Snapshot& snap = (*snaps)[i];
@@ -189,7 +194,14 @@ void Answer(Coordinator& c, Submitted& s, HttpExchange& exchange, HttpResponse& 
     const std::string prefix = s.api.echo ? s.echo[i / s.api.n] : "";
     ChoiceResult r;
     r.index = static_cast<int>(i);
-    ParsedReply reply = ReadCalls(s, prefix + text.Next(snap.tokens, true, snap.text_limit));
+    r.text = prefix + text.Next(snap.tokens, true, snap.text_limit);
+    if (s.reasoning != ReasoningParser::kNone) {
+      ReasoningSplit split = SplitReasoning(s.reasoning, s.prompt_thought, r.text);
+      r.text = std::move(split.content);
+      reasoning.push_back(std::move(split.reasoning));
+    }
+    // Calls are read from the content, after the thought (as vLLM does).
+    ParsedReply reply = ReadCalls(s, std::move(r.text));
     r.text = std::move(reply.content);
     r.tool_calls = std::move(reply.calls);
     r.finish = snap.finish;
@@ -209,6 +221,10 @@ void Answer(Coordinator& c, Submitted& s, HttpExchange& exchange, HttpResponse& 
   json body = s.api.endpoint == Endpoint::kChat
                   ? ChatResponse(s.head, results, logprobs, usage)
                   : CompletionResponse(s.head, results, logprobs, usage);
+  for (size_t i = 0; i < reasoning.size(); ++i) {
+    json& message = body["choices"][i]["message"];
+    message["reasoning_content"] = reasoning[i].empty() ? json() : json(reasoning[i]);
+  }
   if (s.api.return_token_ids) {
     for (size_t i = 0; i < snaps->size(); ++i) {
       json& c = body["choices"][i];
@@ -228,6 +244,7 @@ class Stream {
       texts_.emplace_back(c_.tokenizer(), r->request().stop_strings);
       calls_.emplace_back();
       if (s_.reads_calls()) calls_.back().emplace(s_.tool_format, s_.api.tool_choice);
+      reasoning_.emplace_back(s_.reasoning, s_.prompt_thought);
     }
     sent_.assign(s_.choices.size(), 0);
     offsets_.assign(s_.choices.size(), 0);
@@ -330,14 +347,24 @@ class Stream {
       }
       offsets_[i] += piece.size();
       const v1::FinishReason finish = last ? snap.finish : v1::FINISH_REASON_UNSPECIFIED;
+      // Chat: the thought first (reasoning_content), then calls read from the rest.
+      const ReasoningSplit split =
+          chat ? reasoning_[i].Next(piece, last) : ReasoningSplit{.content = piece};
       json chunk =
-          chat ? ChatChunk(s_.head, i, {{"content", piece}}, logprobs,
+          chat ? ChatChunk(s_.head, i, ReasoningDelta(split), logprobs,
                            v1::FINISH_REASON_UNSPECIFIED, s_.api.include_usage)
                : CompletionChunk(s_.head, i, piece, logprobs, finish, s_.api.include_usage,
                                  last ? StopReasonOf(tokenizer, *s_.choices[i], snap) : json());
       AddTokenIds(s_, i, std::span(snap.tokens).subspan(k - 1, 1), k == 1, chunk);
       if (calls_[i].has_value()) {
-        if (!WriteCalls(i, calls_[i]->Next(piece), logprobs)) return false;
+        if (!split.reasoning.empty()) {
+          if (!Write(ChatChunk(s_.head, i, {{"reasoning_content", split.reasoning}}, logprobs,
+                               v1::FINISH_REASON_UNSPECIFIED, s_.api.include_usage))) {
+            return false;
+          }
+          logprobs = nullptr;
+        }
+        if (!WriteCalls(i, calls_[i]->Next(split.content), logprobs)) return false;
         continue;
       }
       if (!Write(chunk)) return false;
@@ -380,6 +407,7 @@ class Stream {
   Submitted s_;
   std::vector<TextStream> texts_;
   std::vector<std::optional<ToolCallStream>> calls_;  // per choice, when replies are read for calls
+  std::vector<ReasoningSplitter> reasoning_;  // per choice; kNone: all content
   std::vector<size_t> sent_;     // tokens streamed, per choice
   std::vector<size_t> offsets_;  // bytes of text streamed, per choice (completions' text_offset)
   HttpExchange* sink_ = nullptr;
@@ -445,6 +473,12 @@ void GenerationHandler::Serve(ApiRequest api, std::shared_ptr<HttpExchange> exch
     RecordRejected(c_, s.status());
     SetError(res, s.status());
     return exchange->Respond(std::move(res));
+  }
+  if (endpoint == Endpoint::kChat) {
+    // Checked when the server started (StartHttpApi).
+    s->reasoning = ParseReasoningParserName(c_.config().reasoning_parser)
+                       .value_or(ReasoningParser::kNone);
+    s->prompt_thought = PromptThoughtOf(texts.front());
   }
   s->echo = std::move(texts);
   s->tool_format = tool_format_;

@@ -2,6 +2,7 @@
 #include "coordinator/openai/http_api.h"
 
 #include "coordinator/openai/chat_prompt.h"
+#include "coordinator/openai/reasoning_parser.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem::openai {
@@ -17,6 +18,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(Coordinator& c,
                                                          const std::string& api_key,
                                                          const TlsFiles& tls) {
   const CoordinatorConfig& config = c.config();
+  if (absl::StatusOr<ReasoningParser> parser = ParseReasoningParserName(config.reasoning_parser);
+      !parser.ok()) {
+    return parser.status();
+  }
   HttpServerOptions options{.listen = config.http_listen,
                             .model_name = ServedModelName(config),
                             .threads = config.http_threads > 0 ? config.http_threads : 4,

@@ -219,6 +219,71 @@ TEST(ModelConfigTest, Qwen2BiasesAndWindowedLayers) {
   EXPECT_EQ(listed->attention_window(1), 64);
 }
 
+// Qwen3 (Qwen/Qwen3-0.6B's shape: head_dim 128 with hidden 1024 and 16 heads): the per-head q/k
+// norm, head_dim as given or Qwen3Config's 128, attention_bias on all four projections, Qwen2's
+// window fields; written back as Qwen3ForCausalLM.
+TEST(ModelConfigTest, Qwen3QkNormHeadDimBiasAndWindow) {
+  constexpr char kQwen3[] = R"({
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
+    "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    "max_position_embeddings": 40960, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
+    "rope_scaling": null, "attention_bias": false, "use_sliding_window": false,
+    "sliding_window": null, "max_window_layers": 28, "tie_word_embeddings": true,
+    "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151645,
+    "torch_dtype": "bfloat16"})";
+  std::string j = kQwen3;
+  auto with = [&](const std::string& extra) {
+    return ParseModelConfig(j.substr(0, j.size() - 1) + ", " + extra + "}", "config.json");
+  };
+  auto c = ParseModelConfig(j, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->arch, Arch::kLlama);
+  EXPECT_EQ(c->model_type, "qwen3");
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->q_dim(), 2048);
+  EXPECT_EQ(c->kv_dim(), 1024);
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_FALSE(c->o_bias);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->attention_window(27), 0);
+  EXPECT_FLOAT_EQ(c->rope_theta, 1e6f);
+  EXPECT_EQ(c->eos_token_id, 151645);
+  auto biased = with(R"("attention_bias": true)");
+  ASSERT_TRUE(biased.ok()) << biased.status();
+  EXPECT_TRUE(biased->qkv_bias);
+  EXPECT_TRUE(biased->o_bias);
+  auto windowed = with(R"("use_sliding_window": true, "sliding_window": 64,
+                          "max_window_layers": 20)");
+  ASSERT_TRUE(windowed.ok()) << windowed.status();
+  EXPECT_EQ(windowed->attention_window(19), 0);
+  EXPECT_EQ(windowed->attention_window(20), 64);
+  // Without head_dim: Qwen3Config's default of 128, not hidden / heads (64).
+  std::string no_hd = j;
+  no_hd.erase(no_hd.find(R"("head_dim": 128,)"), 16);
+  auto defaulted = ParseModelConfig(no_hd, "config.json");
+  ASSERT_TRUE(defaulted.ok()) << defaulted.status();
+  EXPECT_EQ(defaulted->head_dim, 128);
+  auto mlp_bias = with(R"("mlp_bias": true)");
+  EXPECT_EQ(mlp_bias.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(mlp_bias.status().message().find("mlp_bias"), std::string::npos);
+  // Round trip: the same shape and the qwen3 names.
+  const std::string written = ModelConfigToJson(*windowed);
+  EXPECT_NE(written.find("Qwen3ForCausalLM"), std::string::npos);
+  auto back = ParseModelConfig(written, "written");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->model_type, "qwen3");
+  EXPECT_TRUE(back->qk_norm);
+  EXPECT_EQ(back->head_dim, 128);
+  EXPECT_EQ(back->attention_window(19), 0);
+  EXPECT_EQ(back->attention_window(20), 64);
+  // Other Llama-family types have no q/k norm.
+  auto llama = ParseModelConfig(kLlama, "config.json");
+  ASSERT_TRUE(llama.ok());
+  EXPECT_FALSE(llama->qk_norm);
+}
+
 TEST(ModelConfigTest, ExplicitHeadDimAndGpt2ScalingFlagsAreRead) {
   std::string j = kLlama;
   auto hd = ParseModelConfig(j.substr(0, j.size() - 1) + R"(, "head_dim": 128})", "c");

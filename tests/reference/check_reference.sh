@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Regenerates each reference checkpoint from its preset and seed, checks that it is byte-identical
 # to the one Hugging Face transformers was run on (sha256 in the fixture), then checks the CPU
-# engine against the fixture's logits and greedy tokens.
+# engine against the fixture's logits and greedy tokens. A model of models.txt whose fixture has not
+# been made yet (make_fixtures.sh, on a machine with torch) is skipped, saying so; at least one
+# must run.
 # usage: check_reference.sh MAKE_MODEL REFERENCE_TEST SOURCE_DIR WORK_DIR
 set -euo pipefail
 make_model=$1 reference_test=$2 src=$3 work=$4
 mkdir -p "$work"
-grep -v '^#' "$src/models.txt" | while read -r name preset seed flags; do
+checked=0
+while read -r name preset seed flags; do
   fixture="$src/fixtures/hf_${name}.json"
-  [ -f "$fixture" ] || { echo "missing fixture $fixture"; exit 1; }
+  if [ ! -f "$fixture" ]; then
+    echo "$name: no fixture $fixture yet (make it with make_fixtures.sh); skipped"
+    continue
+  fi
   rm -rf "${work:?}/$name"
   # shellcheck disable=SC2086  # $flags: tandem-make-model overrides, one word each
   "$make_model" --preset "$preset" --seed "$seed" $flags --out "$work/$name" >/dev/null
@@ -20,4 +26,6 @@ grep -v '^#' "$src/models.txt" | while read -r name preset seed flags; do
   fi
   echo "$name: checkpoint sha256 matches the reference ($got)"
   TANDEM_REFERENCE_FIXTURE="$fixture" TANDEM_REFERENCE_MODEL="$work/$name" "$reference_test"
-done
+  checked=$((checked + 1))
+done < <(grep -v '^#' "$src/models.txt")
+[ "$checked" -gt 0 ] || { echo "no fixture found in $src/fixtures"; exit 1; }

@@ -6,7 +6,7 @@ logits, then decodes greedily for `steps` tokens with the KV-cache and records t
 the logits that chose the last one. Prompts are run one at a time (no padding), so nothing but
 the model's own math is in the numbers.
 
-For a model with a sliding window (Mistral; Qwen2 with use_sliding_window) it also checks that
+For a model with a sliding window (Mistral; Qwen2 or Qwen3 with use_sliding_window) it also checks that
 transformers really applies the window in the attention implementation it chose: the same
 checkpoint with the window switched off must give different prefill logits for every prompt
 longer than the window (else the fixture would not test the window, and the script fails).
@@ -37,9 +37,9 @@ def window_effect(args, dtype, cfg, prompts, reference):
     """Largest relative change of the prefill logits of the prompts longer than the window when
     the window is switched off; None for a model without one."""
     window = cfg.get("sliding_window")
-    if cfg.get("model_type") == "qwen2" and not cfg.get("use_sliding_window"):
+    if cfg.get("model_type") in ("qwen2", "qwen3") and not cfg.get("use_sliding_window"):
         window = None
-    if cfg.get("model_type") not in ("mistral", "qwen2") or not window:
+    if cfg.get("model_type") not in ("mistral", "qwen2", "qwen3") or not window:
         return None
     # The same folder with config.json's window switched off (a copy; the weights linked).
     off = dict(cfg)

@@ -299,7 +299,7 @@ TEST(ModelGeneratorTest, LargeTensorsAreChunkedWithoutChangingValues) {
 TEST(ModelGeneratorTest, ConfigJsonRoundTripsThroughLoadModelConfig) {
   for (const std::string preset :
        {"tiny-gpt2", "tiny-llama", "tiny-llama-tied", "tiny-llama3", "tiny-mistral",
-        "tiny-qwen2"}) {
+        "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-tied"}) {
     fs::path dir = TestDir("config_" + preset);
     const ModelConfig c = Preset(preset);
     Write(c, dir, 1);
@@ -329,6 +329,7 @@ TEST(ModelGeneratorTest, ConfigJsonRoundTripsThroughLoadModelConfig) {
         << preset;
     EXPECT_EQ(back->qkv_bias, c.qkv_bias) << preset;
     EXPECT_EQ(back->o_bias, c.o_bias) << preset;
+    EXPECT_EQ(back->qk_norm, c.qk_norm) << preset;
     EXPECT_EQ(back->sliding_window, c.sliding_window) << preset;
     for (int l = 0; l < c.num_layers; ++l) {
       EXPECT_EQ(back->attention_window(l), c.attention_window(l)) << preset << " layer " << l;
@@ -393,6 +394,74 @@ TEST(ModelGeneratorTest, NewFamilyPresetsWriteThePublishedConfigFields) {
   EXPECT_EQ(q["max_window_layers"], 28);
   EXPECT_EQ(q["tie_word_embeddings"], false);
   EXPECT_FALSE(q.contains("attention_bias"));  // Qwen2 always has q/k/v biases
+  // Qwen/Qwen3-8B's config.json.
+  const nlohmann::json q3 = config("qwen3-8b");
+  EXPECT_EQ(q3["architectures"], nlohmann::json({"Qwen3ForCausalLM"}));
+  EXPECT_EQ(q3["model_type"], "qwen3");
+  EXPECT_EQ(q3["hidden_size"], 4096);
+  EXPECT_EQ(q3["num_hidden_layers"], 36);
+  EXPECT_EQ(q3["num_attention_heads"], 32);
+  EXPECT_EQ(q3["num_key_value_heads"], 8);
+  EXPECT_EQ(q3["head_dim"], 128);
+  EXPECT_EQ(q3["intermediate_size"], 12288);
+  EXPECT_EQ(q3["vocab_size"], 151936);
+  EXPECT_EQ(q3["max_position_embeddings"], 40960);
+  EXPECT_EQ(q3["rope_theta"], 1000000.0);
+  EXPECT_EQ(q3["rms_norm_eps"], 1e-06);
+  EXPECT_EQ(q3["attention_bias"], false);
+  EXPECT_EQ(q3["use_sliding_window"], false);
+  EXPECT_EQ(q3["tie_word_embeddings"], false);
+  EXPECT_EQ(q3["bos_token_id"], 151643);
+  EXPECT_EQ(q3["eos_token_id"], 151645);
+  EXPECT_EQ(q3["torch_dtype"], "bfloat16");
+}
+
+// Qwen3: q_norm and k_norm of (head_dim) after o_proj in every layer, q/k/v/o widths from the
+// explicit head_dim (32 in tiny-qwen3, twice hidden / heads); no biases; tied: no lm_head.
+TEST(ModelGeneratorTest, Qwen3HasPerHeadQkNormsAndItsOwnHeadDim) {
+  std::map<std::string, std::vector<int64_t>> names;
+  for (const TensorSpec& t : CheckpointTensors(Preset("qwen3-8b"))) names[t.name] = t.shape;
+  EXPECT_EQ(names["model.layers.35.self_attn.q_norm.weight"], std::vector<int64_t>{128});
+  EXPECT_EQ(names["model.layers.0.self_attn.k_norm.weight"], std::vector<int64_t>{128});
+  EXPECT_EQ(names["model.layers.0.self_attn.k_proj.weight"], (std::vector<int64_t>{1024, 4096}));
+  EXPECT_EQ(names.count("model.layers.0.self_attn.q_proj.bias"), 0u);
+  EXPECT_EQ(names["lm_head.weight"], (std::vector<int64_t>{151936, 4096}));
+  EXPECT_EQ(names.size(), 1u + 36u * 11u + 2u);
+
+  for (bool tied : {false, true}) {
+    const ModelConfig c = Preset(tied ? "tiny-qwen3-tied" : "tiny-qwen3");
+    EXPECT_EQ(c.head_dim, 32);
+    fs::path dir = TestDir(tied ? "qwen3_tiny_tied" : "qwen3_tiny");
+    Write(c, dir, 1);
+    Shapes want = ExpectedLlama(512, 64, 160, 4, 4, 2, tied);
+    for (int i = 0; i < 4; ++i) {
+      const std::string p = "model.layers." + std::to_string(i) + ".self_attn.";
+      want[p + "q_proj.weight"] = {128, 64};
+      want[p + "k_proj.weight"] = {64, 64};
+      want[p + "v_proj.weight"] = {64, 64};
+      want[p + "o_proj.weight"] = {64, 128};
+      want[p + "q_norm.weight"] = {32};
+      want[p + "k_norm.weight"] = {32};
+    }
+    ExpectExactly(dir, want, DType::kF32);
+  }
+  // head_dim is Qwen3's own: kept when the heads change, overridden only by --head_dim.
+  ModelOverrides o;
+  o.num_heads = 8;
+  o.num_kv_heads = 4;
+  auto c = ApplyOverrides(Preset("tiny-qwen3"), o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 32);
+  o.head_dim = 16;
+  c = ApplyOverrides(Preset("tiny-qwen3"), o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 16);
+  o.head_dim = 15;
+  EXPECT_THAT(ApplyOverrides(Preset("tiny-qwen3"), o).status().message(), HasSubstr("--head_dim"));
+  ModelOverrides llama;
+  llama.head_dim = 32;
+  EXPECT_THAT(ApplyOverrides(Preset("tiny-llama"), llama).status().message(),
+              HasSubstr("--head_dim applies only to Qwen3"));
 }
 
 // Qwen2: a bias after each of q_proj, k_proj and v_proj, none on o_proj; tied: no lm_head.
@@ -503,9 +572,9 @@ TEST(ModelGeneratorTest, RewritingWithoutShardsRemovesStaleShards) {
 TEST(ModelGeneratorTest, PresetsHaveTheirPublishedShapes) {
   EXPECT_THAT(PresetNames(),
               ElementsAre("tiny-gpt2", "tiny-llama", "tiny-llama-tied", "tiny-llama3",
-                          "tiny-mistral", "tiny-qwen2", "gpt2", "tinyllama-1b", "openllama-3b",
-                          "llama2-7b", "llama2-13b", "llama3.2-1b", "llama3.1-8b", "mistral-7b",
-                          "qwen2.5-7b"));
+                          "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-tied", "gpt2",
+                          "tinyllama-1b", "openllama-3b", "llama2-7b", "llama2-13b",
+                          "llama3.2-1b", "llama3.1-8b", "mistral-7b", "qwen2.5-7b", "qwen3-8b"));
   const ModelConfig o = Preset("openllama-3b");
   EXPECT_EQ(o.arch, Arch::kLlama);
   EXPECT_EQ(o.vocab_size, 32000);

@@ -5,7 +5,8 @@
 // that sequence's KV-cache slot, which holds K and V of every position written so far:
 //   k_cache_, v_cache_: [max_slots][layers of this stage][max_seq_len][kv_dim]
 // Architectures differ only in data: which norm, bias or not, learned positions or RoPE (and its
-// frequencies), which MLP activation, the attention's scale and sliding window.
+// frequencies), a per-head norm of q and k or not (Qwen3), which MLP activation, the attention's
+// scale and sliding window.
 //
 // A slot's cache is valid up to the last position written; a step may start a sequence at any
 // position up to that (0 starts a new sequence in the slot), never past it. Steps are validated
@@ -51,7 +52,7 @@ void Linear(const float* x, int rows, int in, const std::vector<float>& w,
   }
 }
 
-// GPT-2: LayerNorm with bias. Llama: RMSNorm (b empty). x, y: (rows, n).
+// GPT-2: LayerNorm with bias. Llama: RMSNorm (b empty). x, y: (rows, n); y may be x.
 void Norm(Arch arch, const float* x, int rows, int n, const std::vector<float>& w,
           const std::vector<float>& b, float eps, float* y) {
   for (int r = 0; r < rows; ++r) {
@@ -239,6 +240,11 @@ class CpuStage final : public Stage {
       if (c_.arch == Arch::kLlama) {
         for (int r = 0; r < rows; ++r) {
           float* q = qkv.data() + static_cast<size_t>(r) * qkv_dim;
+          if (c_.qk_norm) {  // Qwen3: each head of q and of k RMSNorm-ed, before the rotation
+            Norm(c_.arch, q, c_.num_heads, c_.head_dim, lw.q_norm_w, {}, c_.norm_eps, q);
+            Norm(c_.arch, q + q_dim, c_.num_kv_heads, c_.head_dim, lw.k_norm_w, {}, c_.norm_eps,
+                 q + q_dim);
+          }
           Rope(q, c_.num_heads, c_.head_dim, pos[r], inv_freq_);             // q heads
           Rope(q + q_dim, c_.num_kv_heads, c_.head_dim, pos[r], inv_freq_);  // k heads
         }

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/status_macros.h"
+#include "worker/cuda/head_norm.h"
 #include "worker/cuda/prefill_attention.h"
 
 namespace tandem {
@@ -66,7 +67,8 @@ absl::Status CudaStage::Forward(int rows, int samples) {
 }
 
 // Layer l's attention norm (adding `pending_bias` first) and QKV projection, then q with rotary
-// embedding into q_ and the keys and values into the cache, for every row of the pass.
+// embedding into q_ and the keys and values into the cache, for every row of the pass (Qwen3: with
+// the per-head norm of q and k before the rotation).
 absl::Status CudaStage::QkvIntoCache(int l, int rows, bool gemv, const void* pending_bias) {
   using namespace cuda;
   const cudaStream_t s = stream_.get();
@@ -79,6 +81,25 @@ absl::Status CudaStage::QkvIntoCache(int l, int rows, bool gemv, const void* pen
   const float* inv_freq = llama ? inv_freq_.as<float>() : nullptr;  // null: no rotation
   RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, L.attn_norm_w, L.attn_norm_b,
                              nullptr, xn_.get(), rows, hidden, c_.norm_eps, s));
+  const int qkv_cols = c_.q_dim() + 2 * c_.kv_dim();
+  if (c_.qk_norm) {
+    // Qwen3: the heads of q and k are normed between the projection (with its bias) and the
+    // rotation, so the projection goes to qkv_ and the split/rotate follows without a bias.
+    if (gemv) {
+      RETURN_IF_ERROR(
+          Gemv(t, GemvEpilogue::kStore, xn_.get(), L.wqkv, L.bqkv, qkv_.get(), rows, qkv_cols,
+               hidden, s));
+    } else {
+      RETURN_IF_ERROR(
+          Matmul(xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols, hidden, 0.0f, false));
+    }
+    RETURN_IF_ERROR(LaunchHeadNorm(t, qkv_.get(), gemv ? nullptr : L.bqkv, L.q_norm_w,
+                                   L.k_norm_w, rows, c_.num_heads, c_.num_kv_heads, c_.head_dim,
+                                   c_.norm_eps, s));
+    return LaunchQkvRopeCache(t, qkv_.get(), nullptr, q_.get(), KCache(l), VCache(l), positions,
+                              slots, rows, c_.num_heads, c_.num_kv_heads, c_.head_dim,
+                              seq_capacity_, inv_freq, s);
+  }
   // GEMV-sized passes: the QKV projection writes q and the KV-cache itself, rotary embedding
   // included; otherwise a separate split/rotate kernel follows the GEMM.
   if (gemv) {
@@ -95,7 +116,6 @@ absl::Status CudaStage::QkvIntoCache(int l, int rows, bool gemv, const void* pen
     cache.inv_freq = inv_freq;
     return GemvQkvCache(t, xn_.get(), L.wqkv, L.bqkv, cache, rows, hidden, s);
   }
-  const int qkv_cols = c_.q_dim() + 2 * c_.kv_dim();
   RETURN_IF_ERROR(Matmul(xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols, hidden, 0.0f, false));
   return LaunchQkvRopeCache(t, qkv_.get(), L.bqkv, q_.get(), KCache(l), VCache(l), positions,
                             slots, rows, c_.num_heads, c_.num_kv_heads, c_.head_dim,

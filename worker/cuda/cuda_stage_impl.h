@@ -94,6 +94,8 @@ struct DeviceLayer {
   const void* attn_norm_b = nullptr;  // (hidden), GPT-2
   const void* wqkv = nullptr;         // (q_dim + 2 kv_dim, hidden)
   const void* bqkv = nullptr;         // (q_dim + 2 kv_dim), GPT-2
+  const void* q_norm_w = nullptr;     // (head_dim), Qwen3
+  const void* k_norm_w = nullptr;     // (head_dim), Qwen3
   const void* wo = nullptr;           // (hidden, q_dim)
   const void* bo = nullptr;           // (hidden), GPT-2
   const void* mlp_norm_w = nullptr;   // (hidden)

@@ -107,6 +107,8 @@ absl::Status CudaStage::UploadWeights(const StageSpec& spec) {
     dl.attn_norm_b = l.attn_norm_b;
     dl.wqkv = l.wqkv;
     dl.bqkv = l.bqkv;
+    dl.q_norm_w = l.q_norm_w;
+    dl.k_norm_w = l.k_norm_w;
     dl.wo = l.wo;
     dl.bo = l.bo;
     dl.mlp_norm_w = l.mlp_norm_w;

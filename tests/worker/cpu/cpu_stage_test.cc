@@ -348,6 +348,16 @@ class NaiveModel {
     return y;
   }
 
+  // Qwen3's q_norm / k_norm: RMSNorm of each head_dim-wide head of x with the same weights.
+  Vec HeadNorm(const Vec& x, const Vec& w) const {
+    Vec y;
+    for (size_t h = 0; h < x.size(); h += c_.head_dim) {
+      const Vec head = RmsNorm(Vec(x.begin() + h, x.begin() + h + c_.head_dim), w);
+      y.insert(y.end(), head.begin(), head.end());
+    }
+    return y;
+  }
+
   void LlamaLayer(int l, std::vector<Vec>& x) {
     const std::string p = "layers." + std::to_string(l) + ".";
     const int hid = c_.hidden_size, inter = c_.intermediate_size;
@@ -358,10 +368,16 @@ class NaiveModel {
       const std::string bias = "model." + p + "self_attn." + name + ".bias";
       return ckpt_->contains(bias) ? Add(y, T(p + "self_attn." + name + ".bias")) : y;
     };
+    // Qwen3 norms each head of q and k between the projection and the rotation.
+    auto head_norm = [&](const std::string& name, const Vec& y) {
+      return c_.qk_norm ? HeadNorm(y, T(p + "self_attn." + name + ".weight")) : y;
+    };
     for (size_t t = 0; t < x.size(); ++t) {
       const Vec h = RmsNorm(x[t], T(p + "input_layernorm.weight"));
-      q.push_back(Rope(proj("q_proj", h, c_.q_dim()), c_.num_heads, static_cast<int>(t)));
-      k.push_back(Rope(proj("k_proj", h, c_.kv_dim()), c_.num_kv_heads, static_cast<int>(t)));
+      q.push_back(Rope(head_norm("q_norm", proj("q_proj", h, c_.q_dim())), c_.num_heads,
+                       static_cast<int>(t)));
+      k.push_back(Rope(head_norm("k_norm", proj("k_proj", h, c_.kv_dim())), c_.num_kv_heads,
+                       static_cast<int>(t)));
       v.push_back(proj("v_proj", h, c_.kv_dim()));
     }
     const std::vector<Vec> a = Attention(l, q, k, v);
@@ -719,7 +735,8 @@ TEST_P(CpuStageTest, AStepWritesItsKvCacheOutLayerByLayerAsItGoes) {
 INSTANTIATE_TEST_SUITE_P(TinyPresets, CpuStageTest,
                          ::testing::Values("tiny-gpt2", "tiny-llama", "tiny-llama-tied",
                                            "tiny-llama3", "tiny-mistral", "tiny-qwen2",
-                                           "tiny-qwen2-window", "tiny-gpt2-scaled"),
+                                           "tiny-qwen2-window", "tiny-qwen3", "tiny-qwen3-tied",
+                                           "tiny-gpt2-scaled"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');
@@ -1011,6 +1028,32 @@ TEST(CpuStageFamilyTest, TensorsTheConfigDoesNotUseAreRefusedByName) {
   spec.first_layer = 2;
   const absl::Status later = MakeCpuStage(spec).status();
   EXPECT_THAT(later.message(), HasSubstr("'model.layers.2.self_attn.k_proj.bias'")) << later;
+}
+
+// Qwen3's q_norm / k_norm are checked both ways: a Qwen3 checkpoint labelled llama is refused
+// naming a norm it would ignore, and a Llama checkpoint labelled qwen3 naming the norm it lacks.
+TEST(CpuStageFamilyTest, Qwen3NormsMissingOrUnusedAreRefusedByName) {
+  auto relabel = [](const std::string& preset, const std::string& type, bool qk_norm) {
+    const std::filesystem::path from = ModelDir(preset);
+    const std::filesystem::path to = ModelsRoot() / (preset + "-as-" + type);
+    std::filesystem::create_directories(to);
+    std::filesystem::copy_file(from / "model.safetensors", to / "model.safetensors",
+                               std::filesystem::copy_options::overwrite_existing);
+    auto config = LoadModelConfig(from);
+    EXPECT_TRUE(config.ok()) << config.status();
+    config->model_type = type;
+    config->qk_norm = qk_norm;
+    std::ofstream(to / "config.json") << ModelConfigToJson(*config);
+    StageSpec spec;
+    spec.model_dir = to;
+    return MakeCpuStage(spec).status();
+  };
+  const absl::Status unused = relabel("tiny-qwen3", "llama", false);
+  EXPECT_EQ(unused.code(), absl::StatusCode::kInvalidArgument) << unused;
+  EXPECT_THAT(unused.message(), HasSubstr("'model.layers.0.self_attn.k_norm.weight'")) << unused;
+  const absl::Status missing = relabel("tiny-llama", "qwen3", true);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
+  EXPECT_THAT(missing.message(), HasSubstr("'model.layers.0.self_attn.q_norm.weight'")) << missing;
 }
 
 }  // namespace

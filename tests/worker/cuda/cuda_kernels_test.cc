@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage.h"
+#include "worker/cuda/head_norm.h"
 #include "worker/cuda/kernels.h"
 #include "worker/sampling.h"
 
@@ -116,6 +117,43 @@ TEST_P(KernelTest, RmsNormAddsPendingBiasAndMatchesReference) {
     }
     ExpectClose(Download(t(), out, rows * cols), want, 2 * tol(), 1e-3f, "rmsnorm");
     ExpectClose(Download(t(), dx, rows * cols), want_x, 0, 0, "residual with bias");
+  }
+}
+
+// Qwen3's q_norm / k_norm in place in qkv rows: with a bias (v heads get it alone) and without
+// (v heads untouched), at head_dim 128 and at 40 (not a multiple of the warp).
+TEST_P(KernelTest, HeadNormNormsQAndKHeadsInPlaceAndMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  for (const int hd : {128, 40}) {
+    for (const bool with_bias : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "head_dim " << hd << " bias " << with_bias);
+      const int rows = 3, heads = 4, kv_heads = 2, cols = (heads + 2 * kv_heads) * hd;
+      auto x = Quantize(t(), Random(rows * cols, 11, 2.0f));
+      auto bias = Quantize(t(), Random(cols, 12, 0.5f));
+      auto qw = Quantize(t(), Random(hd, 13, 1.0f));
+      auto kw = Quantize(t(), Random(hd, 14, 1.0f));
+      DeviceBuffer dx = Upload(t(), x), db = Upload(t(), bias), dq = Upload(t(), qw),
+                   dk = Upload(t(), kw);
+      ASSERT_TRUE(LaunchHeadNorm(t(), dx.get(), with_bias ? db.get() : nullptr, dq.get(), dk.get(),
+                                 rows, heads, kv_heads, hd, 1e-6f, nullptr).ok());
+      std::vector<float> want(rows * cols);
+      for (int r = 0; r < rows; ++r) {
+        for (int h = 0; h < heads + 2 * kv_heads; ++h) {
+          const int base = r * cols + h * hd;
+          double ss = 0;
+          for (int j = 0; j < hd; ++j) {
+            const float b = with_bias ? bias[h * hd + j] : 0.0f;
+            want[base + j] = with_bias ? Quantize(t(), {x[base + j] + b})[0] : x[base + j];
+            ss += double(want[base + j]) * want[base + j];
+          }
+          if (h >= heads + kv_heads) continue;  // a v head: the bias only
+          const std::vector<float>& w = h < heads ? qw : kw;
+          const double inv = 1.0 / std::sqrt(ss / hd + 1e-6);
+          for (int j = 0; j < hd; ++j) want[base + j] = want[base + j] * inv * w[j];
+        }
+      }
+      ExpectClose(Download(t(), dx, rows * cols), want, 2 * tol(), 1e-3f, "head norm");
+    }
   }
 }
 

@@ -1066,9 +1066,11 @@ TEST_P(CudaStageVsCpu, PlacedWeightsAreTakenInsteadOfLoadedAndKeepTheBits) {
 
 INSTANTIATE_TEST_SUITE_P(Presets, CudaStageVsCpu,
                          // The new families: llama3 rope scaling, a sliding window of 16
-                         // (shorter than the prompts), q/k/v biases with a tied head.
+                         // (shorter than the prompts), q/k/v biases with a tied head, Qwen3's
+                         // per-head q/k norm with head_dim != hidden / heads.
                          ::testing::Values("tiny-gpt2", "tiny-llama", "tiny-llama-tied",
-                                           "tiny-llama3", "tiny-mistral", "tiny-qwen2"),
+                                           "tiny-llama3", "tiny-mistral", "tiny-qwen2",
+                                           "tiny-qwen3", "tiny-qwen3-tied"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n) ch = ch == '-' ? '_' : ch;
