@@ -162,12 +162,35 @@ absl::StatusOr<Backend> CudaBackend(const tandem::WorkerConfig& config) {
 #endif
 }
 
+// --quantization fp8: every stage the backend makes or places quantizes its linear weights.
+void QuantizeFp8(Backend& b) {
+  auto fp8 = [](tandem::StageSpec spec) {
+    spec.quantize_fp8 = true;
+    return spec;
+  };
+  b.factory = [f = b.factory, fp8](const tandem::StageSpec& spec) { return f(fp8(spec)); };
+  if (b.link.place_weights) {
+    b.link.place_weights = [f = b.link.place_weights, fp8](const tandem::StageSpec& spec) {
+      return f(fp8(spec));
+    };
+  }
+  if (b.link.warm_up) {
+    b.link.warm_up = [f = b.link.warm_up, fp8](const tandem::StageSpec& spec) {
+      return f(fp8(spec));
+    };
+  }
+}
+
 absl::StatusOr<Backend> BackendFromFlags(const tandem::WorkerConfig& config) {
   const std::string backend = config.backend;
   const std::string transport = config.transport;
   if (transport != "grpc" && transport != "nccl" && transport != "auto") {
     return absl::InvalidArgumentError(
         absl::StrCat("--transport: '", transport, "' (expected grpc, nccl or auto)"));
+  }
+  if (!config.quantization.empty() && config.quantization != "fp8") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--quantization: '", config.quantization, "' (expected fp8, or empty for none)"));
   }
   absl::StatusOr<Backend> b;
   if (backend == "cpu") {
@@ -180,6 +203,7 @@ absl::StatusOr<Backend> BackendFromFlags(const tandem::WorkerConfig& config) {
   }
   if (b.ok()) {
     b->link.transport = transport != "auto" ? transport : backend == "cuda" ? "nccl" : "grpc";
+    if (config.quantization == "fp8") QuantizeFp8(*b);
   }
   return b;
 }
