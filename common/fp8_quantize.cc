@@ -17,8 +17,8 @@ absl::Status QuantizeE4M3(const float* w, int64_t rows, int64_t cols, int64_t bl
     for (int64_t c = 0; c < cols; ++c) {
       if (!std::isfinite(w[r * cols + c])) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "tensor '", std::string(name), "' holds ", w[r * cols + c], " at row ", r, ", column ", c,
-            ": a weight must be finite to be quantized to FP8 (the checkpoint is broken)"));
+            "tensor '", std::string(name), "' holds ", w[r * cols + c], " at row ", r, ", column ",
+            c, ": a weight must be finite to be quantized to FP8 (the checkpoint is broken)"));
       }
     }
   }
@@ -34,7 +34,8 @@ absl::Status QuantizeE4M3(const float* w, int64_t rows, int64_t cols, int64_t bl
       const float scale = amax > 0.0f ? amax / kE4M3Max : 1.0f;
       scales[(r0 / block_rows) * blocks_across + c0 / block_cols] = scale;
       for (int64_t r = r0; r < r1; ++r) {
-        for (int64_t c = c0; c < c1; ++c) codes[r * cols + c] = FloatToE4M3(w[r * cols + c] / scale);
+        for (int64_t c = c0; c < c1; ++c)
+          codes[r * cols + c] = FloatToE4M3(w[r * cols + c] / scale);
       }
     }
   }

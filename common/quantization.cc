@@ -14,8 +14,7 @@ absl::Status Refused(std::string_view source, std::string_view field, const json
                      std::string_view supported) {
   return absl::UnimplementedError(absl::StrCat(std::string(source), ": quantization_config.",
                                                std::string(field), " ", value.dump(),
-                                               " is not supported (", std::string(supported),
-                                               ")"));
+                                               " is not supported (", std::string(supported), ")"));
 }
 
 // j[key] when it is a string, else "".
@@ -67,8 +66,7 @@ absl::Status CheckFloat8(const json& args, std::string_view source, const std::s
   return absl::OkStatus();
 }
 
-absl::StatusOr<WeightQuantization> ParseCompressedTensors(const json& qc,
-                                                          std::string_view source) {
+absl::StatusOr<WeightQuantization> ParseCompressedTensors(const json& qc, std::string_view source) {
   WeightQuantization q;
   q.method = WeightQuantization::Method::kCompressedTensors;
   if (StringAt(qc, "format") != "float-quantized") {
@@ -76,8 +74,7 @@ absl::StatusOr<WeightQuantization> ParseCompressedTensors(const json& qc,
   }
   auto groups = qc.find("config_groups");
   if (groups == qc.end() || !groups->is_object() || groups->size() != 1) {
-    return Refused(source, "config_groups", qc.value("config_groups", json()),
-                   "exactly one group");
+    return Refused(source, "config_groups", qc.value("config_groups", json()), "exactly one group");
   }
   const std::string name = groups->begin().key();
   const json& g = groups->begin().value();
@@ -107,13 +104,13 @@ absl::StatusOr<WeightQuantization> ParseCompressedTensors(const json& qc,
   const std::string input_strategy = StringAt(input, "strategy");
   if (dynamic == json(true)) {
     if (input_strategy != "token" && input_strategy != "tensor") {
-      return Refused(source, at + ".input_activations.strategy",
-                     input.value("strategy", json()), "\"token\" or \"tensor\"");
+      return Refused(source, at + ".input_activations.strategy", input.value("strategy", json()),
+                     "\"token\" or \"tensor\"");
     }
   } else if (dynamic == json(false)) {
     if (input_strategy != "tensor") {
-      return Refused(source, at + ".input_activations.strategy",
-                     input.value("strategy", json()), "static scales are per \"tensor\"");
+      return Refused(source, at + ".input_activations.strategy", input.value("strategy", json()),
+                     "static scales are per \"tensor\"");
     }
     q.static_input_scales = true;
   } else {
@@ -166,8 +163,11 @@ json QuantizationConfigJson(const WeightQuantization& q) {
     }
     case WeightQuantization::Method::kCompressedTensors: {
       const bool channel = q.scales == WeightQuantization::Scales::kChannel;
-      json weights = {{"num_bits", 8}, {"type", "float"}, {"symmetric", true},
-                      {"dynamic", false}, {"strategy", channel ? "channel" : "tensor"}};
+      json weights = {{"num_bits", 8},
+                      {"type", "float"},
+                      {"symmetric", true},
+                      {"dynamic", false},
+                      {"strategy", channel ? "channel" : "tensor"}};
       json input = {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}};
       input["dynamic"] = !q.static_input_scales;
       input["strategy"] = q.static_input_scales ? "tensor" : "token";

@@ -301,7 +301,9 @@ absl::StatusOr<std::vector<TensorToWrite>> QuantizedTensors(uint64_t seed, const
   const uint64_t stream = TensorStream(seed, spec.name);
   std::vector<float> values(static_cast<size_t>(rows * cols));
   std::vector<std::byte> rounded(values.size() * DTypeSize(c.dtype));
-  for (size_t i = 0; i < values.size(); ++i) values[i] = Sample(stream, spec, static_cast<int64_t>(i));
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = Sample(stream, spec, static_cast<int64_t>(i));
+  }
   FromFloat(c.dtype, values.data(), values.size(), rounded.data());
   ToFloat(c.dtype, rounded.data(), values.size(), values.data());
   int64_t br = rows, bc = cols;

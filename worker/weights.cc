@@ -125,7 +125,8 @@ class TensorReader {
     ASSIGN_OR_RETURN(std::string found, Resolve(name));
     read_.insert(found);
     ASSIGN_OR_RETURN(TensorView view, ckpt_.tensor(found));
-    const bool scalar = shape.empty() && (view.shape.empty() || view.shape == std::vector<int64_t>{1});
+    const bool scalar =
+        shape.empty() && (view.shape.empty() || view.shape == std::vector<int64_t>{1});
     if (!scalar && view.shape != shape) {
       if (shape.empty()) shape = {1};
       return absl::InvalidArgumentError(absl::StrCat(

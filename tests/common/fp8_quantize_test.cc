@@ -2,13 +2,13 @@
 // infinity naming the tensor.
 #include "common/fp8_quantize.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "common/dtype.h"
 
@@ -85,7 +85,8 @@ TEST(Fp8QuantizeTest, PerTensorAndBlockScalesCoverTheirBlocks) {
     for (int bc = 0; bc < 2; ++bc) {
       float m = 0.0f;
       for (int r = 2 * br; r < std::min(rows, 2 * br + 2); ++r) {
-        for (int c = 4 * bc; c < std::min(cols, 4 * bc + 4); ++c) m = std::max(m, std::fabs(w[r * cols + c]));
+        for (int c = 4 * bc; c < std::min(cols, 4 * bc + 4); ++c)
+          m = std::max(m, std::fabs(w[r * cols + c]));
       }
       EXPECT_FLOAT_EQ(blocks[br * 2 + bc], m / 448.0f) << br << "," << bc;
     }
@@ -102,14 +103,14 @@ TEST(Fp8QuantizeTest, AllZeroRowGetsScaleOneAndZeroCodes) {
 }
 
 TEST(Fp8QuantizeTest, NanOrInfinityIsRefusedNamingTensorRowAndColumn) {
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+  for (float bad :
+       {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
     std::vector<float> w(12, 0.5f);
     w[1 * 4 + 3] = bad;
     std::vector<uint8_t> codes(12);
     std::vector<float> scales(3);
-    const absl::Status s =
-        QuantizeE4M3(w.data(), 3, 4, 1, 4, "model.layers.2.mlp.up_proj.weight", codes.data(),
-                     scales.data());
+    const absl::Status s = QuantizeE4M3(w.data(), 3, 4, 1, 4, "model.layers.2.mlp.up_proj.weight",
+                                        codes.data(), scales.data());
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(s.message(), AllOf(HasSubstr("model.layers.2.mlp.up_proj.weight"),
                                    HasSubstr("row 1"), HasSubstr("column 3")));

@@ -42,7 +42,8 @@ TEST(QuantizationTest, Fp8PerTensorDynamicAndStatic) {
   EXPECT_EQ(q->scales, Q::Scales::kTensor);
   EXPECT_FALSE(q->static_input_scales);
   EXPECT_EQ(q->scale_suffix(), "weight_scale");
-  q = Parse(R"({"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]})");
+  q = Parse(
+      R"({"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]})");
   ASSERT_TRUE(q.ok()) << q.status();
   EXPECT_TRUE(q->static_input_scales);
 }
@@ -111,10 +112,11 @@ TEST(QuantizationTest, EveryFormSurvivesAConfigJsonRoundTrip) {
           "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64})",
       "c");
   ASSERT_TRUE(base.ok()) << base.status();
-  for (const char* qc :
-       {R"({"quant_method": "fp8", "activation_scheme": "static"})",
-        R"({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]})",
-        kCompressedTensorsChannel}) {
+  for (
+      const char* qc :
+      {R"({"quant_method": "fp8", "activation_scheme": "static"})",
+       R"({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]})",
+       kCompressedTensorsChannel}) {
     ModelConfig c = *base;
     c.quantization = *Parse(qc);
     auto back = ParseModelConfig(ModelConfigToJson(c), "c");

@@ -5,6 +5,8 @@
 // a tiny model's logits with FP8 weights stay within the bound derived below of its fp16 logits.
 #include "worker/fp8_weights.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -13,7 +15,6 @@
 #include <limits>
 #include <memory>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "common/fp8_quantize.h"
@@ -90,9 +91,8 @@ TensorToWrite& Find(std::vector<TensorToWrite>& tensors, const std::string& name
 template <typename Fn>
 void Compare(StageWeights& a, StageWeights& b, Fn&& fn) {
   std::vector<const std::vector<float>*> linear;
-  ForEachLinearWeight(a, b, [&](const std::vector<float>& x, const std::vector<float>&) {
-    linear.push_back(&x);
-  });
+  ForEachLinearWeight(
+      a, b, [&](const std::vector<float>& x, const std::vector<float>&) { linear.push_back(&x); });
   ForEachTensor(a, b, [&](const std::vector<float>& x, std::vector<float>& y) {
     ASSERT_EQ(x.size(), y.size());
     const bool lin = std::find(linear.begin(), linear.end(), &x) != linear.end();
@@ -152,7 +152,8 @@ TEST_F(Fp8WeightsTest, EveryFormLoadsTheFp16WeightsWithinTheE4M3Bound) {
 TEST_F(Fp8WeightsTest, StaticInputScalesAreReadAndDynamicOnesAreZero) {
   for (auto [form, want] : {std::pair{"fp8-static", kGeneratedInputScale},
                             {"compressed-tensors-static", kGeneratedInputScale},
-                            {"compressed-tensors", 0.0f}, {"fp8-block", 0.0f}}) {
+                            {"compressed-tensors", 0.0f},
+                            {"fp8-block", 0.0f}}) {
     auto ckpt = Checkpoint::Open(Model(form));
     ASSERT_TRUE(ckpt.ok()) << ckpt.status();
     auto s = FindStageWeights(**ckpt, 0, 1);
@@ -182,8 +183,8 @@ TEST_F(Fp8WeightsTest, Fp8RowsKeepStoredCodesAndRequantizeBlocks) {
     const std::vector<float> back = DequantizeFp8Rows(*rows);
     if (std::string(form) != "fp8-block") {
       EXPECT_EQ(back, exact) << form;  // the same codes times the same scales
-      EXPECT_EQ(0, std::memcmp(rows->codes.data(), src.parts[0].data.data(),
-                               src.parts[0].data.size()));
+      EXPECT_EQ(
+          0, std::memcmp(rows->codes.data(), src.parts[0].data.data(), src.parts[0].data.size()));
     } else {
       float amax = 0.0f;
       for (float v : exact) amax = std::max(amax, std::fabs(v));
@@ -205,9 +206,8 @@ TEST_F(Fp8WeightsTest, QuantizingAtLoadEqualsThePerChannelCheckpoint) {
   ASSERT_TRUE(RoundLinearWeightsToFp8(*sources, w).ok());
   auto channel = Load(Model("compressed-tensors"));
   ASSERT_TRUE(channel.ok()) << channel.status();
-  Compare(w, *channel, [](const std::vector<float>& x, const std::vector<float>& y, bool) {
-    EXPECT_EQ(x, y);
-  });
+  Compare(w, *channel,
+          [](const std::vector<float>& x, const std::vector<float>& y, bool) { EXPECT_EQ(x, y); });
 }
 
 TEST_F(Fp8WeightsTest, NanWeightIsRefusedAtLoadNamingTheTensor) {
@@ -225,8 +225,8 @@ TEST_F(Fp8WeightsTest, NanWeightIsRefusedAtLoadNamingTheTensor) {
   const absl::Status s = RoundLinearWeightsToFp8(*sources, w);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   // up_proj follows gate_proj in w_in: its element 70 is at row 1 of the stacked tensor's part.
-  EXPECT_THAT(s.message(), AllOf(HasSubstr("model.layers.1.mlp.up_proj.weight"),
-                                 HasSubstr("row 1"), HasSubstr("nan")));
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("model.layers.1.mlp.up_proj.weight"), HasSubstr("row 1"),
+                                 HasSubstr("nan")));
 }
 
 TEST_F(Fp8WeightsTest, BrokenFp8CheckpointsAreRefusedNamingTheTensor) {
@@ -238,38 +238,44 @@ TEST_F(Fp8WeightsTest, BrokenFp8CheckpointsAreRefusedNamingTheTensor) {
   };
   const std::string q = "model.layers.0.self_attn.q_proj.";
   const std::vector<Case> cases = {
-      {"missing scale", "compressed-tensors",
+      {"missing scale",
+       "compressed-tensors",
        [&](std::vector<TensorToWrite>& t) {
          std::erase_if(t, [&](const TensorToWrite& x) { return x.name == q + "weight_scale"; });
        },
        {q + "weight_scale"}},
-      {"per-tensor scale for a per-channel config", "compressed-tensors",
+      {"per-tensor scale for a per-channel config",
+       "compressed-tensors",
        [&](std::vector<TensorToWrite>& t) {
          TensorToWrite& s = Find(t, q + "weight_scale");
          s.shape = {1};
          s.bytes.resize(4);
        },
        {q + "weight_scale", "[64, 1]", "per-channel"}},
-      {"negative scale", "fp8",
+      {"negative scale",
+       "fp8",
        [&](std::vector<TensorToWrite>& t) {
          const float bad = -1.0f;
          std::memcpy(Find(t, q + "weight_scale").bytes.data(), &bad, 4);
        },
        {q + "weight_scale", "-1"}},
-      {"zero static input scale", "fp8-static",
+      {"zero static input scale",
+       "fp8-static",
        [&](std::vector<TensorToWrite>& t) {
          const float zero = 0.0f;
          std::memcpy(Find(t, q + "input_scale").bytes.data(), &zero, 4);
        },
        {q + "input_scale", "> 0"}},
-      {"FP8 norm", "fp8",
+      {"FP8 norm",
+       "fp8",
        [&](std::vector<TensorToWrite>& t) {
          TensorToWrite& n = Find(t, "model.layers.0.input_layernorm.weight");
          n.dtype = DType::kF8E4M3;
          n.bytes.resize(n.bytes.size() / 2);
        },
        {"model.layers.0.input_layernorm.weight", "F8_E4M3"}},
-      {"stray scale", "none",
+      {"stray scale",
+       "none",
        [&](std::vector<TensorToWrite>& t) {
          t.push_back({q + "weight_scale", DType::kF32, {}, std::vector<std::byte>(4)});
        },
@@ -294,9 +300,8 @@ TEST_F(Fp8WeightsTest, Fp8WeightsWithoutQuantizationConfigAreRefused) {
   std::ofstream(dir / "config.json") << ModelConfigToJson(*config);
   auto w = Load(dir);
   EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(w.status().message(),
-              AllOf(HasSubstr("model.layers.0.self_attn.q_proj.weight"),
-                    HasSubstr("quantization_config")));
+  EXPECT_THAT(w.status().message(), AllOf(HasSubstr("model.layers.0.self_attn.q_proj.weight"),
+                                          HasSubstr("quantization_config")));
 }
 
 TEST_F(Fp8WeightsTest, UnknownQuantizationMethodIsRefusedWhenTheCheckpointOpens) {
@@ -352,7 +357,8 @@ double Rms(const std::vector<float>& a) {
 TEST_F(Fp8WeightsTest, Fp8LogitsStayWithinTheDerivedToleranceOfFp16) {
   const std::vector<float> fp16 = PromptLogits(Model("none"), false);
   ASSERT_FALSE(fp16.empty());
-  for (auto [dir, quantize] : {std::pair{Model("none"), true}, {Model("compressed-tensors"), false},
+  for (auto [dir, quantize] : {std::pair{Model("none"), true},
+                               {Model("compressed-tensors"), false},
                                {Model("fp8-block"), false}}) {
     const std::vector<float> fp8 = PromptLogits(dir, quantize);
     ASSERT_EQ(fp8.size(), fp16.size());

@@ -23,6 +23,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "prometheus/gauge.h"
 #include "spdlog/spdlog.h"
 #include "worker/cpu/cpu_stage.h"
 #include "worker/service/worker_config.h"
@@ -276,6 +277,17 @@ void StartMonitoring(const tandem::WorkerConfig& config, Monitoring& m,
   }
   m.server = *std::move(server);
   worker.set_metrics(&m.metrics);
+  // Which precision this worker computes in: 1 on the series of its settings.
+  prometheus::BuildGauge()
+      .Name("tandem_worker_precision_info")
+      .Help("The worker's precision: backend, activation dtype, and linear-layer weights (fp8: "
+            "quantized at load; as_stored: the checkpoint's, FP8 where it is an FP8 checkpoint)")
+      .Register(*m.registry)
+      .Add({{"backend", config.backend},
+            {"dtype", config.backend == "cuda" ? config.dtype : std::string("f32")},
+            {"weights", config.quantization.empty() ? std::string("as_stored")
+                                                    : config.quantization}})
+      .Set(1);
   std::printf("tandem-worker metrics on port %d\n", m.server->port());
   absl::StatusOr<std::unique_ptr<tandem::Nvml>> nvml = tandem::Nvml::Load();
   absl::StatusOr<int> gpus = nvml.ok() ? (*nvml)->DeviceCount() : absl::StatusOr<int>(0);
