@@ -38,6 +38,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/flags_usage.h"
@@ -57,6 +58,9 @@ ABSL_FLAG(std::string, batch, "1,64", "comma-separated batch sizes");
 ABSL_FLAG(std::string, prompt, "128", "comma-separated prompt lengths (tokens per sequence)");
 ABSL_FLAG(int, new_tokens, 128, "generated tokens per sequence (the first comes from prefill)");
 ABSL_FLAG(std::string, dtype, "f16", "f16 or bf16");
+ABSL_FLAG(std::string, quantization, "",
+          "fp8: the linear layers' weights quantized to FP8 (E4M3, per output channel) at load; "
+          "empty: as the checkpoint stores them (FP8 checkpoints run in FP8)");
 ABSL_FLAG(bool, graphs, true, "replay decode steps from CUDA graphs");
 ABSL_FLAG(int, gemv_max_rows, tandem::CudaOptions{}.gemv_max_rows,
           "decode passes of at most this many rows use the GEMV kernels (0: cuBLAS throughout)");
@@ -113,12 +117,14 @@ absl::StatusOr<double> CopyBandwidth() {
 
 // Bytes of weights one decode step reads: every layer's matrices and norms, the final norm and
 // the LM head (embedding rows are negligible).
-double WeightBytesPerStep(const ModelConfig& c, size_t elem) {
+// `linear_elem`: bytes per element of the layers' linear weights (1 for FP8), `elem` of the rest.
+double WeightBytesPerStep(const ModelConfig& c, size_t elem, size_t linear_elem) {
   const double h = c.hidden_size, inter = c.intermediate_size;
   const double qkv = (c.q_dim() + 2.0 * c.kv_dim()) * h, o = h * c.q_dim();
   const double mlp = c.arch == Arch::kLlama ? 3 * h * inter : 2 * h * inter;
-  const double per_layer = qkv + o + mlp + 4 * h;
-  return (c.num_layers * per_layer + static_cast<double>(c.vocab_size) * h + 2 * h) * elem;
+  const double linear = (qkv + o + mlp) * linear_elem;
+  return c.num_layers * (linear + 4 * h * elem) +
+         (static_cast<double>(c.vocab_size) * h + 2 * h) * elem;
 }
 
 struct BatchResult {
@@ -262,7 +268,19 @@ absl::Status Bench() {
   opt.kv_memory_fraction = static_cast<float>(absl::GetFlag(FLAGS_kv_memory_fraction));
   const bool profile = absl::GetFlag(FLAGS_profile);
   const int steps = new_tokens;
-  const double weight_bytes = WeightBytesPerStep(c, DTypeSize(dtype));
+  // Which precision the linear layers run in: FP8 when quantized at load or stored so.
+  const std::string quantization = absl::GetFlag(FLAGS_quantization);
+  if (!quantization.empty() && quantization != "fp8") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--quantization: '", quantization, "' (expected fp8, or empty for none)"));
+  }
+  spec.quantize_fp8 = quantization == "fp8";
+  const bool fp8 = spec.quantize_fp8 || c.quantization.fp8();
+  const std::string weights =
+      fp8 ? (c.quantization.fp8() ? "fp8 e4m3 (" + QuantizationName(c.quantization) + ")"
+                                  : std::string("fp8 e4m3 (quantized at load, per channel)"))
+          : std::string(DTypeName(dtype));
+  const double weight_bytes = WeightBytesPerStep(c, DTypeSize(dtype), fp8 ? 1 : DTypeSize(dtype));
   const double kv_token_bytes = 2.0 * c.num_layers * c.kv_dim() * DTypeSize(dtype);
   std::vector<BatchResult> results;
   double load_s = 0;
@@ -303,10 +321,11 @@ absl::Status Bench() {
   cudaGetDeviceProperties(&prop, 0);
 
   std::printf(
-      "model %s (%s, %d layers, hidden %d), %s, prompt %s, new %d, graphs %s, "
-      "gemv_max_rows %d, batch_invariant %s\n",
+      "model %s (%s, %d layers, hidden %d), %s, linear weights %s, prompt %s, new %d, "
+      "graphs %s, gemv_max_rows %d, batch_invariant %s\n",
       model.c_str(), std::string(ArchName(c.arch)).c_str(), c.num_layers, c.hidden_size,
-      std::string(DTypeName(dtype)).c_str(), absl::GetFlag(FLAGS_prompt).c_str(), steps,
+      std::string(DTypeName(dtype)).c_str(), weights.c_str(), absl::GetFlag(FLAGS_prompt).c_str(),
+      steps,
       opt.cuda_graphs ? "on" : "off",
       opt.gemv_max_rows, opt.batch_invariant ? "on" : "off");
   std::printf(
@@ -334,6 +353,7 @@ absl::Status Bench() {
     j["model"] = model;
     j["arch"] = std::string(ArchName(c.arch));
     j["dtype"] = std::string(DTypeName(dtype));
+    j["linear_weights"] = weights;
     j["device"] = prop.name;
     j["prompt"] = prompts.front();
     j["prompts"] = prompts;

@@ -1,7 +1,9 @@
 // Host-side element type conversions (bit manipulation, no dependence on compiler half types).
 #include "common/dtype.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -12,6 +14,7 @@ std::string_view DTypeName(DType t) {
     case DType::kF32: return "F32";
     case DType::kF16: return "F16";
     case DType::kBF16: return "BF16";
+    case DType::kF8E4M3: return "F8_E4M3";
   }
   return "?";
 }
@@ -36,6 +39,7 @@ std::string_view TorchDTypeName(DType t) {
     case DType::kF32: return "float32";
     case DType::kF16: return "float16";
     case DType::kBF16: return "bfloat16";
+    case DType::kF8E4M3: return "float8_e4m3fn";
   }
   return "?";
 }
@@ -108,6 +112,37 @@ uint16_t FloatToBF16(float f) {
 
 float BF16ToFloat(uint16_t b) { return FromBits(static_cast<uint32_t>(b) << 16); }
 
+float E4M3ToFloat(uint8_t b) {
+  const uint32_t sign = b & 0x80u, exp = (b >> 3) & 0xfu, mant = b & 0x7u;
+  if (exp == 0xf && mant == 0x7) return std::numeric_limits<float>::quiet_NaN();
+  // Subnormal: mant * 2^-9; normal: (8 + mant) * 2^(exp - 10), both exact in float.
+  const float v = exp == 0 ? std::ldexp(static_cast<float>(mant), -9)
+                           : std::ldexp(static_cast<float>(8 + mant), static_cast<int>(exp) - 10);
+  return sign ? -v : v;
+}
+
+uint8_t FloatToE4M3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  if (std::isnan(f)) return 0x7f;
+  const float a = std::fabs(f);
+  if (a >= kE4M3Max) return sign | 0x7e;  // saturate (and infinities)
+  // Below 2^-6 the grid is the subnormals' uniform step 2^-9; above, 3 mantissa bits.
+  int e = 0;
+  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  const int exp = std::max(e - 1, -6);
+  const float step = std::ldexp(1.0f, exp - 3);
+  // Round to nearest even on the grid of `step` (exact: a / step has at most 24 bits).
+  const float q = std::nearbyint(a / step);
+  const float v = q * step;  // may carry into the next binade, still representable
+  if (v == 0.0f) return sign;
+  int ve = 0;
+  std::frexp(v, &ve);
+  if (ve - 1 < -6) return sign | static_cast<uint8_t>(q);  // subnormal: mant = q
+  const int biased = ve - 1 + 7;
+  const uint32_t mant = static_cast<uint32_t>(std::ldexp(v, -(ve - 1) + 3)) - 8u;
+  return sign | static_cast<uint8_t>(biased << 3) | static_cast<uint8_t>(mant);
+}
+
 void ToFloat(DType t, const void* src, size_t n, float* dst) {
   if (n == 0) return;  // src/dst may be null for empty tensors
   const auto* p = static_cast<const unsigned char*>(src);
@@ -128,6 +163,9 @@ void ToFloat(DType t, const void* src, size_t n, float* dst) {
         std::memcpy(&h, p + 2 * i, 2);
         dst[i] = BF16ToFloat(h);
       }
+      return;
+    case DType::kF8E4M3:
+      for (size_t i = 0; i < n; ++i) dst[i] = E4M3ToFloat(p[i]);
       return;
   }
 }
@@ -150,6 +188,9 @@ void FromFloat(DType t, const float* src, size_t n, void* dst) {
         const uint16_t h = FloatToBF16(src[i]);
         std::memcpy(p + 2 * i, &h, 2);
       }
+      return;
+    case DType::kF8E4M3:
+      for (size_t i = 0; i < n; ++i) p[i] = FloatToE4M3(src[i]);
       return;
   }
 }

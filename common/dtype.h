@@ -10,13 +10,19 @@
 
 namespace tandem {
 
-enum class DType { kF32, kF16, kBF16 };
+// kF8E4M3 (OCP FP8 E4M3FN: no infinities, largest finite 448) is a storage type of quantized
+// weights only, never of activations or of the KV-cache.
+enum class DType { kF32, kF16, kBF16, kF8E4M3 };
 
 // Bytes per element.
-constexpr size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
-// The safetensors spelling: "F32", "F16", "BF16".
+constexpr size_t DTypeSize(DType t) {
+  return t == DType::kF32 ? 4 : t == DType::kF8E4M3 ? 1 : 2;
+}
+// The safetensors spelling: "F32", "F16", "BF16", "F8_E4M3".
 std::string_view DTypeName(DType t);
-absl::StatusOr<DType> ParseDType(std::string_view name);  // safetensors names
+// Safetensors names of the types activations and KV-cache travel in (F32, F16, BF16); the
+// checkpoint reader also takes F8_E4M3.
+absl::StatusOr<DType> ParseDType(std::string_view name);
 // torch_dtype spelling in config.json: "float32", "float16", "bfloat16".
 std::string_view TorchDTypeName(DType t);
 absl::StatusOr<DType> ParseTorchDType(std::string_view name);
@@ -30,6 +36,13 @@ float HalfToFloat(uint16_t h);
 // bfloat16 <-> float, round to nearest even (NaN stays NaN).
 uint16_t FloatToBF16(float f);
 float BF16ToFloat(uint16_t b);
+
+// E4M3FN <-> float. FloatToE4M3 rounds to nearest even and saturates: finite values beyond
+// +-448 (and infinities) become +-448; NaN becomes the NaN code 0x7f.
+uint8_t FloatToE4M3(float f);
+float E4M3ToFloat(uint8_t b);
+// The largest finite E4M3FN value.
+inline constexpr float kE4M3Max = 448.0f;
 
 // Converts `n` elements of type `t` at `src` (any alignment) to float.
 void ToFloat(DType t, const void* src, size_t n, float* dst);

@@ -395,6 +395,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
                                                                  std::string(dt.status().message())));
     c.dtype = *dt;
   }
+  ASSIGN_OR_RETURN(c.quantization, ParseQuantizationConfig(j, source));
   return c;
 }
 
@@ -483,6 +484,7 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
   j["torch_dtype"] = std::string(TorchDTypeName(c.dtype));
+  if (c.quantization.fp8()) j["quantization_config"] = QuantizationConfigJson(c.quantization);
   return j.dump(2) + "\n";
 }
 

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
+#include "common/quantization.h"
 
 namespace tandem {
 
@@ -67,6 +68,8 @@ struct ModelConfig {
   int bos_token_id = -1;         // -1: none
   int eos_token_id = -1;         // -1: none
   DType dtype = DType::kF32;     // torch_dtype: the checkpoint's weight type
+  // quantization_config: FP8 linear-layer weights of a pre-quantized checkpoint (kNone: none).
+  WeightQuantization quantization;
 
   // Formed in 64 bits; a parsed config keeps them within kMaxAttentionWidth, so they fit an int.
   int q_dim() const { return static_cast<int>(int64_t{num_heads} * head_dim); }

@@ -44,9 +44,9 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 // Types that the safetensors format defines but tandem does not compute in.
 bool IsKnownUnsupportedDType(std::string_view name) {
-  constexpr std::array<std::string_view, 16> kKnown = {
+  constexpr std::array<std::string_view, 15> kKnown = {
       "BOOL", "U8",  "I8",      "U16",     "I16",     "U32",     "I32",     "U64",
-      "I64",  "F64", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4"};
+      "I64",  "F64", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4"};
   return std::find(kKnown.begin(), kKnown.end(), name) != kKnown.end();
 }
 
@@ -101,9 +101,11 @@ absl::Status ParseTensorEntry(const std::string& file, const std::string& name, 
     view->dtype = DType::kF16;
   } else if (dtype_name == "BF16") {
     view->dtype = DType::kBF16;
+  } else if (dtype_name == "F8_E4M3") {
+    view->dtype = DType::kF8E4M3;
   } else if (IsKnownUnsupportedDType(dtype_name)) {
     return absl::UnimplementedError(
-        absl::StrCat(where, ": dtype ", dtype_name, " is not supported (F32, F16, BF16 are)"));
+        absl::StrCat(where, ": dtype ", dtype_name, " is not supported (F32, F16, BF16, F8_E4M3 are)"));
   } else {
     return absl::InvalidArgumentError(absl::StrCat(where, ": unknown dtype \"", dtype_name, "\""));
   }

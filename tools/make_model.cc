@@ -19,6 +19,10 @@ ABSL_FLAG(std::string, out, "", "checkpoint folder to write (required; created i
 ABSL_FLAG(uint64_t, seed, 0, "random seed; the same seed gives the same bytes on every machine");
 ABSL_FLAG(std::optional<std::string>, dtype, std::nullopt,
           "weight type: f32, f16 or bf16 (default: f32 for tiny presets, f16 otherwise)");
+ABSL_FLAG(std::optional<std::string>, quantization, std::nullopt,
+          "write FP8 (E4M3) linear weights, Llama only: fp8 (per-tensor scales), fp8-static (and "
+          "static input scales), fp8-block (128x128 blocks), compressed-tensors (per-channel), "
+          "compressed-tensors-tensor, compressed-tensors-static; none: 16/32-bit");
 ABSL_FLAG(std::optional<int>, vocab_size, std::nullopt,
           "override: vocabulary size (with --tokenizer: the tokenizer's unless given)");
 ABSL_FLAG(std::optional<int>, hidden_size, std::nullopt, "override: hidden size");
@@ -100,6 +104,7 @@ int main(int argc, char** argv) {
   o.max_window_layers = absl::GetFlag(FLAGS_max_window_layers);
   o.head_dim = absl::GetFlag(FLAGS_head_dim);
   o.dtype = absl::GetFlag(FLAGS_dtype);
+  o.quantization = absl::GetFlag(FLAGS_quantization);
   auto config = tandem::ApplyOverrides(*base, o);
   tandem::GeneratorOptions options;
   if (const std::string dir = absl::GetFlag(FLAGS_tokenizer); !dir.empty() && config.ok()) {

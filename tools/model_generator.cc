@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <regex>
 #include <system_error>
@@ -15,8 +16,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "common/fp8_quantize.h"
 #include "common/rng.h"
+#include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "common/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -261,6 +265,95 @@ absl::StatusOr<DType> ParseDTypeFlag(std::string_view s) {
       absl::StrCat("--dtype must be f32, f16 or bf16, got '", std::string(s), "'"));
 }
 
+absl::StatusOr<WeightQuantization> ParseQuantizationFlag(std::string_view s) {
+  using Q = WeightQuantization;
+  Q q;
+  if (s == "none" || s.empty()) return q;
+  if (s == "fp8" || s == "fp8-static" || s == "fp8-block") {
+    q.method = Q::Method::kFp8;
+    q.scales = s == "fp8-block" ? Q::Scales::kBlock : Q::Scales::kTensor;
+    if (s == "fp8-block") q.block_rows = q.block_cols = 128;
+    q.static_input_scales = s == "fp8-static";
+    return q;
+  }
+  if (s == "compressed-tensors" || s == "compressed-tensors-tensor" ||
+      s == "compressed-tensors-static") {
+    q.method = Q::Method::kCompressedTensors;
+    q.scales = s == "compressed-tensors" ? Q::Scales::kChannel : Q::Scales::kTensor;
+    q.static_input_scales = s == "compressed-tensors-static";
+    return q;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--quantization must be none, fp8, fp8-static, fp8-block, compressed-tensors, "
+      "compressed-tensors-tensor or compressed-tensors-static, got '", std::string(s), "'"));
+}
+
+// A Llama layer's linear weight, which --quantization writes in FP8.
+bool IsQuantizedLinear(const ModelConfig& c, const TensorSpec& spec) {
+  return c.quantization.fp8() && c.arch == Arch::kLlama &&
+         absl::StrContains(spec.name, ".layers.") && absl::EndsWith(spec.name, "_proj.weight");
+}
+
+// The tensors that stand for `spec` in an FP8 checkpoint, without their data: codes, scales, and
+// with static input scales the input scale.
+std::vector<SafetensorsEntry> QuantizedEntries(const TensorSpec& spec, const ModelConfig& c) {
+  using Q = WeightQuantization;
+  const Q& q = c.quantization;
+  const int64_t rows = spec.shape[0], cols = spec.shape[1];
+  const std::string module = spec.name.substr(0, spec.name.size() - std::string("weight").size());
+  // A single scale is [] in quant_method fp8 checkpoints, [1] in compressed-tensors ones.
+  const std::vector<int64_t> one =
+      q.method == Q::Method::kFp8 ? std::vector<int64_t>{} : std::vector<int64_t>{1};
+  std::vector<int64_t> scale_shape = one;
+  if (q.scales == Q::Scales::kChannel) scale_shape = {rows, 1};
+  if (q.scales == Q::Scales::kBlock) {
+    scale_shape = {(rows + q.block_rows - 1) / q.block_rows,
+                   (cols + q.block_cols - 1) / q.block_cols};
+  }
+  std::vector<SafetensorsEntry> out = {
+      {spec.name, DType::kF8E4M3, spec.shape},
+      {module + std::string(q.scale_suffix()), DType::kF32, scale_shape}};
+  if (q.static_input_scales) out.push_back({module + "input_scale", DType::kF32, one});
+  return out;
+}
+
+// QuantizedEntries with their data.
+absl::StatusOr<std::vector<TensorToWrite>> QuantizedTensors(uint64_t seed, const TensorSpec& spec,
+                                                            const ModelConfig& c) {
+  using Q = WeightQuantization;
+  const Q& q = c.quantization;
+  const int64_t rows = spec.shape[0], cols = spec.shape[1];
+  const uint64_t stream = TensorStream(seed, spec.name);
+  std::vector<float> values(static_cast<size_t>(rows * cols));
+  std::vector<std::byte> rounded(values.size() * DTypeSize(c.dtype));
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = Sample(stream, spec, static_cast<int64_t>(i));
+  }
+  FromFloat(c.dtype, values.data(), values.size(), rounded.data());
+  ToFloat(c.dtype, rounded.data(), values.size(), values.data());
+  int64_t br = rows, bc = cols;
+  if (q.scales == Q::Scales::kChannel) br = 1;
+  if (q.scales == Q::Scales::kBlock) br = q.block_rows, bc = q.block_cols;
+  const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+  std::vector<uint8_t> codes(values.size());
+  std::vector<float> scales(static_cast<size_t>(sr * sc));
+  RETURN_IF_ERROR(QuantizeE4M3(values.data(), rows, cols, br, bc, spec.name, codes.data(),
+                               scales.data()));
+  auto as_bytes = [](const void* p, size_t n) {
+    const auto* b = static_cast<const std::byte*>(p);
+    return std::vector<std::byte>(b, b + n);
+  };
+  const float in_scale = kGeneratedInputScale;
+  std::vector<std::vector<std::byte>> data = {as_bytes(codes.data(), codes.size()),
+                                              as_bytes(scales.data(), scales.size() * 4),
+                                              as_bytes(&in_scale, sizeof(float))};
+  std::vector<TensorToWrite> out;
+  for (SafetensorsEntry& e : QuantizedEntries(spec, c)) {
+    out.push_back({e.name, e.dtype, e.shape, std::move(data[out.size()])});
+  }
+  return out;
+}
+
 absl::Status WriteTextFile(const std::filesystem::path& path, const std::string& text) {
   std::filesystem::path tmp = path;
   tmp += ".partial";
@@ -433,6 +526,14 @@ absl::StatusOr<ModelConfig> ApplyOverrides(ModelConfig c, const ModelOverrides& 
   }
   if (o.dtype) {
     ASSIGN_OR_RETURN(c.dtype, ParseDTypeFlag(*o.dtype));
+  }
+  if (o.quantization) {
+    ASSIGN_OR_RETURN(c.quantization, ParseQuantizationFlag(*o.quantization));
+    if (c.quantization.fp8() && c.arch != Arch::kLlama) {
+      return absl::InvalidArgumentError(
+          "--quantization applies only to Llama-architecture models (FP8 checkpoints of GPT-2 "
+          "are not read)");
+    }
   }
   // Qwen3 keeps its own head_dim, as Qwen3Config does; the others follow hidden / heads.
   if (o.head_dim) {
@@ -735,10 +836,19 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const GeneratorOpt
   // Shards as save_pretrained cuts them: tensors in state_dict order, a new shard whenever the
   // next tensor would push a non-empty shard past the limit.
   const std::vector<TensorSpec> specs = CheckpointTensors(config);
+  // FP8 linear weights: spec index -> the tensors written for it.
+  std::map<size_t, std::vector<SafetensorsEntry>> quantized;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (IsQuantizedLinear(config, specs[i])) quantized[i] = QuantizedEntries(specs[i], config);
+  }
   std::vector<std::vector<size_t>> shards(1);
   int64_t shard_bytes = 0, total_bytes = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
-    const int64_t nbytes = Numel(specs[i].shape) * static_cast<int64_t>(DTypeSize(config.dtype));
+    int64_t nbytes = Numel(specs[i].shape) * static_cast<int64_t>(DTypeSize(config.dtype));
+    if (auto q = quantized.find(i); q != quantized.end()) {
+      nbytes = 0;
+      for (const SafetensorsEntry& e : q->second) nbytes += e.nbytes();
+    }
     if (options.max_shard_bytes > 0 && !shards.back().empty() &&
         shard_bytes + nbytes > options.max_shard_bytes) {
       shards.emplace_back();
@@ -755,10 +865,26 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const GeneratorOpt
     const std::string file =
         n == 1 ? "model.safetensors" : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, n);
     std::vector<SafetensorsEntry> entries;
-    for (size_t i : shards[s]) entries.push_back({specs[i].name, config.dtype, specs[i].shape});
+    for (size_t i : shards[s]) {
+      if (auto q = quantized.find(i); q != quantized.end()) {
+        entries.insert(entries.end(), q->second.begin(), q->second.end());
+      } else {
+        entries.push_back({specs[i].name, config.dtype, specs[i].shape});
+      }
+    }
     ASSIGN_OR_RETURN(auto writer,
                      SafetensorsStreamWriter::Create(dir / file, entries, {{"format", "pt"}}));
     for (size_t i : shards[s]) {
+      if (quantized.count(i) > 0) {
+        // One tensor in memory at a time (a few hundred MB for the largest shapes).
+        ASSIGN_OR_RETURN(std::vector<TensorToWrite> tensors,
+                         QuantizedTensors(options.seed, specs[i], config));
+        for (const TensorToWrite& t : tensors) {
+          RETURN_IF_ERROR(writer->Append(t.bytes));
+          weight_map[t.name] = file;
+        }
+        continue;
+      }
       RETURN_IF_ERROR(StreamTensor(options.seed, specs[i], config.dtype, *writer));
       weight_map[specs[i].name] = file;
     }

@@ -42,6 +42,12 @@ struct ModelOverrides {
   std::optional<int> max_window_layers;  // Qwen2, Qwen3: the window applies from this layer on
   std::optional<int> head_dim;           // Qwen3 only (the others have hidden / heads)
   std::optional<std::string> dtype;  // "f32", "f16", "bf16"
+  // A pre-quantized FP8 checkpoint (Llama only; see FP8 below): "fp8" (quant_method fp8,
+  // per-tensor scales, dynamic activations), "fp8-static" (and static input scales),
+  // "fp8-block" (128 x 128 block scales), "compressed-tensors" (float-quantized, per-channel
+  // scales, dynamic per-token activations), "compressed-tensors-tensor" (per-tensor scales),
+  // "compressed-tensors-static" (per-tensor weights and static input scales).
+  std::optional<std::string> quantization;
 };
 
 // Applies `o` to `base` and validates the result. Dimensions that follow others follow them:
@@ -102,6 +108,13 @@ std::vector<TensorSpec> CheckpointTensors(const ModelConfig& config);
 // N(0, 1) is approximated without transcendental functions (bit-identical everywhere) by
 // Irwin-Hall: (u0 + u1 + u2 + u3 - 2) * sqrt(3), ui = UniformFloat(seed', 4 * index + i).
 float RandomWeight(uint64_t seed, const TensorSpec& spec, int64_t index);
+
+// FP8: with config.quantization set, each linear weight of the Llama layers is written as
+// F8_E4M3 codes of its values (drawn and rounded to config.dtype as without quantization)
+// quantized by QuantizeE4M3 in the config's blocks, followed by its scales as F32
+// ("weight_scale", or "weight_scale_inv" for blocks) and, with static input scales, an
+// "input_scale" of kGeneratedInputScale. Every other tensor stays in config.dtype.
+inline constexpr float kGeneratedInputScale = 0.02f;
 
 // Writes the checkpoint folder `dir` (created if missing): config.json, tokenizer.json and
 // tokenizer_config.json (or the files of options.tokenizer_dir), and model.safetensors or shards +

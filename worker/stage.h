@@ -236,6 +236,7 @@ struct StageSpec {
   int last_layer = -1;      // exclusive; -1 or num_layers also loads final norm + LM head
   int max_slots = 8;        // concurrent sequences
   int max_seq_len = 0;      // 0: the model's max_positions
+  bool quantize_fp8 = false;  // --quantization fp8: linear weights to FP8 at load (per row)
   // Weights already placed (by an earlier stage or ahead of this one) that the stage may take
   // where they are of this checkpoint, dtype and device; what they lack is loaded.
   std::vector<std::shared_ptr<const PlacedWeights>> placed;

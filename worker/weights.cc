@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -38,7 +39,9 @@ class TensorReader {
  public:
   TensorReader(Checkpoint& ckpt, std::string prefix) : ckpt_(ckpt), prefix_(std::move(prefix)) {}
 
-  absl::StatusOr<TensorSource> Read(const std::string& name, const std::vector<int64_t>& shape) {
+  // FP8 only where `fp8` allows it (ReadLinear: a linear layer's weight, with its scales).
+  absl::StatusOr<TensorSource> Read(const std::string& name, const std::vector<int64_t>& shape,
+                                    bool fp8 = false) {
     ASSIGN_OR_RETURN(std::string found, Resolve(name));
     read_.insert(found);
     ASSIGN_OR_RETURN(TensorView view, ckpt_.tensor(found));
@@ -47,8 +50,61 @@ class TensorReader {
           "tensor '", found, "' in ", ckpt_.dir().string(), ": expected shape [",
           absl::StrJoin(shape, ", "), "], found [", absl::StrJoin(view.shape, ", "), "]"));
     }
+    if (view.dtype == DType::kF8E4M3 && !fp8) {
+      return absl::UnimplementedError(absl::StrCat(
+          "tensor '", found, "' in ", ckpt_.dir().string(),
+          " is F8_E4M3; only the linear layers' weights of the decoder layers may be (the "
+          "embeddings, norms, biases and LM head must be F32, F16 or BF16)"));
+    }
     TensorSource src;
     src.parts.push_back(std::move(view));
+    return src;
+  }
+
+  // A linear layer's "<module>.weight" of shape (out, in), with its scales when it is stored in
+  // FP8: "<module>.weight_scale" or ".weight_scale_inv" as the config's quantization_config
+  // says, and "<module>.input_scale" with static activation scales.
+  absl::StatusOr<TensorSource> ReadLinear(const std::string& module,
+                                          const std::vector<int64_t>& shape) {
+    ASSIGN_OR_RETURN(TensorSource src, Read(module + ".weight", shape, /*fp8=*/true));
+    const TensorView& w = src.parts[0];
+    const WeightQuantization& q = ckpt_.config().quantization;
+    if (w.dtype != DType::kF8E4M3) return src;
+    if (!q.fp8()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", w.name, "' in ", ckpt_.dir().string(),
+          " is F8_E4M3 but config.json has no quantization_config saying how it is scaled"));
+    }
+    if (ckpt_.config().arch != Arch::kLlama) {
+      return absl::UnimplementedError(absl::StrCat(
+          "tensor '", w.name, "' in ", ckpt_.dir().string(),
+          ": FP8 checkpoints of the Llama architecture only are supported"));
+    }
+    const int64_t out = shape[0], in = shape[1];
+    std::vector<int64_t> scale_shape;
+    switch (q.scales) {
+      case WeightQuantization::Scales::kTensor: break;
+      case WeightQuantization::Scales::kChannel: scale_shape = {out, 1}; break;
+      case WeightQuantization::Scales::kBlock:
+        scale_shape = {(out + q.block_rows - 1) / q.block_rows,
+                       (in + q.block_cols - 1) / q.block_cols};
+        break;
+    }
+    ASSIGN_OR_RETURN(TensorView scale, ReadScale(module + "." + std::string(q.scale_suffix()),
+                                                 scale_shape, QuantizationName(q)));
+    src.scales.push_back(std::move(scale));
+    src.quantization = q;
+    if (q.static_input_scales) {
+      ASSIGN_OR_RETURN(TensorView in_scale, ReadScale(module + ".input_scale", {}, "static"));
+      float v = 0.0f;
+      ToFloat(in_scale.dtype, in_scale.data.data(), 1, &v);
+      if (!(v > 0.0f)) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", in_scale.name, "' in ",
+                                                       ckpt_.dir().string(), " is ", v,
+                                                       " (an activation scale must be > 0)"));
+      }
+      src.input_scale = v;
+    }
     return src;
   }
 
@@ -63,6 +119,39 @@ class TensorReader {
   }
 
  private:
+  // A scale tensor of `shape` (an empty shape: one value, stored as [] or [1]), F32, F16 or
+  // BF16, every value finite and >= 0.
+  absl::StatusOr<TensorView> ReadScale(const std::string& name, std::vector<int64_t> shape,
+                                       const std::string& scheme) {
+    ASSIGN_OR_RETURN(std::string found, Resolve(name));
+    read_.insert(found);
+    ASSIGN_OR_RETURN(TensorView view, ckpt_.tensor(found));
+    const bool scalar =
+        shape.empty() && (view.shape.empty() || view.shape == std::vector<int64_t>{1});
+    if (!scalar && view.shape != shape) {
+      if (shape.empty()) shape = {1};
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", found, "' in ", ckpt_.dir().string(), ": expected shape [",
+          absl::StrJoin(shape, ", "), "] for ", scheme, " scales, found [",
+          absl::StrJoin(view.shape, ", "), "]"));
+    }
+    if (view.dtype == DType::kF8E4M3) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", found, "' in ",
+                                                     ckpt_.dir().string(),
+                                                     ": scales must be F32, F16 or BF16"));
+    }
+    std::vector<float> values(static_cast<size_t>(view.numel()));
+    ToFloat(view.dtype, view.data.data(), values.size(), values.data());
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (!std::isfinite(values[i]) || values[i] < 0.0f) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor '", found, "' in ", ckpt_.dir().string(), ": scale ", values[i],
+            " at element ", i, " (scales must be finite and >= 0)"));
+      }
+    }
+    return view;
+  }
+
   absl::StatusOr<std::string> Resolve(const std::string& name) const {
     const std::string prefixed = prefix_ + name;
     if (ckpt_.contains(prefixed)) return prefixed;
@@ -98,9 +187,19 @@ absl::StatusOr<LayerSources> LoadGpt2Layer(TensorReader& r, const ModelConfig& c
   return l;
 }
 
-// Appends `rows` to `dst`: stacking row-major (out, in) matrices that share `in`.
-void AppendRows(TensorSource& dst, const TensorSource& rows) {
+// Appends `rows` to `dst`: stacking row-major (out, in) matrices that share `in`. Stacked parts
+// are all FP8 or none.
+absl::Status AppendRows(TensorSource& dst, const TensorSource& rows) {
+  if (!dst.empty() && dst.fp8() != rows.fp8()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", rows.parts[0].name, "' is ", rows.fp8() ? "" : "not ", "FP8 but '",
+        dst.parts[0].name, "', which the engine stacks with it, is ", dst.fp8() ? "" : "not"));
+  }
   dst.parts.insert(dst.parts.end(), rows.parts.begin(), rows.parts.end());
+  dst.scales.insert(dst.scales.end(), rows.scales.begin(), rows.scales.end());
+  dst.quantization = rows.quantization;
+  dst.input_scale = std::max(dst.input_scale, rows.input_scale);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<LayerSources> LoadLlamaLayer(TensorReader& r, const ModelConfig& c, int i) {
@@ -109,32 +208,32 @@ absl::StatusOr<LayerSources> LoadLlamaLayer(TensorReader& r, const ModelConfig& 
   const std::string p = absl::StrCat("layers.", i, ".");
   LayerSources l;
   ASSIGN_OR_RETURN(l.attn_norm_w, r.Read(p + "input_layernorm.weight", {h}));
-  ASSIGN_OR_RETURN(TensorSource wq, r.Read(p + "self_attn.q_proj.weight", {q_dim, h}));
-  ASSIGN_OR_RETURN(TensorSource wk, r.Read(p + "self_attn.k_proj.weight", {kv_dim, h}));
-  ASSIGN_OR_RETURN(TensorSource wv, r.Read(p + "self_attn.v_proj.weight", {kv_dim, h}));
-  AppendRows(l.wqkv, wq);
-  AppendRows(l.wqkv, wk);
-  AppendRows(l.wqkv, wv);
+  ASSIGN_OR_RETURN(TensorSource wq, r.ReadLinear(p + "self_attn.q_proj", {q_dim, h}));
+  ASSIGN_OR_RETURN(TensorSource wk, r.ReadLinear(p + "self_attn.k_proj", {kv_dim, h}));
+  ASSIGN_OR_RETURN(TensorSource wv, r.ReadLinear(p + "self_attn.v_proj", {kv_dim, h}));
+  RETURN_IF_ERROR(AppendRows(l.wqkv, wq));
+  RETURN_IF_ERROR(AppendRows(l.wqkv, wk));
+  RETURN_IF_ERROR(AppendRows(l.wqkv, wv));
   if (c.qkv_bias) {
     for (auto [name, n] : {std::pair{"q_proj", q_dim}, {"k_proj", kv_dim}, {"v_proj", kv_dim}}) {
       ASSIGN_OR_RETURN(TensorSource b, r.Read(p + "self_attn." + name + ".bias", {n}));
-      AppendRows(l.bqkv, b);
+      RETURN_IF_ERROR(AppendRows(l.bqkv, b));
     }
   }
   if (c.qk_norm) {
     ASSIGN_OR_RETURN(l.q_norm_w, r.Read(p + "self_attn.q_norm.weight", {c.head_dim}));
     ASSIGN_OR_RETURN(l.k_norm_w, r.Read(p + "self_attn.k_norm.weight", {c.head_dim}));
   }
-  ASSIGN_OR_RETURN(l.wo, r.Read(p + "self_attn.o_proj.weight", {h, q_dim}));
+  ASSIGN_OR_RETURN(l.wo, r.ReadLinear(p + "self_attn.o_proj", {h, q_dim}));
   if (c.o_bias) {
     ASSIGN_OR_RETURN(l.bo, r.Read(p + "self_attn.o_proj.bias", {h}));
   }
   ASSIGN_OR_RETURN(l.mlp_norm_w, r.Read(p + "post_attention_layernorm.weight", {h}));
-  ASSIGN_OR_RETURN(TensorSource gate, r.Read(p + "mlp.gate_proj.weight", {inter, h}));
-  ASSIGN_OR_RETURN(TensorSource up, r.Read(p + "mlp.up_proj.weight", {inter, h}));
-  AppendRows(l.w_in, gate);
-  AppendRows(l.w_in, up);
-  ASSIGN_OR_RETURN(l.w_out, r.Read(p + "mlp.down_proj.weight", {h, inter}));
+  ASSIGN_OR_RETURN(TensorSource gate, r.ReadLinear(p + "mlp.gate_proj", {inter, h}));
+  ASSIGN_OR_RETURN(TensorSource up, r.ReadLinear(p + "mlp.up_proj", {inter, h}));
+  RETURN_IF_ERROR(AppendRows(l.w_in, gate));
+  RETURN_IF_ERROR(AppendRows(l.w_in, up));
+  ASSIGN_OR_RETURN(l.w_out, r.ReadLinear(p + "mlp.down_proj", {h, inter}));
   return l;
 }
 
@@ -254,6 +353,7 @@ void SourceToFloat(const TensorSource& src, float* dst) {
     }
     dst += n;
   }
+  ApplyFp8Scales(src, dst - src.numel());
 }
 
 namespace {
@@ -274,6 +374,31 @@ void ParallelFor(size_t n, const Fn& fn) {
 }
 
 }  // namespace
+
+void ApplyFp8Scales(const TensorSource& src, float* dst) {
+  if (!src.fp8()) return;
+  for (size_t p = 0; p < src.parts.size(); ++p) {
+    const TensorView& part = src.parts[p];
+    const int64_t rows = part.shape[0], cols = part.shape[1];
+    std::vector<float> scale(static_cast<size_t>(src.scales[p].numel()));
+    ToFloat(src.scales[p].dtype, src.scales[p].data.data(), scale.size(), scale.data());
+    const WeightQuantization& q = src.quantization;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = dst + r * cols;
+      for (int64_t c = 0; c < cols; ++c) {
+        size_t at = 0;
+        if (q.scales == WeightQuantization::Scales::kChannel) {
+          at = static_cast<size_t>(r);
+        } else if (q.scales == WeightQuantization::Scales::kBlock) {
+          const int64_t blocks_per_row = (cols + q.block_cols - 1) / q.block_cols;
+          at = static_cast<size_t>(r / q.block_rows * blocks_per_row + c / q.block_cols);
+        }
+        row[c] *= scale[at];
+      }
+    }
+    dst += rows * cols;
+  }
+}
 
 absl::StatusOr<StageWeights> LoadStageWeights(Checkpoint& ckpt, int first_layer, int last_layer) {
   ASSIGN_OR_RETURN(StageSources sources, FindStageWeights(ckpt, first_layer, last_layer));
@@ -312,12 +437,19 @@ StageWeights ReadStageWeights(const StageSources& sources, int64_t piece_element
           v.data = part.data.subspan(static_cast<size_t>(b) * elem,
                                      static_cast<size_t>(e - b) * elem);
         }
-        pieces.push_back({TensorSource{{std::move(v)}, src->transposed}, out + b});
+        TensorSource piece;
+        piece.parts.push_back(std::move(v));
+        piece.transposed = src->transposed;
+        pieces.push_back({std::move(piece), out + b});
       }
       out += n;
     }
   }
   ParallelFor(pieces.size(), [&](size_t i) { SourceToFloat(pieces[i].src, pieces[i].dst); });
+  // The pieces carry no scales (a piece does not know its rows): FP8 tensors are scaled whole.
+  ParallelFor(tensors.size(), [&](size_t i) {
+    ApplyFp8Scales(*tensors[i].first, tensors[i].second->data());
+  });
   return w;
 }
 

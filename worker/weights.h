@@ -89,9 +89,20 @@ void ForEachTensor(A& from, StageWeightsOf<B>& to, Fn&& fn) {
 // (Llama's q, k, v rows), each in its stored dtype. A transposed tensor is one part stored
 // (in, out) (GPT-2's Conv1D) that the engine holds as (out, in). The views stay valid while the
 // Checkpoint lives.
+//
+// FP8 parts (dtype kF8E4M3, from a checkpoint whose config has a quantization_config) come with
+// their scales: value = fp8 * scale, one scale tensor per part laid out as `quantization.scales`
+// says (one value, one per row, or one per block of block_rows x block_cols).
 struct TensorSource {
   std::vector<TensorView> parts;
   bool transposed = false;
+  std::vector<TensorView> scales;  // one per part when the parts are FP8, else empty
+  WeightQuantization quantization;  // how `scales` are laid out
+  // The static activation scale (the largest of the parts' input_scale, as one GEMM reads the
+  // stacked parts' input); 0: activations are scaled per token at run time.
+  float input_scale = 0.0f;
+
+  bool fp8() const { return !scales.empty(); }
 
   bool empty() const { return parts.empty(); }
   int64_t numel() const;
@@ -115,7 +126,12 @@ absl::StatusOr<StageWeights> LoadStageWeights(Checkpoint& ckpt, int first_layer,
 StageWeights ReadStageWeights(const StageSources& sources,
                               int64_t piece_elements = int64_t{1} << 22);
 
-// The source's values as fp32 (numel of them) into `dst`, in the engine's layout.
+// The source's values as fp32 (numel of them) into `dst`, in the engine's layout (FP8 parts
+// multiplied by their scales).
 void SourceToFloat(const TensorSource& src, float* dst);
+
+// Multiplies the FP8 parts' values in `dst` (their E4M3 values, as ToFloat gives them, in the
+// engine's layout) by their scales. No-op for a source without FP8 parts.
+void ApplyFp8Scales(const TensorSource& src, float* dst);
 
 }  // namespace tandem

@@ -56,5 +56,37 @@ TEST(DTypeTest, HalfDTypeFlagTakesTheTwoByteTypesAndNamesTheFlagOtherwise) {
   }
 }
 
+// Every E4M3FN code but the NaNs decodes to a value that encodes back to the same code; the grid
+// ends at 448 (0x7e) and has no infinities.
+TEST(DTypeTest, E4M3CodesRoundTripAndDecodeToTheirGrid) {
+  for (int b = 0; b < 256; ++b) {
+    const float v = E4M3ToFloat(static_cast<uint8_t>(b));
+    if ((b & 0x7f) == 0x7f) {
+      EXPECT_TRUE(std::isnan(v)) << b;
+      continue;
+    }
+    EXPECT_EQ(FloatToE4M3(v), b == 0x80 ? 0x80 : b) << b << " " << v;
+  }
+  EXPECT_EQ(E4M3ToFloat(0x7e), 448.0f);
+  EXPECT_EQ(E4M3ToFloat(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
+  EXPECT_EQ(E4M3ToFloat(0x08), std::ldexp(1.0f, -6));  // smallest normal
+  EXPECT_EQ(E4M3ToFloat(0x38), 1.0f);
+  EXPECT_EQ(E4M3ToFloat(0xb8), -1.0f);
+}
+
+TEST(DTypeTest, E4M3RoundsToNearestEvenAndSaturatesAt448) {
+  EXPECT_EQ(FloatToE4M3(1.0625f), 0x38);   // halfway between 1 and 1.125: to even (1)
+  EXPECT_EQ(FloatToE4M3(1.1875f), 0x3a);   // halfway between 1.125 and 1.25: to even (1.25)
+  EXPECT_EQ(FloatToE4M3(1.07f), 0x39);     // nearer 1.125
+  EXPECT_EQ(FloatToE4M3(15.9f), 0x58);     // carries into the next binade: 16
+  EXPECT_EQ(FloatToE4M3(449.0f), 0x7e);    // beyond the largest value: 448, not NaN
+  EXPECT_EQ(FloatToE4M3(1e9f), 0x7e);
+  EXPECT_EQ(FloatToE4M3(-1e9f), 0xfe);
+  EXPECT_EQ(FloatToE4M3(std::numeric_limits<float>::infinity()), 0x7e);
+  EXPECT_EQ(FloatToE4M3(std::ldexp(1.0f, -11)), 0x00);        // below half the smallest step
+  EXPECT_EQ(FloatToE4M3(3 * std::ldexp(1.0f, -10)), 0x02);    // 1.5 steps: to even (2)
+  EXPECT_EQ(FloatToE4M3(std::numeric_limits<float>::quiet_NaN()) & 0x7f, 0x7f);
+}
+
 }  // namespace
 }  // namespace tandem

@@ -6,7 +6,9 @@
 namespace tandem {
 
 absl::StatusOr<std::unique_ptr<Stage>> CpuBackend::MakeStage(const StageSpec& spec) {
-  return MakeCpuStage(spec);
+  StageSpec s = spec;
+  s.quantize_fp8 = s.quantize_fp8 || quantize_fp8_;
+  return MakeCpuStage(s);
 }
 
 }  // namespace tandem

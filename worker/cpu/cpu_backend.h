@@ -10,7 +10,13 @@ namespace tandem {
 
 class CpuBackend final : public Backend {
  public:
+  // quantize_fp8: every stage's linear weights quantized to FP8 and computed dequantized
+  // (StageSpec::quantize_fp8).
+  explicit CpuBackend(bool quantize_fp8 = false) : quantize_fp8_(quantize_fp8) {}
   absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec) override;
+
+ private:
+  bool quantize_fp8_;
 };
 
 }  // namespace tandem

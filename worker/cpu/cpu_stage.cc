@@ -32,6 +32,7 @@
 #include "worker/kv_out.h"
 #include "common/status_macros.h"
 #include "worker/context_fit.h"
+#include "worker/fp8_weights.h"
 #include "worker/sampling.h"
 #include "worker/step_check.h"
 #include "worker/weights.h"
@@ -473,7 +474,9 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
                                                    "] (the model's max positions) or 0, got ",
                                                    spec.max_seq_len));
   }
-  ASSIGN_OR_RETURN(StageWeights weights, LoadStageWeights(*ckpt, spec.first_layer, last));
+  ASSIGN_OR_RETURN(StageSources sources, FindStageWeights(*ckpt, spec.first_layer, last));
+  StageWeights weights = ReadStageWeights(sources);
+  if (spec.quantize_fp8) RETURN_IF_ERROR(RoundLinearWeightsToFp8(sources, weights));
 
   ASSIGN_OR_RETURN(const int64_t cache_bytes,
                    KvCacheBytes({.slots = spec.max_slots,

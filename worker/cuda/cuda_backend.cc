@@ -10,17 +10,27 @@
 
 namespace tandem {
 
+namespace {
+
+// `spec` with the backend's precision.
+StageSpec WithPrecision(StageSpec spec, const CudaBackendOptions& opt) {
+  spec.quantize_fp8 = spec.quantize_fp8 || opt.quantize_fp8;
+  return spec;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Stage>> CudaBackend::MakeStage(const StageSpec& spec) {
-  return MakeCudaStage(spec, opt_.stage);
+  return MakeCudaStage(WithPrecision(spec, opt_), opt_.stage);
 }
 
 absl::StatusOr<std::shared_ptr<const PlacedWeights>> CudaBackend::PlaceWeights(
     const StageSpec& spec) {
-  return PlaceCudaWeights(spec, opt_.stage);
+  return PlaceCudaWeights(WithPrecision(spec, opt_), opt_.stage);
 }
 
 absl::Status CudaBackend::WarmUp(const StageSpec& spec) {
-  return MakeCudaStage(spec, opt_.stage).status();
+  return MakeCudaStage(WithPrecision(spec, opt_), opt_.stage).status();
 }
 
 absl::StatusOr<KvBlock> CudaBackend::KvToHost(const KvBlock& block) const {

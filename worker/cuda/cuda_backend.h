@@ -18,6 +18,7 @@ struct CudaBackendOptions {
   // 60 s.
   absl::Duration recv_timeout = absl::Seconds(60);
   bool kv_over_nccl = false;  // KV-cache moves between GPUs over NCCL (Backend::has_kv_link)
+  bool quantize_fp8 = false;  // every stage's linear weights in FP8 (StageSpec::quantize_fp8)
 };
 
 class CudaBackend final : public Backend {

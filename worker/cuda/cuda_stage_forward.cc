@@ -12,10 +12,26 @@
 namespace tandem {
 
 absl::Status CudaStage::Matmul(const void* x, const void* w, void* y, int rows, int out, int in,
-                               float beta, bool y_f32) {
+                               float beta, bool y_f32, const float* w_scales) {
+  if (w_scales != nullptr) {
+    // FP8 weights on the GEMM path: dequantized to dtype in a scratch buffer, then the 16-bit
+    // GEMM (the FP8 tensor-core GEMM is not used yet).
+    RETURN_IF_ERROR(cuda::LaunchDequantizeFp8Rows(opt_.dtype, w, w_scales, fp8_scratch_.get(),
+                                                  out, in, stream_.get()));
+    w = fp8_scratch_.get();
+  }
   if (fixed_gemm_ != nullptr)
     return fixed_gemm_->Run(opt_.dtype, x, w, y, rows, out, in, beta, y_f32);
   return cuda::Gemm(cublas_.get(), opt_.dtype, x, w, y, rows, out, in, beta, y_f32);
+}
+
+absl::Status CudaStage::Gemv(cuda::GemvEpilogue e, const void* x, const void* w,
+                             const float* w_scales, const void* bias, void* y, int rows, int out,
+                             int in) {
+  if (w_scales != nullptr) {
+    return cuda::GemvFp8(opt_.dtype, e, x, w, w_scales, bias, y, rows, out, in, stream_.get());
+  }
+  return cuda::Gemv(opt_.dtype, e, x, w, bias, y, rows, out, in, stream_.get());
 }
 
 int CudaStage::SplitsFor(int rows) const {
@@ -86,12 +102,11 @@ absl::Status CudaStage::QkvIntoCache(int l, int rows, bool gemv, const void* pen
     // Qwen3: the heads of q and k are normed between the projection (with its bias) and the
     // rotation, so the projection goes to qkv_ and the split/rotate follows without a bias.
     if (gemv) {
-      RETURN_IF_ERROR(
-          Gemv(t, GemvEpilogue::kStore, xn_.get(), L.wqkv, L.bqkv, qkv_.get(), rows, qkv_cols,
-               hidden, s));
+      RETURN_IF_ERROR(Gemv(GemvEpilogue::kStore, xn_.get(), L.wqkv, L.wqkv_scales, L.bqkv,
+                           qkv_.get(), rows, qkv_cols, hidden));
     } else {
-      RETURN_IF_ERROR(
-          Matmul(xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols, hidden, 0.0f, false));
+      RETURN_IF_ERROR(Matmul(xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols, hidden, 0.0f, false,
+                             L.wqkv_scales));
     }
     RETURN_IF_ERROR(LaunchHeadNorm(t, qkv_.get(), gemv ? nullptr : L.bqkv, L.q_norm_w,
                                    L.k_norm_w, rows, c_.num_heads, c_.num_kv_heads, c_.head_dim,
@@ -114,9 +129,13 @@ absl::Status CudaStage::QkvIntoCache(int l, int rows, bool gemv, const void* pen
     cache.head_dim = c_.head_dim;
     cache.seq_capacity = seq_capacity_;
     cache.inv_freq = inv_freq;
+    if (L.wqkv_scales != nullptr) {
+      return GemvQkvCacheFp8(t, xn_.get(), L.wqkv, L.wqkv_scales, L.bqkv, cache, rows, hidden, s);
+    }
     return GemvQkvCache(t, xn_.get(), L.wqkv, L.bqkv, cache, rows, hidden, s);
   }
-  RETURN_IF_ERROR(Matmul(xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols, hidden, 0.0f, false));
+  RETURN_IF_ERROR(Matmul(xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols, hidden, 0.0f, false,
+                         L.wqkv_scales));
   return LaunchQkvRopeCache(t, qkv_.get(), L.bqkv, q_.get(), KCache(l), VCache(l), positions,
                             slots, rows, c_.num_heads, c_.num_kv_heads, c_.head_dim,
                             seq_capacity_, inv_freq, s);
@@ -162,10 +181,11 @@ absl::Status CudaStage::AttentionAndMlp(int l, bool gemv, PassRows& p) {
                                     attention, s, attn_counters_.as<uint32_t>()));
   }
   if (gemv) {
-    RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kResidual, attn_.get(), L.wo, L.bo, p.x, n, hidden,
-                         c_.q_dim(), s));
+    RETURN_IF_ERROR(Gemv(GemvEpilogue::kResidual, attn_.get(), L.wo, L.wo_scales, L.bo, p.x, n,
+                         hidden, c_.q_dim()));
   } else {
-    RETURN_IF_ERROR(Matmul(attn_.get(), L.wo, p.x, n, hidden, c_.q_dim(), 1.0f, false));
+    RETURN_IF_ERROR(
+        Matmul(attn_.get(), L.wo, p.x, n, hidden, c_.q_dim(), 1.0f, false, L.wo_scales));
   }
   // MLP block: norm (adding the out-proj bias first) -> up -> activation -> down added into x.
   RETURN_IF_ERROR(LaunchNorm(t, llama, p.x, gemv ? nullptr : L.bo, L.mlp_norm_w, L.mlp_norm_b,
@@ -174,14 +194,15 @@ absl::Status CudaStage::AttentionAndMlp(int l, bool gemv, PassRows& p) {
     const GemvEpilogue in_epilogue = llama ? GemvEpilogue::kSwiGlu : GemvEpilogue::kGelu;
     void* act = llama ? mlp_act_.get() : mlp_in_.get();
     const void* in_bias = llama ? nullptr : L.b_in;
-    RETURN_IF_ERROR(Gemv(t, in_epilogue, xn_.get(), L.w_in, in_bias, act, n, inter, hidden, s));
     RETURN_IF_ERROR(
-        Gemv(t, GemvEpilogue::kResidual, act, L.w_out, L.b_out, p.x, n, hidden, inter, s));
+        Gemv(in_epilogue, xn_.get(), L.w_in, L.w_in_scales, in_bias, act, n, inter, hidden));
+    RETURN_IF_ERROR(Gemv(GemvEpilogue::kResidual, act, L.w_out, L.w_out_scales, L.b_out, p.x, n,
+                         hidden, inter));
     p.pending_bias = nullptr;
     return absl::OkStatus();
   }
-  RETURN_IF_ERROR(
-      Matmul(xn_.get(), L.w_in, mlp_in_.get(), n, llama ? 2 * inter : inter, hidden, 0.0f, false));
+  RETURN_IF_ERROR(Matmul(xn_.get(), L.w_in, mlp_in_.get(), n, llama ? 2 * inter : inter, hidden,
+                         0.0f, false, L.w_in_scales));
   const void* act = mlp_in_.get();
   if (llama) {
     RETURN_IF_ERROR(LaunchSwiGlu(t, mlp_in_.get(), mlp_act_.get(), n, inter, s));
@@ -189,7 +210,7 @@ absl::Status CudaStage::AttentionAndMlp(int l, bool gemv, PassRows& p) {
   } else {
     RETURN_IF_ERROR(LaunchGeluBias(t, mlp_in_.get(), L.b_in, n, inter, s));
   }
-  RETURN_IF_ERROR(Matmul(act, L.w_out, p.x, n, hidden, inter, 1.0f, false));
+  RETURN_IF_ERROR(Matmul(act, L.w_out, p.x, n, hidden, inter, 1.0f, false, L.w_out_scales));
   p.pending_bias = L.b_out;
   return absl::OkStatus();
 }
@@ -208,8 +229,8 @@ absl::Status CudaStage::Head(int samples, const PassRows& p) {
                              final_norm_b_, gather, head_in_.get(), samples, hidden, c_.norm_eps,
                              s));
   if (head_gemv) {
-    RETURN_IF_ERROR(Gemv(t, GemvEpilogue::kF32, head_in_.get(), lm_head_, nullptr, logits_.get(),
-                         samples, c_.vocab_size, hidden, s));
+    RETURN_IF_ERROR(Gemv(GemvEpilogue::kF32, head_in_.get(), lm_head_, nullptr, nullptr,
+                         logits_.get(), samples, c_.vocab_size, hidden));
   } else {
     RETURN_IF_ERROR(Matmul(head_in_.get(), lm_head_, logits_.get(), samples, c_.vocab_size,
                            hidden, 0.0f, true));

@@ -57,6 +57,7 @@ class CudaPlacedWeights final : public PlacedWeights {
   }
   bool Holds(int layer) const { return layer >= first_layer() && layer < last_layer(); }
   const StageWeightsOf<const void*>& tensors() const { return w_.tensors; }
+  const StageWeightsOf<const float*>& scales() const { return w_.scales; }
 
  private:
   const std::string dir_;
@@ -104,6 +105,12 @@ struct DeviceLayer {
   const void* b_in = nullptr;         // (intermediate), GPT-2
   const void* w_out = nullptr;        // (hidden, intermediate)
   const void* b_out = nullptr;        // (hidden), GPT-2
+  // FP8 weights: wqkv, wo, w_in and w_out are E4M3 codes and these their per-row scales (one
+  // per output row); null for fp16/bf16 weights.
+  const float* wqkv_scales = nullptr;
+  const float* wo_scales = nullptr;
+  const float* w_in_scales = nullptr;
+  const float* w_out_scales = nullptr;
 };
 
 class CudaStage final : public Stage {
@@ -244,8 +251,12 @@ class CudaStage final : public Stage {
     return has_head_ && !gemv && samples < rows;
   }
   // y (rows, out) = x · wᵀ + beta * y: cuBLAS, or the pinned algorithms when batch-invariant.
+  // FP8 weights (w_scales, per row): dequantized into fp8_scratch_ first (see kernels.h).
   absl::Status Matmul(const void* x, const void* w, void* y, int rows, int out, int in, float beta,
-                      bool y_f32);
+                      bool y_f32, const float* w_scales = nullptr);
+  // cuda::Gemv, or cuda::GemvFp8 with w_scales.
+  absl::Status Gemv(cuda::GemvEpilogue e, const void* x, const void* w, const float* w_scales,
+                    const void* bias, void* y, int rows, int out, int in);
 
   template <typename T>
   T* HostIn(size_t off) { return reinterpret_cast<T*>(host_in_[buf_].as<char>() + off); }
@@ -279,6 +290,7 @@ class CudaStage final : public Stage {
   std::vector<std::shared_ptr<const CudaPlacedWeights>> placed_;
   DeviceBuffer kv_;
   DeviceBuffer inv_freq_;  // (head_dim / 2) fp32 rotary inverse frequencies (Llama)
+  DeviceBuffer fp8_scratch_;  // FP8 weights: the largest linear weight in dtype, for the GEMM
   DeviceBuffer x_, xn_, qkv_, q_, attn_, mlp_in_, mlp_act_, partials_, attn_counters_;
   DeviceBuffer head_in_, logits_, probs_, tokens_out_;
   DeviceBuffer sampled_x_, sampled_q_;  // the sampled rows of x_ and q_ in a pruned last layer

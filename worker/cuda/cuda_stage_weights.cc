@@ -42,8 +42,10 @@ absl::StatusOr<StageArenas> ArenasFor(const StageSpec& spec, int first, int last
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(spec.model_dir));
   ASSIGN_OR_RETURN(StageSources w, FindStageWeights(*ckpt, lo, hi));
   const bool share_head = w.has_head && w.has_embedding && tie_word_embeddings;
+  // FP8: quantized at load (--quantization fp8) or stored so.
+  const bool fp8 = spec.quantize_fp8 || ckpt->config().quantization.fp8();
   ASSIGN_OR_RETURN(cuda::DeviceWeights uploaded,
-                   cuda::UploadStageWeights(w, opt.dtype, share_head));
+                   cuda::UploadStageWeights(w, opt.dtype, share_head, {}, fp8));
   out.uploaded = std::make_shared<const CudaPlacedWeights>(dir, opt.dtype, opt.device,
                                                           std::move(uploaded));
   return out;
@@ -99,10 +101,29 @@ absl::Status CudaStage::UploadWeights(const StageSpec& spec) {
     tok_embedding_ = arena_of(0).tok_embedding;
     pos_embedding_ = arena_of(0).pos_embedding;
   }
+  size_t fp8_scratch = 0;  // bytes of the largest FP8 weight in dtype
   for (int layer = first_layer_; layer < end; ++layer) {
     const StageWeightsOf<const void*>& a = arena_of(layer);
     const LayerWeightsOf<const void*>& l = a.layers[layer - a.first_layer];
     DeviceLayer dl;
+    for (const std::shared_ptr<const CudaPlacedWeights>& p : from) {
+      if (&p->tensors() != &a) continue;
+      const LayerWeightsOf<const float*>& s = p->scales().layers[layer - a.first_layer];
+      dl.wqkv_scales = s.wqkv;
+      dl.wo_scales = s.wo;
+      dl.w_in_scales = s.w_in;
+      dl.w_out_scales = s.w_out;
+    }
+    if (dl.wqkv_scales != nullptr) {
+      const int64_t in_rows = c_.arch == Arch::kLlama ? 2 * int64_t{c_.intermediate_size}
+                                                      : c_.intermediate_size;
+      for (int64_t elements :
+           {int64_t{c_.q_dim() + 2 * c_.kv_dim()} * c_.hidden_size,
+            int64_t{c_.hidden_size} * c_.q_dim(), in_rows * c_.hidden_size,
+            int64_t{c_.hidden_size} * c_.intermediate_size}) {
+        fp8_scratch = std::max(fp8_scratch, static_cast<size_t>(elements) * DTypeSize(opt_.dtype));
+      }
+    }
     dl.attn_norm_w = l.attn_norm_w;
     dl.attn_norm_b = l.attn_norm_b;
     dl.wqkv = l.wqkv;
@@ -119,6 +140,7 @@ absl::Status CudaStage::UploadWeights(const StageSpec& spec) {
     dl.b_out = l.b_out;
     layers_.push_back(dl);
   }
+  if (fp8_scratch > 0) RETURN_IF_ERROR(fp8_scratch_.Allocate(fp8_scratch));
   if (has_head_) {
     const StageWeightsOf<const void*>& a = arena_of(end - 1);
     final_norm_w_ = a.final_norm_w;

@@ -7,6 +7,13 @@
 // in flight; x (a few KB, shared by every warp) comes through L1. fp32 accumulation, a warp
 // reduction, then the epilogue (bias, residual add, GELU, SwiGLU or fp32 logits) in registers.
 //
+// FP8 weights (GemvFp8, GemvQkvCacheFp8): the same kernel with E4M3 codes, 8 per lane and step
+// in one 8-byte load (half the bytes of fp16), converted to fp16 pairs in registers (exact: E4M3
+// is a subset of fp16), and twice the steps in flight, so that a warp keeps as many bytes
+// outstanding; each output row's sum is multiplied by the row's scale before the epilogue.
+//
+#include <cuda_fp8.h>
+
 #include "common/status_macros.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/device_util.cuh"
@@ -30,6 +37,46 @@ __device__ __forceinline__ uint4 LoadStreaming(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
+}
+
+__device__ __forceinline__ uint2 LoadStreaming8(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+               : "=r"(v.x), "=r"(v.y)
+               : "l"(p));
+  return v;
+}
+
+// Eight weights of one lane's step: a 16-byte vector of fp16/bf16, or 8 bytes of E4M3 codes.
+template <typename W>
+struct WeightVec {
+  using type = uint4;
+  static constexpr int kUnrollFactor = 1;
+  __device__ __forceinline__ static type Load(const W* p) { return LoadStreaming(p); }
+  __device__ __forceinline__ static type Zero() { return make_uint4(0, 0, 0, 0); }
+};
+template <>
+struct WeightVec<__nv_fp8_e4m3> {
+  using type = uint2;
+  static constexpr int kUnrollFactor = 2;  // half the bytes per step: twice the steps in flight
+  __device__ __forceinline__ static type Load(const __nv_fp8_e4m3* p) { return LoadStreaming8(p); }
+  __device__ __forceinline__ static type Zero() { return make_uint2(0, 0); }
+};
+
+// 8 E4M3 codes (element i in byte i, little-endian) as floats.
+__device__ __forceinline__ void UnpackFp8(const uint2& v, float (&f)[8]) {
+  const uint32_t u[2] = {v.x, v.y};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const auto pair = static_cast<__nv_fp8x2_storage_t>((u[i] >> (16 * j)) & 0xffffu);
+      const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+      const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&raw));
+      f[4 * i + 2 * j] = p.x;
+      f[4 * i + 2 * j + 1] = p.y;
+    }
+  }
 }
 
 // 8 elements of a 16-byte vector as floats.
@@ -59,6 +106,7 @@ __device__ __forceinline__ float GeluTanh(float x) {
 struct GemvParams {
   const void* x;
   const void* w;
+  const float* w_scales;  // FP8 weights: (rows of w) scale per row; null for fp16/bf16
   const void* bias;
   void* y;
   int n;      // output width (of each half for SwiGLU; q_dim + 2 kv_dim for kQkvCache)
@@ -84,10 +132,13 @@ __device__ __forceinline__ int WeightRow(const GemvParams& p, int unit, int r) {
   }
 }
 
-template <typename T, int M, int R, GemvEpilogue E>
+// W: the weights' element type, T (fp16/bf16) or __nv_fp8_e4m3 (with p.w_scales).
+template <typename T, typename W, int M, int R, GemvEpilogue E>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvParams p) {
+  constexpr bool kFp8 = std::is_same_v<W, __nv_fp8_e4m3>;
+  using Vec = WeightVec<W>;
   const T* __restrict__ x = static_cast<const T*>(p.x);
-  const T* __restrict__ w = static_cast<const T*>(p.w);
+  const W* __restrict__ w = static_cast<const W*>(p.w);
   const T* __restrict__ bias = static_cast<const T*>(p.bias);
   const int k = p.k, n = p.n, split = p.split;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -99,11 +150,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
   unit = min(unit, p.units - 1);  // spare warps of a split unit still reach the barrier below
   // Rows past N (the last unit of an odd N with R = 2) read row N - 1 and are not stored.
   const int rows_total = E == GemvEpilogue::kSwiGlu ? 2 * n : n;
-  const T* wrow[R];
+  const W* wrow[R];
+  float wscale[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int row = min(WeightRow<E, R>(p, unit, r), rows_total - 1);
     wrow[r] = w + static_cast<size_t>(row) * k;
+    wscale[r] = kFp8 ? p.w_scales[row] : 1.0f;
   }
   float acc[R][M];
 #pragma unroll
@@ -113,20 +166,20 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
   }
   constexpr int kStep = 32 * 8;
   const int step = kStep * split;  // from one of this warp's steps to its next
-  constexpr int U = kUnroll;
+  constexpr int U = kUnroll * Vec::kUnrollFactor;
   const int stride = step * U;
   // Software pipeline: wv[u] holds the weights of step u of the current batch; once unpacked it
   // is refilled with step u of the next batch, so that U steps stay in flight while the current
   // ones are multiplied. The first batch is loaded before waiting for the kernel that writes x
   // (it does not read x), which hides this kernel's start behind the previous one.
-  uint4 wv[U][R];
+  typename Vec::type wv[U][R];
   const int first = (part * 32 + lane) * 8;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int kk = first + u * step;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      wv[u][r] = kk < k ? LoadStreaming(wrow[r] + kk) : make_uint4(0, 0, 0, 0);
+      wv[u][r] = kk < k ? Vec::Load(wrow[r] + kk) : Vec::Zero();
     }
   }
   AllowDependentLaunch();
@@ -141,11 +194,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
       if (kk >= k) break;
       float wf[R][8];
 #pragma unroll
-      for (int r = 0; r < R; ++r) Unpack<T>(wv[u][r], wf[r]);
+      for (int r = 0; r < R; ++r) {
+        if constexpr (kFp8) {
+          UnpackFp8(wv[u][r], wf[r]);
+        } else {
+          Unpack<W>(wv[u][r], wf[r]);
+        }
+      }
       const int next = kk + stride;
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        if (next < k) wv[u][r] = LoadStreaming(wrow[r] + next);
+        if (next < k) wv[u][r] = Vec::Load(wrow[r] + next);
       }
 #pragma unroll
       for (int m = 0; m < M; ++m) {
@@ -186,6 +245,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
     }
   }
   if (!active) return;
+  if constexpr (kFp8) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[r][m] *= wscale[r];
+    }
+  }
   // Every lane holds every sum; lane (r', m) stores output (r', m) (one per lane).
   if constexpr (E == GemvEpilogue::kSwiGlu) {
 #pragma unroll
@@ -258,7 +324,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
   }
 }
 
-template <typename T, int M, int R, GemvEpilogue E>
+template <typename T, typename W, int M, int R, GemvEpilogue E>
 cudaError_t Launch(GemvParams p, cudaStream_t stream, bool pdl) {
   if constexpr (E == GemvEpilogue::kSwiGlu) {
     p.units = p.n;
@@ -270,13 +336,13 @@ cudaError_t Launch(GemvParams p, cudaStream_t stream, bool pdl) {
   const int units_per_block = kWarpsPerBlock / p.split;
   const int blocks = (p.units + units_per_block - 1) / units_per_block;
   // With pdl: start before the previous kernel ends (see WaitForPrerequisites).
-  return LaunchKernel(GemvKernel<T, M, R, E>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream,
+  return LaunchKernel(GemvKernel<T, W, M, R, E>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream,
                       pdl, p);
 }
 
 // Rows per warp: two halve the x traffic through L1 per weight byte (always at M >= 4, and
 // SwiGLU and kQkvCache read two rows by construction); one gives twice the warps at M <= 2.
-template <typename T, GemvEpilogue E>
+template <typename T, typename W, GemvEpilogue E>
 cudaError_t LaunchForRows(int m, int rows_per_warp, const GemvParams& p, cudaStream_t stream,
                           bool pdl) {
   constexpr bool kPaired = E == GemvEpilogue::kSwiGlu || E == GemvEpilogue::kQkvCache;
@@ -285,37 +351,37 @@ cudaError_t LaunchForRows(int m, int rows_per_warp, const GemvParams& p, cudaStr
   switch (m) {
     case 1:
       if constexpr (!kPaired) {
-        if (two) return Launch<T, 1, 2, E>(p, stream, pdl);
+        if (two) return Launch<T, W, 1, 2, E>(p, stream, pdl);
       }
-      return Launch<T, 1, R1, E>(p, stream, pdl);
+      return Launch<T, W, 1, R1, E>(p, stream, pdl);
     case 2:
       if constexpr (!kPaired) {
-        if (two) return Launch<T, 2, 2, E>(p, stream, pdl);
+        if (two) return Launch<T, W, 2, 2, E>(p, stream, pdl);
       }
-      return Launch<T, 2, R1, E>(p, stream, pdl);
+      return Launch<T, W, 2, R1, E>(p, stream, pdl);
     case 4:
-      return Launch<T, 4, 2, E>(p, stream, pdl);
+      return Launch<T, W, 4, 2, E>(p, stream, pdl);
     default:
-      return Launch<T, 8, 2, E>(p, stream, pdl);
+      return Launch<T, W, 8, 2, E>(p, stream, pdl);
   }
 }
 
-template <typename T>
+template <typename T, typename W>
 cudaError_t LaunchEpilogue(GemvEpilogue epilogue, int m, int rows_per_warp, const GemvParams& p,
                            cudaStream_t stream, bool pdl) {
   switch (epilogue) {
     case GemvEpilogue::kStore:
-      return LaunchForRows<T, GemvEpilogue::kStore>(m, rows_per_warp, p, stream, pdl);
+      return LaunchForRows<T, W, GemvEpilogue::kStore>(m, rows_per_warp, p, stream, pdl);
     case GemvEpilogue::kResidual:
-      return LaunchForRows<T, GemvEpilogue::kResidual>(m, rows_per_warp, p, stream, pdl);
+      return LaunchForRows<T, W, GemvEpilogue::kResidual>(m, rows_per_warp, p, stream, pdl);
     case GemvEpilogue::kGelu:
-      return LaunchForRows<T, GemvEpilogue::kGelu>(m, rows_per_warp, p, stream, pdl);
+      return LaunchForRows<T, W, GemvEpilogue::kGelu>(m, rows_per_warp, p, stream, pdl);
     case GemvEpilogue::kSwiGlu:
-      return LaunchForRows<T, GemvEpilogue::kSwiGlu>(m, rows_per_warp, p, stream, pdl);
+      return LaunchForRows<T, W, GemvEpilogue::kSwiGlu>(m, rows_per_warp, p, stream, pdl);
     case GemvEpilogue::kF32:
-      return LaunchForRows<T, GemvEpilogue::kF32>(m, rows_per_warp, p, stream, pdl);
+      return LaunchForRows<T, W, GemvEpilogue::kF32>(m, rows_per_warp, p, stream, pdl);
     case GemvEpilogue::kQkvCache:
-      return LaunchForRows<T, GemvEpilogue::kQkvCache>(m, rows_per_warp, p, stream, pdl);
+      return LaunchForRows<T, W, GemvEpilogue::kQkvCache>(m, rows_per_warp, p, stream, pdl);
   }
   return cudaErrorInvalidValue;
 }
@@ -417,29 +483,49 @@ GemvParams ProductParams(const void* x, const void* w, const void* bias, void* y
 
 }  // namespace
 
-absl::Status Gemv(DType dtype, GemvEpilogue epilogue, const void* x, const void* w,
-                  const void* bias, void* y, int rows, int out, int in, cudaStream_t stream,
-                  GemvTuning tuning) {
-  RETURN_IF_ERROR(CheckGemvShape(rows, out, in, x, w));
+namespace {
+
+absl::Status CheckFp8Scales(const void* w, const float* w_scales) {
+  if (w_scales == nullptr) return absl::InvalidArgumentError("FP8 GEMV needs the row scales");
+  // 8-byte loads of codes: rows start at multiples of `in` (a multiple of 8) from w.
+  if ((reinterpret_cast<uintptr_t>(w) & 7) != 0 ||
+      (reinterpret_cast<uintptr_t>(w_scales) & 3) != 0) {
+    return absl::InvalidArgumentError("FP8 GEMV needs 8-byte aligned codes and aligned scales");
+  }
+  return absl::OkStatus();
+}
+
+// Gemv and its FP8 form: w_scales null for fp16/bf16 weights.
+absl::Status GemvAny(DType dtype, GemvEpilogue epilogue, const void* x, const void* w,
+                     const float* w_scales, const void* bias, void* y, int rows, int out, int in,
+                     cudaStream_t stream, GemvTuning tuning) {
+  RETURN_IF_ERROR(CheckGemvShape(rows, out, in, x, w_scales != nullptr ? x : w));
   if (epilogue == GemvEpilogue::kQkvCache) {
     return absl::InvalidArgumentError("the QKV-into-cache GEMV is GemvQkvCache");
   }
   ASSIGN_OR_RETURN(const GemvTuning t, ResolveTuning(tuning, rows, out, in));
-  const GemvParams p = ProductParams(x, w, bias, y, out, in, t.k_split);
+  GemvParams p = ProductParams(x, w, bias, y, out, in, t.k_split);
+  p.w_scales = w_scales;
   // On a stream of our own, always as a programmatic dependent launch.
-  TANDEM_DISPATCH_HALF(dtype, {
-    CUDA_CHECK((LaunchEpilogue<T>(epilogue, rows, t.rows_per_warp, p, stream, true)));
-  });
+  if (w_scales != nullptr) {
+    TANDEM_DISPATCH_HALF(dtype, {
+      CUDA_CHECK((LaunchEpilogue<T, __nv_fp8_e4m3>(epilogue, rows, t.rows_per_warp, p, stream,
+                                                    true)));
+    });
+  } else {
+    TANDEM_DISPATCH_HALF(dtype, {
+      CUDA_CHECK((LaunchEpilogue<T, T>(epilogue, rows, t.rows_per_warp, p, stream, true)));
+    });
+  }
   CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
 }
 
-namespace {
-
-// GemvQkvCache into the contiguous cache (pages.table null) or into pages.
-absl::Status QkvCache(DType dtype, const void* x, const void* w, const void* bias,
-                      const QkvCacheArgs& cache, const PagedKv& pages, int rows, int in,
-                      cudaStream_t stream, GemvTuning tuning) {
+// GemvQkvCache and its FP8 form (w_scales null for fp16/bf16 weights), into the contiguous cache
+// (pages.table null) or into pages.
+absl::Status GemvQkvCacheAny(DType dtype, const void* x, const void* w, const float* w_scales,
+                             const void* bias, const QkvCacheArgs& cache, const PagedKv& pages,
+                             int rows, int in, cudaStream_t stream, GemvTuning tuning) {
   if (cache.head_dim < 2 || cache.head_dim % 2 != 0 || cache.num_heads < 1 ||
       cache.num_kv_heads < 1 || cache.seq_capacity < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -454,24 +540,52 @@ absl::Status QkvCache(DType dtype, const void* x, const void* w, const void* bia
         "QKV-into-cache GEMV needs q_out, both caches, positions and slots");
   }
   const int out = (cache.num_heads + 2 * cache.num_kv_heads) * cache.head_dim;
-  RETURN_IF_ERROR(CheckGemvShape(rows, out, in, x, w));
+  RETURN_IF_ERROR(CheckGemvShape(rows, out, in, x, w_scales != nullptr ? x : w));
   ASSIGN_OR_RETURN(const GemvTuning t, ResolveTuning(tuning, rows, out / 2, in));
   GemvParams p = ProductParams(x, w, bias, nullptr, out, in, t.k_split);
+  p.w_scales = w_scales;
   p.cache = cache;
   p.pages = pages;
-  TANDEM_DISPATCH_HALF(dtype, {
-    CUDA_CHECK((LaunchEpilogue<T>(GemvEpilogue::kQkvCache, rows, 2, p, stream, true)));
-  });
+  if (w_scales != nullptr) {
+    TANDEM_DISPATCH_HALF(dtype, {
+      CUDA_CHECK((LaunchEpilogue<T, __nv_fp8_e4m3>(GemvEpilogue::kQkvCache, rows, 2, p, stream,
+                                                    true)));
+    });
+  } else {
+    TANDEM_DISPATCH_HALF(dtype, {
+      CUDA_CHECK((LaunchEpilogue<T, T>(GemvEpilogue::kQkvCache, rows, 2, p, stream, true)));
+    });
+  }
   CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
 }
 
 }  // namespace
 
+absl::Status Gemv(DType dtype, GemvEpilogue epilogue, const void* x, const void* w,
+                  const void* bias, void* y, int rows, int out, int in, cudaStream_t stream,
+                  GemvTuning tuning) {
+  return GemvAny(dtype, epilogue, x, w, nullptr, bias, y, rows, out, in, stream, tuning);
+}
+
+absl::Status GemvFp8(DType dtype, GemvEpilogue epilogue, const void* x, const void* w,
+                     const float* w_scales, const void* bias, void* y, int rows, int out, int in,
+                     cudaStream_t stream, GemvTuning tuning) {
+  RETURN_IF_ERROR(CheckFp8Scales(w, w_scales));
+  return GemvAny(dtype, epilogue, x, w, w_scales, bias, y, rows, out, in, stream, tuning);
+}
+
 absl::Status GemvQkvCache(DType dtype, const void* x, const void* w, const void* bias,
                           const QkvCacheArgs& cache, int rows, int in, cudaStream_t stream,
                           GemvTuning tuning) {
-  return QkvCache(dtype, x, w, bias, cache, PagedKv{}, rows, in, stream, tuning);
+  return GemvQkvCacheAny(dtype, x, w, nullptr, bias, cache, PagedKv{}, rows, in, stream, tuning);
+}
+
+absl::Status GemvQkvCacheFp8(DType dtype, const void* x, const void* w, const float* w_scales,
+                             const void* bias, const QkvCacheArgs& cache, int rows, int in,
+                             cudaStream_t stream, GemvTuning tuning) {
+  RETURN_IF_ERROR(CheckFp8Scales(w, w_scales));
+  return GemvQkvCacheAny(dtype, x, w, w_scales, bias, cache, PagedKv{}, rows, in, stream, tuning);
 }
 
 absl::Status GemvQkvCachePaged(DType dtype, const void* x, const void* w, const void* bias,
@@ -482,8 +596,9 @@ absl::Status GemvQkvCachePaged(DType dtype, const void* x, const void* w, const 
   c.k_cache = pages.k;
   c.v_cache = pages.v;
   c.seq_capacity = pages.page_size;  // unused: positions go through the table
-  return QkvCache(dtype, x, w, bias, c, ToPagedKv(pages, cache.num_kv_heads, cache.head_dim), rows,
-                  in, stream, tuning);
+  return GemvQkvCacheAny(dtype, x, w, nullptr, bias, c,
+                         ToPagedKv(pages, cache.num_kv_heads, cache.head_dim), rows, in, stream,
+                         tuning);
 }
 
 }  // namespace tandem::cuda

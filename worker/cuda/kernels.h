@@ -195,6 +195,23 @@ absl::Status GemvQkvCache(DType dtype, const void* x, const void* w, const void*
                           const QkvCacheArgs& cache, int rows, int in, cudaStream_t stream,
                           GemvTuning tuning = {});
 
+// gemv.cu, FP8 weights: as Gemv and GemvQkvCache with w (out, in) E4M3 codes (8-byte aligned)
+// and w_scales (out) fp32, the product taking w[i][k] * w_scales[i]; x, bias and y are `dtype`.
+// For kSwiGlu, w and w_scales are (2 * out) rows, gate then up.
+absl::Status GemvFp8(DType dtype, GemvEpilogue epilogue, const void* x, const void* w,
+                     const float* w_scales, const void* bias, void* y, int rows, int out, int in,
+                     cudaStream_t stream, GemvTuning tuning = {});
+absl::Status GemvQkvCacheFp8(DType dtype, const void* x, const void* w, const float* w_scales,
+                             const void* bias, const QkvCacheArgs& cache, int rows, int in,
+                             cudaStream_t stream, GemvTuning tuning = {});
+
+// fp8_dequant.cu: out (rows, cols) `dtype` = E4M3(codes) * row_scales[row], codes (rows, cols),
+// row_scales (rows) fp32: FP8 weights for the GEMM of prompts and large batches (dequantized
+// into a scratch buffer, then the fp16/bf16 GEMM). 16-bit writes of 8 elements per thread: cols
+// a multiple of 8, codes 8-byte and out 16-byte aligned.
+absl::Status LaunchDequantizeFp8Rows(DType dtype, const void* codes, const float* row_scales,
+                                     void* out, int64_t rows, int64_t cols, cudaStream_t stream);
+
 // sampling.cu: one token per row of logits (rows, vocab) fp32 by the rule of worker/sampling.h.
 // probs: scratch of rows * vocab floats. Parameters per row.
 struct SamplingArrays {

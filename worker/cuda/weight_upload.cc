@@ -4,12 +4,16 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/cuda/weight_convert.h"
+#include "worker/fp8_weights.h"
 #include "worker/staged_copy.h"
 
 namespace tandem::cuda {
@@ -109,25 +113,104 @@ class CudaStaging final : public StagingTarget {
 
 }  // namespace
 
+namespace {
+
+// One FP8 linear weight: its source, and where its codes and scales go in the arena.
+struct Fp8Target {
+  const TensorSource* src;
+  int64_t cols;
+  size_t codes_offset, scales_offset;
+};
+
+// Quantizes (or takes the stored codes of) each FP8 target on the host, several tensors at a
+// time, and copies codes and scales into the arena.
+absl::Status UploadFp8(const std::vector<Fp8Target>& targets, char* arena) {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  const size_t threads = std::min<size_t>(
+      targets.size(), std::max(1u, std::min(16u, std::thread::hardware_concurrency())));
+  std::atomic<size_t> next{0};
+  std::vector<absl::Status> status(threads);
+  auto work = [&](size_t me) {
+    if (cudaSetDevice(device) != cudaSuccess) {
+      status[me] = absl::InternalError("cudaSetDevice failed in an FP8 upload thread");
+      return;
+    }
+    for (size_t i = next++; i < targets.size() && status[me].ok(); i = next++) {
+      const Fp8Target& t = targets[i];
+      absl::StatusOr<Fp8Rows> q = SourceToFp8Rows(*t.src, t.cols);
+      if (!q.ok()) {
+        status[me] = q.status();
+        return;
+      }
+      if (cudaMemcpy(arena + t.codes_offset, q->codes.data(), q->codes.size(),
+                     cudaMemcpyHostToDevice) != cudaSuccess ||
+          cudaMemcpy(arena + t.scales_offset, q->scales.data(), q->scales.size() * sizeof(float),
+                     cudaMemcpyHostToDevice) != cudaSuccess) {
+        status[me] = absl::InternalError(absl::StrCat("copying FP8 weight '",
+                                                      t.src->parts[0].name, "' to the device"));
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  if (threads > 0) work(0);
+  for (std::thread& th : pool) th.join();
+  for (const absl::Status& s : status) RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<DeviceWeights> UploadStageWeights(const StageSources& sources, DType dtype,
-                                                 bool share_head, const UploadOptions& options) {
+                                                 bool share_head, const UploadOptions& options,
+                                                 bool fp8) {
   if (dtype != DType::kF16 && dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat("weights are held as F16 or BF16, not ",
                                                    std::string(DTypeName(dtype))));
   }
-  // Layout: each non-empty tensor at the next 256-byte boundary, in ForEachTensor's order.
+  // Layout: each non-empty tensor at the next 256-byte boundary, in ForEachTensor's order; an FP8
+  // linear weight as its codes, then its scales.
   DeviceWeights out;
+  std::set<const TensorSource*> linear;
+  ForEachLinearWeight(sources, sources, [&](const TensorSource& src, const TensorSource&) {
+    if (!src.empty()) linear.insert(&src);
+  });
   std::vector<std::pair<const TensorSource*, size_t>> placed;  // source, arena offset
+  std::vector<Fp8Target> fp8_targets;
   size_t total = 0;
   const TensorSource* head = share_head ? &sources.lm_head : nullptr;
   std::vector<const void**> pointers;
+  std::vector<std::pair<const void**, size_t>> fp8_pointers;  // codes, then scales
+  absl::Status layout;
   ForEachTensor(sources, out.tensors, [&](const TensorSource& src, const void*& dst) {
     dst = nullptr;
     if (src.empty() || &src == head) return;
+    if (src.fp8() && !fp8 && layout.ok()) {
+      layout = absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", src.parts[0].name, "' is FP8: the stage must hold FP8 weights"));
+    }
+    if (fp8 && linear.count(&src) > 0) {
+      // Engine layout (out, in): `in` from the first part, stored (out, in) or (in, out).
+      const int64_t cols = src.transposed ? src.parts[0].shape[0] : src.parts[0].shape[1];
+      const int64_t rows = src.numel() / cols;
+      if (cols % 8 != 0) {
+        layout = absl::InvalidArgumentError(absl::StrCat(
+            "FP8 weights need an input width that is a multiple of 8; '", src.parts[0].name,
+            "' has ", cols));
+      }
+      const size_t codes = total;
+      total += Aligned(static_cast<size_t>(src.numel()));
+      fp8_targets.push_back({&src, cols, codes, total});
+      fp8_pointers.emplace_back(&dst, codes);
+      total += Aligned(static_cast<size_t>(rows) * sizeof(float));
+      return;
+    }
     placed.emplace_back(&src, total);
     pointers.push_back(&dst);
     total += Aligned(static_cast<size_t>(src.numel()) * DTypeSize(dtype));
   });
+  RETURN_IF_ERROR(layout);
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (total > free_bytes) {
@@ -140,6 +223,17 @@ absl::StatusOr<DeviceWeights> UploadStageWeights(const StageSources& sources, DT
     *pointers[i] = out.arena.as<char>() + placed[i].second;
   }
   if (share_head) out.tensors.lm_head = out.tensors.tok_embedding;
+  for (const auto& [dst, offset] : fp8_pointers) *dst = out.arena.as<char>() + offset;
+  // Each FP8 weight's scales pointer, in the same field of `scales`.
+  ForEachTensor(out.tensors, out.scales, [&](const void* const& codes, const float*& scales) {
+    scales = nullptr;
+    for (const Fp8Target& t : fp8_targets) {
+      if (codes == out.arena.as<char>() + t.codes_offset) {
+        scales = reinterpret_cast<const float*>(out.arena.as<char>() + t.scales_offset);
+      }
+    }
+  });
+  RETURN_IF_ERROR(UploadFp8(fp8_targets, out.arena.as<char>()));
 
   // One copy job per stored part; a transposed part is cut only between its stored rows.
   std::vector<CopyJob> jobs;

@@ -23,13 +23,20 @@ struct UploadOptions {
 struct DeviceWeights {
   DeviceBuffer arena;                       // every tensor, 256-byte aligned, in dtype
   StageWeightsOf<const void*> tensors;      // into arena; nullptr where the source is empty
+  // FP8: the linear weights (wqkv, wo, w_in, w_out) are E4M3 codes (out, in) in `tensors` and
+  // these their per-row fp32 scales (out), also in the arena; nullptr elsewhere and without FP8.
+  StageWeightsOf<const float*> scales;
 };
 
 // Uploads every tensor of `sources` as `dtype` (kF16 or kBF16) to the current device. With
 // `share_head` the LM head is the token embedding (tied and on the same stage) and is not copied
 // again. RESOURCE_EXHAUSTED when the arena does not fit; returns once the device holds the data.
+// With `fp8` the linear weights are held in FP8 (worker/fp8_weights.h: stored codes where the
+// checkpoint has them, else quantized per row on the host); INVALID_ARGUMENT naming the tensor
+// for a NaN or infinite weight. FP8 sources need `fp8`.
 absl::StatusOr<DeviceWeights> UploadStageWeights(const StageSources& sources, DType dtype,
                                                  bool share_head,
-                                                 const UploadOptions& options = {});
+                                                 const UploadOptions& options = {},
+                                                 bool fp8 = false);
 
 }  // namespace tandem::cuda

@@ -23,6 +23,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "prometheus/gauge.h"
 #include "spdlog/spdlog.h"
 #include "worker/cpu/cpu_backend.h"
 #include "worker/cpu/cpu_stage.h"
@@ -57,7 +58,7 @@ absl::StatusOr<std::unique_ptr<tandem::Backend>> CpuBackendFromFlags(
   if (absl::Status s = tandem::SetCpuThreads(config.cpu_threads); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--cpu_threads: ", s.message()));
   }
-  return std::make_unique<tandem::CpuBackend>();
+  return std::make_unique<tandem::CpuBackend>(config.quantization == "fp8");
 }
 
 #ifdef TANDEM_HAVE_CUDA
@@ -92,7 +93,8 @@ absl::StatusOr<std::unique_ptr<tandem::Backend>> CudaBackendFromFlags(
   return std::make_unique<tandem::CudaBackend>(
       tandem::CudaBackendOptions{.stage = *options,
                                  .recv_timeout = absl::Seconds(config.recv_timeout_s),
-                                 .kv_over_nccl = config.kv_over_nccl});
+                                 .kv_over_nccl = config.kv_over_nccl,
+                                 .quantize_fp8 = config.quantization == "fp8"});
 #else
   (void)config;
   return absl::InvalidArgumentError(
@@ -112,6 +114,10 @@ absl::StatusOr<BackendChoice> BackendFromFlags(const tandem::WorkerConfig& confi
   if (transport != "grpc" && transport != "nccl" && transport != "auto") {
     return absl::InvalidArgumentError(
         absl::StrCat("--transport: '", transport, "' (expected grpc, nccl or auto)"));
+  }
+  if (!config.quantization.empty() && config.quantization != "fp8") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--quantization: '", config.quantization, "' (expected fp8, or empty for none)"));
   }
   absl::StatusOr<std::unique_ptr<tandem::Backend>> b;
   if (backend == "cpu") {
@@ -196,6 +202,17 @@ void StartMonitoring(const tandem::WorkerConfig& config, Monitoring& m,
   }
   m.server = *std::move(server);
   worker.set_metrics(&m.metrics);
+  // Which precision this worker computes in: 1 on the series of its settings.
+  prometheus::BuildGauge()
+      .Name("tandem_worker_precision_info")
+      .Help("The worker's precision: backend, activation dtype, and linear-layer weights (fp8: "
+            "quantized at load; as_stored: the checkpoint's, FP8 where it is an FP8 checkpoint)")
+      .Register(*m.registry)
+      .Add({{"backend", config.backend},
+            {"dtype", config.backend == "cuda" ? config.dtype : std::string("f32")},
+            {"weights", config.quantization.empty() ? std::string("as_stored")
+                                                    : config.quantization}})
+      .Set(1);
   std::printf("tandem-worker metrics on port %d\n", m.server->port());
   absl::StatusOr<std::unique_ptr<tandem::Nvml>> nvml = tandem::Nvml::Load();
   absl::StatusOr<int> gpus = nvml.ok() ? (*nvml)->DeviceCount() : absl::StatusOr<int>(0);

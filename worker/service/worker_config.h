@@ -30,6 +30,9 @@ namespace tandem {
   X(int, gpu, 0, ::tandem::kAnyValue, "cuda: the CUDA device index")                           \
   X(std::string, dtype, "f16", ::tandem::kAnyValue,                                            \
     "cuda: weights, activations and KV-cache type, f16 or bf16")                               \
+  X(std::string, quantization, "", ::tandem::kAnyValue,                                       \
+    "linear-layer weights: fp8 (E4M3, quantized at load with one scale per output channel) or " \
+    "empty (as the checkpoint stores them; FP8 checkpoints stay FP8)")                         \
   X(double, kv_memory_fraction, 0.9, ::tandem::kAnyValue,                                      \
     "cuda: share of the GPU memory left after the weights that the KV-cache takes")            \
   X(std::string, transport, "auto", ::tandem::kAnyValue,                                       \
