@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "common/structured/grammar_cache.h"
+#include "proto/step_codec.h"
 #include "common/utf8.h"
 
 namespace tandem {
@@ -56,6 +58,16 @@ absl::Status CheckPromptText(std::string_view field, std::string_view text,
         field, text.size(), max_bytes, kPromptBytesPerToken, limits.context_length));
   }
   return CheckUtf8(field, text);
+}
+
+// The constraint, compiled (and cached) here so that a bad one is refused before scheduling.
+absl::StatusOr<std::shared_ptr<const structured::Constraint>> ConstraintOf(
+    const v1::OutputConstraint& in) {
+  auto c = std::make_shared<structured::Constraint>(ConstraintFromProto(in));
+  if (auto grammar = structured::CompileCached(*c); !grammar.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("constraint: ", grammar.status().message()));
+  }
+  return c;
 }
 
 absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& request,
@@ -174,6 +186,10 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& requ
   out.n = std::max(1, s.n());
   out.logprobs = s.logprobs() ? s.top_logprobs() : -1;
   out.prompt_logprobs = s.prompt_logprobs() ? s.prompt_top_logprobs() : -1;
+  if (request.has_constraint() &&
+      request.constraint().kind_case() != v1::OutputConstraint::KIND_NOT_SET) {
+    ASSIGN_OR_RETURN(out.constraint, ConstraintOf(request.constraint()));
+  }
 
   if (request.has_max_new_tokens()) {
     const int n = request.max_new_tokens();
