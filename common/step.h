@@ -5,14 +5,10 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <utility>
 #include <vector>
 
 namespace tandem {
-namespace structured {
-struct Constraint;  // common/structured/grammar_cache.h
-}
 
 // What worker/sampling.h's rule reads; every default is neutral.
 struct SamplingParams {
@@ -65,10 +61,6 @@ struct SequenceStep {
   // Nonzero: the step ends the prompt, and writes the sequence's KV-cache out under this key
   // layer by layer as it goes (Stage::OpenKvOut; a prefill worker's hand-off).
   uint64_t kv_out_key = 0;
-  // Set on a constrained sequence's sampling rows: the last stage masks the logits with the
-  // grammar's allowed tokens and advances the sequence's matcher by what it samples
-  // (worker/constrained_sampling.h). Null: free text.
-  std::shared_ptr<const structured::Constraint> constraint;
   bool wants_logprobs() const { return logprobs >= 0 || prompt_logprobs >= 0; }
 };
 
