@@ -414,9 +414,11 @@ absl::Status Conversation(const Fields& f, ApiRequest& r) {
 absl::Status ForceToolCall(const Fields& f, ApiRequest& r) {
   ASSIGN_OR_RETURN_FIELD(choice, ParseToolChoice(f.Get("tool_choice"), r.tools));
   r.tool_choice = std::move(choice);
-  const std::string schema = ForcedCallSchema(r.tool_choice, r.tools);
+  ASSIGN_OR_RETURN_FIELD(parallel, f.Bool("parallel_tool_calls"));
+  const std::string schema = ForcedCallSchema(r.tool_choice, r.tools, parallel.value_or(true));
   if (schema.empty()) return absl::OkStatus();
-  if (r.generation.has_constraint()) {
+  if (r.generation.has_constraint() &&
+      r.generation.constraint().kind_case() != v1::OutputConstraint::KIND_NOT_SET) {
     return InvalidField("tool_choice", "cannot force a tool call together with response_format; "
                                        "drop one of them");
   }

@@ -341,7 +341,7 @@ absl::Status NormalizeToolMessages(ordered_json& messages) {
   return absl::OkStatus();
 }
 
-std::string ForcedCallSchema(const ToolChoice& choice, const ordered_json& tools) {
+std::string ForcedCallSchema(const ToolChoice& choice, const ordered_json& tools, bool parallel) {
   if (choice.kind == ToolChoice::Kind::kNamed) {
     for (const ordered_json& tool : tools) {
       if (tool["function"]["name"] == choice.name) return ParametersSchema(tool["function"]).dump();
@@ -359,8 +359,9 @@ std::string ForcedCallSchema(const ToolChoice& choice, const ordered_json& tools
           {{"name", std::move(name)}, {"parameters", ParametersSchema(tool["function"])}}},
          {"required", {"name", "parameters"}}});
   }
-  const ordered_json schema = {
-      {"type", "array"}, {"minItems", 1}, {"items", {{"type", "object"}, {"anyOf", any_of}}}};
+  ordered_json schema = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", any_of}}}};
+  // parallel_tool_calls: false allows one call only (OpenAI's meaning).
+  if (!parallel) schema["maxItems"] = 1;
   return schema.dump();
 }
 

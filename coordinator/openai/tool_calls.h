@@ -58,7 +58,8 @@ absl::Status NormalizeToolMessages(nlohmann::ordered_json& messages);
 // The JSON schema of the output a forcing tool_choice allows: named, the function's parameters
 // (the output is its arguments); required, an array (at least one item) of {"name": <a tool>,
 // "parameters": <its parameters>}, one anyOf branch per tool. Empty for auto and none.
-std::string ForcedCallSchema(const ToolChoice& choice, const nlohmann::ordered_json& tools);
+std::string ForcedCallSchema(const ToolChoice& choice, const nlohmann::ordered_json& tools,
+                             bool parallel = true);
 
 struct ToolCall {
   std::string id;

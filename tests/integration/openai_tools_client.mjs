@@ -232,12 +232,14 @@ if (await constrained()) {
     for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
       const oneTool = [tools[0]];
       const r = await client.chat.completions.create(
-        { ...short, max_tokens: 200, messages: ask, tools: oneTool, tool_choice });
+        { ...short, max_tokens: 200, messages: ask, tools: oneTool, tool_choice,
+          parallel_tool_calls: false });
       assert.equal(r.choices[0].finish_reason, 'tool_calls');
       assert.ok(r.choices[0].message.tool_calls.length >= 1);
       r.choices[0].message.tool_calls.forEach(valid);
       const s = await collectChat(await client.chat.completions.create(
-        { ...short, max_tokens: 200, messages: ask, tools: oneTool, tool_choice, stream: true }));
+        { ...short, max_tokens: 200, messages: ask, tools: oneTool, tool_choice, stream: true,
+          parallel_tool_calls: false }));
       assert.equal(s.finish, 'tool_calls');
       s.calls.forEach((c) => valid({ function: c }));
       // The call goes back with its result, and the conversation goes on.

@@ -211,6 +211,10 @@ TEST(ForcedCallSchema, NamedIsTheParametersAndRequiredAnArrayOfCalls) {
   EXPECT_EQ(any_of[1]["properties"]["parameters"]["type"], "object");
   EXPECT_EQ(any_of[1]["required"], json::array({"name", "parameters"}));
   EXPECT_EQ(ForcedCallSchema({ToolChoice::Kind::kAuto, ""}, tools), "");
+  // parallel_tool_calls: false, one call at most.
+  EXPECT_FALSE(required.contains("maxItems"));
+  EXPECT_EQ(json::parse(ForcedCallSchema({ToolChoice::Kind::kRequired, ""}, tools, false))["maxItems"],
+            1);
 }
 
 TEST(CheckTools, NamesTheMalformedField) {
