@@ -217,10 +217,10 @@ TEST_F(OperatorErrorsTest, MalformedConfigJsonExitsNamingTheFileAndField) {
 }
 
 TEST_F(OperatorErrorsTest, UnknownModelTypeExitsNamingTheSupportedOnes) {
-  const fs::path dir = ConfigDir("qwen3", R"({"model_type": "qwen3", "vocab_size": 512})");
+  const fs::path dir = ConfigDir("phi3", R"({"model_type": "phi3", "vocab_size": 512})");
   const Result r = RunCommand(Coordinator(absl::StrCat("--model_dir=", dir.string())));
   EXPECT_TRUE(ExitedWithError(r));
-  EXPECT_THAT(r.output, AllOf(HasSubstr("\"qwen3\""), HasSubstr("gpt2, llama, mistral, qwen2")));
+  EXPECT_THAT(r.output, AllOf(HasSubstr("\"phi3\""), HasSubstr("gpt2, llama, mistral, qwen2")));
 }
 
 TEST_F(OperatorErrorsTest, MoreStagesThanLayersExitsWithTheMostThatFit) {

@@ -99,7 +99,7 @@ class ParserBoundsTest : public ::testing::Test {
     httplib::Result r = Chat(
         R"({"messages": [{"role": "user", "content": "Hello", "extra": {"k": [1]}}],
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
-            "chat_template_kwargs": {"x": [1, 2]}, "max_tokens": 2})");
+            "tool_choice": "none", "chat_template_kwargs": {"x": [1, 2]}, "max_tokens": 2})");
     ASSERT_TRUE(r) << httplib::to_string(r.error()) << cluster_->Logs();
     EXPECT_EQ(r->status, 200) << r->body << cluster_->Logs();
     EXPECT_THAT(r->body, HasSubstr("\"choices\""));
