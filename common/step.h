@@ -61,6 +61,11 @@ struct SequenceStep {
   // Nonzero: the step ends the prompt, and writes the sequence's KV-cache out under this key
   // layer by layer as it goes (Stage::OpenKvOut; a prefill worker's hand-off).
   uint64_t kv_out_key = 0;
+  // A paged KV-cache (the stage was assigned kv_page_size > 0): the pages holding this sequence's
+  // positions [0, position + num_tokens), in order; position p lives in page
+  // block_table[p / page_size], row p % page_size, on every stage. Empty: the slot's contiguous
+  // rows.
+  std::vector<int32_t> block_table;
   bool wants_logprobs() const { return logprobs >= 0 || prompt_logprobs >= 0; }
 };
 

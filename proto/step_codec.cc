@@ -29,6 +29,7 @@ void ToProto(const SequenceStep& row, v1::SequenceStep& out) {
   out.set_num_tokens(row.num_tokens);
   out.set_sample(row.sample);
   out.set_kv_out_key(row.kv_out_key);
+  out.mutable_block_table()->Add(row.block_table.begin(), row.block_table.end());
   out.set_temperature(sp.temperature);
   out.set_top_k(sp.top_k);
   out.set_top_p(sp.top_p);
@@ -82,6 +83,7 @@ SequenceStep FromProto(const v1::SequenceStep& s) {
   q.prompt_logprobs = s.prompt_logprobs() ? s.prompt_top_logprobs() : -1;
   q.next_prompt_token = s.prompt_logprobs() ? s.next_prompt_token() : -1;
   q.kv_out_key = s.kv_out_key();
+  q.block_table.assign(s.block_table().begin(), s.block_table().end());
   return q;
 }
 

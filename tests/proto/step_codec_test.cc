@@ -104,6 +104,7 @@ void ExpectSameStep(const StepDescriptor& a, const StepDescriptor& b) {
     EXPECT_EQ(x.prompt_logprobs, y.prompt_logprobs);
     EXPECT_EQ(x.next_prompt_token, y.next_prompt_token);
     EXPECT_EQ(x.kv_out_key, y.kv_out_key);
+    EXPECT_EQ(x.block_table, y.block_table);
   }
 }
 
@@ -130,6 +131,7 @@ TEST(StepCodec, RoundTripsEveryFieldAtItsEdges) {
   full.prompt_logprobs = kMaxTopLogprobs;
   full.next_prompt_token = 0;
   full.kv_out_key = std::numeric_limits<uint64_t>::max();
+  full.block_table = {7, 0, std::numeric_limits<int32_t>::max(), 3};  // pages in any order
   step.seqs.push_back(full);
   SequenceStep plain;  // every default: decode, greedy, no logprobs, no penalties
   plain.slot = 0;

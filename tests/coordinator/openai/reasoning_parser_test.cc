@@ -106,7 +106,9 @@ TEST(ReasoningParserTest, AStreamCutAtEveryByteSplitsAsTheWholeText) {
       {ReasoningParser::kQwen3, PromptThought::kClosed},
       {ReasoningParser::kDeepSeekR1, PromptThought::kMayOpen},
   };
-  for (const auto& [parser, prompt] : modes) {
+  for (const auto& mode : modes) {
+    const ReasoningParser parser = mode.first;
+    const PromptThought prompt = mode.second;
     for (const std::string& text : texts) {
       const ReasoningSplit whole = SplitReasoning(parser, prompt, text);
       auto run = [&](const std::vector<std::string>& pieces) {
