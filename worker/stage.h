@@ -107,6 +107,9 @@ class Stage {
   // Errors (bad slot, position past the context, shape mismatch) leave the stage usable.
   virtual absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) = 0;
   virtual const ModelConfig& config() const = 0;
+  // The pages of KV-cache the stage holds when spec.kv_page_size > 0 (steps then name each
+  // sequence's pages in SequenceStep::block_table); 0 where its slots hold contiguous rows.
+  virtual int kv_pages() const { return 0; }
   // The KV-cache of slot `slot`, positions [0, positions), of the model layers
   // [first_layer, first_layer + num_layers), all within this stage's. INVALID_ARGUMENT naming
   // what is out of range (a slot, positions the slot does not hold, layers it does not have).
@@ -236,6 +239,10 @@ struct StageSpec {
   int last_layer = -1;      // exclusive; -1 or num_layers also loads final norm + LM head
   int max_slots = 8;        // concurrent sequences
   int max_seq_len = 0;      // 0: the model's max_positions
+  // > 0: the KV-cache is a pool of pages of this many positions, shared by the slots through the
+  // block tables steps carry; 0: each slot holds max_seq_len contiguous positions.
+  int kv_page_size = 0;
+  int kv_pages = 0;  // with kv_page_size > 0: pages to hold; 0: as many as the KV memory holds
   bool quantize_fp8 = false;  // --quantization fp8: linear weights to FP8 at load (per row)
   // Weights already placed (by an earlier stage or ahead of this one) that the stage may take
   // where they are of this checkpoint, dtype and device; what they lack is loaded.

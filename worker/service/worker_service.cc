@@ -120,6 +120,8 @@ grpc::Status WorkerService::CheckAssignment(const v1::AssignStageRequest& req, S
   spec->last_layer = req.last_layer();
   spec->max_slots = req.max_slots();
   spec->max_seq_len = req.max_seq_len();
+  spec->kv_page_size = req.kv_page_size();
+  spec->kv_pages = req.kv_pages();
   // A pipeline's link is sized from the model's width (a single stage has none; nccl is only
   // chosen for more than one).
   if (req.num_stages() > 1) {
@@ -425,6 +427,7 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx, const v1::Assi
   resp->set_load_seconds(absl::ToDoubleSeconds(absl::Now() - t0));
   resp->set_feeds_previous_samples(a->runner->feeds_previous_samples());
   resp->set_placed_bytes(taken);
+  resp->set_kv_pages(a->engine->kv_pages());
   spdlog::info("assignment {}: pipeline {} stage {}/{} layers [{}, {}) next {} over {}{}, ready "
                "in {:.3f} s (the stage before dropped in {:.3f} s; {} bytes of weights already "
                "placed)",
