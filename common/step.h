@@ -5,10 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
 namespace tandem {
+namespace structured {
+struct Constraint;  // common/structured/grammar_cache.h
+}
 
 // What worker/sampling.h's rule reads; every default is neutral.
 struct SamplingParams {
@@ -66,6 +70,10 @@ struct SequenceStep {
   // block_table[p / page_size], row p % page_size, on every stage. Empty: the slot's contiguous
   // rows.
   std::vector<int32_t> block_table;
+  // Set on a constrained sequence's sampling rows: the last stage masks the logits with the
+  // grammar's allowed tokens and advances the sequence's matcher by what it samples
+  // (worker/constrained_sampling.h). Null: free text.
+  std::shared_ptr<const structured::Constraint> constraint;
   bool wants_logprobs() const { return logprobs >= 0 || prompt_logprobs >= 0; }
 };
 

@@ -256,6 +256,20 @@ absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> Coordinator::Submit(
   const bool wants_prompt_logprobs =
       std::any_of(sequences.begin(), sequences.end(),
                   [](const ValidatedRequest& r) { return r.prompt_logprobs >= 0; });
+  const bool constrained =
+      std::any_of(sequences.begin(), sequences.end(),
+                  [](const ValidatedRequest& r) { return r.constraint != nullptr; });
+  if (constrained) {
+    // The CUDA backend does not mask its sampling yet (docs/structured-outputs.md).
+    for (const auto& [id, w] : workers_) {
+      if (w.state == v1::WORKER_STATE_SERVING && w.backend == "cuda") {
+        return absl::UnimplementedError(
+            "constraint: structured outputs are not enforced by CUDA workers, which serve this "
+            "model; serve it on CPU workers or send the request without response_format/guided "
+            "fields");
+      }
+    }
+  }
   if (wants_prompt_logprobs) {
     // The CUDA backend's head scores only the rows it samples.
     for (const auto& [id, w] : workers_) {

@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "common/structured/grammar_cache.h"
+#include "proto/step_codec.h"
 #include "common/utf8.h"
 
 namespace tandem {
@@ -197,6 +199,16 @@ absl::Status CheckPromptText(std::string_view field, std::string_view text,
   return CheckUtf8(field, text);
 }
 
+// The constraint, compiled (and cached) here so that a bad one is refused before scheduling.
+absl::StatusOr<std::shared_ptr<const structured::Constraint>> ConstraintOf(
+    const v1::OutputConstraint& in) {
+  auto c = std::make_shared<structured::Constraint>(ConstraintFromProto(in));
+  if (auto grammar = structured::CompileCached(*c); !grammar.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("constraint: ", grammar.status().message()));
+  }
+  return c;
+}
+
 absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& request,
                                                  const ModelLimits& limits,
                                                  const Tokenizer* tokenizer) {
@@ -205,6 +217,10 @@ absl::StatusOr<ValidatedRequest> ValidateRequest(const v1::GenerateRequest& requ
   const int context = limits.context_length;
   RETURN_IF_ERROR(CheckPrompt(request, limits, tokenizer, out));
   RETURN_IF_ERROR(CheckSampling(request.sampling(), out));
+  if (request.has_constraint() &&
+      request.constraint().kind_case() != v1::OutputConstraint::KIND_NOT_SET) {
+    ASSIGN_OR_RETURN(out.constraint, ConstraintOf(request.constraint()));
+  }
   if (request.has_max_new_tokens()) {
     const int n = request.max_new_tokens();
     if (n < 1 || n > context) {

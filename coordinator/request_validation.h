@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -28,6 +29,8 @@ struct ValidatedRequest {
   std::string request_id;
   std::vector<int32_t> prompt;  // token ids, 1 .. context_length of them
   SamplingParams sampling;  // sampling.seed: the request's, when `seed` is set
+  // The output's grammar (request.constraint), compiled once; null: free text.
+  std::shared_ptr<const structured::Constraint> constraint;
   std::optional<uint64_t> seed;  // unset: each sequence samples with a fresh random seed
   int n = 1;                     // sequences to generate, 1 .. kMaxChoices
   int logprobs = -1;         // -1: none; k in [0, 20]: each token's logprob and k alternatives

@@ -343,6 +343,7 @@ SequenceStep Scheduler::RowOf(const Sequence& seq, int num_tokens, bool sample) 
     }
   }
   if (sample && rq.logprobs >= 0) row.logprobs = rq.logprobs;
+  if (sample) row.constraint = rq.constraint;
   // Prompt logprobs score the prompt as it is fed, chunk by chunk, before the first token.
   if (seq.generated.empty() && rq.prompt_logprobs >= 0) {
     row.prompt_logprobs = rq.prompt_logprobs;

@@ -48,6 +48,7 @@ void ToProto(const SequenceStep& row, v1::SequenceStep& out) {
     out.set_logprobs(true);
     out.set_top_logprobs(row.logprobs);
   }
+  if (row.constraint != nullptr) *out.mutable_constraint() = ConstraintToProto(*row.constraint);
   if (row.prompt_logprobs >= 0) {
     out.set_prompt_logprobs(true);
     out.set_prompt_top_logprobs(row.prompt_logprobs);
@@ -84,10 +85,49 @@ SequenceStep FromProto(const v1::SequenceStep& s) {
   q.next_prompt_token = s.prompt_logprobs() ? s.next_prompt_token() : -1;
   q.kv_out_key = s.kv_out_key();
   q.block_table.assign(s.block_table().begin(), s.block_table().end());
+  if (s.has_constraint() && s.constraint().kind_case() != v1::OutputConstraint::KIND_NOT_SET) {
+    q.constraint = std::make_shared<const structured::Constraint>(
+        ConstraintFromProto(s.constraint()));
+  }
   return q;
 }
 
 }  // namespace
+
+structured::Constraint ConstraintFromProto(const v1::OutputConstraint& in) {
+  structured::Constraint c;
+  switch (in.kind_case()) {
+    case v1::OutputConstraint::kJsonObject: c.kind = structured::Constraint::kJsonObject; break;
+    case v1::OutputConstraint::kJsonSchema:
+      c.kind = structured::Constraint::kJsonSchema;
+      c.text = in.json_schema();
+      break;
+    case v1::OutputConstraint::kRegex:
+      c.kind = structured::Constraint::kRegex;
+      c.text = in.regex();
+      break;
+    case v1::OutputConstraint::kChoice:
+      c.kind = structured::Constraint::kChoice;
+      c.options.assign(in.choice().options().begin(), in.choice().options().end());
+      break;
+    case v1::OutputConstraint::KIND_NOT_SET: break;
+  }
+  return c;
+}
+
+v1::OutputConstraint ConstraintToProto(const structured::Constraint& in) {
+  v1::OutputConstraint out;
+  switch (in.kind) {
+    case structured::Constraint::kJsonObject: out.set_json_object(true); break;
+    case structured::Constraint::kJsonSchema: out.set_json_schema(in.text); break;
+    case structured::Constraint::kRegex: out.set_regex(in.text); break;
+    case structured::Constraint::kChoice:
+      for (const std::string& o : in.options) out.mutable_choice()->add_options(o);
+      break;
+    case structured::Constraint::kNone: break;
+  }
+  return out;
+}
 
 v1::StepRequest ToStepRequest(const StepDescriptor& step, uint64_t assignment_id) {
   v1::StepRequest req;

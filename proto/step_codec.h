@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/step.h"
+#include "common/structured/grammar_cache.h"
 #include "proto/tandem.pb.h"
 
 namespace tandem {
@@ -18,6 +19,11 @@ v1::StepRequest ToStepRequest(const StepDescriptor& step, uint64_t assignment_id
 // The descriptor a StepRequest carries. A repetition_penalty of 0 (unset) reads as 1 (off); seen
 // tokens are read up to the shortest of their three parallel lists.
 StepDescriptor FromStepRequest(const v1::StepRequest& req);
+
+// An output constraint between its message and its plain form (the request's, and a sampling
+// row's).
+structured::Constraint ConstraintFromProto(const v1::OutputConstraint& in);
+v1::OutputConstraint ConstraintToProto(const structured::Constraint& in);
 
 // Appends one SequenceLogprobs message per entry of `logprobs` to `result`.
 void AddLogprobs(const std::vector<SequenceLogprobs>& logprobs, v1::StepResult& result);

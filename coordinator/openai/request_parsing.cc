@@ -12,6 +12,7 @@
 #include "common/step.h"
 #include "common/utf8.h"
 #include "coordinator/openai/api_error.h"
+#include "coordinator/openai/structured_output.h"
 #include "coordinator/request_validation.h"
 
 namespace tandem::openai {
@@ -91,6 +92,8 @@ class Fields {
     if (!v->is_string()) return WrongType(name, "a string", *v);
     return v->get<std::string>();
   }
+
+  const json& body() const { return body_; }
 
  private:
   const json& body_;
@@ -365,12 +368,7 @@ absl::Status Common(const Fields& f, ApiRequest& r) {
   if (best_of.has_value() && *best_of != r.n) {
     return InvalidField("best_of", "is not supported (other than equal to n)");
   }
-  if (const json* rf = f.Get("response_format")) {
-    if (!rf->is_object() || rf->value("type", json()) != "text") {
-      return InvalidField("response_format", "only {\"type\": \"text\"} is supported");
-    }
-  }
-  return absl::OkStatus();
+  return ParseOutputConstraint(f.body(), *g.mutable_constraint());
 }
 
 

@@ -230,5 +230,19 @@ TEST(LogprobsFromProto, ReadsSampledAndPromptEntries) {
   EXPECT_FALSE(out[1].has_sampled);
 }
 
+TEST(StepCodec, RoundTripsARowsConstraint) {
+  StepDescriptor step;
+  step.seqs.resize(2);
+  auto c = std::make_shared<structured::Constraint>();
+  c->kind = structured::Constraint::kChoice;
+  c->options = {"yes", "no"};
+  step.seqs[0].constraint = c;
+  const StepDescriptor back = FromStepRequest(ToStepRequest(step, 1));
+  ASSERT_NE(back.seqs[0].constraint, nullptr);
+  EXPECT_EQ(back.seqs[0].constraint->kind, structured::Constraint::kChoice);
+  EXPECT_EQ(back.seqs[0].constraint->options, c->options);
+  EXPECT_EQ(back.seqs[1].constraint, nullptr);  // free text stays unset
+}
+
 }  // namespace
 }  // namespace tandem

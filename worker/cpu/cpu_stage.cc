@@ -28,6 +28,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rope.h"
+#include "worker/constrained_sampling.h"
 #include "common/safetensors.h"
 #include "worker/kv_out.h"
 #include "common/status_macros.h"
@@ -130,6 +131,13 @@ class CpuStage final : public Stage {
         v_cache_(std::move(v_cache)),
         cached_len_(max_slots, 0),
         inv_freq_(RopeInverseFrequencies(c_)) {}
+
+  // Where constrained rows find the tokenizer their masks are made from.
+  void UseTokenizerOf(const std::filesystem::path& model_dir) {
+    std::vector<int32_t> eos;
+    if (c_.eos_token_id >= 0) eos.push_back(c_.eos_token_id);
+    constrained_ = std::make_unique<ConstrainedSampling>(model_dir, std::move(eos));
+  }
 
   const ModelConfig& config() const override { return c_; }
 
@@ -291,6 +299,7 @@ class CpuStage final : public Stage {
       out.logprobs.back().seq = i;
     }
     PromptLogprobs(step, x, out);
+    RETURN_IF_ERROR(constrained_->Prepare(step));
     Head(step, x, out);
     return out;
   }
@@ -369,10 +378,12 @@ class CpuStage final : public Stage {
       if (!s.sample) continue;
       std::span<const float> row(logits.data() + static_cast<size_t>(j++) * vocab, vocab);
       int32_t token;
-      if (s.sampling.has_penalties()) {
+      if (s.sampling.has_penalties() || s.constraint != nullptr) {
         penalised.assign(row.begin(), row.end());
         ApplyPenalties(penalised, s.sampling, s.seen);
+        constrained_->Mask(s, penalised);
         token = SampleToken(penalised, s.sampling, s.sample_index);
+        constrained_->Advance(s, token);
       } else {
         token = SampleToken(row, s.sampling, s.sample_index);
       }
@@ -434,6 +445,7 @@ class CpuStage final : public Stage {
 
   const ModelConfig c_;
   const StageWeights w_;
+  std::unique_ptr<ConstrainedSampling> constrained_;
   const int max_slots_;
   const int max_seq_len_;
   std::unique_ptr<float[]> k_cache_;  // [max_slots][layers][max_seq_len][kv_dim]
@@ -496,8 +508,10 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
         "KV-cache of ", cache_bytes, " bytes (", spec.max_slots, " slots x ", weights.layers.size(),
         " layers x ", max_seq_len, " positions) does not fit in memory"));
   }
-  return std::make_unique<CpuStage>(c, std::move(weights), spec.max_slots, max_seq_len,
-                                    std::move(k_cache), std::move(v_cache));
+  auto stage = std::make_unique<CpuStage>(c, std::move(weights), spec.max_slots, max_seq_len,
+                                          std::move(k_cache), std::move(v_cache));
+  stage->UseTokenizerOf(spec.model_dir);
+  return stage;
 }
 
 }  // namespace tandem

@@ -78,7 +78,7 @@ const Refusal kCompletionRefusals[] = {
     {R"({"prompt": "a", "timeout": "1s"})", "timeout"},
     {R"({"prompt": "a", "logit_bias": {"1": 5}})", "logit_bias"},
     {R"({"prompt": "a", "best_of": 3})", "best_of"},
-    {R"({"prompt": "a", "response_format": {"type": "json_object"}})", "response_format"},
+    {R"({"prompt": "a", "response_format": {"type": "xml"}})", "response_format.type"},
     {R"({"prompt": "a", "logprobs": 21})", "logprobs"},
     {R"({"prompt": "a", "logprobs": true})", "logprobs"},
     {R"({"prompt": "a", "echo": "yes"})", "echo"},

@@ -1,0 +1,65 @@
+// The tokens a matcher allows next, from the tokenizer's vocabulary as bytes.
+//
+// The vocabulary is a byte trie; a mask is a depth-first walk of it that advances a copy of the
+// matcher by each edge's byte and prunes a subtree as soon as its prefix is refused, so a step
+// costs the allowed prefixes, not 128k tokens times their length. Special tokens are never
+// allowed, except the end-of-sequence ids, which are allowed exactly when the text so far is
+// accepted.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/structured/grammar.h"
+
+namespace tandem {
+class Tokenizer;
+}
+
+namespace tandem::structured {
+
+struct Vocabulary {
+  // token_bytes[id]: the bytes the token adds to the text; special[id]: a control token that no
+  // grammar allows (eos ids are special too).
+  std::vector<std::string> token_bytes;
+  std::vector<bool> special;
+  std::vector<int32_t> eos_ids;
+  int size() const { return static_cast<int>(token_bytes.size()); }
+};
+
+// The bytes of each token of `tokenizer`: a ByteLevel (GPT-2 alphabet) token decoded to its
+// bytes, a byte-fallback "<0xAB>" token to its byte, SentencePiece's "▁" to a space; a token
+// whose decode with skip_special_tokens is empty counts as special.
+absl::StatusOr<Vocabulary> VocabularyFromTokenizer(const Tokenizer& tokenizer,
+                                                   std::vector<int32_t> eos_ids);
+
+// A packed allow-bitmask, bit (id % 32) of word id / 32.
+using TokenBitmask = std::vector<uint32_t>;
+inline bool Allowed(const TokenBitmask& mask, int32_t id) {
+  return (mask[id >> 5] >> (id & 31)) & 1u;
+}
+
+class TokenMasker {
+ public:
+  explicit TokenMasker(Vocabulary vocab);
+
+  // The tokens that may follow `matcher`'s text (vocab.size() bits).
+  TokenBitmask Mask(const Matcher& matcher) const;
+  // Advances `matcher` by `token`; false when the token is not allowed (the matcher unchanged).
+  bool Accept(Matcher& matcher, int32_t token) const;
+
+  const Vocabulary& vocab() const { return vocab_; }
+
+ private:
+  struct TrieNode {
+    std::vector<std::pair<uint8_t, int32_t>> children;  // (byte, node), by byte
+    std::vector<int32_t> tokens;                          // tokens that end here
+  };
+  Vocabulary vocab_;
+  std::vector<TrieNode> trie_;
+};
+
+}  // namespace tandem::structured

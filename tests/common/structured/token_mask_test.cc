@@ -1,0 +1,79 @@
+#include "common/structured/token_mask.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tandem::structured {
+namespace {
+
+// A small vocabulary: id -> bytes; ids 0 and 1 are special (1 is eos).
+Vocabulary SmallVocab() {
+  Vocabulary v;
+  v.token_bytes = {"", "", "{", "}", "\"", "a", "\":", "{\"", "1", "12", "\xC3", "\xA9",
+                   "\xC3\xA9", "\"}", " ", "true", "x\"", ",\""};
+  v.special.assign(v.token_bytes.size(), false);
+  v.special[0] = v.special[1] = true;
+  v.eos_ids = {1};
+  return v;
+}
+
+std::vector<int32_t> AllowedIds(const TokenMasker& masker, const Matcher& m) {
+  const TokenBitmask mask = masker.Mask(m);
+  std::vector<int32_t> ids;
+  for (int32_t id = 0; id < masker.vocab().size(); ++id) {
+    if (Allowed(mask, id)) ids.push_back(id);
+  }
+  return ids;
+}
+
+TEST(TokenMaskTest, StartOfObjectAllowsOnlyOpeners) {
+  TokenMasker masker(SmallVocab());
+  Matcher m(JsonObjectGrammar());
+  EXPECT_EQ(AllowedIds(masker, m), (std::vector<int32_t>{2, 7}));
+}
+
+TEST(TokenMaskTest, InsideStringAllowsWholeAndPartialUtf8) {
+  TokenMasker masker(SmallVocab());
+  auto g = CompileJsonSchema(R"({"type":"object","properties":{"a":{"type":"string"}},"required":["a"]})");
+  ASSERT_TRUE(g.ok());
+  Matcher m(*g);
+  ASSERT_TRUE(masker.Accept(m, 7));  // {"
+  EXPECT_EQ(AllowedIds(masker, m), (std::vector<int32_t>{5}));  // only the key's letter
+  ASSERT_TRUE(masker.Accept(m, 5));
+  ASSERT_TRUE(masker.Accept(m, 6));  // ":
+  ASSERT_TRUE(masker.Accept(m, 4));  // "
+  // In the string every text token but a lone continuation byte: braces are plain characters
+  // there, the lead byte alone may start a character, and tokens that close the string fit.
+  EXPECT_EQ(AllowedIds(masker, m),
+            (std::vector<int32_t>{2, 3, 4, 5, 7, 8, 9, 10, 12, 13, 14, 15, 16, 17}));
+  ASSERT_TRUE(masker.Accept(m, 10));  // a lone lead byte: only its continuation may follow
+  EXPECT_EQ(AllowedIds(masker, m), (std::vector<int32_t>{11}));
+  ASSERT_TRUE(masker.Accept(m, 11));
+  EXPECT_FALSE(masker.Accept(m, 11));  // a continuation byte with no lead
+}
+
+TEST(TokenMaskTest, EosOnlyWhenComplete) {
+  TokenMasker masker(SmallVocab());
+  Matcher m(JsonObjectGrammar());
+  ASSERT_TRUE(masker.Accept(m, 7));
+  EXPECT_FALSE(Allowed(masker.Mask(m), 1));
+  ASSERT_TRUE(masker.Accept(m, 5));
+  ASSERT_TRUE(masker.Accept(m, 6));
+  ASSERT_TRUE(masker.Accept(m, 9));
+  EXPECT_FALSE(Allowed(masker.Mask(m), 1));
+  ASSERT_TRUE(masker.Accept(m, 3));
+  // The object is closed: only eos, never the other special token.
+  EXPECT_EQ(AllowedIds(masker, m), (std::vector<int32_t>{1}));
+}
+
+TEST(TokenMaskTest, SpecialTokensAreNeverAccepted) {
+  TokenMasker masker(SmallVocab());
+  Matcher m(JsonObjectGrammar());
+  EXPECT_FALSE(masker.Accept(m, 0));
+  EXPECT_FALSE(masker.Accept(m, 1));
+}
+
+}  // namespace
+}  // namespace tandem::structured

@@ -1,0 +1,87 @@
+#include "worker/constrained_sampling.h"
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "common/structured/grammar_cache.h"
+#include "gtest/gtest.h"
+#include "worker/sampling.h"
+
+namespace tandem {
+namespace {
+
+// ids: 0 eos, 1 "{", 2 "}", 3 "\"a\":", 4 "1", 5 "x", 6 "{\"a\":"
+structured::Vocabulary Vocab() {
+  structured::Vocabulary v;
+  v.token_bytes = {"", "{", "}", "\"a\":", "1", "x", "{\"a\":"};
+  v.special.assign(v.token_bytes.size(), false);
+  v.special[0] = true;
+  v.eos_ids = {0};
+  return v;
+}
+
+SequenceStep Row(std::shared_ptr<const structured::Constraint> c, uint64_t index) {
+  SequenceStep row;
+  row.slot = 3;
+  row.sample_index = index;
+  row.constraint = std::move(c);
+  return row;
+}
+
+std::shared_ptr<const structured::Constraint> Schema() {
+  auto c = std::make_shared<structured::Constraint>();
+  c->kind = structured::Constraint::kJsonSchema;
+  c->text = R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]})";
+  return c;
+}
+
+// Greedy over logits that prefer "x", then eos: the mask steers every step to the schema.
+TEST(ConstrainedSamplingTest, GreedyDecodingFollowsTheSchemaThenEnds) {
+  ConstrainedSampling cs(Vocab());
+  auto constraint = Schema();
+  std::string text;
+  for (uint64_t i = 0; i < 8; ++i) {
+    StepDescriptor step;
+    step.seqs.push_back(Row(constraint, i));
+    ASSERT_TRUE(cs.Prepare(step).ok());
+    std::vector<float> logits = {1.0f, 0.1f, 0.45f, 0.3f, 0.4f, 5.0f, 0.05f};
+    cs.Mask(step.seqs[0], logits);
+    const int32_t token = SampleToken(logits, SamplingParams{}, i);
+    cs.Advance(step.seqs[0], token);
+    if (token == 0) break;
+    text += Vocab().token_bytes[token];
+  }
+  EXPECT_EQ(text, R"({"a":1})");
+}
+
+TEST(ConstrainedSamplingTest, RefusesARowWhoseMatcherIsElsewhere) {
+  ConstrainedSampling cs(Vocab());
+  StepDescriptor step;
+  step.seqs.push_back(Row(Schema(), 5));
+  absl::Status s = cs.Prepare(step);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("slot 3"), std::string::npos);
+}
+
+TEST(ConstrainedSamplingTest, RefusesWithoutATokenizer) {
+  ConstrainedSampling cs("/nonexistent-model-dir", {0});
+  StepDescriptor step;
+  step.seqs.push_back(Row(Schema(), 0));
+  absl::Status s = cs.Prepare(step);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("no tokenizer"), std::string::npos);
+}
+
+TEST(ConstrainedSamplingTest, UnconstrainedRowsAreUntouched) {
+  ConstrainedSampling cs(Vocab());
+  StepDescriptor step;
+  step.seqs.push_back(Row(nullptr, 4));
+  ASSERT_TRUE(cs.Prepare(step).ok());
+  std::vector<float> logits = {1, 2, 3, 4, 5, 6, 7};
+  cs.Mask(step.seqs[0], logits);
+  EXPECT_EQ(logits, (std::vector<float>{1, 2, 3, 4, 5, 6, 7}));
+}
+
+}  // namespace
+}  // namespace tandem
