@@ -260,13 +260,14 @@ absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> Coordinator::Submit(
       std::any_of(sequences.begin(), sequences.end(),
                   [](const ValidatedRequest& r) { return r.constraint != nullptr; });
   if (constrained) {
-    // The CUDA backend does not mask its sampling yet (docs/structured-outputs.md).
+    // The CUDA backend does not mask its sampling yet (docs/structured-outputs.md): a 400, not
+    // text that ignores the constraint.
     for (const auto& [id, w] : workers_) {
       if (w.state == v1::WORKER_STATE_SERVING && w.backend == "cuda") {
-        return absl::UnimplementedError(
-            "constraint: structured outputs are not enforced by CUDA workers, which serve this "
-            "model; serve it on CPU workers or send the request without response_format/guided "
-            "fields");
+        return absl::FailedPreconditionError(
+            "constraint: structured outputs (response_format, guided_*, tool_choice required or "
+            "named) are not enforced by CUDA workers, which serve this model; serve it on CPU "
+            "workers or send the request without them");
       }
     }
   }
