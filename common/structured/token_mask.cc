@@ -105,7 +105,57 @@ TokenMasker::TokenMasker(Vocabulary vocab) : vocab_(std::move(vocab)) {
   }
 }
 
+namespace {
+
+// The bytes of a matcher state: its grammar's address, then each stack's frames. A string
+// without maxLength counts its code points only up to its minLength (past it the count changes
+// nothing), so a free string's body is one state however long it grows.
+std::string StateKey(const Grammar* grammar, const std::vector<Matcher::Stack>& threads) {
+  std::string key(reinterpret_cast<const char*>(&grammar), sizeof(grammar));
+  for (const Matcher::Stack& stack : threads) {
+    const uint32_t depth = static_cast<uint32_t>(stack.size());
+    key.append(reinterpret_cast<const char*>(&depth), sizeof(depth));
+    for (const Matcher::Frame& f : stack) {
+      const SchemaNode& n = grammar->nodes[f.node];
+      const bool free_string = n.kind == SchemaNode::kString && n.max_length < 0;
+      const int32_t a = free_string ? std::min(f.a, n.min_length) : f.a;
+      const int32_t fields[] = {f.node, f.phase, a, f.b, f.c};
+      key.append(reinterpret_cast<const char*>(fields), sizeof(fields));
+    }
+  }
+  return key;
+}
+
+}  // namespace
+
 TokenBitmask TokenMasker::Mask(const Matcher& matcher) const {
+  std::string key = StateKey(matcher.grammar_.get(), matcher.threads_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = cache_.find(key); it != cache_.end()) {
+      ages_.splice(ages_.begin(), ages_, it->second.age);
+      return it->second.mask;
+    }
+    ++walks_;
+  }
+  TokenBitmask mask = Walk(matcher);
+  absl::MutexLock lock(&mu_);
+  if (cache_.contains(key)) return mask;
+  if (cache_.size() >= kCachedMasks) {
+    cache_.erase(ages_.back());
+    ages_.pop_back();
+  }
+  ages_.push_front(key);
+  cache_.emplace(std::move(key), CachedMask{matcher.grammar_, mask, ages_.begin()});
+  return mask;
+}
+
+int64_t TokenMasker::walks() const {
+  absl::MutexLock lock(&mu_);
+  return walks_;
+}
+
+TokenBitmask TokenMasker::Walk(const Matcher& matcher) const {
   TokenBitmask mask((vocab_.size() + 31) / 32, 0u);
   auto allow = [&mask](int32_t id) { mask[id >> 5] |= 1u << (id & 31); };
   if (matcher.Accepting()) {

@@ -5,14 +5,21 @@
 // costs the allowed prefixes, not 128k tokens times their length. Special tokens are never
 // allowed, except the end-of-sequence ids, which are allowed exactly when the text so far is
 // accepted.
+//
+// A mask depends only on the matcher's state (its grammar and stacks), and a generation passes
+// through few distinct states (inside a free string, between properties, after a key), so masks
+// are kept per state: a state seen before costs a lookup and a copy instead of the walk.
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/structured/grammar.h"
 
 namespace tandem {
@@ -44,6 +51,10 @@ inline bool Allowed(const TokenBitmask& mask, int32_t id) {
 
 class TokenMasker {
  public:
+  // Masks kept per matcher state, the least recently used dropped first (a mask is vocab / 8
+  // bytes: 19 KB for Qwen's 152k tokens, so 19 MB at most).
+  static constexpr size_t kCachedMasks = 1024;
+
   explicit TokenMasker(Vocabulary vocab);
 
   // The tokens that may follow `matcher`'s text (vocab.size() bits).
@@ -52,14 +63,30 @@ class TokenMasker {
   bool Accept(Matcher& matcher, int32_t token) const;
 
   const Vocabulary& vocab() const { return vocab_; }
+  // How many Mask calls walked the trie (the others were found in the cache).
+  int64_t walks() const;
 
  private:
+  TokenBitmask Walk(const Matcher& matcher) const;
+
   struct TrieNode {
     std::vector<std::pair<uint8_t, int32_t>> children;  // (byte, node), by byte
     std::vector<int32_t> tokens;                          // tokens that end here
   };
   Vocabulary vocab_;
   std::vector<TrieNode> trie_;
+
+  // The state's key (grammar address and stacks, as bytes) to its mask; an entry holds its
+  // grammar so that the address cannot be reused by another grammar while the entry lives.
+  struct CachedMask {
+    std::shared_ptr<const Grammar> grammar;
+    TokenBitmask mask;
+    std::list<std::string>::iterator age;
+  };
+  mutable absl::Mutex mu_;
+  mutable std::unordered_map<std::string, CachedMask> cache_ ABSL_GUARDED_BY(mu_);
+  mutable std::list<std::string> ages_ ABSL_GUARDED_BY(mu_);  // most recently used first
+  mutable int64_t walks_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tandem::structured

@@ -75,5 +75,50 @@ TEST(TokenMaskTest, SpecialTokensAreNeverAccepted) {
   EXPECT_FALSE(masker.Accept(m, 1));
 }
 
+// A state met again is answered from the cache with the mask a walk gives, and a different state
+// (or the same stacks in another grammar) is never answered with another state's mask.
+TEST(TokenMaskTest, RepeatedStatesReuseTheirMask) {
+  TokenMasker masker(SmallVocab());
+  TokenMasker fresh(SmallVocab());
+  auto g = CompileJsonSchema(R"({"type":"object","properties":{"a":{"type":"string"}},"required":["a"]})");
+  ASSERT_TRUE(g.ok());
+  Matcher m(*g);
+  for (int32_t token : {7, 5, 6, 4}) ASSERT_TRUE(masker.Accept(m, token));  // {"a":"
+  const int64_t before = masker.walks();
+  const std::vector<int32_t> in_string = AllowedIds(masker, m);
+  EXPECT_EQ(masker.walks(), before + 1);
+  // Letters inside a free string leave the state as it was: no new walk, the same mask.
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(masker.Accept(m, 5));
+    EXPECT_EQ(AllowedIds(masker, m), in_string);
+  }
+  EXPECT_EQ(masker.walks(), before + 1);
+  ASSERT_TRUE(masker.Accept(m, 4));  // the string closes: a new state, a new walk
+  EXPECT_EQ(AllowedIds(masker, m), AllowedIds(fresh, m));
+  EXPECT_EQ(masker.walks(), before + 2);
+  // Two grammars whose states look alike are told apart by the grammar.
+  auto one = CompileChoice({"a"});
+  auto other = CompileChoice({"12"});
+  ASSERT_TRUE(one.ok() && other.ok());
+  Matcher m_one(*one), m_other(*other);
+  EXPECT_EQ(AllowedIds(masker, m_one), (std::vector<int32_t>{5}));
+  EXPECT_EQ(AllowedIds(masker, m_other), (std::vector<int32_t>{8, 9}));
+}
+
+// A string with maxLength counts its code points in the state: at the bound only the quote fits.
+TEST(TokenMaskTest, BoundedStringsKeepTheirCount) {
+  TokenMasker masker(SmallVocab());
+  auto g = CompileJsonSchema(
+      R"({"type":"object","properties":{"a":{"type":"string","maxLength":2}},"required":["a"]})");
+  ASSERT_TRUE(g.ok());
+  Matcher m(*g);
+  for (int32_t token : {7, 5, 6, 4}) ASSERT_TRUE(masker.Accept(m, token));  // {"a":"
+  const std::vector<int32_t> empty = AllowedIds(masker, m);
+  ASSERT_TRUE(masker.Accept(m, 5));
+  ASSERT_TRUE(masker.Accept(m, 5));
+  EXPECT_NE(AllowedIds(masker, m), empty);
+  EXPECT_EQ(AllowedIds(masker, m), (std::vector<int32_t>{4, 13}));  // " and "}
+}
+
 }  // namespace
 }  // namespace tandem::structured
