@@ -133,8 +133,10 @@ class CpuStage final : public Stage {
 
   const ModelConfig& config() const override { return c_; }
 
-  absl::StatusOr<KvBlock> ExportKv(int slot, int positions, int first_layer,
+  absl::StatusOr<KvBlock> ExportKv(const KvPlace& place, int positions, int first_layer,
                                    int num_layers) const override {
+    RETURN_IF_ERROR(CheckKvPlace("KV export", place, positions, 0, 0, max_seq_len_));
+    const int slot = place.slot;
     RETURN_IF_ERROR(CheckKvExport(slot, positions, first_layer, num_layers, w_.first_layer,
                                   last_layer(), max_slots_,
                                   slot >= 0 && slot < max_slots_ ? cached_len_[slot] : 0));
@@ -149,7 +151,9 @@ class CpuStage final : public Stage {
     return b;
   }
 
-  absl::Status ImportKv(int slot, const KvBlock& block) override {
+  absl::Status ImportKv(const KvPlace& place, const KvBlock& block) override {
+    RETURN_IF_ERROR(CheckKvPlace("KV import", place, block.positions, 0, 0, max_seq_len_));
+    const int slot = place.slot;
     RETURN_IF_ERROR(CheckKvBlock(block, slot, c_, DType::kF32, w_.first_layer, last_layer(),
                                  max_slots_, max_seq_len_));
     const size_t row_bytes = static_cast<size_t>(block.positions) * c_.kv_dim() * sizeof(float);
@@ -162,7 +166,9 @@ class CpuStage final : public Stage {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::shared_ptr<KvOut>> OpenKvOut(int slot, int positions) override {
+  absl::StatusOr<std::shared_ptr<KvOut>> OpenKvOut(const KvPlace& place, int positions) override {
+    RETURN_IF_ERROR(CheckKvPlace("KV write-out", place, positions, 0, 0, max_seq_len_));
+    const int slot = place.slot;
     RETURN_IF_ERROR(
         CheckKvOut(slot, positions, w_.first_layer, last_layer(), max_slots_, max_seq_len_));
     auto out = std::make_shared<KvOut>(
