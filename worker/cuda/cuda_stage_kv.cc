@@ -8,9 +8,21 @@
 #include "common/status_macros.h"
 
 namespace tandem {
+namespace {
+
+// Moves name a slot's contiguous rows; a paged stage's sequences are their block tables.
+absl::Status SlotsOnly(bool paged, const char* what) {
+  if (!paged) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      what, ": this CUDA stage's KV-cache is paged and a slot names no pages; move the "
+            "sequence through its block table"));
+}
+
+}  // namespace
 
 absl::StatusOr<KvBlock> CudaStage::ExportKv(int slot, int positions, int first_layer,
                                             int num_layers) const {
+  RETURN_IF_ERROR(SlotsOnly(paged(), "KV export"));
   RETURN_IF_ERROR(CheckKvExport(slot, positions, first_layer, num_layers, first_layer_,
                                 first_layer_ + num_layers_, max_slots_,
                                 slot >= 0 && slot < max_slots_ ? cached_len_[slot] : 0));
@@ -48,6 +60,7 @@ absl::StatusOr<KvBlock> CudaStage::DeviceKvBlock(int first_layer, int num_layers
 
 absl::StatusOr<KvBlock> CudaStage::ExportKvToDevice(int slot, int positions, int first_layer,
                                                     int num_layers) const {
+  RETURN_IF_ERROR(SlotsOnly(paged(), "KV export"));
   RETURN_IF_ERROR(CheckKvExport(slot, positions, first_layer, num_layers, first_layer_,
                                 first_layer_ + num_layers_, max_slots_,
                                 slot >= 0 && slot < max_slots_ ? cached_len_[slot] : 0));
@@ -66,6 +79,7 @@ absl::StatusOr<KvBlock> CudaStage::ExportKvToDevice(int slot, int positions, int
 }
 
 absl::Status CudaStage::ImportKv(int slot, const KvBlock& block) {
+  RETURN_IF_ERROR(SlotsOnly(paged(), "KV import"));
   RETURN_IF_ERROR(CheckKvBlock(block, slot, c_, opt_.dtype, first_layer_,
                                first_layer_ + num_layers_, max_slots_, max_seq_len_));
   CUDA_CHECK(cudaSetDevice(opt_.device));
@@ -112,6 +126,7 @@ absl::Status CudaStage::ImportKv(int slot, const KvBlock& block) {
 }
 
 absl::StatusOr<std::shared_ptr<KvOut>> CudaStage::OpenKvOut(int slot, int positions) {
+  RETURN_IF_ERROR(SlotsOnly(paged(), "KV write-out"));
   RETURN_IF_ERROR(CheckKvOut(slot, positions, first_layer_, first_layer_ + num_layers_,
                              max_slots_, max_seq_len_));
   ASSIGN_OR_RETURN(KvBlock b, DeviceKvBlock(first_layer_, num_layers_, positions));
