@@ -29,6 +29,7 @@
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 #include "worker/context_fit.h"
+#include "worker/cuda/block_tables.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage_impl.h"
 #include "worker/cuda/host_copy.h"
@@ -171,32 +172,14 @@ absl::Status CudaStage::CheckPagedOptions(const StageSpec& spec) {
 }
 
 absl::Status CudaStage::CheckBlockTables(const StepDescriptor& step) const {
+  if (paged()) return cuda::CheckBlockTables(step, page_size_, num_pages_, max_seq_pages_);
   for (size_t i = 0; i < step.seqs.size(); ++i) {
     const SequenceStep& s = step.seqs[i];
-    if (!paged()) {
-      if (s.block_table.empty()) continue;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step ", step.id, ": sequence ", i, " (slot ", s.slot, ") names ",
-          s.block_table.size(), " KV pages; this stage's KV-cache is contiguous slots (assign it "
-          "a kv_page_size for pages)"));
-    }
-    const int64_t end = int64_t{s.position} + s.num_tokens;
-    const int64_t needed = (end + page_size_ - 1) / page_size_;
-    const int64_t held = static_cast<int64_t>(s.block_table.size());
-    if (held < needed || held > max_seq_pages_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step ", step.id, ": sequence ", i, " (slot ", s.slot, "): block table of ", held,
-          " pages; positions [0, ", end, ") need ", needed, " pages of ", page_size_,
-          " and a sequence holds at most ", max_seq_pages_));
-    }
-    for (int64_t j = 0; j < held; ++j) {
-      const int32_t page = s.block_table[j];
-      if (page < 0 || page >= num_pages_) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "step ", step.id, ": sequence ", i, " (slot ", s.slot, "): block table entry ", j,
-            " is page ", page, ", outside the stage's ", num_pages_, " pages"));
-      }
-    }
+    if (s.block_table.empty()) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step.id, ": sequence ", i, " (slot ", s.slot, ") names ", s.block_table.size(),
+        " KV pages; this stage's KV-cache is contiguous slots (assign it a kv_page_size for "
+        "pages)"));
   }
   return absl::OkStatus();
 }
