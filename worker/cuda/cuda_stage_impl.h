@@ -147,15 +147,15 @@ class CudaStage final : public Stage {
     return {placed_.begin(), placed_.end()};
   }
   int kv_pages() const override { return num_pages_; }
-  absl::StatusOr<KvBlock> ExportKv(int slot, int positions, int first_layer,
+  absl::StatusOr<KvBlock> ExportKv(const KvPlace& place, int positions, int first_layer,
                                    int num_layers) const override;
-  absl::StatusOr<KvBlock> ExportKvToDevice(int slot, int positions, int first_layer,
+  absl::StatusOr<KvBlock> ExportKvToDevice(const KvPlace& place, int positions, int first_layer,
                                            int num_layers) const override;
-  absl::Status ImportKv(int slot, const KvBlock& block) override;
+  absl::Status ImportKv(const KvPlace& place, const KvBlock& block) override;
   // A write-out's block is in device memory; the last chunk of its step gathers each layer's rows
   // into it right after writing them, on the stage's stream, and publishes the layer with an
   // event recorded behind the copy.
-  absl::StatusOr<std::shared_ptr<KvOut>> OpenKvOut(int slot, int positions) override;
+  absl::StatusOr<std::shared_ptr<KvOut>> OpenKvOut(const KvPlace& place, int positions) override;
   // Decode steps launched ahead: each fills one of two input blocks (the other may still be on
   // its way to the device for the step before), replays its graph behind the steps launched
   // before, and copies its tokens into one of two host blocks, with an event recorded after; a

@@ -294,11 +294,13 @@ TEST(CudaStagePagedTest, ThePoolHoldsThePagesAskedOrWhatFits) {
   EXPECT_THAT(odd.status().message(), ::testing::HasSubstr("power of two"));
 }
 
-TEST(CudaStagePagedTest, SlotMovesOfAPagedStageAreUnimplemented) {
+TEST(CudaStagePagedTest, MovesOfAPagedStageAreUnimplemented) {
   SKIP_WITHOUT_GPU();
   auto stage = MakeStage("tiny-llama", 16, 20);
   ASSERT_TRUE(stage.ok()) << stage.status();
   EXPECT_EQ((*stage)->ExportKv(0, 1, 0, 1).status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ((*stage)->ExportKv(KvPlace(0, {3}), 1, 0, 1).status().code(),
+            absl::StatusCode::kUnimplemented);
 }
 
 }  // namespace

@@ -95,18 +95,19 @@ class PretendDeviceStage : public Stage {
     return cpu_->Step(step, in);
   }
   const ModelConfig& config() const override { return cpu_->config(); }
-  absl::StatusOr<KvBlock> ExportKv(int slot, int positions, int first_layer,
+  int kv_pages() const override { return cpu_->kv_pages(); }
+  absl::StatusOr<KvBlock> ExportKv(const KvPlace& place, int positions, int first_layer,
                                    int num_layers) const override {
-    return cpu_->ExportKv(slot, positions, first_layer, num_layers);
+    return cpu_->ExportKv(place, positions, first_layer, num_layers);
   }
-  absl::StatusOr<KvBlock> ExportKvToDevice(int slot, int positions, int first_layer,
+  absl::StatusOr<KvBlock> ExportKvToDevice(const KvPlace& place, int positions, int first_layer,
                                            int num_layers) const override {
-    absl::StatusOr<KvBlock> b = cpu_->ExportKv(slot, positions, first_layer, num_layers);
+    absl::StatusOr<KvBlock> b = cpu_->ExportKv(place, positions, first_layer, num_layers);
     if (!b.ok()) return b.status();
     return OnPretendDevice(*std::move(b));
   }
-  absl::Status ImportKv(int slot, const KvBlock& block) override {
-    return cpu_->ImportKv(slot, block);
+  absl::Status ImportKv(const KvPlace& place, const KvBlock& block) override {
+    return cpu_->ImportKv(place, block);
   }
 
  private:
