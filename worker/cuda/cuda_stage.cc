@@ -29,6 +29,7 @@
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 #include "worker/context_fit.h"
+#include "worker/cuda/block_tables.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage_impl.h"
 #include "worker/cuda/host_copy.h"
@@ -125,11 +126,15 @@ absl::Status CudaStage::CheckOptions(const StageSpec& spec) {
                                                    capacity, " cached positions, beyond int"));
   }
   seq_capacity_ = static_cast<int>(capacity);
-  // Refused before anything is allocated: a cache whose size overflows or exceeds the whole GPU.
   const int last = spec.last_layer == -1 ? c_.num_layers : spec.last_layer;
-  RETURN_IF_ERROR(KvBytes(std::clamp(last - spec.first_layer, 1, c_.num_layers),
-                          static_cast<int64_t>(prop.totalGlobalMem), "GPU memory in all")
-                      .status());
+  if (spec.kv_page_size != 0) {
+    RETURN_IF_ERROR(CheckPagedOptions(spec));
+  } else {
+    // Refused before anything is allocated: a cache whose size overflows or exceeds the GPU.
+    RETURN_IF_ERROR(KvBytes(std::clamp(last - spec.first_layer, 1, c_.num_layers),
+                            static_cast<int64_t>(prop.totalGlobalMem), "GPU memory in all")
+                        .status());
+  }
   if (c_.hidden_size % 8 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("CUDA backend needs hidden_size a multiple of 8, got ", c_.hidden_size));
@@ -143,10 +148,67 @@ absl::Status CudaStage::CheckOptions(const StageSpec& spec) {
   return absl::OkStatus();
 }
 
+absl::Status CudaStage::CheckPagedOptions(const StageSpec& spec) {
+  const int ps = spec.kv_page_size;
+  if (ps < cuda::kMinKvPageSize || (ps & (ps - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_page_size must be 0 (contiguous slots) or a power of two >= ", cuda::kMinKvPageSize,
+        " for the CUDA backend, got ", ps));
+  }
+  if (c_.head_dim % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a paged KV-cache on the CUDA backend needs head_dim a multiple of 8, got ", c_.head_dim,
+        "; run with kv_page_size 0"));
+  }
+  if (spec.kv_pages < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_pages must be >= 0 (0: as many as the KV memory holds), got ",
+                     spec.kv_pages));
+  }
+  page_size_ = ps;
+  pages_asked_ = spec.kv_pages;
+  max_seq_pages_ = (max_seq_len_ + ps - 1) / ps;
+  return absl::OkStatus();
+}
+
+absl::Status CudaStage::CheckBlockTables(const StepDescriptor& step) const {
+  if (paged()) return cuda::CheckBlockTables(step, page_size_, num_pages_, max_seq_pages_);
+  for (size_t i = 0; i < step.seqs.size(); ++i) {
+    const SequenceStep& s = step.seqs[i];
+    if (s.block_table.empty()) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step.id, ": sequence ", i, " (slot ", s.slot, ") names ", s.block_table.size(),
+        " KV pages; this stage's KV-cache is contiguous slots (assign it a kv_page_size for "
+        "pages)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaStage::UploadBlockTables(const StepDescriptor& step,
+                                          std::vector<int32_t>& offsets) {
+  int32_t* table = host_table_[buf_].as<int32_t>();
+  table[0] = num_pages_;  // the padding page, for the padding rows of a decode bucket
+  int32_t used = 1;
+  offsets.resize(step.seqs.size());
+  for (size_t i = 0; i < step.seqs.size(); ++i) {
+    const std::vector<int32_t>& t = step.seqs[i].block_table;
+    offsets[i] = used;
+    std::memcpy(table + used, t.data(), t.size() * sizeof(int32_t));
+    used += static_cast<int32_t>(t.size());
+  }
+  CUDA_CHECK(cudaMemcpyAsync(table_.get(), table, used * sizeof(int32_t), cudaMemcpyHostToDevice,
+                             stream_.get()));
+  return absl::OkStatus();
+}
+
 absl::Status CudaStage::Validate(const StepDescriptor& step, const Activations& in) const {
   const StepLimits limits{max_slots_, max_seq_len_, c_.vocab_size, c_.hidden_size,
                           has_embedding_};
-  RETURN_IF_ERROR(ValidateStep(step, in, limits, cached_len_));
+  // Paged: what a sequence's pages hold is the coordinator's to know (a prefix may be cached
+  // there by another sequence), so only the context bounds a position.
+  RETURN_IF_ERROR(ValidateStep(step, in, limits, paged() ? std::span<const int>(any_len_)
+                                                          : std::span<const int>(cached_len_)));
+  RETURN_IF_ERROR(CheckBlockTables(step));
   for (size_t i = 0; has_head_ && i < step.seqs.size(); ++i) {
     if (step.seqs[i].prompt_logprobs >= 0) {
       return absl::UnimplementedError(absl::StrCat(
@@ -241,6 +303,9 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
   if (!has_head_ && !single && out_hidden_.size() < total * row_bytes) {
     RETURN_IF_ERROR(out_hidden_.Allocate(total * row_bytes));
   }
+  // Paged: a row's slot input is where its sequence's table starts in the flat table.
+  std::vector<int32_t> table_at;
+  if (paged()) RETURN_IF_ERROR(UploadBlockTables(step, table_at));
   // Row -> (sequence, token) as chunks are cut.
   size_t seq = 0;
   int tok = 0;
@@ -256,7 +321,7 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
       if (tok == 0 || r == 0) ++chunk_seqs;
       tokens[r] = has_embedding_ ? step.tokens[row0 + r] : 0;
       positions[r] = s.position + tok;
-      slots[r] = s.slot;
+      slots[r] = paged() ? table_at[seq] : s.slot;
       if (++tok == s.num_tokens) {
         if (s.sample && has_head_) {
           const int j = samples++;

@@ -9,7 +9,12 @@
 //              (StageSpec::placed) where they hold its layers
 //   kv_        K and V: (layers, 2, max_slots + 1, kv_heads, seq_capacity, head_dim); the extra
 //              slot takes the writes of the padding rows of a decode bucket, and stages KV blocks
-//              (ExportKv, ImportKv) in the block's layout on their way to and from the host
+//              (ExportKv, ImportKv) in the block's layout on their way to and from the host.
+//              Paged (StageSpec::kv_page_size > 0): (layers, 2, kv_pages + 1, kv_heads, page_size,
+//              head_dim); the extra page takes the padding rows' writes
+//   table_     paged: the step's block tables, one flat run of page ids; each row's slot input
+//              is the offset of its sequence's table there (entry 0 names the padding page), so
+//              the kernels see a table of stride 1. Mirrored by two pinned host blocks like inputs_
 //   work       activations for rows_cap rows: x (residual), xn, qkv, q, attn, mlp, partials and
 //              the attention split counters; logits and sampling for samples_cap rows
 //   inputs_    per-row and per-sample step inputs, mirrored by a pinned host block and copied in
@@ -34,6 +39,7 @@
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage.h"
 #include "worker/cuda/kernels.h"
+#include "worker/cuda/kv_pages.h"
 #include "worker/cuda/weight_upload.h"
 #include "worker/kv_out.h"
 #include "worker/weights.h"
@@ -125,9 +131,14 @@ class CudaStage final : public Stage {
   // (its share of the memory the others leave).
   absl::Status Load(const StageSpec& spec);
   absl::Status CheckOptions(const StageSpec& spec);
+  // kv_page_size > 0: the page size, the head_dim the paged kernels take, the page count.
+  absl::Status CheckPagedOptions(const StageSpec& spec);
   absl::Status UploadWeights(const StageSpec& spec);
   absl::Status AllocateWorkspace();
   absl::Status AllocateKvCache();
+  // Paged: the pools of K and V pages (StageSpec::kv_pages, or as many as the budget holds) and
+  // the step's flat table.
+  absl::Status AllocateKvPages();
   // Bytes of the KV-cache of `layers` layers at the checked sizes, at most `budget`.
   absl::StatusOr<int64_t> KvBytes(int layers, int64_t budget, std::string_view budget_what) const;
   absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) override;
@@ -135,6 +146,7 @@ class CudaStage final : public Stage {
   std::vector<std::shared_ptr<const PlacedWeights>> placed_weights() const override {
     return {placed_.begin(), placed_.end()};
   }
+  int kv_pages() const override { return num_pages_; }
   absl::StatusOr<KvBlock> ExportKv(const KvPlace& place, int positions, int first_layer,
                                    int num_layers) const override;
   absl::StatusOr<KvBlock> ExportKvToDevice(const KvPlace& place, int positions, int first_layer,
@@ -183,6 +195,18 @@ class CudaStage final : public Stage {
   };
 
   absl::Status Validate(const StepDescriptor& step, const Activations& in) const;
+  // Paged: every sequence's block table holds the pages of the positions its step writes and
+  // reads, each a page of the pool. INVALID_ARGUMENT naming the sequence (its row) otherwise.
+  absl::Status CheckBlockTables(const StepDescriptor& step) const;
+  // Paged: the step's block tables into host_table_[buf_] and queued to table_ (one copy);
+  // `offsets[i]` is where sequence i's table starts, the slot input of its rows.
+  absl::Status UploadBlockTables(const StepDescriptor& step, std::vector<int32_t>& offsets);
+  // Paged: layer l's pools and the flat table of the step.
+  cuda::KvPages Pages(int l) const {
+    return cuda::KvPages{KCache(l), VCache(l),        num_pages_ + 1,
+                         page_size_, table_.as<int32_t>(), /*table_stride=*/1};
+  }
+  bool paged() const { return page_size_ > 0; }
   absl::StatusOr<StepOutput> StepRows(const StepDescriptor& step, const Activations& in);
   // A block of this stage's dtype and dims over the given layers and positions, its K and V in
   // device memory (not written).
@@ -281,6 +305,10 @@ class CudaStage final : public Stage {
   // the tensor-core prefill kernel. Set per chunk by RunChunks; never for decode steps.
   bool prefill_attention_ = false;
   size_t kv_layer_bytes_ = 0;
+  // Paged KV-cache: positions per page (0: contiguous slots), pages of the pool (without the
+  // padding page), pages asked for (StageSpec::kv_pages, 0: as many as fit), the most pages one
+  // sequence holds, and the flat table's capacity in entries.
+  int page_size_ = 0, num_pages_ = 0, pages_asked_ = 0, max_seq_pages_ = 0, table_cap_ = 0;
 
   cuda::Stream stream_;
   cuda::CublasHandle cublas_;
@@ -295,6 +323,8 @@ class CudaStage final : public Stage {
   DeviceBuffer head_in_, logits_, probs_, tokens_out_;
   DeviceBuffer sampled_x_, sampled_q_;  // the sampled rows of x_ and q_ in a pruned last layer
   DeviceBuffer inputs_;
+  DeviceBuffer table_;  // paged: (table_cap_) int32 page ids
+  PinnedBuffer host_table_[2];
   DeviceBuffer out_hidden_;  // outputs of steps longer than one chunk
   // Step inputs and sampled tokens in two blocks each, buf_ the one the next step uses: a step
   // launched ahead fills one while the step before may still read the other.
@@ -328,6 +358,7 @@ class CudaStage final : public Stage {
   std::vector<std::shared_ptr<KvOut>> forward_outs_;
   std::vector<std::shared_ptr<KvOut>> step_outs_;  // the running step's
   std::vector<int> cached_len_;  // per slot: positions [0, len) hold K/V
+  std::vector<int> any_len_;     // paged: max_seq_len per slot (any position may be cached)
 };
 
 }  // namespace tandem

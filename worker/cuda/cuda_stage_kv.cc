@@ -9,9 +9,10 @@
 
 namespace tandem {
 namespace {
-// This stage's KV-cache is contiguous slots: a place with pages is for a paged cache.
-absl::Status NoPages(const char* what, const KvPlace& place) {
-  if (place.block_table.empty()) return absl::OkStatus();
+// Moves go through a slot's contiguous rows: a place with pages, or any place on a paged stage,
+// is not moved yet.
+absl::Status NoPages(const char* what, const KvPlace& place, bool paged) {
+  if (!paged && place.block_table.empty()) return absl::OkStatus();
   return absl::UnimplementedError(
       absl::StrCat(what, ": slot ", place.slot, " names ", place.block_table.size(),
                    " pages; the CUDA stage does not move a paged KV-cache yet"));
@@ -20,7 +21,7 @@ absl::Status NoPages(const char* what, const KvPlace& place) {
 
 absl::StatusOr<KvBlock> CudaStage::ExportKv(const KvPlace& place, int positions, int first_layer,
                                             int num_layers) const {
-  RETURN_IF_ERROR(NoPages("KV export", place));
+  RETURN_IF_ERROR(NoPages("KV export", place, paged()));
   const int slot = place.slot;
   RETURN_IF_ERROR(CheckKvExport(slot, positions, first_layer, num_layers, first_layer_,
                                 first_layer_ + num_layers_, max_slots_,
@@ -59,7 +60,7 @@ absl::StatusOr<KvBlock> CudaStage::DeviceKvBlock(int first_layer, int num_layers
 
 absl::StatusOr<KvBlock> CudaStage::ExportKvToDevice(const KvPlace& place, int positions,
                                                     int first_layer, int num_layers) const {
-  RETURN_IF_ERROR(NoPages("KV export", place));
+  RETURN_IF_ERROR(NoPages("KV export", place, paged()));
   const int slot = place.slot;
   RETURN_IF_ERROR(CheckKvExport(slot, positions, first_layer, num_layers, first_layer_,
                                 first_layer_ + num_layers_, max_slots_,
@@ -79,7 +80,7 @@ absl::StatusOr<KvBlock> CudaStage::ExportKvToDevice(const KvPlace& place, int po
 }
 
 absl::Status CudaStage::ImportKv(const KvPlace& place, const KvBlock& block) {
-  RETURN_IF_ERROR(NoPages("KV import", place));
+  RETURN_IF_ERROR(NoPages("KV import", place, paged()));
   const int slot = place.slot;
   RETURN_IF_ERROR(CheckKvBlock(block, slot, c_, opt_.dtype, first_layer_,
                                first_layer_ + num_layers_, max_slots_, max_seq_len_));
@@ -127,7 +128,7 @@ absl::Status CudaStage::ImportKv(const KvPlace& place, const KvBlock& block) {
 }
 
 absl::StatusOr<std::shared_ptr<KvOut>> CudaStage::OpenKvOut(const KvPlace& place, int positions) {
-  RETURN_IF_ERROR(NoPages("KV write-out", place));
+  RETURN_IF_ERROR(NoPages("KV write-out", place, paged()));
   const int slot = place.slot;
   RETURN_IF_ERROR(CheckKvOut(slot, positions, first_layer_, first_layer_ + num_layers_,
                              max_slots_, max_seq_len_));
