@@ -253,18 +253,6 @@ absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> Coordinator::Submit(
   const int planned_slots = (wanted_replicas_ - wanted_prefill_replicas_) * config_.max_slots;
   RETURN_IF_ERROR(scheduler_->CheckRoom(static_cast<int>(sequences.size()), planned_slots));
   if (pipelines_.empty() && !planning_ && !replan_needed_) return NoPipelineErrorLocked();
-  const bool wants_prompt_logprobs =
-      std::any_of(sequences.begin(), sequences.end(),
-                  [](const ValidatedRequest& r) { return r.prompt_logprobs >= 0; });
-  if (wants_prompt_logprobs) {
-    // The CUDA backend's head scores only the rows it samples.
-    for (const auto& [id, w] : workers_) {
-      if (w.state == v1::WORKER_STATE_SERVING && w.backend == "cuda") {
-        return absl::UnimplementedError(
-            "sampling.prompt_logprobs: not computed by CUDA workers, which serve this model");
-      }
-    }
-  }
   std::vector<std::shared_ptr<RequestState>> out;
   const absl::Time now = absl::Now();
   for (ValidatedRequest& r : sequences) {

@@ -64,11 +64,9 @@ void ApplyHostRule(const StepDescriptor& step, int vocab, StepOutput& out) {
       token = SampleToken(row, s.sampling, s.sample_index);
     }
     if (s.logprobs >= 0) {
-      SequenceLogprobs l;
-      l.seq = i;
+      SequenceLogprobs& l = LogprobsEntry(out, i);
       l.has_sampled = true;
       l.sampled = ComputeLogprob(row, token, s.logprobs);
-      out.logprobs.push_back(std::move(l));
     }
   }
 }
@@ -209,14 +207,6 @@ absl::Status CudaStage::Validate(const StepDescriptor& step, const Activations& 
   RETURN_IF_ERROR(ValidateStep(step, in, limits, paged() ? std::span<const int>(any_len_)
                                                           : std::span<const int>(cached_len_)));
   RETURN_IF_ERROR(CheckBlockTables(step));
-  for (size_t i = 0; has_head_ && i < step.seqs.size(); ++i) {
-    if (step.seqs[i].prompt_logprobs >= 0) {
-      return absl::UnimplementedError(absl::StrCat(
-          "step ", step.id, ": sequence ", i,
-          ": prompt_logprobs are not computed by the CUDA backend (its head scores only the "
-          "sampled rows)"));
-    }
-  }
   if (in.ready != nullptr && in.where != Where::kDevice) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step ", step.id, ": input activations with a ready event must be in device memory"));
@@ -314,7 +304,7 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
     int32_t* tokens = HostIn<int32_t>(layout_.tokens);
     int32_t* positions = HostIn<int32_t>(layout_.positions);
     int32_t* slots = HostIn<int32_t>(layout_.slots);
-    std::vector<int> sampled_seqs;  // sequences sampled in this chunk
+    std::vector<ScoredRow> scored;  // rows of this chunk scored for prompt logprobs
     int samples = 0, chunk_seqs = 0;
     for (int r = 0; r < rows; ++r) {
       const SequenceStep& s = step.seqs[seq];
@@ -322,6 +312,15 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
       tokens[r] = has_embedding_ ? step.tokens[row0 + r] : 0;
       positions[r] = s.position + tok;
       slots[r] = paged() ? table_at[seq] : s.slot;
+      if (has_head_ && s.prompt_logprobs >= 0) {
+        // Each row against the token after it; the last against next_prompt_token unless the
+        // row samples (as the CPU backend).
+        if (tok + 1 < s.num_tokens) {
+          scored.push_back({r, static_cast<int>(seq), step.tokens[row0 + r + 1]});
+        } else if (!s.sample && s.next_prompt_token >= 0) {
+          scored.push_back({r, static_cast<int>(seq), s.next_prompt_token});
+        }
+      }
       if (++tok == s.num_tokens) {
         if (s.sample && has_head_) {
           const int j = samples++;
@@ -351,6 +350,8 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
     if (row0 + rows == total) {
       forward_outs_ = step_outs_;
     }
+    score_rows_ = !scored.empty();
+    absl::Cleanup unscored = [this] { score_rows_ = false; };
     RETURN_IF_ERROR(Forward(rows, samples));
     if (has_head_ && samples > 0) {
       CUDA_CHECK(cudaMemcpyAsync(host_tokens_[buf_].get(), tokens_out_.get(), samples * sizeof(int32_t),
@@ -375,6 +376,7 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
         out.logits.insert(out.logits.end(), lg, lg + static_cast<size_t>(samples) * c_.vocab_size);
       }
     }
+    if (!scored.empty()) RETURN_IF_ERROR(ScorePromptRows(step, scored, out));
   }
   if (!has_head_) {
     out.hidden.rows = total;
@@ -414,7 +416,12 @@ absl::StatusOr<StepOutput> CudaStage::StepRows(const StepDescriptor& step,
         "step ", step.id, ": ", ahead_.size(), " decode steps launched ahead are not finished"));
   }
   CUDA_CHECK(cudaSetDevice(opt_.device));
-  const bool decode = std::all_of(step.seqs.begin(), step.seqs.end(),
+  // Prompt logprobs: an entry per sequence that asks (prompt rows come in RunChunks).
+  for (int i = 0; has_head_ && i < static_cast<int>(step.seqs.size()); ++i) {
+    if (step.seqs[i].prompt_logprobs >= 0) LogprobsEntry(out, i);
+  }
+  const bool decode = out.logprobs.empty() &&
+                      std::all_of(step.seqs.begin(), step.seqs.end(),
                                   [](const SequenceStep& s) { return s.num_tokens == 1; });
   // Sequences with min_p, a penalty or logprobs take the host rule over the sampled rows' fp32
   // logits, copied back only in steps that hold one; every other step runs as it would.
@@ -437,6 +444,8 @@ absl::StatusOr<StepOutput> CudaStage::StepRows(const StepDescriptor& step,
     ApplyHostRule(step, c_.vocab_size, out);
     if (!step.return_logits) out.logits.clear();
   }
+  std::stable_sort(out.logprobs.begin(), out.logprobs.end(),
+                   [](const SequenceLogprobs& a, const SequenceLogprobs& b) { return a.seq < b.seq; });
   return out;
 }
 

@@ -125,7 +125,9 @@ void CudaStage::ReadDecodeTokens(const StepDescriptor& step, const int32_t* host
 bool CudaStage::CanLaunchDecode(const StepDescriptor& step) const {
   return Stage::CanLaunchDecode(step) && has_embedding_ && has_head_ && !tail_ && !watch_ &&
          observer_ == nullptr && static_cast<int>(step.seqs.size()) <= max_bucket_ &&
-         std::none_of(step.seqs.begin(), step.seqs.end(), NeedsHostRule);
+         std::none_of(step.seqs.begin(), step.seqs.end(), NeedsHostRule) &&
+         std::none_of(step.seqs.begin(), step.seqs.end(),
+                      [](const SequenceStep& s) { return s.prompt_logprobs >= 0; });
 }
 
 absl::Status CudaStage::LaunchDecode(const StepDescriptor& step,

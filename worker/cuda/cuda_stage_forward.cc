@@ -75,6 +75,14 @@ absl::Status CudaStage::Forward(int rows, int samples) {
     RETURN_IF_ERROR(AttentionAndMlp(l, p.sampled_only ? GemvFits(p.n) : gemv, p));
   }
   RETURN_IF_ERROR(Mark(DecodeObserver::Point::kHead));
+  if (score_rows_) {
+    // Prompt logprobs: every row's final norm into xn_ (free past the last layer), for the LM
+    // head over the scored rows once the pass is queued (ScorePromptRows).
+    RETURN_IF_ERROR(cuda::LaunchNorm(opt_.dtype, c_.arch == Arch::kLlama, p.x, p.pending_bias,
+                                     final_norm_w_, final_norm_b_, nullptr, xn_.get(), rows,
+                                     c_.hidden_size, c_.norm_eps, stream_.get()));
+    p.pending_bias = nullptr;
+  }
   if (has_head_) return Head(samples, p);
   if (p.pending_bias != nullptr) {
     RETURN_IF_ERROR(cuda::LaunchAddBias(opt_.dtype, x_.get(), p.pending_bias, rows,

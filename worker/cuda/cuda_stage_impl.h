@@ -90,6 +90,15 @@ inline bool NeedsHostRule(const SequenceStep& s) {
   return s.sample && (s.sampling.has_penalties() || s.sampling.min_p > 0.0f || s.logprobs >= 0);
 }
 
+// The entry of sequence `seq` in out.logprobs, appended when it has none yet.
+inline SequenceLogprobs& LogprobsEntry(StepOutput& out, int seq) {
+  for (SequenceLogprobs& l : out.logprobs) {
+    if (l.seq == seq) return l;
+  }
+  out.logprobs.push_back(SequenceLogprobs{.seq = seq});
+  return out.logprobs.back();
+}
+
 inline int NextPow2(int n) {
   int b = 1;
   while (b < n) b <<= 1;
@@ -238,6 +247,17 @@ class CudaStage final : public Stage {
   void ReadDecodeTokens(const StepDescriptor& step, const int32_t* host_tokens,
                         StepOutput& out) const;
   absl::Status RunChunks(const StepDescriptor& step, const Activations& in, StepOutput& out);
+  // A row of a pass scored for prompt logprobs: the row, its sequence (index in the step) and the
+  // token after it, whose logprob it gives.
+  struct ScoredRow {
+    int row;
+    int seq;
+    int32_t next;
+  };
+  // The LM head over the scored rows of the pass just queued (their final norm in xn_), at most
+  // prompt_rows_cap_ rows at a time, and each row's logprobs into `out` (cuda_stage_prompt.cc).
+  absl::Status ScorePromptRows(const StepDescriptor& step, std::span<const ScoredRow> rows,
+                               StepOutput& out);
   absl::Status CopyInput(const Activations& in, int64_t row0, int rows);
   absl::Status AwaitInput(const Activations& in);
   absl::Status Replay(int bucket);
@@ -271,8 +291,9 @@ class CudaStage final : public Stage {
   // Whether the last layer of a pass runs past its cache write only for the sampled rows: a
   // head's prompt pass, where rows go unsampled and nothing reads their outputs (every row still
   // writes its keys and values). A pass that samples nothing stops after that cache write.
+  // Not in a pass that scores prompt rows: those need every row's output.
   bool LastLayerSampledOnly(int rows, int samples, bool gemv) const {
-    return has_head_ && !gemv && samples < rows;
+    return has_head_ && !gemv && samples < rows && !score_rows_;
   }
   // y (rows, out) = x · wᵀ + beta * y: cuBLAS, or the pinned algorithms when batch-invariant.
   // FP8 weights (w_scales, per row): dequantized into fp8_scratch_ first (see kernels.h).
@@ -304,6 +325,10 @@ class CudaStage final : public Stage {
   // The next forward pass's rows are prompt runs (several rows per sequence): attention through
   // the tensor-core prefill kernel. Set per chunk by RunChunks; never for decode steps.
   bool prefill_attention_ = false;
+  // The next forward pass scores prompt rows: every row goes through the last layer and its final
+  // norm lands in xn_. Set per chunk by RunChunks.
+  bool score_rows_ = false;
+  int prompt_rows_cap_ = 0;  // rows of prompt logits at a time (ScorePromptRows)
   size_t kv_layer_bytes_ = 0;
   // Paged KV-cache: positions per page (0: contiguous slots), pages of the pool (without the
   // padding page), pages asked for (StageSpec::kv_pages, 0: as many as fit), the most pages one
@@ -331,6 +356,8 @@ class CudaStage final : public Stage {
   PinnedBuffer host_in_[2], host_tokens_[2];
   int buf_ = 0;
   PinnedBuffer host_hidden_, host_logits_;
+  DeviceBuffer prompt_logits_;     // (prompt_rows_cap_, vocab) fp32
+  PinnedBuffer host_prompt_logits_;  // the same, on the host
   // Decode steps launched ahead and not finished, oldest first: the step and the block (and
   // event, done_[buf]) of its tokens.
   struct Launched {

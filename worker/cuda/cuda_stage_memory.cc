@@ -45,6 +45,12 @@ absl::Status CudaStage::AllocateWorkspace() {
     RETURN_IF_ERROR(tokens_out_.Allocate(samples_cap_ * sizeof(int32_t)));
     for (PinnedBuffer& b : host_tokens_) RETURN_IF_ERROR(b.Allocate(samples_cap_ * sizeof(int32_t)));
     RETURN_IF_ERROR(host_logits_.Allocate(static_cast<size_t>(samples_cap_) * c_.vocab_size * 4));
+    // Prompt logprobs: the LM head runs over a long prompt in pieces of ~16 MiB of fp32 logits.
+    const size_t row_logits = static_cast<size_t>(c_.vocab_size) * 4;
+    prompt_rows_cap_ = static_cast<int>(
+        std::clamp<size_t>((size_t{16} << 20) / row_logits, 1, static_cast<size_t>(rows_cap_)));
+    RETURN_IF_ERROR(prompt_logits_.Allocate(prompt_rows_cap_ * row_logits));
+    RETURN_IF_ERROR(host_prompt_logits_.Allocate(prompt_rows_cap_ * row_logits));
   }
   if (!has_embedding_) RETURN_IF_ERROR(host_hidden_.Allocate(rows_cap_ * RowBytes(hidden)));
   {
