@@ -32,9 +32,11 @@
 #include "worker/kv_out.h"
 #include "common/status_macros.h"
 #include "worker/context_fit.h"
+#include "worker/cpu/cpu_all_reduce.h"
 #include "worker/fp8_weights.h"
 #include "worker/sampling.h"
 #include "worker/step_check.h"
+#include "worker/tensor_parallel.h"
 #include "worker/weights.h"
 
 namespace tandem {
@@ -120,18 +122,24 @@ void MaskedSoftmax(float* row, int begin, int end, int width) {
 
 class CpuStage final : public Stage {
  public:
-  CpuStage(ModelConfig config, StageWeights weights, int max_slots, int max_seq_len,
-           std::unique_ptr<float[]> k_cache, std::unique_ptr<float[]> v_cache)
-      : c_(std::move(config)),
+  // A tensor-parallel rank (all_reduce non-null) computes with `config` narrowed to its heads and
+  // MLP slice (RankConfig) and reports `model`, the whole model's; otherwise they are the same.
+  CpuStage(ModelConfig model, ModelConfig config, StageWeights weights, int max_slots,
+           int max_seq_len, std::unique_ptr<float[]> k_cache, std::unique_ptr<float[]> v_cache,
+           CpuAllReduce* all_reduce, int rank)
+      : model_(std::move(model)),
+        c_(std::move(config)),
         w_(std::move(weights)),
         max_slots_(max_slots),
         max_seq_len_(max_seq_len),
         k_cache_(std::move(k_cache)),
         v_cache_(std::move(v_cache)),
         cached_len_(max_slots, 0),
-        inv_freq_(RopeInverseFrequencies(c_)) {}
+        inv_freq_(RopeInverseFrequencies(c_)),
+        all_reduce_(all_reduce),
+        rank_(rank) {}
 
-  const ModelConfig& config() const override { return c_; }
+  const ModelConfig& config() const override { return model_; }
 
   absl::StatusOr<KvBlock> ExportKv(int slot, int positions, int first_layer,
                                    int num_layers) const override {
@@ -258,7 +266,7 @@ class CpuStage final : public Stage {
         r0 += s.num_tokens;
       }
       for (const std::shared_ptr<KvOut>& o : outs) WriteOut(*o, l);  // the layer's K, V written
-      Linear(attn.data(), rows, q_dim, lw.wo, lw.bo, hidden, x.data(), /*accumulate=*/true);
+      RowParallel(attn.data(), rows, q_dim, lw.wo, lw.bo, x.data());
 
       // MLP block: x += down(act(up(norm(x)))).
       Norm(c_.arch, x.data(), rows, hidden, lw.mlp_norm_w, lw.mlp_norm_b, c_.norm_eps, h.data());
@@ -270,7 +278,7 @@ class CpuStage final : public Stage {
           a[j] = gated ? Silu(u[j]) * u[inter + j] : GeluTanh(u[j]);
         }
       }
-      Linear(act.data(), rows, inter, lw.w_out, lw.b_out, hidden, x.data(), /*accumulate=*/true);
+      RowParallel(act.data(), rows, inter, lw.w_out, lw.b_out, x.data());
     }
 
     for (const SequenceStep& s : step.seqs) cached_len_[s.slot] = s.position + s.num_tokens;
@@ -293,6 +301,21 @@ class CpuStage final : public Stage {
     PromptLogprobs(step, x, out);
     Head(step, x, out);
     return out;
+  }
+
+  // x (rows, hidden) += in (rows, in_dim) · wᵀ + b. On a tensor-parallel rank, in · wᵀ (+ b on
+  // rank 0) is the rank's partial sum, summed over the ranks before it is added.
+  void RowParallel(const float* in, int rows, int in_dim, const std::vector<float>& w,
+                   const std::vector<float>& b, float* x) {
+    const int hidden = c_.hidden_size;
+    if (all_reduce_ == nullptr) {
+      Linear(in, rows, in_dim, w, b, hidden, x, /*accumulate=*/true);
+      return;
+    }
+    partial_.resize(static_cast<size_t>(rows) * hidden);
+    Linear(in, rows, in_dim, w, b, hidden, partial_.data());
+    all_reduce_->Sum(rank_, partial_.data(), partial_.size());
+    for (size_t i = 0; i < partial_.size(); ++i) x[i] += partial_[i];
   }
 
   int last_layer() const { return w_.first_layer + static_cast<int>(w_.layers.size()); }
@@ -432,7 +455,8 @@ class CpuStage final : public Stage {
     return absl::OkStatus();
   }
 
-  const ModelConfig c_;
+  const ModelConfig model_;  // the whole model (config())
+  const ModelConfig c_;      // what this rank computes: the model, or a rank's part of it
   const StageWeights w_;
   const int max_slots_;
   const int max_seq_len_;
@@ -441,6 +465,9 @@ class CpuStage final : public Stage {
   std::vector<int> cached_len_;       // per slot: positions [0, len) hold K/V
   std::vector<float> inv_freq_;       // (head_dim / 2) RoPE frequencies
   PendingKvOuts kv_outs_;             // opened for the next step (OpenKvOut)
+  CpuAllReduce* const all_reduce_;    // tensor-parallel ranks' sums; null for a whole stage
+  const int rank_;                    // this stage's rank among them
+  std::vector<float> partial_;        // (rows, hidden) a rank's row-parallel output
 };
 
 // The host's physical memory: no KV-cache larger than it can be served.
@@ -461,9 +488,17 @@ absl::Status SetCpuThreads(int threads) {
 
 int CpuThreads() { return openblas_get_num_threads(); }
 
-absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
+namespace {
+
+// Rank `rank` of the stage, or the whole stage when all_reduce is null. Each rank reads the
+// checkpoint and keeps its shard.
+absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStageRank(const StageSpec& spec,
+                                                        CpuAllReduce* all_reduce, int rank) {
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(spec.model_dir));
   const ModelConfig& c = ckpt->config();
+  const int ranks = all_reduce == nullptr ? 1 : all_reduce->ranks();
+  RETURN_IF_ERROR(CheckTensorParallel(c, ranks));
+  const ModelConfig rank_config = RankConfig(c, ranks);
   const int last = spec.last_layer == -1 ? c.num_layers : spec.last_layer;
   if (spec.max_slots < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_slots must be >= 1, got ", spec.max_slots));
@@ -477,12 +512,13 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
   ASSIGN_OR_RETURN(StageSources sources, FindStageWeights(*ckpt, spec.first_layer, last));
   StageWeights weights = ReadStageWeights(sources);
   if (spec.quantize_fp8) RETURN_IF_ERROR(RoundLinearWeightsToFp8(sources, weights));
+  if (ranks > 1) weights = ShardStage(c, weights, rank, ranks);
 
   ASSIGN_OR_RETURN(const int64_t cache_bytes,
                    KvCacheBytes({.slots = spec.max_slots,
                                  .layers = static_cast<int64_t>(weights.layers.size()),
                                  .positions = max_seq_len,
-                                 .kv_dim = c.kv_dim(),
+                                 .kv_dim = rank_config.kv_dim(),
                                  .element_bytes = sizeof(float)},
                                 HostMemoryBytes(), "host memory"));
   const size_t cache_floats = static_cast<size_t>(cache_bytes) / 2 / sizeof(float);
@@ -496,8 +532,25 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
         "KV-cache of ", cache_bytes, " bytes (", spec.max_slots, " slots x ", weights.layers.size(),
         " layers x ", max_seq_len, " positions) does not fit in memory"));
   }
-  return std::make_unique<CpuStage>(c, std::move(weights), spec.max_slots, max_seq_len,
-                                    std::move(k_cache), std::move(v_cache));
+  return std::make_unique<CpuStage>(c, rank_config, std::move(weights), spec.max_slots,
+                                    max_seq_len, std::move(k_cache), std::move(v_cache),
+                                    all_reduce, rank);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
+  return MakeCpuStageRank(spec, nullptr, 0);
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Stage>>> MakeCpuStageRanks(const StageSpec& spec,
+                                                                      CpuAllReduce& all_reduce) {
+  std::vector<std::unique_ptr<Stage>> stages;
+  for (int rank = 0; rank < all_reduce.ranks(); ++rank) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCpuStageRank(spec, &all_reduce, rank));
+    stages.push_back(std::move(stage));
+  }
+  return stages;
 }
 
 }  // namespace tandem
