@@ -408,7 +408,8 @@ int64_t Coordinator::NewWorkerId() {
   }
 }
 
-int64_t Coordinator::RegisterWorker(const std::string& address, const std::string& backend) {
+int64_t Coordinator::RegisterWorker(const std::string& address, const std::string& backend,
+                                    int tensor_parallel) {
   absl::MutexLock lock(&mu_);
   // A worker that restarted on the same address replaces its old entry.
   std::vector<int64_t> stale;
@@ -420,6 +421,7 @@ int64_t Coordinator::RegisterWorker(const std::string& address, const std::strin
   w.id = NewWorkerId();
   w.address = address;
   w.backend = backend;
+  w.tensor_parallel = tensor_parallel;
   w.channel = MakeWorkerChannel(address, worker_auth_);
   w.last_heartbeat = absl::Now();
   spdlog::info("worker {} registered: {} ({})", w.id, address, backend);
@@ -562,6 +564,7 @@ std::vector<v1::WorkerInfo> Coordinator::ListWorkers() {
     wi.set_worker_id(id);
     wi.set_address(w.address);
     wi.set_backend(w.backend);
+    wi.set_tensor_parallel(w.tensor_parallel);
     wi.set_state(w.state);
     wi.set_pipeline_id(w.pipeline);
     wi.set_stage(w.pipeline >= 0 ? w.stage : -1);

@@ -238,7 +238,8 @@ grpc::Status RegistryService::Register(grpc::ServerContext* ctx, const v1::Regis
       return ToGrpcStatus(st);
     }
   }
-  resp->set_worker_id(c_.RegisterWorker(req->address(), req->backend()));
+  resp->set_worker_id(c_.RegisterWorker(req->address(), req->backend(),
+                                        std::max(1, req->tensor_parallel())));
   resp->set_heartbeat_interval_ms(c_.config().heartbeat_interval_ms);
   return grpc::Status::OK;
 }

@@ -29,11 +29,14 @@
 #include "common/rope.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "worker/context_fit.h"
+#include "worker/cpu/cpu_all_reduce.h"
 #include "worker/cpu/cpu_kv_cache.h"
 #include "worker/fp8_weights.h"
 #include "worker/kv_out.h"
 #include "worker/sampling.h"
 #include "worker/step_check.h"
+#include "worker/tensor_parallel.h"
 #include "worker/weights.h"
 
 namespace tandem {
@@ -119,8 +122,12 @@ void MaskedSoftmax(float* row, int begin, int end, int width) {
 
 class CpuStage final : public Stage {
  public:
-  CpuStage(ModelConfig config, StageWeights weights, CpuKvCache kv)
-      : c_(std::move(config)),
+  // A tensor-parallel rank (all_reduce non-null) computes with `config` narrowed to its heads and
+  // MLP slice (RankConfig) and reports `model`, the whole model's; otherwise they are the same.
+  CpuStage(ModelConfig model, ModelConfig config, StageWeights weights, CpuKvCache kv,
+           CpuAllReduce* all_reduce, int rank)
+      : model_(std::move(model)),
+        c_(std::move(config)),
         w_(std::move(weights)),
         max_slots_(kv.layout().max_slots),
         max_seq_len_(kv.layout().max_seq_len),
@@ -128,9 +135,11 @@ class CpuStage final : public Stage {
         num_pages_(kv.layout().num_pages),
         kv_(std::move(kv)),
         cached_len_(max_slots_, 0),
-        inv_freq_(RopeInverseFrequencies(c_)) {}
+        inv_freq_(RopeInverseFrequencies(c_)),
+        all_reduce_(all_reduce),
+        rank_(rank) {}
 
-  const ModelConfig& config() const override { return c_; }
+  const ModelConfig& config() const override { return model_; }
   int kv_pages() const override { return num_pages_; }
 
   absl::StatusOr<KvBlock> ExportKv(const KvPlace& place, int positions, int first_layer,
@@ -267,7 +276,7 @@ class CpuStage final : public Stage {
         r0 += s.num_tokens;
       }
       for (const std::shared_ptr<KvOut>& o : outs) WriteOut(*o, l);  // the layer's K, V written
-      Linear(attn.data(), rows, q_dim, lw.wo, lw.bo, hidden, x.data(), /*accumulate=*/true);
+      RowParallel(attn.data(), rows, q_dim, lw.wo, lw.bo, x.data());
 
       // MLP block: x += down(act(up(norm(x)))).
       Norm(c_.arch, x.data(), rows, hidden, lw.mlp_norm_w, lw.mlp_norm_b, c_.norm_eps, h.data());
@@ -279,7 +288,7 @@ class CpuStage final : public Stage {
           a[j] = gated ? Silu(u[j]) * u[inter + j] : GeluTanh(u[j]);
         }
       }
-      Linear(act.data(), rows, inter, lw.w_out, lw.b_out, hidden, x.data(), /*accumulate=*/true);
+      RowParallel(act.data(), rows, inter, lw.w_out, lw.b_out, x.data());
     }
 
     for (const SequenceStep& s : step.seqs) cached_len_[s.slot] = s.position + s.num_tokens;
@@ -302,6 +311,21 @@ class CpuStage final : public Stage {
     PromptLogprobs(step, x, out);
     Head(step, x, out);
     return out;
+  }
+
+  // x (rows, hidden) += in (rows, in_dim) · wᵀ + b. On a tensor-parallel rank, in · wᵀ (+ b on
+  // rank 0) is the rank's partial sum, summed over the ranks before it is added.
+  void RowParallel(const float* in, int rows, int in_dim, const std::vector<float>& w,
+                   const std::vector<float>& b, float* x) {
+    const int hidden = c_.hidden_size;
+    if (all_reduce_ == nullptr) {
+      Linear(in, rows, in_dim, w, b, hidden, x, /*accumulate=*/true);
+      return;
+    }
+    partial_.resize(static_cast<size_t>(rows) * hidden);
+    Linear(in, rows, in_dim, w, b, hidden, partial_.data());
+    all_reduce_->Sum(rank_, partial_.data(), partial_.size());
+    for (size_t i = 0; i < partial_.size(); ++i) x[i] += partial_[i];
   }
 
   int last_layer() const { return w_.first_layer + static_cast<int>(w_.layers.size()); }
@@ -461,7 +485,8 @@ class CpuStage final : public Stage {
     return absl::OkStatus();
   }
 
-  const ModelConfig c_;
+  const ModelConfig model_;  // the whole model (config())
+  const ModelConfig c_;      // what this rank computes: the model, or a rank's part of it
   const StageWeights w_;
   const int max_slots_;
   const int max_seq_len_;
@@ -474,6 +499,9 @@ class CpuStage final : public Stage {
   std::vector<float> k_rows_, v_rows_;
   std::vector<float> inv_freq_;       // (head_dim / 2) RoPE frequencies
   PendingKvOuts kv_outs_;             // opened for the next step (OpenKvOut)
+  CpuAllReduce* const all_reduce_;    // tensor-parallel ranks' sums; null for a whole stage
+  const int rank_;                    // this stage's rank among them
+  std::vector<float> partial_;        // (rows, hidden) a rank's row-parallel output
 };
 
 }  // namespace
@@ -489,9 +517,17 @@ absl::Status SetCpuThreads(int threads) {
 
 int CpuThreads() { return openblas_get_num_threads(); }
 
-absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
+namespace {
+
+// Rank `rank` of the stage, or the whole stage when all_reduce is null. Each rank reads the
+// checkpoint and keeps its shard.
+absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStageRank(const StageSpec& spec,
+                                                        CpuAllReduce* all_reduce, int rank) {
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(spec.model_dir));
   const ModelConfig& c = ckpt->config();
+  const int ranks = all_reduce == nullptr ? 1 : all_reduce->ranks();
+  RETURN_IF_ERROR(CheckTensorParallel(c, ranks));
+  const ModelConfig rank_config = RankConfig(c, ranks);
   const int last = spec.last_layer == -1 ? c.num_layers : spec.last_layer;
   if (spec.max_slots < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_slots must be >= 1, got ", spec.max_slots));
@@ -505,6 +541,7 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
   ASSIGN_OR_RETURN(StageSources sources, FindStageWeights(*ckpt, spec.first_layer, last));
   StageWeights weights = ReadStageWeights(sources);
   if (spec.quantize_fp8) RETURN_IF_ERROR(RoundLinearWeightsToFp8(sources, weights));
+  if (ranks > 1) weights = ShardStage(c, weights, rank, ranks);
 
   if (spec.kv_page_size < 0 || spec.kv_pages < 0) {
     return absl::InvalidArgumentError(absl::StrCat("kv_page_size and kv_pages must be >= 0, got ",
@@ -512,12 +549,29 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
   }
   ASSIGN_OR_RETURN(CpuKvCache kv,
                    CpuKvCache::Make({.layers = static_cast<int>(weights.layers.size()),
-                                     .kv_dim = c.kv_dim(),
+                                     .kv_dim = rank_config.kv_dim(),
                                      .max_slots = spec.max_slots,
                                      .max_seq_len = max_seq_len,
                                      .page_size = spec.kv_page_size,
                                      .num_pages = spec.kv_pages}));
-  return std::make_unique<CpuStage>(c, std::move(weights), std::move(kv));
+  return std::make_unique<CpuStage>(c, rank_config, std::move(weights), std::move(kv), all_reduce,
+                                    rank);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
+  return MakeCpuStageRank(spec, nullptr, 0);
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Stage>>> MakeCpuStageRanks(const StageSpec& spec,
+                                                                      CpuAllReduce& all_reduce) {
+  std::vector<std::unique_ptr<Stage>> stages;
+  for (int rank = 0; rank < all_reduce.ranks(); ++rank) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCpuStageRank(spec, &all_reduce, rank));
+    stages.push_back(std::move(stage));
+  }
+  return stages;
 }
 
 }  // namespace tandem
