@@ -74,6 +74,9 @@ ABSL_FLAG(bool, profile, false,
           "forward pass, device idle between steps, host time to launch");
 ABSL_FLAG(bool, cpu_load, false,
           "load the model with the CPU backend instead and print only its load time");
+ABSL_FLAG(std::string, kv_page_size, "0",
+          "comma-separated KV page sizes: 0 for contiguous slots, a power of two >= 4 for a paged "
+          "cache whose sequences hold interleaved pages (e.g. 0,16 measures both in one call)");
 ABSL_FLAG(double, kv_memory_fraction, 0.9, "share of free GPU memory for the KV-cache");
 ABSL_FLAG(std::string, json, "", "write the results as JSON to this file");
 ABSL_FLAG(std::string, dump_logits, "",
@@ -128,18 +131,30 @@ double WeightBytesPerStep(const ModelConfig& c, size_t elem, size_t linear_elem)
 }
 
 struct BatchResult {
-  int batch, prompt;
+  int batch, prompt, page_size;
   double prefill_s, prefill_tok_s, decode_ms_step, decode_tok_s, e2e_tok_s, gb_s;
   CudaDecodeProfile profile;  // --profile: the measured decode steps
 };
 
-StepDescriptor PrefillStep(int batch, int prompt, const ModelConfig& c, uint64_t round) {
+// A paged cache's pages as the benchmark deals them: page j of sequence b is j * max_slots + b,
+// so that every sequence's pages are interleaved with the others' (as an owner handing out pages
+// to sequences growing side by side does).
+void AttachTable(SequenceStep& s, int page_size, int max_slots) {
+  if (page_size == 0) return;
+  const int pages = (s.position + s.num_tokens + page_size - 1) / page_size;
+  s.block_table.resize(pages);
+  for (int j = 0; j < pages; ++j) s.block_table[j] = j * max_slots + s.slot;
+}
+
+StepDescriptor PrefillStep(int batch, int prompt, const ModelConfig& c, uint64_t round,
+                           int page_size, int max_slots) {
   StepDescriptor step;
   for (int b = 0; b < batch; ++b) {
     SequenceStep s;
     s.slot = b;
     s.position = 0;
     s.num_tokens = prompt;
+    AttachTable(s, page_size, max_slots);
     step.seqs.push_back(s);
     for (int t = 0; t < prompt; ++t) {
       step.tokens.push_back(
@@ -159,6 +174,19 @@ absl::StatusOr<std::vector<int>> BatchSizes() {
     batches.push_back(b);
   }
   return batches;
+}
+
+absl::StatusOr<std::vector<int>> PageSizes() {
+  std::vector<int> sizes;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_kv_page_size), ',')) {
+    int p = 0;
+    if (!absl::SimpleAtoi(part, &p) || p < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv_page_size: bad page size '", part, "' (0 for contiguous slots)"));
+    }
+    sizes.push_back(p);
+  }
+  return sizes;
 }
 
 absl::StatusOr<std::vector<int>> PromptLengths() {
@@ -190,11 +218,12 @@ absl::Status GemvSweep() {
 // bucket), round 1 is measured; the prefill step three times, timed by its median, then `steps`
 // - 1 greedy decode steps.
 absl::StatusOr<BatchResult> MeasureBatch(Stage& stage, const ModelConfig& c, int batch, int prompt,
-                                         int steps, double weight_bytes, double kv_token_bytes,
+                                         int steps, int page_size, int max_slots,
+                                         double weight_bytes, double kv_token_bytes,
                                          DecodeProfiler* profiler) {
-  BatchResult r{batch, prompt, 0, 0, 0, 0, 0, 0, {}};
+  BatchResult r{batch, prompt, page_size, 0, 0, 0, 0, 0, 0, {}};
   for (int round = 0; round < 2; ++round) {
-    StepDescriptor pre = PrefillStep(batch, prompt, c, round);
+    StepDescriptor pre = PrefillStep(batch, prompt, c, round, page_size, max_slots);
     // The prefill step three times (it rewrites the same positions), timed by its median.
     std::vector<double> prefill_s;
     StepOutput out;
@@ -219,6 +248,7 @@ absl::StatusOr<BatchResult> MeasureBatch(Stage& stage, const ModelConfig& c, int
         s.position = prompt + i;
         s.num_tokens = 1;
         s.sample_index = i + 1;
+        AttachTable(s, page_size, max_slots);
         step.seqs.push_back(s);
         kv_bytes += (prompt + i + 1) * kv_token_bytes;
       }
@@ -252,6 +282,7 @@ absl::Status Bench() {
   ASSIGN_OR_RETURN(DType dtype, ParseHalfDTypeFlag(absl::GetFlag(FLAGS_dtype), "--dtype"));
   ASSIGN_OR_RETURN(std::vector<int> batches, BatchSizes());
   ASSIGN_OR_RETURN(std::vector<int> prompts, PromptLengths());
+  ASSIGN_OR_RETURN(std::vector<int> page_sizes, PageSizes());
   const int new_tokens = absl::GetFlag(FLAGS_new_tokens);
   if (new_tokens < 1) return absl::InvalidArgumentError("--new_tokens must be >= 1");
   for (int prompt : prompts) {
@@ -290,17 +321,25 @@ absl::Status Bench() {
   }
   std::unique_ptr<Stage> stage;
   for (int prompt : prompts) {
-    // One stage per prompt length, its KV-cache sized for prompt + new tokens.
-    stage.reset();
-    spec.max_seq_len = prompt + new_tokens - 1;
-    const auto t_load = Clock::now();
-    ASSIGN_OR_RETURN(stage, MakeCudaStage(spec, opt));
-    load_s = Seconds(t_load, Clock::now());
-    if (profiler) RETURN_IF_ERROR(stage->SetDecodeObserver(profiler.get()));
-    for (int batch : batches) {
-      ASSIGN_OR_RETURN(BatchResult r, MeasureBatch(*stage, c, batch, prompt, steps, weight_bytes,
-                                                   kv_token_bytes, profiler.get()));
-      results.push_back(r);
+    for (int page_size : page_sizes) {
+      // One stage per prompt length and page size, its KV-cache sized for prompt + new tokens:
+      // contiguous slots, or (paged) the pages of every slot's full sequence.
+      stage.reset();
+      spec.max_seq_len = prompt + new_tokens - 1;
+      spec.kv_page_size = page_size;
+      spec.kv_pages = page_size == 0 ? 0
+                                     : spec.max_slots *
+                                           ((spec.max_seq_len + page_size - 1) / page_size);
+      const auto t_load = Clock::now();
+      ASSIGN_OR_RETURN(stage, MakeCudaStage(spec, opt));
+      load_s = Seconds(t_load, Clock::now());
+      if (profiler) RETURN_IF_ERROR(stage->SetDecodeObserver(profiler.get()));
+      for (int batch : batches) {
+        ASSIGN_OR_RETURN(BatchResult r,
+                         MeasureBatch(*stage, c, batch, prompt, steps, page_size, spec.max_slots,
+                                      weight_bytes, kv_token_bytes, profiler.get()));
+        results.push_back(r);
+      }
     }
   }
   size_t free_b = 0, total_b = 0;
@@ -333,12 +372,13 @@ absl::Status Bench() {
       "%.2f GiB\n\n",
       prop.name, *copy_bw / 1e9, after_free ? "; after freeing the stage, reads low" : "", load_s,
       used_gib);
-  std::printf("| batch | prompt | TTFT (prefill ms) | prefill tok/s | decode ms/step | "
+  std::printf("| batch | prompt | KV page | TTFT (prefill ms) | prefill tok/s | decode ms/step | "
               "decode tok/s | end-to-end tok/s | decode GB/s | %% of copy bw |\n"
-              "|---|---|---|---|---|---|---|---|---|\n");
+              "|---|---|---|---|---|---|---|---|---|---|\n");
   for (const BatchResult& r : results) {
-    std::printf("| %d | %d | %.2f | %.0f | %.3f | %.0f | %.0f | %.0f | %.0f%% |\n", r.batch,
-                r.prompt, r.prefill_s * 1e3, r.prefill_tok_s,
+    const std::string page = r.page_size == 0 ? "slots" : absl::StrCat(r.page_size);
+    std::printf("| %d | %d | %s | %.2f | %.0f | %.3f | %.0f | %.0f | %.0f | %.0f%% |\n", r.batch,
+                r.prompt, page.c_str(), r.prefill_s * 1e3, r.prefill_tok_s,
                 r.decode_ms_step, r.decode_tok_s, r.e2e_tok_s, r.gb_s,
                 100 * r.gb_s * 1e9 / *copy_bw);
   }
@@ -368,6 +408,7 @@ absl::Status Bench() {
     j["load_seconds"] = load_s;
     for (const BatchResult& r : results) {
       j["results"].push_back({{"batch", r.batch}, {"prompt", r.prompt},
+                              {"kv_page_size", r.page_size},
                               {"prefill_seconds", r.prefill_s}, {"ttft_ms", r.prefill_s * 1e3},
                               {"prefill_tok_s", r.prefill_tok_s},
                               {"decode_ms_per_step", r.decode_ms_step},

@@ -39,12 +39,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "bench/decode_profile.h"
 #include "common/flags_usage.h"
 #include "common/model_config.h"
 #include "common/rng.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "bench/decode_profile.h"
 #include "worker/cuda/cuda_stage.h"
 #include "worker/service/step_runner.h"
 #include "worker/transport/nccl_transport.h"
@@ -199,8 +199,7 @@ absl::StatusOr<BatchResult> RunBatch(Runner& runner, const ModelConfig& c, int b
     pre.seqs.push_back(s);
     for (int t = 0; t < prompt; ++t) {
       pre.tokens.push_back(static_cast<int32_t>(
-          RandomBits(static_cast<uint64_t>(round) * 1000003 + batch * 7919 + b, t) %
-          c.vocab_size));
+          RandomBits(static_cast<uint64_t>(round) * 1000003 + batch * 7919 + b, t) % c.vocab_size));
     }
   }
   if (rank != 0) pre.tokens.clear();  // only the first stage reads tokens
@@ -261,8 +260,7 @@ absl::StatusOr<bool> Compare(const std::string& path, std::vector<BatchResult>& 
         if (e.at("batch").get<int>() == r.batch) match = &e;
       }
       if (match == nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(path, " has no result for batch ", r.batch));
+        return absl::InvalidArgumentError(absl::StrCat(path, " has no result for batch ", r.batch));
       }
       const auto want = match->at("tokens").get<std::vector<std::vector<int32_t>>>();
       int differing = 0;
@@ -273,16 +271,18 @@ absl::StatusOr<bool> Compare(const std::string& path, std::vector<BatchResult>& 
       const double ref_ms = match->at("decode_ms_per_step").get<double>();
       const double overhead = 100.0 * (r.decode_ms_step / ref_ms - 1.0);
       all_same = all_same && differing == 0;
-      out.push_back({{"batch", r.batch}, {"tokens_identical", differing == 0},
+      out.push_back({{"batch", r.batch},
+                     {"tokens_identical", differing == 0},
                      {"sequences_differing", differing},
                      {"single_decode_ms_per_step", ref_ms},
                      {"pipeline_decode_ms_per_step", r.decode_ms_step},
                      {"hop_overhead_percent", overhead},
                      {"hop_overhead_ms", r.decode_ms_step - ref_ms}});
-      std::printf("batch %d: tokens %s (%d of %zu sequences differ), step %.3f ms vs %.3f ms "
-                  "single: %+.2f%% (%+.1f us)\n",
-                  r.batch, differing == 0 ? "identical" : "DIFFER", differing, r.tokens.size(),
-                  r.decode_ms_step, ref_ms, overhead, (r.decode_ms_step - ref_ms) * 1e3);
+      std::printf(
+          "batch %d: tokens %s (%d of %zu sequences differ), step %.3f ms vs %.3f ms "
+          "single: %+.2f%% (%+.1f us)\n",
+          r.batch, differing == 0 ? "identical" : "DIFFER", differing, r.tokens.size(),
+          r.decode_ms_step, ref_ms, overhead, (r.decode_ms_step - ref_ms) * 1e3);
     }
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
@@ -292,9 +292,11 @@ absl::StatusOr<bool> Compare(const std::string& path, std::vector<BatchResult>& 
 
 // The step runners of this process: the two halves of --split_local handing off through
 // `hand_off` (when `second` is set), else this rank's stage over `transport`.
-absl::StatusOr<std::vector<std::unique_ptr<StepRunner>>> MakeRunners(
-    Stage& stage, Stage* second, HandOff* hand_off, NcclTransport* transport, int rank, int world,
-    bool device_send) {
+absl::StatusOr<std::vector<std::unique_ptr<StepRunner>>> MakeRunners(Stage& stage, Stage* second,
+                                                                     HandOff* hand_off,
+                                                                     NcclTransport* transport,
+                                                                     int rank, int world,
+                                                                     bool device_send) {
   std::vector<std::unique_ptr<StepRunner>> runners;
   if (second != nullptr) {
     for (int half = 0; half < 2; ++half) {
@@ -322,13 +324,13 @@ absl::StatusOr<std::vector<std::unique_ptr<StepRunner>>> MakeRunners(
 // The results as a Markdown table on stdout, and with --profile the decode profile of each stage
 // (numbered by rank, or by half with --split_local).
 void PrintTable(const std::vector<BatchResult>& results, bool split_local, int rank, bool profile) {
-  std::printf("| batch | prefill ms | decode ms/step | decode tok/s | end-to-end tok/s | "
-              "recv ms/step | compute ms/step | send (+ tokens back) ms/step |\n"
-              "|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| batch | prefill ms | decode ms/step | decode tok/s | end-to-end tok/s | "
+      "recv ms/step | compute ms/step | send (+ tokens back) ms/step |\n"
+      "|---|---|---|---|---|---|---|---|\n");
   for (const BatchResult& r : results) {
-    std::printf("| %d | %.2f | %.3f | %.0f | %.0f | %.3f | %.3f | %.3f |\n", r.batch,
-                r.prefill_ms, r.decode_ms_step, r.decode_tok_s, r.e2e_tok_s, r.recv_ms,
-                r.step_ms, r.send_ms);
+    std::printf("| %d | %.2f | %.3f | %.0f | %.0f | %.3f | %.3f | %.3f |\n", r.batch, r.prefill_ms,
+                r.decode_ms_step, r.decode_tok_s, r.e2e_tok_s, r.recv_ms, r.step_ms, r.send_ms);
   }
   if (profile) {
     std::vector<DecodeProfileRow> rows;
@@ -345,11 +347,15 @@ void PrintTable(const std::vector<BatchResult>& results, bool split_local, int r
 nlohmann::json ResultsJson(const std::vector<BatchResult>& results) {
   nlohmann::json out = nlohmann::json::array();
   for (const BatchResult& r : results) {
-    out.push_back({{"batch", r.batch}, {"prefill_ms", r.prefill_ms},
+    out.push_back({{"batch", r.batch},
+                   {"prefill_ms", r.prefill_ms},
                    {"decode_ms_per_step", r.decode_ms_step},
-                   {"decode_tok_s", r.decode_tok_s}, {"end_to_end_tok_s", r.e2e_tok_s},
-                   {"recv_ms_per_step", r.recv_ms}, {"compute_ms_per_step", r.step_ms},
-                   {"send_ms_per_step", r.send_ms}, {"tokens", r.tokens}});
+                   {"decode_tok_s", r.decode_tok_s},
+                   {"end_to_end_tok_s", r.e2e_tok_s},
+                   {"recv_ms_per_step", r.recv_ms},
+                   {"compute_ms_per_step", r.step_ms},
+                   {"send_ms_per_step", r.send_ms},
+                   {"tokens", r.tokens}});
     for (const CudaDecodeProfile& p : r.profiles) {
       const DecodeStepTimes t = PerStep(p);
       out.back()["profile"].push_back({{"device_ms", t.device_ms},
@@ -404,137 +410,178 @@ absl::StatusOr<int> CompareAndWrite(nlohmann::json& j, std::vector<BatchResult>&
   return code;
 }
 
-absl::StatusOr<int> Run() {
-  const std::string model = absl::GetFlag(FLAGS_model);
-  const bool single = absl::GetFlag(FLAGS_single);
-  const int world = single ? 1 : absl::GetFlag(FLAGS_world);
-  const int rank = single ? 0 : absl::GetFlag(FLAGS_rank);
-  int device = absl::GetFlag(FLAGS_device);
-  if (device < 0) device = rank;
-  const int timeout_s = absl::GetFlag(FLAGS_timeout_s);
-  if (world < 1 || rank < 0 || rank >= world) {
+// What the flags ask for, checked.
+struct Plan {
+  std::string model;
+  bool single = false;
+  int world = 1, rank = 0, device = 0, timeout_s = 0;
+  ModelConfig c;
+  DType dtype = DType::kF16;
+  std::vector<int> batches;
+  int prompt = 0, new_tokens = 0, max_batch = 0;
+};
+
+absl::StatusOr<Plan> ReadPlan() {
+  Plan p;
+  p.model = absl::GetFlag(FLAGS_model);
+  p.single = absl::GetFlag(FLAGS_single);
+  p.world = p.single ? 1 : absl::GetFlag(FLAGS_world);
+  p.rank = p.single ? 0 : absl::GetFlag(FLAGS_rank);
+  p.device = absl::GetFlag(FLAGS_device);
+  if (p.device < 0) p.device = p.rank;
+  p.timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  if (p.world < 1 || p.rank < 0 || p.rank >= p.world) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--rank ", rank, " must be in [0, --world ", world, ")"));
+        absl::StrCat("--rank ", p.rank, " must be in [0, --world ", p.world, ")"));
   }
-  ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model));
-  if (world > c.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("--world ", world, " exceeds the model's ",
-                                                   c.num_layers, " layers"));
+  ASSIGN_OR_RETURN(p.c, LoadModelConfig(p.model));
+  if (p.world > p.c.num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--world ", p.world, " exceeds the model's ", p.c.num_layers, " layers"));
   }
-  ASSIGN_OR_RETURN(DType dtype, ParseHalfDTypeFlag(absl::GetFlag(FLAGS_dtype), "--dtype"));
-  ASSIGN_OR_RETURN(std::vector<int> batches, ParseBatches(absl::GetFlag(FLAGS_batch)));
-  const int prompt = absl::GetFlag(FLAGS_prompt), new_tokens = absl::GetFlag(FLAGS_new_tokens);
-  if (prompt < 1 || new_tokens < 1) {
+  ASSIGN_OR_RETURN(p.dtype, ParseHalfDTypeFlag(absl::GetFlag(FLAGS_dtype), "--dtype"));
+  ASSIGN_OR_RETURN(p.batches, ParseBatches(absl::GetFlag(FLAGS_batch)));
+  p.prompt = absl::GetFlag(FLAGS_prompt);
+  p.new_tokens = absl::GetFlag(FLAGS_new_tokens);
+  if (p.prompt < 1 || p.new_tokens < 1) {
     return absl::InvalidArgumentError("--prompt and --new_tokens must be >= 1");
   }
-  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  p.max_batch = *std::max_element(p.batches.begin(), p.batches.end());
+  return p;
+}
 
-  // The id first, so that every rank loads its weights while rank 0's bootstrap root waits.
-  std::string id;
-  if (world > 1) {
-    ASSIGN_OR_RETURN(id, ShareUniqueId(rank, absl::GetFlag(FLAGS_id_file), timeout_s));
-  }
-
-  const bool split_local = single && absl::GetFlag(FLAGS_split_local);
+// This rank's stage (and with --split_local the second half of the model in the same process),
+// each watched by its profiler with --profile.
+struct LoadedStages {
   StageSpec spec;
-  spec.model_dir = model;
-  spec.first_layer = c.num_layers * rank / world;
-  spec.last_layer = rank == world - 1 ? c.num_layers : c.num_layers * (rank + 1) / world;
-  if (split_local) spec.last_layer = c.num_layers / 2;
-  spec.max_slots = max_batch;
-  spec.max_seq_len = std::min(c.max_positions, prompt + new_tokens);
+  std::unique_ptr<Stage> stage, second;
+  double load_s = 0;
+};
+
+absl::StatusOr<LoadedStages> LoadStages(const Plan& p, bool split_local,
+                                        std::unique_ptr<DecodeProfiler> (&profilers)[2]) {
+  LoadedStages l;
+  StageSpec& spec = l.spec;
+  spec.model_dir = p.model;
+  spec.first_layer = p.c.num_layers * p.rank / p.world;
+  spec.last_layer =
+      p.rank == p.world - 1 ? p.c.num_layers : p.c.num_layers * (p.rank + 1) / p.world;
+  if (split_local) spec.last_layer = p.c.num_layers / 2;
+  spec.max_slots = p.max_batch;
+  spec.max_seq_len = std::min(p.c.max_positions, p.prompt + p.new_tokens);
   CudaOptions opt;
-  opt.device = device;
-  opt.dtype = dtype;
+  opt.device = p.device;
+  opt.dtype = p.dtype;
   opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
   opt.kv_memory_fraction = static_cast<float>(absl::GetFlag(FLAGS_kv_memory_fraction));
+  const auto t_load = Clock::now();
+  ASSIGN_OR_RETURN(l.stage, MakeCudaStage(spec, opt));
+  if (split_local) {
+    StageSpec rest = spec;
+    rest.first_layer = spec.last_layer;
+    rest.last_layer = p.c.num_layers;
+    ASSIGN_OR_RETURN(l.second, MakeCudaStage(rest, opt));
+  }
+  l.load_s = Ms(t_load, Clock::now()) * 1e-3;
+  for (int i = 0; i < 2; ++i) {
+    Stage* s = i == 0 ? l.stage.get() : l.second.get();
+    if (profilers[i] != nullptr && s != nullptr) {
+      RETURN_IF_ERROR(s->SetDecodeObserver(profilers[i].get()));
+    }
+  }
+  return l;
+}
+
+// The run's settings and results as --json writes them.
+nlohmann::json RunJson(const Plan& p, const LoadedStages& l, const std::string& device_name,
+                       int steps, double join_s, bool stage_stream, bool device_send,
+                       bool split_local, const std::vector<BatchResult>& results) {
+  nlohmann::json j;
+  j["mode"] = p.single ? "single" : "pipeline";
+  j["rank"] = p.rank;
+  j["world"] = p.world;
+  j["model"] = p.model;
+  j["dtype"] = std::string(DTypeName(p.dtype));
+  j["device"] = device_name;
+  j["layers"] = {l.spec.first_layer, l.spec.last_layer};
+  j["prompt"] = p.prompt;
+  j["new_tokens"] = steps;
+  j["load_seconds"] = l.load_s;
+  j["join_seconds"] = join_s;
+  j["stage_stream"] = stage_stream;
+  j["device_send"] = device_send;
+  j["split_local"] = split_local;
+  j["results"] = ResultsJson(results);
+  return j;
+}
+
+absl::StatusOr<int> Run() {
+  ASSIGN_OR_RETURN(const Plan p, ReadPlan());
+  // The id first, so that every rank loads its weights while rank 0's bootstrap root waits.
+  std::string id;
+  if (p.world > 1) {
+    ASSIGN_OR_RETURN(id, ShareUniqueId(p.rank, absl::GetFlag(FLAGS_id_file), p.timeout_s));
+  }
+  const bool split_local = p.single && absl::GetFlag(FLAGS_split_local);
   const bool profile = absl::GetFlag(FLAGS_profile);
   // --profile: one profiler per stage of this process, outliving the stages.
   std::unique_ptr<DecodeProfiler> profilers[2];
   for (int i = 0; profile && i < 2; ++i) {
     ASSIGN_OR_RETURN(profilers[i], DecodeProfiler::Create());
   }
-  const auto t_load = Clock::now();
-  ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCudaStage(spec, opt));
-  std::unique_ptr<Stage> second;
-  if (split_local) {
-    StageSpec rest = spec;
-    rest.first_layer = spec.last_layer;
-    rest.last_layer = c.num_layers;
-    ASSIGN_OR_RETURN(second, MakeCudaStage(rest, opt));
-  }
-  const double load_s = Ms(t_load, Clock::now()) * 1e-3;
-  for (int i = 0; profile && i < 2; ++i) {
-    Stage* s = i == 0 ? stage.get() : second.get();
-    if (s != nullptr) RETURN_IF_ERROR(s->SetDecodeObserver(profilers[i].get()));
-  }
+  ASSIGN_OR_RETURN(LoadedStages l, LoadStages(p, split_local, profilers));
 
   std::unique_ptr<NcclTransport> transport;
   double join_s = 0;
   // Sending from behind the forward pass needs the transport on the stage's stream.
-  const bool stage_stream = world > 1 && absl::GetFlag(FLAGS_stage_stream);
+  const bool stage_stream = p.world > 1 && absl::GetFlag(FLAGS_stage_stream);
   const bool device_send = stage_stream && absl::GetFlag(FLAGS_device_send);
-  if (world > 1) {
+  if (p.world > 1) {
     NcclTransportOptions to;
-    to.device = device;
-    to.rank = rank;
-    to.world = world;
-    to.hidden_size = c.hidden_size;
-    to.dtype = dtype;
-    to.max_rows = static_cast<int64_t>(max_batch) * prompt;
-    to.timeout = absl::Seconds(timeout_s);
+    to.device = p.device;
+    to.rank = p.rank;
+    to.world = p.world;
+    to.hidden_size = p.c.hidden_size;
+    to.dtype = p.dtype;
+    to.max_rows = static_cast<int64_t>(p.max_batch) * p.prompt;
+    to.timeout = absl::Seconds(p.timeout_s);
     const auto t_join = Clock::now();
-    ASSIGN_OR_RETURN(transport, JoinTransport(to, id, stage_stream ? stage.get() : nullptr));
+    ASSIGN_OR_RETURN(transport, JoinTransport(to, id, stage_stream ? l.stage.get() : nullptr));
     join_s = Ms(t_join, Clock::now()) * 1e-3;
   }
 
-  const int steps = std::min(new_tokens, spec.max_seq_len - prompt + 1);
+  const int steps = std::min(p.new_tokens, l.spec.max_seq_len - p.prompt + 1);
   HandOff hand_off;
   ASSIGN_OR_RETURN(std::vector<std::unique_ptr<StepRunner>> runners,
-                   MakeRunners(*stage, second.get(), &hand_off, transport.get(), rank, world,
-                               device_send));
+                   MakeRunners(*l.stage, l.second.get(), &hand_off, transport.get(), p.rank,
+                               p.world, device_send));
   Runner runner(std::move(runners));
   std::vector<BatchResult> results;
-  for (int batch : batches) {
+  for (int batch : p.batches) {
     for (int round = 0; round < 2; ++round) {
-      ASSIGN_OR_RETURN(BatchResult r, RunBatch(runner, c, batch, prompt, steps, round, rank));
+      ASSIGN_OR_RETURN(BatchResult r, RunBatch(runner, p.c, batch, p.prompt, steps, round, p.rank));
       for (int i = 0; profile && i < 2; ++i) {
-        if (i == 0 || second != nullptr) r.profiles.push_back(profilers[i]->Take());
+        if (i == 0 || l.second != nullptr) r.profiles.push_back(profilers[i]->Take());
       }
       if (round == 1) results.push_back(std::move(r));
     }
   }
 
   cudaDeviceProp prop;
-  cudaGetDeviceProperties(&prop, device);
+  cudaGetDeviceProperties(&prop, p.device);
   std::printf(
       "%s: model %s, layers [%d, %d) of %d, %s, prompt %d, new %d, device %d (%s), "
       "load %.1f s, join %.2f s, transport on %s, decode output sent %s\n",
-      single ? "single" : absl::StrCat("rank ", rank, "/", world).c_str(), model.c_str(),
-      spec.first_layer, spec.last_layer, c.num_layers, std::string(DTypeName(dtype)).c_str(),
-      prompt, steps, device, prop.name, load_s, join_s,
-      stage_stream ? "the stage's stream" : "streams of its own",
+      p.single ? "single" : absl::StrCat("rank ", p.rank, "/", p.world).c_str(), p.model.c_str(),
+      l.spec.first_layer, l.spec.last_layer, p.c.num_layers,
+      std::string(DTypeName(p.dtype)).c_str(), p.prompt, steps, p.device, prop.name, l.load_s,
+      join_s, stage_stream ? "the stage's stream" : "streams of its own",
       device_send ? "from behind the forward pass" : "after the host saw the step");
-  PrintTable(results, split_local, rank, profile);
+  PrintTable(results, split_local, p.rank, profile);
   std::fflush(stdout);
-
-  nlohmann::json j;
-  j["mode"] = single ? "single" : "pipeline";
-  j["rank"] = rank;
-  j["world"] = world;
-  j["model"] = model;
-  j["dtype"] = std::string(DTypeName(dtype));
-  j["device"] = prop.name;
-  j["layers"] = {spec.first_layer, spec.last_layer};
-  j["prompt"] = prompt;
-  j["new_tokens"] = steps;
-  j["load_seconds"] = load_s;
-  j["join_seconds"] = join_s;
-  j["stage_stream"] = stage_stream;
-  j["device_send"] = device_send;
-  j["split_local"] = split_local;
-  j["results"] = ResultsJson(results);
-  return CompareAndWrite(j, results, rank);
+  nlohmann::json j =
+      RunJson(p, l, prop.name, steps, join_s, stage_stream, device_send, split_local, results);
+  return CompareAndWrite(j, results, p.rank);
 }
 
 }  // namespace

@@ -319,6 +319,39 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
                                   "the import (the prefill step formed) to its end, seconds")
                             .Register(r)
                             .Add({}, LatencyBuckets())),
+      kv_preemptions(BuildCounter()
+                         .Name("tandem_kv_preemptions_total")
+                         .Help("Running sequences preempted for want of KV-cache pages, to be "
+                               "recomputed when pages free")
+                         .Register(r)
+                         .Add({})),
+      prefix_cache_queries(BuildCounter()
+                               .Name("tandem_prefix_cache_queries_total")
+                               .Help("Admissions that looked their prompt up in the prefix cache")
+                               .Register(r)
+                               .Add({})),
+      prefix_cache_hits(BuildCounter()
+                            .Name("tandem_prefix_cache_hits_total")
+                            .Help("Admissions that found cached pages for their prompt")
+                            .Register(r)
+                            .Add({})),
+      prefix_cache_query_tokens(BuildCounter()
+                                    .Name("tandem_prefix_cache_query_tokens_total")
+                                    .Help("Prompt tokens looked up in the prefix cache")
+                                    .Register(r)
+                                    .Add({})),
+      prefix_cache_hit_tokens(BuildCounter()
+                                  .Name("tandem_prefix_cache_hit_tokens_total")
+                                  .Help("Prompt tokens found in the prefix cache, whose prefill "
+                                        "was skipped")
+                                  .Register(r)
+                                  .Add({})),
+      prefix_cache_hit_rate(BuildGauge()
+                                .Name("tandem_prefix_cache_hit_rate")
+                                .Help("Prompt tokens found in the prefix cache over those looked "
+                                      "up, since the start (0 to 1)")
+                                .Register(r)
+                                .Add({})),
       requests_(BuildCounter()
                     .Name("tandem_requests_total")
                     .Help("Generation requests that ended, by outcome")
@@ -334,6 +367,11 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
       kv_total_(BuildGauge()
                     .Name("tandem_kv_slots_capacity")
                     .Help("KV-cache slots (sequences) a pipeline stage holds")
+                    .Register(r)),
+      kv_pages_(BuildGauge()
+                    .Name("tandem_kv_pages")
+                    .Help("KV-cache pages of a pipeline (each of its stages holds as many), by "
+                          "state: used by running sequences, cached (evictable), free")
                     .Register(r)) {
   // Every outcome exists from the start, so that rate() sees the first request of each.
   for (const char* o : {"ok", "cancelled", "deadline_exceeded", "resource_exhausted",
@@ -344,6 +382,35 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
 
 void CoordinatorMetrics::CountRequest(const absl::Status& outcome) {
   requests_.Add({{"outcome", OutcomeLabel(outcome)}}).Increment();
+}
+
+void CoordinatorMetrics::CountPrefixLookup(int tokens, int hit) {
+  prefix_cache_queries.Increment();
+  if (hit > 0) prefix_cache_hits.Increment();
+  prefix_cache_query_tokens.Increment(tokens);
+  prefix_cache_hit_tokens.Increment(hit);
+  const double asked = prefix_cache_query_tokens.Value();
+  prefix_cache_hit_rate.Set(asked > 0 ? prefix_cache_hit_tokens.Value() / asked : 0);
+}
+
+void CoordinatorMetrics::SetKvPages(const std::vector<KvPageUse>& uses) {
+  absl::MutexLock lock(&mu_);
+  // Retired pipelines disappear rather than report stale numbers.
+  for (const prometheus::MetricFamily& mf : kv_pages_.Collect()) {
+    for (const prometheus::ClientMetric& m : mf.metric) {
+      prometheus::Labels labels;
+      for (const auto& l : m.label) labels[l.name] = l.value;
+      kv_pages_.Remove(&kv_pages_.Add(labels));
+    }
+  }
+  for (const KvPageUse& u : uses) {
+    const std::string pipeline = absl::StrCat(u.pipeline);
+    kv_pages_.Add({{"pipeline", pipeline}, {"state", "used"}}).Set(static_cast<double>(u.used));
+    kv_pages_.Add({{"pipeline", pipeline}, {"state", "cached"}})
+        .Set(static_cast<double>(u.cached));
+    kv_pages_.Add({{"pipeline", pipeline}, {"state", "free"}})
+        .Set(static_cast<double>(u.total - u.used - u.cached));
+  }
 }
 
 void CoordinatorMetrics::SetWorkersUp(const std::map<std::string, bool>& up) {

@@ -111,6 +111,18 @@ struct CoordinatorMetrics {
   // prefill step it waits for).
   prometheus::Counter& kv_streams;
   prometheus::Histogram& kv_stream_seconds;
+  // A paged KV-cache (coordinator/kv_pages.h): sequences preempted for want of pages (and
+  // recomputed later), admissions looked up in the prefix cache, those that found cached pages,
+  // the prompt tokens looked up and found (whose prefill was skipped), and the hit rate: prompt
+  // tokens found over those looked up, since the start.
+  prometheus::Counter& kv_preemptions;
+  prometheus::Counter& prefix_cache_queries;
+  prometheus::Counter& prefix_cache_hits;
+  prometheus::Counter& prefix_cache_query_tokens;
+  prometheus::Counter& prefix_cache_hit_tokens;
+  prometheus::Gauge& prefix_cache_hit_rate;
+  // Adds one admission's prefix lookup: `tokens` looked up, `hit` of them cached.
+  void CountPrefixLookup(int tokens, int hit);
 
   void CountRequest(const absl::Status& outcome);
   // Replaces the set of known workers: tandem_worker_up{worker=address} is 1 or 0.
@@ -123,12 +135,21 @@ struct CoordinatorMetrics {
   };
   // Replaces the set of serving stages: tandem_kv_slots_used / _capacity{pipeline, stage}.
   void SetKvSlots(const std::vector<KvUse>& uses);
+  struct KvPageUse {
+    int pipeline = 0;
+    int64_t total = 0;   // pages each stage of the pipeline holds
+    int64_t used = 0;    // held by running sequences
+    int64_t cached = 0;  // held only by the prefix cache (evictable)
+  };
+  // Replaces the set of paged pipelines: tandem_kv_pages{pipeline, state=used|cached|free}.
+  void SetKvPages(const std::vector<KvPageUse>& uses);
 
  private:
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Gauge>& worker_up_;
   prometheus::Family<prometheus::Gauge>& kv_used_;
   prometheus::Family<prometheus::Gauge>& kv_total_;
+  prometheus::Family<prometheus::Gauge>& kv_pages_;
   absl::Mutex mu_;  // serializes the Set* replacements
 };
 

@@ -86,6 +86,15 @@ absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
         "config: prefill_replicas (%d) must leave at least one of the %d replicas to decode",
         c.prefill_replicas, c.replicas));
   }
+  if (c.kv_page_size > 0 && c.prefill_replicas > 0) {
+    return absl::InvalidArgumentError(
+        "config: prefill_replicas needs contiguous KV slots for now (the hand-off streams slot "
+        "rows); set kv_page_size 0 or prefill_replicas 0");
+  }
+  if (c.kv_pages.has_value() && c.kv_page_size == 0) {
+    return absl::InvalidArgumentError(
+        "config: kv_pages counts pages of kv_page_size tokens; set kv_page_size too");
+  }
   if (c.heartbeat_timeout_ms <= c.heartbeat_interval_ms) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "config: heartbeat_timeout_ms (%d) must exceed heartbeat_interval_ms (%d)",
@@ -116,8 +125,13 @@ absl::Status CheckModelDir(const std::filesystem::path& dir) {
   return absl::OkStatus();
 }
 
+int MaxSlots(const CoordinatorConfig& c) {
+  if (c.max_slots > 0) return c.max_slots;
+  return c.kv_page_size > 0 ? 256 : 16;
+}
+
 int RequestThreads(const CoordinatorConfig& c) {
-  const int slots = c.replicas * c.max_slots;
+  const int slots = c.replicas * MaxSlots(c);
   return slots + c.max_waiting.value_or(DefaultMaxWaiting(slots)) + 8;
 }
 

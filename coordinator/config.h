@@ -25,8 +25,20 @@ namespace tandem {
   X(int, stages, 1, 1, "pipeline stages per replica")                                            \
   X(int, replicas, 1, 1, "data-parallel pipelines")                                              \
   X(int, max_batch, 16, 1, "sequences per step")                                                 \
-  X(int, max_slots, 16, 1, "KV-cache slots per pipeline")                                        \
-  X(int, max_seq_len, 0, 0, "KV-cache positions per slot (0: model)")                            \
+  /* MaxSlots(): with pages a slot holds no KV-cache, so it bounds concurrent sequences only. */ \
+  X(int, max_slots, 0, 0,                                                                        \
+    "concurrent sequences (KV slots) per pipeline (0: 16 with contiguous slots, 256 with "       \
+    "--kv_page_size)")                                                                           \
+  X(int, max_seq_len, 0, 0, "KV-cache positions per sequence (0: model)")                        \
+  /* docs/paged-kv.md. */                                                                        \
+  X(int, kv_page_size, 0, 0,                                                                     \
+    "tokens per KV-cache page: sequences hold pages as they grow, admission and preemption go "  \
+    "by free pages (0: each slot reserves --max_seq_len positions)")                             \
+  X(std::optional<int>, kv_pages, std::nullopt, 1,                                               \
+    "with --kv_page_size, KV-cache pages per stage (unset: as many as the stage's memory holds)") \
+  X(bool, prefix_caching, true, ::tandem::kAnyValue,                                             \
+    "with --kv_page_size, keep full pages of computed prompts and reuse them for prompts that "  \
+    "start with the same tokens (false: every prompt is computed, for measurement)")             \
   X(int, micro_batches, 0, 0, "steps in flight per pipeline (0: stages)")                        \
   /* Scheduler::CheckRoom; unset: at least 128 (kMinDefaultWaiting). */                          \
   X(std::optional<int>, max_waiting, std::nullopt, 0,                                            \
@@ -94,6 +106,10 @@ struct CoordinatorConfig {
 
 // Calls visit(name, field, least) for each of the config's settings (common/settings.h).
 TANDEM_DEFINE_SETTING_VISITOR(TANDEM_COORDINATOR_SETTINGS, ForEachCoordinatorSetting)
+
+// Concurrent sequences per pipeline: --max_slots, or its default for the KV layout (vLLM's
+// max_num_seqs with pages).
+int MaxSlots(const CoordinatorConfig& c);
 
 // Requests the service may hold at once (every replica's slots and the waiting queue), plus 8:
 // the default of grpc_threads.

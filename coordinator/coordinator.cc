@@ -91,7 +91,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
         config.stages, model->num_layers, model->num_layers));
   }
   SchedulerOptions options{.max_waiting = config.max_waiting.value_or(-1),
-                           .max_slots = config.max_slots,
+                           .max_slots = MaxSlots(config),
                            .max_batch = config.max_batch,
                            .prefill_chunk = config.prefill_chunk,
                            .prefill_budget = config.prefill_budget,
@@ -103,7 +103,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
                            .admission_wait = absl::Milliseconds(config.admission_wait_ms),
                            .vocab_size = c->limits_.vocab_size,
                            .context_length = c->limits_.context_length,
-                           .decode = {}};
+                           .decode = {},
+                           .kv_page_size = config.kv_page_size,
+                           .prefix_caching = config.prefix_caching};
   if (const Tokenizer* tokenizer = c->tokenizer_.get()) {
     options.decode = [tokenizer](std::span<const int32_t> ids) { return tokenizer->Decode(ids); };
   }
@@ -250,12 +252,13 @@ absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> Coordinator::Submit(
     std::vector<ValidatedRequest> sequences) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
-  const int planned_slots = (wanted_replicas_ - wanted_prefill_replicas_) * config_.max_slots;
+  const int planned_slots = (wanted_replicas_ - wanted_prefill_replicas_) * MaxSlots(config_);
   RETURN_IF_ERROR(scheduler_->CheckRoom(static_cast<int>(sequences.size()), planned_slots));
-  if (pipelines_.empty() && !planning_ && !replan_needed_) return NoPipelineErrorLocked();
-  const bool wants_prompt_logprobs =
-      std::any_of(sequences.begin(), sequences.end(),
-                  [](const ValidatedRequest& r) { return r.prompt_logprobs >= 0; });
+  for (const ValidatedRequest& r : sequences) {
+    const int prompt = static_cast<int>(r.prompt.size());
+    RETURN_IF_ERROR(scheduler_->CheckFits(
+        prompt, std::min(r.max_new_tokens, limits_.context_length - prompt)));
+  }
   const bool constrained =
       std::any_of(sequences.begin(), sequences.end(),
                   [](const ValidatedRequest& r) { return r.constraint != nullptr; });
@@ -271,15 +274,7 @@ absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> Coordinator::Submit(
       }
     }
   }
-  if (wants_prompt_logprobs) {
-    // The CUDA backend's head scores only the rows it samples.
-    for (const auto& [id, w] : workers_) {
-      if (w.state == v1::WORKER_STATE_SERVING && w.backend == "cuda") {
-        return absl::UnimplementedError(
-            "sampling.prompt_logprobs: not computed by CUDA workers, which serve this model");
-      }
-    }
-  }
+  if (pipelines_.empty() && !planning_ && !replan_needed_) return NoPipelineErrorLocked();
   std::vector<std::shared_ptr<RequestState>> out;
   const absl::Time now = absl::Now();
   for (ValidatedRequest& r : sequences) {
@@ -428,7 +423,8 @@ int64_t Coordinator::NewWorkerId() {
   }
 }
 
-int64_t Coordinator::RegisterWorker(const std::string& address, const std::string& backend) {
+int64_t Coordinator::RegisterWorker(const std::string& address, const std::string& backend,
+                                    int tensor_parallel) {
   absl::MutexLock lock(&mu_);
   // A worker that restarted on the same address replaces its old entry.
   std::vector<int64_t> stale;
@@ -440,6 +436,7 @@ int64_t Coordinator::RegisterWorker(const std::string& address, const std::strin
   w.id = NewWorkerId();
   w.address = address;
   w.backend = backend;
+  w.tensor_parallel = tensor_parallel;
   w.channel = MakeWorkerChannel(address, worker_auth_);
   w.last_heartbeat = absl::Now();
   spdlog::info("worker {} registered: {} ({})", w.id, address, backend);
@@ -467,12 +464,22 @@ void Coordinator::UpdateGauges() {
     running += scheduler_->running(id);
     // Every stage of a pipeline holds the same slots (the scheduler allocates them).
     for (size_t s = 0; s < p->workers.size(); ++s) {
-      kv.push_back({id, static_cast<int>(s), scheduler_->used_slots(id), config_.max_slots});
+      kv.push_back({id, static_cast<int>(s), scheduler_->used_slots(id), MaxSlots(config_)});
     }
   }
   metrics_->running_sequences.Set(running);
   metrics_->waiting_sequences.Set(scheduler_->waiting());
   metrics_->SetKvSlots(kv);
+  std::vector<CoordinatorMetrics::KvPageUse> pages;
+  for (const auto& [id, p] : pipelines_) {
+    if (std::optional<KvPageCounters> c = scheduler_->kv_page_counters(id)) {
+      pages.push_back({.pipeline = id,
+                       .total = c->pages_total,
+                       .used = c->pages_used,
+                       .cached = c->pages_cached});
+    }
+  }
+  metrics_->SetKvPages(pages);
   for (auto& [address, up] : addresses_up_) up = false;
   for (auto& [id, w] : workers_) {
     const bool is_up =
@@ -572,6 +579,7 @@ std::vector<v1::WorkerInfo> Coordinator::ListWorkers() {
     wi.set_worker_id(id);
     wi.set_address(w.address);
     wi.set_backend(w.backend);
+    wi.set_tensor_parallel(w.tensor_parallel);
     wi.set_state(w.state);
     wi.set_pipeline_id(w.pipeline);
     wi.set_stage(w.pipeline >= 0 ? w.stage : -1);

@@ -107,7 +107,8 @@ class Coordinator {
   // Registry. Worker ids are random 64-bit numbers (positive), so that an id handed out before a
   // restart of the coordinator is unknown after it. Heartbeat: false when the id is unknown or
   // the worker was declared down; the worker then registers again.
-  int64_t RegisterWorker(const std::string& address, const std::string& backend);
+  int64_t RegisterWorker(const std::string& address, const std::string& backend,
+                         int tensor_parallel = 1);
   bool Heartbeat(int64_t worker_id);
 
   // Admin. The topology asked for (flags, config or SetTopology) is kept: when a loss leaves too
@@ -127,6 +128,7 @@ class Coordinator {
     int64_t id = 0;
     std::string address;
     std::string backend;
+    int tensor_parallel = 1;  // ranks the worker splits its stage over
     std::shared_ptr<grpc::Channel> channel;
     absl::Time last_heartbeat;
     v1::WorkerState state = v1::WORKER_STATE_IDLE;

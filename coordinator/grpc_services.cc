@@ -185,7 +185,7 @@ grpc::Status InferenceService::GetModelInfo(grpc::ServerContext* ctx,
   resp->set_has_chat_template(!text.chat_template.empty());
   resp->set_max_length(text.max_length.value_or(0));
   resp->set_dtype(std::string(TorchDTypeName(m.dtype)));
-  resp->set_max_slots(c_.config().max_slots);
+  resp->set_max_slots(MaxSlots(c_.config()));
   resp->set_max_batch(c_.config().max_batch);
   return grpc::Status::OK;
 }
@@ -238,7 +238,8 @@ grpc::Status RegistryService::Register(grpc::ServerContext* ctx, const v1::Regis
       return ToGrpcStatus(st);
     }
   }
-  resp->set_worker_id(c_.RegisterWorker(req->address(), req->backend()));
+  resp->set_worker_id(c_.RegisterWorker(req->address(), req->backend(),
+                                        std::max(1, req->tensor_parallel())));
   resp->set_heartbeat_interval_ms(c_.config().heartbeat_interval_ms);
   return grpc::Status::OK;
 }

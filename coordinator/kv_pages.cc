@@ -72,9 +72,10 @@ absl::Status KvPageOwner::CheckFits(int prompt_tokens, int max_new_tokens) const
   return absl::OkStatus();
 }
 
-std::vector<int> KvPageOwner::MatchPrefix(absl::Span<const int32_t> prompt) const {
+std::vector<int> KvPageOwner::MatchPrefix(absl::Span<const int32_t> prompt,
+                                          bool use_cache) const {
   std::vector<int> hits;
-  if (!config_.prefix_caching || prompt.empty()) return hits;
+  if (!config_.prefix_caching || !use_cache || prompt.empty()) return hits;
   const int P = config_.page_size;
   const int limit = (static_cast<int>(prompt.size()) - 1) / P;  // rule 3
   uint64_t parent = 0;
@@ -116,11 +117,12 @@ int KvPageOwner::RunningMargin() const {
   return pages;
 }
 
-bool KvPageOwner::CanAdmit(absl::Span<const int32_t> prompt, int max_new_tokens) const {
+bool KvPageOwner::CanAdmit(absl::Span<const int32_t> prompt, int max_new_tokens,
+                           bool use_cache) const {
   if (prompt.empty() || !CheckFits(static_cast<int>(prompt.size()), max_new_tokens).ok()) {
     return false;
   }
-  const std::vector<int> hits = MatchPrefix(prompt);
+  const std::vector<int> hits = MatchPrefix(prompt, use_cache);
   int hit_evictable = 0;
   for (int page : hits) hit_evictable += pages_[page].refs == 0;
   const int len = static_cast<int>(prompt.size());
@@ -130,7 +132,7 @@ bool KvPageOwner::CanAdmit(absl::Span<const int32_t> prompt, int max_new_tokens)
 }
 
 absl::StatusOr<int> KvPageOwner::Admit(uint64_t seq, absl::Span<const int32_t> prompt,
-                                       int max_new_tokens) {
+                                       int max_new_tokens, bool use_cache) {
   if (seqs_.count(seq)) {
     return absl::AlreadyExistsError(
         absl::StrFormat("kv pages: sequence %d is already admitted", seq));
@@ -140,13 +142,13 @@ absl::StatusOr<int> KvPageOwner::Admit(uint64_t seq, absl::Span<const int32_t> p
   }
   const int len = static_cast<int>(prompt.size());
   if (absl::Status fits = CheckFits(len, max_new_tokens); !fits.ok()) return fits;
-  if (!CanAdmit(prompt, max_new_tokens)) {
+  if (!CanAdmit(prompt, max_new_tokens, use_cache)) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "kv pages: sequence %d (%d prompt tokens) does not fit now: %d pages free or evictable, "
         "%d reserved for running sequences; wait for one to end",
         seq, len, Available(), RunningMargin()));
   }
-  const std::vector<int> hits = MatchPrefix(prompt);
+  const std::vector<int> hits = MatchPrefix(prompt, use_cache);
   Sequence s;
   s.tokens.assign(prompt.begin(), prompt.end());
   s.max_new_tokens = max_new_tokens;
@@ -163,7 +165,7 @@ absl::StatusOr<int> KvPageOwner::Admit(uint64_t seq, absl::Span<const int32_t> p
     s.table.push_back(page);
   }
   const int cached = static_cast<int>(hits.size()) * config_.page_size;
-  if (config_.prefix_caching) {
+  if (config_.prefix_caching && use_cache) {
     ++counters_.prefix_queries;
     counters_.prefix_query_tokens += len;
     counters_.prefix_hits += cached > 0;

@@ -79,11 +79,14 @@ class KvPageOwner {
   // The leading prompt tokens cached now (a multiple of page_size, < prompt.size()); no counters.
   int CachedPrefixTokens(absl::Span<const int32_t> prompt) const;
   // Whether Admit would succeed now (rule 5).
-  bool CanAdmit(absl::Span<const int32_t> prompt, int max_new_tokens) const;
+  bool CanAdmit(absl::Span<const int32_t> prompt, int max_new_tokens,
+                bool use_cache = true) const;
   // Admits sequence `seq` with `prompt`: takes the cached prefix and allocates pages for the rest.
   // Returns the prompt tokens already computed (their prefill is skipped). ResourceExhausted
   // (nothing changed) when the pages are not there now; AlreadyExists for a known `seq`.
-  absl::StatusOr<int> Admit(uint64_t seq, absl::Span<const int32_t> prompt, int max_new_tokens);
+  // `use_cache` false: no cached page is taken (a request that scores its whole prompt).
+  absl::StatusOr<int> Admit(uint64_t seq, absl::Span<const int32_t> prompt, int max_new_tokens,
+                            bool use_cache = true);
   // Admits `child` as a copy of `parent`, which holds only its prompt (n > 1): the full pages
   // within the first prompt_len - 1 tokens are shared, the rest are the child's own. Returns the
   // tokens the child need not compute. ResourceExhausted when its own pages are not there.
@@ -132,7 +135,7 @@ class KvPageOwner {
   explicit KvPageOwner(KvPagesConfig config);
   int PagesFor(int tokens) const { return (tokens + config_.page_size - 1) / config_.page_size; }
   // The cached pages that start `prompt` (rule 3), in order.
-  std::vector<int> MatchPrefix(absl::Span<const int32_t> prompt) const;
+  std::vector<int> MatchPrefix(absl::Span<const int32_t> prompt, bool use_cache = true) const;
   int Available() const { return static_cast<int>(free_.size() + evictable_.size()); }
   // Pages the running sequences may add within the margin.
   int RunningMargin() const;

@@ -3,6 +3,7 @@
 // timeouts) outside mu_, serialized by plan_mu_. Also the moves of running sequences with their
 // KV-cache from retiring pipelines to the new ones, and the pipelines' prefill/decode roles.
 #include <algorithm>
+#include <climits>
 #include <map>
 #include <optional>
 #include <set>
@@ -53,9 +54,11 @@ ClusterState Coordinator::ClusterStateLocked() {
 
 StageSettings Coordinator::StageSettingsOf() const {
   return {.model_dir = config_.model_dir.string(),
-          .max_slots = config_.max_slots,
+          .max_slots = MaxSlots(config_),
           .max_seq_len = limits_.context_length,
-          .max_step_rows = static_cast<int64_t>(config_.max_batch) * config_.prefill_chunk};
+          .max_step_rows = static_cast<int64_t>(config_.max_batch) * config_.prefill_chunk,
+          .kv_page_size = config_.kv_page_size,
+          .kv_pages = config_.kv_pages.value_or(0)};
 }
 
 std::vector<Coordinator::Planned> Coordinator::PrepareReplacements() {
@@ -421,6 +424,22 @@ absl::Status Coordinator::BuildPipeline(int id, uint64_t assignment,
                  ranges[s].first, ranges[s].last, responses[s].load_seconds(),
                  responses[s].placed_bytes());
   }
+  // Every stage holds the same positions of different layers: the pipeline has the fewest pages
+  // any of its stages holds.
+  int kv_pages = 0;
+  if (config_.kv_page_size > 0) {
+    kv_pages = INT_MAX;
+    for (const v1::AssignStageResponse& r : responses) {
+      kv_pages = std::min<int64_t>(kv_pages, r.kv_pages());
+    }
+    if (kv_pages <= 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "pipeline %d: a stage holds no KV-cache pages (its worker does not page its KV-cache, "
+          "or its memory holds no page of %d tokens); run --kv_page_size 0 or give the stages "
+          "more memory",
+          id, config_.kv_page_size));
+    }
+  }
   PipelineLink::Callbacks cb;
   cb.on_result = [this, id, assignment](int stage, const v1::StepResult& r) {
     OnStepResult(id, assignment, stage, r);
@@ -451,7 +470,7 @@ absl::Status Coordinator::BuildPipeline(int id, uint64_t assignment,
                                 [](const v1::AssignStageResponse& r) {
                                   return r.feeds_previous_samples();
                                 });
-  scheduler_->AddPipeline(id, stages, PipelineRole::kBoth, fed_by_last);
+  scheduler_->AddPipeline(id, stages, PipelineRole::kBoth, fed_by_last, kv_pages);
   spdlog::info("pipeline {} serves with {} stage(s){}", id, stages,
                fed_by_last ? ", the last stage's tokens fed to the first over the link" : "");
   AssignRoles();

@@ -77,9 +77,22 @@ void Scheduler::FailWaiting(const absl::Status& why, absl::Time now) {
   waiting_.clear();
 }
 
-void Scheduler::AddPipeline(int id, int stages, PipelineRole role, bool fed_by_last) {
-  pipelines_.emplace(std::piecewise_construct, std::forward_as_tuple(id),
-                     std::forward_as_tuple(stages, options_.max_slots, role, fed_by_last));
+void Scheduler::AddPipeline(int id, int stages, PipelineRole role, bool fed_by_last,
+                            int kv_pages) {
+  auto [it, added] =
+      pipelines_.emplace(std::piecewise_construct, std::forward_as_tuple(id),
+                         std::forward_as_tuple(stages, options_.max_slots, role, fed_by_last));
+  if (options_.kv_page_size > 0 && added) {
+    // The coordinator checks that a paged pipeline has pages; a pool that cannot be made
+    // admits nothing (every request is then refused by CheckFits's twin in Admit).
+    absl::StatusOr<KvPageOwner> owner =
+        KvPageOwner::Create({.num_pages = std::max(kv_pages, 1),
+                             .page_size = options_.kv_page_size,
+                             .max_seq_len = std::max(options_.context_length, 1),
+                             .prefix_caching = options_.prefix_caching,
+                             .margin_tokens = options_.kv_margin_tokens});
+    if (owner.ok()) it->second.pages.emplace(*std::move(owner));
+  }
 }
 
 void Scheduler::SetRole(int id, PipelineRole role) {
@@ -109,9 +122,13 @@ void Scheduler::RemovePipeline(int id, const absl::Status& why, absl::Time now, 
   pipelines_.erase(it);
 }
 
-void Scheduler::Recompute(Sequence& seq, const absl::Status& why, absl::Time now) {
+void Scheduler::Recompute(Sequence& seq, const absl::Status& why, absl::Time now,
+                          bool preempted) {
   const ValidatedRequest& rq = seq.request->request();
-  if (rq.prompt_logprobs >= 0 && seq.generated.empty()) {
+  ++seq.epoch;
+  if (preempted) {
+    // Victims never are prompt-logprob sequences without a token (GrowPages), nor past a limit.
+  } else if (rq.prompt_logprobs >= 0 && seq.generated.empty()) {
     EndSequence(seq.id, why, FinishReason::kNone, -1, now);
     return;
   }
@@ -127,7 +144,7 @@ void Scheduler::Recompute(Sequence& seq, const absl::Status& why, absl::Time now
   // sequence has, and the next sample is the one the lost steps would have made.
   ReleaseDecodeSlot(seq);
   seq.handoff = 0;
-  ++seq.resumes;
+  if (!preempted) ++seq.resumes;
   seq.moving = false;
   seq.position = seq.in_flight = seq.fed_ahead = 0;
   seq.pending = rq.prompt;
@@ -167,7 +184,8 @@ int Scheduler::free_slots(int id) const {
 // ---------------------------------------------------------------------------------------------
 // Admission and steps
 
-std::optional<Scheduler::Placement> Scheduler::PlacementForNext(bool fed) const {
+std::optional<Scheduler::Placement> Scheduler::PlacementForNext(bool fed,
+                                                                const KvNeed* need) const {
   bool prefill = false;
   bool decode = false;
   for (const auto& [id, p] : pipelines_) {
@@ -177,11 +195,15 @@ std::optional<Scheduler::Placement> Scheduler::PlacementForNext(bool fed) const 
   }
   // Among pipelines with room that `take` accepts, the one of the least `load` (the lowest id on
   // ties).
-  auto fewest = [this](auto take, auto load) -> std::optional<int> {
+  auto fewest = [this, need](auto take, auto load) -> std::optional<int> {
     std::optional<int> best;
     size_t least = 0;
     for (const auto& [id, p] : pipelines_) {
       if (p.draining || p.slots.free() == 0 || !take(p)) continue;
+      if (need != nullptr && p.pages &&
+          !p.pages->CanAdmit(need->tokens, need->max_new_tokens, need->use_cache)) {
+        continue;
+      }
       if (!best || static_cast<size_t>(load(p)) < least) {
         best = id;
         least = static_cast<size_t>(load(p));
@@ -249,15 +271,32 @@ bool Scheduler::SlotIdle(int pipeline, int slot) const {
 void Scheduler::Admit(absl::Time now) {
   // Sequences on their way to a new layout take their slots first.
   if (!held_.empty()) return;
+  std::vector<int32_t> tokens;
   while (!resumed_.empty()) {
-    const std::optional<Placement> best = PlacementForNext();
+    Sequence& seq = *seqs_.at(resumed_.front());
+    const KvNeed need = NeedOf(seq, tokens);
+    const std::optional<Placement> best = PlacementForNext(false, &need);
     if (!best) return;
-    Place(*seqs_.at(resumed_.front()), *best);
+    Place(seq, *best);
+    AdmitPages(seq);
     resumed_.pop_front();
   }
   if (now < admit_at()) return;
   while (!waiting_.empty()) {
-    const std::optional<Placement> best = PlacementForNext();
+    const ValidatedRequest& rq = waiting_.front()->request();
+    const KvNeed need{.tokens = rq.prompt,
+                      .max_new_tokens = std::min(rq.max_new_tokens,
+                                                 options_.context_length -
+                                                     static_cast<int>(rq.prompt.size())),
+                      .use_cache = rq.prompt_logprobs < 0};
+    if (absl::Status fits =
+            CheckFits(static_cast<int>(need.tokens.size()), need.max_new_tokens);
+        !fits.ok()) {
+      waiting_.front()->Finish(fits, FinishReason::kNone, -1, now);  // no pipeline can hold it
+      waiting_.pop_front();
+      continue;
+    }
+    const std::optional<Placement> best = PlacementForNext(false, &need);
     if (!best) return;
     std::shared_ptr<RequestState> req = std::move(waiting_.front());
     waiting_.pop_front();
@@ -270,6 +309,7 @@ void Scheduler::Admit(absl::Time now) {
       for (int32_t t : seq->pending) seq->seen[t].second = true;
     }
     Place(*seq, *best);
+    AdmitPages(*seq);
     seq_of_request_[req.get()] = seq->id;
     req->Admitted(now);
     if (metrics_ != nullptr) {
@@ -414,7 +454,17 @@ Scheduler::StepEntry Scheduler::AddRow(Sequence& seq, StepDescriptor& step, int 
   ++seq.in_flight;
   seq.left_out = false;
   seq.last_step = step.id;
-  return {.seq = seq.id, .slot = seq.slot, .sample = step.seqs.back().sample};
+  if (const Pipeline& p = pipelines_.at(seq.pipeline); p.pages) {
+    // The pages that hold positions [0, position): a prompt's are all allocated at admission.
+    const absl::Span<const int> table = p.pages->BlockTable(seq.id);
+    const int pages = (seq.position + options_.kv_page_size - 1) / options_.kv_page_size;
+    step.seqs.back().block_table.assign(table.begin(), table.begin() + pages);
+  }
+  return {.seq = seq.id,
+          .slot = seq.slot,
+          .sample = step.seqs.back().sample,
+          .epoch = seq.epoch,
+          .end = seq.position};
 }
 
 std::vector<StepDescriptor> Scheduler::FormSteps(int id) {
@@ -475,7 +525,8 @@ std::vector<StepDescriptor> Scheduler::FormSteps(int id) {
     while (free > 0 && !ready.empty()) {
       const int left = static_cast<int>(ready.size());
       const int n = std::min({options_.max_batch, share, (left + free - 1) / free});
-      out.push_back(FormStep(p, ready, n));
+      StepDescriptor step = FormStep(p, ready, n);
+      if (!step.seqs.empty()) out.push_back(std::move(step));
       --free;
     }
     if (even) {
@@ -522,20 +573,36 @@ StepDescriptor Scheduler::FormStep(Pipeline& p, std::vector<Sequence*>& ready, i
   step.id = p.next_step++;
   int budget = options_.prefill_budget > 0 ? options_.prefill_budget : INT_MAX;
   std::vector<StepEntry> entries;
-  // The first of `ready` always fits (the budget is at least one token), so no step is empty.
+  // The first of `ready` always fits (the budget is at least one token), so a step is empty only
+  // when its sequences were preempted for pages.
   for (auto it = ready.begin(); it != ready.end() && static_cast<int>(entries.size()) < n;) {
     const bool prompt = PromptTokens(**it) > 0;
     if (prompt && budget == 0) {
       ++it;
       continue;
     }
+    if (p.pages) {
+      Sequence& seq = **it;
+      const bool ahead = seq.in_flight > 0;
+      const int n = ahead ? 1
+                          : std::min({static_cast<int>(seq.pending.size()),
+                                      options_.prefill_chunk, prompt ? budget : INT_MAX});
+      // Victims leave `ready`; what is before `it` there are prompts left out for the budget.
+      if (!GrowPages(p, seq, n, ahead, entries, ready)) {
+        it = ready.begin();  // preempted itself
+        continue;
+      }
+      it = std::find(ready.begin(), ready.end(), &seq);
+    }
     entries.push_back(AddRow(**it, step, prompt ? budget : INT_MAX));
     if (prompt) budget -= step.seqs.back().num_tokens;
     it = ready.erase(it);
   }
-  if (metrics_ != nullptr && !entries.empty()) {
-    metrics_->batch_size.Observe(static_cast<double>(entries.size()));
+  if (entries.empty()) {  // its only rows were preempted for pages
+    --p.next_step;
+    return StepDescriptor{};
   }
+  if (metrics_ != nullptr) metrics_->batch_size.Observe(static_cast<double>(entries.size()));
   p.inflight.emplace(step.id, std::move(entries));
   return step;
 }
@@ -584,7 +651,9 @@ absl::Status Scheduler::OnStepResult(int id, uint64_t step_id, std::span<const i
     auto sit = seqs_.find(e.seq);
     if (sit == seqs_.end()) continue;  // cancelled while the step ran
     Sequence& seq = *sit->second;
+    if (seq.epoch != e.epoch) continue;  // preempted while the step ran
     --seq.in_flight;
+    if (p.pages) p.pages->MarkComputed(seq.id, std::min(e.end, seq.kv_known));
     const SequenceLogprobs* lp = logprobs_of[i];
     if (lp != nullptr && !lp->prompt.empty()) seq.request->AppendPromptLogprobs(lp->prompt);
     if (!e.sample) continue;
@@ -649,6 +718,9 @@ void Scheduler::EndSequence(uint64_t seq_id, absl::Status status, FinishReason f
   auto pit = pipelines_.find(seq.pipeline);
   if (pit != pipelines_.end()) {
     pit->second.slots.Free(seq.slot);
+    // Pages, like slots, are reused only by steps issued later, which every stage runs after
+    // the steps in flight that still write them.
+    if (pit->second.pages) pit->second.pages->Free(seq_id);
     auto& running = pit->second.running;
     running.erase(std::remove(running.begin(), running.end(), seq_id), running.end());
   } else {

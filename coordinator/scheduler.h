@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/step.h"
+#include "coordinator/kv_pages.h"
 #include "coordinator/kv_slots.h"
 #include "coordinator/request_state.h"
 #include "coordinator/request_validation.h"
@@ -76,6 +77,13 @@ struct SchedulerOptions {
   int vocab_size = 0;      // sampled tokens outside [0, vocab_size) fail the pipeline
   int context_length = 0;  // positions in the KV-cache, for the length rule
   TextDecoder decode;      // for stop strings; empty: none are matched
+  // A paged KV-cache (docs/paged-kv.md): tokens per page; 0: each slot holds max_seq_len
+  // positions. With pages, each pipeline's KvPageOwner (AddPipeline's kv_pages) decides which
+  // pages a sequence uses: admission goes by free pages, a sequence that cannot grow preempts the
+  // newest one (recomputed later), and max_slots bounds concurrent sequences only.
+  int kv_page_size = 0;
+  bool prefix_caching = true;  // with pages: prompts start at their cached full pages
+  int kv_margin_tokens = 16;   // KvPagesConfig::margin_tokens
 };
 
 // The default waiting bound's floor: TGI's bound on requests (max_concurrent_requests), and the
@@ -133,8 +141,15 @@ class Scheduler {
   // `fed_by_last`: a pipeline of several stages whose first stage gets the last one's sampled
   // tokens over the link, so that its steps may go ahead of the tokens they feed as a single
   // stage's do.
+  // `kv_pages`: with SchedulerOptions::kv_page_size, the pages each of its stages holds.
   void AddPipeline(int id, int stages, PipelineRole role = PipelineRole::kBoth,
-                   bool fed_by_last = false);
+                   bool fed_by_last = false, int kv_pages = 0);
+  // With pages: OK when a request of `prompt_tokens` + `max_new_tokens` fits alone in some
+  // pipeline's pool and context; otherwise the error of KvPageOwner::CheckFits (the tokens asked
+  // and the capacity). OK without paged pipelines.
+  absl::Status CheckFits(int prompt_tokens, int max_new_tokens) const;
+  // The page counters of pipeline `id`; nothing without pages.
+  std::optional<KvPageCounters> kv_page_counters(int id) const;
   // From the next Admit on; the sequences it runs go on there.
   void SetRole(int id, PipelineRole role);
   PipelineRole role(int id) const;  // kBoth for an unknown pipeline
@@ -300,18 +315,27 @@ class Scheduler {
     uint64_t kv_out_step = 0;  // the prefill step that wrote its KV-cache out; 0: none
     uint64_t kv_stream = 0;    // the KV stream bringing it to its decode slot; 0: none
     std::unique_ptr<StopText> stop_text;  // with stop strings: the generated text as it grows
+    // Bumped when it goes back to the queue: rows of its steps still in flight from before are
+    // stale (a preempted sequence's pipeline runs on).
+    uint64_t epoch = 0;
+    // With pages: the leading tokens the page owner holds whose values are known (a row that
+    // feeds kPreviousSample appends a placeholder), so only those are published as cached.
+    int kv_known = 0;
   };
   // One sequence's row of a step in flight.
   struct StepEntry {
     uint64_t seq = 0;
     int slot = -1;
     bool sample = false;
+    uint64_t epoch = 0;  // the sequence's when the step was formed
+    int end = 0;         // the positions the sequence's KV-cache holds once the step is done
   };
   struct Pipeline {
     Pipeline(int stages, int slots, PipelineRole role, bool fed_by_last)
         : stages(stages), slots(slots), role(role), fed_by_last(fed_by_last) {}
     int stages = 1;
     KvSlotAllocator slots;
+    std::optional<KvPageOwner> pages;  // with SchedulerOptions::kv_page_size
     PipelineRole role = PipelineRole::kBoth;
     bool fed_by_last = false;  // AddPipeline
     std::vector<uint64_t> running;  // sequence ids, admission order
@@ -340,7 +364,26 @@ class Scheduler {
     int pipeline = -1;
     int decode = -1;  // the decode pipeline whose slot it takes after its prompt; -1: none
   };
-  std::optional<Placement> PlacementForNext(bool fed = false) const;
+  // `need` (with pages): the tokens and max new tokens of the sequence to admit, which must fit
+  // in the pipeline's pages.
+  struct KvNeed {
+    std::span<const int32_t> tokens;
+    int max_new_tokens = 0;
+    bool use_cache = true;
+  };
+  std::optional<Placement> PlacementForNext(bool fed = false, const KvNeed* need = nullptr) const;
+  // What `seq` asks of a page owner to be admitted: its prompt and tokens so far.
+  KvNeed NeedOf(const Sequence& seq, std::vector<int32_t>& tokens) const;
+  // With pages: admits placed `seq` into its pipeline's owner and skips its cached prompt tokens.
+  void AdmitPages(Sequence& seq);
+  // With pages: gives `seq` the pages for the `n` tokens of its next row (`ahead`: the row feeds
+  // kPreviousSample), preempting the newest sequence of `p` not in `step_seqs` (the rows formed
+  // so far) while none is free. False when `seq` itself was preempted. Preempted ones leave
+  // `ready`.
+  bool GrowPages(Pipeline& p, Sequence& seq, int n, bool ahead,
+                 const std::vector<StepEntry>& step_seqs, std::vector<Sequence*>& ready);
+  // Takes running `seq` out of `p` (its pages freed, a preemption counted) and back to the queue.
+  void PreemptSequence(Pipeline& p, Sequence& seq);
   // Puts `seq` into the placement's pipeline (a free slot), with a decode slot set aside.
   void Place(Sequence& seq, const Placement& to);
   // Whether hand-off `h` can start (TakeHandoffs).
@@ -376,7 +419,8 @@ class Scheduler {
   // Back to the front of the queue, out of any pipeline, to be fed its prompt and every token it
   // generated (or ended with `why` past max_resumes, or when it wants prompt logprobs and has no
   // token yet).
-  void Recompute(Sequence& seq, const absl::Status& why, absl::Time now);
+  // `preempted`: for want of pages, which neither counts as a resume nor fails it.
+  void Recompute(Sequence& seq, const absl::Status& why, absl::Time now, bool preempted = false);
   void AppendToken(Sequence& seq, int32_t token, TokenLogprob* logprob, absl::Time now);
   void EndSequence(uint64_t seq_id, absl::Status status, FinishReason finish, int text_limit,
                    absl::Time now);

@@ -51,6 +51,8 @@ std::vector<Scheduler::Held> Scheduler::Detach(int id) {
 std::optional<Scheduler::Target> Scheduler::PlaceHeld(uint64_t seq_id) {
   auto h = std::find(held_.begin(), held_.end(), seq_id);
   if (h == held_.end()) return std::nullopt;
+  // Paged sequences are recomputed where they land (Moved with !ok): a move carries slot rows.
+  if (options_.kv_page_size > 0) return std::nullopt;
   const std::optional<Placement> best = PlacementForNext(/*fed=*/true);
   if (!best) return std::nullopt;
   held_.erase(h);

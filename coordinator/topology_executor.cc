@@ -27,6 +27,8 @@ std::vector<v1::AssignStageRequest> StageRequests(const StageSettings& settings,
     req.set_max_slots(settings.max_slots);
     req.set_max_seq_len(settings.max_seq_len);
     req.set_max_step_rows(settings.max_step_rows);
+    req.set_kv_page_size(settings.kv_page_size);
+    req.set_kv_pages(settings.kv_pages);
     if (s + 1 < stages) req.set_next_address(addresses[s + 1]);
   }
   return requests;

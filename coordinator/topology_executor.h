@@ -31,6 +31,8 @@ struct StageSettings {
   int max_slots = 0;
   int max_seq_len = 0;
   int64_t max_step_rows = 0;  // max_batch x prefill_chunk
+  int kv_page_size = 0;       // tokens per KV-cache page; 0: contiguous slots
+  int kv_pages = 0;           // pages per stage; 0: as many as its memory holds
 };
 
 // The AssignStage requests of pipeline `id`'s stages, on the workers at `addresses` (per stage).

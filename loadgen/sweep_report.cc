@@ -47,15 +47,17 @@ std::string Csv(const SweepResult& r) {
       "tokens_per_joule,peak_gpu_memory_bytes,compute_share_by_stage,correct,prefill_nodes,"
       "workload\n";
   for (const ConfigResult& c : r.configs) {
-    absl::StrAppend(&out, absl::StrFormat(
-        "%d,%d,%d,%s,%d,%g,%d,%d,%d,%d,%.4f,%.0f,%.3f,%.4f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,"
-        "%.6f,%.6f,%.4f,%.4f,%.3f,%.2f,%.4f,%.0f,%s,%s,%d,%s\n",
-        c.nodes, c.stages, c.replicas, c.mode, c.batch, c.rate, c.prompt_len, c.output_len,
-        c.requests, c.errors, c.wall_s, c.tokens, c.tokens_per_s, c.requests_per_s, c.ttft_p50,
-        c.ttft_p90, c.ttft_p99, c.itl_p50, c.itl_p90, c.itl_p99, c.e2e_p50, c.e2e_p90, c.e2e_p99,
-        c.speedup, c.efficiency, c.energy_j, c.power_w, c.tokens_per_joule,
-        c.peak_gpu_memory_bytes, Shares(c), c.correct ? "true" : "false", c.prefill_nodes,
-        c.workload));
+    absl::StrAppend(
+        &out,
+        absl::StrFormat(
+            "%d,%d,%d,%s,%d,%g,%d,%d,%d,%d,%.4f,%.0f,%.3f,%.4f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,"
+            "%.6f,%.6f,%.4f,%.4f,%.3f,%.2f,%.4f,%.0f,%s,%s,%d,%s\n",
+            c.nodes, c.stages, c.replicas, c.mode, c.batch, c.rate, c.prompt_len, c.output_len,
+            c.requests, c.errors, c.wall_s, c.tokens, c.tokens_per_s, c.requests_per_s, c.ttft_p50,
+            c.ttft_p90, c.ttft_p99, c.itl_p50, c.itl_p90, c.itl_p99, c.e2e_p50, c.e2e_p90,
+            c.e2e_p99, c.speedup, c.efficiency, c.energy_j, c.power_w, c.tokens_per_joule,
+            c.peak_gpu_memory_bytes, Shares(c), c.correct ? "true" : "false", c.prefill_nodes,
+            c.workload));
   }
   return out;
 }
@@ -119,8 +121,8 @@ nlohmann::json Json(const SweepResult& r) {
   for (const ConfigResult& c : r.configs) {
     nlohmann::json s = nlohmann::json::object();
     for (const auto& [stage, sh] : c.stage_share) {
-      s[std::to_string(stage)] = {{"compute_s", sh.compute_s}, {"transfer_s", sh.transfer_s},
-                                  {"transfer_bytes", sh.bytes}};
+      s[std::to_string(stage)] = {
+          {"compute_s", sh.compute_s}, {"transfer_s", sh.transfer_s}, {"transfer_bytes", sh.bytes}};
     }
     j["configs"].push_back(
         {{"nodes", c.nodes},
@@ -302,11 +304,12 @@ std::string Markdown(const SweepResult& r) {
         "Workers started with `--batch_invariant` make a sequence's logits independent of the "
         "batch it shares, so that their outputs equal the reference's everywhere.\n\n";
   }
-  absl::StrAppend(&md, absl::StrFormat(
-      "| nodes | %s | prompt | output | tokens/s | req/s | TTFT p50/p90/p99 (ms) | "
-      "ITL p50/p90/p99 (ms) | E2E p50/p90/p99 (s) | speedup | efficiency | power (W) | "
-      "tokens/J | peak GPU mem (GiB) | compute share by stage | correct |\n",
-      o.mode == "closed" ? "batch" : "rate (req/s)"));
+  absl::StrAppend(
+      &md, absl::StrFormat(
+               "| nodes | %s | prompt | output | tokens/s | req/s | TTFT p50/p90/p99 (ms) | "
+               "ITL p50/p90/p99 (ms) | E2E p50/p90/p99 (s) | speedup | efficiency | power (W) | "
+               "tokens/J | peak GPU mem (GiB) | compute share by stage | correct |\n",
+               o.mode == "closed" ? "batch" : "rate (req/s)"));
   md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const ConfigResult& c : r.configs) {
     const std::string power = c.has_gpu ? absl::StrFormat("%.1f", c.power_w) : "n/a";
@@ -314,9 +317,9 @@ std::string Markdown(const SweepResult& r) {
     const std::string mem =
         c.has_gpu ? absl::StrFormat("%.2f", c.peak_gpu_memory_bytes / (1024.0 * 1024 * 1024))
                   : "n/a";
-    const std::string nodes =
-        c.prefill_nodes > 0 ? absl::StrFormat("%d (%d prefill)", c.nodes, c.prefill_nodes)
-                            : absl::StrCat(c.nodes);
+    const std::string nodes = c.prefill_nodes > 0
+                                  ? absl::StrFormat("%d (%d prefill)", c.nodes, c.prefill_nodes)
+                                  : absl::StrCat(c.nodes);
     absl::StrAppend(
         &md, absl::StrFormat(
                  "| %s | %g | %d | %d | %.1f | %.2f | %.1f / %.1f / %.1f | %.1f / %.1f / %.1f | "
@@ -326,12 +329,13 @@ std::string Markdown(const SweepResult& r) {
                  c.itl_p90 * 1e3, c.itl_p99 * 1e3, c.e2e_p50, c.e2e_p90, c.e2e_p99, c.speedup,
                  c.efficiency, power, tpj, mem, Shares(c), CorrectCell(c)));
   }
-  md += "\nLongest pause within a request's stream (its largest gap between two tokens), over the "
-        "requests, p50 / p99 / max (ms):";
+  md +=
+      "\nLongest pause within a request's stream (its largest gap between two tokens), over the "
+      "requests, p50 / p99 / max (ms):";
   for (const ConfigResult& c : r.configs) {
-    absl::StrAppend(&md, absl::StrFormat(" %s %g: %.1f / %.1f / %.1f;",
-                                         o.mode == "closed" ? "batch" : "rate", Load(c),
-                                         c.pause_p50 * 1e3, c.pause_p99 * 1e3, c.pause_max * 1e3));
+    absl::StrAppend(
+        &md, absl::StrFormat(" %s %g: %.1f / %.1f / %.1f;", o.mode == "closed" ? "batch" : "rate",
+                             Load(c), c.pause_p50 * 1e3, c.pause_p99 * 1e3, c.pause_max * 1e3));
   }
   md += "\n\n";
   md += DifferencesSection(r);
@@ -339,9 +343,10 @@ std::string Markdown(const SweepResult& r) {
       "Compute share = compute / (compute + transfer) seconds per stage, from the workers' "
       "`tandem_stage_compute_seconds` and `tandem_stage_transfer_seconds` (receive time includes "
       "waiting for the previous stage).\n\n";
-  md += "![throughput](throughput_vs_batch.png) ![latency](latency_vs_batch.png)\n\n"
-        "![speedup](speedup_vs_nodes.png) ![efficiency](efficiency_vs_nodes.png)\n\n"
-        "![compute vs communication](compute_comm.png)\n";
+  md +=
+      "![throughput](throughput_vs_batch.png) ![latency](latency_vs_batch.png)\n\n"
+      "![speedup](speedup_vs_nodes.png) ![efficiency](efficiency_vs_nodes.png)\n\n"
+      "![compute vs communication](compute_comm.png)\n";
   return md;
 }
 
@@ -416,196 +421,161 @@ class JsonReader {
   absl::Status status_;
 };
 
-}  // namespace
-
-absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
-  const fs::path path = dir / "results.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path.string(), " is not JSON: ", e.what()));
-  }
-  if (!j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(path.string(), " is not a JSON object"));
-  }
-  SweepResult r;
-  JsonReader read(path.string());
-  SweepOptions& o = r.options;
-  o.out = dir;
-  if (const nlohmann::json* oj = read.Object(j, "options")) {
-    std::string scaling;
-    read.Get(*oj, "coordinator", &o.coordinator);
-    read.Get(*oj, "worker_metrics", &o.worker_metrics);
-    read.Get(*oj, "nodes", &o.nodes);
-    read.Get(*oj, "data_parallel", &o.data_parallel);
-    if (oj->contains("prefill_nodes")) read.Get(*oj, "prefill_nodes", &o.prefill_nodes);
-    if (o.prefill_nodes.empty()) o.prefill_nodes = {0};
-    read.Get(*oj, "mode", &o.mode);
-    read.Get(*oj, "batch", &o.batch);
-    read.Get(*oj, "rates", &o.rates);
-    read.Get(*oj, "prompt_lens", &o.prompt_lens);
-    read.Get(*oj, "output_lens", &o.output_lens);
-    read.Get(*oj, "requests", &o.requests);
-    read.Get(*oj, "scaling", &scaling);
-    read.Get(*oj, "warmup", &o.warmup);
-    read.Get(*oj, "prompt_pool", &o.prompt_pool);
-    // Run folders from before workloads were recorded sent fixed lengths.
-    if (oj->contains("workload")) {
-      read.Get(*oj, "workload", &o.workload.kind);
-      read.Get(*oj, "length_sigma", &o.workload.length_sigma);
-      read.Get(*oj, "shared_prefix_len", &o.workload.shared_prefix_len);
+// One results.json difference list (`where` names it in errors).
+absl::Status ReadDifferences(const nlohmann::json& list, const std::string& where,
+                             std::vector<Difference>* out) {
+  for (size_t k = 0; list.is_array() && k < list.size(); ++k) {
+    JsonReader rd(absl::StrCat(where, ".differences[", k, "]"));
+    Difference d;
+    std::string verdict;
+    rd.Get(list[k], "prompt", &d.prompt);
+    rd.Get(list[k], "requests", &d.requests);
+    rd.Get(list[k], "verdict", &verdict);
+    rd.Get(list[k], "position", &d.verdict.position);
+    rd.Get(list[k], "reference_token", &d.verdict.reference_token);
+    rd.Get(list[k], "token", &d.verdict.token);
+    if (!rd.status().ok()) return rd.status();
+    const nlohmann::json& gap = list[k]["reference_top2_gap"];
+    if (gap.is_number()) d.verdict.gap = gap.get<double>();
+    std::optional<Agreement> a = AgreementNamed(verdict);
+    if (!a.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".differences[", k, "]: verdict '", verdict,
+                       "' is not one of near-tie, differs, no logprobs"));
     }
-    read.Get(*oj, "seed", &o.seed);
-    if (oj->contains("tie_tolerance")) read.Get(*oj, "tie_tolerance", &o.tie_tolerance);
-    o.weak_scaling = scaling == "weak";
+    d.verdict.agreement = *a;
+    out->push_back(std::move(d));
   }
-  // Run folders from before the server's settings were recorded have neither field.
-  if (j.contains("server")) {
-    if (const nlohmann::json* sj = read.Object(j, "server")) {
-      ServedModel& m = r.server;
-      read.Get(*sj, "model", &m.name);
-      read.Get(*sj, "model_dir", &m.model_dir);
-      read.Get(*sj, "architecture", &m.architecture);
-      read.Get(*sj, "dtype", &m.dtype);
-      read.Get(*sj, "num_layers", &m.num_layers);
-      read.Get(*sj, "context_length", &m.context_length);
-      read.Get(*sj, "vocab_size", &m.vocab_size);
-      read.Get(*sj, "max_slots", &m.max_slots);
-      read.Get(*sj, "max_batch", &m.max_batch);
-      read.Get(*sj, "stages", &m.stages);
-      read.Get(*sj, "replicas", &m.replicas);
-    }
-  }
-  if (j.contains("warnings")) read.Get(j, "warnings", &r.warnings);
-  read.Get(j, "all_correct", &r.all_correct);
-  if (j.contains("reference_has_gaps")) read.Get(j, "reference_has_gaps", &r.reference_has_gaps);
-  nlohmann::json configs;
-  read.Get(j, "configs", &configs);
-  if (!read.status().ok()) return read.status();
-  if (!configs.is_array()) {
-    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": 'configs' is not an array"));
-  }
-  for (size_t i = 0; i < configs.size(); ++i) {
-    const nlohmann::json& cj = configs[i];
-    JsonReader rc(absl::StrCat(path.string(), " configs[", i, "]"));
-    ConfigResult c;
-    rc.Get(cj, "nodes", &c.nodes);
-    rc.Get(cj, "stages", &c.stages);
-    rc.Get(cj, "replicas", &c.replicas);
-    if (cj.contains("prefill_nodes")) rc.Get(cj, "prefill_nodes", &c.prefill_nodes);
-    rc.Get(cj, "mode", &c.mode);
-    rc.Get(cj, "batch", &c.batch);
-    rc.Get(cj, "rate", &c.rate);
-    if (cj.contains("workload")) rc.Get(cj, "workload", &c.workload);
-    rc.Get(cj, "prompt_len", &c.prompt_len);
-    rc.Get(cj, "output_len", &c.output_len);
-    rc.Get(cj, "requests", &c.requests);
-    rc.Get(cj, "errors", &c.errors);
-    rc.Get(cj, "wall_s", &c.wall_s);
-    rc.Get(cj, "tokens", &c.tokens);
-    rc.Get(cj, "tokens_per_s", &c.tokens_per_s);
-    rc.Get(cj, "requests_per_s", &c.requests_per_s);
-    for (auto [key, p50, p90, p99] : {std::tuple{"ttft_s", &c.ttft_p50, &c.ttft_p90, &c.ttft_p99},
-                                      std::tuple{"itl_s", &c.itl_p50, &c.itl_p90, &c.itl_p99},
-                                      std::tuple{"e2e_s", &c.e2e_p50, &c.e2e_p90, &c.e2e_p99}}) {
-      if (const nlohmann::json* q = rc.Object(cj, key)) {
-        rc.Get(*q, "p50", p50);
-        rc.Get(*q, "p90", p90);
-        rc.Get(*q, "p99", p99);
-      }
-    }
-    if (cj.contains("pause_s")) {  // absent from results written before it was recorded
-      if (const nlohmann::json* q = rc.Object(cj, "pause_s")) {
-        rc.Get(*q, "p50", &c.pause_p50);
-        rc.Get(*q, "p99", &c.pause_p99);
-        rc.Get(*q, "max", &c.pause_max);
-      }
-    }
-    rc.Get(cj, "speedup", &c.speedup);
-    rc.Get(cj, "efficiency", &c.efficiency);
-    rc.Get(cj, "has_gpu", &c.has_gpu);
-    rc.Get(cj, "energy_j", &c.energy_j);
-    rc.Get(cj, "power_w", &c.power_w);
-    rc.Get(cj, "tokens_per_joule", &c.tokens_per_joule);
-    rc.Get(cj, "peak_gpu_memory_bytes", &c.peak_gpu_memory_bytes);
-    rc.Get(cj, "correct", &c.correct);
-    rc.Get(cj, "mismatches", &c.mismatches);
-    // Absent from results written before outputs were judged by the agreement rule.
-    if (cj.contains("near_ties")) rc.Get(cj, "near_ties", &c.near_ties);
-    if (cj.contains("unchecked")) rc.Get(cj, "unchecked", &c.unchecked);
-    if (cj.contains("differences")) {
-      nlohmann::json list;
-      rc.Get(cj, "differences", &list);
-      for (size_t k = 0; list.is_array() && k < list.size(); ++k) {
-        JsonReader rd(absl::StrCat(path.string(), " configs[", i, "].differences[", k, "]"));
-        Difference d;
-        std::string verdict;
-        rd.Get(list[k], "prompt", &d.prompt);
-        rd.Get(list[k], "requests", &d.requests);
-        rd.Get(list[k], "verdict", &verdict);
-        rd.Get(list[k], "position", &d.verdict.position);
-        rd.Get(list[k], "reference_token", &d.verdict.reference_token);
-        rd.Get(list[k], "token", &d.verdict.token);
-        if (!rd.status().ok()) return rd.status();
-        const nlohmann::json& gap = list[k]["reference_top2_gap"];
-        if (gap.is_number()) d.verdict.gap = gap.get<double>();
-        std::optional<Agreement> a = AgreementNamed(verdict);
-        if (!a.has_value()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(path.string(), " configs[", i, "].differences[", k, "]: verdict '",
-                           verdict, "' is not one of near-tie, differs, no logprobs"));
-        }
-        d.verdict.agreement = *a;
-        c.differences.push_back(std::move(d));
-      }
-    }
-    if (const nlohmann::json* st = rc.Object(cj, "stages_time")) {
-      for (const auto& [stage, v] : st->items()) {
-        int index = -1;
-        if (!absl::SimpleAtoi(stage, &index) || index < 0) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              path.string(), " configs[", i, "]: stage '", stage, "' is not a stage index"));
-        }
-        StageShare& share = c.stage_share[index];
-        rc.Get(v, "compute_s", &share.compute_s);
-        rc.Get(v, "transfer_s", &share.transfer_s);
-        rc.Get(v, "transfer_bytes", &share.bytes);
-      }
-    }
-    if (!rc.status().ok()) return rc.status();
-    r.configs.push_back(std::move(c));
-  }
-  if (o.nodes.empty() || o.prompt_lens.empty() || o.output_lens.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path.string(),
-                     ": options need at least one node count, prompt and output "
-                     "length"));
-  }
-  return r;
+  return absl::OkStatus();
 }
 
-absl::Status WriteReport(const SweepResult& r) {
-  const fs::path dir = r.options.out;
-  std::error_code ec;
-  fs::create_directories(dir / "plots", ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
-  if (absl::Status s = WriteFile(dir / "results.csv", Csv(r)); !s.ok()) return s;
-  if (absl::Status s = WriteFile(dir / "results.json", Json(r).dump(2) + "\n"); !s.ok()) return s;
-  if (absl::Status s = WriteFile(dir / "summary.md", Markdown(r)); !s.ok()) return s;
-
-  // Data files for gnuplot: one block per node count (vs load) and per load (vs nodes), for the
-  // first prompt/output length pair.
-  const SweepOptions& o = r.options;
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
-    std::fprintf(stderr, "warning: gnuplot is not installed; the run folder has no plots\n");
-    return absl::OkStatus();
+// One entry of results.json's "configs" (`where` names it in errors).
+absl::StatusOr<ConfigResult> ReadConfig(const nlohmann::json& cj, const std::string& where) {
+  JsonReader rc(where);
+  ConfigResult c;
+  rc.Get(cj, "nodes", &c.nodes);
+  rc.Get(cj, "stages", &c.stages);
+  rc.Get(cj, "replicas", &c.replicas);
+  if (cj.contains("prefill_nodes")) rc.Get(cj, "prefill_nodes", &c.prefill_nodes);
+  rc.Get(cj, "mode", &c.mode);
+  rc.Get(cj, "batch", &c.batch);
+  rc.Get(cj, "rate", &c.rate);
+  if (cj.contains("workload")) rc.Get(cj, "workload", &c.workload);
+  rc.Get(cj, "prompt_len", &c.prompt_len);
+  rc.Get(cj, "output_len", &c.output_len);
+  rc.Get(cj, "requests", &c.requests);
+  rc.Get(cj, "errors", &c.errors);
+  rc.Get(cj, "wall_s", &c.wall_s);
+  rc.Get(cj, "tokens", &c.tokens);
+  rc.Get(cj, "tokens_per_s", &c.tokens_per_s);
+  rc.Get(cj, "requests_per_s", &c.requests_per_s);
+  for (auto [key, p50, p90, p99] : {std::tuple{"ttft_s", &c.ttft_p50, &c.ttft_p90, &c.ttft_p99},
+                                    std::tuple{"itl_s", &c.itl_p50, &c.itl_p90, &c.itl_p99},
+                                    std::tuple{"e2e_s", &c.e2e_p50, &c.e2e_p90, &c.e2e_p99}}) {
+    if (const nlohmann::json* q = rc.Object(cj, key)) {
+      rc.Get(*q, "p50", p50);
+      rc.Get(*q, "p90", p90);
+      rc.Get(*q, "p99", p99);
+    }
   }
-  const int p0 = o.prompt_lens.front(), g0 = o.output_lens.front();
+  if (cj.contains("pause_s")) {  // absent from results written before it was recorded
+    if (const nlohmann::json* q = rc.Object(cj, "pause_s")) {
+      rc.Get(*q, "p50", &c.pause_p50);
+      rc.Get(*q, "p99", &c.pause_p99);
+      rc.Get(*q, "max", &c.pause_max);
+    }
+  }
+  rc.Get(cj, "speedup", &c.speedup);
+  rc.Get(cj, "efficiency", &c.efficiency);
+  rc.Get(cj, "has_gpu", &c.has_gpu);
+  rc.Get(cj, "energy_j", &c.energy_j);
+  rc.Get(cj, "power_w", &c.power_w);
+  rc.Get(cj, "tokens_per_joule", &c.tokens_per_joule);
+  rc.Get(cj, "peak_gpu_memory_bytes", &c.peak_gpu_memory_bytes);
+  rc.Get(cj, "correct", &c.correct);
+  rc.Get(cj, "mismatches", &c.mismatches);
+  // Absent from results written before outputs were judged by the agreement rule.
+  if (cj.contains("near_ties")) rc.Get(cj, "near_ties", &c.near_ties);
+  if (cj.contains("unchecked")) rc.Get(cj, "unchecked", &c.unchecked);
+  if (cj.contains("differences")) {
+    nlohmann::json list;
+    rc.Get(cj, "differences", &list);
+    if (absl::Status st = ReadDifferences(list, where, &c.differences); !st.ok()) return st;
+  }
+  if (const nlohmann::json* st = rc.Object(cj, "stages_time")) {
+    for (const auto& [stage, v] : st->items()) {
+      int index = -1;
+      if (!absl::SimpleAtoi(stage, &index) || index < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": stage '", stage, "' is not a stage index"));
+      }
+      StageShare& share = c.stage_share[index];
+      rc.Get(v, "compute_s", &share.compute_s);
+      rc.Get(v, "transfer_s", &share.transfer_s);
+      rc.Get(v, "transfer_bytes", &share.bytes);
+    }
+  }
+  if (!rc.status().ok()) return rc.status();
+  return c;
+}
+
+void ReadOptions(JsonReader& read, const nlohmann::json& oj, SweepOptions& o) {
+  std::string scaling;
+  read.Get(oj, "coordinator", &o.coordinator);
+  read.Get(oj, "worker_metrics", &o.worker_metrics);
+  read.Get(oj, "nodes", &o.nodes);
+  read.Get(oj, "data_parallel", &o.data_parallel);
+  if (oj.contains("prefill_nodes")) read.Get(oj, "prefill_nodes", &o.prefill_nodes);
+  if (o.prefill_nodes.empty()) o.prefill_nodes = {0};
+  read.Get(oj, "mode", &o.mode);
+  read.Get(oj, "batch", &o.batch);
+  read.Get(oj, "rates", &o.rates);
+  read.Get(oj, "prompt_lens", &o.prompt_lens);
+  read.Get(oj, "output_lens", &o.output_lens);
+  read.Get(oj, "requests", &o.requests);
+  read.Get(oj, "scaling", &scaling);
+  read.Get(oj, "warmup", &o.warmup);
+  read.Get(oj, "prompt_pool", &o.prompt_pool);
+  // Run folders from before workloads were recorded sent fixed lengths.
+  if (oj.contains("workload")) {
+    read.Get(oj, "workload", &o.workload.kind);
+    read.Get(oj, "length_sigma", &o.workload.length_sigma);
+    read.Get(oj, "shared_prefix_len", &o.workload.shared_prefix_len);
+  }
+  read.Get(oj, "seed", &o.seed);
+  if (oj.contains("tie_tolerance")) read.Get(oj, "tie_tolerance", &o.tie_tolerance);
+  o.weak_scaling = scaling == "weak";
+}
+
+// Run folders from before the server's settings were recorded have no "server".
+void ReadServer(JsonReader& read, const nlohmann::json& sj, ServedModel& m) {
+  read.Get(sj, "model", &m.name);
+  read.Get(sj, "model_dir", &m.model_dir);
+  read.Get(sj, "architecture", &m.architecture);
+  read.Get(sj, "dtype", &m.dtype);
+  read.Get(sj, "num_layers", &m.num_layers);
+  read.Get(sj, "context_length", &m.context_length);
+  read.Get(sj, "vocab_size", &m.vocab_size);
+  read.Get(sj, "max_slots", &m.max_slots);
+  read.Get(sj, "max_batch", &m.max_batch);
+  read.Get(sj, "stages", &m.stages);
+  read.Get(sj, "replicas", &m.replicas);
+}
+
+// The sweep's configurations along the plots' axes (first prompt/output length pair).
+struct PlotAxes {
   std::set<int> nodes;
   std::set<double> loads;
+};
+
+// Data files for gnuplot under `data`: one block per node count (vs load) and per load (vs
+// nodes), and the per-stage compute/transfer bars, for the first prompt/output length pair.
+absl::StatusOr<PlotAxes> WritePlotData(const SweepResult& r, const fs::path& data) {
+  const SweepOptions& o = r.options;
+  const int p0 = o.prompt_lens.front(), g0 = o.output_lens.front();
+  PlotAxes axes;
+  std::set<int>& nodes = axes.nodes;
+  std::set<double>& loads = axes.loads;
   for (const ConfigResult& c : r.configs) {
     if (c.prompt_len != p0 || c.output_len != g0) continue;
     nodes.insert(c.nodes);
@@ -634,18 +604,25 @@ absl::Status WriteReport(const SweepResult& r) {
   for (const ConfigResult& c : r.configs) {
     if (c.prompt_len != p0 || c.output_len != g0) continue;
     for (const auto& [stage, s] : c.stage_share) {
-      shares << row++ << " \"n" << c.nodes << (c.mode == "closed" ? " b" : " r") << Load(c)
-             << " s" << stage << "\" " << s.compute_s << ' ' << s.transfer_s << '\n';
+      shares << row++ << " \"n" << c.nodes << (c.mode == "closed" ? " b" : " r") << Load(c) << " s"
+             << stage << "\" " << s.compute_s << ' ' << s.transfer_s << '\n';
     }
   }
   if (row == 0) shares << "0 \"none\" 0 0\n";
-  const fs::path data = dir / "plots";
   if (absl::Status s = WriteFile(data / "by_load.dat", by_load.str()); !s.ok()) return s;
   if (absl::Status s = WriteFile(data / "by_nodes.dat", by_nodes.str()); !s.ok()) return s;
   if (absl::Status s = WriteFile(data / "stage_time.dat", shares.str()); !s.ok()) return s;
+  return axes;
+}
 
-  const std::string xload = o.mode == "closed" ? "batch size (requests in flight)"
-                                               : "offered load (requests/s)";
+// The gnuplot charts of the data files WritePlotData wrote under dir/plots.
+absl::Status DrawPlots(const SweepResult& r, const PlotAxes& axes) {
+  const SweepOptions& o = r.options;
+  const fs::path dir = o.out, data = dir / "plots";
+  const std::set<int>& nodes = axes.nodes;
+  const std::set<double>& loads = axes.loads;
+  const std::string xload =
+      o.mode == "closed" ? "batch size (requests in flight)" : "offered load (requests/s)";
   const std::string log_x = o.mode == "closed" ? "set logscale x 2\n" : "";
   auto per_block = [](const fs::path& file, const std::string& cols, const std::string& prefix,
                       int blocks, const std::vector<std::string>& titles) {
@@ -662,17 +639,17 @@ absl::Status WriteReport(const SweepResult& r) {
   const int nb = static_cast<int>(nodes.size()), lb = static_cast<int>(loads.size());
   if (nb == 0) return absl::OkStatus();
   const fs::path bl = data / "by_load.dat", bn = data / "by_nodes.dat";
-  if (absl::Status s = Plot(dir, "throughput_vs_batch",
-                            absl::StrCat("set title 'Throughput'\nset xlabel '", xload,
-                                         "'\nset ylabel 'generated tokens/s'\nset grid\n", log_x,
-                                         "set key top left\n",
-                                         per_block(bl, "1:2", "nodes=", nb, node_titles)));
+  if (absl::Status s =
+          Plot(dir, "throughput_vs_batch",
+               absl::StrCat("set title 'Throughput'\nset xlabel '", xload,
+                            "'\nset ylabel 'generated tokens/s'\nset grid\n", log_x,
+                            "set key top left\n", per_block(bl, "1:2", "nodes=", nb, node_titles)));
       !s.ok()) {
     return s;
   }
-  std::string lat = absl::StrCat("set title 'Latency (p50)'\nset xlabel '", xload,
-                                 "'\nset ylabel 'milliseconds'\nset grid\n", log_x,
-                                 "set key top left\nplot ");
+  std::string lat =
+      absl::StrCat("set title 'Latency (p50)'\nset xlabel '", xload,
+                   "'\nset ylabel 'milliseconds'\nset grid\n", log_x, "set key top left\nplot ");
   {
     int b = 0;
     for (int n : nodes) {
@@ -706,8 +683,75 @@ absl::Status WriteReport(const SweepResult& r) {
                            "set style data histograms\nset style histogram rowstacked\n"
                            "set style fill solid 0.8 border -1\nset boxwidth 0.8\n"
                            "set ylabel 'seconds'\nset xtics rotate by -45\nset key top left\n"
-                           "plot '", (data / "stage_time.dat").string(),
+                           "plot '",
+                           (data / "stage_time.dat").string(),
                            "' using 3:xtic(2) title 'compute', '' using 4 title 'transfer'\n"));
+}
+
+}  // namespace
+
+absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
+  const fs::path path = dir / "results.json";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), " is not JSON: ", e.what()));
+  }
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), " is not a JSON object"));
+  }
+  SweepResult r;
+  JsonReader read(path.string());
+  SweepOptions& o = r.options;
+  o.out = dir;
+  if (const nlohmann::json* oj = read.Object(j, "options")) ReadOptions(read, *oj, o);
+  if (j.contains("server")) {
+    if (const nlohmann::json* sj = read.Object(j, "server")) ReadServer(read, *sj, r.server);
+  }
+  if (j.contains("warnings")) read.Get(j, "warnings", &r.warnings);
+  read.Get(j, "all_correct", &r.all_correct);
+  if (j.contains("reference_has_gaps")) read.Get(j, "reference_has_gaps", &r.reference_has_gaps);
+  nlohmann::json configs;
+  read.Get(j, "configs", &configs);
+  if (!read.status().ok()) return read.status();
+  if (!configs.is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": 'configs' is not an array"));
+  }
+  for (size_t i = 0; i < configs.size(); ++i) {
+    absl::StatusOr<ConfigResult> c =
+        ReadConfig(configs[i], absl::StrCat(path.string(), " configs[", i, "]"));
+    if (!c.ok()) return c.status();
+    r.configs.push_back(*std::move(c));
+  }
+  if (o.nodes.empty() || o.prompt_lens.empty() || o.output_lens.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(),
+                     ": options need at least one node count, prompt and output "
+                     "length"));
+  }
+  return r;
+}
+
+absl::Status WriteReport(const SweepResult& r) {
+  const fs::path dir = r.options.out;
+  std::error_code ec;
+  fs::create_directories(dir / "plots", ec);
+  if (ec)
+    return absl::InternalError(absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
+  if (absl::Status s = WriteFile(dir / "results.csv", Csv(r)); !s.ok()) return s;
+  if (absl::Status s = WriteFile(dir / "results.json", Json(r).dump(2) + "\n"); !s.ok()) return s;
+  if (absl::Status s = WriteFile(dir / "summary.md", Markdown(r)); !s.ok()) return s;
+
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    std::fprintf(stderr, "warning: gnuplot is not installed; the run folder has no plots\n");
+    return absl::OkStatus();
+  }
+  absl::StatusOr<PlotAxes> axes = WritePlotData(r, dir / "plots");
+  if (!axes.ok()) return axes.status();
+  return DrawPlots(r, *axes);
 }
 
 }  // namespace tandem::loadgen

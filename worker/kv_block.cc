@@ -1,6 +1,7 @@
 // KvBlock (worker/stage.h): its size and the checks a stage makes before importing one.
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +52,48 @@ absl::Status CheckKvOut(int slot, int positions, int stage_first, int stage_last
   if (positions < 1 || positions > max_seq_len) {
     return absl::InvalidArgumentError(absl::StrCat("KV write-out: positions ", positions,
                                                    " outside [1, ", max_seq_len, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBlockTable(std::span<const int32_t> table, int64_t positions, int page_size,
+                             int num_pages, int max_seq_len) {
+  const int64_t needed = (positions + page_size - 1) / page_size;
+  const int64_t most = (static_cast<int64_t>(max_seq_len) + page_size - 1) / page_size;
+  const int64_t count = static_cast<int64_t>(table.size());
+  if (count < needed) {
+    return absl::InvalidArgumentError(absl::StrCat("block table of ", count, " pages holds ",
+                                                   count * page_size, " positions, ", positions,
+                                                   " need ", needed, " pages of ", page_size));
+  }
+  if (count > most) {
+    return absl::InvalidArgumentError(absl::StrCat("block table of ", count,
+                                                   " pages is longer than the context of ",
+                                                   max_seq_len, " positions (", most, " pages)"));
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    if (table[i] < 0 || table[i] >= num_pages) {
+      return absl::InvalidArgumentError(absl::StrCat("block table entry ", i, ": page ", table[i],
+                                                     " is outside the stage's [0, ", num_pages,
+                                                     ") pages"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckKvPlace(const char* what, const KvPlace& place, int64_t positions, int page_size,
+                          int num_pages, int max_seq_len) {
+  if (page_size <= 0) {
+    if (place.block_table.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": slot ", place.slot, " names ", place.block_table.size(),
+                     " pages, but this stage's KV-cache is contiguous slots (no kv_page_size)"));
+  }
+  if (absl::Status st =
+          CheckBlockTable(place.block_table, positions, page_size, num_pages, max_seq_len);
+      !st.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": slot ", place.slot, ": ", st.message()));
   }
   return absl::OkStatus();
 }

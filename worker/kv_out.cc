@@ -8,7 +8,7 @@
 
 namespace tandem {
 
-KvOut::KvOut(KvBlock block, int slot) : block_(std::move(block)), slot_(slot) {}
+KvOut::KvOut(KvBlock block, KvPlace place) : block_(std::move(block)), place_(std::move(place)) {}
 
 void KvOut::Written(int l, std::function<absl::Status()> ready) {
   {

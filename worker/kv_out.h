@@ -21,16 +21,17 @@ namespace tandem {
 
 class KvOut {
  public:
-  // `block`: the fields and the memory (host, or the stage's device) of slot `slot`'s positions
-  // [0, block.positions), not yet written.
-  KvOut(KvBlock block, int slot);
+  // `block`: the fields and the memory (host, or the stage's device) of the positions
+  // [0, block.positions) of the sequence at `place`, not yet written.
+  KvOut(KvBlock block, KvPlace place);
   KvOut(const KvOut&) = delete;
   KvOut& operator=(const KvOut&) = delete;
 
   const KvBlock& block() const { return block_; }
   // The stage's, to write the layers it has not published yet.
   KvBlock& block_to_write() { return block_; }
-  int slot() const { return slot_; }
+  int slot() const { return place_.slot; }
+  const KvPlace& place() const { return place_; }
   int positions() const { return block_.positions; }
 
   // The stage: layer `l` of the block (from 0, in order) is written, or will be once `ready`
@@ -54,7 +55,7 @@ class KvOut {
 
  private:
   KvBlock block_;
-  const int slot_;
+  const KvPlace place_;
   mutable absl::Mutex mu_;
   std::vector<std::function<absl::Status()>> ready_ ABSL_GUARDED_BY(mu_);
   absl::Status failed_ ABSL_GUARDED_BY(mu_);

@@ -71,6 +71,18 @@ struct KvBlock {
   size_t bytes() const;  // of K and V together, wherever they are
 };
 
+// Where a sequence's KV-cache is in a stage: its slot, which names the sequence (its sampling
+// state, its moves), and on a stage whose KV-cache is paged (StageSpec::kv_page_size > 0) its
+// block table: position p is in page block_table[p / page_size], row p % page_size. The table is
+// empty on a stage of contiguous slots, where the slot holds the positions.
+struct KvPlace {
+  KvPlace(int slot) : slot(slot) {}  // NOLINT(google-explicit-constructor): a contiguous slot
+  KvPlace(int slot, std::vector<int32_t> block_table)
+      : slot(slot), block_table(std::move(block_table)) {}
+  int slot = 0;
+  std::vector<int32_t> block_table;
+};
+
 // Weights a backend has placed (a CUDA stage's arena in device memory), which a later stage of
 // the same checkpoint may take instead of loading them again (StageSpec::placed): the model
 // layers [first_layer, last_layer), with the embeddings where first_layer is 0 and the final
@@ -110,40 +122,42 @@ class Stage {
   // The pages of KV-cache the stage holds when spec.kv_page_size > 0 (steps then name each
   // sequence's pages in SequenceStep::block_table); 0 where its slots hold contiguous rows.
   virtual int kv_pages() const { return 0; }
-  // The KV-cache of slot `slot`, positions [0, positions), of the model layers
+  // The KV-cache of the sequence at `place`, positions [0, positions), of the model layers
   // [first_layer, first_layer + num_layers), all within this stage's. INVALID_ARGUMENT naming
-  // what is out of range (a slot, positions the slot does not hold, layers it does not have).
-  virtual absl::StatusOr<KvBlock> ExportKv(int slot, int positions, int first_layer,
+  // what is out of range (a slot, a page, positions the sequence does not hold, layers the stage
+  // does not have).
+  virtual absl::StatusOr<KvBlock> ExportKv(const KvPlace& place, int positions, int first_layer,
                                            int num_layers) const {
-    (void)slot, (void)positions, (void)first_layer, (void)num_layers;
+    (void)place, (void)positions, (void)first_layer, (void)num_layers;
     return absl::UnimplementedError("this backend does not export its KV-cache");
   }
   // As ExportKv, but the block stays in this stage's device memory (on_device()), for a copy to
   // another GPU or back into this stage. UNIMPLEMENTED where the backend has no device.
-  virtual absl::StatusOr<KvBlock> ExportKvToDevice(int slot, int positions, int first_layer,
-                                                   int num_layers) const {
-    (void)slot, (void)positions, (void)first_layer, (void)num_layers;
+  virtual absl::StatusOr<KvBlock> ExportKvToDevice(const KvPlace& place, int positions,
+                                                   int first_layer, int num_layers) const {
+    (void)place, (void)positions, (void)first_layer, (void)num_layers;
     return absl::UnimplementedError("this backend keeps no KV-cache in device memory");
   }
   // Writes `block` (in host memory or, where the backend has a device, in this stage's device
-  // memory) into slot `slot`, which then holds its positions [0, block.positions): the next step
-  // of the sequence starts there. A block of other dims, another version, a dtype other than the
-  // cache's, layers outside this stage's, positions past its capacity, a byte count that does not
-  // match or device memory this stage cannot read is INVALID_ARGUMENT naming it, and nothing is
-  // written. Every layer of the stage must come (in one block or several) before the slot's next
-  // step.
-  virtual absl::Status ImportKv(int slot, const KvBlock& block) {
-    (void)slot, (void)block;
+  // memory) at `place`, which then holds its positions [0, block.positions): the next step of the
+  // sequence starts there. A block of other dims, another version, a dtype other than the
+  // cache's, layers outside this stage's, positions past its capacity (or the place's pages), a
+  // byte count that does not match or device memory this stage cannot read is INVALID_ARGUMENT
+  // naming it, and nothing is written. Every layer of the stage must come (in one block or
+  // several) before the sequence's next step.
+  virtual absl::Status ImportKv(const KvPlace& place, const KvBlock& block) {
+    (void)place, (void)block;
     return absl::UnimplementedError("this backend does not import a KV-cache");
   }
 
-  // Opens the write-out of slot `slot`'s KV-cache, positions [0, positions) of every layer of this
-  // stage, that the next Step fills as it goes (its row of that slot must end at `positions`):
-  // each layer is published (KvOut::Written) once the step has written it, while the step goes
-  // on with the next layers. A next step without that row fails it. UNIMPLEMENTED where the
-  // backend writes none out; RESOURCE_EXHAUSTED where there is no room for the block.
-  virtual absl::StatusOr<std::shared_ptr<KvOut>> OpenKvOut(int slot, int positions) {
-    (void)slot, (void)positions;
+  // Opens the write-out of the KV-cache at `place` (the slot and block table of the next step's
+  // row), positions [0, positions) of every layer of this stage, that the next Step fills as it
+  // goes (its row of that slot must end at `positions`): each layer is published
+  // (KvOut::Written) once the step has written it, while the step goes on with the next layers.
+  // A next step without that row fails it. UNIMPLEMENTED where the backend writes none out;
+  // RESOURCE_EXHAUSTED where there is no room for the block.
+  virtual absl::StatusOr<std::shared_ptr<KvOut>> OpenKvOut(const KvPlace& place, int positions) {
+    (void)place, (void)positions;
     return absl::UnimplementedError("this backend does not write its KV-cache out");
   }
 
@@ -225,6 +239,17 @@ absl::Status CheckKvExport(int slot, int positions, int first_layer, int num_lay
 // within [1, max_seq_len]. OK, or INVALID_ARGUMENT naming what is out of range.
 absl::Status CheckKvOut(int slot, int positions, int stage_first, int stage_last, int max_slots,
                         int max_seq_len);
+// A block table naming the pages of positions [0, positions) on a stage of `num_pages` pages of
+// `page_size` positions and a context of `max_seq_len`: at least ceil(positions / page_size)
+// pages, no more than ceil(max_seq_len / page_size), each within [0, num_pages). OK, or
+// INVALID_ARGUMENT naming the page (its index in the table and its id) or the count.
+absl::Status CheckBlockTable(std::span<const int32_t> table, int64_t positions, int page_size,
+                             int num_pages, int max_seq_len);
+// `place` fits the stage's KV-cache for positions [0, positions): on a stage of contiguous slots
+// (page_size 0) its table is empty, on a paged one CheckBlockTable holds. OK, or
+// INVALID_ARGUMENT beginning with `what` and naming the slot.
+absl::Status CheckKvPlace(const char* what, const KvPlace& place, int64_t positions, int page_size,
+                          int num_pages, int max_seq_len);
 // A block of the given fields, with no bytes anywhere (for device memory, or a header's block).
 KvBlock KvBlockOf(DType dtype, int first_layer, int num_layers, int num_kv_heads, int head_dim,
                   int positions);

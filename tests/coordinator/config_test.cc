@@ -218,7 +218,7 @@ TEST(CoordinatorConfigTest, EachBoundRefusesAValueBelowItNamingTheSetting) {
     EXPECT_THAT(ValidateCoordinatorConfig(c).message(),
                 HasSubstr(absl::StrCat("config: ", changed, " must be >= ")));
   }
-  EXPECT_EQ(bounded, 22);
+  EXPECT_EQ(bounded, 24);
 }
 
 TEST(CheckModelDirTest, NamesWhatTheFolderIsNotAndWhatToGive) {

@@ -1,14 +1,14 @@
 // The cpu backend of a worker (cpu_backend.h).
 #include "worker/cpu/cpu_backend.h"
 
-#include "worker/cpu/cpu_stage.h"
+#include "worker/cpu/cpu_tensor_parallel.h"
 
 namespace tandem {
 
 absl::StatusOr<std::unique_ptr<Stage>> CpuBackend::MakeStage(const StageSpec& spec) {
   StageSpec s = spec;
   s.quantize_fp8 = s.quantize_fp8 || quantize_fp8_;
-  return MakeCpuStage(s);
+  return MakeCpuTensorParallelStage(s, tensor_parallel_);
 }
 
 }  // namespace tandem

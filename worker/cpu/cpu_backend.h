@@ -11,12 +11,15 @@ namespace tandem {
 class CpuBackend final : public Backend {
  public:
   // quantize_fp8: every stage's linear weights quantized to FP8 and computed dequantized
-  // (StageSpec::quantize_fp8).
-  explicit CpuBackend(bool quantize_fp8 = false) : quantize_fp8_(quantize_fp8) {}
+  // (StageSpec::quantize_fp8). tensor_parallel: every stage split over that many thread ranks
+  // (cpu_tensor_parallel.h).
+  explicit CpuBackend(bool quantize_fp8 = false, int tensor_parallel = 1)
+      : quantize_fp8_(quantize_fp8), tensor_parallel_(tensor_parallel) {}
   absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec) override;
 
  private:
   bool quantize_fp8_;
+  int tensor_parallel_;
 };
 
 }  // namespace tandem

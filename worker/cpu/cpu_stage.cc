@@ -2,8 +2,8 @@
 //
 // A step's rows are every sequence's tokens concatenated (prefill chunks and decode tokens mixed);
 // every projection is one cblas_sgemm over all rows. Attention runs per sequence and head over
-// that sequence's KV-cache slot, which holds K and V of every position written so far:
-//   k_cache_, v_cache_: [max_slots][layers of this stage][max_seq_len][kv_dim]
+// that sequence's KV-cache (worker/cpu/cpu_kv_cache.h): its slot's contiguous rows, or the pages
+// of its block table gathered into contiguous rows, so that both layouts compute the same.
 // Architectures differ only in data: which norm, bias or not, learned positions or RoPE (and its
 // frequencies), a per-head norm of q and k or not (Qwen3), which MLP activation, the attention's
 // scale and sliding window.
@@ -15,7 +15,6 @@
 #include "worker/cpu/cpu_stage.h"
 
 #include <cblas.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -28,14 +27,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rope.h"
-#include "worker/constrained_sampling.h"
 #include "common/safetensors.h"
-#include "worker/kv_out.h"
 #include "common/status_macros.h"
+#include "worker/constrained_sampling.h"
 #include "worker/context_fit.h"
+#include "worker/cpu/cpu_all_reduce.h"
+#include "worker/cpu/cpu_kv_cache.h"
 #include "worker/fp8_weights.h"
+#include "worker/kv_out.h"
 #include "worker/sampling.h"
 #include "worker/step_check.h"
+#include "worker/tensor_parallel.h"
 #include "worker/weights.h"
 
 namespace tandem {
@@ -121,16 +123,22 @@ void MaskedSoftmax(float* row, int begin, int end, int width) {
 
 class CpuStage final : public Stage {
  public:
-  CpuStage(ModelConfig config, StageWeights weights, int max_slots, int max_seq_len,
-           std::unique_ptr<float[]> k_cache, std::unique_ptr<float[]> v_cache)
-      : c_(std::move(config)),
+  // A tensor-parallel rank (all_reduce non-null) computes with `config` narrowed to its heads and
+  // MLP slice (RankConfig) and reports `model`, the whole model's; otherwise they are the same.
+  CpuStage(ModelConfig model, ModelConfig config, StageWeights weights, CpuKvCache kv,
+           CpuAllReduce* all_reduce, int rank)
+      : model_(std::move(model)),
+        c_(std::move(config)),
         w_(std::move(weights)),
-        max_slots_(max_slots),
-        max_seq_len_(max_seq_len),
-        k_cache_(std::move(k_cache)),
-        v_cache_(std::move(v_cache)),
-        cached_len_(max_slots, 0),
-        inv_freq_(RopeInverseFrequencies(c_)) {}
+        max_slots_(kv.layout().max_slots),
+        max_seq_len_(kv.layout().max_seq_len),
+        page_size_(kv.layout().page_size),
+        num_pages_(kv.layout().num_pages),
+        kv_(std::move(kv)),
+        cached_len_(max_slots_, 0),
+        inv_freq_(RopeInverseFrequencies(c_)),
+        all_reduce_(all_reduce),
+        rank_(rank) {}
 
   // Where constrained rows find the tokenizer their masks are made from.
   void UseTokenizerOf(const std::filesystem::path& model_dir) {
@@ -139,44 +147,54 @@ class CpuStage final : public Stage {
     constrained_ = std::make_unique<ConstrainedSampling>(model_dir, std::move(eos));
   }
 
-  const ModelConfig& config() const override { return c_; }
+  const ModelConfig& config() const override { return model_; }
+  int kv_pages() const override { return num_pages_; }
 
-  absl::StatusOr<KvBlock> ExportKv(int slot, int positions, int first_layer,
+  absl::StatusOr<KvBlock> ExportKv(const KvPlace& place, int positions, int first_layer,
                                    int num_layers) const override {
+    RETURN_IF_ERROR(
+        CheckKvPlace("KV export", place, positions, page_size_, num_pages_, max_seq_len_));
+    const int slot = place.slot;
     RETURN_IF_ERROR(CheckKvExport(slot, positions, first_layer, num_layers, w_.first_layer,
                                   last_layer(), max_slots_,
                                   slot >= 0 && slot < max_slots_ ? cached_len_[slot] : 0));
     KvBlock b = SizedKvBlock(DType::kF32, first_layer, num_layers, c_.num_kv_heads, c_.head_dim,
                              positions);
-    const size_t row_bytes = static_cast<size_t>(positions) * c_.kv_dim() * sizeof(float);
+    const size_t floats = static_cast<size_t>(positions) * c_.kv_dim();
     for (int l = 0; l < num_layers; ++l) {
-      const size_t at = CacheOffset(slot, first_layer - w_.first_layer + l, 0);
-      std::memcpy(b.k.data() + l * row_bytes, k_cache_.get() + at, row_bytes);
-      std::memcpy(b.v.data() + l * row_bytes, v_cache_.get() + at, row_bytes);
+      kv_.Gather(slot, place.block_table, first_layer - w_.first_layer + l, positions,
+                 reinterpret_cast<float*>(b.k.data()) + l * floats,
+                 reinterpret_cast<float*>(b.v.data()) + l * floats);
     }
     return b;
   }
 
-  absl::Status ImportKv(int slot, const KvBlock& block) override {
+  absl::Status ImportKv(const KvPlace& place, const KvBlock& block) override {
+    RETURN_IF_ERROR(
+        CheckKvPlace("KV import", place, block.positions, page_size_, num_pages_, max_seq_len_));
+    const int slot = place.slot;
     RETURN_IF_ERROR(CheckKvBlock(block, slot, c_, DType::kF32, w_.first_layer, last_layer(),
                                  max_slots_, max_seq_len_));
-    const size_t row_bytes = static_cast<size_t>(block.positions) * c_.kv_dim() * sizeof(float);
+    const size_t floats = static_cast<size_t>(block.positions) * c_.kv_dim();
     for (int l = 0; l < block.num_layers; ++l) {
-      const size_t at = CacheOffset(slot, block.first_layer - w_.first_layer + l, 0);
-      std::memcpy(k_cache_.get() + at, block.k.data() + l * row_bytes, row_bytes);
-      std::memcpy(v_cache_.get() + at, block.v.data() + l * row_bytes, row_bytes);
+      kv_.Scatter(slot, place.block_table, block.first_layer - w_.first_layer + l, block.positions,
+                  reinterpret_cast<const float*>(block.k.data()) + l * floats,
+                  reinterpret_cast<const float*>(block.v.data()) + l * floats);
     }
     cached_len_[slot] = block.positions;
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::shared_ptr<KvOut>> OpenKvOut(int slot, int positions) override {
+  absl::StatusOr<std::shared_ptr<KvOut>> OpenKvOut(const KvPlace& place, int positions) override {
+    RETURN_IF_ERROR(
+        CheckKvPlace("KV write-out", place, positions, page_size_, num_pages_, max_seq_len_));
+    const int slot = place.slot;
     RETURN_IF_ERROR(
         CheckKvOut(slot, positions, w_.first_layer, last_layer(), max_slots_, max_seq_len_));
     auto out = std::make_shared<KvOut>(
         SizedKvBlock(DType::kF32, w_.first_layer, static_cast<int>(w_.layers.size()),
                      c_.num_kv_heads, c_.head_dim, positions),
-        slot);
+        place);
     kv_outs_.Add(out);
     return out;
   }
@@ -196,10 +214,10 @@ class CpuStage final : public Stage {
   // Layer `l` of the stage into `out`'s block, published.
   void WriteOut(KvOut& out, int l) {
     KvBlock& b = out.block_to_write();
-    const size_t row_bytes = static_cast<size_t>(b.positions) * c_.kv_dim() * sizeof(float);
-    const size_t at = CacheOffset(out.slot(), l, 0);
-    std::memcpy(b.k.data() + l * row_bytes, k_cache_.get() + at, row_bytes);
-    std::memcpy(b.v.data() + l * row_bytes, v_cache_.get() + at, row_bytes);
+    const size_t floats = static_cast<size_t>(b.positions) * c_.kv_dim();
+    kv_.Gather(out.slot(), out.place().block_table, l, b.positions,
+               reinterpret_cast<float*>(b.k.data()) + l * floats,
+               reinterpret_cast<float*>(b.v.data()) + l * floats);
     out.Written(l);
   }
 
@@ -266,7 +284,7 @@ class CpuStage final : public Stage {
         r0 += s.num_tokens;
       }
       for (const std::shared_ptr<KvOut>& o : outs) WriteOut(*o, l);  // the layer's K, V written
-      Linear(attn.data(), rows, q_dim, lw.wo, lw.bo, hidden, x.data(), /*accumulate=*/true);
+      RowParallel(attn.data(), rows, q_dim, lw.wo, lw.bo, x.data());
 
       // MLP block: x += down(act(up(norm(x)))).
       Norm(c_.arch, x.data(), rows, hidden, lw.mlp_norm_w, lw.mlp_norm_b, c_.norm_eps, h.data());
@@ -278,7 +296,7 @@ class CpuStage final : public Stage {
           a[j] = gated ? Silu(u[j]) * u[inter + j] : GeluTanh(u[j]);
         }
       }
-      Linear(act.data(), rows, inter, lw.w_out, lw.b_out, hidden, x.data(), /*accumulate=*/true);
+      RowParallel(act.data(), rows, inter, lw.w_out, lw.b_out, x.data());
     }
 
     for (const SequenceStep& s : step.seqs) cached_len_[s.slot] = s.position + s.num_tokens;
@@ -304,20 +322,31 @@ class CpuStage final : public Stage {
     return out;
   }
 
-  int last_layer() const { return w_.first_layer + static_cast<int>(w_.layers.size()); }
-  size_t CacheOffset(int slot, int layer, int position) const {
-    return ((static_cast<size_t>(slot) * w_.layers.size() + layer) * max_seq_len_ + position) *
-           c_.kv_dim();
+  // x (rows, hidden) += in (rows, in_dim) · wᵀ + b. On a tensor-parallel rank, in · wᵀ (+ b on
+  // rank 0) is the rank's partial sum, summed over the ranks before it is added.
+  void RowParallel(const float* in, int rows, int in_dim, const std::vector<float>& w,
+                   const std::vector<float>& b, float* x) {
+    const int hidden = c_.hidden_size;
+    if (all_reduce_ == nullptr) {
+      Linear(in, rows, in_dim, w, b, hidden, x, /*accumulate=*/true);
+      return;
+    }
+    partial_.resize(static_cast<size_t>(rows) * hidden);
+    Linear(in, rows, in_dim, w, b, hidden, partial_.data());
+    all_reduce_->Sum(rank_, partial_.data(), partial_.size());
+    for (size_t i = 0; i < partial_.size(); ++i) x[i] += partial_[i];
   }
+
+  int last_layer() const { return w_.first_layer + static_cast<int>(w_.layers.size()); }
 
   // Writes the sequence's new K and V rows (from its num_tokens rows of qkv) at its positions.
   void StoreKv(const SequenceStep& s, int layer, const float* qkv, int qkv_dim) {
     const int q_dim = c_.q_dim(), kv_dim = c_.kv_dim();
     for (int t = 0; t < s.num_tokens; ++t) {
       const float* row = qkv + static_cast<size_t>(t) * qkv_dim;
-      const size_t at = CacheOffset(s.slot, layer, s.position + t);
-      std::copy(row + q_dim, row + q_dim + kv_dim, k_cache_.get() + at);
-      std::copy(row + q_dim + kv_dim, row + qkv_dim, v_cache_.get() + at);
+      const int p = s.position + t;
+      std::copy(row + q_dim, row + q_dim + kv_dim, kv_.K(s.slot, s.block_table, layer, p));
+      std::copy(row + q_dim + kv_dim, row + qkv_dim, kv_.V(s.slot, s.block_table, layer, p));
     }
   }
 
@@ -330,8 +359,7 @@ class CpuStage final : public Stage {
     const int n = s.num_tokens, ctx = s.position + n, hd = c_.head_dim;
     const int kv_dim = c_.kv_dim(), q_dim = c_.q_dim();
     const int group = c_.num_heads / c_.num_kv_heads;  // query heads per KV head
-    const float* k = k_cache_.get() + CacheOffset(s.slot, layer, 0);
-    const float* v = v_cache_.get() + CacheOffset(s.slot, layer, 0);
+    const auto [k, v] = kv_.Rows(s.slot, s.block_table, layer, ctx, k_rows_, v_rows_);
     const float scale = c_.attention_scale(model_layer);
     const int window = c_.attention_window(model_layer);
     std::vector<float> scores(static_cast<size_t>(n) * ctx);  // (n, ctx)
@@ -434,7 +462,10 @@ class CpuStage final : public Stage {
   absl::Status Validate(const StepDescriptor& step, const Activations& in) const {
     const StepLimits limits{max_slots_, max_seq_len_, c_.vocab_size, c_.hidden_size,
                             w_.has_embedding};
-    RETURN_IF_ERROR(ValidateStep(step, in, limits, cached_len_));
+    // On pages a sequence may start past what its slot computed: its first pages can be another
+    // sequence's (a cached prefix), which the coordinator's page owner vouches for.
+    RETURN_IF_ERROR(ValidateStep(step, in, limits, page_size_ > 0 ? whole_context_ : cached_len_));
+    RETURN_IF_ERROR(ValidateTables(step));
     if (!w_.has_embedding && in.rows > 0 && in.where != Where::kHost) {
       return absl::InvalidArgumentError(absl::StrCat(
           "step ", step.id,
@@ -443,22 +474,47 @@ class CpuStage final : public Stage {
     return absl::OkStatus();
   }
 
-  const ModelConfig c_;
+  // Each row's block table: on pages, enough pages in range for position + num_tokens and no
+  // longer than the context; on contiguous slots, none.
+  absl::Status ValidateTables(const StepDescriptor& step) const {
+    for (size_t i = 0; i < step.seqs.size(); ++i) {
+      const SequenceStep& s = step.seqs[i];
+      if (page_size_ == 0 && !s.block_table.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "step ", step.id, ": sequence ", i, " (slot ", s.slot, ") names ", s.block_table.size(),
+            " pages, but this stage's KV-cache is contiguous slots"));
+      }
+      if (page_size_ == 0) continue;
+      const absl::Status st =
+          CheckBlockTable(s.block_table, static_cast<int64_t>(s.position) + s.num_tokens,
+                          page_size_, num_pages_, max_seq_len_);
+      if (!st.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("step ", step.id, ": sequence ", i,
+                                                       " (slot ", s.slot, "): ", st.message()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  const ModelConfig model_;  // the whole model (config())
+  const ModelConfig c_;      // what this rank computes: the model, or a rank's part of it
   const StageWeights w_;
   std::unique_ptr<ConstrainedSampling> constrained_;
   const int max_slots_;
   const int max_seq_len_;
-  std::unique_ptr<float[]> k_cache_;  // [max_slots][layers][max_seq_len][kv_dim]
-  std::unique_ptr<float[]> v_cache_;  // same layout
-  std::vector<int> cached_len_;       // per slot: positions [0, len) hold K/V
+  const int page_size_;  // 0: contiguous slots
+  const int num_pages_;  // with page_size_ > 0
+  CpuKvCache kv_;
+  std::vector<int> cached_len_;  // per slot: positions [0, len) hold K/V
+  const std::vector<int> whole_context_ = std::vector<int>(max_slots_, max_seq_len_);
+  // Scratch of Attend on pages: a sequence's K and V rows of one layer, gathered.
+  std::vector<float> k_rows_, v_rows_;
   std::vector<float> inv_freq_;       // (head_dim / 2) RoPE frequencies
   PendingKvOuts kv_outs_;             // opened for the next step (OpenKvOut)
+  CpuAllReduce* const all_reduce_;    // tensor-parallel ranks' sums; null for a whole stage
+  const int rank_;                    // this stage's rank among them
+  std::vector<float> partial_;        // (rows, hidden) a rank's row-parallel output
 };
-
-// The host's physical memory: no KV-cache larger than it can be served.
-int64_t HostMemoryBytes() {
-  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
-}
 
 }  // namespace
 
@@ -473,9 +529,17 @@ absl::Status SetCpuThreads(int threads) {
 
 int CpuThreads() { return openblas_get_num_threads(); }
 
-absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
+namespace {
+
+// Rank `rank` of the stage, or the whole stage when all_reduce is null. Each rank reads the
+// checkpoint and keeps its shard.
+absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStageRank(const StageSpec& spec,
+                                                        CpuAllReduce* all_reduce, int rank) {
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(spec.model_dir));
   const ModelConfig& c = ckpt->config();
+  const int ranks = all_reduce == nullptr ? 1 : all_reduce->ranks();
+  RETURN_IF_ERROR(CheckTensorParallel(c, ranks));
+  const ModelConfig rank_config = RankConfig(c, ranks);
   const int last = spec.last_layer == -1 ? c.num_layers : spec.last_layer;
   if (spec.max_slots < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_slots must be >= 1, got ", spec.max_slots));
@@ -489,29 +553,39 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
   ASSIGN_OR_RETURN(StageSources sources, FindStageWeights(*ckpt, spec.first_layer, last));
   StageWeights weights = ReadStageWeights(sources);
   if (spec.quantize_fp8) RETURN_IF_ERROR(RoundLinearWeightsToFp8(sources, weights));
+  if (ranks > 1) weights = ShardStage(c, weights, rank, ranks);
 
-  ASSIGN_OR_RETURN(const int64_t cache_bytes,
-                   KvCacheBytes({.slots = spec.max_slots,
-                                 .layers = static_cast<int64_t>(weights.layers.size()),
-                                 .positions = max_seq_len,
-                                 .kv_dim = c.kv_dim(),
-                                 .element_bytes = sizeof(float)},
-                                HostMemoryBytes(), "host memory"));
-  const size_t cache_floats = static_cast<size_t>(cache_bytes) / 2 / sizeof(float);
-  // Left uninitialised: a position is only read after a step has written it.
-  std::unique_ptr<float[]> k_cache, v_cache;
-  try {
-    k_cache = std::make_unique_for_overwrite<float[]>(cache_floats);
-    v_cache = std::make_unique_for_overwrite<float[]>(cache_floats);
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "KV-cache of ", cache_bytes, " bytes (", spec.max_slots, " slots x ", weights.layers.size(),
-        " layers x ", max_seq_len, " positions) does not fit in memory"));
+  if (spec.kv_page_size < 0 || spec.kv_pages < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_page_size and kv_pages must be >= 0, got ",
+                                                   spec.kv_page_size, " and ", spec.kv_pages));
   }
-  auto stage = std::make_unique<CpuStage>(c, std::move(weights), spec.max_slots, max_seq_len,
-                                          std::move(k_cache), std::move(v_cache));
+  ASSIGN_OR_RETURN(CpuKvCache kv,
+                   CpuKvCache::Make({.layers = static_cast<int>(weights.layers.size()),
+                                     .kv_dim = rank_config.kv_dim(),
+                                     .max_slots = spec.max_slots,
+                                     .max_seq_len = max_seq_len,
+                                     .page_size = spec.kv_page_size,
+                                     .num_pages = spec.kv_pages}));
+  auto stage = std::make_unique<CpuStage>(c, rank_config, std::move(weights), std::move(kv),
+                                          all_reduce, rank);
   stage->UseTokenizerOf(spec.model_dir);
   return stage;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
+  return MakeCpuStageRank(spec, nullptr, 0);
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Stage>>> MakeCpuStageRanks(const StageSpec& spec,
+                                                                      CpuAllReduce& all_reduce) {
+  std::vector<std::unique_ptr<Stage>> stages;
+  for (int rank = 0; rank < all_reduce.ranks(); ++rank) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCpuStageRank(spec, &all_reduce, rank));
+    stages.push_back(std::move(stage));
+  }
+  return stages;
 }
 
 }  // namespace tandem

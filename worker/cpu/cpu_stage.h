@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/stage.h"
@@ -10,6 +11,15 @@
 namespace tandem {
 
 absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec);
+
+// The ranks of `spec`'s stage split over all_reduce.ranks() ranks (cpu_tensor_parallel.h): rank
+// r's stage holds its shard of the weights (worker/tensor_parallel.h) and the KV-cache of its
+// heads, and sums its row-parallel outputs with the other ranks' through `all_reduce`, which must
+// outlive them. Their config() is the whole model's. INVALID_ARGUMENT where the model does not
+// split so (CheckTensorParallel).
+class CpuAllReduce;
+absl::StatusOr<std::vector<std::unique_ptr<Stage>>> MakeCpuStageRanks(const StageSpec& spec,
+                                                                      CpuAllReduce& all_reduce);
 
 // Threads of the process's OpenBLAS GEMMs (process-wide: every CPU stage of the process uses
 // them). OpenBLAS's own default takes every core and spins its idle threads, which starves the

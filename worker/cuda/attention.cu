@@ -25,6 +25,9 @@ constexpr int kMaxOut = kMaxAttentionGroupWidth / kThreads;  // accumulators per
 // batches, where each block waits out the memory latency of its tiles); otherwise the plain loop
 // (batch 64 decode was 10% slower and prefill 3-10% with these batches).
 constexpr int kLoadBatchFew = 8;
+// Pages a 64-key tile spans at most: tiles start on multiples of kTile, so pages of
+// kMinKvPageSize or more hold whole tiles' parts.
+constexpr int kTilePages = kTile / kMinKvPageSize;
 constexpr int kMaxRowsForLoadBatch = 8;
 
 // Shared-memory row stride (elements) of a K/V tile: head_dim padded so that threads reading
@@ -138,14 +141,41 @@ __global__ void __launch_bounds__(kThreads)
   const size_t head_base = Kv::kPaged ? 0 : kv.Offset(seq, kvh, 0);
   const T* kh = k_cache + head_base;
   const T* vh = v_cache + head_base;
+  // Paged: the page ids of a tile's keys, read from the table once per tile into shared memory
+  // (page_s[buf], indexed from the tile's first page) rather than once per 16-byte load, and one
+  // tile ahead, so that the table's latency hides behind the tile before.
+  int* page_s = reinterpret_cast<int*>(v_s + kTile * stride);  // (2, kTilePages)
+  // The table entry this thread reads for tile t0 (its entries of keys [max(t0, lo), end)), or
+  // -1; its index in the tile's pages goes to `at`.
+  auto tile_page = [&](int t0, int& at) -> int {
+    at = -1;
+    if constexpr (Kv::kPaged) {
+      if (t0 >= end) return -1;
+      const int last = min(t0 + kTile, end) - 1;
+      const int i = (max(t0, lo) >> kv.page_shift) + static_cast<int>(threadIdx.x);
+      if (i > (last >> kv.page_shift)) return -1;
+      at = i - (t0 >> kv.page_shift);
+      return __ldg(kv.table + static_cast<size_t>(seq) * kv.table_stride + i);
+    }
+    return -1;
+  };
+  if constexpr (Kv::kPaged) {
+    int at;
+    const int page = tile_page(begin, at);
+    if (at >= 0) page_s[at] = page;
+    __syncthreads();
+  }
   // The 16-byte vectors vi of a tile's K and V: one contiguous run from the slot's head; in pages,
-  // the vector's key (head_dim % 8 == 0: a vector is part of one key) found through the table,
-  // keys before the window (masked below) read as the window's first so that pages out of the
-  // window need not be in the table.
+  // the vector's key (head_dim % 8 == 0: a vector is part of one key) found through the tile's
+  // page ids, keys before the window (masked below) read as the window's first so that pages out
+  // of the window need not be in the table.
+  int buf = 0;
   auto load_kv = [&](int t0, int vi, Vec8<T>& kv8, Vec8<T>& vv8) {
     if constexpr (Kv::kPaged) {
       const int flat = vi * 8, row = flat / head_dim;
-      const size_t at = kv.Offset(seq, kvh, max(t0 + row, lo)) + (flat - row * head_dim);
+      const int pos = max(t0 + row, lo);
+      const int page = page_s[buf * kTilePages + (pos >> kv.page_shift) - (t0 >> kv.page_shift)];
+      const size_t at = kv.InPage(page, kvh, pos) + (flat - row * head_dim);
       kv8 = *reinterpret_cast<const Vec8<T>*>(k_cache + at);
       vv8 = *reinterpret_cast<const Vec8<T>*>(v_cache + at);
     } else {
@@ -164,6 +194,8 @@ __global__ void __launch_bounds__(kThreads)
     // K and V tiles: n * head_dim contiguous elements each, 8 per 16-byte load (t0 * head_dim is
     // a multiple of 8 because t0 is a multiple of kTile).
     const int total = n * head_dim, nvec = total / 8;
+    int next_at;
+    const int next_page = tile_page(t0 + kTile, next_at);  // in flight during this tile's loads
     if constexpr (kLoadBatch > 1) {
       // kLoadBatch loads of each in flight per thread before any is stored, so that a tile costs
       // one memory latency, not one per load.
@@ -205,6 +237,8 @@ __global__ void __launch_bounds__(kThreads)
       k_s[row * stride + col] = kh[static_cast<size_t>(t0) * head_dim + flat];
       v_s[row * stride + col] = vh[static_cast<size_t>(t0) * head_dim + flat];
     }
+    // The next tile's page ids: nothing reads page_s[buf ^ 1] before the syncs below.
+    if (next_at >= 0) page_s[(buf ^ 1) * kTilePages + next_at] = next_page;
     __syncthreads();
     // Scores: one (head, key) pair per thread.
     for (int pi = threadIdx.x; pi < group * n; pi += blockDim.x) {
@@ -250,6 +284,7 @@ __global__ void __launch_bounds__(kThreads)
         acc[k] = a;
       }
     }
+    buf ^= 1;
     __syncthreads();
   }
   if (splits == 1) {
@@ -296,7 +331,7 @@ absl::Status Launch(DType dtype, const void* q, const void* k_cache, const void*
       partials + PartialAccFloats(rows, num_heads, head_dim, splits));
   const int group = num_heads / num_kv_heads;
   const size_t smem = (group * head_dim + group * kTile + 3 * group + 4) * sizeof(float) +
-                      2 * kTile * TileStride(head_dim) * 2;
+                      2 * kTile * TileStride(head_dim) * 2 + 2 * kTilePages * sizeof(int);
   dim3 grid(num_kv_heads, rows, splits);
   TANDEM_DISPATCH_HALF(dtype, {
     auto* kernel = rows <= kMaxRowsForLoadBatch ? AttentionPartialKernel<T, kLoadBatchFew, Kv>

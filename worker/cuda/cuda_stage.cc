@@ -29,6 +29,7 @@
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 #include "worker/context_fit.h"
+#include "worker/cuda/block_tables.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage_impl.h"
 #include "worker/cuda/host_copy.h"
@@ -63,11 +64,9 @@ void ApplyHostRule(const StepDescriptor& step, int vocab, StepOutput& out) {
       token = SampleToken(row, s.sampling, s.sample_index);
     }
     if (s.logprobs >= 0) {
-      SequenceLogprobs l;
-      l.seq = i;
+      SequenceLogprobs& l = LogprobsEntry(out, i);
       l.has_sampled = true;
       l.sampled = ComputeLogprob(row, token, s.logprobs);
-      out.logprobs.push_back(std::move(l));
     }
   }
 }
@@ -125,11 +124,15 @@ absl::Status CudaStage::CheckOptions(const StageSpec& spec) {
                                                    capacity, " cached positions, beyond int"));
   }
   seq_capacity_ = static_cast<int>(capacity);
-  // Refused before anything is allocated: a cache whose size overflows or exceeds the whole GPU.
   const int last = spec.last_layer == -1 ? c_.num_layers : spec.last_layer;
-  RETURN_IF_ERROR(KvBytes(std::clamp(last - spec.first_layer, 1, c_.num_layers),
-                          static_cast<int64_t>(prop.totalGlobalMem), "GPU memory in all")
-                      .status());
+  if (spec.kv_page_size != 0) {
+    RETURN_IF_ERROR(CheckPagedOptions(spec));
+  } else {
+    // Refused before anything is allocated: a cache whose size overflows or exceeds the GPU.
+    RETURN_IF_ERROR(KvBytes(std::clamp(last - spec.first_layer, 1, c_.num_layers),
+                            static_cast<int64_t>(prop.totalGlobalMem), "GPU memory in all")
+                        .status());
+  }
   if (c_.hidden_size % 8 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("CUDA backend needs hidden_size a multiple of 8, got ", c_.hidden_size));
@@ -143,18 +146,67 @@ absl::Status CudaStage::CheckOptions(const StageSpec& spec) {
   return absl::OkStatus();
 }
 
+absl::Status CudaStage::CheckPagedOptions(const StageSpec& spec) {
+  const int ps = spec.kv_page_size;
+  if (ps < cuda::kMinKvPageSize || (ps & (ps - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_page_size must be 0 (contiguous slots) or a power of two >= ", cuda::kMinKvPageSize,
+        " for the CUDA backend, got ", ps));
+  }
+  if (c_.head_dim % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a paged KV-cache on the CUDA backend needs head_dim a multiple of 8, got ", c_.head_dim,
+        "; run with kv_page_size 0"));
+  }
+  if (spec.kv_pages < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_pages must be >= 0 (0: as many as the KV memory holds), got ",
+                     spec.kv_pages));
+  }
+  page_size_ = ps;
+  pages_asked_ = spec.kv_pages;
+  max_seq_pages_ = (max_seq_len_ + ps - 1) / ps;
+  return absl::OkStatus();
+}
+
+absl::Status CudaStage::CheckBlockTables(const StepDescriptor& step) const {
+  if (paged()) return cuda::CheckBlockTables(step, page_size_, num_pages_, max_seq_pages_);
+  for (size_t i = 0; i < step.seqs.size(); ++i) {
+    const SequenceStep& s = step.seqs[i];
+    if (s.block_table.empty()) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step.id, ": sequence ", i, " (slot ", s.slot, ") names ", s.block_table.size(),
+        " KV pages; this stage's KV-cache is contiguous slots (assign it a kv_page_size for "
+        "pages)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaStage::UploadBlockTables(const StepDescriptor& step,
+                                          std::vector<int32_t>& offsets) {
+  int32_t* table = host_table_[buf_].as<int32_t>();
+  table[0] = num_pages_;  // the padding page, for the padding rows of a decode bucket
+  int32_t used = 1;
+  offsets.resize(step.seqs.size());
+  for (size_t i = 0; i < step.seqs.size(); ++i) {
+    const std::vector<int32_t>& t = step.seqs[i].block_table;
+    offsets[i] = used;
+    std::memcpy(table + used, t.data(), t.size() * sizeof(int32_t));
+    used += static_cast<int32_t>(t.size());
+  }
+  CUDA_CHECK(cudaMemcpyAsync(table_.get(), table, used * sizeof(int32_t), cudaMemcpyHostToDevice,
+                             stream_.get()));
+  return absl::OkStatus();
+}
+
 absl::Status CudaStage::Validate(const StepDescriptor& step, const Activations& in) const {
   const StepLimits limits{max_slots_, max_seq_len_, c_.vocab_size, c_.hidden_size,
                           has_embedding_};
-  RETURN_IF_ERROR(ValidateStep(step, in, limits, cached_len_));
-  for (size_t i = 0; has_head_ && i < step.seqs.size(); ++i) {
-    if (step.seqs[i].prompt_logprobs >= 0) {
-      return absl::UnimplementedError(absl::StrCat(
-          "step ", step.id, ": sequence ", i,
-          ": prompt_logprobs are not computed by the CUDA backend (its head scores only the "
-          "sampled rows)"));
-    }
-  }
+  // Paged: what a sequence's pages hold is the coordinator's to know (a prefix may be cached
+  // there by another sequence), so only the context bounds a position.
+  RETURN_IF_ERROR(ValidateStep(step, in, limits, paged() ? std::span<const int>(any_len_)
+                                                          : std::span<const int>(cached_len_)));
+  RETURN_IF_ERROR(CheckBlockTables(step));
   if (in.ready != nullptr && in.where != Where::kDevice) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step ", step.id, ": input activations with a ready event must be in device memory"));
@@ -241,6 +293,9 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
   if (!has_head_ && !single && out_hidden_.size() < total * row_bytes) {
     RETURN_IF_ERROR(out_hidden_.Allocate(total * row_bytes));
   }
+  // Paged: a row's slot input is where its sequence's table starts in the flat table.
+  std::vector<int32_t> table_at;
+  if (paged()) RETURN_IF_ERROR(UploadBlockTables(step, table_at));
   // Row -> (sequence, token) as chunks are cut.
   size_t seq = 0;
   int tok = 0;
@@ -249,14 +304,23 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
     int32_t* tokens = HostIn<int32_t>(layout_.tokens);
     int32_t* positions = HostIn<int32_t>(layout_.positions);
     int32_t* slots = HostIn<int32_t>(layout_.slots);
-    std::vector<int> sampled_seqs;  // sequences sampled in this chunk
+    std::vector<ScoredRow> scored;  // rows of this chunk scored for prompt logprobs
     int samples = 0, chunk_seqs = 0;
     for (int r = 0; r < rows; ++r) {
       const SequenceStep& s = step.seqs[seq];
       if (tok == 0 || r == 0) ++chunk_seqs;
       tokens[r] = has_embedding_ ? step.tokens[row0 + r] : 0;
       positions[r] = s.position + tok;
-      slots[r] = s.slot;
+      slots[r] = paged() ? table_at[seq] : s.slot;
+      if (has_head_ && s.prompt_logprobs >= 0) {
+        // Each row against the token after it; the last against next_prompt_token unless the
+        // row samples (as the CPU backend).
+        if (tok + 1 < s.num_tokens) {
+          scored.push_back({r, static_cast<int>(seq), step.tokens[row0 + r + 1]});
+        } else if (!s.sample && s.next_prompt_token >= 0) {
+          scored.push_back({r, static_cast<int>(seq), s.next_prompt_token});
+        }
+      }
       if (++tok == s.num_tokens) {
         if (s.sample && has_head_) {
           const int j = samples++;
@@ -286,6 +350,8 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
     if (row0 + rows == total) {
       forward_outs_ = step_outs_;
     }
+    score_rows_ = !scored.empty();
+    absl::Cleanup unscored = [this] { score_rows_ = false; };
     RETURN_IF_ERROR(Forward(rows, samples));
     if (has_head_ && samples > 0) {
       CUDA_CHECK(cudaMemcpyAsync(host_tokens_[buf_].get(), tokens_out_.get(), samples * sizeof(int32_t),
@@ -310,6 +376,7 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
         out.logits.insert(out.logits.end(), lg, lg + static_cast<size_t>(samples) * c_.vocab_size);
       }
     }
+    if (!scored.empty()) RETURN_IF_ERROR(ScorePromptRows(step, scored, out));
   }
   if (!has_head_) {
     out.hidden.rows = total;
@@ -349,7 +416,12 @@ absl::StatusOr<StepOutput> CudaStage::StepRows(const StepDescriptor& step,
         "step ", step.id, ": ", ahead_.size(), " decode steps launched ahead are not finished"));
   }
   CUDA_CHECK(cudaSetDevice(opt_.device));
-  const bool decode = std::all_of(step.seqs.begin(), step.seqs.end(),
+  // Prompt logprobs: an entry per sequence that asks (prompt rows come in RunChunks).
+  for (int i = 0; has_head_ && i < static_cast<int>(step.seqs.size()); ++i) {
+    if (step.seqs[i].prompt_logprobs >= 0) LogprobsEntry(out, i);
+  }
+  const bool decode = out.logprobs.empty() &&
+                      std::all_of(step.seqs.begin(), step.seqs.end(),
                                   [](const SequenceStep& s) { return s.num_tokens == 1; });
   // Sequences with min_p, a penalty or logprobs take the host rule over the sampled rows' fp32
   // logits, copied back only in steps that hold one; every other step runs as it would.
@@ -372,6 +444,8 @@ absl::StatusOr<StepOutput> CudaStage::StepRows(const StepDescriptor& step,
     ApplyHostRule(step, c_.vocab_size, out);
     if (!step.return_logits) out.logits.clear();
   }
+  std::stable_sort(out.logprobs.begin(), out.logprobs.end(),
+                   [](const SequenceLogprobs& a, const SequenceLogprobs& b) { return a.seq < b.seq; });
   return out;
 }
 

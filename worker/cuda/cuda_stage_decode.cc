@@ -54,13 +54,16 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
   int32_t* top_k = HostIn<int32_t>(layout_.top_k);
   uint64_t* seed = HostIn<uint64_t>(layout_.seed);
   uint64_t* sample_index = HostIn<uint64_t>(layout_.sample_index);
+  // Paged: a row's slot input is where its sequence's table starts in the flat table.
+  std::vector<int32_t> table_at;
+  if (paged()) RETURN_IF_ERROR(UploadBlockTables(step, table_at));
   for (int i = 0; i < bucket; ++i) {
     const bool real = i < n;
     const SequenceStep* s = real ? &step.seqs[i] : nullptr;
     const bool fed = real && !from_previous.empty() && from_previous[i] >= 0;
     tokens[i] = !real || !has_embedding_ ? 0 : fed ? -1 - from_previous[i] : step.tokens[i];
     positions[i] = real ? s->position : 0;
-    slots[i] = real ? s->slot : max_slots_;
+    slots[i] = paged() ? (real ? table_at[i] : 0) : real ? s->slot : max_slots_;
     gather[i] = i;
     temperature[i] = real ? s->sampling.temperature : 0.0f;
     top_p[i] = real ? s->sampling.top_p : 1.0f;
@@ -122,7 +125,9 @@ void CudaStage::ReadDecodeTokens(const StepDescriptor& step, const int32_t* host
 bool CudaStage::CanLaunchDecode(const StepDescriptor& step) const {
   return Stage::CanLaunchDecode(step) && has_embedding_ && has_head_ && !tail_ && !watch_ &&
          observer_ == nullptr && static_cast<int>(step.seqs.size()) <= max_bucket_ &&
-         std::none_of(step.seqs.begin(), step.seqs.end(), NeedsHostRule);
+         std::none_of(step.seqs.begin(), step.seqs.end(), NeedsHostRule) &&
+         std::none_of(step.seqs.begin(), step.seqs.end(),
+                      [](const SequenceStep& s) { return s.prompt_logprobs >= 0; });
 }
 
 absl::Status CudaStage::LaunchDecode(const StepDescriptor& step,

@@ -7,6 +7,7 @@
 
 #include "common/status_macros.h"
 #include "worker/cuda/head_norm.h"
+#include "worker/cuda/kv_pages.h"
 #include "worker/cuda/prefill_attention.h"
 
 namespace tandem {
@@ -74,6 +75,14 @@ absl::Status CudaStage::Forward(int rows, int samples) {
     RETURN_IF_ERROR(AttentionAndMlp(l, p.sampled_only ? GemvFits(p.n) : gemv, p));
   }
   RETURN_IF_ERROR(Mark(DecodeObserver::Point::kHead));
+  if (score_rows_) {
+    // Prompt logprobs: every row's final norm into xn_ (free past the last layer), for the LM
+    // head over the scored rows once the pass is queued (ScorePromptRows).
+    RETURN_IF_ERROR(cuda::LaunchNorm(opt_.dtype, c_.arch == Arch::kLlama, p.x, p.pending_bias,
+                                     final_norm_w_, final_norm_b_, nullptr, xn_.get(), rows,
+                                     c_.hidden_size, c_.norm_eps, stream_.get()));
+    p.pending_bias = nullptr;
+  }
   if (has_head_) return Head(samples, p);
   if (p.pending_bias != nullptr) {
     RETURN_IF_ERROR(cuda::LaunchAddBias(opt_.dtype, x_.get(), p.pending_bias, rows,
@@ -111,6 +120,11 @@ absl::Status CudaStage::QkvIntoCache(int l, int rows, bool gemv, const void* pen
     RETURN_IF_ERROR(LaunchHeadNorm(t, qkv_.get(), gemv ? nullptr : L.bqkv, L.q_norm_w,
                                    L.k_norm_w, rows, c_.num_heads, c_.num_kv_heads, c_.head_dim,
                                    c_.norm_eps, s));
+    if (paged()) {
+      return LaunchQkvRopeCachePaged(t, qkv_.get(), nullptr, q_.get(), Pages(l), positions, slots,
+                                     rows, c_.num_heads, c_.num_kv_heads, c_.head_dim, inv_freq,
+                                     s);
+    }
     return LaunchQkvRopeCache(t, qkv_.get(), nullptr, q_.get(), KCache(l), VCache(l), positions,
                               slots, rows, c_.num_heads, c_.num_kv_heads, c_.head_dim,
                               seq_capacity_, inv_freq, s);
@@ -129,6 +143,17 @@ absl::Status CudaStage::QkvIntoCache(int l, int rows, bool gemv, const void* pen
     cache.head_dim = c_.head_dim;
     cache.seq_capacity = seq_capacity_;
     cache.inv_freq = inv_freq;
+    if (paged() && L.wqkv_scales == nullptr) {
+      return GemvQkvCachePaged(t, xn_.get(), L.wqkv, L.bqkv, cache, Pages(l), rows, hidden, s);
+    }
+    if (paged()) {
+      // FP8 weights have no paged epilogue: the projection (with its bias), then the split.
+      RETURN_IF_ERROR(Gemv(GemvEpilogue::kStore, xn_.get(), L.wqkv, L.wqkv_scales, L.bqkv,
+                           qkv_.get(), rows, qkv_cols, hidden));
+      return LaunchQkvRopeCachePaged(t, qkv_.get(), nullptr, q_.get(), Pages(l), positions, slots,
+                                     rows, c_.num_heads, c_.num_kv_heads, c_.head_dim, inv_freq,
+                                     s);
+    }
     if (L.wqkv_scales != nullptr) {
       return GemvQkvCacheFp8(t, xn_.get(), L.wqkv, L.wqkv_scales, L.bqkv, cache, rows, hidden, s);
     }
@@ -136,6 +161,10 @@ absl::Status CudaStage::QkvIntoCache(int l, int rows, bool gemv, const void* pen
   }
   RETURN_IF_ERROR(Matmul(xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols, hidden, 0.0f, false,
                          L.wqkv_scales));
+  if (paged()) {
+    return LaunchQkvRopeCachePaged(t, qkv_.get(), L.bqkv, q_.get(), Pages(l), positions, slots,
+                                   rows, c_.num_heads, c_.num_kv_heads, c_.head_dim, inv_freq, s);
+  }
   return LaunchQkvRopeCache(t, qkv_.get(), L.bqkv, q_.get(), KCache(l), VCache(l), positions,
                             slots, rows, c_.num_heads, c_.num_kv_heads, c_.head_dim,
                             seq_capacity_, inv_freq, s);
@@ -170,7 +199,16 @@ absl::Status CudaStage::AttentionAndMlp(int l, bool gemv, PassRows& p) {
   const int n = p.n;
   const AttentionParams attention{c_.attention_scale(first_layer_ + l),
                                   c_.attention_window(first_layer_ + l)};
-  if (prefill_attention_ && !p.sampled_only) {
+  if (paged() && prefill_attention_ && !p.sampled_only) {
+    RETURN_IF_ERROR(LaunchPrefillAttentionPaged(t, p.q, Pages(l), p.positions, p.slots,
+                                                attn_.get(), n, c_.num_heads, c_.num_kv_heads,
+                                                c_.head_dim, attention, s));
+  } else if (paged()) {
+    RETURN_IF_ERROR(LaunchAttentionPaged(t, p.q, Pages(l), p.positions, p.slots,
+                                         partials_.as<float>(), attn_.get(), n, c_.num_heads,
+                                         c_.num_kv_heads, c_.head_dim, SplitsFor(n), attention, s,
+                                         attn_counters_.as<uint32_t>()));
+  } else if (prefill_attention_ && !p.sampled_only) {
     RETURN_IF_ERROR(LaunchPrefillAttention(t, p.q, KCache(l), VCache(l), p.positions, p.slots,
                                            attn_.get(), n, c_.num_heads, c_.num_kv_heads,
                                            c_.head_dim, seq_capacity_, attention, s));

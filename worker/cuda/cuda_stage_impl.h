@@ -9,7 +9,12 @@
 //              (StageSpec::placed) where they hold its layers
 //   kv_        K and V: (layers, 2, max_slots + 1, kv_heads, seq_capacity, head_dim); the extra
 //              slot takes the writes of the padding rows of a decode bucket, and stages KV blocks
-//              (ExportKv, ImportKv) in the block's layout on their way to and from the host
+//              (ExportKv, ImportKv) in the block's layout on their way to and from the host.
+//              Paged (StageSpec::kv_page_size > 0): (layers, 2, kv_pages + 1, kv_heads, page_size,
+//              head_dim); the extra page takes the padding rows' writes
+//   table_     paged: the step's block tables, one flat run of page ids; each row's slot input
+//              is the offset of its sequence's table there (entry 0 names the padding page), so
+//              the kernels see a table of stride 1. Mirrored by two pinned host blocks like inputs_
 //   work       activations for rows_cap rows: x (residual), xn, qkv, q, attn, mlp, partials and
 //              the attention split counters; logits and sampling for samples_cap rows
 //   inputs_    per-row and per-sample step inputs, mirrored by a pinned host block and copied in
@@ -34,6 +39,7 @@
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage.h"
 #include "worker/cuda/kernels.h"
+#include "worker/cuda/kv_pages.h"
 #include "worker/cuda/weight_upload.h"
 #include "worker/kv_out.h"
 #include "worker/weights.h"
@@ -84,6 +90,15 @@ inline bool NeedsHostRule(const SequenceStep& s) {
   return s.sample && (s.sampling.has_penalties() || s.sampling.min_p > 0.0f || s.logprobs >= 0);
 }
 
+// The entry of sequence `seq` in out.logprobs, appended when it has none yet.
+inline SequenceLogprobs& LogprobsEntry(StepOutput& out, int seq) {
+  for (SequenceLogprobs& l : out.logprobs) {
+    if (l.seq == seq) return l;
+  }
+  out.logprobs.push_back(SequenceLogprobs{.seq = seq});
+  return out.logprobs.back();
+}
+
 inline int NextPow2(int n) {
   int b = 1;
   while (b < n) b <<= 1;
@@ -125,9 +140,14 @@ class CudaStage final : public Stage {
   // (its share of the memory the others leave).
   absl::Status Load(const StageSpec& spec);
   absl::Status CheckOptions(const StageSpec& spec);
+  // kv_page_size > 0: the page size, the head_dim the paged kernels take, the page count.
+  absl::Status CheckPagedOptions(const StageSpec& spec);
   absl::Status UploadWeights(const StageSpec& spec);
   absl::Status AllocateWorkspace();
   absl::Status AllocateKvCache();
+  // Paged: the pools of K and V pages (StageSpec::kv_pages, or as many as the budget holds) and
+  // the step's flat table.
+  absl::Status AllocateKvPages();
   // Bytes of the KV-cache of `layers` layers at the checked sizes, at most `budget`.
   absl::StatusOr<int64_t> KvBytes(int layers, int64_t budget, std::string_view budget_what) const;
   absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) override;
@@ -135,15 +155,16 @@ class CudaStage final : public Stage {
   std::vector<std::shared_ptr<const PlacedWeights>> placed_weights() const override {
     return {placed_.begin(), placed_.end()};
   }
-  absl::StatusOr<KvBlock> ExportKv(int slot, int positions, int first_layer,
+  int kv_pages() const override { return num_pages_; }
+  absl::StatusOr<KvBlock> ExportKv(const KvPlace& place, int positions, int first_layer,
                                    int num_layers) const override;
-  absl::StatusOr<KvBlock> ExportKvToDevice(int slot, int positions, int first_layer,
+  absl::StatusOr<KvBlock> ExportKvToDevice(const KvPlace& place, int positions, int first_layer,
                                            int num_layers) const override;
-  absl::Status ImportKv(int slot, const KvBlock& block) override;
+  absl::Status ImportKv(const KvPlace& place, const KvBlock& block) override;
   // A write-out's block is in device memory; the last chunk of its step gathers each layer's rows
   // into it right after writing them, on the stage's stream, and publishes the layer with an
   // event recorded behind the copy.
-  absl::StatusOr<std::shared_ptr<KvOut>> OpenKvOut(int slot, int positions) override;
+  absl::StatusOr<std::shared_ptr<KvOut>> OpenKvOut(const KvPlace& place, int positions) override;
   // Decode steps launched ahead: each fills one of two input blocks (the other may still be on
   // its way to the device for the step before), replays its graph behind the steps launched
   // before, and copies its tokens into one of two host blocks, with an event recorded after; a
@@ -183,6 +204,18 @@ class CudaStage final : public Stage {
   };
 
   absl::Status Validate(const StepDescriptor& step, const Activations& in) const;
+  // Paged: every sequence's block table holds the pages of the positions its step writes and
+  // reads, each a page of the pool. INVALID_ARGUMENT naming the sequence (its row) otherwise.
+  absl::Status CheckBlockTables(const StepDescriptor& step) const;
+  // Paged: the step's block tables into host_table_[buf_] and queued to table_ (one copy);
+  // `offsets[i]` is where sequence i's table starts, the slot input of its rows.
+  absl::Status UploadBlockTables(const StepDescriptor& step, std::vector<int32_t>& offsets);
+  // Paged: layer l's pools and the flat table of the step.
+  cuda::KvPages Pages(int l) const {
+    return cuda::KvPages{KCache(l), VCache(l),        num_pages_ + 1,
+                         page_size_, table_.as<int32_t>(), /*table_stride=*/1};
+  }
+  bool paged() const { return page_size_ > 0; }
   absl::StatusOr<StepOutput> StepRows(const StepDescriptor& step, const Activations& in);
   // A block of this stage's dtype and dims over the given layers and positions, its K and V in
   // device memory (not written).
@@ -214,6 +247,17 @@ class CudaStage final : public Stage {
   void ReadDecodeTokens(const StepDescriptor& step, const int32_t* host_tokens,
                         StepOutput& out) const;
   absl::Status RunChunks(const StepDescriptor& step, const Activations& in, StepOutput& out);
+  // A row of a pass scored for prompt logprobs: the row, its sequence (index in the step) and the
+  // token after it, whose logprob it gives.
+  struct ScoredRow {
+    int row;
+    int seq;
+    int32_t next;
+  };
+  // The LM head over the scored rows of the pass just queued (their final norm in xn_), at most
+  // prompt_rows_cap_ rows at a time, and each row's logprobs into `out` (cuda_stage_prompt.cc).
+  absl::Status ScorePromptRows(const StepDescriptor& step, std::span<const ScoredRow> rows,
+                               StepOutput& out);
   absl::Status CopyInput(const Activations& in, int64_t row0, int rows);
   absl::Status AwaitInput(const Activations& in);
   absl::Status Replay(int bucket);
@@ -247,8 +291,9 @@ class CudaStage final : public Stage {
   // Whether the last layer of a pass runs past its cache write only for the sampled rows: a
   // head's prompt pass, where rows go unsampled and nothing reads their outputs (every row still
   // writes its keys and values). A pass that samples nothing stops after that cache write.
+  // Not in a pass that scores prompt rows: those need every row's output.
   bool LastLayerSampledOnly(int rows, int samples, bool gemv) const {
-    return has_head_ && !gemv && samples < rows;
+    return has_head_ && !gemv && samples < rows && !score_rows_;
   }
   // y (rows, out) = x · wᵀ + beta * y: cuBLAS, or the pinned algorithms when batch-invariant.
   // FP8 weights (w_scales, per row): dequantized into fp8_scratch_ first (see kernels.h).
@@ -280,7 +325,15 @@ class CudaStage final : public Stage {
   // The next forward pass's rows are prompt runs (several rows per sequence): attention through
   // the tensor-core prefill kernel. Set per chunk by RunChunks; never for decode steps.
   bool prefill_attention_ = false;
+  // The next forward pass scores prompt rows: every row goes through the last layer and its final
+  // norm lands in xn_. Set per chunk by RunChunks.
+  bool score_rows_ = false;
+  int prompt_rows_cap_ = 0;  // rows of prompt logits at a time (ScorePromptRows)
   size_t kv_layer_bytes_ = 0;
+  // Paged KV-cache: positions per page (0: contiguous slots), pages of the pool (without the
+  // padding page), pages asked for (StageSpec::kv_pages, 0: as many as fit), the most pages one
+  // sequence holds, and the flat table's capacity in entries.
+  int page_size_ = 0, num_pages_ = 0, pages_asked_ = 0, max_seq_pages_ = 0, table_cap_ = 0;
 
   cuda::Stream stream_;
   cuda::CublasHandle cublas_;
@@ -295,12 +348,16 @@ class CudaStage final : public Stage {
   DeviceBuffer head_in_, logits_, probs_, tokens_out_;
   DeviceBuffer sampled_x_, sampled_q_;  // the sampled rows of x_ and q_ in a pruned last layer
   DeviceBuffer inputs_;
+  DeviceBuffer table_;  // paged: (table_cap_) int32 page ids
+  PinnedBuffer host_table_[2];
   DeviceBuffer out_hidden_;  // outputs of steps longer than one chunk
   // Step inputs and sampled tokens in two blocks each, buf_ the one the next step uses: a step
   // launched ahead fills one while the step before may still read the other.
   PinnedBuffer host_in_[2], host_tokens_[2];
   int buf_ = 0;
   PinnedBuffer host_hidden_, host_logits_;
+  DeviceBuffer prompt_logits_;     // (prompt_rows_cap_, vocab) fp32
+  PinnedBuffer host_prompt_logits_;  // the same, on the host
   // Decode steps launched ahead and not finished, oldest first: the step and the block (and
   // event, done_[buf]) of its tokens.
   struct Launched {
@@ -328,6 +385,7 @@ class CudaStage final : public Stage {
   std::vector<std::shared_ptr<KvOut>> forward_outs_;
   std::vector<std::shared_ptr<KvOut>> step_outs_;  // the running step's
   std::vector<int> cached_len_;  // per slot: positions [0, len) hold K/V
+  std::vector<int> any_len_;     // paged: max_seq_len per slot (any position may be cached)
 };
 
 }  // namespace tandem

@@ -8,9 +8,21 @@
 #include "common/status_macros.h"
 
 namespace tandem {
+namespace {
+// Moves go through a slot's contiguous rows: a place with pages, or any place on a paged stage,
+// is not moved yet.
+absl::Status NoPages(const char* what, const KvPlace& place, bool paged) {
+  if (!paged && place.block_table.empty()) return absl::OkStatus();
+  return absl::UnimplementedError(
+      absl::StrCat(what, ": slot ", place.slot, " names ", place.block_table.size(),
+                   " pages; the CUDA stage does not move a paged KV-cache yet"));
+}
+}  // namespace
 
-absl::StatusOr<KvBlock> CudaStage::ExportKv(int slot, int positions, int first_layer,
+absl::StatusOr<KvBlock> CudaStage::ExportKv(const KvPlace& place, int positions, int first_layer,
                                             int num_layers) const {
+  RETURN_IF_ERROR(NoPages("KV export", place, paged()));
+  const int slot = place.slot;
   RETURN_IF_ERROR(CheckKvExport(slot, positions, first_layer, num_layers, first_layer_,
                                 first_layer_ + num_layers_, max_slots_,
                                 slot >= 0 && slot < max_slots_ ? cached_len_[slot] : 0));
@@ -46,8 +58,10 @@ absl::StatusOr<KvBlock> CudaStage::DeviceKvBlock(int first_layer, int num_layers
   return b;
 }
 
-absl::StatusOr<KvBlock> CudaStage::ExportKvToDevice(int slot, int positions, int first_layer,
-                                                    int num_layers) const {
+absl::StatusOr<KvBlock> CudaStage::ExportKvToDevice(const KvPlace& place, int positions,
+                                                    int first_layer, int num_layers) const {
+  RETURN_IF_ERROR(NoPages("KV export", place, paged()));
+  const int slot = place.slot;
   RETURN_IF_ERROR(CheckKvExport(slot, positions, first_layer, num_layers, first_layer_,
                                 first_layer_ + num_layers_, max_slots_,
                                 slot >= 0 && slot < max_slots_ ? cached_len_[slot] : 0));
@@ -65,7 +79,9 @@ absl::StatusOr<KvBlock> CudaStage::ExportKvToDevice(int slot, int positions, int
   return b;
 }
 
-absl::Status CudaStage::ImportKv(int slot, const KvBlock& block) {
+absl::Status CudaStage::ImportKv(const KvPlace& place, const KvBlock& block) {
+  RETURN_IF_ERROR(NoPages("KV import", place, paged()));
+  const int slot = place.slot;
   RETURN_IF_ERROR(CheckKvBlock(block, slot, c_, opt_.dtype, first_layer_,
                                first_layer_ + num_layers_, max_slots_, max_seq_len_));
   CUDA_CHECK(cudaSetDevice(opt_.device));
@@ -111,7 +127,9 @@ absl::Status CudaStage::ImportKv(int slot, const KvBlock& block) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<KvOut>> CudaStage::OpenKvOut(int slot, int positions) {
+absl::StatusOr<std::shared_ptr<KvOut>> CudaStage::OpenKvOut(const KvPlace& place, int positions) {
+  RETURN_IF_ERROR(NoPages("KV write-out", place, paged()));
+  const int slot = place.slot;
   RETURN_IF_ERROR(CheckKvOut(slot, positions, first_layer_, first_layer_ + num_layers_,
                              max_slots_, max_seq_len_));
   ASSIGN_OR_RETURN(KvBlock b, DeviceKvBlock(first_layer_, num_layers_, positions));

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_format.h"
@@ -44,6 +45,12 @@ absl::Status CudaStage::AllocateWorkspace() {
     RETURN_IF_ERROR(tokens_out_.Allocate(samples_cap_ * sizeof(int32_t)));
     for (PinnedBuffer& b : host_tokens_) RETURN_IF_ERROR(b.Allocate(samples_cap_ * sizeof(int32_t)));
     RETURN_IF_ERROR(host_logits_.Allocate(static_cast<size_t>(samples_cap_) * c_.vocab_size * 4));
+    // Prompt logprobs: the LM head runs over a long prompt in pieces of ~16 MiB of fp32 logits.
+    const size_t row_logits = static_cast<size_t>(c_.vocab_size) * 4;
+    prompt_rows_cap_ = static_cast<int>(
+        std::clamp<size_t>((size_t{16} << 20) / row_logits, 1, static_cast<size_t>(rows_cap_)));
+    RETURN_IF_ERROR(prompt_logits_.Allocate(prompt_rows_cap_ * row_logits));
+    RETURN_IF_ERROR(host_prompt_logits_.Allocate(prompt_rows_cap_ * row_logits));
   }
   if (!has_embedding_) RETURN_IF_ERROR(host_hidden_.Allocate(rows_cap_ * RowBytes(hidden)));
   {
@@ -87,6 +94,7 @@ absl::StatusOr<int64_t> CudaStage::KvBytes(int layers, int64_t budget,
 }
 
 absl::Status CudaStage::AllocateKvCache() {
+  if (paged()) return AllocateKvPages();
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   const size_t budget = static_cast<size_t>(static_cast<double>(free_bytes) * opt_.kv_memory_fraction);
@@ -103,6 +111,46 @@ absl::Status CudaStage::AllocateKvCache() {
   CUDA_CHECK(cudaMemset(kv_.get(), 0, kv_bytes));
   CUDA_CHECK(cudaMemset(x_.get(), 0, x_.size()));
   cached_len_.assign(max_slots_, 0);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return absl::OkStatus();
+}
+
+absl::Status CudaStage::AllocateKvPages() {
+  const int layers = std::max(num_layers_, 1);
+  // One page of one layer's K (or V): every kv head of page_size positions.
+  const int64_t page_bytes = int64_t{page_size_} * static_cast<int64_t>(RowBytes(c_.kv_dim()));
+  const int64_t per_page = 2 * layers * page_bytes;  // K and V of every layer
+  // The flat table of a step: the padding page's entry, then a full table per sequence.
+  table_cap_ = 1 + max_bucket_ * max_seq_pages_;
+  RETURN_IF_ERROR(table_.Allocate(static_cast<size_t>(table_cap_) * sizeof(int32_t)));
+  for (PinnedBuffer& b : host_table_) {
+    RETURN_IF_ERROR(b.Allocate(static_cast<size_t>(table_cap_) * sizeof(int32_t)));
+  }
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const int64_t budget =
+      static_cast<int64_t>(static_cast<double>(free_bytes) * opt_.kv_memory_fraction);
+  const int64_t fit = budget / per_page - 1;  // less the padding page
+  if (fit < 1 || pages_asked_ > fit) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "KV pages: %d pages of %d positions (%d bytes each over %d layers, and one for padding "
+        "rows) asked, %d fit in GPU memory (%s; kv_memory_fraction %.2f of the %d bytes free "
+        "after the weights); ask for fewer kv_pages or raise kv_memory_fraction",
+        pages_asked_ == 0 ? 1 : pages_asked_, page_size_, per_page, layers,
+        std::max<int64_t>(fit, 0), std::string(DTypeName(opt_.dtype)), opt_.kv_memory_fraction,
+        free_bytes));
+  }
+  num_pages_ = pages_asked_ > 0 ? pages_asked_ : static_cast<int>(std::min<int64_t>(
+                                                     fit, std::numeric_limits<int>::max() - 1));
+  kv_layer_bytes_ = static_cast<size_t>(num_pages_ + 1) * page_bytes;
+  const size_t kv_bytes = 2 * static_cast<size_t>(layers) * kv_layer_bytes_;
+  RETURN_IF_ERROR(kv_.Allocate(kv_bytes));
+  // Zeroed so that the padding page and never-written positions hold finite values.
+  CUDA_CHECK(cudaMemset(kv_.get(), 0, kv_bytes));
+  CUDA_CHECK(cudaMemset(table_.get(), 0, table_.size()));
+  CUDA_CHECK(cudaMemset(x_.get(), 0, x_.size()));
+  cached_len_.assign(max_slots_, 0);
+  any_len_.assign(max_slots_, max_seq_len_);
   CUDA_CHECK(cudaDeviceSynchronize());
   return absl::OkStatus();
 }

@@ -34,7 +34,11 @@ struct PagedKv {
   int table_stride;
   int page_shift;
   __device__ __forceinline__ size_t Offset(int seq, int kv_head, int pos) const {
-    const int page = __ldg(table + static_cast<size_t>(seq) * table_stride + (pos >> page_shift));
+    return InPage(__ldg(table + static_cast<size_t>(seq) * table_stride + (pos >> page_shift)),
+                  kv_head, pos);
+  }
+  // As Offset, with the page of `pos` already read from the table.
+  __device__ __forceinline__ size_t InPage(int page, int kv_head, int pos) const {
     const int in_page = pos & ((1 << page_shift) - 1);
     return (((static_cast<size_t>(page) * num_kv_heads + kv_head) << page_shift) + in_page) *
            head_dim;

@@ -37,6 +37,11 @@ absl::Status OfSequence(uint64_t key, const absl::Status& s) {
   return absl::Status(s.code(), absl::StrCat("sequence ", key, ": ", s.message()));
 }
 
+// Where the KV-cache of `s` is in a stage: its slot, and on a paged stage its pages.
+KvPlace PlaceOf(const v1::KvSequence& s) {
+  return KvPlace(s.slot(), {s.block_table().begin(), s.block_table().end()});
+}
+
 absl::Status WentAway() { return absl::CancelledError("the fetching worker went away"); }
 
 // A FetchKv request of the layers [first_layer, first_layer + num_layers) of `keys`.
@@ -174,7 +179,7 @@ void KvMoves::OpenKvOuts(Assignment& a, const StepDescriptor& d) {
   for (const SequenceStep& s : d.seqs) {
     if (s.kv_out_key == 0) continue;
     absl::StatusOr<std::shared_ptr<KvOut>> out =
-        a.engine->OpenKvOut(s.slot, s.position + s.num_tokens);
+        a.engine->OpenKvOut(KvPlace(s.slot, s.block_table), s.position + s.num_tokens);
     if (!out.ok()) {
       spdlog::debug("assignment {} step {}: sequence {} not written out: {}", a.id, d.id,
                     s.kv_out_key, out.status().ToString());
@@ -296,13 +301,14 @@ absl::Status KvMoves::Export(Assignment& a, const v1::ExportKvRequest& req,
   // On the GPU only where it can leave over NCCL.
   const bool on_device = req.device() && has_nccl();
   for (const v1::KvSequence& s : req.seqs()) {
+    const KvPlace place = PlaceOf(s);
     a.LockForKv();
     absl::StatusOr<KvBlock> b =
-        on_device ? a.engine->ExportKvToDevice(s.slot(), s.positions(), a.first_layer, layers)
-                  : a.engine->ExportKv(s.slot(), s.positions(), a.first_layer, layers);
+        on_device ? a.engine->ExportKvToDevice(place, s.positions(), a.first_layer, layers)
+                  : a.engine->ExportKv(place, s.positions(), a.first_layer, layers);
     // No device after all, or no room there: host memory.
     if (on_device && (absl::IsUnimplemented(b.status()) || absl::IsResourceExhausted(b.status()))) {
-      b = a.engine->ExportKv(s.slot(), s.positions(), a.first_layer, layers);
+      b = a.engine->ExportKv(place, s.positions(), a.first_layer, layers);
     }
     a.run_mu.Unlock();
     if (!b.ok()) return OfSequence(s.key(), b.status());
@@ -384,11 +390,12 @@ absl::Status KvMoves::Import(Assignment& a, const v1::ImportKvRequest& req,
   int64_t bytes = 0;
   for (int i = 0; i < req.seqs_size(); ++i) {
     const v1::KvSequence& s = req.seqs(i);
+    const KvPlace place = PlaceOf(s);
     a.LockForKv();
     absl::Status st;
     for (const absl::StatusOr<std::vector<KvBlock>>& part : blocks) {
       const KvBlock& b = (*part)[i];
-      if (st = a.engine->ImportKv(s.slot(), b); !st.ok()) break;
+      if (st = a.engine->ImportKv(place, b); !st.ok()) break;
       bytes += static_cast<int64_t>(b.bytes());
     }
     a.run_mu.Unlock();

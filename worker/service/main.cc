@@ -58,7 +58,14 @@ absl::StatusOr<std::unique_ptr<tandem::Backend>> CpuBackendFromFlags(
   if (absl::Status s = tandem::SetCpuThreads(config.cpu_threads); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--cpu_threads: ", s.message()));
   }
-  return std::make_unique<tandem::CpuBackend>(config.quantization == "fp8");
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (config.tensor_parallel > cores && cores > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tensor_parallel: ", config.tensor_parallel, " ranks on a host of ", cores,
+                     " cores (the cpu backend runs one thread per rank; at most ", cores, ")"));
+  }
+  return std::make_unique<tandem::CpuBackend>(config.quantization == "fp8",
+                                              config.tensor_parallel);
 }
 
 #ifdef TANDEM_HAVE_CUDA
@@ -87,6 +94,11 @@ absl::StatusOr<tandem::CudaOptions> CudaOptionsFromFlags(
 
 absl::StatusOr<std::unique_ptr<tandem::Backend>> CudaBackendFromFlags(
     const tandem::WorkerConfig& config) {
+  if (config.tensor_parallel != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tensor_parallel: ", config.tensor_parallel,
+                     " ranks; the cuda backend runs a stage on one GPU (use --backend=cpu, or 1)"));
+  }
 #ifdef TANDEM_HAVE_CUDA
   absl::StatusOr<tandem::CudaOptions> options = CudaOptionsFromFlags(config);
   if (!options.ok()) return options.status();
@@ -307,7 +319,8 @@ int main(int argc, char** argv) {
   std::signal(SIGTERM, OnSignal);
   {
     tandem::Registrar registrar(config.coordinator, address,
-                                config.backend, std::move(access->cluster_auth));
+                                config.backend, std::move(access->cluster_auth),
+                                config.tensor_parallel);
     while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   spdlog::info("shutting down");

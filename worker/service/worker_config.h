@@ -27,6 +27,10 @@ namespace tandem {
   X(int, cpu_threads, 1, ::tandem::kAnyValue,                                                  \
     "cpu: threads of the GEMMs (OpenBLAS), process-wide; more speed up long prompts on a "     \
     "host of many cores, and take cores from whatever else runs there")                        \
+  X(int, tensor_parallel, 1, 1,                                                                \
+    "ranks each stage is split over (Megatron: heads and MLP columns per rank, an all-reduce "  \
+    "after the attention output and the MLP); cpu: one thread per rank, at most the cores; "   \
+    "the model's heads must divide by it")                                                     \
   X(int, gpu, 0, ::tandem::kAnyValue, "cuda: the CUDA device index")                           \
   X(std::string, dtype, "f16", ::tandem::kAnyValue,                                            \
     "cuda: weights, activations and KV-cache type, f16 or bf16")                               \

@@ -739,11 +739,12 @@ grpc::Status WorkerService::DropKv(grpc::ServerContext* ctx, const v1::DropKvReq
 // ---------------------------------------------------------------------------------------------
 
 Registrar::Registrar(std::string coordinator, std::string advertise_address, std::string backend,
-                     ClientAuth auth)
+                     ClientAuth auth, int tensor_parallel)
     : coordinator_(std::move(coordinator)),
       address_(std::move(advertise_address)),
       backend_(std::move(backend)),
-      auth_(std::move(auth)) {
+      auth_(std::move(auth)),
+      tensor_parallel_(tensor_parallel) {
   thread_ = std::thread([this] {
     SetThreadName("registrar");
     Loop();
@@ -772,6 +773,7 @@ void Registrar::Loop() {
       v1::RegisterRequest req;
       req.set_address(address_);
       req.set_backend(backend_);
+      req.set_tensor_parallel(tensor_parallel_);
       v1::RegisterResponse resp;
       grpc::Status s = stub->Register(&ctx, req, &resp);
       if (s.ok()) {

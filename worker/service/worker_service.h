@@ -168,15 +168,17 @@ class WorkerService final : public v1::Worker::Service {
 // whenever the coordinator forgets the worker.
 class Registrar {
  public:
-  // `auth`: TLS and the cluster secret for the coordinator's Registry.
+  // `auth`: TLS and the cluster secret for the coordinator's Registry. `tensor_parallel`: the
+  // ranks each of the worker's stages runs on, reported to the coordinator.
   Registrar(std::string coordinator, std::string advertise_address, std::string backend,
-            ClientAuth auth = {});
+            ClientAuth auth = {}, int tensor_parallel = 1);
   ~Registrar();  // stops and joins
 
  private:
   void Loop();
   const std::string coordinator_, address_, backend_;
   const ClientAuth auth_;
+  const int tensor_parallel_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

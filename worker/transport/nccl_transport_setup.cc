@@ -8,22 +8,21 @@ namespace tandem {
 absl::Status NcclError(ncclResult_t r, const char* expr, const char* file, int line,
                        ncclComm_t comm) {
   const char* last = comm != nullptr ? ncclGetLastError(comm) : ncclGetLastError(nullptr);
-  return absl::InternalError(absl::StrCat("NCCL error ", ncclGetErrorString(r), " in ", expr,
-                                          " at ", file, ":", line,
-                                          last != nullptr && *last ? ": " : "",
-                                          last != nullptr ? last : ""));
+  return absl::InternalError(
+      absl::StrCat("NCCL error ", ncclGetErrorString(r), " in ", expr, " at ", file, ":", line,
+                   last != nullptr && *last ? ": " : "", last != nullptr ? last : ""));
 }
 
-absl::Status JoinDataComm(int device, int rank, int world, const ncclUniqueId& id,
-                          const char* name, const std::atomic<bool>& abandoned, ncclComm_t* out) {
+absl::Status JoinDataComm(int device, int rank, int world, const ncclUniqueId& id, const char* name,
+                          const std::atomic<bool>& abandoned, ncclComm_t* out) {
   CUDA_CHECK(cudaSetDevice(device));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 1;
   ncclComm_t comm = nullptr;
   const ncclResult_t r = ncclCommInitRankConfig(&comm, world, id, rank, &config);
   if (r != ncclSuccess) {
-    const absl::Status st = NcclError(r, absl::StrCat("ncclCommInitRankConfig (", name, ")").c_str(),
-                                      __FILE__, __LINE__, comm);
+    const absl::Status st = NcclError(
+        r, absl::StrCat("ncclCommInitRankConfig (", name, ")").c_str(), __FILE__, __LINE__, comm);
     if (comm != nullptr) ncclCommAbort(comm);
     return st;
   }
@@ -95,8 +94,8 @@ absl::StatusOr<std::string> MakeNcclUniqueId() {
 
 absl::Status ValidateNcclUniqueId(absl::string_view bytes) {
   if (bytes.size() != kNcclUniqueIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("an NCCL unique id has ", kNcclUniqueIdBytes,
-                                                   " bytes, got ", bytes.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("an NCCL unique id has ", kNcclUniqueIdBytes, " bytes, got ", bytes.size()));
   }
   return absl::OkStatus();
 }
@@ -121,6 +120,117 @@ absl::Status ValidateNcclTransportOptions(const NcclTransportOptions& o) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The frame buffers, events and streams of `s`'s rank: every rank but the last sends activations
+// and the last sends tokens back to the first; the first receives tokens, the others activations.
+absl::Status AllocateFrames(NcclTransport::State& s) {
+  const NcclTransportOptions& o = s.opt;
+  // Frame buffers hold the header region and at least a first message's payload.
+  const size_t act_bytes = kHeaderRegion + std::max(static_cast<size_t>(o.max_rows) * s.row_bytes(),
+                                                    kInlineActivationBytes);
+  const size_t tok_bytes =
+      kHeaderRegion +
+      std::max(static_cast<size_t>(o.max_rows) * sizeof(int32_t), kInlineTokenBytes);
+  if (o.world == 1) return absl::OkStatus();
+  const size_t send_bytes = s.last() ? tok_bytes : act_bytes;
+  for (NcclTransport::State::SendSlot& slot : s.send) {
+    RETURN_IF_ERROR(slot.frame.Allocate(send_bytes));
+    // The last rank's token frames are staged whole in pinned memory (SendFrame).
+    RETURN_IF_ERROR(slot.host_header.Allocate(s.last() ? kHeaderRegion + kInlineTokenBytes
+                                                       : sizeof(FrameHeader)));
+    RETURN_IF_ERROR(slot.copied.Create());
+    RETURN_IF_ERROR(slot.sent.Create());
+  }
+  // Ranks but the first receive activations; the first receives tokens.
+  const size_t recv_bytes = o.rank == 0 ? tok_bytes : act_bytes;
+  for (int i = 0; i < 2; ++i) {
+    RETURN_IF_ERROR(s.recv_frame[i].Allocate(recv_bytes));
+    RETURN_IF_ERROR(s.recv_done[i].Create());
+    RETURN_IF_ERROR(s.posted_header[i].Allocate(sizeof(FrameHeader)));
+    RETURN_IF_ERROR(s.posted_header_done[i].Create());
+  }
+  RETURN_IF_ERROR(s.recv_host.Allocate(o.rank == 0 ? tok_bytes : kHeaderRegion));
+  RETURN_IF_ERROR(s.header_done.Create());
+  if (o.rank == 0) RETURN_IF_ERROR(s.token_stream.Create());
+  if (o.rank == 0) {
+    for (NcclTransport::State::PostedTokenRecv& r : s.token_recv) {
+      RETURN_IF_ERROR(r.frame.Allocate(tok_bytes));
+      RETURN_IF_ERROR(r.host.Allocate(tok_bytes));
+      RETURN_IF_ERROR(r.done.Create());
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Joins the root communicator every rank joins, waiting for every rank until the options'
+// timeout (a rank that never comes ends it); on failure `s` is aborted with the error.
+absl::Status JoinRoot(NcclTransport::State& s, absl::string_view unique_id) {
+  const NcclTransportOptions& o = s.opt;
+  ncclUniqueId id;
+  std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const ncclResult_t r = ncclCommInitRankConfig(&s.root, o.world, id, o.rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    const absl::Status st = NcclError(r, "ncclCommInitRankConfig", __FILE__, __LINE__, s.root);
+    s.Abort(st);
+    return st;
+  }
+  // Joining waits for every rank; a rank that never comes ends it at the timeout.
+  const auto deadline = Clock::now() + ToChrono(o.timeout);
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t q = ncclCommGetAsyncError(s.root, &state);
+    if (q != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+      const absl::Status st = NcclError(q != ncclSuccess ? q : state, "ncclCommInitRankConfig",
+                                        __FILE__, __LINE__, s.root);
+      s.Abort(st);
+      return st;
+    }
+    if (state == ncclSuccess) break;
+    if (Clock::now() > deadline) {
+      const absl::Status st = absl::DeadlineExceededError(absl::StrCat(
+          "rank ", o.rank, " of ", o.world, " could not join the NCCL communicator within ",
+          absl::FormatDuration(o.timeout), "; a stage did not join"));
+      s.Abort(st);
+      return st;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return absl::OkStatus();
+}
+
+// The ids of the data and token communicators: made by rank 0 (which hosts their bootstrap
+// roots), broadcast over the root communicator while every rank is known to be present. Every
+// rank joins the data communicator, the first and the last the token one, both at once.
+absl::Status JoinData(NcclTransport::State& s) {
+  const NcclTransportOptions& o = s.opt;
+  cuda::DeviceBuffer id_dev;
+  ncclUniqueId ids[2];  // data, tokens
+  static_assert(sizeof(ids) <= kHeaderRegion);
+  RETURN_IF_ERROR(id_dev.Allocate(sizeof(ids)));
+  if (o.rank == 0) {
+    NCCL_CHECK(ncclGetUniqueId(&ids[0]));
+    NCCL_CHECK(ncclGetUniqueId(&ids[1]));
+    CUDA_CHECK(cudaMemcpy(id_dev.get(), ids, sizeof(ids), cudaMemcpyHostToDevice));
+  }
+  const cudaStream_t ns = s.comm();
+  NCCL_ISSUE(s, ncclBroadcast(id_dev.get(), id_dev.get(), sizeof(ids), ncclUint8, 0, s.root, ns));
+  CUDA_CHECK(
+      cudaMemcpyAsync(s.recv_host.get(), id_dev.get(), sizeof(ids), cudaMemcpyDeviceToHost, ns));
+  CUDA_CHECK(cudaEventRecord(s.header_done.get(), ns));
+  RETURN_IF_ERROR(s.Wait(s.header_done.get(), nullptr, "the data communicator's id"));
+  std::memcpy(ids, s.recv_host.get(), sizeof(ids));
+
+  s.token_id = ids[1];  // joined by SeparateTokens
+  const absl::Status st = s.JoinBlocking(o.rank, o.world, ids[0], "data", &s.data);
+  if (!st.ok()) return s.Fail(st);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
     const NcclTransportOptions& options, absl::string_view unique_id) {
   RETURN_IF_ERROR(ValidateNcclTransportOptions(options));
@@ -139,105 +249,9 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
     RETURN_IF_ERROR(s->comm_stream.Create());
     RETURN_IF_ERROR(s->copy_stream.Create());
   }
-  // Frame buffers hold the header region and at least a first message's payload.
-  const size_t act_bytes =
-      kHeaderRegion +
-      std::max(static_cast<size_t>(options.max_rows) * s->row_bytes(), kInlineActivationBytes);
-  const size_t tok_bytes =
-      kHeaderRegion +
-      std::max(static_cast<size_t>(options.max_rows) * sizeof(int32_t), kInlineTokenBytes);
-  if (options.world > 1) {
-    // Ranks but the last send activations; the last sends tokens back to the first.
-    const size_t send_bytes = s->last() ? tok_bytes : act_bytes;
-    for (State::SendSlot& slot : s->send) {
-      RETURN_IF_ERROR(slot.frame.Allocate(send_bytes));
-      // The last rank's token frames are staged whole in pinned memory (SendFrame).
-      RETURN_IF_ERROR(slot.host_header.Allocate(s->last() ? kHeaderRegion + kInlineTokenBytes
-                                                          : sizeof(FrameHeader)));
-      RETURN_IF_ERROR(slot.copied.Create());
-      RETURN_IF_ERROR(slot.sent.Create());
-    }
-    // Ranks but the first receive activations; the first receives tokens.
-    const size_t recv_bytes = options.rank == 0 ? tok_bytes : act_bytes;
-    for (int i = 0; i < 2; ++i) {
-      RETURN_IF_ERROR(s->recv_frame[i].Allocate(recv_bytes));
-      RETURN_IF_ERROR(s->recv_done[i].Create());
-      RETURN_IF_ERROR(s->posted_header[i].Allocate(sizeof(FrameHeader)));
-      RETURN_IF_ERROR(s->posted_header_done[i].Create());
-    }
-    RETURN_IF_ERROR(s->recv_host.Allocate(options.rank == 0 ? tok_bytes : kHeaderRegion));
-    RETURN_IF_ERROR(s->header_done.Create());
-    if (options.rank == 0) RETURN_IF_ERROR(s->token_stream.Create());
-    if (options.rank == 0) {
-      for (State::PostedTokenRecv& r : s->token_recv) {
-        RETURN_IF_ERROR(r.frame.Allocate(tok_bytes));
-        RETURN_IF_ERROR(r.host.Allocate(tok_bytes));
-        RETURN_IF_ERROR(r.done.Create());
-      }
-    }
-  }
-
-  ncclUniqueId id;
-  std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  const ncclResult_t r =
-      ncclCommInitRankConfig(&s->root, options.world, id, options.rank, &config);
-  if (r != ncclSuccess && r != ncclInProgress) {
-    const absl::Status st = NcclError(r, "ncclCommInitRankConfig", __FILE__, __LINE__, s->root);
-    s->Abort(st);
-    return st;
-  }
-  // Joining waits for every rank; a rank that never comes ends it at the timeout.
-  const auto deadline = Clock::now() + ToChrono(options.timeout);
-  for (;;) {
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t q = ncclCommGetAsyncError(s->root, &state);
-    if (q != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
-      const absl::Status st =
-          NcclError(q != ncclSuccess ? q : state, "ncclCommInitRankConfig", __FILE__, __LINE__,
-                    s->root);
-      s->Abort(st);
-      return st;
-    }
-    if (state == ncclSuccess) break;
-    if (Clock::now() > deadline) {
-      const absl::Status st = absl::DeadlineExceededError(absl::StrCat(
-          "rank ", options.rank, " of ", options.world, " could not join the NCCL communicator "
-          "within ", absl::FormatDuration(options.timeout), "; a stage did not join"));
-      s->Abort(st);
-      return st;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  if (options.world == 1) return std::unique_ptr<NcclTransport>(new NcclTransport(std::move(s)));
-
-  // The ids of the data and token communicators: made by rank 0 (which hosts their bootstrap
-  // roots), broadcast over the root communicator while every rank is known to be present. Every
-  // rank joins the data communicator, the first and the last the token one, both at once.
-  {
-    cuda::DeviceBuffer id_dev;
-    ncclUniqueId ids[2];  // data, tokens
-    static_assert(sizeof(ids) <= kHeaderRegion);
-    RETURN_IF_ERROR(id_dev.Allocate(sizeof(ids)));
-    if (options.rank == 0) {
-      NCCL_CHECK(ncclGetUniqueId(&ids[0]));
-      NCCL_CHECK(ncclGetUniqueId(&ids[1]));
-      CUDA_CHECK(cudaMemcpy(id_dev.get(), ids, sizeof(ids), cudaMemcpyHostToDevice));
-    }
-    const cudaStream_t ns = s->comm();
-    NCCL_ISSUE(*s, ncclBroadcast(id_dev.get(), id_dev.get(), sizeof(ids), ncclUint8, 0, s->root,
-                                 ns));
-    CUDA_CHECK(cudaMemcpyAsync(s->recv_host.get(), id_dev.get(), sizeof(ids),
-                               cudaMemcpyDeviceToHost, ns));
-    CUDA_CHECK(cudaEventRecord(s->header_done.get(), ns));
-    RETURN_IF_ERROR(s->Wait(s->header_done.get(), nullptr, "the data communicator's id"));
-    std::memcpy(ids, s->recv_host.get(), sizeof(ids));
-
-    s->token_id = ids[1];  // joined by SeparateTokens
-    const absl::Status st = s->JoinBlocking(options.rank, options.world, ids[0], "data", &s->data);
-    if (!st.ok()) return s->Fail(st);
-  }
+  RETURN_IF_ERROR(AllocateFrames(*s));
+  RETURN_IF_ERROR(JoinRoot(*s, unique_id));
+  if (options.world > 1) RETURN_IF_ERROR(JoinData(*s));
   return std::unique_ptr<NcclTransport>(new NcclTransport(std::move(s)));
 }
 

@@ -732,6 +732,73 @@ TEST_P(CpuStageTest, AStepWritesItsKvCacheOutLayerByLayerAsItGoes) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// A KV-cache of 4-token pages: sequences scattered over shuffled, non-contiguous pages compute
+// what the contiguous slots compute, bit for bit (the backend is batch-invariant).
+
+constexpr int kPageSize = 4;
+
+std::unique_ptr<Stage> MakePagedStage(const std::filesystem::path& dir, int first, int last,
+                                      int pages) {
+  StageSpec spec;
+  spec.model_dir = dir;
+  spec.first_layer = first;
+  spec.last_layer = last;
+  spec.max_slots = 4;
+  spec.max_seq_len = 64;
+  spec.kv_page_size = kPageSize;
+  spec.kv_pages = pages;
+  auto stage = MakeCpuStage(spec);
+  EXPECT_TRUE(stage.ok()) << stage.status();
+  return stage.ok() ? std::move(stage).value() : nullptr;
+}
+
+// `step` with each row's block table: pages[slot] holds the slot's pages in position order.
+StepDescriptor WithTables(StepDescriptor step, const std::vector<std::vector<int32_t>>& pages) {
+  for (SequenceStep& s : step.seqs) {
+    const int needed = (s.position + s.num_tokens + kPageSize - 1) / kPageSize;
+    s.block_table.assign(pages[s.slot].begin(), pages[s.slot].begin() + needed);
+  }
+  return step;
+}
+
+// Three sequences of different lengths over the same steps: prefill chunks that cross page
+// boundaries in one batch, then decode steps; every step's logits, in order.
+std::vector<std::vector<float>> RunMixedBatch(Pipeline& p, int v,
+                                              const std::vector<std::vector<int32_t>>* pages) {
+  auto run = [&](StepDescriptor step) {
+    return RunPipeline(p, pages != nullptr ? WithTables(std::move(step), *pages) : step).logits;
+  };
+  std::vector<std::vector<float>> logits;
+  const std::vector<int32_t> a = Prompt(11, 1, v), b = Prompt(6, 2, v), c = Prompt(3, 3, v);
+  logits.push_back(run(MakeStep({{0, 0, {a.begin(), a.begin() + 5}}, {2, 0, b}})));
+  logits.push_back(run(MakeStep({{0, 5, {a.begin() + 5, a.end()}}, {2, 6, {17}}, {3, 0, c}})));
+  for (int i = 0; i < 3; ++i) {
+    logits.push_back(run(MakeStep({{0, 11 + i, {40 + i}}, {2, 7 + i, {50 + i}}, {3, 3 + i, {9}}})));
+  }
+  return logits;
+}
+
+TEST_P(CpuStageTest, PagedKvCacheGivesTheContiguousLogitsBitForBit) {
+  const int v = vocab(), layers = LoadModelConfig(dir())->num_layers;
+  Pipeline contiguous = MakePipeline(dir(), {2});
+  const std::vector<std::vector<float>> want = RunMixedBatch(contiguous, v, nullptr);
+
+  // 4 slots' pages dealt from a shuffled pool of 24, so that no sequence's pages are adjacent
+  // or in order.
+  std::vector<int32_t> pool(24);
+  for (int i = 0; i < 24; ++i) pool[i] = (i * 7 + 5) % 24;
+  std::vector<std::vector<int32_t>> pages(4);
+  for (int i = 0; i < 24; ++i) pages[i % 4].push_back(pool[i]);
+  Pipeline paged;
+  paged.push_back(MakePagedStage(dir(), 0, 2, 24));
+  paged.push_back(MakePagedStage(dir(), 2, layers, 24));
+  EXPECT_EQ(paged[0]->kv_pages(), 24);
+  const std::vector<std::vector<float>> got = RunMixedBatch(paged, v, &pages);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i;
+}
+
 INSTANTIATE_TEST_SUITE_P(TinyPresets, CpuStageTest,
                          ::testing::Values("tiny-gpt2", "tiny-llama", "tiny-llama-tied",
                                            "tiny-llama3", "tiny-mistral", "tiny-qwen2",
@@ -843,6 +910,108 @@ TEST_F(CpuStageErrorTest, BadStepsAreRejectedNamingTheFieldAndLeaveTheStageUsabl
   ASSERT_TRUE(want.ok()) << want.status();
   EXPECT_EQ(got->logits, want->logits);
   EXPECT_EQ(got->tokens, want->tokens);
+}
+
+// A block table that does not fit the pool (a page out of range, too few pages for the row's
+// tokens, longer than the context) or that names pages on a stage of contiguous slots is refused
+// naming the row, the page or the count, and the stage serves the next step as if it had not
+// come.
+TEST_F(CpuStageErrorTest, BadBlockTablesAreRefusedNamingTheRowAndThePage) {
+  auto stage = MakePagedStage(dir_, 0, -1, 8);
+  auto refused = [&](std::vector<int32_t> table, int tokens, const std::string& what) {
+    StepDescriptor step = MakeStep({{1, 0, {3}}, {0, 0, Prompt(tokens, 1, vocab_)}});
+    step.seqs[0].block_table = {2};
+    step.seqs[1].block_table = std::move(table);
+    const absl::StatusOr<StepOutput> out = stage->Step(step, {});
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument) << what;
+    EXPECT_THAT(out.status().message(), AllOf(HasSubstr("sequence 1 (slot 0)"), HasSubstr(what)));
+  };
+  refused({0, 8}, 5, "entry 1: page 8 is outside the stage's [0, 8) pages");
+  refused({-1}, 1, "page -1");
+  refused({0}, 5, "block table of 1 pages holds 4 positions, 5 need 2 pages of 4");
+  refused(std::vector<int32_t>(17, 0), 5, "17 pages is longer than the context of 64");
+
+  auto contiguous = MakeStage(dir_, 0, -1, 4, 64);
+  StepDescriptor with_pages = MakeStep({{0, 0, {3}}});
+  with_pages.seqs[0].block_table = {0};
+  EXPECT_THAT(contiguous->Step(with_pages, {}).status().message(),
+              HasSubstr("names 1 pages, but this stage's KV-cache is contiguous slots"));
+
+  StepDescriptor good = MakeStep({{0, 0, Prompt(5, 1, vocab_)}});
+  good.seqs[0].block_table = {6, 1};
+  const absl::StatusOr<StepOutput> got = stage->Step(good, {});
+  ASSERT_TRUE(got.ok()) << got.status();
+  const absl::StatusOr<StepOutput> want =
+      contiguous->Step(MakeStep({{0, 0, Prompt(5, 1, vocab_)}}), {});
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(got->logits, want->logits);
+}
+
+// A sequence's KV-cache exported from pages and imported into other pages, or into a contiguous
+// slot and back, continues with the logits of the sequence that never moved.
+TEST_F(CpuStageErrorTest, KvMovesBetweenPagesAndSlotsContinueTheSequence) {
+  const std::vector<int32_t> prompt = Prompt(10, 4, vocab_);
+  auto contiguous = MakeStage(dir_, 0, -1, 4, 64);
+  ASSERT_TRUE(contiguous->Step(MakeStep({{2, 0, prompt}}), {}).ok());
+  const std::vector<float> want = contiguous->Step(MakeStep({{2, 10, {77}}}), {})->logits;
+  const int layers = LoadModelConfig(dir_)->num_layers;
+
+  auto paged = MakePagedStage(dir_, 0, -1, 12);
+  const std::vector<int32_t> from = {9, 2, 5}, to = {0, 11, 3};
+  StepDescriptor prefill = MakeStep({{1, 0, prompt}});
+  prefill.seqs[0].block_table = from;
+  ASSERT_TRUE(paged->Step(prefill, {}).ok());
+  absl::StatusOr<KvBlock> block = paged->ExportKv(KvPlace(1, from), 10, 0, layers);
+  ASSERT_TRUE(block.ok()) << block.status();
+  EXPECT_THAT(paged->ExportKv(KvPlace(1, {9, 2}), 10, 0, layers).status().message(),
+              HasSubstr("KV export: slot 1: block table of 2 pages"));
+  EXPECT_THAT(paged->ImportKv(KvPlace(3, {0, 12, 3}), *block).message(),
+              HasSubstr("KV import: slot 3: block table entry 1: page 12"));
+
+  // Pages to other pages of another slot.
+  ASSERT_TRUE(paged->ImportKv(KvPlace(3, to), *block).ok());
+  StepDescriptor next = MakeStep({{3, 10, {77}}});
+  next.seqs[0].block_table = to;
+  EXPECT_EQ(paged->Step(next, {})->logits, want);
+
+  // Pages to a contiguous slot, and a contiguous slot to pages.
+  auto slots = MakeStage(dir_, 0, -1, 4, 64);
+  ASSERT_TRUE(slots->ImportKv(0, *block).ok());
+  EXPECT_EQ(slots->Step(MakeStep({{0, 10, {77}}}), {})->logits, want);
+  absl::StatusOr<KvBlock> back = contiguous->ExportKv(2, 10, 0, layers);
+  ASSERT_TRUE(back.ok()) << back.status();
+  auto other = MakePagedStage(dir_, 0, -1, 12);
+  ASSERT_TRUE(other->ImportKv(KvPlace(0, {7, 4, 10}), *back).ok());
+  next.seqs[0].slot = 0;
+  next.seqs[0].block_table = {7, 4, 10};
+  EXPECT_EQ(other->Step(next, {})->logits, want);
+}
+
+// The write-out of a prefill step on pages holds what ExportKv gathers from those pages.
+TEST_F(CpuStageErrorTest, AWriteOutOnPagesHoldsThePagesPositions) {
+  const int layers = LoadModelConfig(dir_)->num_layers;
+  auto stage = MakePagedStage(dir_, 0, -1, 8);
+  const std::vector<int32_t> table = {5, 0, 6};
+  StepDescriptor first = MakeStep({{1, 0, Prompt(6, 2, vocab_)}});
+  first.seqs[0].block_table = {5, 0};
+  ASSERT_TRUE(stage->Step(first, {}).ok());
+  absl::StatusOr<std::shared_ptr<KvOut>> out = stage->OpenKvOut(KvPlace(1, table), 9);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(stage->OpenKvOut(KvPlace(2, {5, 0}), 9).status().message(),
+              HasSubstr("KV write-out: slot 2: block table of 2 pages"));
+  StepDescriptor second = MakeStep({{1, 6, Prompt(3, 3, vocab_)}});
+  second.seqs[0].block_table = table;
+  ASSERT_TRUE(stage->Step(second, {}).ok());
+  ASSERT_TRUE((*out)->AwaitAll(absl::Now()).ok());
+  absl::StatusOr<KvBlock> exported = stage->ExportKv(KvPlace(1, table), 9, 0, layers);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_EQ((*out)->block().k, exported->k);
+  EXPECT_EQ((*out)->block().v, exported->v);
+  // And the bytes are the sequence's: the same positions of a contiguous run.
+  auto contiguous = MakeStage(dir_, 0, -1, 4, 64);
+  ASSERT_TRUE(contiguous->Step(MakeStep({{1, 0, Prompt(6, 2, vocab_)}}), {}).ok());
+  ASSERT_TRUE(contiguous->Step(MakeStep({{1, 6, Prompt(3, 3, vocab_)}}), {}).ok());
+  EXPECT_EQ(contiguous->ExportKv(1, 9, 0, layers)->k, exported->k);
 }
 
 TEST_F(CpuStageErrorTest, BadActivationsAreRejectedOnLaterStages) {

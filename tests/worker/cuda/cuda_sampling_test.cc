@@ -1,7 +1,7 @@
 // The sampling controls on the CUDA stage against the fp32 CPU stage: raw logprobs and their top
 // alternatives agree within fp16 rounding, penalties and min_p pick what the CPU rule picks over
-// the CUDA stage's own logits, prompt logprobs are refused by name, and a step without controls
-// returns no logprobs. Skipped where no GPU is present.
+// the CUDA stage's own logits, and a step without controls returns no logprobs (prompt logprobs:
+// cuda_stage_prompt_test.cc). Skipped where no GPU is present.
 #include <unistd.h>
 
 #include <cmath>
@@ -191,24 +191,6 @@ TEST(CudaSampling, ProbabilitiesMatchTheCpuStage) {
     for (const auto& [t, lp] : cl.top) cp[t] = std::exp(lp);
     for (int t = 0; t < vocab; ++t) EXPECT_NEAR(gp[t], cp[t], 1e-3) << "row " << i << " " << t;
   }
-}
-
-TEST(CudaSampling, PromptLogprobsAreRefusedByName) {
-  SKIP_WITHOUT_GPU();
-  Stages st = MakeStages();
-  ASSERT_NE(st.cuda, nullptr);
-  SequenceStep s;
-  s.prompt_logprobs = 2;
-  StepDescriptor d;
-  d.seqs = {s};
-  d.seqs[0].num_tokens = 3;
-  d.tokens = {1, 2, 3};
-  auto out = st.cuda->Step(d, Activations{});
-  ASSERT_FALSE(out.ok());
-  EXPECT_THAT(out.status().message(), ::testing::HasSubstr("prompt_logprobs"));
-  // The stage keeps serving.
-  d.seqs[0].prompt_logprobs = -1;
-  EXPECT_TRUE(st.cuda->Step(d, Activations{}).ok());
 }
 
 TEST(CudaSampling, StepsWithoutControlsReturnNoLogprobsOrLogits) {

@@ -95,29 +95,34 @@ class PretendDeviceStage : public Stage {
     return cpu_->Step(step, in);
   }
   const ModelConfig& config() const override { return cpu_->config(); }
-  absl::StatusOr<KvBlock> ExportKv(int slot, int positions, int first_layer,
+  int kv_pages() const override { return cpu_->kv_pages(); }
+  absl::StatusOr<KvBlock> ExportKv(const KvPlace& place, int positions, int first_layer,
                                    int num_layers) const override {
-    return cpu_->ExportKv(slot, positions, first_layer, num_layers);
+    return cpu_->ExportKv(place, positions, first_layer, num_layers);
   }
-  absl::StatusOr<KvBlock> ExportKvToDevice(int slot, int positions, int first_layer,
+  absl::StatusOr<KvBlock> ExportKvToDevice(const KvPlace& place, int positions, int first_layer,
                                            int num_layers) const override {
-    absl::StatusOr<KvBlock> b = cpu_->ExportKv(slot, positions, first_layer, num_layers);
+    absl::StatusOr<KvBlock> b = cpu_->ExportKv(place, positions, first_layer, num_layers);
     if (!b.ok()) return b.status();
     return OnPretendDevice(*std::move(b));
   }
-  absl::Status ImportKv(int slot, const KvBlock& block) override {
-    return cpu_->ImportKv(slot, block);
+  absl::Status ImportKv(const KvPlace& place, const KvBlock& block) override {
+    return cpu_->ImportKv(place, block);
   }
 
  private:
   std::unique_ptr<Stage> cpu_;
 };
 
-std::unique_ptr<Assignment> MakeAssignment(uint64_t id, bool pretend_device = false) {
+// page_size > 0: a KV-cache of 16 pages of that many positions.
+std::unique_ptr<Assignment> MakeAssignment(uint64_t id, bool pretend_device = false,
+                                           int page_size = 0) {
   StageSpec spec;
   spec.model_dir = ModelDir();
   spec.max_slots = 4;
   spec.max_seq_len = kMaxSeqLen;
+  spec.kv_page_size = page_size;
+  spec.kv_pages = page_size > 0 ? 16 : 0;
   absl::StatusOr<std::unique_ptr<Stage>> stage = MakeCpuStage(spec);
   EXPECT_TRUE(stage.ok()) << stage.status();
   if (!stage.ok()) return nullptr;
@@ -245,6 +250,52 @@ TEST(KvMovesTest, ExportedThenImportedInTwoLayerRangesContinuesAsTheOriginal) {
   EXPECT_EQ(imported.bytes(), exported.bytes());
   EXPECT_EQ(imported.fetched_bytes(), 0);  // all from this worker's stash
   EXPECT_EQ(Decode(*to, 3, positions, next, 4), Decode(*from, 0, positions, next, 4));
+}
+
+// A sequence on pages moves to other pages of another stage (its tables given with the
+// sequence) and to a contiguous slot, and continues as the original there.
+TEST(KvMovesTest, ASequenceOnPagesMovesToOtherPagesAndToASlot) {
+  std::unique_ptr<Assignment> from = MakeAssignment(1, false, 4), to = MakeAssignment(2, false, 4),
+                              slots = MakeAssignment(3);
+  ASSERT_NE(from, nullptr);
+  ASSERT_NE(to, nullptr);
+  ASSERT_NE(slots, nullptr);
+  const std::vector<int32_t> from_pages = {9, 2, 14}, to_pages = {3, 15, 0};
+  StepDescriptor prefill = OneRow(1, 0, 0, kPrompt);
+  prefill.seqs[0].block_table = {9, 2};
+  absl::StatusOr<StepOutput> first = from->engine->Step(prefill, {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int positions = static_cast<int>(kPrompt.size());
+  // Greedy decode of `n` tokens of `slot` on `pages` (none: a contiguous slot).
+  auto decode = [&](Assignment& a, int slot, const std::vector<int32_t>& pages, int n) {
+    std::vector<int32_t> out;
+    int32_t token = first->tokens.at(0);
+    for (int i = 0; i < n; ++i) {
+      StepDescriptor d = OneRow(100 + i, slot, positions + i, {token});
+      d.seqs[0].block_table = pages;
+      absl::StatusOr<StepOutput> o = a.engine->Step(d, {});
+      EXPECT_TRUE(o.ok()) << o.status();
+      if (!o.ok()) break;
+      token = o->tokens.at(0);
+      out.push_back(token);
+    }
+    return out;
+  };
+  KvMoves kv({});
+  v1::ExportKvRequest req = ExportRequest(1, /*key=*/7, 0, positions);
+  req.mutable_seqs(0)->add_block_table(9);
+  v1::ExportKvResponse exported;
+  EXPECT_THAT(kv.Export(*from, req, exported).message(), HasSubstr("block table of 1 pages"));
+  req.mutable_seqs(0)->add_block_table(2);
+  ASSERT_TRUE(kv.Export(*from, req, exported).ok());
+  v1::ImportKvRequest into_pages = OwnImport(2, 7, /*slot=*/1, {{0, kLayers}});
+  into_pages.mutable_seqs(0)->mutable_block_table()->Add(to_pages.begin(), to_pages.begin() + 2);
+  v1::ImportKvResponse imported;
+  ASSERT_TRUE(kv.Import(*to, into_pages, imported).ok());
+  ASSERT_TRUE(kv.Import(*slots, OwnImport(3, 7, /*slot=*/2, {{0, kLayers}}), imported).ok());
+  const std::vector<int32_t> want = decode(*from, 0, from_pages, 4);
+  EXPECT_EQ(decode(*to, 1, to_pages, 4), want);
+  EXPECT_EQ(decode(*slots, 2, {}, 4), want);
 }
 
 TEST(KvMovesTest, ImportRefusesSourcesThatLeaveLayersOutOrASlotTwice) {

@@ -1,0 +1,261 @@
+// The scheduler on a paged KV-cache (coordinator/scheduler_pages.cc), driven directly with a tiny
+// pool. A fake stage stores each fed token in the page and row its block table names and
+// "samples" a function of every token it reads back through the table, so that a wrong or
+// reused page changes the outputs.
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "common/metrics.h"
+#include "coordinator/scheduler.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+const absl::Time kNow = absl::UnixEpoch() + absl::Hours(1);
+
+// The next token after `tokens` (a stand-in for a model: any change of any token changes it).
+int32_t NextToken(const std::vector<int32_t>& tokens) {
+  uint64_t h = 7;
+  for (int32_t t : tokens) h = h * 31 + static_cast<uint64_t>(t) + 1;
+  return static_cast<int32_t>(h % 97) + 1;
+}
+
+// What a request generates alone: the reference every scheduled run must equal.
+std::vector<int32_t> Undisturbed(std::vector<int32_t> prompt, int max_new_tokens) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < max_new_tokens; ++i) {
+    out.push_back(NextToken(prompt));
+    prompt.push_back(out.back());
+  }
+  return out;
+}
+
+// Every stage's pages: token ids where the KV-cache would be.
+class FakeStage {
+ public:
+  FakeStage(int pages, int page_size)
+      : page_size_(page_size), rows_(pages, std::vector<int32_t>(page_size, -1)) {}
+
+  // Writes each row's tokens through its block table, then samples from what it reads back.
+  std::vector<int32_t> Run(const StepDescriptor& step) {
+    std::vector<int32_t> sampled;
+    size_t t = 0;
+    for (const SequenceStep& row : step.seqs) {
+      const int end = row.position + row.num_tokens;
+      EXPECT_EQ(row.block_table.size(), static_cast<size_t>((end + page_size_ - 1) / page_size_));
+      for (int pos = row.position; pos < end; ++pos) {
+        const int32_t token = step.tokens[t++];
+        At(row, pos) = token == kPreviousSample ? last_sample_[row.slot] : token;
+      }
+      if (!row.sample) continue;
+      std::vector<int32_t> seen;
+      for (int pos = 0; pos < end; ++pos) seen.push_back(At(row, pos));
+      sampled.push_back(NextToken(seen));
+      last_sample_[row.slot] = sampled.back();
+    }
+    return sampled;
+  }
+
+ private:
+  int32_t& At(const SequenceStep& row, int pos) {
+    return rows_[row.block_table[pos / page_size_]][pos % page_size_];
+  }
+  int page_size_;
+  std::vector<std::vector<int32_t>> rows_;
+  std::map<int, int32_t> last_sample_;  // by slot, for rows that feed kPreviousSample
+};
+
+SchedulerOptions PagedOptions(int page_size) {
+  SchedulerOptions o;
+  o.max_waiting = 64;
+  o.max_slots = 16;
+  o.max_batch = 16;
+  o.prefill_chunk = 512;
+  o.micro_batches = 1;
+  o.decode_ahead = false;
+  o.vocab_size = 100;
+  o.context_length = 64;
+  o.kv_page_size = page_size;
+  o.kv_margin_tokens = 0;
+  return o;
+}
+
+ValidatedRequest Request(std::vector<int32_t> prompt, int max_new_tokens) {
+  ValidatedRequest r;
+  r.prompt = std::move(prompt);
+  r.max_new_tokens = max_new_tokens;
+  return r;
+}
+
+std::vector<int32_t> Output(const std::shared_ptr<RequestState>& r) {
+  RequestState::Snapshot s;
+  r->WaitMore(s, absl::InfinitePast());
+  return s.tokens;
+}
+
+bool Done(const std::shared_ptr<RequestState>& r) {
+  RequestState::Snapshot s;
+  r->WaitMore(s, absl::InfinitePast());
+  return s.done;
+}
+
+// Admits, forms and answers steps of pipeline 0 until nothing is left to run; the steps run in
+// the order they were formed. Returns the steps formed.
+std::vector<StepDescriptor> RunAll(Scheduler& s, FakeStage& stage) {
+  std::vector<StepDescriptor> all;
+  for (int round = 0; round < 1000; ++round) {
+    s.Admit(kNow);
+    std::vector<StepDescriptor> steps = s.FormSteps(0);
+    if (steps.empty()) break;
+    for (const StepDescriptor& step : steps) {
+      const std::vector<int32_t> tokens = stage.Run(step);
+      EXPECT_TRUE(s.OnStepResult(0, step.id, tokens, {}, kNow).ok());
+      all.push_back(step);
+    }
+  }
+  return all;
+}
+
+TEST(SchedulerPages, AdmitsByFreePagesNotBySlots) {
+  // Each prompt of 10 tokens holds 3 pages and reserves a fourth to grow into (margin 4).
+  SchedulerOptions o = PagedOptions(4);
+  o.kv_margin_tokens = 4;
+  Scheduler m(o);
+  m.AddPipeline(0, 1, PipelineRole::kBoth, false, 8);
+  std::vector<int32_t> prompt(10, 5);
+  for (int i = 0; i < 3; ++i) {
+    prompt[0] = i + 1;
+    m.Enqueue(Request(prompt, 4), kNow);
+  }
+  m.Admit(kNow);
+  EXPECT_EQ(m.running(0), 2);  // 16 slots, but 8 pages hold two of them with their growth
+  EXPECT_EQ(m.waiting(), 1);
+  EXPECT_EQ(m.kv_page_counters(0)->pages_used, 6);
+}
+
+// One step in flight, several (a victim's rows in flight go stale), and steps going ahead of the
+// tokens they feed.
+struct InFlight {
+  int micro_batches;
+  bool decode_ahead;
+};
+
+class SchedulerPagesPreemption : public ::testing::TestWithParam<InFlight> {};
+
+TEST_P(SchedulerPagesPreemption, PreemptsWhenThePoolRunsOutAndEveryOutputEqualsAnUndisturbedRun) {
+  constexpr int kPages = 12;
+  SchedulerOptions o = PagedOptions(2);
+  o.micro_batches = GetParam().micro_batches;
+  o.decode_ahead = GetParam().decode_ahead;
+  Scheduler s(o);
+  s.AddPipeline(0, 1, PipelineRole::kBoth, false, kPages);
+  FakeStage stage(kPages, 2);
+  std::vector<std::shared_ptr<RequestState>> requests;
+  std::vector<std::vector<int32_t>> expected;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> prompt = {i + 1, 2 * i + 3, 4, i + 7};
+    prompt.resize(3 + i % 3, 9);
+    expected.push_back(Undisturbed(prompt, 8));
+    requests.push_back(s.Enqueue(Request(prompt, 8), kNow));
+  }
+  RunAll(s, stage);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_TRUE(Done(requests[i])) << i;
+    EXPECT_EQ(Output(requests[i]), expected[i]) << "request " << i;
+  }
+  EXPECT_GT(s.kv_page_counters(0)->preemptions, 0);  // the load did not fit at once
+  EXPECT_EQ(s.kv_page_counters(0)->pages_used, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, SchedulerPagesPreemption,
+                         ::testing::Values(InFlight{1, false}, InFlight{3, false},
+                                           InFlight{2, true}));
+
+TEST(SchedulerPages, RefusesARequestThatCanNeverFitNamingTokensAndCapacity) {
+  Scheduler s(PagedOptions(4));
+  s.AddPipeline(0, 1, PipelineRole::kBoth, false, /*kv_pages=*/4);  // 16 tokens
+  const absl::Status fits = s.CheckFits(10, 8);
+  EXPECT_EQ(fits.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(fits.message(), HasSubstr("needs 18 tokens"));
+  EXPECT_THAT(fits.message(), HasSubstr("KV-cache pool of 16 tokens"));
+  EXPECT_TRUE(s.CheckFits(10, 6).ok());
+  // One that reached the queue anyway ends with that error rather than waiting for ever.
+  std::shared_ptr<RequestState> r = s.Enqueue(Request(std::vector<int32_t>(10, 3), 8), kNow);
+  s.Admit(kNow);
+  RequestState::Snapshot snap;
+  r->WaitMore(snap, absl::InfinitePast());
+  EXPECT_TRUE(snap.done);
+  EXPECT_EQ(snap.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.running(0), 0);
+}
+
+TEST(SchedulerPages, APromptStartingWithCachedPagesStartsItsPrefillAfterThem) {
+  constexpr int kPages = 16;
+  Scheduler s(PagedOptions(4));
+  s.AddPipeline(0, 1, PipelineRole::kBoth, false, kPages);
+  FakeStage stage(kPages, 4);
+  const std::vector<int32_t> shared = {11, 12, 13, 14, 15, 16, 17, 18};
+  std::vector<int32_t> a = shared;
+  a.push_back(20);
+  std::shared_ptr<RequestState> ra = s.Enqueue(Request(a, 3), kNow);
+  RunAll(s, stage);
+  std::vector<int32_t> b = shared;
+  b.insert(b.end(), {30, 31});
+  std::shared_ptr<RequestState> rb = s.Enqueue(Request(b, 3), kNow);
+  const std::vector<StepDescriptor> steps = RunAll(s, stage);
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps[0].seqs[0].position, 8);  // two cached pages of 4
+  EXPECT_EQ(steps[0].seqs[0].num_tokens, 2);
+  EXPECT_EQ(Output(ra), Undisturbed(a, 3));
+  EXPECT_EQ(Output(rb), Undisturbed(b, 3));
+  EXPECT_EQ(s.kv_page_counters(0)->prefix_hit_tokens, 8);
+}
+
+TEST(SchedulerPages, APrefixEvictedBeforeItsAdmissionIsComputedAgain) {
+  constexpr int kPages = 4;
+  Scheduler s(PagedOptions(4));
+  s.AddPipeline(0, 1, PipelineRole::kBoth, false, kPages);
+  FakeStage stage(kPages, 4);
+  const std::vector<int32_t> a = {11, 12, 13, 14, 15, 16, 17, 18, 19};
+  std::shared_ptr<RequestState> ra = s.Enqueue(Request(a, 2), kNow);
+  RunAll(s, stage);
+  // Another prompt takes every page, evicting a's cached ones.
+  const std::vector<int32_t> c = {40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52};
+  std::shared_ptr<RequestState> rc = s.Enqueue(Request(c, 2), kNow);
+  RunAll(s, stage);
+  std::vector<int32_t> b = a;
+  b.back() = 25;
+  std::shared_ptr<RequestState> rb = s.Enqueue(Request(b, 2), kNow);
+  const std::vector<StepDescriptor> steps = RunAll(s, stage);
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps[0].seqs[0].position, 0);
+  EXPECT_EQ(Output(rc), Undisturbed(c, 2));
+  EXPECT_EQ(Output(rb), Undisturbed(b, 2));
+}
+
+TEST(SchedulerPages, CountsPrefixHitsAndPreemptionsInTheMetrics) {
+  prometheus::Registry registry;
+  CoordinatorMetrics metrics(registry);
+  constexpr int kPages = 16;
+  Scheduler s(PagedOptions(4), &metrics);
+  s.AddPipeline(0, 1, PipelineRole::kBoth, false, kPages);
+  FakeStage stage(kPages, 4);
+  const std::vector<int32_t> a = {11, 12, 13, 14, 15, 16, 17, 18, 19};
+  s.Enqueue(Request(a, 2), kNow);
+  RunAll(s, stage);
+  s.Enqueue(Request(a, 2), kNow);
+  RunAll(s, stage);
+  EXPECT_EQ(metrics.prefix_cache_queries.Value(), 2);
+  EXPECT_EQ(metrics.prefix_cache_hits.Value(), 1);
+  EXPECT_EQ(metrics.prefix_cache_query_tokens.Value(), 18);
+  EXPECT_EQ(metrics.prefix_cache_hit_tokens.Value(), 8);
+  EXPECT_DOUBLE_EQ(metrics.prefix_cache_hit_rate.Value(), 8.0 / 18.0);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,307 @@
+// The CUDA stage on a paged KV-cache (StageSpec::kv_page_size > 0) against the same stage on
+// contiguous slots: the same steps, each sequence's positions scattered over shuffled pages, give
+// the same logits and greedy tokens, with and without graphs; bad block tables are refused naming
+// the row; the pool holds the pages asked for. Skipped where no GPU is present.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/rng.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/model_generator.h"
+#include "worker/cuda/cuda_stage.h"
+
+namespace tandem {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                  \
+  do {                                                                      \
+    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device available"; \
+  } while (0)
+
+constexpr int kMaxSeqLen = 128;
+
+std::filesystem::path TmpDir() {
+  const char* env = std::getenv("TANDEM_TEST_TMPDIR");
+  return env != nullptr ? std::filesystem::path(env) : std::filesystem::path(TANDEM_TEST_TMPDIR);
+}
+
+// Written aside and renamed into place: tests running at once may ask for the same checkpoint.
+std::filesystem::path Checkpoint(const std::string& preset) {
+  const std::filesystem::path dir = TmpDir() / ("cuda_paged_" + preset);
+  if (!std::filesystem::exists(dir / "config.json")) {
+    auto c = PresetConfig(preset);
+    EXPECT_TRUE(c.ok()) << c.status();
+    GeneratorOptions o;
+    o.seed = 11;
+    const std::filesystem::path tmp =
+        TmpDir() / ("cuda_paged_" + preset + ".tmp" + std::to_string(getpid()));
+    std::filesystem::remove_all(tmp);
+    EXPECT_TRUE(WriteRandomCheckpoint(*c, o, tmp).ok());
+    std::error_code ec;
+    std::filesystem::rename(tmp, dir, ec);
+    if (ec) std::filesystem::remove_all(tmp);
+  }
+  return dir;
+}
+
+double RelError(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+std::vector<int32_t> Prompt(int n, uint64_t seed, int vocab) {
+  std::vector<int32_t> p(n);
+  for (int i = 0; i < n; ++i) p[i] = static_cast<int32_t>(RandomBits(seed, i) % vocab);
+  return p;
+}
+
+// page_size 0: contiguous slots.
+absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const std::string& preset, int page_size,
+                                                 int pages, bool graphs = true,
+                                                 float kv_memory_fraction = 0.9f) {
+  StageSpec spec;
+  spec.model_dir = Checkpoint(preset);
+  spec.max_slots = 4;
+  spec.max_seq_len = kMaxSeqLen;
+  spec.kv_page_size = page_size;
+  spec.kv_pages = pages;
+  CudaOptions o;
+  o.cuda_graphs = graphs;
+  o.kv_memory_fraction = kv_memory_fraction;
+  return MakeCudaStage(spec, o);
+}
+
+// Per slot, the pages its sequence may take, in order: every page of a pool of `pages` dealt out
+// in a seeded shuffle, so that a sequence's pages are scattered and not ascending.
+std::map<int, std::vector<int32_t>> ScatteredTables(int pages, int page_size, uint64_t seed) {
+  std::vector<int32_t> ids(pages);
+  for (int i = 0; i < pages; ++i) ids[i] = i;
+  for (int i = pages - 1; i > 0; --i) std::swap(ids[i], ids[RandomBits(seed, i) % (i + 1)]);
+  std::map<int, std::vector<int32_t>> tables;
+  const int per_seq = kMaxSeqLen / page_size;
+  for (int slot = 0; slot < 4; ++slot) {
+    tables[slot].assign(ids.begin() + slot * per_seq, ids.begin() + (slot + 1) * per_seq);
+  }
+  return tables;
+}
+
+// As the coordinator's owner does: each sequence names the pages of [0, position + num_tokens).
+void AttachTables(StepDescriptor& d, const std::map<int, std::vector<int32_t>>& tables,
+                  int page_size) {
+  if (page_size == 0) return;
+  for (SequenceStep& s : d.seqs) {
+    const int n = (s.position + s.num_tokens + page_size - 1) / page_size;
+    const std::vector<int32_t>& t = tables.at(s.slot);
+    s.block_table.assign(t.begin(), t.begin() + n);
+  }
+}
+
+struct Seq {
+  int slot;
+  std::vector<int32_t> prompt;
+};
+
+struct Trace {
+  std::vector<std::vector<int32_t>> tokens;  // per sampled step
+  std::vector<std::vector<float>> logits;
+};
+
+// Each prompt in two prefill steps (its first `first` tokens unsampled, then the rest), then
+// `steps` batched greedy decode steps fed with the stage's own tokens.
+Trace RunSteps(Stage& stage, const std::vector<Seq>& seqs, int first, int steps, int page_size,
+               const std::map<int, std::vector<int32_t>>& tables) {
+  Trace t;
+  StepDescriptor a, b;
+  for (const Seq& s : seqs) {
+    SequenceStep ss;
+    ss.slot = s.slot;
+    ss.num_tokens = first;
+    ss.sample = false;
+    a.seqs.push_back(ss);
+    a.tokens.insert(a.tokens.end(), s.prompt.begin(), s.prompt.begin() + first);
+    ss.position = first;
+    ss.num_tokens = static_cast<int>(s.prompt.size()) - first;
+    ss.sample = true;
+    b.seqs.push_back(ss);
+    b.tokens.insert(b.tokens.end(), s.prompt.begin() + first, s.prompt.end());
+  }
+  b.id = 1;
+  b.return_logits = true;
+  AttachTables(a, tables, page_size);
+  AttachTables(b, tables, page_size);
+  auto out = stage.Step(a, Activations{});
+  EXPECT_TRUE(out.ok()) << out.status();
+  out = stage.Step(b, Activations{});
+  EXPECT_TRUE(out.ok()) << out.status();
+  if (!out.ok()) return t;
+  t.tokens.push_back(out->tokens);
+  t.logits.push_back(out->logits);
+  for (int i = 0; i < steps; ++i) {
+    StepDescriptor d;
+    d.id = i + 2;
+    d.return_logits = true;
+    for (const Seq& s : seqs) {
+      SequenceStep ss;
+      ss.slot = s.slot;
+      ss.position = static_cast<int>(s.prompt.size()) + i;
+      ss.sample_index = i + 1;
+      d.seqs.push_back(ss);
+    }
+    d.tokens = t.tokens.back();
+    AttachTables(d, tables, page_size);
+    auto o = stage.Step(d, Activations{});
+    EXPECT_TRUE(o.ok()) << o.status();
+    if (!o.ok()) return t;
+    t.tokens.push_back(o->tokens);
+    t.logits.push_back(o->logits);
+  }
+  return t;
+}
+
+// Three sequences of different lengths in slots 0, 2 and 3, crossing page boundaries.
+std::vector<Seq> Batch(int vocab) {
+  return {{0, Prompt(37, 1, vocab)}, {2, Prompt(70, 2, vocab)}, {3, Prompt(9, 3, vocab)}};
+}
+
+class PagedVsContiguous
+    : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(PagedVsContiguous, ScatteredPagesGiveTheLogitsAndTokensOfContiguousSlots) {
+  SKIP_WITHOUT_GPU();
+  const auto& [preset, page_size] = GetParam();
+  const int pages = 4 * kMaxSeqLen / page_size + 3;  // a few pages no sequence takes
+  auto contiguous = MakeStage(preset, 0, 0);
+  ASSERT_TRUE(contiguous.ok()) << contiguous.status();
+  auto paged = MakeStage(preset, page_size, pages);
+  ASSERT_TRUE(paged.ok()) << paged.status();
+  EXPECT_EQ((*paged)->kv_pages(), pages);
+  const int vocab = (*paged)->config().vocab_size;
+  const auto tables = ScatteredTables(pages, page_size, 5);
+  const std::vector<Seq> seqs = Batch(vocab);
+  Trace want = RunSteps(**contiguous, seqs, 5, 12, 0, tables);
+  Trace got = RunSteps(**paged, seqs, 5, 12, page_size, tables);
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+  for (size_t i = 0; i < want.logits.size(); ++i) {
+    EXPECT_LE(RelError(got.logits[i], want.logits[i]), 2e-3) << "step " << i;
+  }
+  EXPECT_EQ(got.tokens, want.tokens);
+}
+
+INSTANTIATE_TEST_SUITE_P(PresetsAndPageSizes, PagedVsContiguous,
+                         ::testing::Combine(::testing::Values("tiny-llama", "tiny-gpt2",
+                                                              "tiny-mistral", "tiny-qwen3"),
+                                            ::testing::Values(4, 16, 64)),
+                         [](const auto& info) {
+                           std::string name = std::get<0>(info.param) + "_page" +
+                                              std::to_string(std::get<1>(info.param));
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+// Decode graphs read the step's tables from a fixed device buffer that each step refills: a
+// replay sees this step's pages, not those of the step it was captured with.
+TEST(CudaStagePagedTest, GraphReplayEqualsDirectLaunchesBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const int page_size = 16, pages = 4 * kMaxSeqLen / page_size;
+  auto graphs = MakeStage("tiny-llama", page_size, pages, true);
+  ASSERT_TRUE(graphs.ok()) << graphs.status();
+  auto direct = MakeStage("tiny-llama", page_size, pages, false);
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  ASSERT_GT(*(*graphs)->DecodeGraphCount(), 0);
+  const int vocab = (*graphs)->config().vocab_size;
+  const auto tables = ScatteredTables(pages, page_size, 9);
+  Trace g = RunSteps(**graphs, Batch(vocab), 4, 10, page_size, tables);
+  Trace d = RunSteps(**direct, Batch(vocab), 4, 10, page_size, tables);
+  EXPECT_EQ(g.logits, d.logits);
+  EXPECT_EQ(g.tokens, d.tokens);
+}
+
+// A decode step of one sequence in slot 1 at `position` with `table`.
+StepDescriptor DecodeAt(int position, std::vector<int32_t> table) {
+  StepDescriptor d;
+  SequenceStep s;
+  s.slot = 1;
+  s.position = position;
+  s.block_table = std::move(table);
+  d.seqs = {s};
+  d.tokens = {3};
+  return d;
+}
+
+TEST(CudaStagePagedTest, BadBlockTablesAreRefusedNamingTheRowAndTheStageStaysUsable) {
+  SKIP_WITHOUT_GPU();
+  auto stage = MakeStage("tiny-llama", 16, 20);
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  auto refused = [&](const StepDescriptor& d, const std::string& what) {
+    auto out = (*stage)->Step(d, Activations{});
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument) << what;
+    EXPECT_THAT(out.status().message(), ::testing::HasSubstr(what));
+  };
+  // Position 40 writes into the third page of 16.
+  refused(DecodeAt(40, {0, 1}), "sequence 0 (slot 1): block table of 2 pages; positions [0, 41) "
+                                "need 3 pages");
+  refused(DecodeAt(40, {0, 1, 20}), "entry 2 is page 20, outside the stage's 20 pages");
+  refused(DecodeAt(40, {0, -1, 2}), "entry 1 is page -1");
+  refused(DecodeAt(40, {0, 1, 2, 3, 4, 5, 6, 7, 8}), "at most 8");
+  refused(DecodeAt(0, {}), "need 1 pages");
+  // A refused step left nothing behind: the same sequence runs as on a fresh stage.
+  auto fresh = MakeStage("tiny-llama", 16, 20);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  const std::map<int, std::vector<int32_t>> tables = {{1, {7, 3, 19, 0, 1, 2, 4, 5}}};
+  const std::vector<Seq> seqs = {{1, Prompt(20, 4, (*stage)->config().vocab_size)}};
+  Trace a = RunSteps(**stage, seqs, 3, 4, 16, tables);
+  Trace b = RunSteps(**fresh, seqs, 3, 4, 16, tables);
+  EXPECT_EQ(a.logits, b.logits);
+  ASSERT_FALSE(a.tokens.empty());
+}
+
+TEST(CudaStagePagedTest, AContiguousStageRefusesBlockTables) {
+  SKIP_WITHOUT_GPU();
+  auto stage = MakeStage("tiny-llama", 0, 0);
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  EXPECT_EQ((*stage)->kv_pages(), 0);
+  auto out = (*stage)->Step(DecodeAt(0, {0}), Activations{});
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(out.status().message(), ::testing::HasSubstr("contiguous slots"));
+}
+
+TEST(CudaStagePagedTest, ThePoolHoldsThePagesAskedOrWhatFits) {
+  SKIP_WITHOUT_GPU();
+  // A small share of the memory (other GPU tests may run beside this one): tiny layers' pages
+  // of a few KiB, far more of them than any test asks for.
+  auto all = MakeStage("tiny-llama", 16, 0, true, 0.02f);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_GT((*all)->kv_pages(), 1000);
+  all->reset();
+  auto too_many = MakeStage("tiny-llama", 16, 2'000'000'000);
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(too_many.status().message(), ::testing::HasSubstr("kv_pages"));
+  auto odd = MakeStage("tiny-llama", 12, 10);
+  EXPECT_EQ(odd.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(odd.status().message(), ::testing::HasSubstr("power of two"));
+}
+
+TEST(CudaStagePagedTest, MovesOfAPagedStageAreUnimplemented) {
+  SKIP_WITHOUT_GPU();
+  auto stage = MakeStage("tiny-llama", 16, 20);
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  EXPECT_EQ((*stage)->ExportKv(0, 1, 0, 1).status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ((*stage)->ExportKv(KvPlace(0, {3}), 1, 0, 1).status().code(),
+            absl::StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,117 @@
+// The CPU stage's KV-cache (worker/cpu/cpu_kv_cache.h): its two layouts and the copies in and
+// out of them.
+#include "worker/cpu/cpu_kv_cache.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/context_fit.h"
+
+namespace tandem {
+namespace {
+
+// The host's physical memory: no KV-cache larger than it can be served.
+int64_t HostMemoryBytes() {
+  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+}
+
+}  // namespace
+
+absl::StatusOr<CpuKvCache> CpuKvCache::Make(CpuKvLayout layout) {
+  if (layout.page_size > 0 && layout.num_pages == 0) {
+    const int64_t pages = static_cast<int64_t>(layout.max_slots) *
+                          ((layout.max_seq_len + layout.page_size - 1) / layout.page_size);
+    if (pages > (int64_t{1} << 30)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(layout.max_slots, " slots x ", layout.max_seq_len, " positions make ", pages,
+                       " pages of ", layout.page_size, "; give kv_pages or fewer slots"));
+    }
+    layout.num_pages = static_cast<int>(pages);
+  }
+  if (layout.page_size > 0 && layout.num_pages < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_pages must be >= 1 (or 0: as many as the slots take), got ", layout.num_pages));
+  }
+  // Paged: num_pages "slots" of page_size positions each.
+  const KvCacheShape shape = layout.page_size > 0 ? KvCacheShape{.slots = layout.num_pages,
+                                                                 .layers = layout.layers,
+                                                                 .positions = layout.page_size,
+                                                                 .kv_dim = layout.kv_dim,
+                                                                 .element_bytes = sizeof(float)}
+                                                  : KvCacheShape{.slots = layout.max_slots,
+                                                                 .layers = layout.layers,
+                                                                 .positions = layout.max_seq_len,
+                                                                 .kv_dim = layout.kv_dim,
+                                                                 .element_bytes = sizeof(float)};
+  ASSIGN_OR_RETURN(const int64_t bytes, KvCacheBytes(shape, HostMemoryBytes(), "host memory"));
+  const size_t floats = static_cast<size_t>(bytes) / 2 / sizeof(float);
+  std::unique_ptr<float[]> k, v;
+  try {
+    k = std::make_unique_for_overwrite<float[]>(floats);
+    v = std::make_unique_for_overwrite<float[]>(floats);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV-cache of ", bytes, " bytes (", shape.slots,
+                     layout.page_size > 0 ? " pages x " : " slots x ", shape.layers, " layers x ",
+                     shape.positions, " positions) does not fit in memory"));
+  }
+  return CpuKvCache(layout, std::move(k), std::move(v));
+}
+
+size_t CpuKvCache::Offset(int slot, std::span<const int32_t> table, int layer, int pos) const {
+  const CpuKvLayout& l = layout_;
+  if (l.page_size == 0) {
+    return ((static_cast<size_t>(slot) * l.layers + layer) * l.max_seq_len + pos) * l.kv_dim;
+  }
+  const size_t page = static_cast<size_t>(table[pos / l.page_size]);
+  return ((static_cast<size_t>(layer) * l.num_pages + page) * l.page_size + pos % l.page_size) *
+         l.kv_dim;
+}
+
+template <typename F>
+void CpuKvCache::ForRuns(int n, F&& f) const {
+  const int run = paged() ? layout_.page_size : n;
+  for (int p = 0; p < n; p += run) f(p, std::min(run, n - p));
+}
+
+std::pair<const float*, const float*> CpuKvCache::Rows(int slot, std::span<const int32_t> table,
+                                                       int layer, int n, std::vector<float>& k_rows,
+                                                       std::vector<float>& v_rows) const {
+  if (!paged()) {
+    const size_t at = Offset(slot, table, layer, 0);
+    return {k_.get() + at, v_.get() + at};
+  }
+  const size_t floats = static_cast<size_t>(n) * layout_.kv_dim;
+  if (k_rows.size() < floats) k_rows.resize(floats);
+  if (v_rows.size() < floats) v_rows.resize(floats);
+  Gather(slot, table, layer, n, k_rows.data(), v_rows.data());
+  return {k_rows.data(), v_rows.data()};
+}
+
+void CpuKvCache::Gather(int slot, std::span<const int32_t> table, int layer, int n, float* k,
+                        float* v) const {
+  const size_t row = layout_.kv_dim;
+  ForRuns(n, [&](int p, int run) {
+    const size_t at = Offset(slot, table, layer, p);
+    std::memcpy(k + p * row, k_.get() + at, run * row * sizeof(float));
+    std::memcpy(v + p * row, v_.get() + at, run * row * sizeof(float));
+  });
+}
+
+void CpuKvCache::Scatter(int slot, std::span<const int32_t> table, int layer, int n, const float* k,
+                         const float* v) {
+  const size_t row = layout_.kv_dim;
+  ForRuns(n, [&](int p, int run) {
+    const size_t at = Offset(slot, table, layer, p);
+    std::memcpy(k_.get() + at, k + p * row, run * row * sizeof(float));
+    std::memcpy(v_.get() + at, v + p * row, run * row * sizeof(float));
+  });
+}
+
+}  // namespace tandem

@@ -1,0 +1,127 @@
+// The Megatron split of a stage's weights over tensor-parallel ranks (tensor_parallel.h).
+#include "worker/tensor_parallel.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+namespace {
+
+// Rows [first, first + count) of a row-major (rows, cols) matrix, appended to `out`.
+void AppendRows(const std::vector<float>& m, int cols, int first, int count,
+                std::vector<float>& out) {
+  const auto begin = m.begin() + static_cast<ptrdiff_t>(first) * cols;
+  out.insert(out.end(), begin, begin + static_cast<ptrdiff_t>(count) * cols);
+}
+
+// Columns [first, first + count) of a row-major (rows, cols) matrix, as (rows, count).
+std::vector<float> Columns(const std::vector<float>& m, int cols, int first, int count) {
+  const int rows = static_cast<int>(m.size() / cols);
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(rows) * count);
+  for (int r = 0; r < rows; ++r) {
+    const auto row = m.begin() + static_cast<ptrdiff_t>(r) * cols + first;
+    out.insert(out.end(), row, row + count);
+  }
+  return out;
+}
+
+// The rank's q, k and v rows of a (q_dim + 2 * kv_dim, cols) stack (cols 1 for a bias).
+std::vector<float> QkvRows(const ModelConfig& c, const std::vector<float>& m, int cols,
+                           const RankHeads& h) {
+  if (m.empty()) return {};
+  const int hd = c.head_dim;
+  std::vector<float> out;
+  AppendRows(m, cols, h.first * hd, h.count * hd, out);
+  AppendRows(m, cols, c.q_dim() + h.first_kv * hd, h.kv_count * hd, out);
+  AppendRows(m, cols, c.q_dim() + c.kv_dim() + h.first_kv * hd, h.kv_count * hd, out);
+  return out;
+}
+
+}  // namespace
+
+absl::Status CheckTensorParallel(const ModelConfig& c, int ranks) {
+  if (ranks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor-parallel size ", ranks, " (expected at least 1)"));
+  }
+  if (c.num_heads % ranks != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor-parallel size ", ranks, " does not divide the model's ", c.num_heads,
+                     " attention heads (choose a divisor of ", c.num_heads, ")"));
+  }
+  if (c.num_kv_heads % ranks != 0 && ranks % c.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor-parallel size ", ranks, " neither divides nor is a multiple of the model's ",
+        c.num_kv_heads, " key/value heads"));
+  }
+  if (c.intermediate_size % ranks != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor-parallel size ", ranks, " does not divide the model's MLP width ",
+                     c.intermediate_size));
+  }
+  return absl::OkStatus();
+}
+
+ModelConfig RankConfig(const ModelConfig& c, int ranks) {
+  ModelConfig r = c;
+  r.num_heads = c.num_heads / ranks;
+  r.num_kv_heads = std::max(1, c.num_kv_heads / ranks);
+  r.intermediate_size = c.intermediate_size / ranks;
+  return r;
+}
+
+RankHeads HeadsOfRank(const ModelConfig& c, int rank, int ranks) {
+  RankHeads h;
+  h.count = c.num_heads / ranks;
+  h.first = rank * h.count;
+  // A rank's query heads read K/V heads first / group ..., group query heads to one K/V head.
+  const int group = c.num_heads / c.num_kv_heads;
+  h.kv_count = std::max(1, c.num_kv_heads / ranks);
+  h.first_kv = h.first / group;
+  return h;
+}
+
+LayerWeights ShardLayer(const ModelConfig& c, const LayerWeights& w, int rank, int ranks) {
+  const RankHeads h = HeadsOfRank(c, rank, ranks);
+  const int hidden = c.hidden_size, inter = c.intermediate_size, part = inter / ranks;
+  LayerWeights s;
+  s.attn_norm_w = w.attn_norm_w;
+  s.attn_norm_b = w.attn_norm_b;
+  s.wqkv = QkvRows(c, w.wqkv, hidden, h);
+  s.bqkv = QkvRows(c, w.bqkv, 1, h);
+  s.q_norm_w = w.q_norm_w;
+  s.k_norm_w = w.k_norm_w;
+  s.wo = Columns(w.wo, c.q_dim(), h.first * c.head_dim, h.count * c.head_dim);
+  if (rank == 0) s.bo = w.bo;
+  s.mlp_norm_w = w.mlp_norm_w;
+  s.mlp_norm_b = w.mlp_norm_b;
+  // Llama's w_in stacks gate rows then up rows: the rank takes its slice of each.
+  AppendRows(w.w_in, hidden, rank * part, part, s.w_in);
+  if (c.arch == Arch::kLlama) AppendRows(w.w_in, hidden, inter + rank * part, part, s.w_in);
+  if (!w.b_in.empty()) AppendRows(w.b_in, 1, rank * part, part, s.b_in);
+  s.w_out = Columns(w.w_out, inter, rank * part, part);
+  if (rank == 0) s.b_out = w.b_out;
+  return s;
+}
+
+StageWeights ShardStage(const ModelConfig& c, const StageWeights& w, int rank, int ranks) {
+  StageWeights s;
+  s.first_layer = w.first_layer;
+  s.last_layer = w.last_layer;
+  s.has_embedding = w.has_embedding;
+  s.has_head = w.has_head && rank == 0;
+  s.tok_embedding = w.tok_embedding;
+  s.pos_embedding = w.pos_embedding;
+  s.layers.reserve(w.layers.size());
+  for (const LayerWeights& l : w.layers) s.layers.push_back(ShardLayer(c, l, rank, ranks));
+  if (s.has_head) {
+    s.final_norm_w = w.final_norm_w;
+    s.final_norm_b = w.final_norm_b;
+    s.lm_head = w.lm_head;
+  }
+  return s;
+}
+
+}  // namespace tandem

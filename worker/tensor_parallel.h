@@ -1,0 +1,45 @@
+// Tensor parallelism within a stage: how a stage's weights split over N ranks of one node
+// (Megatron's split, docs/tensor-parallel.md). A pure function of a layer's tensors and
+// (rank, ranks); the backends run the ranks and sum their partial outputs (an all-reduce).
+//
+// Column-parallel (each rank a slice of the output rows): q, k, v (by head) and the MLP's input
+// (gate and up, or GPT-2's c_fc, by intermediate column), with their biases. Row-parallel (each
+// rank a slice of the input columns, its output a partial sum): the attention output and the
+// MLP's down projection; their biases go to rank 0 alone, so that the sum adds them once.
+// Replicated: the norms (Qwen3's per-head norms too), the embeddings and the LM head. K/V heads
+// fewer than the ranks are replicated: ranks / num_kv_heads ranks share one.
+#pragma once
+
+#include "absl/status/status.h"
+#include "common/model_config.h"
+#include "worker/weights.h"
+
+namespace tandem {
+
+// Whether `c` splits over `ranks`: query heads and the intermediate width divisible by it, and
+// K/V heads a multiple of it or a divisor of it. INVALID_ARGUMENT naming the numbers.
+absl::Status CheckTensorParallel(const ModelConfig& c, int ranks);
+
+// The model as one rank of `ranks` sees it: num_heads / ranks query heads, its K/V heads
+// (num_kv_heads / ranks, at least 1), intermediate_size / ranks; the rest unchanged.
+ModelConfig RankConfig(const ModelConfig& c, int ranks);
+
+// The query heads [first, first + count) and the K/V heads [first_kv, first_kv + kv_count) of
+// the model that rank `rank` of `ranks` holds.
+struct RankHeads {
+  int first = 0;
+  int count = 0;
+  int first_kv = 0;
+  int kv_count = 0;
+};
+RankHeads HeadsOfRank(const ModelConfig& c, int rank, int ranks);
+
+// Rank `rank`'s shard of one layer of model `c` (CheckTensorParallel(c, ranks) OK).
+LayerWeights ShardLayer(const ModelConfig& c, const LayerWeights& w, int rank, int ranks);
+
+// Rank `rank`'s shard of a stage: every layer sharded, the embeddings replicated, the final norm
+// and LM head on rank 0 alone (it samples; the others end with the hidden states, has_head
+// false).
+StageWeights ShardStage(const ModelConfig& c, const StageWeights& w, int rank, int ranks);
+
+}  // namespace tandem
