@@ -146,7 +146,7 @@ grpc::Status InferenceService::GenerateStream(
       AddLogprobs(s.prompt_logprobs, 0, s.prompt_logprobs.size(), msg.mutable_prompt_logprobs());
       sent_prompt = true;
     }
-    msg.set_text(texts[i].Next(s.tokens, s.done, s.text_limit));
+    msg.set_text(texts[i].Next(TextTokens(s.tokens, s.done, s.finish), s.done, s.text_limit));
     if (s.done) {
       msg.set_finish_reason(s.finish);
       // One sequence: its last message is the stream's and carries the summary.

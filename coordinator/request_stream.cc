@@ -79,6 +79,14 @@ size_t ShowablePrefix(std::string_view text, const std::vector<std::string>& sto
   return n;
 }
 
+std::span<const int32_t> TextTokens(std::span<const int32_t> tokens, bool done,
+                                    v1::FinishReason finish) {
+  if (done && finish == v1::FINISH_REASON_EOS && !tokens.empty()) {
+    return tokens.first(tokens.size() - 1);
+  }
+  return tokens;
+}
+
 std::string TextStream::Next(std::span<const int32_t> tokens, bool done, int text_limit) {
   if (tokenizer_ == nullptr) return "";
   absl::StatusOr<std::string_view> text = text_.Text(tokens);

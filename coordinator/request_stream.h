@@ -43,6 +43,13 @@ void RecordEnd(Coordinator& c, const RequestState& r, const absl::Status& outcom
 // could be the start of one of `stops` and a trailing U+FFFD (a character still incomplete).
 size_t ShowablePrefix(std::string_view text, const std::vector<std::string>& stops);
 
+// The generated tokens whose text a client sees: all of them, less the EOS id that ended the
+// generation (`done` with finish reason EOS), whose text ("<|im_end|>", "</s>") is no part of the
+// answer (vLLM's text leaves it out too; it stays in token ids, logprobs and usage). A constrained
+// output always ends this way, and its text must be exactly what the grammar accepted.
+std::span<const int32_t> TextTokens(std::span<const int32_t> tokens, bool done,
+                                    v1::FinishReason finish);
+
 // The text of one generation, handed out in pieces as its tokens arrive (decoding a few of them
 // each time: DecodeStream).
 class TextStream {

@@ -194,7 +194,8 @@ void Answer(Coordinator& c, Submitted& s, HttpExchange& exchange, HttpResponse& 
     const std::string prefix = s.api.echo ? s.echo[i / s.api.n] : "";
     ChoiceResult r;
     r.index = static_cast<int>(i);
-    r.text = prefix + text.Next(snap.tokens, true, snap.text_limit);
+    r.text =
+        prefix + text.Next(TextTokens(snap.tokens, true, snap.finish), true, snap.text_limit);
     if (s.reasoning != ReasoningParser::kNone) {
       ReasoningSplit split = SplitReasoning(s.reasoning, s.prompt_thought, r.text);
       r.text = std::move(split.content);
@@ -339,7 +340,8 @@ class Stream {
     for (size_t k = sent_[i] + 1; k <= count; ++k) {
       const bool last = snap.done && k == count;
       const std::span<const int32_t> tokens(snap.tokens.data(), k);
-      const std::string piece = texts_[i].Next(tokens, last, snap.text_limit);
+      const std::string piece =
+          texts_[i].Next(TextTokens(tokens, last, snap.finish), last, snap.text_limit);
       json logprobs = nullptr;
       if (s_.api.logprobs.has_value() && k <= snap.logprobs.size()) {
         logprobs =

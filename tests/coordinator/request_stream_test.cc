@@ -86,5 +86,23 @@ TEST(TextStream, WithoutAStopTheStreamedTextIsTheWholeText) {
   EXPECT_EQ(Streamed(*tokenizer, text, {}, -1), text);
 }
 
+// An EOS id that ended the generation is no part of its text (a constrained output must be
+// exactly what its grammar accepted); one that did not end it, or a generation still going on,
+// keeps every token.
+TEST(TextTokens, LeaveOutTheEosThatEndedTheGeneration) {
+  std::unique_ptr<Tokenizer> tokenizer = CorpusTokenizer();
+  ASSERT_NE(tokenizer, nullptr);
+  std::vector<int32_t> ids = tokenizer->Encode("{\"a\":1}", false).value();
+  ids.push_back(400);  // <|endoftext|>
+  const auto text = [&](bool done, v1::FinishReason finish) {
+    TextStream stream(tokenizer.get(), {});
+    return stream.Next(TextTokens(ids, done, finish), done, -1);
+  };
+  EXPECT_EQ(text(true, v1::FINISH_REASON_EOS), "{\"a\":1}");
+  EXPECT_EQ(text(true, v1::FINISH_REASON_LENGTH), "{\"a\":1}<|endoftext|>");
+  EXPECT_EQ(TextTokens(ids, false, v1::FINISH_REASON_UNSPECIFIED).size(), ids.size());
+  EXPECT_TRUE(TextTokens({}, true, v1::FINISH_REASON_EOS).empty());
+}
+
 }  // namespace
 }  // namespace tandem
