@@ -451,7 +451,8 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(std::string_view body) {
       chat["tool_choice"] = *choice;
     }
   }
-  for (const char* name : {"model", "temperature", "top_p", "stream", "user"}) {
+  for (const char* name :
+       {"model", "temperature", "top_p", "stream", "user", "parallel_tool_calls"}) {
     if (const ordered_json* v = Field(b, name)) chat[name] = *v;
   }
   if (const ordered_json* max = Field(b, "max_output_tokens")) chat["max_tokens"] = *max;

@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "coordinator/openai/api_error.h"
 
 namespace tandem::openai {
@@ -57,6 +58,19 @@ TEST(ParseResponsesRequest, AStringInputIsOneUserMessageAndAStreamCountsItsUsage
   EXPECT_TRUE(r->chat.stream);
   EXPECT_TRUE(r->chat.include_usage);
   EXPECT_EQ(r->chat.tool_choice.kind, ToolChoice::Kind::kNone);
+}
+
+// parallel_tool_calls false allows one forced call: the call list's schema says at most one.
+TEST(ParseResponsesRequest, ParallelToolCallsFalseForcesOneCall) {
+  for (const bool parallel : {true, false}) {
+    absl::StatusOr<ResponsesRequest> r = ParseResponsesRequest(absl::StrCat(
+        R"({"input": "hi", "tool_choice": "required", "parallel_tool_calls": )",
+        parallel ? "true" : "false", R"(, "tools": [{"type": "function", "name": "now"}]})"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    const json schema = json::parse(r->chat.generation.constraint().json_schema());
+    EXPECT_EQ(schema.contains("maxItems"), !parallel) << schema.dump();
+    EXPECT_EQ(r->echo["parallel_tool_calls"], parallel);
+  }
 }
 
 TEST(ParseResponsesRequest, RefusesWhatItCannotServeNamingTheField) {
