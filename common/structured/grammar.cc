@@ -470,7 +470,7 @@ void Matcher::Feed(Stack s, uint8_t byte, std::vector<Stack>& out) const {
           if (IsDigit(byte)) next = kExpDigits;
           break;
         case kExpDigits:
-          if (IsDigit(byte) && f.a < 3) next = kExpDigits;
+          if (IsDigit(byte) && f.a < kMaxExponentDigits) next = kExpDigits;
           break;
       }
       if (next >= 0) {
@@ -510,8 +510,15 @@ void Matcher::Feed(Stack s, uint8_t byte, std::vector<Stack>& out) const {
         return;
       }
       if (f.b > 0) {
-        if (byte < 0x80 || byte > 0xBF) return;
-        --f.b;
+        // b: continuation bytes due (low two bits) and, for the first of them, the narrower range
+        // that keeps the character valid UTF-8 (bits above): no overlong forms, no surrogates,
+        // nothing past U+10FFFF. A decoder shows invalid bytes as U+FFFD each, which would break
+        // maxLength and patterns.
+        static constexpr uint8_t kLow[] = {0x80, 0xA0, 0x80, 0x90, 0x80};
+        static constexpr uint8_t kHigh[] = {0xBF, 0xBF, 0x9F, 0xBF, 0x8F};
+        const int range = f.b >> 2;
+        if (byte < kLow[range] || byte > kHigh[range]) return;
+        f.b = (f.b & 3) - 1;
       } else {
         if (byte == '"') {
           if (f.a < n.min_length) return;
@@ -531,8 +538,12 @@ void Matcher::Feed(Stack s, uint8_t byte, std::vector<Stack>& out) const {
         }
         if (byte >= 0x80) {
           if (byte >= 0xC2 && byte <= 0xDF) f.b = 1;
-          else if (byte >= 0xE0 && byte <= 0xEF) f.b = 2;
-          else if (byte >= 0xF0 && byte <= 0xF4) f.b = 3;
+          else if (byte == 0xE0) f.b = (1 << 2) | 2;  // then A0..BF: not overlong
+          else if (byte == 0xED) f.b = (2 << 2) | 2;  // then 80..9F: not a surrogate
+          else if (byte >= 0xE1 && byte <= 0xEF) f.b = 2;
+          else if (byte == 0xF0) f.b = (3 << 2) | 3;  // then 90..BF: not overlong
+          else if (byte == 0xF4) f.b = (4 << 2) | 3;  // then 80..8F: at most U+10FFFF
+          else if (byte >= 0xF1 && byte <= 0xF3) f.b = 3;
           else return;
         }
         ++f.a;

@@ -28,8 +28,11 @@ inline constexpr int kMaxSchemaNodes = 4096;
 inline constexpr int kMaxSchemaDepth = 32;
 // The deepest nesting a generated value may reach (any-JSON values and recursive $refs).
 inline constexpr int kMaxValueDepth = 24;
-// Digits allowed in a number's integer part, fraction and exponent each.
+// Digits allowed in a number's integer part and fraction each.
 inline constexpr int kMaxNumberDigits = 16;
+// Digits allowed in a number's exponent: two keep every number a finite double (at most about
+// 1e115), which a third would not (1e999 parses as Infinity, which JSON Schema validators refuse).
+inline constexpr int kMaxExponentDigits = 2;
 
 struct SchemaNode {
   enum Kind : uint8_t { kAnyOf, kLiteral, kNumber, kString, kObject, kArray, kRegex };

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/tokenizer.h"
 #include "common/tokenizer/byte_alphabet.h"
 
@@ -69,9 +70,8 @@ absl::StatusOr<Vocabulary> VocabularyFromTokenizer(const Tokenizer& tokenizer,
         continue;
       }
     }
-    std::string bytes = *token;
-    for (size_t pos; (pos = bytes.find("\xE2\x96\x81")) != std::string::npos;) bytes.replace(pos, 3, " ");
-    v.token_bytes[id] = std::move(bytes);
+    // SentencePiece writes a space as U+2581.
+    v.token_bytes[id] = absl::StrReplaceAll(*token, {{"\xE2\x96\x81", " "}});
   }
   for (int32_t id : eos_ids) {
     if (id < 0 || id >= n) {

@@ -47,6 +47,30 @@ TEST(JsonSchemaTest, NumbersStringsAndEscapes) {
   EXPECT_TRUE(Accepts(g, "[]"));
 }
 
+// Every number generated is a finite double: 1e999 would parse as Infinity.
+TEST(JsonSchemaTest, NumbersStayFinite) {
+  auto g = Schema(R"({"type":"number"})");
+  EXPECT_TRUE(Accepts(g, "9999999999999999.9999999999999999e99"));
+  EXPECT_TRUE(Accepts(g, "1E-99"));
+  EXPECT_FALSE(Accepts(g, "1e308"));
+  EXPECT_FALSE(Accepts(g, "1e-400"));
+}
+
+// Only valid UTF-8 in strings: a decoder would show each byte of an overlong form, a surrogate or
+// a code point past U+10FFFF as U+FFFD, and the text would break maxLength.
+TEST(JsonSchemaTest, StringsAreValidUtf8) {
+  auto g = Schema(R"({"type":"string","maxLength":1})");
+  EXPECT_TRUE(Accepts(g, "\"\xE0\xA0\x80\""));       // U+0800
+  EXPECT_TRUE(Accepts(g, "\"\xED\x9F\xBF\""));       // U+D7FF
+  EXPECT_TRUE(Accepts(g, "\"\xF0\x90\x80\x80\""));  // U+10000
+  EXPECT_TRUE(Accepts(g, "\"\xF4\x8F\xBF\xBF\""));  // U+10FFFF
+  EXPECT_FALSE(Accepts(g, "\"\xE0\x80\x80\""));      // overlong
+  EXPECT_FALSE(Accepts(g, "\"\xED\xA0\x80\""));      // a surrogate
+  EXPECT_FALSE(Accepts(g, "\"\xF0\x80\x80\x80\""));  // overlong
+  EXPECT_FALSE(Accepts(g, "\"\xF4\x90\x80\x80\""));  // past U+10FFFF
+  EXPECT_FALSE(Accepts(g, "\"\xC3\""));              // cut short
+}
+
 TEST(JsonSchemaTest, StringLengthsCountCodePoints) {
   auto g = Schema(R"({"type":"string","minLength":2,"maxLength":3})");
   EXPECT_FALSE(Accepts(g, R"("a")"));
