@@ -1,10 +1,13 @@
 #include "worker/constrained_sampling.h"
 
+#include <algorithm>
 #include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/model_config.h"
 #include "common/structured/grammar_cache.h"
+#include "common/text_config.h"
 #include "common/tokenizer.h"
 
 namespace tandem {
@@ -33,6 +36,19 @@ absl::Status ConstrainedSampling::LoadVocabulary() {
         "constraint: this worker has no tokenizer to mask tokens with (", model_dir_.string(),
         ": ", tokenizer.status().message(), "); put the model's tokenizer files next to its "
         "weights, or send the request without response_format/guided fields"));
+  }
+  // Every EOS id the coordinator stops at (generation_config.json lists more than config.json's
+  // one, e.g. Llama-3's end of turn), so that a finished grammar may end with any of them, and a
+  // model whose config.json names none still has one.
+  ModelConfig model;
+  model.eos_token_id = eos_ids_.empty() ? -1 : eos_ids_.front();
+  absl::StatusOr<TextConfig> text = LoadTextConfig(model_dir_, model, tokenizer->get());
+  if (!text.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("constraint: the end-of-sequence ids: ", text.status().message()));
+  }
+  for (int32_t id : text->eos_token_ids) {
+    if (std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end()) eos_ids_.push_back(id);
   }
   auto vocab = structured::VocabularyFromTokenizer(**tokenizer, eos_ids_);
   if (!vocab.ok()) return vocab.status();

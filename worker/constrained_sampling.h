@@ -27,7 +27,9 @@ namespace tandem {
 
 class ConstrainedSampling {
  public:
-  // The vocabulary is read from `model_dir`'s tokenizer files on the first constrained step.
+  // The vocabulary is read from `model_dir`'s tokenizer files on the first constrained step; a
+  // finished grammar ends with `eos_ids` or any EOS id of the folder's text settings
+  // (common/text_config.h: generation_config.json's list too), as the coordinator stops at.
   ConstrainedSampling(std::filesystem::path model_dir, std::vector<int32_t> eos_ids);
   // With a vocabulary given (tests).
   explicit ConstrainedSampling(structured::Vocabulary vocab);

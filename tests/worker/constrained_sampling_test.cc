@@ -1,11 +1,18 @@
 #include "worker/constrained_sampling.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "common/structured/grammar_cache.h"
+#include "common/tokenizer.h"
 #include "gtest/gtest.h"
+#include "tools/byte_level_bpe.h"
 #include "worker/sampling.h"
 
 namespace tandem {
@@ -71,6 +78,38 @@ TEST(ConstrainedSamplingTest, RefusesWithoutATokenizer) {
   absl::Status s = cs.Prepare(step);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("no tokenizer"), std::string::npos);
+}
+
+// A model folder whose config.json names no EOS and whose generation_config.json does: a finished
+// grammar may end with that id (the one the coordinator stops at), and with nothing else.
+TEST(ConstrainedSamplingTest, EndsWithTheEosOfGenerationConfig) {
+  const std::filesystem::path dir = std::filesystem::path(TANDEM_TEST_TMPDIR) /
+                                    absl::StrFormat("constrained_sampling_test-%d", getpid());
+  std::filesystem::create_directories(dir);
+  constexpr int32_t kEos = 400;
+  std::ofstream(dir / "tokenizer.json")
+      << TokenizerJson(TrainByteLevelBpe(TokenizerCorpus(), kEos), "<|endoftext|>", kEos);
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [400]})";
+  ConstrainedSampling cs(dir, {});
+  auto choice = std::make_shared<structured::Constraint>();
+  choice->kind = structured::Constraint::kChoice;
+  choice->options = {"the"};
+  auto tokenizer = Tokenizer::FromDir(dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const std::vector<int32_t> ids = (*tokenizer)->Encode("the", false).value();
+  std::vector<float> logits(kEos + 1, 0.0f);
+  for (uint64_t i = 0; i <= ids.size(); ++i) {
+    StepDescriptor step;
+    step.seqs.push_back(Row(choice, i));
+    ASSERT_TRUE(cs.Prepare(step).ok());
+    logits.assign(kEos + 1, 0.0f);
+    cs.Mask(step.seqs[0], logits);
+    if (i < ids.size()) cs.Advance(step.seqs[0], ids[i]);
+  }
+  std::filesystem::remove_all(dir);
+  for (int32_t id = 0; id <= kEos; ++id) {
+    EXPECT_EQ(std::isinf(logits[id]), id != kEos) << "token " << id;
+  }
 }
 
 TEST(ConstrainedSamplingTest, UnconstrainedRowsAreUntouched) {
