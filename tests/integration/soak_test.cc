@@ -5,7 +5,7 @@
 // that the requested topology is back within 10 s of each repair, that the service answers again
 // after it, and that no process's memory grows without bound.
 //
-// It runs for TANDEM_SOAK_SECONDS (default 150) of faults; the figures go to the test's output
+// It runs for TANDEM_SOAK_SECONDS (default 90) of faults; the figures go to the test's output
 // (SOAK lines) and, with TANDEM_SOAK_REPORT=FILE, to FILE as JSON.
 #include <signal.h>
 #include <unistd.h>
@@ -48,7 +48,7 @@ constexpr int64_t kRssBoundKb = 512 * 1024;
 
 int SoakSeconds() {
   const char* s = std::getenv("TANDEM_SOAK_SECONDS");
-  return s != nullptr && std::atoi(s) > 0 ? std::atoi(s) : 150;
+  return s != nullptr && std::atoi(s) > 0 ? std::atoi(s) : 90;
 }
 
 // VmRSS of a live process in kB; -1 when it cannot be read.

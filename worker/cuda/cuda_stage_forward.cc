@@ -14,9 +14,13 @@ namespace tandem {
 
 absl::Status CudaStage::Matmul(const void* x, const void* w, void* y, int rows, int out, int in,
                                float beta, bool y_f32, const float* w_scales) {
+  if (w_scales != nullptr && fp8_gemm_ != nullptr && !y_f32) {
+    return fp8_gemm_->Run(opt_.dtype, x, w, w_scales, y, rows, out, in, beta, fp8_x_codes_.get(),
+                          fp8_x_scales_.as<float>());
+  }
   if (w_scales != nullptr) {
-    // FP8 weights on the GEMM path: dequantized to dtype in a scratch buffer, then the 16-bit
-    // GEMM (the FP8 tensor-core GEMM is not used yet).
+    // FP8 weights where the FP8 GEMM is not used (batch-invariant, or no cuBLASLt support):
+    // dequantized to dtype in a scratch buffer, then the 16-bit GEMM.
     RETURN_IF_ERROR(cuda::LaunchDequantizeFp8Rows(opt_.dtype, w, w_scales, fp8_scratch_.get(),
                                                   out, in, stream_.get()));
     w = fp8_scratch_.get();

@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage.h"
+#include "worker/cuda/fp8_gemm.h"
 #include "worker/cuda/kernels.h"
 #include "worker/cuda/kv_pages.h"
 #include "worker/cuda/weight_upload.h"
@@ -296,7 +297,8 @@ class CudaStage final : public Stage {
     return has_head_ && !gemv && samples < rows && !score_rows_;
   }
   // y (rows, out) = x · wᵀ + beta * y: cuBLAS, or the pinned algorithms when batch-invariant.
-  // FP8 weights (w_scales, per row): dequantized into fp8_scratch_ first (see kernels.h).
+  // FP8 weights (w_scales, per row): the FP8 tensor-core GEMM (fp8_gemm.h) with x quantized per
+  // row; batch-invariant, or where cuBLASLt has none, dequantized into fp8_scratch_ first.
   absl::Status Matmul(const void* x, const void* w, void* y, int rows, int out, int in, float beta,
                       bool y_f32, const float* w_scales = nullptr);
   // cuda::Gemv, or cuda::GemvFp8 with w_scales.
@@ -344,6 +346,8 @@ class CudaStage final : public Stage {
   DeviceBuffer kv_;
   DeviceBuffer inv_freq_;  // (head_dim / 2) fp32 rotary inverse frequencies (Llama)
   DeviceBuffer fp8_scratch_;  // FP8 weights: the largest linear weight in dtype, for the GEMM
+  std::unique_ptr<cuda::Fp8Gemm> fp8_gemm_;  // FP8 weights on FP8 tensor cores (not batch-invariant)
+  DeviceBuffer fp8_x_codes_, fp8_x_scales_;  // its activations, quantized per row
   DeviceBuffer x_, xn_, qkv_, q_, attn_, mlp_in_, mlp_act_, partials_, attn_counters_;
   DeviceBuffer head_in_, logits_, probs_, tokens_out_;
   DeviceBuffer sampled_x_, sampled_q_;  // the sampled rows of x_ and q_ in a pruned last layer

@@ -53,6 +53,11 @@ absl::Status CudaStage::AllocateWorkspace() {
     RETURN_IF_ERROR(host_prompt_logits_.Allocate(prompt_rows_cap_ * row_logits));
   }
   if (!has_embedding_) RETURN_IF_ERROR(host_hidden_.Allocate(rows_cap_ * RowBytes(hidden)));
+  if (fp8_gemm_ != nullptr) {
+    const size_t widest_in = std::max({hidden, c_.q_dim(), inter});
+    RETURN_IF_ERROR(fp8_x_codes_.Allocate(rows_cap_ * widest_in));
+    RETURN_IF_ERROR(fp8_x_scales_.Allocate(rows_cap_ * sizeof(float)));
+  }
   {
     size_t off = 0;
     auto place = [&](size_t bytes) {

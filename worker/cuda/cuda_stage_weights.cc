@@ -141,6 +141,18 @@ absl::Status CudaStage::UploadWeights(const StageSpec& spec) {
     layers_.push_back(dl);
   }
   if (fp8_scratch > 0) RETURN_IF_ERROR(fp8_scratch_.Allocate(fp8_scratch));
+  if (fp8_scratch > 0 && !opt_.batch_invariant) {
+    // FP8 tensor cores where cuBLASLt has them; otherwise the dequantizing path.
+    const int widest_out = std::max({c_.q_dim() + 2 * c_.kv_dim(), c_.hidden_size,
+                                     (c_.arch == Arch::kLlama ? 2 : 1) * c_.intermediate_size});
+    absl::StatusOr<std::unique_ptr<cuda::Fp8Gemm>> gemm =
+        cuda::Fp8Gemm::Create(stream_.get(), widest_out);
+    if (gemm.ok()) {
+      fp8_gemm_ = *std::move(gemm);
+    } else if (!absl::IsUnavailable(gemm.status())) {
+      return gemm.status();
+    }
+  }
   if (has_head_) {
     const StageWeightsOf<const void*>& a = arena_of(end - 1);
     final_norm_w_ = a.final_norm_w;

@@ -120,18 +120,26 @@ TEST(CudaStageFp8Test, LogitsMatchTheCpuReferenceOnTheSameFp8Weights) {
     const auto want = RunSteps(**cpu, {}, &tokens);
     ASSERT_EQ(want.size(), 5u);
     for (bool graphs : {false, true}) {
-      CudaOptions o;
-      o.dtype = DType::kF16;
-      o.cuda_graphs = graphs;
-      auto gpu = MakeCudaStage(Spec(Model(form), quantize), o);
-      ASSERT_TRUE(gpu.ok()) << gpu.status();
-      std::vector<std::vector<int32_t>> feed(tokens.begin(), tokens.end() - 1);
-      const auto got = RunSteps(**gpu, feed, nullptr);
-      ASSERT_EQ(got.size(), want.size());
-      // fp16 activations against fp32 ones on the very same weights: the bound of the fp16
-      // comparison (tests/worker/cuda/cuda_stage_test.cc).
-      for (size_t i = 0; i < want.size(); ++i) {
-        EXPECT_LE(RelError(got[i], want[i]), 1e-2) << "step " << i << " graphs " << graphs;
+      for (bool invariant : {true, false}) {
+        CudaOptions o;
+        o.dtype = DType::kF16;
+        o.cuda_graphs = graphs;
+        o.batch_invariant = invariant;
+        auto gpu = MakeCudaStage(Spec(Model(form), quantize), o);
+        ASSERT_TRUE(gpu.ok()) << gpu.status();
+        std::vector<std::vector<int32_t>> feed(tokens.begin(), tokens.end() - 1);
+        const auto got = RunSteps(**gpu, feed, nullptr);
+        ASSERT_EQ(got.size(), want.size());
+        // Batch-invariant, every product reads the dequantized weights with fp16 activations:
+        // against fp32 ones on the very same weights, the bound of the fp16 comparison
+        // (tests/worker/cuda/cuda_stage_test.cc). Otherwise the prompt's GEMMs run on FP8 tensor
+        // cores with the activations quantized per token to E4M3 (half a step is a relative
+        // 2^-4 per element), which the fp32 reference does not do: a looser bound.
+        const double bound = invariant ? 1e-2 : 3e-2;
+        for (size_t i = 0; i < want.size(); ++i) {
+          EXPECT_LE(RelError(got[i], want[i]), bound)
+              << "step " << i << " graphs " << graphs << " batch-invariant " << invariant;
+        }
       }
     }
   }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
 #include "common/dtype.h"
@@ -15,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage.h"
+#include "worker/cuda/fp8_gemm.h"
 #include "worker/cuda/kernels.h"
 
 namespace tandem::cuda {
@@ -235,6 +237,84 @@ TEST_P(Fp8KernelTest, DequantizedRowsAreTheRoundedValues) {
   EXPECT_EQ(Download(t(), dout, rows * cols), Round(t(), w.values));
   EXPECT_FALSE(
       LaunchDequantizeFp8Rows(t(), dw.get(), ds.as<float>(), dout.get(), rows, 12, nullptr).ok());
+}
+
+// Activations quantized per row: each row's largest magnitude becomes E4M3's largest value (448)
+// and every code stands for its input within half an E4M3 step (a relative 2^-4).
+TEST_P(Fp8KernelTest, RowsQuantizeToTheirOwnScale) {
+  SKIP_WITHOUT_GPU();
+  const int rows = 5, cols = 272;
+  std::vector<float> x = Random(static_cast<size_t>(rows) * cols, 77);
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) x[static_cast<size_t>(r) * cols + c] *= std::pow(10.0f, r - 2);
+  }
+  for (int c = 0; c < cols; ++c) x[static_cast<size_t>(4) * cols + c] = 0.0f;  // an all-zero row
+  x = Round(t(), x);
+  DeviceBuffer dx = Upload(t(), x), codes, scales;
+  ASSERT_TRUE(codes.Allocate(rows * cols).ok());
+  ASSERT_TRUE(scales.Allocate(rows * sizeof(float)).ok());
+  ASSERT_TRUE(LaunchQuantizeRowsFp8(t(), dx.get(), codes.get(), scales.as<float>(), rows, cols,
+                                    nullptr).ok());
+  std::vector<uint8_t> hc(rows * cols);
+  std::vector<float> hs(rows), back(rows * cols);
+  ASSERT_EQ(cudaMemcpy(hc.data(), codes.get(), hc.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(hs.data(), scales.get(), hs.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  DequantizeE4M3Rows(hc.data(), hs.data(), rows, cols, back.data());
+  for (int r = 0; r < rows; ++r) {
+    float amax = 0.0f;
+    for (int c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(x[static_cast<size_t>(r) * cols + c]));
+    EXPECT_FLOAT_EQ(hs[r], amax > 0.0f ? amax / 448.0f : 1.0f) << "row " << r;
+  }
+  ExpectClose(back, x, 1.0f / 16, 0.0f, "dequantized activations");
+  EXPECT_FALSE(LaunchQuantizeRowsFp8(t(), dx.get(), codes.get(), scales.as<float>(), rows, 24,
+                                     nullptr).ok());
+}
+
+// The FP8 tensor-core GEMM against the product of the values its codes stand for (the weight's
+// per-channel and the activations' per-row scales applied), with and without accumulating into y,
+// at row counts of decode batches and prompts. Where cuBLASLt offers no FP8 GEMM it says so.
+TEST_P(Fp8KernelTest, Fp8GemmIsTheProductOfTheQuantizedValues) {
+  SKIP_WITHOUT_GPU();
+  absl::StatusOr<std::unique_ptr<Fp8Gemm>> gemm = Fp8Gemm::Create(nullptr, 64);
+  if (absl::IsUnavailable(gemm.status())) GTEST_SKIP() << gemm.status();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  std::printf("FP8 GEMM scales applied %s\n",
+              (*gemm)->outer_vector_scales() ? "by cuBLASLt (outer vectors)" : "by the fp32 epilogue");
+  const int out = 48, in = 256;
+  const Fp8Weight w = MakeWeight(out, in, 91);
+  DeviceBuffer dw = UploadRaw(w.codes), ds = UploadRaw(w.scales), codes, scales;
+  ASSERT_TRUE(codes.Allocate(1024 * in).ok());
+  ASSERT_TRUE(scales.Allocate(1024 * sizeof(float)).ok());
+  for (int rows : {1, 7, 64, 300, 700}) {
+    for (float beta : {0.0f, 1.0f}) {
+      SCOPED_TRACE(testing::Message() << "rows " << rows << ", beta " << beta);
+      const auto x = Round(t(), Random(static_cast<size_t>(rows) * in, 300 + rows));
+      const auto y0 = Round(t(), Random(static_cast<size_t>(rows) * out, 700 + rows));
+      DeviceBuffer dx = Upload(t(), x), dy = Upload(t(), y0);
+      ASSERT_TRUE((*gemm)->Run(t(), dx.get(), dw.get(), ds.as<float>(), dy.get(), rows, out, in,
+                               beta, codes.get(), scales.as<float>()).ok());
+      const std::vector<float> got = Download(t(), dy, static_cast<size_t>(rows) * out);
+      // The reference from the activations' own codes and scales, as the kernel made them.
+      std::vector<uint8_t> hc(static_cast<size_t>(rows) * in);
+      std::vector<float> hs(rows), xq(hc.size());
+      ASSERT_EQ(cudaMemcpy(hc.data(), codes.get(), hc.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(hs.data(), scales.get(), rows * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      DequantizeE4M3Rows(hc.data(), hs.data(), rows, in, xq.data());
+      std::vector<float> want(static_cast<size_t>(rows) * out);
+      for (int r = 0; r < rows; ++r) {
+        for (int o = 0; o < out; ++o) {
+          double acc = 0.0;
+          for (int k = 0; k < in; ++k) {
+            acc += static_cast<double>(xq[static_cast<size_t>(r) * in + k]) *
+                   w.values[static_cast<size_t>(o) * in + k];
+          }
+          want[static_cast<size_t>(r) * out + o] =
+              RoundHost(t(), static_cast<float>(acc) + beta * y0[static_cast<size_t>(r) * out + o]);
+        }
+      }
+      ExpectClose(got, want, tol(), tol(), "FP8 GEMM");
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, Fp8KernelTest, ::testing::Values(DType::kF16, DType::kBF16),
