@@ -217,6 +217,8 @@ class Scheduler {
     uint64_t seq = 0;   // the sequence (its key while it moves)
     int slot = -1;      // where its KV-cache is in the old pipeline
     int positions = 0;  // how many positions it holds
+    // With pages: the old pipeline's pages that hold them, in position order.
+    std::vector<int32_t> block_table;
   };
   // Takes the sequences out of paused pipeline `id`, whose steps are all done, and forgets the
   // pipeline; they are held aside (neither waiting nor running) until placed. Where each one's
@@ -226,12 +228,16 @@ class Scheduler {
   struct Target {
     int pipeline = -1;
     int slot = -1;
+    // With pages: the pages its new pipeline's owner gave the positions it holds, in order.
+    std::vector<int32_t> block_table;
   };
-  // Puts held sequence `seq` into the pipeline Admit would choose, at a free slot, where it takes
-  // no step until Moved. None when no pipeline has room or the sequence has ended meanwhile.
+  // Puts held sequence `seq` into the pipeline Admit would choose, at a free slot (with pages:
+  // one whose owner admits its positions, on pages of its own), where it takes no step until
+  // Moved. None when no pipeline has room or the sequence has ended meanwhile.
   std::optional<Target> PlaceHeld(uint64_t seq);
-  // A held or placed sequence whose KV-cache is now in its slot (`ok`) continues from where it
-  // was; otherwise (its KV did not arrive, no pipeline had room) it goes back to the queue to be
+  // A held or placed sequence whose KV-cache is now in its slot (`ok`; with pages, its pages are
+  // then published to the prefix cache) continues from where it was; otherwise (its pages are
+  // freed) (its KV did not arrive, no pipeline had room) it goes back to the queue to be
   // recomputed as RemovePipeline(resume) does, failing with `why` past max_resumes. A sequence
   // that ended meanwhile is skipped.
   void Moved(uint64_t seq, bool ok, const absl::Status& why, absl::Time now);

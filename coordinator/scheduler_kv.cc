@@ -3,6 +3,7 @@
 // running sequences out of retiring pipelines. The coordinator's threads perform the transfers
 // (prefill_handoff.cc, replan.cc) and report back here.
 #include <optional>
+#include <span>
 #include <utility>
 
 #include "common/metrics.h"
@@ -38,7 +39,14 @@ std::vector<Scheduler::Held> Scheduler::Detach(int id) {
       resumed_.push_back(seq_id);
       continue;
     }
-    out.push_back({.seq = seq_id, .slot = seq.slot, .positions = seq.position});
+    Held h{.seq = seq_id, .slot = seq.slot, .positions = seq.position, .block_table = {}};
+    if (it->second.pages) {
+      // The owner goes with the pipeline: its pages are free once the stages dropped the stash.
+      const absl::Span<const int> table = it->second.pages->BlockTable(seq_id);
+      const int pages = (seq.position + options_.kv_page_size - 1) / options_.kv_page_size;
+      h.block_table.assign(table.begin(), table.begin() + pages);
+    }
+    out.push_back(std::move(h));
     ReleaseDecodeSlot(seq);
     seq.pipeline = seq.slot = -1;
     seq.moving = true;
@@ -51,14 +59,28 @@ std::vector<Scheduler::Held> Scheduler::Detach(int id) {
 std::optional<Scheduler::Target> Scheduler::PlaceHeld(uint64_t seq_id) {
   auto h = std::find(held_.begin(), held_.end(), seq_id);
   if (h == held_.end()) return std::nullopt;
-  // Paged sequences are recomputed where they land (Moved with !ok): a move carries slot rows.
-  if (options_.kv_page_size > 0) return std::nullopt;
-  const std::optional<Placement> best = PlacementForNext(/*fed=*/true);
+  Sequence& seq = *seqs_.at(seq_id);
+  // With pages: the positions its KV-cache holds (what it was fed), on pages of its own (a cached
+  // prefix would be written while other sequences read it), with room to finish.
+  std::vector<int32_t> tokens;
+  KvNeed need = NeedOf(seq, tokens);
+  need.max_new_tokens += static_cast<int>(tokens.size()) - seq.position;
+  need.tokens = std::span<const int32_t>(tokens).first(seq.position);
+  need.use_cache = false;
+  const std::optional<Placement> best = PlacementForNext(/*fed=*/true, &need);
   if (!best) return std::nullopt;
   held_.erase(h);
-  Sequence& seq = *seqs_.at(seq_id);
   Place(seq, *best);
-  return Target{.pipeline = seq.pipeline, .slot = seq.slot};
+  Target to{.pipeline = seq.pipeline, .slot = seq.slot, .block_table = {}};
+  if (Pipeline& p = pipelines_.at(seq.pipeline); p.pages) {
+    // PlacementForNext checked that the owner admits it.
+    if (p.pages->Admit(seq.id, need.tokens, need.max_new_tokens, /*use_cache=*/false).ok()) {
+      const absl::Span<const int> table = p.pages->BlockTable(seq.id);
+      to.block_table.assign(table.begin(), table.end());
+    }
+    seq.kv_known = 0;  // until its KV-cache is there (Moved)
+  }
+  return to;
 }
 
 void Scheduler::Moved(uint64_t seq_id, bool ok, const absl::Status& why, absl::Time now) {
@@ -67,11 +89,16 @@ void Scheduler::Moved(uint64_t seq_id, bool ok, const absl::Status& why, absl::T
   Sequence& seq = *it->second;
   if (ok && seq.pipeline >= 0) {
     seq.moving = false;
+    if (Pipeline& p = pipelines_.at(seq.pipeline); p.pages) {
+      p.pages->MarkComputed(seq.id, seq.position);
+      seq.kv_known = seq.position;
+    }
     if (metrics_ != nullptr) metrics_->migrated_sequences.Increment();
     return;
   }
   if (auto pit = pipelines_.find(seq.pipeline); pit != pipelines_.end()) {
     pit->second.slots.Free(seq.slot);
+    if (pit->second.pages) pit->second.pages->Free(seq_id);
     auto& running = pit->second.running;
     running.erase(std::remove(running.begin(), running.end(), seq_id), running.end());
   }

@@ -61,6 +61,15 @@ class FakeStage {
     return sampled;
   }
 
+  // A KV move: positions [0, positions) from `from`'s pages `src` into this stage's pages `dst`.
+  void Import(const FakeStage& from, const std::vector<int32_t>& src,
+              const std::vector<int32_t>& dst, int positions) {
+    for (int pos = 0; pos < positions; ++pos) {
+      rows_[dst[pos / page_size_]][pos % page_size_] =
+          from.rows_[src[pos / page_size_]][pos % page_size_];
+    }
+  }
+
  private:
   int32_t& At(const SequenceStep& row, int pos) {
     return rows_[row.block_table[pos / page_size_]][pos % page_size_];
@@ -106,15 +115,17 @@ bool Done(const std::shared_ptr<RequestState>& r) {
 
 // Admits, forms and answers steps of pipeline 0 until nothing is left to run; the steps run in
 // the order they were formed. Returns the steps formed.
-std::vector<StepDescriptor> RunAll(Scheduler& s, FakeStage& stage) {
+// At most `rounds` rounds of steps; of pipeline `pipeline`.
+std::vector<StepDescriptor> RunAll(Scheduler& s, FakeStage& stage, int rounds = 1000,
+                                   int pipeline = 0) {
   std::vector<StepDescriptor> all;
-  for (int round = 0; round < 1000; ++round) {
+  for (int round = 0; round < rounds; ++round) {
     s.Admit(kNow);
-    std::vector<StepDescriptor> steps = s.FormSteps(0);
+    std::vector<StepDescriptor> steps = s.FormSteps(pipeline);
     if (steps.empty()) break;
     for (const StepDescriptor& step : steps) {
       const std::vector<int32_t> tokens = stage.Run(step);
-      EXPECT_TRUE(s.OnStepResult(0, step.id, tokens, {}, kNow).ok());
+      EXPECT_TRUE(s.OnStepResult(pipeline, step.id, tokens, {}, kNow).ok());
       all.push_back(step);
     }
   }
@@ -255,6 +266,57 @@ TEST(SchedulerPages, CountsPrefixHitsAndPreemptionsInTheMetrics) {
   EXPECT_EQ(metrics.prefix_cache_query_tokens.Value(), 18);
   EXPECT_EQ(metrics.prefix_cache_hit_tokens.Value(), 8);
   EXPECT_DOUBLE_EQ(metrics.prefix_cache_hit_rate.Value(), 8.0 / 18.0);
+}
+
+// A re-partition moves paged sequences with their KV-cache: each held sequence names the old
+// pipeline's pages, is given pages of its own by the new pipeline's owner, and once they are
+// filled goes on without recomputing anything, with the undisturbed outputs. A move that failed
+// frees the new pages and recomputes the sequence.
+TEST(SchedulerPages, ARepartitionMovesPagedSequencesToTheNewPipelinesPages) {
+  prometheus::Registry registry;
+  CoordinatorMetrics metrics(registry);
+  constexpr int kPages = 24;
+  Scheduler s(PagedOptions(4), &metrics);
+  s.AddPipeline(0, 1, PipelineRole::kBoth, false, kPages);
+  FakeStage old_stage(kPages, 4), new_stage(kPages, 4);
+  const std::vector<int32_t> a = {5, 6, 7, 8, 9, 10, 11}, b = {20, 21, 22, 23, 24, 25, 26, 27, 28};
+  std::vector<std::shared_ptr<RequestState>> requests = {
+      s.Enqueue(Request(a, 12), kNow), s.Enqueue(Request(b, 12), kNow),
+      s.Enqueue(Request(a, 12), kNow)};
+  RunAll(s, old_stage, /*rounds=*/5);
+
+  s.Pause(0);
+  std::vector<Scheduler::Held> held = s.Detach(0);
+  ASSERT_EQ(held.size(), 3u);
+  // Placed newest first, so that each lands on other pages than it had: a table passed through
+  // rather than allocated reads the wrong rows.
+  s.AddPipeline(1, 1, PipelineRole::kBoth, false, kPages);
+  for (size_t i = held.size(); i-- > 0;) {
+    const Scheduler::Held& h = held[i];
+    const int64_t used = s.kv_page_counters(1)->pages_used;
+    ASSERT_EQ(h.block_table.size(), static_cast<size_t>((h.positions + 3) / 4));
+    const std::optional<Scheduler::Target> to = s.PlaceHeld(h.seq);
+    ASSERT_TRUE(to.has_value());
+    ASSERT_EQ(to->block_table.size(), h.block_table.size());
+    if (i == 1) {
+      EXPECT_EQ(s.kv_page_counters(1)->pages_used,
+                used + static_cast<int64_t>(h.block_table.size()));
+      s.Moved(h.seq, false, absl::UnavailableError("ImportKv failed"), kNow);
+      EXPECT_EQ(s.kv_page_counters(1)->pages_used, used);
+      continue;
+    }
+    new_stage.Import(old_stage, h.block_table, to->block_table, h.positions);
+    s.Moved(h.seq, true, absl::OkStatus(), kNow);
+  }
+  EXPECT_EQ(metrics.migrated_sequences.Value(), 2);
+  EXPECT_EQ(metrics.recomputed_sequences.Value(), 1);
+  RunAll(s, new_stage, 1000, /*pipeline=*/1);
+  EXPECT_EQ(Output(requests[0]), Undisturbed(a, 12));
+  EXPECT_EQ(Output(requests[1]), Undisturbed(b, 12));
+  EXPECT_EQ(Output(requests[2]), Undisturbed(a, 12));
+  EXPECT_EQ(metrics.recomputed_sequences.Value(), 1);
+  // Every sequence ended: no page is held (the failed move's pages were freed).
+  EXPECT_EQ(s.kv_page_counters(1)->pages_used, 0);
 }
 
 }  // namespace
