@@ -2,6 +2,7 @@
 // pool. A fake stage stores each fed token in the page and row its block table names and
 // "samples" a function of every token it reads back through the table, so that a wrong or
 // reused page changes the outputs.
+#include <deque>
 #include <map>
 #include <memory>
 #include <vector>
@@ -317,6 +318,48 @@ TEST(SchedulerPages, ARepartitionMovesPagedSequencesToTheNewPipelinesPages) {
   EXPECT_EQ(metrics.recomputed_sequences.Value(), 1);
   // Every sequence ended: no page is held (the failed move's pages were freed).
   EXPECT_EQ(s.kv_page_counters(1)->pages_used, 0);
+}
+
+// Steps answered one round late, so that a sequence preempted while a step is formed may have
+// rows in the steps still in flight: those rows are stale (their sequence's epoch moved on), and
+// their sampled tokens are dropped rather than emitted; the victim's pages, freed at once, are
+// reused only by steps issued after those rows, so every output is the undisturbed one.
+TEST(SchedulerPages, RowsOfASequencePreemptedWhileInFlightAreDroppedNotEmitted) {
+  constexpr int kPages = 10;
+  SchedulerOptions o = PagedOptions(2);
+  o.micro_batches = 3;
+  Scheduler s(o);
+  s.AddPipeline(0, 1, PipelineRole::kBoth, false, kPages);
+  FakeStage stage(kPages, 2);
+  std::vector<std::shared_ptr<RequestState>> requests;
+  std::vector<std::vector<int32_t>> expected;
+  for (int i = 0; i < 5; ++i) {
+    const std::vector<int32_t> prompt = {i + 1, 3 * i + 2, 7};
+    expected.push_back(Undisturbed(prompt, 9));
+    requests.push_back(s.Enqueue(Request(prompt, 9), kNow));
+  }
+  std::deque<StepDescriptor> in_flight;
+  int preempted_in_flight = 0;  // preemptions while the victim's rows were in flight
+  for (int round = 0; round < 1000; ++round) {
+    s.Admit(kNow);
+    const int64_t before = s.kv_page_counters(0)->preemptions;
+    std::vector<StepDescriptor> steps = s.FormSteps(0);
+    if (s.kv_page_counters(0)->preemptions > before && !in_flight.empty()) ++preempted_in_flight;
+    for (StepDescriptor& step : steps) in_flight.push_back(std::move(step));
+    if (in_flight.empty()) break;
+    // The oldest step comes back; the others stay in flight for the next round.
+    if (steps.empty() || in_flight.size() > 2) {
+      const StepDescriptor step = std::move(in_flight.front());
+      in_flight.pop_front();
+      ASSERT_TRUE(s.OnStepResult(0, step.id, stage.Run(step), {}, kNow).ok());
+    }
+  }
+  EXPECT_GT(preempted_in_flight, 0) << "no sequence was preempted with steps in flight";
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_TRUE(Done(requests[i])) << i;
+    EXPECT_EQ(Output(requests[i]), expected[i]) << "request " << i;
+  }
+  EXPECT_EQ(s.kv_page_counters(0)->pages_used, 0);
 }
 
 }  // namespace
