@@ -382,6 +382,17 @@ class Scheduler {
   KvNeed NeedOf(const Sequence& seq, std::vector<int32_t>& tokens) const;
   // With pages: admits placed `seq` into its pipeline's owner and skips its cached prompt tokens.
   void AdmitPages(Sequence& seq);
+  // With pages, n > 1: a running sibling of a new request `rq` (the same request id and prompt,
+  // holding only its prompt) whose pipeline can take `rq` too (`need`) is the parent it forks
+  // from; while the parent's steps have not yet written its prompt's full pages, `rq` waits.
+  struct ForkFrom {
+    Sequence* parent = nullptr;
+    bool wait = false;
+  };
+  ForkFrom ForkParentOf(const ValidatedRequest& rq, const KvNeed& need) const;
+  // Admits placed `seq` into its parent's owner sharing the parent's full prompt pages
+  // (KvPageOwner::Fork) and skips them. False when the owner had no pages of its own for it.
+  bool ForkPages(Sequence& seq, const Sequence& parent);
   // With pages: gives `seq` the pages for the `n` tokens of its next row (`ahead`: the row feeds
   // kPreviousSample), preempting the newest sequence of `p` not in `step_seqs` (the rows formed
   // so far) while none is free. False when `seq` itself was preempted. Preempted ones leave

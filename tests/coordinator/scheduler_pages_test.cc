@@ -362,5 +362,43 @@ TEST(SchedulerPages, RowsOfASequencePreemptedWhileInFlightAreDroppedNotEmitted) 
   EXPECT_EQ(s.kv_page_counters(0)->pages_used, 0);
 }
 
+// n > 1: the sequences of one request (its id and prompt) after the first fork it once the first
+// one's prompt step is formed: they share its full prompt pages (no copy, no compute) and hold
+// only their last page of their own, and each gives the undisturbed output.
+TEST(SchedulerPages, SiblingsShareTheirPromptsFullPagesThroughFork) {
+  constexpr int kPages = 32;
+  Scheduler s(PagedOptions(4));
+  s.AddPipeline(0, 1, PipelineRole::kBoth, false, kPages);
+  FakeStage stage(kPages, 4);
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5};  // 2 full pages + 3
+  std::vector<std::shared_ptr<RequestState>> siblings;
+  for (int i = 0; i < 4; ++i) {
+    ValidatedRequest r = Request(prompt, 6);
+    r.request_id = "req-n4";
+    siblings.push_back(s.Enqueue(r, kNow));
+  }
+  std::vector<StepDescriptor> steps = RunAll(s, stage, /*rounds=*/1);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].seqs.size(), 1u) << "the siblings wait for the first one's prompt step";
+  steps = RunAll(s, stage, /*rounds=*/1);
+  ASSERT_EQ(s.running(0), 4);
+  // The first one's 3 pages, and one page of its own for each of the other three.
+  EXPECT_EQ(s.kv_page_counters(0)->pages_used, 6);
+  int children = 0;
+  for (const StepDescriptor& step : steps) {
+    for (const SequenceStep& row : step.seqs) {
+      if (row.num_tokens == 1) continue;  // the first one's decode
+      ++children;
+      EXPECT_EQ(row.position, 8) << "a child computes its last page only";
+    }
+  }
+  EXPECT_EQ(children, 3);
+  RunAll(s, stage);
+  for (size_t i = 0; i < siblings.size(); ++i) {
+    EXPECT_EQ(Output(siblings[i]), Undisturbed(prompt, 6)) << "sequence " << i;
+  }
+  EXPECT_EQ(s.kv_page_counters(0)->pages_used, 0);
+}
+
 }  // namespace
 }  // namespace tandem
