@@ -136,10 +136,14 @@ void Coordinator::HandoffLoop() {
       std::vector<KvSeq> out;
       std::vector<KvSeq> in;
       for (const Scheduler::Handoff& h : b.handoffs) {
-        out.push_back(
-            {.key = h.seq, .slot = h.from_slot, .positions = h.positions, .block_table = {}});
-        in.push_back(
-            {.key = h.seq, .slot = h.to_slot, .positions = h.positions, .block_table = {}});
+        out.push_back({.key = h.seq,
+                       .slot = h.from_slot,
+                       .positions = h.positions,
+                       .block_table = h.from_table});
+        in.push_back({.key = h.seq,
+                      .slot = h.to_slot,
+                      .positions = h.positions,
+                      .block_table = h.to_table});
       }
       // Streamed: the KV-cache is there (its bytes counted by the stream). Written out by the
       // prefill step: fetched from that. Otherwise, or where that fails, exported from the slot.

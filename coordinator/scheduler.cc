@@ -448,7 +448,7 @@ Scheduler::StepEntry Scheduler::AddRow(Sequence& seq, StepDescriptor& step, int 
     seq.position += nt;
     // The prompt's last step in a prefill pipeline: its KV-cache leaves as the step writes it,
     // unless the token it samples is the sequence's last (its length).
-    if (nt == pending && seq.decode_pipeline >= 0 &&
+    if (nt == pending && seq.decode_pipeline >= 0 && options_.kv_page_size == 0 &&
         !ReachesLength(seq.request->request(), static_cast<int>(seq.generated.size()) + 1,
                        options_.context_length)) {
       step.seqs.back().kv_out_key = seq.id;

@@ -170,6 +170,11 @@ class Scheduler {
     uint64_t kv_out_step = 0;
     // Its KV-cache is in the decode slot already: a KV stream brought it while the prompt ran.
     bool streamed = false;
+    // With pages: the prefill pipeline's pages that hold its positions, and those the decode
+    // pipeline's owner gave it, in position order. With pages a hand-off exports the prefill
+    // pages after the prompt (no write-out, no stream).
+    std::vector<int32_t> from_table;
+    std::vector<int32_t> to_table;
   };
   // The hand-offs that can start, oldest first: the sequence's prompt is done, and no step in
   // flight in the decode pipeline uses its decode slot any more (a sequence that ended there
@@ -403,6 +408,9 @@ class Scheduler {
   void PreemptSequence(Pipeline& p, Sequence& seq);
   // Puts `seq` into the placement's pipeline (a free slot), with a decode slot set aside.
   void Place(Sequence& seq, const Placement& to);
+  // With pages: gives hand-off `h` of `seq` the prefill pages it leaves and pages of the decode
+  // pipeline's owner for its positions. False (nothing taken) when that owner has none now.
+  bool HandoffPages(const Sequence& seq, Handoff& h);
   // Whether hand-off `h` can start (TakeHandoffs).
   struct PendingHandoff;
   bool HandoffCanStart(const PendingHandoff& h) const;
@@ -463,6 +471,10 @@ class Scheduler {
     Handoff handoff;
     bool taken = false;  // by TakeHandoffs
     uint64_t stream = 0;  // the KV stream it waits for; 0: none
+    // With pages: the decode pipeline's next step when its pages were given. A step formed
+    // before may still write them (a cancelled or preempted sequence's row in flight), so the
+    // import waits for those steps to end.
+    uint64_t pages_at_step = 0;
   };
   uint64_t next_handoff_ = 1;
   // By id (oldest first): every hand-off until HandedOff; it owns its two slots.

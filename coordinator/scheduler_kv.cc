@@ -160,28 +160,66 @@ void Scheduler::StartHandoff(Sequence& seq) {
     ReleaseDecodeSlot(seq);  // decodes where it is
     return;
   }
-  const Handoff h{.id = next_handoff_++,
-                  .seq = seq.id,
-                  .from_pipeline = seq.pipeline,
-                  .from_slot = seq.slot,
-                  .positions = seq.position,
-                  .to_pipeline = seq.decode_pipeline,
-                  .to_slot = seq.decode_slot,
-                  .kv_out_step = seq.kv_out_step};
+  Handoff h{.id = next_handoff_++,
+            .seq = seq.id,
+            .from_pipeline = seq.pipeline,
+            .from_slot = seq.slot,
+            .positions = seq.position,
+            .to_pipeline = seq.decode_pipeline,
+            .to_slot = seq.decode_slot,
+            .kv_out_step = seq.kv_out_step,
+            .streamed = false,
+            .from_table = {},
+            .to_table = {}};
+  if (from.pages && !HandoffPages(seq, h)) {
+    ReleaseDecodeSlot(seq);  // no pages there now: decodes where it is
+    return;
+  }
   // The hand-off owns both slots from here on.
   from.running.erase(std::remove(from.running.begin(), from.running.end(), seq.id),
                      from.running.end());
   seq.pipeline = seq.slot = seq.decode_pipeline = seq.decode_slot = -1;
   seq.moving = true;
   seq.handoff = h.id;
-  handoffs_.emplace(h.id, PendingHandoff{.handoff = h, .stream = seq.kv_stream});
+  const uint64_t pages_at_step = from.pages ? pipelines_.at(h.to_pipeline).next_step : 0;
+  handoffs_.emplace(h.id, PendingHandoff{.handoff = h,
+                                         .taken = false,
+                                         .stream = seq.kv_stream,
+                                         .pages_at_step = pages_at_step});
   seq.kv_stream = seq.kv_out_step = 0;
+}
+
+bool Scheduler::HandoffPages(const Sequence& seq, Handoff& h) {
+  Pipeline& from = pipelines_.at(h.from_pipeline);
+  Pipeline& to = pipelines_.at(h.to_pipeline);
+  if (!to.pages) return false;
+  std::vector<int32_t> tokens;
+  KvNeed need = NeedOf(seq, tokens);
+  need.max_new_tokens += static_cast<int>(tokens.size()) - h.positions;
+  need.tokens = std::span<const int32_t>(tokens).first(h.positions);
+  // Pages of its own (no cached page: the import writes them).
+  if (!to.pages->Admit(seq.id, need.tokens, need.max_new_tokens, /*use_cache=*/false).ok()) {
+    return false;
+  }
+  const absl::Span<const int> held = from.pages->BlockTable(seq.id);
+  const int pages = (h.positions + options_.kv_page_size - 1) / options_.kv_page_size;
+  h.from_table.assign(held.begin(), held.begin() + pages);
+  const absl::Span<const int> given = to.pages->BlockTable(seq.id);
+  h.to_table.assign(given.begin(), given.end());
+  return true;
 }
 
 bool Scheduler::HandoffCanStart(const PendingHandoff& h) const {
   // After its stream (which owns the decode slot until it ends); without one, once no step in
   // flight uses the decode slot.
   if (auto k = streams_.find(h.stream); k != streams_.end()) return k->second.ended;
+  if (h.pages_at_step != 0) {
+    auto to = pipelines_.find(h.handoff.to_pipeline);
+    if (to != pipelines_.end() && !to->second.inflight.empty() &&
+        to->second.inflight.begin()->first < h.pages_at_step) {
+      return false;
+    }
+  }
   return SlotIdle(h.handoff.to_pipeline, h.handoff.to_slot);
 }
 
@@ -213,11 +251,16 @@ void Scheduler::HandedOff(uint64_t id, bool ok, const absl::Status& why, absl::T
   handoffs_.erase(hit);
   if (auto from = pipelines_.find(h.from_pipeline); from != pipelines_.end()) {
     from->second.slots.Free(h.from_slot);
+    if (from->second.pages) from->second.pages->Free(h.seq);  // exported, or lost
   }
   auto to = pipelines_.find(h.to_pipeline);
   auto sit = seqs_.find(h.seq);
   Sequence* seq = sit != seqs_.end() && sit->second->handoff == id ? sit->second.get() : nullptr;
   if (seq != nullptr && ok && to != pipelines_.end()) {
+    if (to->second.pages) {
+      to->second.pages->MarkComputed(h.seq, h.positions);
+      seq->kv_known = h.positions;
+    }
     seq->pipeline = h.to_pipeline;
     seq->slot = h.to_slot;
     seq->moving = false;
@@ -226,7 +269,10 @@ void Scheduler::HandedOff(uint64_t id, bool ok, const absl::Status& why, absl::T
     if (metrics_ != nullptr) metrics_->prefill_handoffs.Increment();
     return;
   }
-  if (to != pipelines_.end()) to->second.slots.Free(h.to_slot);
+  if (to != pipelines_.end()) {
+    to->second.slots.Free(h.to_slot);
+    if (to->second.pages) to->second.pages->Free(h.seq);
+  }
   if (seq == nullptr) return;  // ended meanwhile
   Recompute(*seq, ok ? absl::UnavailableError("its decode pipeline is gone") : why, now);
 }
