@@ -400,5 +400,54 @@ TEST(SchedulerPages, SiblingsShareTheirPromptsFullPagesThroughFork) {
   EXPECT_EQ(s.kv_page_counters(0)->pages_used, 0);
 }
 
+// A prefill pipeline's sequence hands off on pages: the decode pipeline's owner gives it pages
+// of its own, named in the hand-off with the prefill pages it leaves; the import waits until the
+// decode steps formed before those pages were given have ended (one may still write them), and
+// the sequence decodes there with the undisturbed output; no page stays held on either side.
+TEST(SchedulerPages, AHandoffMovesPrefillPagesIntoTheDecodePipelinesPages) {
+  constexpr int kPages = 16;
+  Scheduler s(PagedOptions(4));
+  s.AddPipeline(0, 1, PipelineRole::kPrefill, false, kPages);
+  s.AddPipeline(1, 1, PipelineRole::kDecode, false, kPages);
+  FakeStage prefill(kPages, 4), decode(kPages, 4);
+  const std::vector<int32_t> a = {4, 8, 15, 16, 23, 42}, b = {1, 1, 2, 3, 5, 8, 13};
+  auto hand_off = [&](const Scheduler::Handoff& h) {
+    EXPECT_EQ(h.from_table.size(), static_cast<size_t>((h.positions + 3) / 4));
+    EXPECT_EQ(h.to_table.size(), h.from_table.size());
+    decode.Import(prefill, h.from_table, h.to_table, h.positions);
+    s.HandedOff(h.id, true, absl::OkStatus(), kNow);
+  };
+  auto run = [&](int pipeline, FakeStage& stage, const StepDescriptor& step) {
+    ASSERT_TRUE(s.OnStepResult(pipeline, step.id, stage.Run(step), {}, kNow).ok());
+  };
+  auto ra = s.Enqueue(Request(a, 5), kNow);
+  s.Admit(kNow);
+  std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 1u);
+  run(0, prefill, steps[0]);
+  std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 1u);
+  hand_off(hs[0]);
+  // The first sequence's decode step in flight while the second one's prompt runs.
+  std::vector<StepDescriptor> decoding = s.FormSteps(1);
+  ASSERT_EQ(decoding.size(), 1u);
+  auto rb = s.Enqueue(Request(b, 5), kNow);
+  s.Admit(kNow);
+  steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 1u);
+  run(0, prefill, steps[0]);
+  EXPECT_FALSE(s.handoffs_ready()) << "a decode step formed before its pages were given runs";
+  run(1, decode, decoding[0]);
+  ASSERT_TRUE(s.handoffs_ready());
+  hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 1u);
+  hand_off(hs[0]);
+  EXPECT_EQ(s.kv_page_counters(0)->pages_used, 0) << "the prefill pages go with the hand-off";
+  RunAll(s, decode, 1000, /*pipeline=*/1);
+  EXPECT_EQ(Output(ra), Undisturbed(a, 5));
+  EXPECT_EQ(Output(rb), Undisturbed(b, 5));
+  EXPECT_EQ(s.kv_page_counters(1)->pages_used, 0);
+}
+
 }  // namespace
 }  // namespace tandem
