@@ -116,7 +116,11 @@ bool Scheduler::GrowPages(Pipeline& p, Sequence& seq, int n, bool ahead,
   // given; one that scores its prompt and has no token yet would send its prompt logprobs twice.
   auto eligible = [&](uint64_t id) {
     if (id == seq.id) return true;
-    const Sequence& s = *seqs_.at(id);
+    auto it = seqs_.find(id);
+    // The owner also holds the pages of a hand-off into this pipeline until it ends, whose
+    // sequence may have ended meanwhile.
+    if (it == seqs_.end()) return false;
+    const Sequence& s = *it->second;
     if (s.moving || (s.request->request().prompt_logprobs >= 0 && s.generated.empty())) {
       return false;
     }

@@ -449,5 +449,44 @@ TEST(SchedulerPages, AHandoffMovesPrefillPagesIntoTheDecodePipelinesPages) {
   EXPECT_EQ(s.kv_page_counters(1)->pages_used, 0);
 }
 
+// A sequence cancelled during its hand-off still holds the decode pipeline's pages it was given
+// until the hand-off ends: a decode sequence that then runs out of pages does not take it for a
+// running one (it preempts itself), and the hand-off's end frees them.
+TEST(SchedulerPages, ThePagesOfAHandoffWhoseSequenceEndedAreNoPreemptionVictim) {
+  Scheduler s(PagedOptions(4));
+  s.AddPipeline(0, 1, PipelineRole::kPrefill, false, 16);
+  s.AddPipeline(1, 1, PipelineRole::kDecode, false, 4);
+  FakeStage prefill(16, 4), decode(4, 4);
+  auto hand_off = [&]() {
+    const std::vector<StepDescriptor> steps = s.FormSteps(0);
+    ASSERT_EQ(steps.size(), 1u);
+    ASSERT_TRUE(s.OnStepResult(0, steps[0].id, prefill.Run(steps[0]), {}, kNow).ok());
+  };
+  s.Enqueue(Request({1, 2, 3, 4, 5, 6}, 10), kNow);  // 16 positions: the whole decode pool
+  s.Admit(kNow);
+  hand_off();
+  std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 1u);
+  decode.Import(prefill, hs[0].from_table, hs[0].to_table, hs[0].positions);
+  s.HandedOff(hs[0].id, true, absl::OkStatus(), kNow);
+  auto b = s.Enqueue(Request({7, 8, 9, 10, 11, 12}, 10), kNow);
+  s.Admit(kNow);
+  hand_off();
+  hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 1u);
+  s.Cancel(b, absl::CancelledError("client gone"), kNow);
+  ASSERT_EQ(s.kv_page_counters(1)->pages_used, 4);
+  // The first sequence needs a third page at position 8, and none is free.
+  for (int round = 0; round < 8 && s.running(1) > 0; ++round) {
+    for (const StepDescriptor& step : s.FormSteps(1)) {
+      ASSERT_TRUE(s.OnStepResult(1, step.id, decode.Run(step), {}, kNow).ok());
+    }
+  }
+  EXPECT_EQ(s.running(1), 0);
+  EXPECT_EQ(s.kv_page_counters(1)->preemptions, 1);
+  s.HandedOff(hs[0].id, true, absl::OkStatus(), kNow);
+  EXPECT_EQ(s.kv_page_counters(1)->pages_used, 0);
+}
+
 }  // namespace
 }  // namespace tandem
