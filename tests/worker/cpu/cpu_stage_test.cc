@@ -913,9 +913,9 @@ TEST_F(CpuStageErrorTest, BadStepsAreRejectedNamingTheFieldAndLeaveTheStageUsabl
 }
 
 // A block table that does not fit the pool (a page out of range, too few pages for the row's
-// tokens, longer than the context, a page named twice) or that names pages on a stage of contiguous slots is refused
-// naming the row, the page or the count, and the stage serves the next step as if it had not
-// come.
+// tokens, longer than the context, a page named twice) or that names pages on a stage of
+// contiguous slots is refused naming the row, the page or the count, and the stage serves the
+// next step as if it had not come.
 TEST_F(CpuStageErrorTest, BadBlockTablesAreRefusedNamingTheRowAndThePage) {
   auto stage = MakePagedStage(dir_, 0, -1, 8);
   auto refused = [&](std::vector<int32_t> table, int tokens, const std::string& what) {
