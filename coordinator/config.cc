@@ -86,11 +86,6 @@ absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
         "config: prefill_replicas (%d) must leave at least one of the %d replicas to decode",
         c.prefill_replicas, c.replicas));
   }
-  if (c.kv_page_size > 0 && c.prefill_replicas > 0) {
-    return absl::InvalidArgumentError(
-        "config: prefill_replicas needs contiguous KV slots for now (the hand-off streams slot "
-        "rows); set kv_page_size 0 or prefill_replicas 0");
-  }
   if (c.kv_pages.has_value() && c.kv_page_size == 0) {
     return absl::InvalidArgumentError(
         "config: kv_pages counts pages of kv_page_size tokens; set kv_page_size too");

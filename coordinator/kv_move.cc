@@ -66,6 +66,7 @@ absl::Status ExportKvAll(std::span<const KvStage> holders, std::span<const KvSeq
       m->set_key(s.key);
       m->set_slot(s.slot);
       m->set_positions(s.positions);
+      m->mutable_block_table()->Add(s.block_table.begin(), s.block_table.end());
     }
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -88,6 +89,7 @@ absl::StatusOr<int64_t> ImportKvAll(std::span<const KvStage> takers,
       v1::KvSequence* m = req.add_seqs();
       m->set_key(q.key);
       m->set_slot(q.slot);
+      m->mutable_block_table()->Add(q.block_table.begin(), q.block_table.end());
     }
     for (v1::KvSource& src : KvSourcesFor(t, holders)) *req.add_sources() = std::move(src);
     grpc::ClientContext ctx;

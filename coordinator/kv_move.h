@@ -29,11 +29,14 @@ struct KvStage {
 };
 
 // A sequence in a move: its key (unique within the move), its slot (in the holders' pipeline for
-// an export, in the takers' for an import) and the positions its KV-cache holds.
+// an export, in the takers' for an import), the positions its KV-cache holds and, with pages,
+// their pages on that pipeline.
 struct KvSeq {
   uint64_t key = 0;
   int slot = -1;
   int positions = 0;
+  // With pages: the pages that hold its positions there, in order (KvSequence.block_table).
+  std::vector<int32_t> block_table;
 };
 
 // Where `taker`'s layers are among `holders`' stages, in layer order: the parts of each holder's

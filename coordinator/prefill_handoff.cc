@@ -52,7 +52,8 @@ void Coordinator::KvStreamLoop() {
       const absl::Time t0 = absl::Now();
       std::vector<KvSeq> in;
       for (const Scheduler::KvStream& k : b.streams) {
-        in.push_back({.key = k.seq, .slot = k.to_slot, .positions = k.positions});
+        in.push_back(
+            {.key = k.seq, .slot = k.to_slot, .positions = k.positions, .block_table = {}});
       }
       const absl::StatusOr<int64_t> written =
           ImportKvAll(b.takers, b.holders, in, kHandoffTimeout, std::get<2>(key));
@@ -135,8 +136,14 @@ void Coordinator::HandoffLoop() {
       std::vector<KvSeq> out;
       std::vector<KvSeq> in;
       for (const Scheduler::Handoff& h : b.handoffs) {
-        out.push_back({.key = h.seq, .slot = h.from_slot, .positions = h.positions});
-        in.push_back({.key = h.seq, .slot = h.to_slot, .positions = h.positions});
+        out.push_back({.key = h.seq,
+                       .slot = h.from_slot,
+                       .positions = h.positions,
+                       .block_table = h.from_table});
+        in.push_back({.key = h.seq,
+                      .slot = h.to_slot,
+                      .positions = h.positions,
+                      .block_table = h.to_table});
       }
       // Streamed: the KV-cache is there (its bytes counted by the stream). Written out by the
       // prefill step: fetched from that. Otherwise, or where that fails, exported from the slot.

@@ -315,8 +315,11 @@ std::vector<Coordinator::Departure> Coordinator::DetachForMove(const std::vector
     Departure d;
     d.pipeline = id;
     d.holders = StagesOf(p);
-    for (const Scheduler::Held& h : scheduler_->Detach(id)) {
-      d.seqs.push_back({.key = h.seq, .slot = h.slot, .positions = h.positions});
+    for (Scheduler::Held& h : scheduler_->Detach(id)) {
+      d.seqs.push_back({.key = h.seq,
+                        .slot = h.slot,
+                        .positions = h.positions,
+                        .block_table = std::move(h.block_table)});
     }
     if (!d.seqs.empty()) {
       spdlog::info("pipeline {}: moving {} sequence(s) with their KV-cache", id, d.seqs.size());
@@ -346,7 +349,10 @@ void Coordinator::ArriveMoved(std::vector<Departure>& departures, absl::Time pau
                             absl::Now());
           continue;
         }
-        arrivals[t->pipeline].push_back({.key = q.key, .slot = t->slot, .positions = q.positions});
+        arrivals[t->pipeline].push_back({.key = q.key,
+                                         .slot = t->slot,
+                                         .positions = q.positions,
+                                         .block_table = std::move(t->block_table)});
         if (!takers.contains(t->pipeline)) {
           takers[t->pipeline] = StagesOf(*pipelines_.at(t->pipeline));
         }

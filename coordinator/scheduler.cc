@@ -296,7 +296,12 @@ void Scheduler::Admit(absl::Time now) {
       waiting_.pop_front();
       continue;
     }
-    const std::optional<Placement> best = PlacementForNext(false, &need);
+    // n > 1: siblings share the prompt's full pages, once the first sibling's steps write them.
+    const ForkFrom fork = ForkParentOf(rq, need);
+    if (fork.wait) return;
+    const std::optional<Placement> best =
+        fork.parent != nullptr ? Placement{.pipeline = fork.parent->pipeline}
+                               : PlacementForNext(false, &need);
     if (!best) return;
     std::shared_ptr<RequestState> req = std::move(waiting_.front());
     waiting_.pop_front();
@@ -309,7 +314,7 @@ void Scheduler::Admit(absl::Time now) {
       for (int32_t t : seq->pending) seq->seen[t].second = true;
     }
     Place(*seq, *best);
-    AdmitPages(*seq);
+    if (fork.parent == nullptr || !ForkPages(*seq, *fork.parent)) AdmitPages(*seq);
     seq_of_request_[req.get()] = seq->id;
     req->Admitted(now);
     if (metrics_ != nullptr) {
@@ -444,7 +449,7 @@ Scheduler::StepEntry Scheduler::AddRow(Sequence& seq, StepDescriptor& step, int 
     seq.position += nt;
     // The prompt's last step in a prefill pipeline: its KV-cache leaves as the step writes it,
     // unless the token it samples is the sequence's last (its length).
-    if (nt == pending && seq.decode_pipeline >= 0 &&
+    if (nt == pending && seq.decode_pipeline >= 0 && options_.kv_page_size == 0 &&
         !ReachesLength(seq.request->request(), static_cast<int>(seq.generated.size()) + 1,
                        options_.context_length)) {
       step.seqs.back().kv_out_key = seq.id;

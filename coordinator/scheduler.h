@@ -170,6 +170,11 @@ class Scheduler {
     uint64_t kv_out_step = 0;
     // Its KV-cache is in the decode slot already: a KV stream brought it while the prompt ran.
     bool streamed = false;
+    // With pages: the prefill pipeline's pages that hold its positions, and those the decode
+    // pipeline's owner gave it, in position order. With pages a hand-off exports the prefill
+    // pages after the prompt (no write-out, no stream).
+    std::vector<int32_t> from_table;
+    std::vector<int32_t> to_table;
   };
   // The hand-offs that can start, oldest first: the sequence's prompt is done, and no step in
   // flight in the decode pipeline uses its decode slot any more (a sequence that ended there
@@ -217,6 +222,8 @@ class Scheduler {
     uint64_t seq = 0;   // the sequence (its key while it moves)
     int slot = -1;      // where its KV-cache is in the old pipeline
     int positions = 0;  // how many positions it holds
+    // With pages: the old pipeline's pages that hold them, in position order.
+    std::vector<int32_t> block_table;
   };
   // Takes the sequences out of paused pipeline `id`, whose steps are all done, and forgets the
   // pipeline; they are held aside (neither waiting nor running) until placed. Where each one's
@@ -226,12 +233,16 @@ class Scheduler {
   struct Target {
     int pipeline = -1;
     int slot = -1;
+    // With pages: the pages its new pipeline's owner gave the positions it holds, in order.
+    std::vector<int32_t> block_table;
   };
-  // Puts held sequence `seq` into the pipeline Admit would choose, at a free slot, where it takes
-  // no step until Moved. None when no pipeline has room or the sequence has ended meanwhile.
+  // Puts held sequence `seq` into the pipeline Admit would choose, at a free slot (with pages:
+  // one whose owner admits its positions, on pages of its own), where it takes no step until
+  // Moved. None when no pipeline has room or the sequence has ended meanwhile.
   std::optional<Target> PlaceHeld(uint64_t seq);
-  // A held or placed sequence whose KV-cache is now in its slot (`ok`) continues from where it
-  // was; otherwise (its KV did not arrive, no pipeline had room) it goes back to the queue to be
+  // A held or placed sequence whose KV-cache is now in its slot (`ok`; with pages, its pages are
+  // then published to the prefix cache) continues from where it was; otherwise (its pages are
+  // freed) (its KV did not arrive, no pipeline had room) it goes back to the queue to be
   // recomputed as RemovePipeline(resume) does, failing with `why` past max_resumes. A sequence
   // that ended meanwhile is skipped.
   void Moved(uint64_t seq, bool ok, const absl::Status& why, absl::Time now);
@@ -376,6 +387,17 @@ class Scheduler {
   KvNeed NeedOf(const Sequence& seq, std::vector<int32_t>& tokens) const;
   // With pages: admits placed `seq` into its pipeline's owner and skips its cached prompt tokens.
   void AdmitPages(Sequence& seq);
+  // With pages, n > 1: a running sibling of a new request `rq` (the same request id and prompt,
+  // holding only its prompt) whose pipeline can take `rq` too (`need`) is the parent it forks
+  // from; while the parent's steps have not yet written its prompt's full pages, `rq` waits.
+  struct ForkFrom {
+    Sequence* parent = nullptr;
+    bool wait = false;
+  };
+  ForkFrom ForkParentOf(const ValidatedRequest& rq, const KvNeed& need) const;
+  // Admits placed `seq` into its parent's owner sharing the parent's full prompt pages
+  // (KvPageOwner::Fork) and skips them. False when the owner had no pages of its own for it.
+  bool ForkPages(Sequence& seq, const Sequence& parent);
   // With pages: gives `seq` the pages for the `n` tokens of its next row (`ahead`: the row feeds
   // kPreviousSample), preempting the newest sequence of `p` not in `step_seqs` (the rows formed
   // so far) while none is free. False when `seq` itself was preempted. Preempted ones leave
@@ -386,6 +408,9 @@ class Scheduler {
   void PreemptSequence(Pipeline& p, Sequence& seq);
   // Puts `seq` into the placement's pipeline (a free slot), with a decode slot set aside.
   void Place(Sequence& seq, const Placement& to);
+  // With pages: gives hand-off `h` of `seq` the prefill pages it leaves and pages of the decode
+  // pipeline's owner for its positions. False (nothing taken) when that owner has none now.
+  bool HandoffPages(const Sequence& seq, Handoff& h);
   // Whether hand-off `h` can start (TakeHandoffs).
   struct PendingHandoff;
   bool HandoffCanStart(const PendingHandoff& h) const;
@@ -446,6 +471,10 @@ class Scheduler {
     Handoff handoff;
     bool taken = false;  // by TakeHandoffs
     uint64_t stream = 0;  // the KV stream it waits for; 0: none
+    // With pages: the decode pipeline's next step when its pages were given. A step formed
+    // before may still write them (a cancelled or preempted sequence's row in flight), so the
+    // import waits for those steps to end.
+    uint64_t pages_at_step = 0;
   };
   uint64_t next_handoff_ = 1;
   // By id (oldest first): every hand-off until HandedOff; it owns its two slots.

@@ -3,6 +3,7 @@
 // running sequences out of retiring pipelines. The coordinator's threads perform the transfers
 // (prefill_handoff.cc, replan.cc) and report back here.
 #include <optional>
+#include <span>
 #include <utility>
 
 #include "common/metrics.h"
@@ -38,7 +39,14 @@ std::vector<Scheduler::Held> Scheduler::Detach(int id) {
       resumed_.push_back(seq_id);
       continue;
     }
-    out.push_back({.seq = seq_id, .slot = seq.slot, .positions = seq.position});
+    Held h{.seq = seq_id, .slot = seq.slot, .positions = seq.position, .block_table = {}};
+    if (it->second.pages) {
+      // The owner goes with the pipeline: its pages are free once the stages dropped the stash.
+      const absl::Span<const int> table = it->second.pages->BlockTable(seq_id);
+      const int pages = (seq.position + options_.kv_page_size - 1) / options_.kv_page_size;
+      h.block_table.assign(table.begin(), table.begin() + pages);
+    }
+    out.push_back(std::move(h));
     ReleaseDecodeSlot(seq);
     seq.pipeline = seq.slot = -1;
     seq.moving = true;
@@ -51,14 +59,28 @@ std::vector<Scheduler::Held> Scheduler::Detach(int id) {
 std::optional<Scheduler::Target> Scheduler::PlaceHeld(uint64_t seq_id) {
   auto h = std::find(held_.begin(), held_.end(), seq_id);
   if (h == held_.end()) return std::nullopt;
-  // Paged sequences are recomputed where they land (Moved with !ok): a move carries slot rows.
-  if (options_.kv_page_size > 0) return std::nullopt;
-  const std::optional<Placement> best = PlacementForNext(/*fed=*/true);
+  Sequence& seq = *seqs_.at(seq_id);
+  // With pages: the positions its KV-cache holds (what it was fed), on pages of its own (a cached
+  // prefix would be written while other sequences read it), with room to finish.
+  std::vector<int32_t> tokens;
+  KvNeed need = NeedOf(seq, tokens);
+  need.max_new_tokens += static_cast<int>(tokens.size()) - seq.position;
+  need.tokens = std::span<const int32_t>(tokens).first(seq.position);
+  need.use_cache = false;
+  const std::optional<Placement> best = PlacementForNext(/*fed=*/true, &need);
   if (!best) return std::nullopt;
   held_.erase(h);
-  Sequence& seq = *seqs_.at(seq_id);
   Place(seq, *best);
-  return Target{.pipeline = seq.pipeline, .slot = seq.slot};
+  Target to{.pipeline = seq.pipeline, .slot = seq.slot, .block_table = {}};
+  if (Pipeline& p = pipelines_.at(seq.pipeline); p.pages) {
+    // PlacementForNext checked that the owner admits it.
+    if (p.pages->Admit(seq.id, need.tokens, need.max_new_tokens, /*use_cache=*/false).ok()) {
+      const absl::Span<const int> table = p.pages->BlockTable(seq.id);
+      to.block_table.assign(table.begin(), table.end());
+    }
+    seq.kv_known = 0;  // until its KV-cache is there (Moved)
+  }
+  return to;
 }
 
 void Scheduler::Moved(uint64_t seq_id, bool ok, const absl::Status& why, absl::Time now) {
@@ -67,11 +89,16 @@ void Scheduler::Moved(uint64_t seq_id, bool ok, const absl::Status& why, absl::T
   Sequence& seq = *it->second;
   if (ok && seq.pipeline >= 0) {
     seq.moving = false;
+    if (Pipeline& p = pipelines_.at(seq.pipeline); p.pages) {
+      p.pages->MarkComputed(seq.id, seq.position);
+      seq.kv_known = seq.position;
+    }
     if (metrics_ != nullptr) metrics_->migrated_sequences.Increment();
     return;
   }
   if (auto pit = pipelines_.find(seq.pipeline); pit != pipelines_.end()) {
     pit->second.slots.Free(seq.slot);
+    if (pit->second.pages) pit->second.pages->Free(seq_id);
     auto& running = pit->second.running;
     running.erase(std::remove(running.begin(), running.end(), seq_id), running.end());
   }
@@ -133,28 +160,66 @@ void Scheduler::StartHandoff(Sequence& seq) {
     ReleaseDecodeSlot(seq);  // decodes where it is
     return;
   }
-  const Handoff h{.id = next_handoff_++,
-                  .seq = seq.id,
-                  .from_pipeline = seq.pipeline,
-                  .from_slot = seq.slot,
-                  .positions = seq.position,
-                  .to_pipeline = seq.decode_pipeline,
-                  .to_slot = seq.decode_slot,
-                  .kv_out_step = seq.kv_out_step};
+  Handoff h{.id = next_handoff_++,
+            .seq = seq.id,
+            .from_pipeline = seq.pipeline,
+            .from_slot = seq.slot,
+            .positions = seq.position,
+            .to_pipeline = seq.decode_pipeline,
+            .to_slot = seq.decode_slot,
+            .kv_out_step = seq.kv_out_step,
+            .streamed = false,
+            .from_table = {},
+            .to_table = {}};
+  if (from.pages && !HandoffPages(seq, h)) {
+    ReleaseDecodeSlot(seq);  // no pages there now: decodes where it is
+    return;
+  }
   // The hand-off owns both slots from here on.
   from.running.erase(std::remove(from.running.begin(), from.running.end(), seq.id),
                      from.running.end());
   seq.pipeline = seq.slot = seq.decode_pipeline = seq.decode_slot = -1;
   seq.moving = true;
   seq.handoff = h.id;
-  handoffs_.emplace(h.id, PendingHandoff{.handoff = h, .stream = seq.kv_stream});
+  const uint64_t pages_at_step = from.pages ? pipelines_.at(h.to_pipeline).next_step : 0;
+  handoffs_.emplace(h.id, PendingHandoff{.handoff = h,
+                                         .taken = false,
+                                         .stream = seq.kv_stream,
+                                         .pages_at_step = pages_at_step});
   seq.kv_stream = seq.kv_out_step = 0;
+}
+
+bool Scheduler::HandoffPages(const Sequence& seq, Handoff& h) {
+  Pipeline& from = pipelines_.at(h.from_pipeline);
+  Pipeline& to = pipelines_.at(h.to_pipeline);
+  if (!to.pages) return false;
+  std::vector<int32_t> tokens;
+  KvNeed need = NeedOf(seq, tokens);
+  need.max_new_tokens += static_cast<int>(tokens.size()) - h.positions;
+  need.tokens = std::span<const int32_t>(tokens).first(h.positions);
+  // Pages of its own (no cached page: the import writes them).
+  if (!to.pages->Admit(seq.id, need.tokens, need.max_new_tokens, /*use_cache=*/false).ok()) {
+    return false;
+  }
+  const absl::Span<const int> held = from.pages->BlockTable(seq.id);
+  const int pages = (h.positions + options_.kv_page_size - 1) / options_.kv_page_size;
+  h.from_table.assign(held.begin(), held.begin() + pages);
+  const absl::Span<const int> given = to.pages->BlockTable(seq.id);
+  h.to_table.assign(given.begin(), given.end());
+  return true;
 }
 
 bool Scheduler::HandoffCanStart(const PendingHandoff& h) const {
   // After its stream (which owns the decode slot until it ends); without one, once no step in
   // flight uses the decode slot.
   if (auto k = streams_.find(h.stream); k != streams_.end()) return k->second.ended;
+  if (h.pages_at_step != 0) {
+    auto to = pipelines_.find(h.handoff.to_pipeline);
+    if (to != pipelines_.end() && !to->second.inflight.empty() &&
+        to->second.inflight.begin()->first < h.pages_at_step) {
+      return false;
+    }
+  }
   return SlotIdle(h.handoff.to_pipeline, h.handoff.to_slot);
 }
 
@@ -186,11 +251,16 @@ void Scheduler::HandedOff(uint64_t id, bool ok, const absl::Status& why, absl::T
   handoffs_.erase(hit);
   if (auto from = pipelines_.find(h.from_pipeline); from != pipelines_.end()) {
     from->second.slots.Free(h.from_slot);
+    if (from->second.pages) from->second.pages->Free(h.seq);  // exported, or lost
   }
   auto to = pipelines_.find(h.to_pipeline);
   auto sit = seqs_.find(h.seq);
   Sequence* seq = sit != seqs_.end() && sit->second->handoff == id ? sit->second.get() : nullptr;
   if (seq != nullptr && ok && to != pipelines_.end()) {
+    if (to->second.pages) {
+      to->second.pages->MarkComputed(h.seq, h.positions);
+      seq->kv_known = h.positions;
+    }
     seq->pipeline = h.to_pipeline;
     seq->slot = h.to_slot;
     seq->moving = false;
@@ -199,7 +269,10 @@ void Scheduler::HandedOff(uint64_t id, bool ok, const absl::Status& why, absl::T
     if (metrics_ != nullptr) metrics_->prefill_handoffs.Increment();
     return;
   }
-  if (to != pipelines_.end()) to->second.slots.Free(h.to_slot);
+  if (to != pipelines_.end()) {
+    to->second.slots.Free(h.to_slot);
+    if (to->second.pages) to->second.pages->Free(h.seq);
+  }
   if (seq == nullptr) return;  // ended meanwhile
   Recompute(*seq, ok ? absl::UnavailableError("its decode pipeline is gone") : why, now);
 }

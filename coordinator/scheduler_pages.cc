@@ -57,6 +57,48 @@ void Scheduler::AdmitPages(Sequence& seq) {
   seq.pending.erase(seq.pending.begin(), seq.pending.begin() + *cached);
 }
 
+Scheduler::ForkFrom Scheduler::ForkParentOf(const ValidatedRequest& rq,
+                                            const KvNeed& need) const {
+  const int len = static_cast<int>(rq.prompt.size());
+  const int page = options_.kv_page_size;
+  // The parent's full pages within its first len - 1 tokens (the last is always computed).
+  const int shared = page > 0 && len > 0 ? (len - 1) / page * page : 0;
+  if (shared == 0 || rq.prompt_logprobs >= 0) return {};  // nothing to share, or scores it all
+  for (const auto& [id, p] : pipelines_) {
+    if (!p.pages || p.draining || p.paused || p.role != PipelineRole::kBoth) continue;
+    for (uint64_t seq_id : p.running) {
+      Sequence& s = *seqs_.at(seq_id);
+      const ValidatedRequest& sr = s.request->request();
+      if (s.moving || !s.generated.empty() || sr.request_id != rq.request_id ||
+          sr.prompt != rq.prompt || p.pages->NumTokens(s.id) != len) {
+        continue;
+      }
+      // A child reads the shared pages from its first step on: it may only be formed after the
+      // steps that write them (every stage runs steps in the order they were formed).
+      if (s.position < shared) return {.parent = nullptr, .wait = true};
+      if (p.slots.free() == 0 ||
+          !p.pages->CanAdmit(need.tokens, need.max_new_tokens, need.use_cache)) {
+        return {};
+      }
+      return {.parent = &s, .wait = false};
+    }
+  }
+  return {};
+}
+
+bool Scheduler::ForkPages(Sequence& seq, const Sequence& parent) {
+  Pipeline& p = pipelines_.at(seq.pipeline);
+  const ValidatedRequest& rq = seq.request->request();
+  const int len = static_cast<int>(rq.prompt.size());
+  const absl::StatusOr<int> shared = p.pages->Fork(
+      parent.id, seq.id, std::max(0, std::min(rq.max_new_tokens, options_.context_length - len)));
+  if (!shared.ok()) return false;
+  seq.kv_known = len;
+  seq.position = *shared;
+  seq.pending.erase(seq.pending.begin(), seq.pending.begin() + *shared);
+  return true;
+}
+
 bool Scheduler::GrowPages(Pipeline& p, Sequence& seq, int n, bool ahead,
                           const std::vector<StepEntry>& step_seqs, std::vector<Sequence*>& ready) {
   const int have = p.pages->NumTokens(seq.id);
@@ -74,7 +116,11 @@ bool Scheduler::GrowPages(Pipeline& p, Sequence& seq, int n, bool ahead,
   // given; one that scores its prompt and has no token yet would send its prompt logprobs twice.
   auto eligible = [&](uint64_t id) {
     if (id == seq.id) return true;
-    const Sequence& s = *seqs_.at(id);
+    auto it = seqs_.find(id);
+    // The owner also holds the pages of a hand-off into this pipeline until it ends, whose
+    // sequence may have ended meanwhile.
+    if (it == seqs_.end()) return false;
+    const Sequence& s = *it->second;
     if (s.moving || (s.request->request().prompt_logprobs >= 0 && s.generated.empty())) {
       return false;
     }

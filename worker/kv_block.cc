@@ -1,8 +1,10 @@
 // KvBlock (worker/stage.h): its size and the checks a stage makes before importing one.
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/checked_math.h"
@@ -77,6 +79,17 @@ absl::Status CheckBlockTable(std::span<const int32_t> table, int64_t positions, 
                                                      " is outside the stage's [0, ", num_pages,
                                                      ") pages"));
     }
+  }
+  // Two positions of one sequence in the same page would overwrite each other's K/V.
+  std::vector<int32_t> sorted(table.begin(), table.end());
+  std::sort(sorted.begin(), sorted.end());
+  if (auto dup = std::adjacent_find(sorted.begin(), sorted.end()); dup != sorted.end()) {
+    const int64_t first = std::find(table.begin(), table.end(), *dup) - table.begin();
+    const int64_t second = std::find(table.begin() + first + 1, table.end(), *dup) - table.begin();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block table entries ", first, " and ", second, " both name page ", *dup,
+        "; a sequence's pages must be distinct (the coordinator's page owner gives each position "
+        "its own row)"));
   }
   return absl::OkStatus();
 }

@@ -2,6 +2,7 @@
 // pool. A fake stage stores each fed token in the page and row its block table names and
 // "samples" a function of every token it reads back through the table, so that a wrong or
 // reused page changes the outputs.
+#include <deque>
 #include <map>
 #include <memory>
 #include <vector>
@@ -61,6 +62,15 @@ class FakeStage {
     return sampled;
   }
 
+  // A KV move: positions [0, positions) from `from`'s pages `src` into this stage's pages `dst`.
+  void Import(const FakeStage& from, const std::vector<int32_t>& src,
+              const std::vector<int32_t>& dst, int positions) {
+    for (int pos = 0; pos < positions; ++pos) {
+      rows_[dst[pos / page_size_]][pos % page_size_] =
+          from.rows_[src[pos / page_size_]][pos % page_size_];
+    }
+  }
+
  private:
   int32_t& At(const SequenceStep& row, int pos) {
     return rows_[row.block_table[pos / page_size_]][pos % page_size_];
@@ -106,15 +116,17 @@ bool Done(const std::shared_ptr<RequestState>& r) {
 
 // Admits, forms and answers steps of pipeline 0 until nothing is left to run; the steps run in
 // the order they were formed. Returns the steps formed.
-std::vector<StepDescriptor> RunAll(Scheduler& s, FakeStage& stage) {
+// At most `rounds` rounds of steps; of pipeline `pipeline`.
+std::vector<StepDescriptor> RunAll(Scheduler& s, FakeStage& stage, int rounds = 1000,
+                                   int pipeline = 0) {
   std::vector<StepDescriptor> all;
-  for (int round = 0; round < 1000; ++round) {
+  for (int round = 0; round < rounds; ++round) {
     s.Admit(kNow);
-    std::vector<StepDescriptor> steps = s.FormSteps(0);
+    std::vector<StepDescriptor> steps = s.FormSteps(pipeline);
     if (steps.empty()) break;
     for (const StepDescriptor& step : steps) {
       const std::vector<int32_t> tokens = stage.Run(step);
-      EXPECT_TRUE(s.OnStepResult(0, step.id, tokens, {}, kNow).ok());
+      EXPECT_TRUE(s.OnStepResult(pipeline, step.id, tokens, {}, kNow).ok());
       all.push_back(step);
     }
   }
@@ -255,6 +267,225 @@ TEST(SchedulerPages, CountsPrefixHitsAndPreemptionsInTheMetrics) {
   EXPECT_EQ(metrics.prefix_cache_query_tokens.Value(), 18);
   EXPECT_EQ(metrics.prefix_cache_hit_tokens.Value(), 8);
   EXPECT_DOUBLE_EQ(metrics.prefix_cache_hit_rate.Value(), 8.0 / 18.0);
+}
+
+// A re-partition moves paged sequences with their KV-cache: each held sequence names the old
+// pipeline's pages, is given pages of its own by the new pipeline's owner, and once they are
+// filled goes on without recomputing anything, with the undisturbed outputs. A move that failed
+// frees the new pages and recomputes the sequence.
+TEST(SchedulerPages, ARepartitionMovesPagedSequencesToTheNewPipelinesPages) {
+  prometheus::Registry registry;
+  CoordinatorMetrics metrics(registry);
+  constexpr int kPages = 24;
+  Scheduler s(PagedOptions(4), &metrics);
+  s.AddPipeline(0, 1, PipelineRole::kBoth, false, kPages);
+  FakeStage old_stage(kPages, 4), new_stage(kPages, 4);
+  const std::vector<int32_t> a = {5, 6, 7, 8, 9, 10, 11}, b = {20, 21, 22, 23, 24, 25, 26, 27, 28};
+  std::vector<std::shared_ptr<RequestState>> requests = {
+      s.Enqueue(Request(a, 12), kNow), s.Enqueue(Request(b, 12), kNow),
+      s.Enqueue(Request(a, 12), kNow)};
+  RunAll(s, old_stage, /*rounds=*/5);
+
+  s.Pause(0);
+  std::vector<Scheduler::Held> held = s.Detach(0);
+  ASSERT_EQ(held.size(), 3u);
+  // Placed newest first, so that each lands on other pages than it had: a table passed through
+  // rather than allocated reads the wrong rows.
+  s.AddPipeline(1, 1, PipelineRole::kBoth, false, kPages);
+  for (size_t i = held.size(); i-- > 0;) {
+    const Scheduler::Held& h = held[i];
+    const int64_t used = s.kv_page_counters(1)->pages_used;
+    ASSERT_EQ(h.block_table.size(), static_cast<size_t>((h.positions + 3) / 4));
+    const std::optional<Scheduler::Target> to = s.PlaceHeld(h.seq);
+    ASSERT_TRUE(to.has_value());
+    ASSERT_EQ(to->block_table.size(), h.block_table.size());
+    if (i == 1) {
+      EXPECT_EQ(s.kv_page_counters(1)->pages_used,
+                used + static_cast<int64_t>(h.block_table.size()));
+      s.Moved(h.seq, false, absl::UnavailableError("ImportKv failed"), kNow);
+      EXPECT_EQ(s.kv_page_counters(1)->pages_used, used);
+      continue;
+    }
+    new_stage.Import(old_stage, h.block_table, to->block_table, h.positions);
+    s.Moved(h.seq, true, absl::OkStatus(), kNow);
+  }
+  EXPECT_EQ(metrics.migrated_sequences.Value(), 2);
+  EXPECT_EQ(metrics.recomputed_sequences.Value(), 1);
+  RunAll(s, new_stage, 1000, /*pipeline=*/1);
+  EXPECT_EQ(Output(requests[0]), Undisturbed(a, 12));
+  EXPECT_EQ(Output(requests[1]), Undisturbed(b, 12));
+  EXPECT_EQ(Output(requests[2]), Undisturbed(a, 12));
+  EXPECT_EQ(metrics.recomputed_sequences.Value(), 1);
+  // Every sequence ended: no page is held (the failed move's pages were freed).
+  EXPECT_EQ(s.kv_page_counters(1)->pages_used, 0);
+}
+
+// Steps answered one round late, so that a sequence preempted while a step is formed may have
+// rows in the steps still in flight: those rows are stale (their sequence's epoch moved on), and
+// their sampled tokens are dropped rather than emitted; the victim's pages, freed at once, are
+// reused only by steps issued after those rows, so every output is the undisturbed one.
+TEST(SchedulerPages, RowsOfASequencePreemptedWhileInFlightAreDroppedNotEmitted) {
+  constexpr int kPages = 10;
+  SchedulerOptions o = PagedOptions(2);
+  o.micro_batches = 3;
+  Scheduler s(o);
+  s.AddPipeline(0, 1, PipelineRole::kBoth, false, kPages);
+  FakeStage stage(kPages, 2);
+  std::vector<std::shared_ptr<RequestState>> requests;
+  std::vector<std::vector<int32_t>> expected;
+  for (int i = 0; i < 5; ++i) {
+    const std::vector<int32_t> prompt = {i + 1, 3 * i + 2, 7};
+    expected.push_back(Undisturbed(prompt, 9));
+    requests.push_back(s.Enqueue(Request(prompt, 9), kNow));
+  }
+  std::deque<StepDescriptor> in_flight;
+  int preempted_in_flight = 0;  // preemptions while the victim's rows were in flight
+  for (int round = 0; round < 1000; ++round) {
+    s.Admit(kNow);
+    const int64_t before = s.kv_page_counters(0)->preemptions;
+    std::vector<StepDescriptor> steps = s.FormSteps(0);
+    if (s.kv_page_counters(0)->preemptions > before && !in_flight.empty()) ++preempted_in_flight;
+    for (StepDescriptor& step : steps) in_flight.push_back(std::move(step));
+    if (in_flight.empty()) break;
+    // The oldest step comes back; the others stay in flight for the next round.
+    if (steps.empty() || in_flight.size() > 2) {
+      const StepDescriptor step = std::move(in_flight.front());
+      in_flight.pop_front();
+      ASSERT_TRUE(s.OnStepResult(0, step.id, stage.Run(step), {}, kNow).ok());
+    }
+  }
+  EXPECT_GT(preempted_in_flight, 0) << "no sequence was preempted with steps in flight";
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_TRUE(Done(requests[i])) << i;
+    EXPECT_EQ(Output(requests[i]), expected[i]) << "request " << i;
+  }
+  EXPECT_EQ(s.kv_page_counters(0)->pages_used, 0);
+}
+
+// n > 1: the sequences of one request (its id and prompt) after the first fork it once the first
+// one's prompt step is formed: they share its full prompt pages (no copy, no compute) and hold
+// only their last page of their own, and each gives the undisturbed output.
+TEST(SchedulerPages, SiblingsShareTheirPromptsFullPagesThroughFork) {
+  constexpr int kPages = 32;
+  Scheduler s(PagedOptions(4));
+  s.AddPipeline(0, 1, PipelineRole::kBoth, false, kPages);
+  FakeStage stage(kPages, 4);
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5};  // 2 full pages + 3
+  std::vector<std::shared_ptr<RequestState>> siblings;
+  for (int i = 0; i < 4; ++i) {
+    ValidatedRequest r = Request(prompt, 6);
+    r.request_id = "req-n4";
+    siblings.push_back(s.Enqueue(r, kNow));
+  }
+  std::vector<StepDescriptor> steps = RunAll(s, stage, /*rounds=*/1);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].seqs.size(), 1u) << "the siblings wait for the first one's prompt step";
+  steps = RunAll(s, stage, /*rounds=*/1);
+  ASSERT_EQ(s.running(0), 4);
+  // The first one's 3 pages, and one page of its own for each of the other three.
+  EXPECT_EQ(s.kv_page_counters(0)->pages_used, 6);
+  int children = 0;
+  for (const StepDescriptor& step : steps) {
+    for (const SequenceStep& row : step.seqs) {
+      if (row.num_tokens == 1) continue;  // the first one's decode
+      ++children;
+      EXPECT_EQ(row.position, 8) << "a child computes its last page only";
+    }
+  }
+  EXPECT_EQ(children, 3);
+  RunAll(s, stage);
+  for (size_t i = 0; i < siblings.size(); ++i) {
+    EXPECT_EQ(Output(siblings[i]), Undisturbed(prompt, 6)) << "sequence " << i;
+  }
+  EXPECT_EQ(s.kv_page_counters(0)->pages_used, 0);
+}
+
+// A prefill pipeline's sequence hands off on pages: the decode pipeline's owner gives it pages
+// of its own, named in the hand-off with the prefill pages it leaves; the import waits until the
+// decode steps formed before those pages were given have ended (one may still write them), and
+// the sequence decodes there with the undisturbed output; no page stays held on either side.
+TEST(SchedulerPages, AHandoffMovesPrefillPagesIntoTheDecodePipelinesPages) {
+  constexpr int kPages = 16;
+  Scheduler s(PagedOptions(4));
+  s.AddPipeline(0, 1, PipelineRole::kPrefill, false, kPages);
+  s.AddPipeline(1, 1, PipelineRole::kDecode, false, kPages);
+  FakeStage prefill(kPages, 4), decode(kPages, 4);
+  const std::vector<int32_t> a = {4, 8, 15, 16, 23, 42}, b = {1, 1, 2, 3, 5, 8, 13};
+  auto hand_off = [&](const Scheduler::Handoff& h) {
+    EXPECT_EQ(h.from_table.size(), static_cast<size_t>((h.positions + 3) / 4));
+    EXPECT_EQ(h.to_table.size(), h.from_table.size());
+    decode.Import(prefill, h.from_table, h.to_table, h.positions);
+    s.HandedOff(h.id, true, absl::OkStatus(), kNow);
+  };
+  auto run = [&](int pipeline, FakeStage& stage, const StepDescriptor& step) {
+    ASSERT_TRUE(s.OnStepResult(pipeline, step.id, stage.Run(step), {}, kNow).ok());
+  };
+  auto ra = s.Enqueue(Request(a, 5), kNow);
+  s.Admit(kNow);
+  std::vector<StepDescriptor> steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 1u);
+  run(0, prefill, steps[0]);
+  std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 1u);
+  hand_off(hs[0]);
+  // The first sequence's decode step in flight while the second one's prompt runs.
+  std::vector<StepDescriptor> decoding = s.FormSteps(1);
+  ASSERT_EQ(decoding.size(), 1u);
+  auto rb = s.Enqueue(Request(b, 5), kNow);
+  s.Admit(kNow);
+  steps = s.FormSteps(0);
+  ASSERT_EQ(steps.size(), 1u);
+  run(0, prefill, steps[0]);
+  EXPECT_FALSE(s.handoffs_ready()) << "a decode step formed before its pages were given runs";
+  run(1, decode, decoding[0]);
+  ASSERT_TRUE(s.handoffs_ready());
+  hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 1u);
+  hand_off(hs[0]);
+  EXPECT_EQ(s.kv_page_counters(0)->pages_used, 0) << "the prefill pages go with the hand-off";
+  RunAll(s, decode, 1000, /*pipeline=*/1);
+  EXPECT_EQ(Output(ra), Undisturbed(a, 5));
+  EXPECT_EQ(Output(rb), Undisturbed(b, 5));
+  EXPECT_EQ(s.kv_page_counters(1)->pages_used, 0);
+}
+
+// A sequence cancelled during its hand-off still holds the decode pipeline's pages it was given
+// until the hand-off ends: a decode sequence that then runs out of pages does not take it for a
+// running one (it preempts itself), and the hand-off's end frees them.
+TEST(SchedulerPages, ThePagesOfAHandoffWhoseSequenceEndedAreNoPreemptionVictim) {
+  Scheduler s(PagedOptions(4));
+  s.AddPipeline(0, 1, PipelineRole::kPrefill, false, 16);
+  s.AddPipeline(1, 1, PipelineRole::kDecode, false, 4);
+  FakeStage prefill(16, 4), decode(4, 4);
+  auto hand_off = [&]() {
+    const std::vector<StepDescriptor> steps = s.FormSteps(0);
+    ASSERT_EQ(steps.size(), 1u);
+    ASSERT_TRUE(s.OnStepResult(0, steps[0].id, prefill.Run(steps[0]), {}, kNow).ok());
+  };
+  s.Enqueue(Request({1, 2, 3, 4, 5, 6}, 10), kNow);  // 16 positions: the whole decode pool
+  s.Admit(kNow);
+  hand_off();
+  std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 1u);
+  decode.Import(prefill, hs[0].from_table, hs[0].to_table, hs[0].positions);
+  s.HandedOff(hs[0].id, true, absl::OkStatus(), kNow);
+  auto b = s.Enqueue(Request({7, 8, 9, 10, 11, 12}, 10), kNow);
+  s.Admit(kNow);
+  hand_off();
+  hs = s.TakeHandoffs();
+  ASSERT_EQ(hs.size(), 1u);
+  s.Cancel(b, absl::CancelledError("client gone"), kNow);
+  ASSERT_EQ(s.kv_page_counters(1)->pages_used, 4);
+  // The first sequence needs a third page at position 8, and none is free.
+  for (int round = 0; round < 8 && s.running(1) > 0; ++round) {
+    for (const StepDescriptor& step : s.FormSteps(1)) {
+      ASSERT_TRUE(s.OnStepResult(1, step.id, decode.Run(step), {}, kNow).ok());
+    }
+  }
+  EXPECT_EQ(s.running(1), 0);
+  EXPECT_EQ(s.kv_page_counters(1)->preemptions, 1);
+  s.HandedOff(hs[0].id, true, absl::OkStatus(), kNow);
+  EXPECT_EQ(s.kv_page_counters(1)->pages_used, 0);
 }
 
 }  // namespace

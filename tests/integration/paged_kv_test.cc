@@ -1,7 +1,8 @@
 // The paged KV-cache through real processes on loopback (a coordinator and two CPU workers, one
 // stage each): with pages of 4 positions in a pool too small for the load, concurrent requests
 // preempt each other and every output equals an undisturbed contiguous run's; with prefix
-// caching, a repeated prompt's full pages are taken from the cache.
+// caching, a repeated prompt's full pages are taken from the cache; n > 1 sequences fork the
+// prompt's pages.
 #include <unistd.h>
 
 #include <chrono>
@@ -117,6 +118,42 @@ TEST_F(PagedKvTest, ARequestLargerThanThePoolIsRefusedNamingTheCapacity) {
   grpc::ClientContext ctx2;
   ctx2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   EXPECT_TRUE((*paged)->inference().Generate(&ctx2, req, &resp).ok()) << (*paged)->Logs();
+}
+
+// n = 4 sampled sequences of one prompt: on pages the siblings fork the first one's full prompt
+// pages (coordinator/scheduler_pages.cc) and each gives the contiguous layout's tokens.
+TEST_F(PagedKvTest, NSequencesForkingThePromptsPagesGiveTheContiguousTokens) {
+  v1::GenerateRequest req;
+  const std::vector<int32_t> prompt = Prompt(3);
+  req.mutable_token_ids()->Assign(prompt.begin(), prompt.end());
+  req.set_max_new_tokens(24);
+  req.set_ignore_eos(true);
+  req.mutable_sampling()->set_temperature(1.0f);
+  req.mutable_sampling()->set_seed(7);
+  req.mutable_sampling()->set_n(4);
+  auto choices = [&](Cluster& cluster) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    v1::GenerateResponse resp;
+    grpc::Status s = cluster.inference().Generate(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message() << cluster.Logs();
+    std::vector<std::vector<int32_t>> out;
+    for (const v1::Choice& c : resp.choices()) {
+      out.emplace_back(c.token_ids().begin(), c.token_ids().end());
+    }
+    return out;
+  };
+  std::vector<std::vector<int32_t>> want;
+  {
+    auto contiguous = Cluster::Start(TwoStages({}));
+    ASSERT_TRUE(contiguous.ok()) << contiguous.status();
+    want = choices(**contiguous);
+  }
+  ASSERT_EQ(want.size(), 4u);
+  EXPECT_NE(want[0], want[1]) << "the sequences sample with seeds of their own";
+  auto paged = Cluster::Start(TwoStages({"--kv_page_size=4", "--kv_pages=40"}));
+  ASSERT_TRUE(paged.ok()) << paged.status();
+  EXPECT_EQ(choices(**paged), want) << (*paged)->Logs();
 }
 
 }  // namespace

@@ -432,6 +432,27 @@ double CoordinatorCounter(Cluster& cluster, const std::string& name) {
   return std::stod(m[1].str());
 }
 
+// The pages every pipeline's running sequences hold (tandem_kv_pages{state="used"}, summed), once
+// the coordinator's gauges show none within a few seconds; otherwise the last sum, -1 without
+// the gauge.
+double PagesUsedOnceIdle(Cluster& cluster) {
+  const int port = PrintedMetricsPort(cluster.Logs(), "tandem-coordinator");
+  httplib::Client http("127.0.0.1", port);
+  const std::regex re("\ntandem_kv_pages\\{pipeline=\"[0-9]+\",state=\"used\"\\} ([0-9.e+]+)");
+  double used = -1;
+  for (int i = 0; i < 100; ++i) {
+    httplib::Result r = http.Get("/metrics");
+    if (!r || r->status != 200) return -1;
+    used = -1;
+    for (std::sregex_iterator m(r->body.begin(), r->body.end(), re), end; m != end; ++m) {
+      used = std::max(used, 0.0) + std::stod((*m)[1].str());
+    }
+    if (used == 0) return used;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return used;
+}
+
 // Every layout change moves the running sequences with their KV-cache, worker to worker over
 // gRPC, into the stages that now hold their layers: each continues where it was (nothing is
 // recomputed) and ends with the tokens of an undisturbed run.
@@ -463,6 +484,55 @@ TEST_F(ServiceTest, LayoutChangesMoveRunningSequencesWithTheirKvCache) {
   // a layout left without a stage released theirs.
   EXPECT_THAT(cluster->Logs(), HasSubstr("(prepared), ready in"));
   EXPECT_THAT(cluster->Logs(), HasSubstr("stage released"));
+}
+
+// With a paged KV-cache (pages of 4 positions) a layout change moves the running sequences'
+// KV-cache from the old pipeline's pages into pages the new pipeline's owner gives them: nothing
+// is recomputed, every request ends with the undisturbed tokens, and no page stays held.
+TEST_F(ServiceTest, LayoutChangesMovePagedSequencesWithTheirKvCache) {
+  auto cluster = StartCluster(3, 1, 1, {"--kv_page_size=4", "--max_slots=32",
+                                        "--metrics_address=127.0.0.1:0"});
+  ASSERT_NE(cluster, nullptr);
+  int changes = 0;
+  for (auto [stages, replicas] : {std::pair{2, 1}, {1, 2}}) {
+    SCOPED_TRACE(absl::StrFormat("to %d stages x %d replicas", stages, replicas));
+    // Greedy: a paged CPU stage's sampled streams may part from the contiguous oracle's at a
+    // draw within float error of a boundary, with or without a move.
+    LongStreams streams(*cluster, 6, 40 + ++changes, /*greedy=*/true);
+    absl::StatusOr<v1::Topology> t = SetTopology(*cluster, stages, replicas);
+    ASSERT_TRUE(t.ok()) << t.status() << cluster->Logs();
+    ASSERT_EQ(t->pipelines_size(), replicas);
+    streams.Finish();
+  }
+  EXPECT_GT(CoordinatorCounter(*cluster, "tandem_sequences_migrated_total"), 0) << cluster->Logs();
+  EXPECT_GT(CoordinatorCounter(*cluster, "tandem_kv_transfer_bytes_total"), 0);
+  EXPECT_EQ(CoordinatorCounter(*cluster, "tandem_sequences_recomputed_total"), 0)
+      << cluster->Logs();
+  EXPECT_EQ(PagesUsedOnceIdle(*cluster), 0);
+}
+
+// With a paged KV-cache, a worker killed under load: its pipeline's sequences are recomputed on
+// pages of the pipeline that takes them and end with the undisturbed greedy tokens; once every
+// request has ended no page is held.
+TEST_F(ServiceTest, KilledWorkersPagedSequencesContinueWithTheSameTokens) {
+  auto cluster = StartCluster(3, 1, 2, {"--kv_page_size=4", "--metrics_address=127.0.0.1:0"});
+  ASSERT_NE(cluster, nullptr);
+  grpc::ClientContext tctx;
+  v1::Topology topo;
+  ASSERT_TRUE(cluster->admin().GetTopology(&tctx, {}, &topo).ok());
+  const std::string victim_addr = topo.pipelines(0).stages(0).worker_address();
+  int victim = -1;
+  for (int i = 0; i < 3; ++i) {
+    if (victim_addr == absl::StrFormat("127.0.0.1:%d", cluster->worker_port(i))) victim = i;
+  }
+  ASSERT_GE(victim, 0);
+  LongStreams streams(*cluster, 6, 53, /*greedy=*/true);
+  cluster->worker(victim).Kill(SIGKILL);
+  streams.Finish(/*recomputed=*/true);
+  EXPECT_GT(CoordinatorCounter(*cluster, "tandem_sequences_recomputed_total"), 0)
+      << cluster->Logs();
+  EXPECT_EQ(PagesUsedOnceIdle(*cluster), 0);
+  ExpectMatchesOracle(*cluster, MixedCases(21));
 }
 
 // The roles of a topology's pipelines, in pipeline order.
@@ -555,6 +625,32 @@ TEST_F(ServiceTest, LayoutChangesDuringHandoffsLoseNoRequest) {
     streams.Finish(/*recomputed=*/true);
     ++round;
   }
+}
+
+// With a paged KV-cache (pages of 4 positions), a prefill replica's prompts go to the decode
+// replica as well: the prefill pages are exported after the prompt into pages the decode
+// replica's owner gives each sequence, which decodes there with the one-process engine's tokens;
+// nothing is recomputed, and no page stays held on either side.
+TEST_F(ServiceTest, PrefillReplicasHandPagedKvCacheToDecodeReplicasWithTheSameTokens) {
+  auto cluster = StartCluster(2, 1, 2, {"--prefill_replicas=1", "--kv_page_size=4",
+                                        "--max_slots=8", "--metrics_address=127.0.0.1:0"});
+  ASSERT_NE(cluster, nullptr);
+  grpc::ClientContext tctx;
+  v1::Topology topo;
+  ASSERT_TRUE(cluster->admin().GetTopology(&tctx, {}, &topo).ok());
+  EXPECT_THAT(Roles(topo), ElementsAre("prefill", "decode"));
+  {
+    LongStreams streams(*cluster, 4, 15, /*greedy=*/true);
+    ExpectMatchesOracle(*cluster, MixedCases(13));
+    streams.Finish();
+  }
+  int outlive = 4;
+  for (const Case& c : MixedCases(13)) outlive += Oracle(c).size() > 1;
+  EXPECT_EQ(CoordinatorCounter(*cluster, "tandem_prefill_handoffs_total"), outlive)
+      << cluster->Logs();
+  EXPECT_EQ(CoordinatorCounter(*cluster, "tandem_sequences_recomputed_total"), 0)
+      << cluster->Logs();
+  EXPECT_EQ(PagesUsedOnceIdle(*cluster), 0);
 }
 
 // A prefill worker killed under load: its sequences, and those handed off or about to be, continue

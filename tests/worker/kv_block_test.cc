@@ -62,5 +62,21 @@ TEST(KvBlockTest, DeviceBlocksHaveKAndVThereAndNothingInHostMemory) {
   EXPECT_THAT(Check(wrong_dims).message(), HasSubstr("2 KV heads of 4"));
 }
 
+// A sequence's block table names distinct pages: one named twice would have two positions
+// overwrite each other, so it is refused naming both entries; other sequences may share a page.
+TEST(KvBlockTest, BlockTablesNamingAPageTwiceAreRefused) {
+  // Pages of 4 positions, 8 pages, a context of 64.
+  auto check = [](std::vector<int32_t> table, int positions) {
+    return CheckBlockTable(table, positions, 4, 8, 64);
+  };
+  EXPECT_TRUE(check({4, 1, 7}, 12).ok());
+  const absl::Status twice = check({4, 1, 7, 1}, 13);
+  EXPECT_EQ(twice.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(twice.message(), HasSubstr("entries 1 and 3 both name page 1"));
+  // Pages past those the positions need are checked too: the stage may write them next.
+  EXPECT_THAT(check({0, 2, 0}, 4).message(),
+              HasSubstr("entries 0 and 2 both name page 0"));
+}
+
 }  // namespace
 }  // namespace tandem

@@ -221,6 +221,11 @@ class CudaStage final : public Stage {
   // A block of this stage's dtype and dims over the given layers and positions, its K and V in
   // device memory (not written).
   absl::StatusOr<KvBlock> DeviceKvBlock(int first_layer, int num_layers, int positions) const;
+  // Positions [0, positions) of layer `layer` of `place`, between the cache and a block layer's
+  // K and V in device memory, on the stage's stream: the slot's rows, or on a paged stage the
+  // pages of `table` (place.block_table in device memory).
+  absl::Status CopyKvLayer(const KvPlace& place, const int32_t* table, int layer, void* k_block,
+                           void* v_block, int positions, bool to_block) const;
   // Layer `l`'s rows of the write-out's slot into its block, published once they are there.
   absl::Status WriteOut(KvOut& out, int l);
   // Where a forward pass stands between layers: the residual stream and the rows a layer runs

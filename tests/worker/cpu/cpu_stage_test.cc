@@ -913,9 +913,9 @@ TEST_F(CpuStageErrorTest, BadStepsAreRejectedNamingTheFieldAndLeaveTheStageUsabl
 }
 
 // A block table that does not fit the pool (a page out of range, too few pages for the row's
-// tokens, longer than the context) or that names pages on a stage of contiguous slots is refused
-// naming the row, the page or the count, and the stage serves the next step as if it had not
-// come.
+// tokens, longer than the context, a page named twice) or that names pages on a stage of
+// contiguous slots is refused naming the row, the page or the count, and the stage serves the
+// next step as if it had not come.
 TEST_F(CpuStageErrorTest, BadBlockTablesAreRefusedNamingTheRowAndThePage) {
   auto stage = MakePagedStage(dir_, 0, -1, 8);
   auto refused = [&](std::vector<int32_t> table, int tokens, const std::string& what) {
@@ -930,6 +930,7 @@ TEST_F(CpuStageErrorTest, BadBlockTablesAreRefusedNamingTheRowAndThePage) {
   refused({-1}, 1, "page -1");
   refused({0}, 5, "block table of 1 pages holds 4 positions, 5 need 2 pages of 4");
   refused(std::vector<int32_t>(17, 0), 5, "17 pages is longer than the context of 64");
+  refused({3, 5, 3}, 9, "entries 0 and 2 both name page 3");
 
   auto contiguous = MakeStage(dir_, 0, -1, 4, 64);
   StepDescriptor with_pages = MakeStep({{0, 0, {3}}});

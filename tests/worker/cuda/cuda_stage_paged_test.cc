@@ -1,7 +1,8 @@
 // The CUDA stage on a paged KV-cache (StageSpec::kv_page_size > 0) against the same stage on
 // contiguous slots: the same steps, each sequence's positions scattered over shuffled pages, give
 // the same logits and greedy tokens, with and without graphs; bad block tables are refused naming
-// the row; the pool holds the pages asked for. Skipped where no GPU is present.
+// the row; the pool holds the pages asked for; KV moves go through block tables. Skipped where no
+// GPU is present.
 #include <unistd.h>
 
 #include <algorithm>
@@ -294,13 +295,56 @@ TEST(CudaStagePagedTest, ThePoolHoldsThePagesAskedOrWhatFits) {
   EXPECT_THAT(odd.status().message(), ::testing::HasSubstr("power of two"));
 }
 
-TEST(CudaStagePagedTest, MovesOfAPagedStageAreUnimplemented) {
+// Step `id`: a decode step of the sequence in `slot` at `position` feeding `token`, through
+// `table`, with its logits.
+StepDescriptor DecodeThrough(uint64_t id, int slot, int position, int32_t token,
+                             std::vector<int32_t> table) {
+  StepDescriptor d = DecodeAt(position, std::move(table));
+  d.id = id;
+  d.seqs[0].slot = slot;
+  d.tokens = {token};
+  d.return_logits = true;
+  return d;
+}
+
+// KV moves on a paged stage go through block tables: a sequence exported from its pages (to the
+// host, and to device memory) and imported into other pages of another slot decodes with the
+// logits of the sequence that never moved. A table that does not hold the positions is refused;
+// the write-out during a step stays slots only.
+TEST(CudaStagePagedTest, KvMovesThroughBlockTablesContinueTheSequence) {
   SKIP_WITHOUT_GPU();
   auto stage = MakeStage("tiny-llama", 16, 20);
   ASSERT_TRUE(stage.ok()) << stage.status();
-  EXPECT_EQ((*stage)->ExportKv(0, 1, 0, 1).status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_EQ((*stage)->ExportKv(KvPlace(0, {3}), 1, 0, 1).status().code(),
+  Stage& st = **stage;
+  const int layers = st.config().num_layers;
+  const std::vector<int32_t> from = {7, 3, 19, 0}, to_host = {11, 5, 2, 9}, to_dev = {4, 13, 17, 1};
+  // 37 positions: three pages of 16, the last one partly filled.
+  const Trace prefill =
+      RunSteps(st, {{1, Prompt(37, 5, st.config().vocab_size)}}, 20, 0, 16, {{1, from}});
+  ASSERT_EQ(prefill.tokens.size(), 1u);
+  const int32_t next = prefill.tokens[0][0];
+  const std::vector<int32_t> held(from.begin(), from.begin() + 3);
+  absl::StatusOr<KvBlock> host = st.ExportKv(KvPlace(1, held), 37, 0, layers);
+  ASSERT_TRUE(host.ok()) << host.status();
+  absl::StatusOr<KvBlock> dev = st.ExportKvToDevice(KvPlace(1, held), 37, 0, layers);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  EXPECT_EQ(st.ExportKv(KvPlace(1, {7, 3}), 37, 0, layers).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.OpenKvOut(KvPlace(1, held), 37).status().code(),
             absl::StatusCode::kUnimplemented);
+
+  auto want = st.Step(DecodeThrough(10, 1, 37, next, held), Activations{});
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(st.ImportKv(KvPlace(2, {to_host.begin(), to_host.begin() + 3}), *host).ok());
+  ASSERT_TRUE(st.ImportKv(KvPlace(3, {to_dev.begin(), to_dev.begin() + 3}), *dev).ok());
+  auto from_host = st.Step(DecodeThrough(11, 2, 37, next, {to_host.begin(), to_host.begin() + 3}),
+                           Activations{});
+  ASSERT_TRUE(from_host.ok()) << from_host.status();
+  auto from_dev = st.Step(DecodeThrough(12, 3, 37, next, {to_dev.begin(), to_dev.begin() + 3}),
+                          Activations{});
+  ASSERT_TRUE(from_dev.ok()) << from_dev.status();
+  EXPECT_EQ(from_host->logits, want->logits) << "imported from the host";
+  EXPECT_EQ(from_dev->logits, want->logits) << "imported from device memory";
 }
 
 }  // namespace
