@@ -1,0 +1,224 @@
+// The CUDA stage over tensor-parallel GPUs (cuda_tensor_parallel.h).
+//
+// Threads and devices: the caller of Step runs rank 0, ranks 1 .. N-1 run on threads of their own
+// (worker/rank_threads.h); every rank's work sets its own device (CudaStage does). The ranks load
+// on their threads at once, as their steps run, and meet only in the all-reduces. One NCCL
+// communicator per rank, made together in-process (ncclCommInitAll) before any stage captures
+// its decode graphs, so that the graphs hold the all-reduce as a node.
+#include "worker/cuda/cuda_tensor_parallel.h"
+
+#include <nccl.h>
+
+#include <cstdlib>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/cuda/cuda_stage_impl.h"
+#include "worker/rank_threads.h"
+#include "worker/tensor_parallel.h"
+
+namespace tandem {
+namespace {
+
+absl::Status NcclError(ncclResult_t r, const char* what) {
+  return absl::InternalError(absl::StrCat(what, ": ", ncclGetErrorString(r)));
+}
+
+// One communicator per rank, destroyed with the group.
+class Comms {
+ public:
+  ~Comms() {
+    for (ncclComm_t c : comms_) ncclCommDestroy(c);
+  }
+  absl::Status Init(int first_device, int ranks) {
+    // NVLink SHARP (NVLS) multicast objects are not wanted by this all-reduce of small messages.
+    setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+    std::vector<int> devices(ranks);
+    std::iota(devices.begin(), devices.end(), first_device);
+    comms_.resize(ranks);
+    const ncclResult_t r = ncclCommInitAll(comms_.data(), ranks, devices.data());
+    if (r != ncclSuccess) {
+      comms_.clear();
+      return NcclError(r, "ncclCommInitAll over the tensor-parallel GPUs");
+    }
+    return absl::OkStatus();
+  }
+  ncclComm_t operator[](int rank) const { return comms_[rank]; }
+
+ private:
+  std::vector<ncclComm_t> comms_;
+};
+
+// A tensor's fp32 host values as a source UploadStageWeights takes (empty stays empty).
+TensorSource HostSource(const std::vector<float>& v) {
+  TensorSource s;
+  if (v.empty()) return s;
+  TensorView t;
+  t.dtype = DType::kF32;
+  t.shape = {static_cast<int64_t>(v.size())};
+  t.data = std::as_bytes(std::span<const float>(v));
+  s.parts.push_back(std::move(t));
+  return s;
+}
+
+// Rank r's weights as sources: its shard's layers, the replicated tensors of the whole stage.
+StageSources RankSources(const StageWeights& whole, const std::vector<LayerWeights>& layers) {
+  auto host = [](const std::vector<float>& from, TensorSource& to) { to = HostSource(from); };
+  StageSources s;
+  ForEachTensor(whole, s, host);
+  StageWeights shard;  // the rank's layers alone, whose sources replace the whole stage's
+  shard.layers = layers;
+  StageSources shard_sources;
+  ForEachTensor(shard, shard_sources, host);
+  s.layers = std::move(shard_sources.layers);
+  return s;
+}
+
+class CudaTensorParallelStage final : public Stage {
+ public:
+  CudaTensorParallelStage(std::unique_ptr<Comms> comms, std::vector<std::unique_ptr<Stage>> ranks,
+                          ModelConfig config, int first_device)
+      : first_device_(first_device),
+        comms_(std::move(comms)),
+        ranks_(std::move(ranks)),
+        config_(std::move(config)),
+        threads_(static_cast<int>(ranks_.size())) {}
+
+  ~CudaTensorParallelStage() override {
+    // Each rank's stage waits for its stream and frees its memory on its own device.
+    threads_.Run([&](int r) {
+      cudaSetDevice(first_device_ + r);
+      ranks_[r].reset();
+    });
+  }
+
+  const ModelConfig& config() const override { return config_; }
+
+  // Every rank validates the same step against the same state, so they accept or refuse it
+  // together, before any reaches an all-reduce.
+  absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) override {
+    std::vector<absl::StatusOr<StepOutput>> outs(ranks_.size());
+    threads_.Run([&](int r) { outs[r] = ranks_[r]->Step(step, in); });
+    for (size_t r = 1; r < outs.size(); ++r) {
+      if (!outs[r].ok()) {
+        return absl::Status(outs[r].status().code(), absl::StrCat("tensor-parallel rank ", r,
+                                                                  ": ", outs[r].status().message()));
+      }
+    }
+    return std::move(outs[0]);
+  }
+
+  absl::StatusOr<Activations> ToHost(const Activations& a) const override {
+    return ranks_[0]->ToHost(a);
+  }
+  absl::StatusOr<void*> DeviceStream() const override { return ranks_[0]->DeviceStream(); }
+  absl::StatusOr<int> DecodeGraphCount() const override { return ranks_[0]->DecodeGraphCount(); }
+
+ private:
+  const int first_device_;
+  std::unique_ptr<Comms> comms_;  // outlives the stages, whose graphs use it
+  std::vector<std::unique_ptr<Stage>> ranks_;
+  const ModelConfig config_;  // the whole model's
+  RankThreads threads_;
+};
+
+}  // namespace
+
+absl::Status CheckTensorParallelDevices(int first_device, int ranks) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    count = 0;
+  }
+  if (first_device + ranks > count) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--tensor_parallel ", ranks, " from --gpu ", first_device, " needs CUDA devices ",
+        first_device, "..", first_device + ranks - 1, " but this host has ", count,
+        " (use fewer ranks, or a lower --gpu)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Stage>> MakeCudaTensorParallelStage(const StageSpec& spec,
+                                                                   const CudaOptions& options,
+                                                                   int ranks) {
+  if (ranks == 1) return MakeCudaStage(spec, options);
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(spec.model_dir));
+  const ModelConfig& c = ckpt->config();
+  RETURN_IF_ERROR(CheckTensorParallel(c, ranks));
+  if (spec.quantize_fp8 || c.quantization.fp8()) {
+    return absl::InvalidArgumentError(
+        "tensor parallelism on the cuda backend takes fp16/bf16 weights, not FP8 (drop "
+        "--quantization fp8, or use --tensor_parallel 1)");
+  }
+  const int last = spec.last_layer == -1 ? c.num_layers : spec.last_layer;
+  if (spec.first_layer < 0 || spec.first_layer >= last || last > c.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", spec.first_layer, ", ", last,
+                                                   ") of a model of ", c.num_layers));
+  }
+  ASSIGN_OR_RETURN(StageSources sources, FindStageWeights(*ckpt, spec.first_layer, last));
+  for (const LayerWeightsOf<TensorSource>& l : sources.layers) {
+    if (!l.bo.empty() || !l.b_out.empty()) {
+      return absl::InvalidArgumentError(
+          "tensor parallelism on the cuda backend does not take biases on the attention output "
+          "or the MLP down projection (GPT-2, attention_bias); use --backend cpu or "
+          "--tensor_parallel 1");
+    }
+  }
+  RETURN_IF_ERROR(CheckTensorParallelDevices(options.device, ranks));
+  const StageWeights whole = ReadStageWeights(sources);
+  // Each rank's shard of the layers on the host, and its sources over them.
+  std::vector<std::vector<LayerWeights>> shards(ranks);
+  std::vector<StageSources> rank_sources;
+  for (int r = 0; r < ranks; ++r) {
+    for (const LayerWeights& l : whole.layers) shards[r].push_back(ShardLayer(c, l, r, ranks));
+    rank_sources.push_back(RankSources(whole, shards[r]));
+  }
+  auto comms = std::make_unique<Comms>();
+  RETURN_IF_ERROR(comms->Init(options.device, ranks));
+  const ncclDataType_t type = options.dtype == DType::kBF16 ? ncclBfloat16 : ncclFloat16;
+  const int hidden = c.hidden_size;
+  const ModelConfig rank_config = RankConfig(c, ranks);
+  // The ranks load at once, each on its thread and device (a decode graph's capture is local to
+  // its thread).
+  std::vector<std::unique_ptr<Stage>> stages(ranks);
+  std::vector<absl::Status> loaded(ranks);
+  {
+    RankThreads load(ranks);
+    load.Run([&](int r) {
+      CudaOptions o = options;
+      o.device = options.device + r;
+      CudaRank rank;
+      rank.rank = r;
+      rank.shard = &rank_sources[r];
+      const ncclComm_t comm = (*comms)[r];
+      rank.reduce = [comm, type, hidden](void* x, int rows, cudaStream_t stream) {
+        const ncclResult_t res = ncclAllReduce(x, x, static_cast<size_t>(rows) * hidden, type,
+                                               ncclSum, comm, stream);
+        return res == ncclSuccess ? absl::OkStatus() : NcclError(res, "ncclAllReduce");
+      };
+      auto stage = std::make_unique<CudaStage>(rank_config, o, std::move(rank));
+      loaded[r] = stage->Load(spec);
+      stages[r] = std::move(stage);
+    });
+  }
+  for (int r = 0; r < ranks; ++r) {
+    if (!loaded[r].ok()) {
+      for (int q = 0; q < ranks; ++q) {
+        cudaSetDevice(options.device + q);
+        stages[q].reset();
+      }
+      return absl::Status(loaded[r].code(), absl::StrCat("tensor-parallel rank ", r, " (device ",
+                                                         options.device + r, "): ",
+                                                         loaded[r].message()));
+    }
+  }
+  return std::make_unique<CudaTensorParallelStage>(std::move(comms), std::move(stages), c,
+                                                   options.device);
+}
+
+}  // namespace tandem
