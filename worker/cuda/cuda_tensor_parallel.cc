@@ -34,8 +34,11 @@ class Comms {
     for (ncclComm_t c : comms_) ncclCommDestroy(c);
   }
   absl::Status Init(int first_device, int ranks) {
-    // NVLink SHARP (NVLS) multicast objects are not wanted by this all-reduce of small messages.
+    // NVLink SHARP (NVLS) multicast objects are not wanted by this all-reduce of small messages;
+    // connections made at init, not at a collective's first launch (which may be inside a graph
+    // capture).
     setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+    setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
     std::vector<int> devices(ranks);
     std::iota(devices.begin(), devices.end(), first_device);
     comms_.resize(ranks);
@@ -44,11 +47,41 @@ class Comms {
       comms_.clear();
       return NcclError(r, "ncclCommInitAll over the tensor-parallel GPUs");
     }
-    return absl::OkStatus();
+    return WarmUp(first_device);
   }
   ncclComm_t operator[](int rank) const { return comms_[rank]; }
 
  private:
+  // One all-reduce over every rank, from this thread as a group, waited for: NCCL works between
+  // the GPUs before any stage loads (an error here, not a hang in a later step).
+  absl::Status WarmUp(int first_device) {
+    const int ranks = static_cast<int>(comms_.size());
+    std::vector<cuda::DeviceBuffer> bufs(ranks);
+    for (int r = 0; r < ranks; ++r) {
+      CUDA_CHECK(cudaSetDevice(first_device + r));
+      RETURN_IF_ERROR(bufs[r].Allocate(4096));
+      CUDA_CHECK(cudaMemset(bufs[r].get(), 0, 4096));
+    }
+    ncclResult_t res = ncclGroupStart();
+    for (int r = 0; r < ranks && res == ncclSuccess; ++r) {
+      CUDA_CHECK(cudaSetDevice(first_device + r));
+      res = ncclAllReduce(bufs[r].get(), bufs[r].get(), 1024, ncclFloat, ncclSum, comms_[r],
+                          cudaStreamLegacy);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (res != ncclSuccess) return NcclError(res, "the first all-reduce over the GPUs");
+    if (end != ncclSuccess) return NcclError(end, "the first all-reduce over the GPUs");
+    for (int r = 0; r < ranks; ++r) {
+      CUDA_CHECK(cudaSetDevice(first_device + r));
+      CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    for (int r = 0; r < ranks; ++r) {
+      CUDA_CHECK(cudaSetDevice(first_device + r));
+      bufs[r].Reset();
+    }
+    return absl::OkStatus();
+  }
+
   std::vector<ncclComm_t> comms_;
 };
 
