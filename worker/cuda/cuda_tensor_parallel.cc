@@ -132,9 +132,16 @@ class CudaTensorParallelStage final : public Stage {
 
   // Every rank validates the same step against the same state, so they accept or refuse it
   // together, before any reaches an all-reduce.
+  // Input still arriving from the previous stage is awaited here, once, before any rank reads it
+  // (each rank copies it from the device it landed on).
   absl::StatusOr<StepOutput> Step(const StepDescriptor& step, const Activations& in) override {
+    Activations arrived = in;
+    if (in.arrival) {
+      RETURN_IF_ERROR(in.arrival().status());
+      arrived.arrival = nullptr;
+    }
     std::vector<absl::StatusOr<StepOutput>> outs(ranks_.size());
-    threads_.Run([&](int r) { outs[r] = ranks_[r]->Step(step, in); });
+    threads_.Run([&](int r) { outs[r] = ranks_[r]->Step(step, arrived); });
     for (size_t r = 1; r < outs.size(); ++r) {
       if (!outs[r].ok()) {
         return absl::Status(outs[r].status().code(), absl::StrCat("tensor-parallel rank ", r,
