@@ -10,6 +10,7 @@
 #include <nccl.h>
 
 #include <cstdlib>
+#include <functional>
 #include <numeric>
 #include <utility>
 #include <vector>
@@ -110,6 +111,78 @@ StageSources RankSources(const StageWeights& whole, const std::vector<LayerWeigh
   return s;
 }
 
+// The sources of `spec`'s layers where the cuda ranks can split them over `ranks`: the heads and
+// widths divide (CheckTensorParallel), 16-bit weights, no bias on a row-parallel projection.
+absl::StatusOr<StageSources> SplittableSources(Checkpoint& ckpt, const StageSpec& spec,
+                                               int ranks) {
+  const ModelConfig& c = ckpt.config();
+  RETURN_IF_ERROR(CheckTensorParallel(c, ranks));
+  if (spec.quantize_fp8 || c.quantization.fp8()) {
+    return absl::InvalidArgumentError(
+        "tensor parallelism on the cuda backend takes fp16/bf16 weights, not FP8 (drop "
+        "--quantization fp8, or use --tensor_parallel 1)");
+  }
+  const int last = spec.last_layer == -1 ? c.num_layers : spec.last_layer;
+  if (spec.first_layer < 0 || spec.first_layer >= last || last > c.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", spec.first_layer, ", ", last,
+                                                   ") of a model of ", c.num_layers));
+  }
+  ASSIGN_OR_RETURN(StageSources sources, FindStageWeights(ckpt, spec.first_layer, last));
+  for (const LayerWeightsOf<TensorSource>& l : sources.layers) {
+    if (!l.bo.empty() || !l.b_out.empty()) {
+      return absl::InvalidArgumentError(
+          "tensor parallelism on the cuda backend does not take biases on the attention output "
+          "or the MLP down projection (GPT-2, attention_bias); use --backend cpu or "
+          "--tensor_parallel 1");
+    }
+  }
+  return sources;
+}
+
+// Rank r's sum of a row-parallel output over the ranks, in place on the rank's stream.
+std::function<absl::Status(void*, int, cudaStream_t)> AllReduceOf(ncclComm_t comm, DType dtype,
+                                                                  int hidden) {
+  const ncclDataType_t type = dtype == DType::kBF16 ? ncclBfloat16 : ncclFloat16;
+  return [comm, type, hidden](void* x, int rows, cudaStream_t stream) {
+    const ncclResult_t res =
+        ncclAllReduce(x, x, static_cast<size_t>(rows) * hidden, type, ncclSum, comm, stream);
+    return res == ncclSuccess ? absl::OkStatus() : NcclError(res, "ncclAllReduce");
+  };
+}
+
+// Every rank's stage, loaded at once, each on its thread and device (a decode graph's capture is
+// local to its thread). On an error the loaded ones are freed on their devices.
+absl::StatusOr<std::vector<std::unique_ptr<Stage>>> LoadRanks(
+    const StageSpec& spec, const CudaOptions& options, const ModelConfig& rank_config,
+    const std::vector<StageSources>& rank_sources, const Comms& comms) {
+  const int ranks = static_cast<int>(rank_sources.size());
+  std::vector<std::unique_ptr<Stage>> stages(ranks);
+  std::vector<absl::Status> loaded(ranks);
+  {
+    RankThreads load(ranks);
+    load.Run([&](int r) {
+      CudaOptions o = options;
+      o.device = options.device + r;
+      CudaRank rank{r, &rank_sources[r], AllReduceOf(comms[r], options.dtype,
+                                                     rank_config.hidden_size)};
+      auto stage = std::make_unique<CudaStage>(rank_config, o, std::move(rank));
+      loaded[r] = stage->Load(spec);
+      stages[r] = std::move(stage);
+    });
+  }
+  for (int r = 0; r < ranks; ++r) {
+    if (loaded[r].ok()) continue;
+    for (int q = 0; q < ranks; ++q) {
+      cudaSetDevice(options.device + q);
+      stages[q].reset();
+    }
+    return absl::Status(loaded[r].code(), absl::StrCat("tensor-parallel rank ", r, " (device ",
+                                                       options.device + r, "): ",
+                                                       loaded[r].message()));
+  }
+  return stages;
+}
+
 class CudaTensorParallelStage final : public Stage {
  public:
   CudaTensorParallelStage(std::unique_ptr<Comms> comms, std::vector<std::unique_ptr<Stage>> ranks,
@@ -189,26 +262,7 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCudaTensorParallelStage(const StageSp
   if (ranks == 1) return MakeCudaStage(spec, options);
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(spec.model_dir));
   const ModelConfig& c = ckpt->config();
-  RETURN_IF_ERROR(CheckTensorParallel(c, ranks));
-  if (spec.quantize_fp8 || c.quantization.fp8()) {
-    return absl::InvalidArgumentError(
-        "tensor parallelism on the cuda backend takes fp16/bf16 weights, not FP8 (drop "
-        "--quantization fp8, or use --tensor_parallel 1)");
-  }
-  const int last = spec.last_layer == -1 ? c.num_layers : spec.last_layer;
-  if (spec.first_layer < 0 || spec.first_layer >= last || last > c.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("layers [", spec.first_layer, ", ", last,
-                                                   ") of a model of ", c.num_layers));
-  }
-  ASSIGN_OR_RETURN(StageSources sources, FindStageWeights(*ckpt, spec.first_layer, last));
-  for (const LayerWeightsOf<TensorSource>& l : sources.layers) {
-    if (!l.bo.empty() || !l.b_out.empty()) {
-      return absl::InvalidArgumentError(
-          "tensor parallelism on the cuda backend does not take biases on the attention output "
-          "or the MLP down projection (GPT-2, attention_bias); use --backend cpu or "
-          "--tensor_parallel 1");
-    }
-  }
+  ASSIGN_OR_RETURN(StageSources sources, SplittableSources(*ckpt, spec, ranks));
   RETURN_IF_ERROR(CheckTensorParallelDevices(options.device, ranks));
   const StageWeights whole = ReadStageWeights(sources);
   // Each rank's shard of the layers on the host, and its sources over them.
@@ -220,43 +274,8 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCudaTensorParallelStage(const StageSp
   }
   auto comms = std::make_unique<Comms>();
   RETURN_IF_ERROR(comms->Init(options.device, ranks));
-  const ncclDataType_t type = options.dtype == DType::kBF16 ? ncclBfloat16 : ncclFloat16;
-  const int hidden = c.hidden_size;
-  const ModelConfig rank_config = RankConfig(c, ranks);
-  // The ranks load at once, each on its thread and device (a decode graph's capture is local to
-  // its thread).
-  std::vector<std::unique_ptr<Stage>> stages(ranks);
-  std::vector<absl::Status> loaded(ranks);
-  {
-    RankThreads load(ranks);
-    load.Run([&](int r) {
-      CudaOptions o = options;
-      o.device = options.device + r;
-      CudaRank rank;
-      rank.rank = r;
-      rank.shard = &rank_sources[r];
-      const ncclComm_t comm = (*comms)[r];
-      rank.reduce = [comm, type, hidden](void* x, int rows, cudaStream_t stream) {
-        const ncclResult_t res = ncclAllReduce(x, x, static_cast<size_t>(rows) * hidden, type,
-                                               ncclSum, comm, stream);
-        return res == ncclSuccess ? absl::OkStatus() : NcclError(res, "ncclAllReduce");
-      };
-      auto stage = std::make_unique<CudaStage>(rank_config, o, std::move(rank));
-      loaded[r] = stage->Load(spec);
-      stages[r] = std::move(stage);
-    });
-  }
-  for (int r = 0; r < ranks; ++r) {
-    if (!loaded[r].ok()) {
-      for (int q = 0; q < ranks; ++q) {
-        cudaSetDevice(options.device + q);
-        stages[q].reset();
-      }
-      return absl::Status(loaded[r].code(), absl::StrCat("tensor-parallel rank ", r, " (device ",
-                                                         options.device + r, "): ",
-                                                         loaded[r].message()));
-    }
-  }
+  ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Stage>> stages,
+                   LoadRanks(spec, options, RankConfig(c, ranks), rank_sources, *comms));
   return std::make_unique<CudaTensorParallelStage>(std::move(comms), std::move(stages), c,
                                                    options.device);
 }
