@@ -98,13 +98,12 @@ TensorSource HostSource(const std::vector<float>& v) {
   return s;
 }
 
-// Rank r's weights as sources: its shard's layers, the replicated tensors of the whole stage.
-StageSources RankSources(const StageWeights& whole, const std::vector<LayerWeights>& layers) {
+// Rank r's weights as sources over host memory that must outlive them: the layers of `shard`
+// (which holds nothing else), the replicated tensors of the whole stage.
+StageSources RankSources(const StageWeights& whole, const StageWeights& shard) {
   auto host = [](const std::vector<float>& from, TensorSource& to) { to = HostSource(from); };
   StageSources s;
   ForEachTensor(whole, s, host);
-  StageWeights shard;  // the rank's layers alone, whose sources replace the whole stage's
-  shard.layers = layers;
   StageSources shard_sources;
   ForEachTensor(shard, shard_sources, host);
   s.layers = std::move(shard_sources.layers);
@@ -266,10 +265,12 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCudaTensorParallelStage(const StageSp
   RETURN_IF_ERROR(CheckTensorParallelDevices(options.device, ranks));
   const StageWeights whole = ReadStageWeights(sources);
   // Each rank's shard of the layers on the host, and its sources over them.
-  std::vector<std::vector<LayerWeights>> shards(ranks);
+  std::vector<StageWeights> shards(ranks);  // the layers alone
   std::vector<StageSources> rank_sources;
   for (int r = 0; r < ranks; ++r) {
-    for (const LayerWeights& l : whole.layers) shards[r].push_back(ShardLayer(c, l, r, ranks));
+    for (const LayerWeights& l : whole.layers) {
+      shards[r].layers.push_back(ShardLayer(c, l, r, ranks));
+    }
     rank_sources.push_back(RankSources(whole, shards[r]));
   }
   auto comms = std::make_unique<Comms>();
