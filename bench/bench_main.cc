@@ -12,6 +12,10 @@
 // holds, per prompt, the last-position logits after prefill ("logits"), N greedy tokens and the
 // logits of the decode step that chose the last of them ("final_logits").
 //
+// Tensor parallelism: --tensor_parallel 1,2 runs every measurement with the stage whole on GPU 0
+// and split over GPUs 0 and 1 (worker/cuda/cuda_tensor_parallel.h), one table row per size; the
+// GB/s are the bytes of the whole model per second, over all of its GPUs.
+//
 // CPU load: --cpu_load loads the whole model with the CPU backend (fp32 on the host) instead and
 // prints only that load time, for comparison with the CUDA backend's "load".
 //
@@ -19,7 +23,7 @@
 // --batch row counts (1, 2, 4, 8) for every launch shape (gemv_sweep.h); needs only config.json.
 //
 // usage: tandem-bench --model DIR [--batch 1,8,64] [--prompt 128,2048] [--new_tokens 128] [--dtype f16]
-//        [--graphs=true] [--gemv_max_rows 4] [--batch_invariant]
+//        [--graphs=true] [--gemv_max_rows 4] [--batch_invariant] [--tensor_parallel 1,2]
 //        [--profile] [--json OUT.json]
 //        | --model DIR [--dtype f16] --dump_logits IN.json OUT.json
 //        | --model DIR [--dtype f16] [--batch 1,2,4] --gemv_sweep [--json OUT.json]
@@ -50,6 +54,7 @@
 #include "worker/cpu/cpu_stage.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage.h"
+#include "worker/cuda/cuda_tensor_parallel.h"
 #include "bench/decode_profile.h"
 #include "bench/gemv_sweep.h"
 
@@ -61,6 +66,9 @@ ABSL_FLAG(std::string, dtype, "f16", "f16 or bf16");
 ABSL_FLAG(std::string, quantization, "",
           "fp8: the linear layers' weights quantized to FP8 (E4M3, per output channel) at load; "
           "empty: as the checkpoint stores them (FP8 checkpoints run in FP8)");
+ABSL_FLAG(std::string, tensor_parallel, "1",
+          "comma-separated tensor-parallel sizes: each measurement with the stage over GPUs "
+          "0..N-1");
 ABSL_FLAG(bool, graphs, true, "replay decode steps from CUDA graphs");
 ABSL_FLAG(int, gemv_max_rows, tandem::CudaOptions{}.gemv_max_rows,
           "decode passes of at most this many rows use the GEMV kernels (0: cuBLAS throughout)");
@@ -131,7 +139,7 @@ double WeightBytesPerStep(const ModelConfig& c, size_t elem, size_t linear_elem)
 }
 
 struct BatchResult {
-  int batch, prompt, page_size;
+  int tp, batch, prompt, page_size;
   double prefill_s, prefill_tok_s, decode_ms_step, decode_tok_s, e2e_tok_s, gb_s;
   CudaDecodeProfile profile;  // --profile: the measured decode steps
 };
@@ -221,7 +229,7 @@ absl::StatusOr<BatchResult> MeasureBatch(Stage& stage, const ModelConfig& c, int
                                          int steps, int page_size, int max_slots,
                                          double weight_bytes, double kv_token_bytes,
                                          DecodeProfiler* profiler) {
-  BatchResult r{batch, prompt, page_size, 0, 0, 0, 0, 0, 0, {}};
+  BatchResult r{1, batch, prompt, page_size, 0, 0, 0, 0, 0, 0, {}};
   for (int round = 0; round < 2; ++round) {
     StepDescriptor pre = PrefillStep(batch, prompt, c, round, page_size, max_slots);
     // The prefill step three times (it rewrites the same positions), timed by its median.
@@ -319,26 +327,42 @@ absl::Status Bench() {
   if (profile) {
     ASSIGN_OR_RETURN(profiler, DecodeProfiler::Create());
   }
+  std::vector<int> tps;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_tensor_parallel), ',')) {
+    int tp = 0;
+    if (!absl::SimpleAtoi(part, &tp) || tp < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tensor_parallel: '", part, "' (expected sizes of at least 1, such as 1,2)"));
+    }
+    tps.push_back(tp);
+  }
+  if (profile && *std::max_element(tps.begin(), tps.end()) > 1) {
+    return absl::InvalidArgumentError(
+        "--profile observes a stage on one GPU: use it with --tensor_parallel 1");
+  }
   std::unique_ptr<Stage> stage;
-  for (int prompt : prompts) {
-    for (int page_size : page_sizes) {
-      // One stage per prompt length and page size, its KV-cache sized for prompt + new tokens:
-      // contiguous slots, or (paged) the pages of every slot's full sequence.
-      stage.reset();
-      spec.max_seq_len = prompt + new_tokens - 1;
-      spec.kv_page_size = page_size;
-      spec.kv_pages = page_size == 0 ? 0
-                                     : spec.max_slots *
-                                           ((spec.max_seq_len + page_size - 1) / page_size);
-      const auto t_load = Clock::now();
-      ASSIGN_OR_RETURN(stage, MakeCudaStage(spec, opt));
-      load_s = Seconds(t_load, Clock::now());
-      if (profiler) RETURN_IF_ERROR(stage->SetDecodeObserver(profiler.get()));
-      for (int batch : batches) {
-        ASSIGN_OR_RETURN(BatchResult r,
-                         MeasureBatch(*stage, c, batch, prompt, steps, page_size, spec.max_slots,
-                                      weight_bytes, kv_token_bytes, profiler.get()));
-        results.push_back(r);
+  for (int tp : tps) {
+    for (int prompt : prompts) {
+      for (int page_size : page_sizes) {
+        // One stage per prompt length and page size, its KV-cache sized for prompt + new tokens:
+        // contiguous slots, or (paged) the pages of every slot's full sequence.
+        stage.reset();
+        spec.max_seq_len = prompt + new_tokens - 1;
+        spec.kv_page_size = page_size;
+        spec.kv_pages = page_size == 0 ? 0
+                                       : spec.max_slots *
+                                             ((spec.max_seq_len + page_size - 1) / page_size);
+        const auto t_load = Clock::now();
+        ASSIGN_OR_RETURN(stage, MakeCudaTensorParallelStage(spec, opt, tp));
+        load_s = Seconds(t_load, Clock::now());
+        if (profiler) RETURN_IF_ERROR(stage->SetDecodeObserver(profiler.get()));
+        for (int batch : batches) {
+          ASSIGN_OR_RETURN(BatchResult r,
+                           MeasureBatch(*stage, c, batch, prompt, steps, page_size, spec.max_slots,
+                                        weight_bytes, kv_token_bytes, profiler.get()));
+          r.tp = tp;
+          results.push_back(r);
+        }
       }
     }
   }
@@ -372,12 +396,13 @@ absl::Status Bench() {
       "%.2f GiB\n\n",
       prop.name, *copy_bw / 1e9, after_free ? "; after freeing the stage, reads low" : "", load_s,
       used_gib);
-  std::printf("| batch | prompt | KV page | TTFT (prefill ms) | prefill tok/s | decode ms/step | "
-              "decode tok/s | end-to-end tok/s | decode GB/s | %% of copy bw |\n"
-              "|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| TP | batch | prompt | KV page | TTFT (prefill ms) | prefill tok/s | "
+              "decode ms/step | decode tok/s | end-to-end tok/s | decode GB/s | %% of copy bw |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const BatchResult& r : results) {
     const std::string page = r.page_size == 0 ? "slots" : absl::StrCat(r.page_size);
-    std::printf("| %d | %d | %s | %.2f | %.0f | %.3f | %.0f | %.0f | %.0f | %.0f%% |\n", r.batch,
+    std::printf("| %d | %d | %d | %s | %.2f | %.0f | %.3f | %.0f | %.0f | %.0f | %.0f%% |\n",
+                r.tp, r.batch,
                 r.prompt, page.c_str(), r.prefill_s * 1e3, r.prefill_tok_s,
                 r.decode_ms_step, r.decode_tok_s, r.e2e_tok_s, r.gb_s,
                 100 * r.gb_s * 1e9 / *copy_bw);
@@ -407,7 +432,7 @@ absl::Status Bench() {
     j["weight_bytes_per_step"] = weight_bytes;
     j["load_seconds"] = load_s;
     for (const BatchResult& r : results) {
-      j["results"].push_back({{"batch", r.batch}, {"prompt", r.prompt},
+      j["results"].push_back({{"tensor_parallel", r.tp}, {"batch", r.batch}, {"prompt", r.prompt},
                               {"kv_page_size", r.page_size},
                               {"prefill_seconds", r.prefill_s}, {"ttft_ms", r.prefill_s * 1e3},
                               {"prefill_tok_s", r.prefill_tok_s},

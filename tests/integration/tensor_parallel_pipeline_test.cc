@@ -111,5 +111,14 @@ TEST(TensorParallelFlagTest, MoreRanksThanCoresOrFewerThanOneAreRefusedAtStart) 
   EXPECT_THAT(out, HasSubstr("--tensor_parallel"));
 }
 
+// More ranks than GPUs on the cuda backend: an exit with the count (or, built without CUDA, the
+// backend's absence), never a signal.
+TEST(TensorParallelFlagTest, MoreRanksThanGpusAreRefusedAtStart) {
+  auto [rc, out] = RunWorker("--backend=cuda --tensor_parallel=64");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_THAT(out, ::testing::AnyOf(HasSubstr("needs CUDA devices 0..63 but this host has"),
+                                    HasSubstr("built without CUDA")));
+}
+
 }  // namespace
 }  // namespace tandem::testing

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/status_macros.h"
+#include "worker/cuda/cuda_tensor_parallel.h"
 #include "worker/transport/nccl_kv_link.h"
 #include "worker/transport/nccl_transport.h"
 
@@ -21,7 +22,7 @@ StageSpec WithPrecision(StageSpec spec, const CudaBackendOptions& opt) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Stage>> CudaBackend::MakeStage(const StageSpec& spec) {
-  return MakeCudaStage(WithPrecision(spec, opt_), opt_.stage);
+  return MakeCudaTensorParallelStage(WithPrecision(spec, opt_), opt_.stage, opt_.tensor_parallel);
 }
 
 absl::StatusOr<std::shared_ptr<const PlacedWeights>> CudaBackend::PlaceWeights(
@@ -30,7 +31,7 @@ absl::StatusOr<std::shared_ptr<const PlacedWeights>> CudaBackend::PlaceWeights(
 }
 
 absl::Status CudaBackend::WarmUp(const StageSpec& spec) {
-  return MakeCudaStage(WithPrecision(spec, opt_), opt_.stage).status();
+  return MakeStage(spec).status();
 }
 
 absl::StatusOr<KvBlock> CudaBackend::KvToHost(const KvBlock& block) const {

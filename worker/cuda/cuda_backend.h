@@ -19,6 +19,9 @@ struct CudaBackendOptions {
   absl::Duration recv_timeout = absl::Seconds(60);
   bool kv_over_nccl = false;  // KV-cache moves between GPUs over NCCL (Backend::has_kv_link)
   bool quantize_fp8 = false;  // every stage's linear weights in FP8 (StageSpec::quantize_fp8)
+  // Every stage split over this many GPUs, stage.device and the next ones
+  // (cuda_tensor_parallel.h).
+  int tensor_parallel = 1;
 };
 
 class CudaBackend final : public Backend {
@@ -26,7 +29,8 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(CudaBackendOptions options) : opt_(std::move(options)) {}
 
   absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec) override;
-  bool places_weights() const override { return true; }
+  // Tensor-parallel ranks upload their shards as their stage loads: nothing is placed ahead.
+  bool places_weights() const override { return opt_.tensor_parallel == 1; }
   absl::StatusOr<std::shared_ptr<const PlacedWeights>> PlaceWeights(const StageSpec& spec) override;
   absl::Status WarmUp(const StageSpec& spec) override;
   absl::StatusOr<KvBlock> KvToHost(const KvBlock& block) const override;

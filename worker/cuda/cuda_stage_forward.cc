@@ -222,13 +222,17 @@ absl::Status CudaStage::AttentionAndMlp(int l, bool gemv, PassRows& p) {
                                     c_.num_kv_heads, c_.head_dim, seq_capacity_, SplitsFor(n),
                                     attention, s, attn_counters_.as<uint32_t>()));
   }
+  // Tensor-parallel ranks but rank 0 store their row-parallel partial sums (AfterRowParallel).
+  const GemvEpilogue into_x = rank_.rank == 0 ? GemvEpilogue::kResidual : GemvEpilogue::kStore;
+  const float x_beta = rank_.rank == 0 ? 1.0f : 0.0f;
   if (gemv) {
-    RETURN_IF_ERROR(Gemv(GemvEpilogue::kResidual, attn_.get(), L.wo, L.wo_scales, L.bo, p.x, n,
-                         hidden, c_.q_dim()));
+    RETURN_IF_ERROR(
+        Gemv(into_x, attn_.get(), L.wo, L.wo_scales, L.bo, p.x, n, hidden, c_.q_dim()));
   } else {
     RETURN_IF_ERROR(
-        Matmul(attn_.get(), L.wo, p.x, n, hidden, c_.q_dim(), 1.0f, false, L.wo_scales));
+        Matmul(attn_.get(), L.wo, p.x, n, hidden, c_.q_dim(), x_beta, false, L.wo_scales));
   }
+  RETURN_IF_ERROR(AfterRowParallel(p.x, n));
   // MLP block: norm (adding the out-proj bias first) -> up -> activation -> down added into x.
   RETURN_IF_ERROR(LaunchNorm(t, llama, p.x, gemv ? nullptr : L.bo, L.mlp_norm_w, L.mlp_norm_b,
                              nullptr, xn_.get(), n, hidden, c_.norm_eps, s));
@@ -238,8 +242,9 @@ absl::Status CudaStage::AttentionAndMlp(int l, bool gemv, PassRows& p) {
     const void* in_bias = llama ? nullptr : L.b_in;
     RETURN_IF_ERROR(
         Gemv(in_epilogue, xn_.get(), L.w_in, L.w_in_scales, in_bias, act, n, inter, hidden));
-    RETURN_IF_ERROR(Gemv(GemvEpilogue::kResidual, act, L.w_out, L.w_out_scales, L.b_out, p.x, n,
-                         hidden, inter));
+    RETURN_IF_ERROR(
+        Gemv(into_x, act, L.w_out, L.w_out_scales, L.b_out, p.x, n, hidden, inter));
+    RETURN_IF_ERROR(AfterRowParallel(p.x, n));
     p.pending_bias = nullptr;
     return absl::OkStatus();
   }
@@ -252,7 +257,8 @@ absl::Status CudaStage::AttentionAndMlp(int l, bool gemv, PassRows& p) {
   } else {
     RETURN_IF_ERROR(LaunchGeluBias(t, mlp_in_.get(), L.b_in, n, inter, s));
   }
-  RETURN_IF_ERROR(Matmul(act, L.w_out, p.x, n, hidden, inter, 1.0f, false, L.w_out_scales));
+  RETURN_IF_ERROR(Matmul(act, L.w_out, p.x, n, hidden, inter, x_beta, false, L.w_out_scales));
+  RETURN_IF_ERROR(AfterRowParallel(p.x, n));
   p.pending_bias = L.b_out;
   return absl::OkStatus();
 }

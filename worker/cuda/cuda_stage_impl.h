@@ -129,9 +129,20 @@ struct DeviceLayer {
   const float* w_out_scales = nullptr;
 };
 
+// A CUDA stage as one rank of a tensor-parallel group (cuda_tensor_parallel.h); the default is a
+// whole stage. Its layers are `shard` (host weights of the rank's heads and columns, uploaded in
+// place of the checkpoint's), and `reduce` sums a row-parallel projection's output over the
+// ranks in place, queued on the stage's stream (and so captured into the decode graphs).
+struct CudaRank {
+  int rank = 0;
+  const StageSources* shard = nullptr;
+  std::function<absl::Status(void* x, int rows, cudaStream_t stream)> reduce;
+};
+
 class CudaStage final : public Stage {
  public:
-  CudaStage(const ModelConfig& c, const CudaOptions& o) : c_(c), opt_(o) {}
+  CudaStage(const ModelConfig& c, const CudaOptions& o, CudaRank rank = {})
+      : c_(c), opt_(o), rank_(std::move(rank)) {}
 
   ~CudaStage() override {
     if (stream_.get() != nullptr) cudaStreamSynchronize(stream_.get());
@@ -244,6 +255,12 @@ class CudaStage final : public Stage {
   absl::Status QkvIntoCache(int l, int rows, bool gemv, const void* pending_bias);
   absl::Status KeepSampledRows(int samples, PassRows& p);
   absl::Status AttentionAndMlp(int l, bool gemv, PassRows& p);
+  // After a row-parallel projection (attention output, MLP down) into x: the ranks' outputs
+  // summed. Rank 0 adds its projection into the residual stream, the others store theirs alone,
+  // so that the sum holds the residual once. A whole stage (no reduce) does nothing.
+  absl::Status AfterRowParallel(void* x, int rows) {
+    return rank_.reduce ? rank_.reduce(x, rows, stream_.get()) : absl::OkStatus();
+  }
   absl::Status Head(int samples, const PassRows& p);
   // A decode step; `from_previous` as LaunchDecode's. With `wait` false it returns once the step
   // and the copy of its tokens to host_tokens_[buf_] are queued (no tail, no input to await).
@@ -322,8 +339,9 @@ class CudaStage final : public Stage {
   }
   size_t RowBytes(int cols) const { return static_cast<size_t>(cols) * DTypeSize(opt_.dtype); }
 
-  const ModelConfig c_;
+  const ModelConfig c_;  // a tensor-parallel rank's: its heads and intermediate columns
   const CudaOptions opt_;
+  const CudaRank rank_;
   bool has_embedding_ = false, has_head_ = false;
   int first_layer_ = 0;  // of the model: attention's scale and window are per model layer
   int num_layers_ = 0;

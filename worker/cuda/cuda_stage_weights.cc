@@ -83,8 +83,17 @@ absl::Status CudaStage::UploadWeights(const StageSpec& spec) {
   // Weights: arenas already placed where they hold the layers, the others copied from the mapped
   // checkpoint in their stored dtype into one more.
   const int end = first_layer_ + num_layers_;
-  ASSIGN_OR_RETURN(StageArenas arenas,
-                   ArenasFor(spec, first_layer_, end, opt_, c_.tie_word_embeddings));
+  StageArenas arenas;
+  if (rank_.shard != nullptr) {
+    // A tensor-parallel rank: its shard from the host, in an arena of its own (not shared).
+    const bool share_head = w.has_head && w.has_embedding && c_.tie_word_embeddings;
+    ASSIGN_OR_RETURN(cuda::DeviceWeights shard,
+                     cuda::UploadStageWeights(*rank_.shard, opt_.dtype, share_head));
+    arenas.uploaded =
+        std::make_shared<const CudaPlacedWeights>("", opt_.dtype, opt_.device, std::move(shard));
+  } else {
+    ASSIGN_OR_RETURN(arenas, ArenasFor(spec, first_layer_, end, opt_, c_.tie_word_embeddings));
+  }
   std::vector<std::shared_ptr<const CudaPlacedWeights>> from = arenas.usable;
   if (arenas.uploaded != nullptr) from.insert(from.begin(), arenas.uploaded);
   placed_.clear();

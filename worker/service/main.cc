@@ -32,6 +32,7 @@
 #include "worker/transport/grpc_transport.h"
 #ifdef TANDEM_HAVE_CUDA
 #include "worker/cuda/cuda_backend.h"
+#include "worker/cuda/cuda_tensor_parallel.h"
 #include "worker/cuda/cuda_stage.h"
 #endif
 
@@ -94,19 +95,22 @@ absl::StatusOr<tandem::CudaOptions> CudaOptionsFromFlags(
 
 absl::StatusOr<std::unique_ptr<tandem::Backend>> CudaBackendFromFlags(
     const tandem::WorkerConfig& config) {
-  if (config.tensor_parallel != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tensor_parallel: ", config.tensor_parallel,
-                     " ranks; the cuda backend runs a stage on one GPU (use --backend=cpu, or 1)"));
-  }
 #ifdef TANDEM_HAVE_CUDA
   absl::StatusOr<tandem::CudaOptions> options = CudaOptionsFromFlags(config);
   if (!options.ok()) return options.status();
+  if (config.tensor_parallel > 1) {
+    if (absl::Status s = tandem::CheckTensorParallelDevices(options->device,
+                                                            config.tensor_parallel);
+        !s.ok()) {
+      return absl::InvalidArgumentError(s.message());
+    }
+  }
   return std::make_unique<tandem::CudaBackend>(
       tandem::CudaBackendOptions{.stage = *options,
                                  .recv_timeout = absl::Seconds(config.recv_timeout_s),
                                  .kv_over_nccl = config.kv_over_nccl,
-                                 .quantize_fp8 = config.quantization == "fp8"});
+                                 .quantize_fp8 = config.quantization == "fp8",
+                                 .tensor_parallel = config.tensor_parallel});
 #else
   (void)config;
   return absl::InvalidArgumentError(

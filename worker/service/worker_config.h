@@ -30,7 +30,7 @@ namespace tandem {
   X(int, tensor_parallel, 1, 1,                                                                \
     "ranks each stage is split over (Megatron: heads and MLP columns per rank, an all-reduce "  \
     "after the attention output and the MLP); cpu: one thread per rank, at most the cores; "   \
-    "the model's heads must divide by it")                                                     \
+    "cuda: one GPU per rank, --gpu and the next ones; the model's heads must divide by it")   \
   X(int, gpu, 0, ::tandem::kAnyValue, "cuda: the CUDA device index")                           \
   X(std::string, dtype, "f16", ::tandem::kAnyValue,                                            \
     "cuda: weights, activations and KV-cache type, f16 or bf16")                               \
