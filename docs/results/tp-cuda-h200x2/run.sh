@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tensor parallelism on the CUDA backend over two GPUs of one host, from the repository root, with
-# the binaries that `BINS="cuda_tensor_parallel_test cuda_stage_fp8_test cuda_stage_paged_test
+# the binaries that `BINS="cuda_tensor_parallel_test cuda_stage_fp8_test cuda_stage_paged_test cuda_stage_test
 # tandem-bench tandem-make-model" PACK=.carry-pack-tp scripts/gpu-check build` packs: the TP2
 # against TP1 suite (and the FP8 and paged stage suites, which need one GPU), then tandem-bench on
 # the llama3.1-8b shape whole and split over two GPUs in one call. Results to $OUT.
@@ -15,9 +15,9 @@ nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$out
 export TANDEM_TEST_TMPDIR=/tmp/tandem-gpu-tests
 mkdir -p "$TANDEM_TEST_TMPDIR"
 t0=$SECONDS
-for t in cuda_tensor_parallel_test cuda_stage_fp8_test cuda_stage_paged_test; do
+for t in cuda_tensor_parallel_test cuda_stage_fp8_test cuda_stage_paged_test cuda_stage_test; do
   echo "== $t" | tee -a "$out/tests.log"
-  timeout 60 "$bin/$t" > "$out/$t.log" 2>&1
+  timeout 150 "$bin/$t" > "$out/$t.log" 2>&1
   echo "exit $? at $((SECONDS - t0)) s" | tee -a "$out/tests.log"
   grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]' "$out/$t.log" | tee -a "$out/tests.log"
 done
