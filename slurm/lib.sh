@@ -117,15 +117,23 @@ tandem_plan_workers() {
   if [ "$BACKEND" = auto ]; then
     if [ "$gpus" -gt 0 ]; then BACKEND=cuda; else BACKEND=cpu; fi
   fi
+  local tp=${TENSOR_PARALLEL:-1}
+  [[ "$tp" =~ ^[1-9][0-9]*$ ]] || tandem_die "TENSOR_PARALLEL=$tp: not a positive whole number"
   if [ -z "${WORKERS_PER_NODE:-}" ]; then
     if [ "$BACKEND" = cuda ] && [ "$gpus" -gt 0 ]; then
-      WORKERS_PER_NODE=$gpus
+      # One worker per TENSOR_PARALLEL GPUs.
+      [ $((gpus % tp)) -eq 0 ] ||
+        tandem_die "TENSOR_PARALLEL=$tp does not divide the ${gpus} GPU(s) of a worker node"
+      WORKERS_PER_NODE=$((gpus / tp))
     else
       WORKERS_PER_NODE=${alloc_tasks_per_node:-1}
     fi
+  elif [ "$BACKEND" = cuda ] && [ $((WORKERS_PER_NODE * tp)) -gt "$gpus" ]; then
+    tandem_die "WORKERS_PER_NODE=$WORKERS_PER_NODE x TENSOR_PARALLEL=$tp GPUs per node, but a worker node has ${gpus}"
   fi
-  export BACKEND WORKERS_PER_NODE
-  tandem_log "worker nodes: ${gpus} GPU(s) seen, backend ${BACKEND}, ${WORKERS_PER_NODE} worker(s) per node"
+  TENSOR_PARALLEL=$tp
+  export BACKEND WORKERS_PER_NODE TENSOR_PARALLEL
+  tandem_log "worker nodes: ${gpus} GPU(s) seen, backend ${BACKEND}, ${WORKERS_PER_NODE} worker(s) per node, tensor parallel ${TENSOR_PARALLEL}"
 }
 
 # The checkpoint: MODEL_DIR, else a random-weight one of MODEL_PRESET made into the run folder.
@@ -338,17 +346,22 @@ tandem_worker_task() {
   # A closed job's workers load nothing but its checkpoint.
   [ "${SECURE:-0}" = 1 ] && tandem_has_flag tandem-worker model_root &&
     args+=(--model_root="$MODEL_DIR")
+  local tp=${TENSOR_PARALLEL:-1}
+  # A worker of TENSOR_PARALLEL ranks: GPUs (cuda) or threads (cpu) that split each layer.
+  [ "$tp" -gt 1 ] && args+=(--tensor_parallel="$tp")
   if [ "$BACKEND" = cuda ]; then
-    # One GPU per worker: by index where the worker takes one, else by narrowing the devices it
-    # sees to the local rank's entry of what Slurm granted.
+    # TENSOR_PARALLEL GPUs per worker, from local_rank x TENSOR_PARALLEL: by index where the
+    # worker takes one, else by narrowing the devices it sees to its entries of what Slurm
+    # granted.
+    local first=$((local_rank * tp))
     if tandem_has_flag tandem-worker gpu; then
-      args+=(--gpu="$local_rank")
+      args+=(--gpu="$first")
     elif [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
       local devices
       IFS=, read -r -a devices <<<"$CUDA_VISIBLE_DEVICES"
-      export CUDA_VISIBLE_DEVICES=${devices[$local_rank]}
+      export CUDA_VISIBLE_DEVICES=$(IFS=,; echo "${devices[*]:$first:$tp}")
     else
-      export CUDA_VISIBLE_DEVICES=$local_rank
+      export CUDA_VISIBLE_DEVICES=$(seq -s, "$first" $((first + tp - 1)))
     fi
   fi
   local m
@@ -544,7 +557,7 @@ EOF
 tandem_write_settings() {
   {
     local v
-    for v in MODE BACKEND MODEL_DIR STAGES REPLICAS WORKERS_PER_NODE COORD_PORT WORKER_BASE_PORT \
+    for v in MODE BACKEND MODEL_DIR STAGES REPLICAS WORKERS_PER_NODE TENSOR_PARALLEL COORD_PORT WORKER_BASE_PORT \
              TANDEM_BIN_DIR TANDEM_COORD_ADDR SWEEP_CMD SWEEP_ARGS PROMPTS_FILE MAX_NEW_TOKENS; do
       printf '%s=%q\n' "$v" "${!v:-}"
     done

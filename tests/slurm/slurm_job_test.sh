@@ -197,9 +197,14 @@ case "$mode" in
     check_completed_run "$states" 4
     ;;
   plain)
-    job_id=$(submit tandem.sbatch -p gpu -N 2 --ntasks-per-node=1) || fail "sbatch"
+    # Each worker splits its stage over two ranks (threads of the cpu backend): the outputs must
+    # still equal the unsplit reference's.
+    job_id=$(TENSOR_PARALLEL=2 submit tandem.sbatch -p gpu -N 2 --ntasks-per-node=1) ||
+      fail "sbatch"
     states=$(wait_job "$job_id" 300)
     check_completed_run "$states" 2
+    n=$(grep -l 'tensor parallel 2) serving' "$work"/run/logs/worker-*.log | wc -l)
+    [ "$n" -eq 2 ] || fail "$n of 2 workers say they serve with tensor parallel 2"
     ;;
   scancel)
     # A workload that keeps the service busy until the job is cancelled.

@@ -317,8 +317,8 @@ int main(int argc, char** argv) {
   const std::string address = absl::StrCat(config.advertise_host, ":", port);
   std::printf("tandem-worker listening on port %d\n", port);
   std::fflush(stdout);
-  spdlog::info("worker ({}) serving on {}, coordinator {}", config.backend, address,
-               config.coordinator);
+  spdlog::info("worker ({}, tensor parallel {}) serving on {}, coordinator {}", config.backend,
+               config.tensor_parallel, address, config.coordinator);
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   {
