@@ -436,240 +436,268 @@ void Matcher::Feed(Stack s, uint8_t byte, std::vector<Stack>& out) const {
       out.push_back(std::move(s));
       return;
     }
-    case SchemaNode::kNumber: {
-      int next = -1;
-      switch (f.phase) {
-        case kStart:
-          if (byte == '-') next = kMinus;
-          else if (byte == '0') next = kZero;
-          else if (IsDigit(byte)) next = kIntDigits;
-          break;
-        case kMinus:
-          if (byte == '0') next = kZero;
-          else if (IsDigit(byte)) next = kIntDigits;
-          break;
-        case kIntDigits:
-          if (IsDigit(byte) && f.a < kMaxNumberDigits) next = kIntDigits;
-          [[fallthrough]];
-        case kZero:
-          if (next < 0 && !n.integer && byte == '.') next = kDot;
-          if (next < 0 && !n.integer && (byte == 'e' || byte == 'E')) next = kExp;
-          break;
-        case kDot:
-          if (IsDigit(byte)) next = kFrac;
-          break;
-        case kFrac:
-          if (IsDigit(byte) && f.a < kMaxNumberDigits) next = kFrac;
-          else if (byte == 'e' || byte == 'E') next = kExp;
-          break;
-        case kExp:
-          if (byte == '+' || byte == '-') next = kExpSign;
-          else if (IsDigit(byte)) next = kExpDigits;
-          break;
-        case kExpSign:
-          if (IsDigit(byte)) next = kExpDigits;
-          break;
-        case kExpDigits:
-          if (IsDigit(byte) && f.a < kMaxExponentDigits) next = kExpDigits;
-          break;
-      }
-      if (next >= 0) {
-        f.a = next == f.phase ? f.a + 1 : 1;
-        f.phase = next;
-        out.push_back(std::move(s));
-        return;
-      }
-      if (!NumberCanEnd(f.phase)) return;
-      s.pop_back();
-      return Feed(std::move(s), byte, out);
+    case SchemaNode::kNumber:
+      return FeedNumber(std::move(s), byte, out);
+    case SchemaNode::kString:
+      return FeedString(std::move(s), byte, out);
+    case SchemaNode::kArray:
+      return FeedArray(std::move(s), byte, out);
+    case SchemaNode::kObject:
+      return FeedObject(std::move(s), byte, out);
+  }
+}
+
+// A JSON number, one phase per byte (kStart .. kExpDigits); a: digits in the phase.
+void Matcher::FeedNumber(Stack s, uint8_t byte, std::vector<Stack>& out) const {
+  if (s.empty()) return;
+  Frame& f = s.back();
+  const SchemaNode& n = grammar_->nodes[f.node];
+  int next = -1;
+  switch (f.phase) {
+    case kStart:
+      if (byte == '-') next = kMinus;
+      else if (byte == '0') next = kZero;
+      else if (IsDigit(byte)) next = kIntDigits;
+      break;
+    case kMinus:
+      if (byte == '0') next = kZero;
+      else if (IsDigit(byte)) next = kIntDigits;
+      break;
+    case kIntDigits:
+      if (IsDigit(byte) && f.a < kMaxNumberDigits) next = kIntDigits;
+      [[fallthrough]];
+    case kZero:
+      if (next < 0 && !n.integer && byte == '.') next = kDot;
+      if (next < 0 && !n.integer && (byte == 'e' || byte == 'E')) next = kExp;
+      break;
+    case kDot:
+      if (IsDigit(byte)) next = kFrac;
+      break;
+    case kFrac:
+      if (IsDigit(byte) && f.a < kMaxNumberDigits) next = kFrac;
+      else if (byte == 'e' || byte == 'E') next = kExp;
+      break;
+    case kExp:
+      if (byte == '+' || byte == '-') next = kExpSign;
+      else if (IsDigit(byte)) next = kExpDigits;
+      break;
+    case kExpSign:
+      if (IsDigit(byte)) next = kExpDigits;
+      break;
+    case kExpDigits:
+      if (IsDigit(byte) && f.a < kMaxExponentDigits) next = kExpDigits;
+      break;
+  }
+  if (next >= 0) {
+    f.a = next == f.phase ? f.a + 1 : 1;
+    f.phase = next;
+    out.push_back(std::move(s));
+    return;
+  }
+  if (!NumberCanEnd(f.phase)) return;
+  s.pop_back();
+  return Feed(std::move(s), byte, out);
+}
+
+// A JSON string of the node's length bounds, valid UTF-8 and pattern.
+void Matcher::FeedString(Stack s, uint8_t byte, std::vector<Stack>& out) const {
+  if (s.empty()) return;
+  Frame& f = s.back();
+  const SchemaNode& n = grammar_->nodes[f.node];
+  // phase 0: before the opening quote; 1: in the body; 2: after a backslash; 3..6: \u digits.
+  // a: code points so far; b: continuation bytes still due; c: the pattern's DFA state.
+  if (f.phase == 0) {
+    if (byte != '"') return;
+    f.phase = 1;
+    out.push_back(std::move(s));
+    return;
+  }
+  if (f.phase == 2) {
+    if (byte == 'u') {
+      f.phase = 3;
+    } else if (std::string_view("\"\\/bfnrt").find(static_cast<char>(byte)) != std::string_view::npos) {
+      f.phase = 1;
+    } else {
+      return;
     }
-    case SchemaNode::kString: {
-      // phase 0: before the opening quote; 1: in the body; 2: after a backslash; 3..6: \u digits.
-      // a: code points so far; b: continuation bytes still due; c: the pattern's DFA state.
-      if (f.phase == 0) {
-        if (byte != '"') return;
-        f.phase = 1;
-        out.push_back(std::move(s));
-        return;
-      }
-      if (f.phase == 2) {
-        if (byte == 'u') {
-          f.phase = 3;
-        } else if (std::string_view("\"\\/bfnrt").find(static_cast<char>(byte)) != std::string_view::npos) {
-          f.phase = 1;
-        } else {
-          return;
-        }
-        out.push_back(std::move(s));
-        return;
-      }
-      if (f.phase >= 3) {
-        if (!std::isxdigit(byte)) return;
-        f.phase = f.phase == 6 ? 1 : f.phase + 1;
-        out.push_back(std::move(s));
-        return;
-      }
-      if (f.b > 0) {
-        // b: continuation bytes due (low two bits) and, for the first of them, the narrower range
-        // that keeps the character valid UTF-8 (bits above): no overlong forms, no surrogates,
-        // nothing past U+10FFFF. A decoder shows invalid bytes as U+FFFD each, which would break
-        // maxLength and patterns.
-        static constexpr uint8_t kLow[] = {0x80, 0xA0, 0x80, 0x90, 0x80};
-        static constexpr uint8_t kHigh[] = {0xBF, 0xBF, 0x9F, 0xBF, 0x8F};
-        const int range = f.b >> 2;
-        if (byte < kLow[range] || byte > kHigh[range]) return;
-        f.b = (f.b & 3) - 1;
-      } else {
-        if (byte == '"') {
-          if (f.a < n.min_length) return;
-          if (n.pattern >= 0 && !grammar_->dfas[n.pattern].Accepting(f.c)) return;
-          s.pop_back();
-          out.push_back(std::move(s));
-          return;
-        }
-        if (byte < 0x20) return;
-        if (n.max_length >= 0 && f.a >= n.max_length) return;
-        if (byte == '\\') {
-          if (n.pattern >= 0) return;  // a patterned string is generated without escapes
-          ++f.a;
-          f.phase = 2;
-          out.push_back(std::move(s));
-          return;
-        }
-        if (byte >= 0x80) {
-          if (byte >= 0xC2 && byte <= 0xDF) f.b = 1;
-          else if (byte == 0xE0) f.b = (1 << 2) | 2;  // then A0..BF: not overlong
-          else if (byte == 0xED) f.b = (2 << 2) | 2;  // then 80..9F: not a surrogate
-          else if (byte >= 0xE1 && byte <= 0xEF) f.b = 2;
-          else if (byte == 0xF0) f.b = (3 << 2) | 3;  // then 90..BF: not overlong
-          else if (byte == 0xF4) f.b = (4 << 2) | 3;  // then 80..8F: at most U+10FFFF
-          else if (byte >= 0xF1 && byte <= 0xF3) f.b = 3;
-          else return;
-        }
-        ++f.a;
-      }
-      if (n.pattern >= 0) {
-        f.c = grammar_->dfas[n.pattern].Next(f.c, byte);
-        if (f.c == RegexDfa::kDead) return;
-      }
+    out.push_back(std::move(s));
+    return;
+  }
+  if (f.phase >= 3) {
+    if (!std::isxdigit(byte)) return;
+    f.phase = f.phase == 6 ? 1 : f.phase + 1;
+    out.push_back(std::move(s));
+    return;
+  }
+  if (f.b > 0) {
+    // b: continuation bytes due (low two bits) and, for the first of them, the narrower range
+    // that keeps the character valid UTF-8 (bits above): no overlong forms, no surrogates,
+    // nothing past U+10FFFF. A decoder shows invalid bytes as U+FFFD each, which would break
+    // maxLength and patterns.
+    static constexpr uint8_t kLow[] = {0x80, 0xA0, 0x80, 0x90, 0x80};
+    static constexpr uint8_t kHigh[] = {0xBF, 0xBF, 0x9F, 0xBF, 0x8F};
+    const int range = f.b >> 2;
+    if (byte < kLow[range] || byte > kHigh[range]) return;
+    f.b = (f.b & 3) - 1;
+  } else {
+    if (byte == '"') {
+      if (f.a < n.min_length) return;
+      if (n.pattern >= 0 && !grammar_->dfas[n.pattern].Accepting(f.c)) return;
+      s.pop_back();
       out.push_back(std::move(s));
       return;
     }
-    case SchemaNode::kArray: {
-      // phase 0: before '['; 1: after '['; 2: after an item. a: items begun.
-      if (f.phase == 0) {
-        if (byte != '[') return;
-        f.phase = 1;
-        out.push_back(std::move(s));
-        return;
-      }
-      if (byte == ']' && f.a >= n.min_items) {
-        s.pop_back();
-        out.push_back(std::move(s));
-        return;
-      }
-      const int items = n.items;
-      if (f.phase == 1) {
-        if (n.max_items == 0) return;
-        f.phase = 2;
-        f.a = 1;
-        std::vector<Stack> pushed;
-        Push(std::move(s), items, pushed);
-        for (Stack& t : pushed) Feed(std::move(t), byte, out);
-        return;
-      }
-      if (byte != ',' || (n.max_items >= 0 && f.a >= n.max_items)) return;
+    if (byte < 0x20) return;
+    if (n.max_length >= 0 && f.a >= n.max_length) return;
+    if (byte == '\\') {
+      if (n.pattern >= 0) return;  // a patterned string is generated without escapes
       ++f.a;
-      Push(std::move(s), items, out);
+      f.phase = 2;
+      out.push_back(std::move(s));
       return;
     }
-    case SchemaNode::kObject: {
-      if (f.phase == 0) {
-        if (byte != '{') return;
-        f.phase = 1;
-        out.push_back(std::move(s));
-        return;
-      }
-      if (n.properties.empty()) {
-        // A map. phase 1: after '{'; 2: after a key; 4: after a value; 5: after ','.
-        if (f.phase == 1 && byte == '}') {
-          s.pop_back();
-          out.push_back(std::move(s));
-          return;
-        }
-        if (n.map_values < 0) return;
-        if ((f.phase == 1 || f.phase == 5) && byte == '"') {
-          f.phase = 2;
-          s.push_back(Frame{FreeStringNode(*grammar_), 1, 0, 0, 0});
-          out.push_back(std::move(s));
-          return;
-        }
-        if (f.phase == 2 && byte == ':') {
-          f.phase = 4;
-          Push(std::move(s), n.map_values, out);
-          return;
-        }
-        if (f.phase == 4 && byte == ',') {
-          f.phase = 5;
-          out.push_back(std::move(s));
-          return;
-        }
-        if (f.phase == 4 && byte == '}') {
-          s.pop_back();
-          out.push_back(std::move(s));
-        }
-        return;
-      }
-      // Declared properties in order. a: the next property that may come; in a key (phase 2),
-      // b: the candidate property and c: the key bytes matched. phase 1: after '{'; 3: after a
-      // key; 4: after a value; 5: after ','.
-      const int count = static_cast<int>(n.properties.size());
-      int limit = f.a;  // the last property that may come next: up to the first required one
-      while (limit < count && !n.properties[limit].required) ++limit;
-      const bool may_close = limit == count;
-      if (limit == count) limit = count - 1;
-      if ((f.phase == 1 || f.phase == 4) && byte == '}') {
-        if (!may_close) return;
-        s.pop_back();
-        out.push_back(std::move(s));
-        return;
-      }
-      if (f.phase == 4) {
-        if (byte != ',' || f.a >= count) return;
-        f.phase = 5;
-        out.push_back(std::move(s));
-        return;
-      }
-      if (f.phase == 1 || f.phase == 5) {
-        if (byte != '"' || f.a >= count) return;
-        f.phase = 2;
-        f.b = f.a;
-        f.c = 1;
-        out.push_back(std::move(s));
-        return;
-      }
-      if (f.phase == 2) {
-        const std::string& current = n.properties[f.b].key;
-        for (int j = f.b; j <= limit; ++j) {
-          const std::string& key = n.properties[j].key;
-          if (key.size() > static_cast<size_t>(f.c) &&
-              key.compare(0, f.c, current, 0, f.c) == 0 && static_cast<uint8_t>(key[f.c]) == byte) {
-            f.b = j;
-            if (++f.c == static_cast<int>(key.size())) f.phase = 3;
-            out.push_back(std::move(s));
-            return;
-          }
-        }
-        return;
-      }
-      if (f.phase == 3 && byte == ':') {
-        f.phase = 4;
-        f.a = f.b + 1;
-        Push(std::move(s), n.properties[f.b].value, out);
-      }
-      return;
+    if (byte >= 0x80) {
+      if (byte >= 0xC2 && byte <= 0xDF) f.b = 1;
+      else if (byte == 0xE0) f.b = (1 << 2) | 2;  // then A0..BF: not overlong
+      else if (byte == 0xED) f.b = (2 << 2) | 2;  // then 80..9F: not a surrogate
+      else if (byte >= 0xE1 && byte <= 0xEF) f.b = 2;
+      else if (byte == 0xF0) f.b = (3 << 2) | 3;  // then 90..BF: not overlong
+      else if (byte == 0xF4) f.b = (4 << 2) | 3;  // then 80..8F: at most U+10FFFF
+      else if (byte >= 0xF1 && byte <= 0xF3) f.b = 3;
+      else return;
     }
+    ++f.a;
   }
+  if (n.pattern >= 0) {
+    f.c = grammar_->dfas[n.pattern].Next(f.c, byte);
+    if (f.c == RegexDfa::kDead) return;
+  }
+  out.push_back(std::move(s));
+  return;
+}
+
+// A JSON array of the node's items.
+void Matcher::FeedArray(Stack s, uint8_t byte, std::vector<Stack>& out) const {
+  if (s.empty()) return;
+  Frame& f = s.back();
+  const SchemaNode& n = grammar_->nodes[f.node];
+  // phase 0: before '['; 1: after '['; 2: after an item. a: items begun.
+  if (f.phase == 0) {
+    if (byte != '[') return;
+    f.phase = 1;
+    out.push_back(std::move(s));
+    return;
+  }
+  if (byte == ']' && f.a >= n.min_items) {
+    s.pop_back();
+    out.push_back(std::move(s));
+    return;
+  }
+  const int items = n.items;
+  if (f.phase == 1) {
+    if (n.max_items == 0) return;
+    f.phase = 2;
+    f.a = 1;
+    std::vector<Stack> pushed;
+    Push(std::move(s), items, pushed);
+    for (Stack& t : pushed) Feed(std::move(t), byte, out);
+    return;
+  }
+  if (byte != ',' || (n.max_items >= 0 && f.a >= n.max_items)) return;
+  ++f.a;
+  Push(std::move(s), items, out);
+  return;
+}
+
+// A JSON object: a map of one value kind, or declared properties in order.
+void Matcher::FeedObject(Stack s, uint8_t byte, std::vector<Stack>& out) const {
+  if (s.empty()) return;
+  Frame& f = s.back();
+  const SchemaNode& n = grammar_->nodes[f.node];
+  if (f.phase == 0) {
+    if (byte != '{') return;
+    f.phase = 1;
+    out.push_back(std::move(s));
+    return;
+  }
+  if (n.properties.empty()) {
+    // A map. phase 1: after '{'; 2: after a key; 4: after a value; 5: after ','.
+    if (f.phase == 1 && byte == '}') {
+      s.pop_back();
+      out.push_back(std::move(s));
+      return;
+    }
+    if (n.map_values < 0) return;
+    if ((f.phase == 1 || f.phase == 5) && byte == '"') {
+      f.phase = 2;
+      s.push_back(Frame{FreeStringNode(*grammar_), 1, 0, 0, 0});
+      out.push_back(std::move(s));
+      return;
+    }
+    if (f.phase == 2 && byte == ':') {
+      f.phase = 4;
+      Push(std::move(s), n.map_values, out);
+      return;
+    }
+    if (f.phase == 4 && byte == ',') {
+      f.phase = 5;
+      out.push_back(std::move(s));
+      return;
+    }
+    if (f.phase == 4 && byte == '}') {
+      s.pop_back();
+      out.push_back(std::move(s));
+    }
+    return;
+  }
+  // Declared properties in order. a: the next property that may come; in a key (phase 2),
+  // b: the candidate property and c: the key bytes matched. phase 1: after '{'; 3: after a
+  // key; 4: after a value; 5: after ','.
+  const int count = static_cast<int>(n.properties.size());
+  int limit = f.a;  // the last property that may come next: up to the first required one
+  while (limit < count && !n.properties[limit].required) ++limit;
+  const bool may_close = limit == count;
+  if (limit == count) limit = count - 1;
+  if ((f.phase == 1 || f.phase == 4) && byte == '}') {
+    if (!may_close) return;
+    s.pop_back();
+    out.push_back(std::move(s));
+    return;
+  }
+  if (f.phase == 4) {
+    if (byte != ',' || f.a >= count) return;
+    f.phase = 5;
+    out.push_back(std::move(s));
+    return;
+  }
+  if (f.phase == 1 || f.phase == 5) {
+    if (byte != '"' || f.a >= count) return;
+    f.phase = 2;
+    f.b = f.a;
+    f.c = 1;
+    out.push_back(std::move(s));
+    return;
+  }
+  if (f.phase == 2) {
+    const std::string& current = n.properties[f.b].key;
+    for (int j = f.b; j <= limit; ++j) {
+      const std::string& key = n.properties[j].key;
+      if (key.size() > static_cast<size_t>(f.c) &&
+          key.compare(0, f.c, current, 0, f.c) == 0 && static_cast<uint8_t>(key[f.c]) == byte) {
+        f.b = j;
+        if (++f.c == static_cast<int>(key.size())) f.phase = 3;
+        out.push_back(std::move(s));
+        return;
+      }
+    }
+    return;
+  }
+  if (f.phase == 3 && byte == ':') {
+    f.phase = 4;
+    f.a = f.b + 1;
+    Push(std::move(s), n.properties[f.b].value, out);
+  }
+  return;
 }
 
 bool Matcher::StepInto(std::vector<Stack>& threads, uint8_t byte) const {

@@ -97,6 +97,10 @@ class Matcher {
  private:
   friend class TokenMasker;
   void Feed(Stack s, uint8_t byte, std::vector<Stack>& out) const;
+  void FeedNumber(Stack s, uint8_t byte, std::vector<Stack>& out) const;
+  void FeedString(Stack s, uint8_t byte, std::vector<Stack>& out) const;
+  void FeedArray(Stack s, uint8_t byte, std::vector<Stack>& out) const;
+  void FeedObject(Stack s, uint8_t byte, std::vector<Stack>& out) const;
   void Push(Stack s, int node, std::vector<Stack>& out) const;
   bool StepInto(std::vector<Stack>& threads, uint8_t byte) const;
 
