@@ -496,9 +496,7 @@ TEST_F(ServiceTest, LayoutChangesMovePagedSequencesWithTheirKvCache) {
   int changes = 0;
   for (auto [stages, replicas] : {std::pair{2, 1}, {1, 2}}) {
     SCOPED_TRACE(absl::StrFormat("to %d stages x %d replicas", stages, replicas));
-    // Greedy: a paged CPU stage's sampled streams may part from the contiguous oracle's at a
-    // draw within float error of a boundary, with or without a move.
-    LongStreams streams(*cluster, 6, 40 + ++changes, /*greedy=*/true);
+    LongStreams streams(*cluster, 6, 40 + ++changes);
     absl::StatusOr<v1::Topology> t = SetTopology(*cluster, stages, replicas);
     ASSERT_TRUE(t.ok()) << t.status() << cluster->Logs();
     ASSERT_EQ(t->pipelines_size(), replicas);

@@ -43,12 +43,48 @@
 namespace tandem {
 namespace {
 
+// Rows per GEMM call. OpenBLAS's result for a row depends on how many rows the call has (one to
+// three rows take another kernel than four and more) and, above eight, on the row's place among
+// them; in calls of exactly eight rows every row's result is the same wherever it sits. So a
+// sequence's logits depend neither on what else is in its step nor on how its prompt was cut
+// into chunks (batch invariance): the last rows of a product go through a zero-padded call.
+constexpr int kGemmRows = 8;
+
+// c (rows, n) = alpha · a (rows, k) · op(b) + beta · c, row-major with leading dimensions, in
+// calls of kGemmRows rows; op(b) is b (k, n) or, with `trans_b`, bᵀ for b (n, k).
+void RowBlockedGemm(bool trans_b, int rows, int n, int k, float alpha, const float* a, int lda,
+                    const float* b, int ldb, float beta, float* c, int ldc) {
+  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+  const int whole = rows - rows % kGemmRows;
+  for (int r = 0; r < whole; r += kGemmRows) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, kGemmRows, n, k, alpha,
+                a + static_cast<size_t>(r) * lda, lda, b, ldb, beta,
+                c + static_cast<size_t>(r) * ldc, ldc);
+  }
+  const int tail = rows - whole;
+  if (tail == 0) return;
+  thread_local std::vector<float> at, ct;
+  at.assign(static_cast<size_t>(kGemmRows) * k, 0.0f);
+  ct.assign(static_cast<size_t>(kGemmRows) * n, 0.0f);
+  for (int r = 0; r < tail; ++r) {
+    std::copy_n(a + static_cast<size_t>(whole + r) * lda, k, at.data() + static_cast<size_t>(r) * k);
+    if (beta != 0.0f) {
+      std::copy_n(c + static_cast<size_t>(whole + r) * ldc, n, ct.data() + static_cast<size_t>(r) * n);
+    }
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, kGemmRows, n, k, alpha, at.data(), k, b, ldb, beta,
+              ct.data(), n);
+  for (int r = 0; r < tail; ++r) {
+    std::copy_n(ct.data() + static_cast<size_t>(r) * n, n, c + static_cast<size_t>(whole + r) * ldc);
+  }
+}
+
 // y (rows, out) = x (rows, in) · wᵀ + b, with w row-major (out, in) and b (out) or empty.
 // accumulate: y += instead (the residual add folded into the GEMM).
 void Linear(const float* x, int rows, int in, const std::vector<float>& w,
             const std::vector<float>& b, int out, float* y, bool accumulate = false) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, w.data(), in,
-              accumulate ? 1.0f : 0.0f, y, out);
+  RowBlockedGemm(/*trans_b=*/true, rows, out, in, 1.0f, x, in, w.data(), in,
+                 accumulate ? 1.0f : 0.0f, y, out);
   if (b.empty()) return;
   for (int r = 0; r < rows; ++r) {
     float* yr = y + static_cast<size_t>(r) * out;
@@ -366,8 +402,8 @@ class CpuStage final : public Stage {
     for (int head = 0; head < c_.num_heads; ++head) {
       const int kv_head = head / group;
       // scores = scale · q_head (n, hd) · K_kv_head (ctx, hd)ᵀ
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, ctx, hd, scale, q + head * hd,
-                  qkv_dim, k + kv_head * hd, kv_dim, 0.0f, scores.data(), ctx);
+      RowBlockedGemm(/*trans_b=*/true, n, ctx, hd, scale, q + head * hd, qkv_dim,
+                     k + kv_head * hd, kv_dim, 0.0f, scores.data(), ctx);
       // Query t sits at position + t and sees positions [0, position + t], or with a window the
       // last `window` of them.
       for (int t = 0; t < n; ++t) {
@@ -376,8 +412,8 @@ class CpuStage final : public Stage {
         MaskedSoftmax(scores.data() + static_cast<size_t>(t) * ctx, begin, end, ctx);
       }
       // out_head (n, hd) = P (n, ctx) · V_kv_head (ctx, hd)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, ctx, 1.0f, scores.data(), ctx,
-                  v + kv_head * hd, kv_dim, 0.0f, out + head * hd, q_dim);
+      RowBlockedGemm(/*trans_b=*/false, n, hd, ctx, 1.0f, scores.data(), ctx, v + kv_head * hd,
+                     kv_dim, 0.0f, out + head * hd, q_dim);
     }
   }
 

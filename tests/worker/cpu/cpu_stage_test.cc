@@ -799,6 +799,100 @@ TEST_P(CpuStageTest, PagedKvCacheGivesTheContiguousLogitsBitForBit) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i;
 }
 
+// One sequence decoded far past the short contexts above: a 3-token prompt, then decode steps up
+// to the model's 256 positions, on slot 1 of contiguous slots and on shuffled 4-token pages; the
+// logits of every step
+// are equal bit for bit (the sampled streams of the two layouts must not part).
+TEST_P(CpuStageTest, PagedKvCacheGivesTheContiguousLogitsOverALongSequence) {
+  constexpr int kLen = 256, kPages = kLen / kPageSize + 8;
+  const int v = vocab();
+  auto contiguous = MakeStage(dir(), 0, -1, 2, kLen);
+  StageSpec spec;
+  spec.model_dir = dir();
+  spec.first_layer = 0;
+  spec.last_layer = -1;
+  spec.max_slots = 2;
+  spec.max_seq_len = kLen;
+  spec.kv_page_size = kPageSize;
+  spec.kv_pages = kPages;
+  auto paged = MakeCpuStage(spec);
+  ASSERT_TRUE(paged.ok()) << paged.status();
+  std::vector<int32_t> pages(kPages);
+  for (int i = 0; i < kPages; ++i) pages[i] = (i * 37 + 11) % kPages;
+  std::vector<int32_t> tokens = Prompt(3, 7, v);
+  int position = 0;
+  for (int step = 0; position + static_cast<int>(tokens.size()) <= kLen - 1; ++step) {
+    StepDescriptor d = MakeStep({{1, position, tokens}});
+    absl::StatusOr<StepOutput> want = contiguous->Step(d, {});
+    ASSERT_TRUE(want.ok()) << want.status();
+    const int needed = (position + static_cast<int>(tokens.size()) + kPageSize - 1) / kPageSize;
+    d.seqs[0].block_table.assign(pages.begin(), pages.begin() + needed);
+    absl::StatusOr<StepOutput> got = (*paged)->Step(d, {});
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->logits, want->logits) << "step " << step << " at position " << position;
+    position += static_cast<int>(tokens.size());
+    tokens = {want->tokens.at(0)};
+  }
+}
+
+// Batch invariance: six sequences, half of them sampled, each run alone (one row per step after
+// its prompt) and then together, each starting a step after the other so that prompts of 3 to 17
+// tokens share steps with decodes: every sequence's logits and tokens are the same bit for bit.
+// (OpenBLAS's per-row results depend on a call's row count; the stage's GEMMs are made in calls
+// of a fixed count.) A prompt cut into other chunks is not covered: attention's sums over the
+// context follow BLAS's blocking of the step's context length.
+TEST_P(CpuStageTest, ASequencesLogitsDoNotDependOnTheOtherRowsOfItsSteps) {
+  constexpr int kSeqs = 6, kTokens = 24;
+  const int v = vocab();
+  auto alone = MakeStage(dir(), 0, -1, 1);
+  auto together = MakeStage(dir(), 0, -1, kSeqs + 1);
+  auto prompt = [&](int i) { return Prompt(i == 2 ? 17 : 3 + i, i + 1, v); };
+  auto seq = [&](int i, int slot, int position, std::vector<int32_t> tokens, int index) {
+    Seq s(slot, position, std::move(tokens));
+    if (i % 2 == 1) s.sampling = {.temperature = 0.9f, .seed = 4100u + i};
+    s.sample_index = index;
+    return s;
+  };
+  std::vector<std::vector<std::vector<float>>> want(kSeqs);
+  std::vector<std::vector<int32_t>> tokens(kSeqs);
+  for (int i = 0; i < kSeqs; ++i) {
+    std::vector<int32_t> t = prompt(i);
+    for (int k = 0, position = 0; k < kTokens; ++k) {
+      absl::StatusOr<StepOutput> o = alone->Step(MakeStep({seq(i, 0, position, t, k)}), {});
+      ASSERT_TRUE(o.ok()) << o.status();
+      want[i].push_back(o->logits);
+      tokens[i].push_back(o->tokens.at(0));
+      position += static_cast<int>(t.size());
+      t = {o->tokens.at(0)};
+    }
+  }
+  std::vector<int> position(kSeqs, 0), done(kSeqs, 0);
+  for (int step = 0;; ++step) {
+    std::vector<Seq> seqs;
+    std::vector<int> who;
+    for (int i = 0; i < kSeqs && i <= step; ++i) {
+      if (done[i] == kTokens) continue;
+      std::vector<int32_t> t{tokens[i][std::max(done[i] - 1, 0)]};
+      if (done[i] == 0) t = prompt(i);
+      seqs.push_back(seq(i, i + 1, position[i], t, done[i]));
+      who.push_back(i);
+    }
+    if (seqs.empty()) break;
+    absl::StatusOr<StepOutput> o = together->Step(MakeStep(seqs), {});
+    ASSERT_TRUE(o.ok()) << o.status();
+    for (size_t r = 0; r < who.size(); ++r) {
+      const int i = who[r];
+      position[i] += static_cast<int>(seqs[r].tokens.size());
+      const std::vector<float> got(o->logits.begin() + r * v, o->logits.begin() + (r + 1) * v);
+      ASSERT_EQ(got, want[i][done[i]]) << "sequence " << i << ", token " << done[i]
+                                       << ", in a step of " << who.size() << " sequences";
+      EXPECT_EQ(o->tokens.at(r), tokens[i][done[i]]) << "sequence " << i << ", token " << done[i];
+      ++done[i];
+    }
+  }
+  for (int i = 0; i < kSeqs; ++i) EXPECT_EQ(done[i], kTokens) << "sequence " << i;
+}
+
 INSTANTIATE_TEST_SUITE_P(TinyPresets, CpuStageTest,
                          ::testing::Values("tiny-gpt2", "tiny-llama", "tiny-llama-tied",
                                            "tiny-llama3", "tiny-mistral", "tiny-qwen2",
