@@ -10,6 +10,7 @@
 #include <nccl.h>
 
 #include <cstdlib>
+#include <string>
 #include <functional>
 #include <numeric>
 #include <utility>
@@ -18,11 +19,16 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/cuda/cuda_stage_impl.h"
+#include "worker/cuda/peer_all_reduce.h"
 #include "worker/rank_threads.h"
 #include "worker/tensor_parallel.h"
 
 namespace tandem {
 namespace {
+
+// Rows of the hidden state up to which the all-reduce goes over peer memory (decode batches);
+// NCCL's ring takes larger messages (prompt chunks).
+constexpr size_t kPeerAllReduceRows = 256;
 
 absl::Status NcclError(ncclResult_t r, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", ncclGetErrorString(r)));
@@ -51,6 +57,21 @@ class Comms {
     return WarmUp(first_device);
   }
   ncclComm_t operator[](int rank) const { return comms_[rank]; }
+  // The one-shot all-reduce over peer memory where every pair of the GPUs has peer access and
+  // TANDEM_ALL_REDUCE is not "nccl"; null otherwise (NCCL for every message).
+  const cuda::PeerAllReduce* peer() const { return peer_.get(); }
+  absl::Status InitPeer(int first_device, int ranks, size_t max_elements) {
+    const char* choice = std::getenv("TANDEM_ALL_REDUCE");
+    if (choice != nullptr && std::string(choice) == "nccl") return absl::OkStatus();
+    absl::StatusOr<std::unique_ptr<cuda::PeerAllReduce>> p =
+        cuda::PeerAllReduce::Create(first_device, ranks, max_elements);
+    if (p.ok()) {
+      peer_ = *std::move(p);
+    } else if (choice != nullptr && std::string(choice) == "peer") {
+      return p.status();  // asked for, not available
+    }
+    return absl::OkStatus();
+  }
 
  private:
   // One all-reduce over every rank, from this thread as a group, waited for: NCCL works between
@@ -84,6 +105,7 @@ class Comms {
   }
 
   std::vector<ncclComm_t> comms_;
+  std::unique_ptr<cuda::PeerAllReduce> peer_;
 };
 
 // A tensor's fp32 host values as a source UploadStageWeights takes (empty stays empty).
@@ -138,13 +160,17 @@ absl::StatusOr<StageSources> SplittableSources(Checkpoint& ckpt, const StageSpec
   return sources;
 }
 
-// Rank r's sum of a row-parallel output over the ranks, in place on the rank's stream.
-std::function<absl::Status(void*, int, cudaStream_t)> AllReduceOf(ncclComm_t comm, DType dtype,
-                                                                  int hidden) {
+// Rank r's sum of a row-parallel output over the ranks, in place on the rank's stream: over peer
+// memory up to its size (decode's few rows), by NCCL above it (prompts).
+std::function<absl::Status(void*, int, cudaStream_t)> AllReduceOf(const Comms& comms, int rank,
+                                                                  DType dtype, int hidden) {
+  const ncclComm_t comm = comms[rank];
+  const cuda::PeerAllReduce* peer = comms.peer();
   const ncclDataType_t type = dtype == DType::kBF16 ? ncclBfloat16 : ncclFloat16;
-  return [comm, type, hidden](void* x, int rows, cudaStream_t stream) {
-    const ncclResult_t res =
-        ncclAllReduce(x, x, static_cast<size_t>(rows) * hidden, type, ncclSum, comm, stream);
+  return [comm, peer, rank, dtype, type, hidden](void* x, int rows, cudaStream_t stream) {
+    const size_t n = static_cast<size_t>(rows) * hidden;
+    if (peer != nullptr && n <= peer->max_elements()) return peer->Run(rank, x, n, dtype, stream);
+    const ncclResult_t res = ncclAllReduce(x, x, n, type, ncclSum, comm, stream);
     return res == ncclSuccess ? absl::OkStatus() : NcclError(res, "ncclAllReduce");
   };
 }
@@ -162,8 +188,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Stage>>> LoadRanks(
     load.Run([&](int r) {
       CudaOptions o = options;
       o.device = options.device + r;
-      CudaRank rank{r, &rank_sources[r], AllReduceOf(comms[r], options.dtype,
-                                                     rank_config.hidden_size)};
+      CudaRank rank{r, &rank_sources[r],
+                    AllReduceOf(comms, r, options.dtype, rank_config.hidden_size)};
       auto stage = std::make_unique<CudaStage>(rank_config, o, std::move(rank));
       loaded[r] = stage->Load(spec);
       stages[r] = std::move(stage);
@@ -275,6 +301,7 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCudaTensorParallelStage(const StageSp
   }
   auto comms = std::make_unique<Comms>();
   RETURN_IF_ERROR(comms->Init(options.device, ranks));
+  RETURN_IF_ERROR(comms->InitPeer(options.device, ranks, kPeerAllReduceRows * c.hidden_size));
   ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Stage>> stages,
                    LoadRanks(spec, options, RankConfig(c, ranks), rank_sources, *comms));
   return std::make_unique<CudaTensorParallelStage>(std::move(comms), std::move(stages), c,
