@@ -9,33 +9,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/../skip.sh"
 bin=$1 proto=$2 work=$3
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$work"
-if [ ! -d "$work/node_modules/@grpc/grpc-js" ] || [ ! -d "$work/node_modules/@grpc/proto-loader" ]; then
-  if ! command -v npm >/dev/null || ! (cd "$work" && npm install --no-audit --no-fund --silent \
-      --prefix "$work" @grpc/grpc-js @grpc/proto-loader >"$work/npm.log" 2>&1); then
-    tail -5 "$work/npm.log" 2>/dev/null || true
-    skip "npm could not install @grpc/grpc-js and @grpc/proto-loader (no registry?)"
-  fi
-fi
-
-run=$(mktemp -d "$work/run.XXXXXX")
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$run"
-}
-trap cleanup EXIT
-port_of() {
-  for _ in $(seq 1 300); do
-    if grep -q "listening on port" "$1" 2>/dev/null; then
-      grep -o "listening on port [0-9]*" "$1" | head -1 | grep -o "[0-9]*$"
-      return 0
-    fi
-    sleep 0.1
-  done
-  cat "$1" >&2
-  return 1
-}
+source "$here/node_test_lib.sh"
+npm_packages @grpc/grpc-js @grpc/proto-loader
 "$bin/tandem-make-model" --preset=tiny-gpt2 --out="$run/model" --seed=3 >/dev/null
 "$bin/tandem-coordinator" --listen=127.0.0.1:0 --model_dir="$run/model" >"$run/c.log" 2>&1 &
 pids+=($!)

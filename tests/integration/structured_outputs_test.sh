@@ -10,38 +10,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/../skip.sh"
 bin=$1 work=$2
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$work"
-if [ ! -d "$work/node_modules/ajv" ]; then
-  if ! command -v npm >/dev/null || ! (cd "$work" && npm install --no-audit --no-fund --silent \
-      --prefix "$work" ajv@8 >"$work/npm.log" 2>&1); then
-    tail -5 "$work/npm.log" 2>/dev/null || true
-    skip "npm could not install ajv@8 (no registry?)"
-  fi
-fi
-
-run=$(mktemp -d "$work/run.XXXXXX")
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$run"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$run"/*.log; do echo "--- $f"; tail -30 "$f"; done
-  exit 1
-}
-port_of() {  # $1: log, $2: what ("listening", "http")
-  for _ in $(seq 1 300); do
-    if grep -q "$2 on port" "$1" 2>/dev/null; then
-      grep -o "$2 on port [0-9]*" "$1" | head -1 | grep -o "[0-9]*$"
-      return 0
-    fi
-    sleep 0.1
-  done
-  cat "$1" >&2
-  return 1
-}
+source "$here/node_test_lib.sh"
+npm_packages ajv@8
 
 "$bin/tandem-make-model" --preset=tiny-gpt2 --max_positions=512 --out="$run/model" --seed=7 \
   >/dev/null
