@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/jinja/value.h"
 
 namespace tandem::jinja {
@@ -85,5 +86,11 @@ struct Node {
   std::string attribute;  // set ns.attribute
   std::vector<MacroParam> params;
 };
+
+// INVALID_ARGUMENT naming the line where an expression tree in `body` is deeper than
+// `max_depth` (chains such as `a + b + ...` or `x|f|f|...` deepen a tree without deepening the
+// parser's recursion); walked without recursion over expressions, the statements' own nesting
+// being bounded by the parser.
+absl::Status CheckExpressionDepth(const Body& body, int max_depth);
 
 }  // namespace tandem::jinja

@@ -781,46 +781,12 @@ class Parser {
   int nesting_ = 0;
 };
 
-// The deepest expression tree in `body` (chains such as `a + b + ...` or `x|f|f|...` deepen a tree
-// without deepening the parser's recursion), walked without recursion over expressions; the
-// statements' own nesting is bounded by the parser.
-absl::Status CheckExpressionDepth(const Body& body) {
-  std::vector<std::pair<const Expr*, int>> pending;
-  std::vector<const Body*> bodies = {&body};
-  while (!bodies.empty()) {
-    const Body* b = bodies.back();
-    bodies.pop_back();
-    for (const NodePtr& node : *b) {
-      for (const Expr* root : {node->expr.get(), node->filter.get()}) {
-        if (root != nullptr) pending.push_back({root, 1});
-      }
-      for (const ExprPtr& c : node->conditions) pending.push_back({c.get(), 1});
-      for (const MacroParam& p : node->params) {
-        if (p.default_value) pending.push_back({p.default_value.get(), 1});
-      }
-      for (const Body& inner : node->bodies) bodies.push_back(&inner);
-    }
-  }
-  while (!pending.empty()) {
-    const auto [expr, depth] = pending.back();
-    pending.pop_back();
-    if (expr == nullptr) continue;
-    if (depth > kMaxExpressionDepth) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "line %d: an expression nests deeper than %d levels", expr->line, kMaxExpressionDepth));
-    }
-    for (const ExprPtr& arg : expr->args) pending.push_back({arg.get(), depth + 1});
-    for (const auto& [name, value] : expr->kwargs) pending.push_back({value.get(), depth + 1});
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<Body> ParseTemplate(std::string_view source) {
   ASSIGN_OR_RETURN(std::vector<Token> tokens, Tokenize(source));
   ASSIGN_OR_RETURN(Body body, Parser(std::move(tokens)).Run());
-  RETURN_IF_ERROR(CheckExpressionDepth(body));
+  RETURN_IF_ERROR(CheckExpressionDepth(body, kMaxExpressionDepth));
   return body;
 }
 
