@@ -284,6 +284,105 @@ absl::StatusOr<BatchResult> MeasureBatch(Stage& stage, const ModelConfig& c, int
   return r;
 }
 
+// --tensor_parallel: the sizes each run splits the stage over.
+absl::StatusOr<std::vector<int>> TensorParallelSizes() {
+  std::vector<int> tps;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_tensor_parallel), ',')) {
+    int tp = 0;
+    if (!absl::SimpleAtoi(part, &tp) || tp < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tensor_parallel: '", part, "' (expected sizes of at least 1, such as 1,2)"));
+    }
+    tps.push_back(tp);
+  }
+  return tps;
+}
+
+// What a run measured besides its rows: the model, the settings, the device.
+struct RunInfo {
+  std::string model;
+  ModelConfig config;
+  DType dtype;
+  std::string weights;  // the linear layers' precision, in words
+  std::vector<int> prompts;
+  int steps;
+  CudaOptions options;
+  double copy_bw;        // bytes/s
+  bool copy_after_free;  // measured after freeing the stage (reads low)
+  size_t used_bytes;     // GPU memory in use
+  double weight_bytes;   // per decode step
+  double load_s;
+  std::string device;
+};
+
+// The run's header lines and one table row per measurement (and the profile with --profile).
+void PrintReport(const RunInfo& run, const std::vector<BatchResult>& results, bool profile) {
+  const ModelConfig& c = run.config;
+  std::printf(
+      "model %s (%s, %d layers, hidden %d), %s, linear weights %s, prompt %s, new %d, "
+      "graphs %s, gemv_max_rows %d, batch_invariant %s\n",
+      run.model.c_str(), std::string(ArchName(c.arch)).c_str(), c.num_layers, c.hidden_size,
+      std::string(DTypeName(run.dtype)).c_str(), run.weights.c_str(),
+      absl::GetFlag(FLAGS_prompt).c_str(), run.steps, run.options.cuda_graphs ? "on" : "off",
+      run.options.gemv_max_rows, run.options.batch_invariant ? "on" : "off");
+  std::printf(
+      "device %s, copy bandwidth %.0f GB/s (read + write%s), load %.1f s, GPU memory in use "
+      "%.2f GiB\n\n",
+      run.device.c_str(), run.copy_bw / 1e9,
+      run.copy_after_free ? "; after freeing the stage, reads low" : "", run.load_s,
+      run.used_bytes / double(1 << 30));
+  std::printf("| TP | batch | prompt | KV page | TTFT (prefill ms) | prefill tok/s | "
+              "decode ms/step | decode tok/s | end-to-end tok/s | decode GB/s | %% of copy bw |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const BatchResult& r : results) {
+    const std::string page = r.page_size == 0 ? "slots" : absl::StrCat(r.page_size);
+    std::printf("| %d | %d | %d | %s | %.2f | %.0f | %.3f | %.0f | %.0f | %.0f | %.0f%% |\n",
+                r.tp, r.batch, r.prompt, page.c_str(), r.prefill_s * 1e3, r.prefill_tok_s,
+                r.decode_ms_step, r.decode_tok_s, r.e2e_tok_s, r.gb_s,
+                100 * r.gb_s * 1e9 / run.copy_bw);
+  }
+  if (profile) {
+    std::vector<DecodeProfileRow> rows;
+    for (const BatchResult& r : results) rows.push_back({r.batch, 0, r.profile});
+    std::printf("\n%s", DecodeProfileTable(rows).c_str());
+  }
+}
+
+// The run and its rows as JSON at `path` (--json).
+absl::Status WriteJson(const std::string& path, const RunInfo& run,
+                       const std::vector<BatchResult>& results) {
+  nlohmann::json j;
+  j["model"] = run.model;
+  j["arch"] = std::string(ArchName(run.config.arch));
+  j["dtype"] = std::string(DTypeName(run.dtype));
+  j["linear_weights"] = run.weights;
+  j["device"] = run.device;
+  j["prompt"] = run.prompts.front();
+  j["prompts"] = run.prompts;
+  j["new_tokens"] = run.steps;
+  j["cuda_graphs"] = run.options.cuda_graphs;
+  j["gemv_max_rows"] = run.options.gemv_max_rows;
+  j["batch_invariant"] = run.options.batch_invariant;
+  j["copy_bandwidth_gb_s"] = run.copy_bw / 1e9;
+  j["copy_bandwidth_after_freeing_the_stage"] = run.copy_after_free;
+  j["gpu_memory_used_bytes"] = run.used_bytes;
+  j["weight_bytes_per_step"] = run.weight_bytes;
+  j["load_seconds"] = run.load_s;
+  for (const BatchResult& r : results) {
+    j["results"].push_back({{"tensor_parallel", r.tp}, {"batch", r.batch}, {"prompt", r.prompt},
+                            {"kv_page_size", r.page_size},
+                            {"prefill_seconds", r.prefill_s}, {"ttft_ms", r.prefill_s * 1e3},
+                            {"prefill_tok_s", r.prefill_tok_s},
+                            {"decode_ms_per_step", r.decode_ms_step},
+                            {"decode_tok_s", r.decode_tok_s}, {"end_to_end_tok_s", r.e2e_tok_s},
+                            {"decode_gb_s", r.gb_s}});
+  }
+  std::ofstream f(path);
+  f << j.dump(2) << "\n";
+  if (!f) return absl::InternalError("cannot write " + path);
+  return absl::OkStatus();
+}
+
 absl::Status Bench() {
   const std::string model = absl::GetFlag(FLAGS_model);
   ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model));
@@ -327,15 +426,7 @@ absl::Status Bench() {
   if (profile) {
     ASSIGN_OR_RETURN(profiler, DecodeProfiler::Create());
   }
-  std::vector<int> tps;
-  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_tensor_parallel), ',')) {
-    int tp = 0;
-    if (!absl::SimpleAtoi(part, &tp) || tp < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--tensor_parallel: '", part, "' (expected sizes of at least 1, such as 1,2)"));
-    }
-    tps.push_back(tp);
-  }
+  ASSIGN_OR_RETURN(std::vector<int> tps, TensorParallelSizes());
   if (profile && *std::max_element(tps.begin(), tps.end()) > 1) {
     return absl::InvalidArgumentError(
         "--profile observes a stage on one GPU: use it with --tensor_parallel 1");
@@ -368,7 +459,6 @@ absl::Status Bench() {
   }
   size_t free_b = 0, total_b = 0;
   cudaMemGetInfo(&free_b, &total_b);
-  const double used_gib = (total_b - free_b) / double(1 << 30);
   // The copy test last: on an H100, a process that has launched more than a few kernels (its
   // device-to-device copies included) on a stream other than the stage's runs the cuBLAS GEMMs of
   // its decode graphs ~3% slower from then on (docs/performance.md). With the stage still loaded;
@@ -382,68 +472,13 @@ absl::Status Bench() {
   RETURN_IF_ERROR(copy_bw.status());
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
-
-  std::printf(
-      "model %s (%s, %d layers, hidden %d), %s, linear weights %s, prompt %s, new %d, "
-      "graphs %s, gemv_max_rows %d, batch_invariant %s\n",
-      model.c_str(), std::string(ArchName(c.arch)).c_str(), c.num_layers, c.hidden_size,
-      std::string(DTypeName(dtype)).c_str(), weights.c_str(), absl::GetFlag(FLAGS_prompt).c_str(),
-      steps,
-      opt.cuda_graphs ? "on" : "off",
-      opt.gemv_max_rows, opt.batch_invariant ? "on" : "off");
-  std::printf(
-      "device %s, copy bandwidth %.0f GB/s (read + write%s), load %.1f s, GPU memory in use "
-      "%.2f GiB\n\n",
-      prop.name, *copy_bw / 1e9, after_free ? "; after freeing the stage, reads low" : "", load_s,
-      used_gib);
-  std::printf("| TP | batch | prompt | KV page | TTFT (prefill ms) | prefill tok/s | "
-              "decode ms/step | decode tok/s | end-to-end tok/s | decode GB/s | %% of copy bw |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const BatchResult& r : results) {
-    const std::string page = r.page_size == 0 ? "slots" : absl::StrCat(r.page_size);
-    std::printf("| %d | %d | %d | %s | %.2f | %.0f | %.3f | %.0f | %.0f | %.0f | %.0f%% |\n",
-                r.tp, r.batch,
-                r.prompt, page.c_str(), r.prefill_s * 1e3, r.prefill_tok_s,
-                r.decode_ms_step, r.decode_tok_s, r.e2e_tok_s, r.gb_s,
-                100 * r.gb_s * 1e9 / *copy_bw);
-  }
-  if (profile) {
-    std::vector<DecodeProfileRow> rows;
-    for (const BatchResult& r : results) rows.push_back({r.batch, 0, r.profile});
-    std::printf("\n%s", DecodeProfileTable(rows).c_str());
-  }
+  const RunInfo run{.model = model, .config = c, .dtype = dtype, .weights = weights,
+                    .prompts = prompts, .steps = steps, .options = opt, .copy_bw = *copy_bw,
+                    .copy_after_free = after_free, .used_bytes = total_b - free_b,
+                    .weight_bytes = weight_bytes, .load_s = load_s, .device = prop.name};
+  PrintReport(run, results, profile);
   const std::string json_path = absl::GetFlag(FLAGS_json);
-  if (!json_path.empty()) {
-    nlohmann::json j;
-    j["model"] = model;
-    j["arch"] = std::string(ArchName(c.arch));
-    j["dtype"] = std::string(DTypeName(dtype));
-    j["linear_weights"] = weights;
-    j["device"] = prop.name;
-    j["prompt"] = prompts.front();
-    j["prompts"] = prompts;
-    j["new_tokens"] = steps;
-    j["cuda_graphs"] = opt.cuda_graphs;
-    j["gemv_max_rows"] = opt.gemv_max_rows;
-    j["batch_invariant"] = opt.batch_invariant;
-    j["copy_bandwidth_gb_s"] = *copy_bw / 1e9;
-    j["copy_bandwidth_after_freeing_the_stage"] = after_free;
-    j["gpu_memory_used_bytes"] = total_b - free_b;
-    j["weight_bytes_per_step"] = weight_bytes;
-    j["load_seconds"] = load_s;
-    for (const BatchResult& r : results) {
-      j["results"].push_back({{"tensor_parallel", r.tp}, {"batch", r.batch}, {"prompt", r.prompt},
-                              {"kv_page_size", r.page_size},
-                              {"prefill_seconds", r.prefill_s}, {"ttft_ms", r.prefill_s * 1e3},
-                              {"prefill_tok_s", r.prefill_tok_s},
-                              {"decode_ms_per_step", r.decode_ms_step},
-                              {"decode_tok_s", r.decode_tok_s}, {"end_to_end_tok_s", r.e2e_tok_s},
-                              {"decode_gb_s", r.gb_s}});
-    }
-    std::ofstream f(json_path);
-    f << j.dump(2) << "\n";
-    if (!f) return absl::InternalError("cannot write " + json_path);
-  }
+  if (!json_path.empty()) RETURN_IF_ERROR(WriteJson(json_path, run, results));
   return absl::OkStatus();
 }
 
