@@ -61,6 +61,9 @@ ABSL_FLAG(double, tie_tolerance, tandem::loadgen::kDefaultTieTolerance,
           "the correctness check: a greedy output that first differs from its prompt's reference "
           "run where the reference's top-2 logprob gap is below this many nats is a near-tie (fp16 "
           "reduction order), listed but not a failure; 0: outputs must be identical");
+ABSL_FLAG(bool, check, true,
+          "the correctness check against reference runs of each prompt; --check=false skips the "
+          "reference runs (capacity runs), and the outputs are reported as not checked");
 ABSL_FLAG(std::string, out, "", "run folder (default: runs/sweep-YYYYmmdd-HHMMSS)");
 ABSL_FLAG(
     bool, progress, true,
@@ -159,6 +162,7 @@ int main(int argc, char** argv) {
   o.connection_per_client = absl::GetFlag(FLAGS_connection_per_client);
   o.progress = absl::GetFlag(FLAGS_progress);
   o.tie_tolerance = absl::GetFlag(FLAGS_tie_tolerance);
+  o.check = absl::GetFlag(FLAGS_check);
   o.out = absl::GetFlag(FLAGS_out);
   {
     const std::string api_key = tandem::FlagOrEnv(absl::GetFlag(FLAGS_api_key), "TANDEM_API_KEY");

@@ -412,7 +412,10 @@ void SummarizeRequests(const LoadRun& run, const SweepOptions& o, const Point& p
     itl.insert(itl.end(), r.gaps.begin(), r.gaps.end());
     pause.push_back(r.gaps.empty() ? 0.0 : *std::max_element(r.gaps.begin(), r.gaps.end()));
     auto ref = references.find(std::make_tuple(c.prompt_len, c.output_len, run.prompt_ids[i]));
-    if (ref == references.end()) continue;
+    if (ref == references.end()) {
+      if (!o.check) ++c.unchecked;
+      continue;
+    }
     const Verdict v = JudgeGreedy(ref->second, r.tokens, o.tie_tolerance);
     switch (v.agreement) {
       case Agreement::kIdentical:
@@ -639,6 +642,7 @@ absl::Status RunConfigs(LoadClient& client, const SweepOptions& o, Progress& pro
     for (int prefill : o.prefill_nodes) {
       last_set = Layout{.stages = stages, .replicas = replicas, .prefill = prefill};
       if (absl::Status s = client.SetTopology(stages, replicas, prefill); !s.ok()) return s;
+      if (!references.has_value() && !o.check) references = References{};
       if (!references.has_value()) {
         absl::StatusOr<References> refs = RunReferences(client, o, vocab, progress, result);
         if (!refs.ok()) return refs.status();

@@ -64,6 +64,9 @@ struct SweepOptions {
   // the reference's top-2 logprob gap is below this (nats) is a near-tie, not a failure; 0: every
   // output must equal its reference.
   double tie_tolerance = kDefaultTieTolerance;
+  // false: no reference runs and no correctness check (capacity and soak runs, where the
+  // references' one-at-a-time runs would take most of the time); every output is unchecked.
+  bool check = true;
   std::filesystem::path out;  // the run folder
   // Progress on stderr: one line rewritten in place on a terminal, plain lines now and then
   // otherwise (no terminal escapes in a log).

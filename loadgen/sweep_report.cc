@@ -100,7 +100,8 @@ nlohmann::json Json(const SweepResult& r) {
                   {"length_sigma", o.workload.length_sigma},
                   {"shared_prefix_len", o.workload.shared_prefix_len},
                   {"seed", o.seed},
-                  {"tie_tolerance", o.tie_tolerance}};
+                  {"tie_tolerance", o.tie_tolerance},
+                  {"check", o.check}};
   const ServedModel& m = r.server;
   j["server"] = {{"model", m.name},
                  {"model_dir", m.model_dir},
@@ -193,6 +194,9 @@ std::string CheckRule(const SweepResult& r) {
   const SweepOptions& o = r.options;
   const std::string word = CorrectnessWord(r);
   std::string md = absl::StrFormat("Correctness: **%s**. ", word);
+  if (word == "not checked" && !o.check) {
+    return md + "Outputs were not compared with reference runs (`--check=false`).\n\n";
+  }
   if (word == "not checked") {
     return md +
            "The API named no generated token (its streamed text is empty, as over the OpenAI API "
@@ -544,6 +548,7 @@ void ReadOptions(JsonReader& read, const nlohmann::json& oj, SweepOptions& o) {
   }
   read.Get(oj, "seed", &o.seed);
   if (oj.contains("tie_tolerance")) read.Get(oj, "tie_tolerance", &o.tie_tolerance);
+  if (oj.contains("check")) read.Get(oj, "check", &o.check);
   o.weak_scaling = scaling == "weak";
 }
 

@@ -309,6 +309,33 @@ TEST(SweepTest, MixedAndSharedPrefixWorkloadsRunAndAreNamedInTheTables) {
   fs::remove_all(dir);
 }
 
+// --check=false: no reference runs (nothing says "reference" in the log), every output counted as
+// unchecked, and the summary says why.
+TEST(SweepTest, CheckFalseMakesNoReferenceRunsAndSaysSo) {
+  const fs::path dir = ModelFolder("sweep-no-check", "tiny-gpt2", 6);
+  absl::StatusOr<std::unique_ptr<Cluster>> cluster = Cluster::Start(
+      {.model_dir = dir / "model", .workers = 1, .stages = 1, .replicas = 1});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const fs::path run = dir / "run";
+  const std::string log = (dir / "sweep.log").string();
+  const std::string cmd = absl::StrCat(
+      TANDEM_LOADGEN_BIN, " sweep --addr=", (*cluster)->address(),
+      " --check=false --nodes=1 --batch=2 --requests=4 --warmup=0 --prompt_pool=4",
+      " --prompt_lens=8 --output_lens=4 --progress=false --out=", run.string(), " > ", log,
+      " 2>&1");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << ReadFile(log) << (*cluster)->Logs();
+  EXPECT_THAT(ReadFile(log), HasSubstr("correctness: not checked"));
+  EXPECT_THAT(ReadFile(log), ::testing::Not(HasSubstr("reference")));
+  EXPECT_THAT(ReadFile(run / "summary.md"), HasSubstr("`--check=false`"));
+  const nlohmann::json j = ReadResults(run);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(j["options"]["check"], false);
+  EXPECT_EQ(j["configs"][0]["unchecked"], 4);
+  EXPECT_EQ(j["configs"][0]["errors"], 0);
+  cluster->reset();
+  fs::remove_all(dir);
+}
+
 // Workers that refuse the plan (here: the checkpoint is outside their --model_root): the sweep
 // fails at once with the coordinator's reason instead of waiting for the layout to serve.
 TEST(SweepTest, ALayoutTheWorkersRefuseFailsTheSweepAtOnceWithTheReason) {
