@@ -76,12 +76,15 @@ coordinator() {  # $1: name; the rest: flags
 }
 stop_coordinator() { kill "$coord" 2>/dev/null; wait "$coord" 2>/dev/null; }
 
+# CHECK=false skips the correctness check's reference runs (tandem-loadgen --check=false), which
+# take much of each part's time; the figures recorded here were made with the check.
 sweep() {  # $1: name; $2: timeout; the rest: loadgen flags
   local name=$1 limit=$2
   shift 2
   peak_watch "$logs/peak-$name.txt"
   timeout "$limit" "$bin/tandem-loadgen" sweep --api=grpc --addr=127.0.0.1:50051 --nodes=1 \
-    --progress=false --worker_metrics=127.0.0.1:19470 --out="$logs/run-$name" "$@" \
+    --progress=false --worker_metrics=127.0.0.1:19470 --out="$logs/run-$name" \
+    --check="${CHECK:-true}" "$@" \
     >> "$logs/loadgen.log" 2>&1
   local st=$?
   kill "$watcher" 2>/dev/null
