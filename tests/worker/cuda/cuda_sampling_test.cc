@@ -13,6 +13,7 @@
 #include "common/rng.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/worker/cuda/cuda_test_util.h"
 #include "tools/model_generator.h"
 #include "worker/cpu/cpu_stage.h"
 #include "worker/cuda/cuda_stage.h"
@@ -21,10 +22,6 @@
 namespace tandem {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                  \
-  do {                                                                      \
-    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device available"; \
-  } while (0)
 
 std::filesystem::path TmpDir() {
   const char* env = std::getenv("TANDEM_TEST_TMPDIR");

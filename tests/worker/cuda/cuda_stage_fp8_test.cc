@@ -13,6 +13,7 @@
 
 #include "common/rng.h"
 #include "gtest/gtest.h"
+#include "tests/worker/cuda/cuda_test_util.h"
 #include "tools/model_generator.h"
 #include "worker/cpu/cpu_stage.h"
 #include "worker/cuda/cuda_stage.h"
@@ -20,10 +21,9 @@
 namespace tandem {
 namespace {
 
-std::filesystem::path TmpDir() {
-  const char* env = std::getenv("TANDEM_TEST_TMPDIR");
-  return env != nullptr ? std::filesystem::path(env) : std::filesystem::path(TANDEM_TEST_TMPDIR);
-}
+using cuda_test::RelError;
+using cuda_test::TmpDir;
+
 
 // tiny-llama in fp16, unquantized ("none") or as a --quantization form of tandem-make-model.
 std::filesystem::path Model(const std::string& quantization) {
@@ -47,14 +47,6 @@ std::filesystem::path Model(const std::string& quantization) {
   return dir;
 }
 
-double RelError(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
 
 StageSpec Spec(const std::filesystem::path& dir, bool quantize) {
   StageSpec spec;

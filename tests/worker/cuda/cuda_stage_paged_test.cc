@@ -17,51 +17,24 @@
 #include "common/rng.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/worker/cuda/cuda_test_util.h"
 #include "tools/model_generator.h"
 #include "worker/cuda/cuda_stage.h"
 
 namespace tandem {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                  \
-  do {                                                                      \
-    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device available"; \
-  } while (0)
+using cuda_test::RelError;
+using cuda_test::TmpDir;
+
 
 constexpr int kMaxSeqLen = 128;
 
-std::filesystem::path TmpDir() {
-  const char* env = std::getenv("TANDEM_TEST_TMPDIR");
-  return env != nullptr ? std::filesystem::path(env) : std::filesystem::path(TANDEM_TEST_TMPDIR);
-}
 
-// Written aside and renamed into place: tests running at once may ask for the same checkpoint.
 std::filesystem::path Checkpoint(const std::string& preset) {
-  const std::filesystem::path dir = TmpDir() / ("cuda_paged_" + preset);
-  if (!std::filesystem::exists(dir / "config.json")) {
-    auto c = PresetConfig(preset);
-    EXPECT_TRUE(c.ok()) << c.status();
-    GeneratorOptions o;
-    o.seed = 11;
-    const std::filesystem::path tmp =
-        TmpDir() / ("cuda_paged_" + preset + ".tmp" + std::to_string(getpid()));
-    std::filesystem::remove_all(tmp);
-    EXPECT_TRUE(WriteRandomCheckpoint(*c, o, tmp).ok());
-    std::error_code ec;
-    std::filesystem::rename(tmp, dir, ec);
-    if (ec) std::filesystem::remove_all(tmp);
-  }
-  return dir;
+  return cuda_test::PresetCheckpoint("cuda_paged_" + preset, preset, 11);
 }
 
-double RelError(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
 
 std::vector<int32_t> Prompt(int n, uint64_t seed, int vocab) {
   std::vector<int32_t> p(n);

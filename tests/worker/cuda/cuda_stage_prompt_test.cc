@@ -11,6 +11,7 @@
 
 #include "common/rng.h"
 #include "gtest/gtest.h"
+#include "tests/worker/cuda/cuda_test_util.h"
 #include "tools/model_generator.h"
 #include "worker/cpu/cpu_stage.h"
 #include "worker/cuda/cuda_stage.h"
@@ -18,15 +19,10 @@
 namespace tandem {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                  \
-  do {                                                                      \
-    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device available"; \
-  } while (0)
+using cuda_test::RelError;
+using cuda_test::TmpDir;
 
-std::filesystem::path TmpDir() {
-  const char* env = std::getenv("TANDEM_TEST_TMPDIR");
-  return env != nullptr ? std::filesystem::path(env) : std::filesystem::path(TANDEM_TEST_TMPDIR);
-}
+
 
 // A preset with `vocab` ids, written aside and renamed into place (tests may run at once).
 std::filesystem::path Checkpoint(const std::string& preset, int vocab) {

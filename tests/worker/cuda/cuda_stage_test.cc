@@ -20,6 +20,7 @@
 #include "common/rng.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/worker/cuda/cuda_test_util.h"
 #include "tools/model_generator.h"
 #include "worker/cpu/cpu_stage.h"
 #include "worker/kv_out.h"
@@ -27,46 +28,15 @@
 namespace tandem {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                  \
-  do {                                                                      \
-    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device available"; \
-  } while (0)
+using cuda_test::RelError;
+using cuda_test::TmpDir;
 
-// The build folder, or TANDEM_TEST_TMPDIR from the environment where the binary runs elsewhere
-// (the GPU machine).
-std::filesystem::path TmpDir() {
-  const char* env = std::getenv("TANDEM_TEST_TMPDIR");
-  return env != nullptr ? std::filesystem::path(env) : std::filesystem::path(TANDEM_TEST_TMPDIR);
-}
 
-// Written aside and renamed into place, as tests running at once (ctest -j) may ask for the same
-// checkpoint: a reader never sees one half written.
+
 std::filesystem::path Checkpoint(const std::string& preset) {
-  const std::filesystem::path dir = TmpDir() / ("cuda_stage_" + preset);
-  if (!std::filesystem::exists(dir / "config.json")) {
-    auto c = PresetConfig(preset);
-    EXPECT_TRUE(c.ok()) << c.status();
-    GeneratorOptions o;
-    o.seed = 7;
-    const std::filesystem::path tmp =
-        TmpDir() / ("cuda_stage_" + preset + ".tmp" + std::to_string(getpid()));
-    std::filesystem::remove_all(tmp);
-    EXPECT_TRUE(WriteRandomCheckpoint(*c, o, tmp).ok());
-    std::error_code ec;
-    std::filesystem::rename(tmp, dir, ec);  // fails where another test got there first
-    if (ec) std::filesystem::remove_all(tmp);
-  }
-  return dir;
+  return cuda_test::PresetCheckpoint("cuda_stage_" + preset, preset, 7);
 }
 
-double RelError(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
 
 std::vector<int32_t> Prompt(int n, uint64_t seed, int vocab) {
   std::vector<int32_t> p(n);

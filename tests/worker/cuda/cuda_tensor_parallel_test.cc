@@ -19,10 +19,14 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/worker/cuda/cuda_test_util.h"
 #include "tools/model_generator.h"
 
 namespace tandem {
 namespace {
+
+using cuda_test::RelError;
+using cuda_test::TmpDir;
 
 using ::testing::HasSubstr;
 
@@ -43,30 +47,9 @@ int DeviceCount() {
     }                                                                                   \
   } while (0)
 
-// The build folder, or TANDEM_TEST_TMPDIR from the environment where the binary runs elsewhere
-// (the GPU machine).
-std::filesystem::path TmpDir() {
-  const char* env = std::getenv("TANDEM_TEST_TMPDIR");
-  return env != nullptr ? std::filesystem::path(env) : std::filesystem::path(TANDEM_TEST_TMPDIR);
-}
 
-// Written aside and renamed into place, as tests running at once may ask for the same checkpoint.
 std::filesystem::path Checkpoint(const std::string& preset) {
-  const std::filesystem::path dir = TmpDir() / ("cuda_tensor_parallel_" + preset);
-  if (!std::filesystem::exists(dir / "config.json")) {
-    auto c = PresetConfig(preset);
-    EXPECT_TRUE(c.ok()) << c.status();
-    GeneratorOptions o;
-    o.seed = 11;
-    const std::filesystem::path tmp =
-        TmpDir() / ("cuda_tensor_parallel_" + preset + ".tmp" + std::to_string(getpid()));
-    std::filesystem::remove_all(tmp);
-    EXPECT_TRUE(WriteRandomCheckpoint(*c, o, tmp).ok());
-    std::error_code ec;
-    std::filesystem::rename(tmp, dir, ec);  // fails where another test got there first
-    if (ec) std::filesystem::remove_all(tmp);
-  }
-  return dir;
+  return cuda_test::PresetCheckpoint("cuda_tensor_parallel_" + preset, preset, 11);
 }
 
 StageSpec SpecOf(const std::filesystem::path& dir) {

@@ -18,6 +18,7 @@
 
 #include "common/rng.h"
 #include "gtest/gtest.h"
+#include "tests/worker/cuda/cuda_test_util.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage.h"
 #include "worker/cuda/kernels.h"
@@ -27,10 +28,6 @@
 namespace tandem::cuda {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                  \
-  do {                                                                      \
-    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device available"; \
-  } while (0)
 
 std::vector<uint16_t> RandomHalves(DType t, size_t n, uint64_t seed, float scale = 1.0f) {
   std::vector<float> f(n);

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/rng.h"
 #include "gtest/gtest.h"
+#include "tests/worker/cuda/cuda_test_util.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage.h"
 #include "worker/cuda/prefill_attention_sm90.h"
@@ -125,10 +126,6 @@ class PrefillAttentionTest : public ::testing::TestWithParam<std::tuple<DType, i
   }
 };
 
-#define SKIP_WITHOUT_GPU()                                                  \
-  do {                                                                      \
-    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device available"; \
-  } while (0)
 
 TEST_P(PrefillAttentionTest, WholePromptOfOneSequence) {
   SKIP_WITHOUT_GPU();

@@ -16,6 +16,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/worker/cuda/cuda_test_util.h"
 #include "tools/model_generator.h"
 #include "worker/cuda/cuda_stage.h"
 #include "worker/cuda/weight_convert.h"
@@ -23,8 +24,6 @@
 namespace tandem {
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device available"
 
 std::filesystem::path WriteCheckpoint(const std::string& preset, const std::string& dtype) {
   auto base = PresetConfig(preset);
