@@ -104,6 +104,37 @@ void ConstrainedSampling::Mask(const SequenceStep& row, std::span<float> logits)
   }
 }
 
+bool ConstrainedSampling::Constrains(const StepDescriptor& step) {
+  return std::any_of(step.seqs.begin(), step.seqs.end(), [](const SequenceStep& s) {
+    return s.sample && s.constraint != nullptr;
+  });
+}
+
+int ConstrainedSampling::PackMasks(const StepDescriptor& step, std::span<const int> sample_seqs,
+                                   int words, std::span<uint32_t> masks,
+                                   std::span<int32_t> rows) const {
+  int packed = 0;
+  for (int j = 0; j < static_cast<int>(sample_seqs.size()); ++j) {
+    const SequenceStep& row = step.seqs[sample_seqs[j]];
+    if (!row.sample || row.constraint == nullptr) continue;
+    const structured::TokenBitmask mask = masker_->Mask(*slots_.at(row.slot).matcher);
+    std::span<uint32_t> out = masks.subspan(static_cast<size_t>(packed) * words, words);
+    const size_t n = std::min(mask.size(), out.size());
+    std::copy_n(mask.begin(), n, out.begin());
+    std::fill(out.begin() + n, out.end(), 0u);
+    // The tokenizer's vocabulary may end inside a word: the ids past it are never text.
+    const int vocab = masker_->vocab().size();
+    if (vocab < words * 32 && (vocab & 31) != 0) out[vocab >> 5] &= (1u << (vocab & 31)) - 1u;
+    if (std::all_of(out.begin(), out.end(), [](uint32_t w) { return w == 0; })) {
+      for (int32_t eos : masker_->vocab().eos_ids) {
+        if (eos >= 0 && eos < words * 32) out[eos >> 5] |= 1u << (eos & 31);
+      }
+    }
+    rows[packed++] = j;
+  }
+  return packed;
+}
+
 void ConstrainedSampling::Advance(const SequenceStep& row, int32_t token) {
   if (row.constraint == nullptr) return;
   SlotMatcher& slot = slots_.at(row.slot);

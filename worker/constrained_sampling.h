@@ -41,6 +41,18 @@ class ConstrainedSampling {
   void Mask(const SequenceStep& row, std::span<float> logits) const;
   void Advance(const SequenceStep& row, int32_t token);
 
+  // Whether any sampling row of `step` is constrained.
+  static bool Constrains(const StepDescriptor& step);
+  // The allow-bitmasks of a step's constrained sampled rows, packed for a device that masks its
+  // own logits (worker/cuda/constrained_mask.h). `sample_seqs[j]` is the index in step.seqs of
+  // the sequence whose logits are row j; each row j whose sequence is constrained is appended to
+  // `rows`, and its bits (bit id % 32 of word id / 32, vocabulary ids past the tokenizer's
+  // clear) to the next `words` words of `masks`. A grammar that no token continues allows the
+  // EOS ids, so that the text ends. `rows` holds sample_seqs.size() entries and `masks` that
+  // many times `words`. Returns how many rows it packed.
+  int PackMasks(const StepDescriptor& step, std::span<const int> sample_seqs, int words,
+                std::span<uint32_t> masks, std::span<int32_t> rows) const;
+
  private:
   struct SlotMatcher {
     const structured::Constraint* constraint = nullptr;  // the row's, for identity

@@ -122,5 +122,58 @@ TEST(ConstrainedSamplingTest, UnconstrainedRowsAreUntouched) {
   EXPECT_EQ(logits, (std::vector<float>{1, 2, 3, 4, 5, 6, 7}));
 }
 
+// Three sampled rows, the middle one free: the two constrained rows are packed in row order with
+// the bits the CPU path would allow, padded past the tokenizer's 7 ids to the model's 40.
+TEST(ConstrainedSamplingTest, PacksTheConstrainedRowsMasksForTheDevice) {
+  ConstrainedSampling cs(Vocab());
+  StepDescriptor step;
+  step.seqs.push_back(Row(Schema(), 0));
+  step.seqs.push_back(Row(nullptr, 2));
+  step.seqs.back().slot = 4;
+  step.seqs.push_back(Row(Schema(), 0));
+  step.seqs.back().slot = 5;
+  ASSERT_TRUE(cs.Prepare(step).ok());
+  cs.Advance(step.seqs[2], 1);  // slot 5's text is "{"
+  EXPECT_TRUE(ConstrainedSampling::Constrains(step));
+  constexpr int kWords = 2;  // a model of 40 ids
+  std::vector<uint32_t> masks(3 * kWords, 0xdeadbeefu);
+  std::vector<int32_t> rows(3, -1);
+  // Logits rows in reverse order of the sequences.
+  const std::vector<int> sample_seqs = {2, 1, 0};
+  ASSERT_EQ(cs.PackMasks(step, sample_seqs, kWords, masks, rows), 2);
+  EXPECT_EQ(rows[0], 0);
+  EXPECT_EQ(rows[1], 2);
+  // Slot 5 after "{": only "\"a\":" (3); slot 3 at the start: "{" (1) and "{\"a\":" (6).
+  EXPECT_EQ(masks[0], 1u << 3);
+  EXPECT_EQ(masks[1], 0u);
+  EXPECT_EQ(masks[2], (1u << 1) | (1u << 6));
+  EXPECT_EQ(masks[3], 0u);
+  // The same tokens the CPU path leaves finite.
+  for (int seq : {0, 2}) {
+    std::vector<float> logits(7, 0.0f);
+    cs.Mask(step.seqs[seq], logits);
+    const uint32_t word = masks[(seq == 2 ? 0 : 1) * kWords];
+    for (int id = 0; id < 7; ++id) {
+      EXPECT_EQ(std::isinf(logits[id]), ((word >> id) & 1u) == 0) << "seq " << seq << " id " << id;
+    }
+  }
+}
+
+// A text the grammar has finished allows only the EOS ids.
+TEST(ConstrainedSamplingTest, PacksOnlyEosForAFinishedText) {
+  ConstrainedSampling cs(Vocab());
+  StepDescriptor step;
+  step.seqs.push_back(Row(Schema(), 0));
+  ASSERT_TRUE(cs.Prepare(step).ok());
+  for (int32_t token : {6, 4, 2}) cs.Advance(step.seqs[0], token);  // {"a":1}
+  std::vector<uint32_t> masks(1);
+  std::vector<int32_t> rows(1);
+  ASSERT_EQ(cs.PackMasks(step, std::vector<int>{0}, 1, masks, rows), 1);
+  EXPECT_EQ(masks[0], 1u << 0);
+  step.seqs[0].constraint = nullptr;
+  EXPECT_FALSE(ConstrainedSampling::Constrains(step));
+  EXPECT_EQ(cs.PackMasks(step, std::vector<int>{0}, 1, masks, rows), 0);
+}
+
 }  // namespace
 }  // namespace tandem
