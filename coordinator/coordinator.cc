@@ -259,21 +259,6 @@ absl::StatusOr<std::vector<std::shared_ptr<RequestState>>> Coordinator::Submit(
     RETURN_IF_ERROR(scheduler_->CheckFits(
         prompt, std::min(r.max_new_tokens, limits_.context_length - prompt)));
   }
-  const bool constrained =
-      std::any_of(sequences.begin(), sequences.end(),
-                  [](const ValidatedRequest& r) { return r.constraint != nullptr; });
-  if (constrained) {
-    // The CUDA backend does not mask its sampling yet (docs/structured-outputs.md): a 400, not
-    // text that ignores the constraint.
-    for (const auto& [id, w] : workers_) {
-      if (w.state == v1::WORKER_STATE_SERVING && w.backend == "cuda") {
-        return absl::FailedPreconditionError(
-            "constraint: structured outputs (response_format, guided_*, tool_choice required or "
-            "named) are not enforced by CUDA workers, which serve this model; serve it on CPU "
-            "workers or send the request without them");
-      }
-    }
-  }
   if (pipelines_.empty() && !planning_ && !replan_needed_) return NoPipelineErrorLocked();
   std::vector<std::shared_ptr<RequestState>> out;
   const absl::Time now = absl::Now();

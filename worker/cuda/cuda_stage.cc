@@ -87,6 +87,10 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
   const Clock::time_point t2 = Clock::now();
   RETURN_IF_ERROR(CaptureDecodeGraphs());
   const Clock::time_point t3 = Clock::now();
+  // Constrained rows' masks come from the model folder's tokenizer, read at the first one.
+  std::vector<int32_t> eos;
+  if (c_.eos_token_id >= 0) eos.push_back(c_.eos_token_id);
+  constrained_ = std::make_unique<ConstrainedSampling>(spec.model_dir, std::move(eos));
   spdlog::info("CUDA stage of layers [{}, {}): weights in {:.3f} s ({} arena(s)), buffers and "
                "KV-cache of {} bytes in {:.3f} s, {} decode graph(s) in {:.3f} s",
                first_layer_, first_layer_ + num_layers_, seconds(t0, t1), placed_.size(),
@@ -305,6 +309,7 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
     int32_t* positions = HostIn<int32_t>(layout_.positions);
     int32_t* slots = HostIn<int32_t>(layout_.slots);
     std::vector<ScoredRow> scored;  // rows of this chunk scored for prompt logprobs
+    std::vector<int> sample_seqs;   // the sequence of each sampled row of this chunk
     int samples = 0, chunk_seqs = 0;
     for (int r = 0; r < rows; ++r) {
       const SequenceStep& s = step.seqs[seq];
@@ -324,6 +329,7 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
       if (++tok == s.num_tokens) {
         if (s.sample && has_head_) {
           const int j = samples++;
+          sample_seqs.push_back(static_cast<int>(seq));
           HostIn<int32_t>(layout_.gather)[j] = r;
           HostIn<int32_t>(layout_.sample_positions)[j] = positions[r];
           HostIn<int32_t>(layout_.sample_slots)[j] = slots[r];
@@ -353,6 +359,7 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
     score_rows_ = !scored.empty();
     absl::Cleanup unscored = [this] { score_rows_ = false; };
     RETURN_IF_ERROR(Forward(rows, samples));
+    if (has_head_) RETURN_IF_ERROR(ConstrainSamples(step, sample_seqs));
     if (has_head_ && samples > 0) {
       CUDA_CHECK(cudaMemcpyAsync(host_tokens_[buf_].get(), tokens_out_.get(), samples * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, stream_.get()));
@@ -427,6 +434,10 @@ absl::StatusOr<StepOutput> CudaStage::StepRows(const StepDescriptor& step,
   // logits, copied back only in steps that hold one; every other step runs as it would.
   const bool host_rule = has_head_ && std::any_of(step.seqs.begin(), step.seqs.end(),
                                                   NeedsHostRule);
+  // Constrained rows: their matchers placed (or refused) before anything runs.
+  constrained_step_ = has_head_ && ConstrainedSampling::Constrains(step);
+  absl::Cleanup unconstrained = [this] { constrained_step_ = false; };
+  if (constrained_step_) RETURN_IF_ERROR(constrained_->Prepare(step));
   StepDescriptor with_logits;
   const StepDescriptor* run = &step;
   if (host_rule && !step.return_logits) {
@@ -444,6 +455,7 @@ absl::StatusOr<StepOutput> CudaStage::StepRows(const StepDescriptor& step,
     ApplyHostRule(step, c_.vocab_size, out);
     if (!step.return_logits) out.logits.clear();
   }
+  if (constrained_step_) AdvanceConstraints(step, out);
   std::stable_sort(out.logprobs.begin(), out.logprobs.end(),
                    [](const SequenceLogprobs& a, const SequenceLogprobs& b) { return a.seq < b.seq; });
   return out;

@@ -1,5 +1,7 @@
 // The CUDA stage's decode steps: one graph captured per batch-size bucket when the stage loads and
 // replayed per step, and steps launched ahead of the host (LaunchDecode) behind the step before.
+// A step with a constrained row is never launched ahead; its graph samples as any other, and its
+// rows are masked and sampled again behind it (cuda_stage_constrain.cc).
 #include "worker/cuda/cuda_stage_impl.h"
 
 #include <algorithm>
@@ -80,6 +82,11 @@ absl::Status CudaStage::RunDecode(const StepDescriptor& step, const Activations&
   } else {
     RETURN_IF_ERROR(Forward(bucket, has_head_ ? bucket : 0));
   }
+  if (constrained_step_) {
+    std::vector<int> sample_seqs(n);
+    for (int i = 0; i < n; ++i) sample_seqs[i] = i;
+    RETURN_IF_ERROR(ConstrainSamples(step, sample_seqs));
+  }
   RETURN_IF_ERROR(Mark(DecodeObserver::Point::kForwardEnd));
   if (!has_head_) {
     out.hidden.rows = n;
@@ -126,6 +133,7 @@ bool CudaStage::CanLaunchDecode(const StepDescriptor& step) const {
   return Stage::CanLaunchDecode(step) && has_embedding_ && has_head_ && !tail_ && !watch_ &&
          observer_ == nullptr && static_cast<int>(step.seqs.size()) <= max_bucket_ &&
          std::none_of(step.seqs.begin(), step.seqs.end(), NeedsHostRule) &&
+         !ConstrainedSampling::Constrains(step) &&
          std::none_of(step.seqs.begin(), step.seqs.end(),
                       [](const SequenceStep& s) { return s.prompt_logprobs >= 0; });
 }

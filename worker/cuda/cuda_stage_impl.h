@@ -2,7 +2,8 @@
 // functions of cuda_stage.h), cuda_stage_weights.cc (weights placed on the device),
 // cuda_stage_memory.cc (workspace and KV-cache), cuda_stage_kv.cc (KV blocks in and out),
 // cuda_stage_forward.cc (the forward pass), cuda_stage_decode.cc (decode graphs and decode steps
-// launched ahead). Internal to worker/cuda/.
+// launched ahead), cuda_stage_constrain.cc (constrained rows' token masks). Internal to
+// worker/cuda/.
 //
 // Device memory, all allocated at load time so that no step can run out of memory:
 //   placed_    every tensor of the stage: arenas of weights, its own or taken from earlier stages
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/constrained_sampling.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage.h"
 #include "worker/cuda/fp8_gemm.h"
@@ -270,6 +272,16 @@ class CudaStage final : public Stage {
   void ReadDecodeTokens(const StepDescriptor& step, const int32_t* host_tokens,
                         StepOutput& out) const;
   absl::Status RunChunks(const StepDescriptor& step, const Activations& in, StepOutput& out);
+  // Constrained decoding (cuda_stage_constrain.cc). A step with a constrained row runs as a step,
+  // never launched ahead: its masks need the tokens of the step before. After its forward pass
+  // is queued (so that the host's grammar work overlaps the device's), each constrained row's
+  // allow-bitmask goes into host_masks_ and, in one copy, to masks_; the refused tokens' logits
+  // are set to -inf and the sampled rows drawn again (the same rule and seed, so that the
+  // unconstrained rows keep their tokens) into tokens_out_. `sample_seqs[j]`: the sequence
+  // whose logits are row j of logits_. Does nothing unless constrained_step_.
+  absl::Status ConstrainSamples(const StepDescriptor& step, std::span<const int> sample_seqs);
+  // After a constrained step: each constrained row's grammar advanced by its token.
+  void AdvanceConstraints(const StepDescriptor& step, const StepOutput& out);
   // A row of a pass scored for prompt logprobs: the row, its sequence (index in the step) and the
   // token after it, whose logprob it gives.
   struct ScoredRow {
@@ -412,6 +424,15 @@ class CudaStage final : public Stage {
   std::vector<std::shared_ptr<KvOut>> forward_outs_;
   std::vector<std::shared_ptr<KvOut>> step_outs_;  // the running step's
   std::vector<int> cached_len_;  // per slot: positions [0, len) hold K/V
+
+  // Constrained decoding: the grammar matchers of the constrained sequences this stage samples
+  // (made at Load from the model folder's tokenizer), whether the running step has a constrained
+  // row, and the masks: (samples_cap_) int32 rows then (samples_cap_, vocab / 32) uint32 bits,
+  // pinned and on the device, allocated at the first constrained step.
+  std::unique_ptr<ConstrainedSampling> constrained_;
+  bool constrained_step_ = false;
+  PinnedBuffer host_masks_;
+  DeviceBuffer masks_;
   std::vector<int> any_len_;     // paged: max_seq_len per slot (any position may be cached)
 };
 
