@@ -1,30 +1,29 @@
 // The CUDA stage's constrained rows: token masks built on the host by the grammar matchers
 // (worker/constrained_sampling.h), applied to the logits on the device, and the rows sampled
 // again behind them.
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/cuda/constrained_mask.h"
 #include "worker/cuda/cuda_stage_impl.h"
 
 namespace tandem {
-namespace {
 
-constexpr size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
-
-}  // namespace
+absl::Status CudaStage::AllocateMasks() {
+  const size_t words = (static_cast<size_t>(c_.vocab_size) + 31) / 32;
+  const size_t bytes = MaskRowsBytes() + static_cast<size_t>(samples_cap_) * words * 4;
+  RETURN_IF_ERROR(host_masks_.Allocate(bytes));
+  return masks_.Allocate(bytes);
+}
 
 absl::Status CudaStage::ConstrainSamples(const StepDescriptor& step,
                                          std::span<const int> sample_seqs) {
   if (!constrained_step_ || sample_seqs.empty()) return absl::OkStatus();
   const int samples = static_cast<int>(sample_seqs.size());
   const int words = (c_.vocab_size + 31) / 32;
-  const size_t rows_bytes = AlignUp(static_cast<size_t>(samples_cap_) * sizeof(int32_t), 16);
-  const size_t bytes = rows_bytes + static_cast<size_t>(samples_cap_) * words * sizeof(uint32_t);
-  if (masks_.size() < bytes) {
-    RETURN_IF_ERROR(host_masks_.Allocate(bytes));
-    RETURN_IF_ERROR(masks_.Allocate(bytes));
+  const size_t rows_bytes = MaskRowsBytes();
+  if (samples > samples_cap_) {
+    return absl::InternalError(absl::StrCat("constraint: ", samples, " sampled rows in one pass, ",
+                                            "past the stage's ", samples_cap_));
   }
   int32_t* rows = host_masks_.as<int32_t>();
   auto* bits = reinterpret_cast<uint32_t*>(host_masks_.as<char>() + rows_bytes);

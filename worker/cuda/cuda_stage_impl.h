@@ -280,6 +280,10 @@ class CudaStage final : public Stage {
   // unconstrained rows keep their tokens) into tokens_out_. `sample_seqs[j]`: the sequence
   // whose logits are row j of logits_. Does nothing unless constrained_step_.
   absl::Status ConstrainSamples(const StepDescriptor& step, std::span<const int> sample_seqs);
+  // The masks' buffers, host_masks_ and masks_ (a stage with the LM head, at load).
+  absl::Status AllocateMasks();
+  // Where the bits start in host_masks_ and masks_, after the row list.
+  size_t MaskRowsBytes() const { return (static_cast<size_t>(samples_cap_) * 4 + 15) / 16 * 16; }
   // After a constrained step: each constrained row's grammar advanced by its token.
   void AdvanceConstraints(const StepDescriptor& step, const StepOutput& out);
   // A row of a pass scored for prompt logprobs: the row, its sequence (index in the step) and the
@@ -428,7 +432,7 @@ class CudaStage final : public Stage {
   // Constrained decoding: the grammar matchers of the constrained sequences this stage samples
   // (made at Load from the model folder's tokenizer), whether the running step has a constrained
   // row, and the masks: (samples_cap_) int32 rows then (samples_cap_, vocab / 32) uint32 bits,
-  // pinned and on the device, allocated at the first constrained step.
+  // pinned and on the device (vocab / 8 bytes per row: 16 KB for 128k ids).
   std::unique_ptr<ConstrainedSampling> constrained_;
   bool constrained_step_ = false;
   PinnedBuffer host_masks_;

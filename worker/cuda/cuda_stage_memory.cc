@@ -51,6 +51,7 @@ absl::Status CudaStage::AllocateWorkspace() {
         std::clamp<size_t>((size_t{16} << 20) / row_logits, 1, static_cast<size_t>(rows_cap_)));
     RETURN_IF_ERROR(prompt_logits_.Allocate(prompt_rows_cap_ * row_logits));
     RETURN_IF_ERROR(host_prompt_logits_.Allocate(prompt_rows_cap_ * row_logits));
+    RETURN_IF_ERROR(AllocateMasks());
   }
   if (!has_embedding_) RETURN_IF_ERROR(host_hidden_.Allocate(rows_cap_ * RowBytes(hidden)));
   if (fp8_gemm_ != nullptr) {
