@@ -17,6 +17,7 @@
 #include "common/rng.h"
 #include "common/structured/grammar_cache.h"
 #include "common/structured/token_mask.h"
+#include "common/text_config.h"
 #include "common/tokenizer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -154,7 +155,11 @@ TEST_F(CudaStageConstrainTest, EveryConstrainedOutputConformsAndFreeRowsAreUncha
   ASSERT_TRUE(config.ok()) << config.status();
   auto tokenizer = Tokenizer::FromDir(dir);
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-  auto vocab = structured::VocabularyFromTokenizer(**tokenizer, {config->eos_token_id});
+  // Every EOS id the stage's grammars may end with (generation_config.json's too).
+  auto text_config = LoadTextConfig(dir, *config, tokenizer->get());
+  ASSERT_TRUE(text_config.ok()) << text_config.status();
+  const std::vector<int32_t> eos = text_config->eos_token_ids;
+  auto vocab = structured::VocabularyFromTokenizer(**tokenizer, eos);
   ASSERT_TRUE(vocab.ok()) << vocab.status();
   const structured::TokenMasker masker(*vocab);
 
@@ -170,7 +175,7 @@ TEST_F(CudaStageConstrainTest, EveryConstrainedOutputConformsAndFreeRowsAreUncha
     std::string text;
     bool ended = false;
     for (int32_t token : got[i]) {
-      if (token == config->eos_token_id) {
+      if (std::find(eos.begin(), eos.end(), token) != eos.end()) {
         ended = true;
         break;
       }
