@@ -138,24 +138,27 @@ absl::Status Bench() {
   ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCudaStage(spec, CudaOptions{}));
   std::printf("model %s: %d layers, hidden %d, vocab %d; prompt %d, %d new tokens, greedy\n",
               model.c_str(), c.num_layers, c.hidden_size, c.vocab_size, prompt, steps);
-  std::printf("schema compile: %.2f ms (first compile; later requests with the same schema hit "
-              "the cache)\n\n",
-              compile_ms);
-  std::printf("ITL: ms per decode step, mean / median. json_schema cold: the first generation "
-              "of the batch, whose grammar states are new (each new state's mask walks the "
-              "vocabulary); warm: the same generation again, every mask found in the cache (the "
-              "steady state of a service serving a schema).\n\n");
-  std::printf("| batch | ITL free | ITL json_schema cold | ITL json_schema warm | warm / free "
-              "(mean) | tokens in grammar per row |\n|---|---|---|---|---|---|\n");
+  std::printf(
+      "schema compile: %.2f ms (first compile; later requests with the same schema hit "
+      "the cache)\n\n",
+      compile_ms);
+  std::printf(
+      "ITL: ms per decode step, mean / median. json_schema cold: the first generation "
+      "of the batch, whose grammar states are new (each new state's mask walks the "
+      "vocabulary); warm: the same generation again, every mask found in the cache (the "
+      "steady state of a service serving a schema).\n\n");
+  std::printf(
+      "| batch | ITL free | ITL json_schema cold | ITL json_schema warm | warm / free "
+      "(mean) | tokens in grammar per row |\n|---|---|---|---|---|---|\n");
   for (int batch : batches) {
     // A warm-up first (cuBLAS heuristics, the vocabulary's trie built at the first mask).
     RETURN_IF_ERROR(Decode(*stage, c, batch, prompt, 4, nullptr, text.eos_token_ids).status());
-    ASSIGN_OR_RETURN(Run free, Decode(*stage, c, batch, prompt, steps, nullptr,
-                                      text.eos_token_ids));
-    ASSIGN_OR_RETURN(Run cold, Decode(*stage, c, batch, prompt, steps, constraint,
-                                      text.eos_token_ids));
-    ASSIGN_OR_RETURN(Run warm, Decode(*stage, c, batch, prompt, steps, constraint,
-                                      text.eos_token_ids));
+    ASSIGN_OR_RETURN(Run free,
+                     Decode(*stage, c, batch, prompt, steps, nullptr, text.eos_token_ids));
+    ASSIGN_OR_RETURN(Run cold,
+                     Decode(*stage, c, batch, prompt, steps, constraint, text.eos_token_ids));
+    ASSIGN_OR_RETURN(Run warm,
+                     Decode(*stage, c, batch, prompt, steps, constraint, text.eos_token_ids));
     std::printf("| %d | %.3f / %.3f | %.3f / %.3f | %.3f / %.3f | %.3f | %.1f |\n", batch,
                 free.mean_ms, free.median_ms, cold.mean_ms, cold.median_ms, warm.mean_ms,
                 warm.median_ms, warm.mean_ms / free.mean_ms, warm.tokens_in_grammar);

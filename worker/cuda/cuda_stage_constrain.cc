@@ -35,10 +35,10 @@ absl::Status CudaStage::ConstrainSamples(const StepDescriptor& step,
   CUDA_CHECK(cudaMemcpyAsync(masks_.get(), host_masks_.get(),
                              rows_bytes + static_cast<size_t>(packed) * words * sizeof(uint32_t),
                              cudaMemcpyHostToDevice, stream_.get()));
-  RETURN_IF_ERROR(cuda::LaunchMaskLogits(
-      logits_.as<float>(), c_.vocab_size,
-      reinterpret_cast<const uint32_t*>(masks_.as<char>() + rows_bytes), words,
-      masks_.as<int32_t>(), packed, stream_.get()));
+  RETURN_IF_ERROR(
+      cuda::LaunchMaskLogits(logits_.as<float>(), c_.vocab_size,
+                             reinterpret_cast<const uint32_t*>(masks_.as<char>() + rows_bytes),
+                             words, masks_.as<int32_t>(), packed, stream_.get()));
   cuda::SamplingArrays arrays{DevIn<float>(layout_.temperature), DevIn<int32_t>(layout_.top_k),
                               DevIn<float>(layout_.top_p), DevIn<uint64_t>(layout_.seed),
                               DevIn<uint64_t>(layout_.sample_index)};

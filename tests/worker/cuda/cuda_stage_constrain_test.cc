@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <iostream>
 #include <filesystem>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,7 +40,8 @@ std::filesystem::path Checkpoint() {
     EXPECT_TRUE(c.ok()) << c.status();
     GeneratorOptions o;
     o.seed = 7;
-    const std::filesystem::path tmp = TmpDir() / ("cuda_stage_constrain.tmp" + std::to_string(getpid()));
+    const std::filesystem::path tmp =
+        TmpDir() / ("cuda_stage_constrain.tmp" + std::to_string(getpid()));
     std::filesystem::remove_all(tmp);
     EXPECT_TRUE(WriteRandomCheckpoint(*c, o, tmp).ok());
     std::error_code ec;
@@ -85,9 +86,12 @@ std::vector<Row> Rows(bool constrained) {
   };
   SamplingParams penalised = sampled(17);
   penalised.presence_penalty = 0.5f;
-  std::vector<Row> rows = {{SchemaConstraint(), sampled(11)}, {ChoiceConstraint(), {}},
-                           {nullptr, sampled(13)},           {nullptr, {}},
-                           {SchemaConstraint(), {}},          {ChoiceConstraint(), penalised}};
+  std::vector<Row> rows = {{SchemaConstraint(), sampled(11)},
+                           {ChoiceConstraint(), {}},
+                           {nullptr, sampled(13)},
+                           {nullptr, {}},
+                           {SchemaConstraint(), {}},
+                           {ChoiceConstraint(), penalised}};
   if (!constrained) {
     for (Row& r : rows) r.constraint = nullptr;
   }
@@ -184,8 +188,8 @@ TEST_F(CudaStageConstrainTest, EveryConstrainedOutputConformsAndFreeRowsAreUncha
           << "\": the device sampled a token its mask should have set to -inf";
       text += vocab->token_bytes[token];
     }
-    std::cout << "row " << i << " (temperature " << rows[i].sampling.temperature
-              << "): " << text << (ended ? " <eos>" : " (no eos)") << "\n";
+    std::cout << "row " << i << " (temperature " << rows[i].sampling.temperature << "): " << text
+              << (ended ? " <eos>" : " (no eos)") << "\n";
     EXPECT_TRUE(ended) << "row " << i << " did not end within " << kSteps << " tokens: " << text;
     EXPECT_TRUE(m.Accepting()) << "row " << i << " ended before its grammar accepts: " << text;
     if (rows[i].constraint->kind == structured::Constraint::kChoice) {
