@@ -428,16 +428,17 @@ class CudaStage final : public Stage {
   std::vector<std::shared_ptr<KvOut>> forward_outs_;
   std::vector<std::shared_ptr<KvOut>> step_outs_;  // the running step's
   std::vector<int> cached_len_;  // per slot: positions [0, len) hold K/V
+  std::vector<int> any_len_;     // paged: max_seq_len per slot (any position may be cached)
 
   // Constrained decoding: the grammar matchers of the constrained sequences this stage samples
-  // (made at Load from the model folder's tokenizer), whether the running step has a constrained
-  // row, and the masks: (samples_cap_) int32 rows then (samples_cap_, vocab / 32) uint32 bits,
-  // pinned and on the device (vocab / 8 bytes per row: 16 KB for 128k ids).
+  // (the model folder's tokenizer is read at the first constrained step), whether the running
+  // step has a constrained row, and the masks: (samples_cap_) int32 rows then (samples_cap_,
+  // vocab / 32) uint32 bits, pinned and on the device (vocab / 8 bytes per row: 16 KB for 128k
+  // ids).
   std::unique_ptr<ConstrainedSampling> constrained_;
   bool constrained_step_ = false;
   PinnedBuffer host_masks_;
   DeviceBuffer masks_;
-  std::vector<int> any_len_;     // paged: max_seq_len per slot (any position may be cached)
 };
 
 }  // namespace tandem
