@@ -2,11 +2,13 @@
 // rows, greedy and at temperature 1, one with a penalty (the host rule), decoded for many steps
 // on a tiny random Llama with its trained BPE tokenizer. Every constrained output is accepted by
 // its grammar, ends with EOS and parses as the schema says; the free rows' tokens are those of the
-// same batch with no constraint; only constrained steps stop being launched ahead. Skipped where
-// no GPU is present.
+// same batch with no constraint; only constrained steps stop being launched ahead. And the mask
+// kernel against the bits on the host. Skipped where no GPU is present.
+#include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -22,6 +24,8 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tools/model_generator.h"
+#include "worker/cuda/constrained_mask.h"
+#include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage.h"
 
 namespace tandem {
@@ -233,6 +237,42 @@ TEST_F(CudaStageConstrainTest, OnlyConstrainedDecodeStepsRunWithoutLaunchAhead) 
   step.seqs[1].constraint = ChoiceConstraint();
   EXPECT_FALSE(stage->CanLaunchDecode(step))
       << "a constrained step needs the token of the step before for its mask";
+}
+
+// The mask kernel against the bits on the host: logits (3, 70), rows 2 and 0 masked (in that
+// order), row 1 not; 70 ids end inside the third word.
+TEST_F(CudaStageConstrainTest, MaskKernelSetsExactlyTheRefusedLogitsToMinusInfinity) {
+  constexpr int kRows = 3, kVocab = 70, kWords = 3;
+  std::vector<float> logits(kRows * kVocab);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(i % 13) - 6.0f;
+  std::vector<uint32_t> masks(2 * kWords);
+  for (size_t i = 0; i < masks.size(); ++i) masks[i] = static_cast<uint32_t>(RandomBits(5, i));
+  const std::vector<int32_t> mask_rows = {2, 0};
+  cuda::DeviceBuffer d_logits, d_masks, d_rows;
+  ASSERT_TRUE(d_logits.Allocate(logits.size() * 4).ok());
+  ASSERT_TRUE(d_masks.Allocate(masks.size() * 4).ok());
+  ASSERT_TRUE(d_rows.Allocate(mask_rows.size() * 4).ok());
+  ASSERT_EQ(cudaMemcpy(d_logits.get(), logits.data(), logits.size() * 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_masks.get(), masks.data(), masks.size() * 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(
+      cudaMemcpy(d_rows.get(), mask_rows.data(), mask_rows.size() * 4, cudaMemcpyHostToDevice),
+      cudaSuccess);
+  ASSERT_TRUE(cuda::LaunchMaskLogits(d_logits.as<float>(), kVocab, d_masks.as<uint32_t>(), kWords,
+                                     d_rows.as<int32_t>(), 2, nullptr)
+                  .ok());
+  std::vector<float> got(logits.size());
+  ASSERT_EQ(cudaMemcpy(got.data(), d_logits.get(), got.size() * 4, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  for (int r = 0; r < kRows; ++r) {
+    const int k = r == 2 ? 0 : r == 0 ? 1 : -1;  // the row's mask, -1: none
+    for (int id = 0; id < kVocab; ++id) {
+      const bool allowed = k < 0 || ((masks[k * kWords + id / 32] >> (id % 32)) & 1u);
+      const float want = allowed ? logits[r * kVocab + id] : -INFINITY;
+      EXPECT_EQ(got[r * kVocab + id], want) << "row " << r << " id " << id;
+    }
+  }
 }
 
 }  // namespace
