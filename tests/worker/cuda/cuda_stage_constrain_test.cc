@@ -5,7 +5,6 @@
 // same batch with no constraint; only constrained steps stop being launched ahead. And the mask
 // kernel against the bits on the host. Skipped where no GPU is present.
 #include <cuda_runtime.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -23,6 +22,7 @@
 #include "common/tokenizer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/worker/cuda/cuda_test_util.h"
 #include "tools/model_generator.h"
 #include "worker/cuda/constrained_mask.h"
 #include "worker/cuda/cuda_check.h"
@@ -31,28 +31,9 @@
 namespace tandem {
 namespace {
 
-std::filesystem::path TmpDir() {
-  const char* env = std::getenv("TANDEM_TEST_TMPDIR");
-  return env != nullptr ? std::filesystem::path(env) : std::filesystem::path(TANDEM_TEST_TMPDIR);
-}
-
 // A tiny random Llama with a BPE tokenizer trained by the generator (a real tokenizer.json).
 std::filesystem::path Checkpoint() {
-  const std::filesystem::path dir = TmpDir() / "cuda_stage_constrain_tiny-llama";
-  if (!std::filesystem::exists(dir / "config.json")) {
-    auto c = PresetConfig("tiny-llama");
-    EXPECT_TRUE(c.ok()) << c.status();
-    GeneratorOptions o;
-    o.seed = 7;
-    const std::filesystem::path tmp =
-        TmpDir() / ("cuda_stage_constrain.tmp" + std::to_string(getpid()));
-    std::filesystem::remove_all(tmp);
-    EXPECT_TRUE(WriteRandomCheckpoint(*c, o, tmp).ok());
-    std::error_code ec;
-    std::filesystem::rename(tmp, dir, ec);
-    if (ec) std::filesystem::remove_all(tmp);
-  }
-  return dir;
+  return cuda_test::PresetCheckpoint("cuda_stage_constrain_tiny-llama", "tiny-llama", 7);
 }
 
 constexpr char kSchema[] =
@@ -152,9 +133,7 @@ std::unique_ptr<Stage> CudaStageOf(const std::filesystem::path& dir) {
 
 class CudaStageConstrainTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device available";
-  }
+  void SetUp() override { SKIP_WITHOUT_GPU(); }
 };
 
 TEST_F(CudaStageConstrainTest, EveryConstrainedOutputConformsAndFreeRowsAreUnchanged) {
