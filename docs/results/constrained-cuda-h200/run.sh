@@ -84,7 +84,7 @@ for i in range(16):
 t0 = time.time()
 with cf.ThreadPoolExecutor(96) as ex:
     results = list(ex.map(lambda j: (j[0], post(j[1])), jobs))
-ok = {}; bad = []
+ok = {}; truncated = {}; bad = []
 for kind, (status, body) in results:
     good = False
     try:
@@ -98,8 +98,11 @@ for kind, (status, body) in results:
     except Exception as e:
         pass
     ok[kind] = ok.get(kind, 0) + good
-    if not good: bad.append((kind, status, body))
-print(f"service: {len(results)} constrained requests in {time.time() - t0:.1f} s; valid:", ok)
+    cut = not good and status == 200 and body["choices"][0]["finish_reason"] == "length"
+    truncated[kind] = truncated.get(kind, 0) + cut
+    if not good and not cut: bad.append((kind, status, body))
+print(f"service: {len(results)} constrained requests in {time.time() - t0:.1f} s; valid:", ok,
+      "ended by max_tokens:", truncated, "invalid:", len(bad))
 json.dump([r for r in results], open(out + "/service-replies.json", "w"), indent=1)
 for b in bad[:5]: print("INVALID", json.dumps(b)[:600])
 PY
