@@ -1,6 +1,7 @@
 // YAML config parsing (yaml-cpp throws: every call into it is inside one try block).
 #include "coordinator/config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <type_traits>
@@ -123,6 +124,22 @@ absl::Status CheckModelDir(const std::filesystem::path& dir) {
 int MaxSlots(const CoordinatorConfig& c) {
   if (c.max_slots > 0) return c.max_slots;
   return c.kv_page_size > 0 ? 256 : 16;
+}
+
+int MaxBatch(const CoordinatorConfig& c) {
+  if (c.max_batch > 0) return c.max_batch;
+  return c.kv_page_size > 0 ? MaxSlots(c) : 16;
+}
+
+int PrefillBudget(const CoordinatorConfig& c) {
+  if (c.prefill_budget.has_value()) return *c.prefill_budget;
+  return c.kv_page_size > 0 ? 8192 : 0;
+}
+
+int64_t MaxStepRows(const CoordinatorConfig& c) {
+  const int64_t chunks = int64_t{MaxBatch(c)} * c.prefill_chunk;
+  const int budget = PrefillBudget(c);
+  return budget > 0 ? std::min<int64_t>(chunks, int64_t{budget} + MaxBatch(c)) : chunks;
 }
 
 int RequestThreads(const CoordinatorConfig& c) {

@@ -24,14 +24,16 @@ namespace tandem {
   X(std::filesystem::path, model_dir, "", ::tandem::kAnyValue, "Hugging Face checkpoint folder") \
   X(int, stages, 1, 1, "pipeline stages per replica")                                            \
   X(int, replicas, 1, 1, "data-parallel pipelines")                                              \
-  X(int, max_batch, 16, 1, "sequences per step")                                                 \
+  /* MaxBatch(). */                                                                              \
+  X(int, max_batch, 0, 0,                                                                        \
+    "sequences per step (0: max_slots with --kv_page_size, 16 with contiguous slots)")           \
   /* MaxSlots(): with pages a slot holds no KV-cache, so it bounds concurrent sequences only. */ \
   X(int, max_slots, 0, 0,                                                                        \
     "concurrent sequences (KV slots) per pipeline (0: 16 with contiguous slots, 256 with "       \
     "--kv_page_size)")                                                                           \
   X(int, max_seq_len, 0, 0, "KV-cache positions per sequence (0: model)")                        \
   /* docs/paged-kv.md. */                                                                        \
-  X(int, kv_page_size, 0, 0,                                                                     \
+  X(int, kv_page_size, 16, 0,                                                                    \
     "tokens per KV-cache page: sequences hold pages as they grow, admission and preemption go "  \
     "by free pages (0: each slot reserves --max_seq_len positions)")                             \
   X(std::optional<int>, kv_pages, std::nullopt, 1,                                               \
@@ -45,7 +47,10 @@ namespace tandem {
     "requests held beyond the KV slots, running or waiting; beyond them RESOURCE_EXHAUSTED "     \
     "(-1: as many as the slots of the replicas that decode, at least 128)")                      \
   X(int, prefill_chunk, 512, 1, "prompt tokens per sequence per step")                           \
-  X(int, prefill_budget, 0, 0, "prompt tokens per step across its sequences (0: no bound)")      \
+  /* PrefillBudget(). */                                                                         \
+  X(std::optional<int>, prefill_budget, std::nullopt, 0,                                         \
+    "prompt tokens per step across its sequences (0: no bound; unset: 8192 with "                \
+    "--kv_page_size, no bound with contiguous slots)")                                           \
   X(bool, decode_ahead, true, ::tandem::kAnyValue,                                               \
     "send a sequence's next decode step while the step before runs (one-stage pipelines, "       \
     "and NCCL pipelines, whose first stage gets the last one's tokens over the link)")           \
@@ -110,6 +115,16 @@ TANDEM_DEFINE_SETTING_VISITOR(TANDEM_COORDINATOR_SETTINGS, ForEachCoordinatorSet
 // Concurrent sequences per pipeline: --max_slots, or its default for the KV layout (vLLM's
 // max_num_seqs with pages).
 int MaxSlots(const CoordinatorConfig& c);
+// Sequences per step: --max_batch, or its default for the KV layout (with pages, every running
+// sequence: MaxSlots, as vLLM's max_num_seqs bounds both).
+int MaxBatch(const CoordinatorConfig& c);
+// Prompt tokens per step (0: no bound): --prefill_budget, or its default for the KV layout (with
+// pages, vLLM's max_num_batched_tokens of 8192, so that hundreds of prompts arriving together
+// do not make one step of hundreds of thousands of rows).
+int PrefillBudget(const CoordinatorConfig& c);
+// Rows of the largest step a pipeline's stages are sent: every sequence of a step with a prompt
+// chunk, or the prompt budget plus a decode row for each of the others.
+int64_t MaxStepRows(const CoordinatorConfig& c);
 
 // Requests the service may hold at once (every replica's slots and the waiting queue), plus 8:
 // the default of grpc_threads.

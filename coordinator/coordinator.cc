@@ -92,9 +92,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
   }
   SchedulerOptions options{.max_waiting = config.max_waiting.value_or(-1),
                            .max_slots = MaxSlots(config),
-                           .max_batch = config.max_batch,
+                           .max_batch = MaxBatch(config),
                            .prefill_chunk = config.prefill_chunk,
-                           .prefill_budget = config.prefill_budget,
+                           .prefill_budget = PrefillBudget(config),
                            .micro_batches = config.micro_batches,
                            .decode_ahead = config.decode_ahead,
                            .decode_ahead_time = absl::Milliseconds(config.decode_ahead_ms),

@@ -186,7 +186,7 @@ grpc::Status InferenceService::GetModelInfo(grpc::ServerContext* ctx,
   resp->set_max_length(text.max_length.value_or(0));
   resp->set_dtype(std::string(TorchDTypeName(m.dtype)));
   resp->set_max_slots(MaxSlots(c_.config()));
-  resp->set_max_batch(c_.config().max_batch);
+  resp->set_max_batch(MaxBatch(c_.config()));
   return grpc::Status::OK;
 }
 

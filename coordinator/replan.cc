@@ -56,7 +56,7 @@ StageSettings Coordinator::StageSettingsOf() const {
   return {.model_dir = config_.model_dir.string(),
           .max_slots = MaxSlots(config_),
           .max_seq_len = limits_.context_length,
-          .max_step_rows = static_cast<int64_t>(config_.max_batch) * config_.prefill_chunk,
+          .max_step_rows = MaxStepRows(config_),
           .kv_page_size = config_.kv_page_size,
           .kv_pages = config_.kv_pages.value_or(0)};
 }

@@ -30,7 +30,7 @@ struct StageSettings {
   std::string model_dir;
   int max_slots = 0;
   int max_seq_len = 0;
-  int64_t max_step_rows = 0;  // max_batch x prefill_chunk
+  int64_t max_step_rows = 0;  // MaxStepRows (config.h)
   int kv_page_size = 0;       // tokens per KV-cache page; 0: contiguous slots
   int kv_pages = 0;           // pages per stage; 0: as many as its memory holds
 };

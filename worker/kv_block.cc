@@ -80,16 +80,26 @@ absl::Status CheckBlockTable(std::span<const int32_t> table, int64_t positions, 
                                                      ") pages"));
     }
   }
-  // Two positions of one sequence in the same page would overwrite each other's K/V.
-  std::vector<int32_t> sorted(table.begin(), table.end());
-  std::sort(sorted.begin(), sorted.end());
-  if (auto dup = std::adjacent_find(sorted.begin(), sorted.end()); dup != sorted.end()) {
-    const int64_t first = std::find(table.begin(), table.end(), *dup) - table.begin();
-    const int64_t second = std::find(table.begin() + first + 1, table.end(), *dup) - table.begin();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block table entries ", first, " and ", second, " both name page ", *dup,
-        "; a sequence's pages must be distinct (the coordinator's page owner gives each position "
-        "its own row)"));
+  // Two positions of one sequence in the same page would overwrite each other's K/V. A stamp per
+  // page, kept per thread between calls, finds a repeat in one pass over the table (a step's
+  // tables hold thousands of entries).
+  thread_local std::vector<uint32_t> seen;
+  thread_local uint32_t stamp = 0;
+  if (seen.size() < static_cast<size_t>(num_pages)) seen.assign(num_pages, 0);
+  if (++stamp == 0) {  // wrapped: no stale stamp may match
+    std::fill(seen.begin(), seen.end(), 0);
+    stamp = 1;
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t& mark = seen[static_cast<size_t>(table[i])];
+    if (mark == stamp) {
+      const int64_t first = std::find(table.begin(), table.end(), table[i]) - table.begin();
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block table entries ", first, " and ", i, " both name page ", table[i],
+          "; a sequence's pages must be distinct (the coordinator's page owner gives each "
+          "position its own row)"));
+    }
+    mark = stamp;
   }
   return absl::OkStatus();
 }

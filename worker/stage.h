@@ -241,8 +241,8 @@ absl::Status CheckKvOut(int slot, int positions, int stage_first, int stage_last
                         int max_seq_len);
 // A block table naming the pages of positions [0, positions) on a stage of `num_pages` pages of
 // `page_size` positions and a context of `max_seq_len`: at least ceil(positions / page_size)
-// pages, no more than ceil(max_seq_len / page_size), each within [0, num_pages). OK, or
-// INVALID_ARGUMENT naming the page (its index in the table and its id) or the count.
+// pages, no more than ceil(max_seq_len / page_size), each within [0, num_pages) and none twice.
+// OK, or INVALID_ARGUMENT naming the page (its index in the table and its id) or the count.
 absl::Status CheckBlockTable(std::span<const int32_t> table, int64_t positions, int page_size,
                              int num_pages, int max_seq_len);
 // `place` fits the stage's KV-cache for positions [0, positions): on a stage of contiguous slots
@@ -268,6 +268,10 @@ struct StageSpec {
   // block tables steps carry; 0: each slot holds max_seq_len contiguous positions.
   int kv_page_size = 0;
   int kv_pages = 0;  // with kv_page_size > 0: pages to hold; 0: as many as the KV memory holds
+  // The CPU backend's KV memory: with kv_page_size > 0 and kv_pages 0, the pool takes at most this
+  // share of the host memory available after the stage's weights (and no more than max_slots x
+  // max_seq_len positions). The CUDA backend's is CudaOptions::kv_memory_fraction.
+  double kv_memory_fraction = 0.9;
   bool quantize_fp8 = false;  // --quantization fp8: linear weights to FP8 at load (per row)
   // Weights already placed (by an earlier stage or ahead of this one) that the stage may take
   // where they are of this checkpoint, dtype and device; what they lack is loaded.

@@ -79,13 +79,50 @@ TEST(CoordinatorConfigTest, EmptyFileGivesDefaults) {
   EXPECT_DOUBLE_EQ(c->decode_ahead_ms, 1.0);
   EXPECT_DOUBLE_EQ(c->admission_quiet_ms, 0.5);
   EXPECT_DOUBLE_EQ(c->admission_wait_ms, 20.0);
-  EXPECT_EQ(c->prefill_budget, 0);
+  EXPECT_FALSE(c->prefill_budget.has_value());
   EXPECT_EQ(c->max_resumes, 3);
+  // A paged KV-cache by default, with vLLM's defaults for it.
+  EXPECT_EQ(c->kv_page_size, 16);
+  EXPECT_EQ(MaxSlots(*c), 256);
+  EXPECT_EQ(MaxBatch(*c), 256);
+  EXPECT_EQ(PrefillBudget(*c), 8192);
   // The waiting bound follows the slots, at least 128: threads for the slots and the bound.
   EXPECT_FALSE(c->max_waiting.has_value());
+  EXPECT_EQ(RequestThreads(*c), 256 + 256 + 8);
+  c->kv_page_size = 0;
   EXPECT_EQ(RequestThreads(*c), 16 + 128 + 8);
   c->replicas = 10;
   EXPECT_EQ(RequestThreads(*c), 160 + 160 + 8);
+}
+
+// The defaults that follow the KV layout, and what a step's rows may number under them.
+TEST(CoordinatorConfigTest, BatchPromptBudgetAndStepRowsFollowTheKvLayout) {
+  CoordinatorConfig c;
+  c.prefill_chunk = 512;
+  c.kv_page_size = 0;  // contiguous slots: 16 a step, no prompt budget
+  EXPECT_EQ(MaxSlots(c), 16);
+  EXPECT_EQ(MaxBatch(c), 16);
+  EXPECT_EQ(PrefillBudget(c), 0);
+  EXPECT_EQ(MaxStepRows(c), 16 * 512);
+  c.kv_page_size = 16;  // pages: 256 a step, 8192 prompt tokens, so 8192 + 255 decode rows + 1
+  EXPECT_EQ(MaxBatch(c), 256);
+  EXPECT_EQ(PrefillBudget(c), 8192);
+  EXPECT_EQ(MaxStepRows(c), 8192 + 256);
+  c.prefill_budget = 0;  // asked: no bound
+  EXPECT_EQ(PrefillBudget(c), 0);
+  EXPECT_EQ(MaxStepRows(c), 256 * 512);
+  c.prefill_budget = 200000;  // a budget past every chunk bounds nothing
+  EXPECT_EQ(MaxStepRows(c), 256 * 512);
+  c.max_slots = 64;  // with pages, a step takes every slot
+  c.prefill_budget.reset();
+  EXPECT_EQ(MaxBatch(c), 64);
+  EXPECT_EQ(MaxStepRows(c), 8192 + 64);
+  c.max_batch = 8;
+  c.prefill_budget = 96;
+  EXPECT_EQ(MaxBatch(c), 8);
+  EXPECT_EQ(MaxStepRows(c), 96 + 8);
+  c.prefill_chunk = 4;  // chunks smaller than the budget
+  EXPECT_EQ(MaxStepRows(c), 8 * 4);
 }
 
 TEST(CoordinatorConfigTest, UnknownKeyIsNamed) {
@@ -125,7 +162,7 @@ TEST(CoordinatorConfigTest, ValidationNamesTheBadField) {
   c.stages = 0;
   EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("stages"));
   c.stages = 1;
-  c.max_batch = 0;
+  c.max_batch = -1;  // 0 is the default for the KV layout
   EXPECT_THAT(ValidateCoordinatorConfig(c).message(), HasSubstr("max_batch"));
   c.max_batch = 1;
   c.prefill_budget = 0;  // no bound

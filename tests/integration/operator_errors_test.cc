@@ -238,7 +238,7 @@ TEST_F(OperatorErrorsTest, BadYamlConfigExitsNamingTheFileAndSetting) {
       {"stages: two\n", "setting 'stages'"},
       {"listen: [\n", "config.yaml"},
       {"- 1\n- 2\n", "must be a mapping"},
-      {"max_batch: 0\n", "max_batch must be >= 1"},
+      {"max_batch: -1\n", "max_batch must be >= 0"},
   };
   for (const auto& [yaml, names] : variants) {
     const fs::path file = Base() / "config.yaml";

@@ -792,13 +792,22 @@ TEST_F(ServiceTest, KilledStageWorkerReplansOntoRemainingWorkerAndTheRequestCont
   ExpectMatchesOracle(*cluster, MixedCases(9));
 }
 
+// A fake worker's answer to a paged assignment, as a real one gives: the pages of every slot's
+// whole context.
+void ReportPages(const v1::AssignStageRequest& req, v1::AssignStageResponse* resp) {
+  if (req.kv_page_size() <= 0) return;
+  const int per_slot = (req.max_seq_len() + req.kv_page_size() - 1) / req.kv_page_size();
+  resp->set_kv_pages(std::max(req.max_slots(), 1) * std::max(per_slot, 1));
+}
+
 // A worker that takes any stage and fails the first step it is sent (a stage error), then stops
 // heartbeating and refuses stages, as a broken worker would.
 class FailingWorker final : public v1::Worker::Service {
  public:
-  grpc::Status AssignStage(grpc::ServerContext*, const v1::AssignStageRequest*,
-                           v1::AssignStageResponse*) override {
+  grpc::Status AssignStage(grpc::ServerContext*, const v1::AssignStageRequest* req,
+                           v1::AssignStageResponse* resp) override {
     if (failed_.load()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "broken");
+    ReportPages(*req, resp);
     return grpc::Status::OK;
   }
   grpc::Status Steps(grpc::ServerContext*,
@@ -886,6 +895,7 @@ class LinkRecordingWorker final : public v1::Worker::Service {
       transports.push_back(req->transport());
     }
     resp->set_feeds_previous_samples(req->transport() == "nccl");
+    ReportPages(*req, resp);
     return grpc::Status::OK;
   }
   grpc::Status Steps(grpc::ServerContext*,

@@ -140,7 +140,7 @@ TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
   EXPECT_EQ(server["architecture"], "gpt2");
   EXPECT_EQ(server["dtype"], "float32");
   EXPECT_EQ(server["max_slots"], 4);
-  EXPECT_EQ(server["max_batch"], 16);
+  EXPECT_EQ(server["max_batch"], 4);  // with pages: every slot
   EXPECT_EQ(server["stages"], 1);
   EXPECT_EQ(server["replicas"], 1);
   ASSERT_EQ(j["warnings"].size(), 1u) << j["warnings"].dump();

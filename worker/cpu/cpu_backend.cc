@@ -8,6 +8,7 @@ namespace tandem {
 absl::StatusOr<std::unique_ptr<Stage>> CpuBackend::MakeStage(const StageSpec& spec) {
   StageSpec s = spec;
   s.quantize_fp8 = s.quantize_fp8 || quantize_fp8_;
+  s.kv_memory_fraction = kv_memory_fraction_;
   return MakeCpuTensorParallelStage(s, tensor_parallel_);
 }
 

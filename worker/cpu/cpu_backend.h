@@ -13,13 +13,18 @@ class CpuBackend final : public Backend {
   // quantize_fp8: every stage's linear weights quantized to FP8 and computed dequantized
   // (StageSpec::quantize_fp8). tensor_parallel: every stage split over that many thread ranks
   // (cpu_tensor_parallel.h).
-  explicit CpuBackend(bool quantize_fp8 = false, int tensor_parallel = 1)
-      : quantize_fp8_(quantize_fp8), tensor_parallel_(tensor_parallel) {}
+  // kv_memory_fraction: StageSpec::kv_memory_fraction of every stage (--kv_memory_fraction).
+  explicit CpuBackend(bool quantize_fp8 = false, int tensor_parallel = 1,
+                      double kv_memory_fraction = 0.9)
+      : quantize_fp8_(quantize_fp8),
+        tensor_parallel_(tensor_parallel),
+        kv_memory_fraction_(kv_memory_fraction) {}
   absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec) override;
 
  private:
   bool quantize_fp8_;
   int tensor_parallel_;
+  double kv_memory_fraction_;
 };
 
 }  // namespace tandem

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <new>
 #include <utility>
 
@@ -23,10 +25,32 @@ int64_t HostMemoryBytes() {
 
 }  // namespace
 
+int64_t HostAvailableBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  int64_t kib = 0;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return static_cast<int64_t>(sysconf(_SC_AVPHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+}
+
 absl::StatusOr<CpuKvCache> CpuKvCache::Make(CpuKvLayout layout) {
   if (layout.page_size > 0 && layout.num_pages == 0) {
-    const int64_t pages = static_cast<int64_t>(layout.max_slots) *
-                          ((layout.max_seq_len + layout.page_size - 1) / layout.page_size);
+    int64_t pages = static_cast<int64_t>(layout.max_slots) *
+                    ((layout.max_seq_len + layout.page_size - 1) / layout.page_size);
+    if (layout.budget_bytes > 0) {
+      const int64_t page_bytes = int64_t{2} * layout.layers * layout.page_size * layout.kv_dim *
+                                 static_cast<int64_t>(sizeof(float));
+      const int64_t fit = layout.budget_bytes / page_bytes;
+      if (fit < 1) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "KV-cache: a page of ", layout.page_size, " positions x ", layout.layers,
+            " layers takes ", page_bytes, " bytes; the KV memory budget is ", layout.budget_bytes,
+            " bytes (kv_memory_fraction of the host memory available)"));
+      }
+      pages = std::min(pages, fit);
+    }
     if (pages > (int64_t{1} << 30)) {
       return absl::InvalidArgumentError(
           absl::StrCat(layout.max_slots, " slots x ", layout.max_seq_len, " positions make ", pages,

@@ -25,13 +25,20 @@ struct CpuKvLayout {
   int max_seq_len = 0;  // positions per sequence
   int page_size = 0;    // 0: contiguous slots
   int num_pages = 0;    // with page_size > 0
+  // With page_size > 0 and num_pages 0: the pool's bytes at most (0: no bound but the host's).
+  int64_t budget_bytes = 0;
 };
+
+// The host memory available now (MemAvailable of /proc/meminfo; the free pages where it cannot
+// be read).
+int64_t HostAvailableBytes();
 
 class CpuKvCache {
  public:
   // The cache of `layout`, its memory left uninitialised (a position is read only after it is
   // written). With page_size > 0 and num_pages 0, as many pages as max_slots x max_seq_len
-  // positions take. RESOURCE_EXHAUSTED (or INVALID_ARGUMENT for sizes past 64 bits) naming the
+  // positions take, or as budget_bytes holds if fewer (RESOURCE_EXHAUSTED naming both when it
+  // holds no page). RESOURCE_EXHAUSTED (or INVALID_ARGUMENT for sizes past 64 bits) naming the
   // sizes when it does not fit the host's memory.
   static absl::StatusOr<CpuKvCache> Make(CpuKvLayout layout);
 

@@ -569,6 +569,15 @@ namespace {
 
 // Rank `rank` of the stage, or the whole stage when all_reduce is null. Each rank reads the
 // checkpoint and keeps its shard.
+// A paged pool sized by memory: kv_memory_fraction of the host memory available now (the
+// stage's weights read), shared by the ranks of a tensor-parallel stage.
+int64_t KvBudgetBytes(const StageSpec& spec, int ranks) {
+  if (spec.kv_page_size == 0 || spec.kv_pages > 0) return 0;
+  const double fraction = std::clamp(spec.kv_memory_fraction, 0.0, 1.0);
+  return std::max<int64_t>(
+      1, static_cast<int64_t>(static_cast<double>(HostAvailableBytes()) * fraction / ranks));
+}
+
 absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStageRank(const StageSpec& spec,
                                                         CpuAllReduce* all_reduce, int rank) {
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(spec.model_dir));
@@ -601,7 +610,8 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStageRank(const StageSpec& spec,
                                      .max_slots = spec.max_slots,
                                      .max_seq_len = max_seq_len,
                                      .page_size = spec.kv_page_size,
-                                     .num_pages = spec.kv_pages}));
+                                     .num_pages = spec.kv_pages,
+                                     .budget_bytes = KvBudgetBytes(spec, ranks)}));
   auto stage = std::make_unique<CpuStage>(c, rank_config, std::move(weights), std::move(kv),
                                           all_reduce, rank);
   stage->UseTokenizerOf(spec.model_dir);
@@ -617,8 +627,12 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStage(const StageSpec& spec) {
 absl::StatusOr<std::vector<std::unique_ptr<Stage>>> MakeCpuStageRanks(const StageSpec& spec,
                                                                       CpuAllReduce& all_reduce) {
   std::vector<std::unique_ptr<Stage>> stages;
+  StageSpec rank_spec = spec;
   for (int rank = 0; rank < all_reduce.ranks(); ++rank) {
-    ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCpuStageRank(spec, &all_reduce, rank));
+    ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCpuStageRank(rank_spec, &all_reduce, rank));
+    // Every rank holds the same pages (one block table serves them all): as many as the first
+    // sized from its share of the memory.
+    rank_spec.kv_pages = stage->kv_pages();
     stages.push_back(std::move(stage));
   }
   return stages;

@@ -27,6 +27,7 @@ class CpuTensorParallelStage final : public Stage {
         threads_(static_cast<int>(ranks_.size())) {}
 
   const ModelConfig& config() const override { return config_; }
+  int kv_pages() const override { return ranks_[0]->kv_pages(); }
 
   // Every rank validates the same step against the same slot lengths, so they accept or refuse
   // it together, before any reaches the all-reduce.

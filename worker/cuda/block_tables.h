@@ -8,9 +8,9 @@
 namespace tandem::cuda {
 
 // The block tables of a step's sequences on a stage of `num_pages` pages of `page_size`
-// positions, a sequence holding at most `max_seq_pages`: each names the pages of positions
-// [0, position + num_tokens), no more than max_seq_pages, each within [0, num_pages).
-// INVALID_ARGUMENT naming the step, the sequence (its row and slot) and the entry otherwise.
+// positions, a sequence holding at most `max_seq_pages`: each as CheckBlockTable (worker/stage.h)
+// checks it for positions [0, position + num_tokens). INVALID_ARGUMENT naming the step and the
+// sequence (its row and slot), then what CheckBlockTable names.
 absl::Status CheckBlockTables(const StepDescriptor& step, int page_size, int num_pages,
                               int max_seq_pages);
 

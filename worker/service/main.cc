@@ -46,6 +46,16 @@ namespace {
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop.store(true); }
 
+// --kv_memory_fraction, checked: a share in (0, 1].
+absl::StatusOr<double> KvMemoryFraction(const tandem::WorkerConfig& config) {
+  const double kv = config.kv_memory_fraction;
+  if (!(kv > 0.0 && kv <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_memory_fraction: ", kv, " (expected a share in (0, 1])"));
+  }
+  return kv;
+}
+
 // The compute backend the flags ask for. A bad flag is INVALID_ARGUMENT with the message to
 // print.
 absl::StatusOr<std::unique_ptr<tandem::Backend>> CpuBackendFromFlags(
@@ -65,8 +75,10 @@ absl::StatusOr<std::unique_ptr<tandem::Backend>> CpuBackendFromFlags(
         absl::StrCat("--tensor_parallel: ", config.tensor_parallel, " ranks on a host of ", cores,
                      " cores (the cpu backend runs one thread per rank; at most ", cores, ")"));
   }
+  absl::StatusOr<double> kv = KvMemoryFraction(config);
+  if (!kv.ok()) return kv.status();
   return std::make_unique<tandem::CpuBackend>(config.quantization == "fp8",
-                                              config.tensor_parallel);
+                                              config.tensor_parallel, *kv);
 }
 
 #ifdef TANDEM_HAVE_CUDA
@@ -78,12 +90,9 @@ absl::StatusOr<tandem::CudaOptions> CudaOptionsFromFlags(
       tandem::ParseHalfDTypeFlag(config.dtype, "--dtype");
   if (!dtype.ok()) return absl::InvalidArgumentError(dtype.status().message());
   options.dtype = *dtype;
-  const double kv = config.kv_memory_fraction;
-  if (!(kv > 0.0 && kv <= 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv_memory_fraction: ", kv, " (expected a share in (0, 1])"));
-  }
-  options.kv_memory_fraction = static_cast<float>(kv);
+  absl::StatusOr<double> kv = KvMemoryFraction(config);
+  if (!kv.ok()) return kv.status();
+  options.kv_memory_fraction = static_cast<float>(*kv);
   options.batch_invariant = config.batch_invariant;
   if (options.device < 0) {
     return absl::InvalidArgumentError(

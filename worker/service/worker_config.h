@@ -38,7 +38,8 @@ namespace tandem {
     "linear-layer weights: fp8 (E4M3, quantized at load with one scale per output channel) or " \
     "empty (as the checkpoint stores them; FP8 checkpoints stay FP8)")                         \
   X(double, kv_memory_fraction, 0.9, ::tandem::kAnyValue,                                      \
-    "cuda: share of the GPU memory left after the weights that the KV-cache takes")            \
+    "share of the memory left after the weights that the KV-cache takes (cuda: the GPU's; "   \
+    "cpu: the host's available memory, for a paged cache whose page count is not given)")      \
   X(std::string, transport, "auto", ::tandem::kAnyValue,                                       \
     "activations to the next stage: grpc (host bytes over StageLink), nccl (cuda backend; "    \
     "offered when this worker is a pipeline's first stage) or auto (nccl with "                \

@@ -45,20 +45,34 @@ void ExpectRefused(const StepDescriptor& d, const std::string& what) {
 
 TEST(BlockTablesTest, TooFewPagesAreRefusedNamingTheRowAndWhatItNeeds) {
   ExpectRefused(TableStep(16, 1, {9}),
-                "step 9: sequence 1 (slot 5): block table of 1 pages; positions [0, 17) need 2");
-  ExpectRefused(TableStep(0, 17, {9}), "positions [0, 17) need 2 pages of 16");
+                "step 9: sequence 1 (slot 5): block table of 1 pages holds 16 positions, 17 need 2");
+  ExpectRefused(TableStep(0, 17, {9}), "17 need 2 pages of 16");
   ExpectRefused(TableStep(0, 1, {}), "block table of 0 pages");
 }
 
 TEST(BlockTablesTest, MorePagesThanASequenceHoldsAreRefused) {
-  ExpectRefused(TableStep(0, 1, {1, 2, 3, 4, 5}), "at most 4");
+  ExpectRefused(TableStep(0, 1, {1, 2, 3, 4, 5}),
+                "block table of 5 pages is longer than the context of 64 positions (4 pages)");
 }
 
 TEST(BlockTablesTest, PagesOutsideThePoolAreRefusedNamingTheEntry) {
   ExpectRefused(TableStep(40, 1, {1, 10, 3}),
-                "sequence 1 (slot 5): block table entry 1 is page 10, outside the stage's 10 "
+                "sequence 1 (slot 5): block table entry 1: page 10 is outside the stage's [0, 10) "
                 "pages");
-  ExpectRefused(TableStep(40, 1, {1, 2, -1}), "entry 2 is page -1");
+  ExpectRefused(TableStep(40, 1, {1, 2, -1}), "entry 2: page -1");
+}
+
+// Two positions of a sequence in one page would overwrite each other in the kernels.
+TEST(BlockTablesTest, APageNamedTwiceInATableIsRefusedNamingBothEntries) {
+  ExpectRefused(TableStep(40, 1, {1, 2, 1}),
+                "sequence 1 (slot 5): block table entries 0 and 2 both name page 1");
+  ExpectRefused(TableStep(40, 1, {7, 3, 3, 4}), "entries 1 and 2 both name page 3");
+  // The same page in two sequences' tables is sharing (a cached prefix), not a repeat; and a
+  // table checked after another with the same pages is not mistaken for a repeat.
+  StepDescriptor shared = TableStep(20, 1, {3, 4});
+  shared.seqs[0].block_table = {3};
+  EXPECT_TRUE(Check(shared).ok());
+  EXPECT_TRUE(Check(shared).ok());
 }
 
 }  // namespace
