@@ -2,12 +2,14 @@
 # The paged KV-cache's capacity targets through the service on one GPU, from the repository root,
 # with the binaries that `BINS="tandem-coordinator tandem-worker tandem-loadgen tandem-make-model"
 # PACK=.carry-pack-cap scripts/gpu-check build` packs. The llama3.1-8b shape (random weights, f16):
-#   PART=a: the coordinator with default flags but --kv_page_size 16 starts; a 100,000-token prompt;
+#   PART=a: the coordinator with default flags (pages of 16 since 2026-11-29) starts; a 100,000-token prompt;
 #           256 concurrent chats of ~1,000 tokens; 400 concurrent sequences of 512 + 512 tokens in a
 #           pool the size of an H100's (--kv_pages, see KV_PAGES), with the most sequences running
 #           at once read from the coordinator's /metrics every 0.2 s.
 #   PART=b: the mixed-length workload with pages against the best fixed-slot layout that fits the
-#           same pool (prefix caching off in both, the load generator's prompts repeat);
+#           same pool (prefix caching off in both, the load generator's prompts repeat; the
+#           fixed-slot coordinator queues what its slots cannot take, --max_waiting 4096);
+#           MIXED_REQUESTS requests (default 256) from 256 clients;
 #   PART=c: a 2,000-token shared system prompt, 64 requests, prefix caching off and on.
 # Writes to $OUT: device.txt, <part>.md (the sweeps' summaries and the peaks), logs.tar.gz.
 set -u
@@ -94,7 +96,7 @@ sweep() {  # $1: name; $2: timeout; the rest: loadgen flags
 }
 
 if [ "$part" = a ]; then
-  coordinator default --kv_page_size=16
+  coordinator default
   sweep long-prompt 120 --batch=1 --requests=1 --warmup=0 --prompt_pool=1 --prompt_lens=100000 \
     --output_lens=16
   sweep chats-256-default 150 --batch=256 --requests=256 --warmup=0 --prompt_lens=500 \
@@ -113,15 +115,15 @@ elif [ "$part" = b ]; then
   slots=$((kv_pages * 16 / 8192))
   # Seed 2's pool of 16: prompts of 210-2,748 tokens (mean 679), outputs of 7-1,897 (mean 458).
   # (Seed 1's holds one output of 7,811 tokens that alone outlasts the rest of the run.)
-  mixed=(--workload=mixed --seed=2 --batch=256 --requests=256 --warmup=4 --prompt_lens=500
-         --output_lens=200)
+  mixed=(--workload=mixed --seed=2 --batch=256 --requests="${MIXED_REQUESTS:-256}" --warmup=4
+         --prompt_lens=500 --output_lens=200)
   coordinator mixed-slots --kv_page_size=0 --max_seq_len=8192 --max_slots="$slots" \
-    --max_batch="$slots" --prefill_budget=8192
-  sweep mixed-slots 240 "${mixed[@]}"
+    --max_batch="$slots" --prefill_budget=8192 --max_waiting=4096
+  sweep mixed-slots 420 "${mixed[@]}"
   stop_coordinator
   coordinator mixed-pages --kv_page_size=16 --kv_pages="$kv_pages" --max_seq_len=8192 \
     --max_slots=512 --max_batch=512 --prefill_budget=8192 --prefix_caching=false
-  sweep mixed-pages 240 "${mixed[@]}"
+  sweep mixed-pages 300 "${mixed[@]}"
   stop_coordinator
 elif [ "$part" = c ]; then
   coordinator prefix-off --kv_page_size=16 --kv_pages="$kv_pages" --max_seq_len=8192 \
