@@ -1,7 +1,9 @@
 #include "common/structured/token_mask.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -83,7 +85,7 @@ absl::StatusOr<Vocabulary> VocabularyFromTokenizer(const Tokenizer& tokenizer,
   return v;
 }
 
-TokenMasker::TokenMasker(Vocabulary vocab) : vocab_(std::move(vocab)) {
+TokenMasker::TokenMasker(Vocabulary vocab, int walk_threads) : vocab_(std::move(vocab)) {
   trie_.emplace_back();
   for (int32_t id = 0; id < vocab_.size(); ++id) {
     if (vocab_.special[id] || vocab_.token_bytes[id].empty()) continue;
@@ -103,6 +105,27 @@ TokenMasker::TokenMasker(Vocabulary vocab) : vocab_(std::move(vocab)) {
     }
     trie_[node].tokens.push_back(id);
   }
+  // A walk of a large vocabulary inside a free string visits most of the trie (tens of ms for
+  // Llama-3's 128k tokens): it is split over threads by the subtrees two bytes deep.
+  if (walk_threads == 0) {
+    walk_threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1,
+                              kMaxWalkThreads);
+  }
+  walk_threads_ = std::max(1, walk_threads);
+  if (walk_threads_ == 1) return;
+  std::vector<int64_t> size(trie_.size(), 1);  // nodes in each subtree; children come after
+  for (size_t n = trie_.size(); n-- > 0;) {
+    for (const auto& [byte, child] : trie_[n].children) size[n] += size[child];
+  }
+  for (const auto& [b1, first] : trie_[0].children) {
+    first_nodes_.push_back(size[first]);
+    if (!trie_[first].tokens.empty()) tasks_.push_back({first, -1, b1, 0, 1});
+    for (const auto& [b2, second] : trie_[first].children) {
+      tasks_.push_back({first, second, b1, b2, size[second]});
+    }
+  }
+  std::stable_sort(tasks_.begin(), tasks_.end(),
+                   [](const WalkTask& a, const WalkTask& b) { return a.nodes > b.nodes; });
 }
 
 namespace {
@@ -157,11 +180,57 @@ int64_t TokenMasker::walks() const {
 
 TokenBitmask TokenMasker::Walk(const Matcher& matcher) const {
   TokenBitmask mask((vocab_.size() + 31) / 32, 0u);
-  auto allow = [&mask](int32_t id) { mask[id >> 5] |= 1u << (id & 31); };
   if (matcher.Accepting()) {
-    for (int32_t id : vocab_.eos_ids) allow(id);
+    for (int32_t id : vocab_.eos_ids) mask[id >> 5] |= 1u << (id & 31);
   }
   if (matcher.Finished()) return mask;
+  // Small walks (most states refuse most first bytes) stay on this thread: a walk of fewer
+  // nodes than this costs less than starting threads.
+  constexpr int64_t kParallelNodes = 20000;
+  int64_t open_nodes = 0;  // under the first bytes the matcher takes
+  if (walk_threads_ > 1) {
+    const auto& firsts = trie_[0].children;
+    for (size_t i = 0; i < firsts.size(); ++i) {
+      std::vector<Matcher::Stack> threads = matcher.threads_;
+      if (matcher.StepInto(threads, firsts[i].first)) open_nodes += first_nodes_[i];
+    }
+  }
+  if (walk_threads_ == 1 || open_nodes < kParallelNodes) {
+    WalkSubtree(matcher, 0, matcher.threads_, mask);
+    return mask;
+  }
+  // Threads take the two-byte subtrees in turn, each into a mask of its own; the union does not
+  // depend on which thread walked what.
+  std::atomic<size_t> next{0};
+  std::vector<TokenBitmask> masks(walk_threads_, TokenBitmask(mask.size(), 0u));
+  auto work = [&](int w) {
+    TokenBitmask& m = masks[w];
+    for (size_t t; (t = next.fetch_add(1)) < tasks_.size();) {
+      const WalkTask& task = tasks_[t];
+      std::vector<Matcher::Stack> threads = matcher.threads_;
+      if (!matcher.StepInto(threads, task.first_byte)) continue;
+      if (task.second < 0) {
+        for (int32_t id : trie_[task.first].tokens) m[id >> 5] |= 1u << (id & 31);
+        continue;
+      }
+      if (!matcher.StepInto(threads, task.second_byte)) continue;
+      for (int32_t id : trie_[task.second].tokens) m[id >> 5] |= 1u << (id & 31);
+      WalkSubtree(matcher, task.second, std::move(threads), m);
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (int w = 1; w < walk_threads_; ++w) helpers.emplace_back(work, w);
+  work(0);
+  for (std::thread& t : helpers) t.join();
+  for (const TokenBitmask& m : masks) {
+    for (size_t i = 0; i < mask.size(); ++i) mask[i] |= m[i];
+  }
+  return mask;
+}
+
+void TokenMasker::WalkSubtree(const Matcher& matcher, int32_t root,
+                              std::vector<Matcher::Stack> threads, TokenBitmask& mask) const {
+  auto allow = [&mask](int32_t id) { mask[id >> 5] |= 1u << (id & 31); };
   // Depth-first over the trie; each level holds the matcher's threads after that prefix.
   struct Level {
     int32_t node;
@@ -169,7 +238,7 @@ TokenBitmask TokenMasker::Walk(const Matcher& matcher) const {
     std::vector<Matcher::Stack> threads;
   };
   std::vector<Level> stack;
-  stack.push_back({0, 0, matcher.threads_});
+  stack.push_back({root, 0, std::move(threads)});
   while (!stack.empty()) {
     Level& top = stack.back();
     const TrieNode& node = trie_[top.node];
@@ -178,12 +247,11 @@ TokenBitmask TokenMasker::Walk(const Matcher& matcher) const {
       continue;
     }
     const auto [byte, child] = node.children[top.next_child++];
-    std::vector<Matcher::Stack> threads = top.threads;
-    if (!matcher.StepInto(threads, byte)) continue;
+    std::vector<Matcher::Stack> next = top.threads;
+    if (!matcher.StepInto(next, byte)) continue;
     for (int32_t id : trie_[child].tokens) allow(id);
-    stack.push_back({child, 0, std::move(threads)});
+    stack.push_back({child, 0, std::move(next)});
   }
-  return mask;
 }
 
 bool TokenMasker::Accept(Matcher& matcher, int32_t token) const {

@@ -55,7 +55,10 @@ class TokenMasker {
   // bytes: 19 KB for Qwen's 152k tokens, so 19 MB at most).
   static constexpr size_t kCachedMasks = 1024;
 
-  explicit TokenMasker(Vocabulary vocab);
+  // walk_threads: threads a walk of a large vocabulary may take (0: the host's cores, at most
+  // kMaxWalkThreads); 1 walks on the caller's thread only.
+  static constexpr int kMaxWalkThreads = 8;
+  explicit TokenMasker(Vocabulary vocab, int walk_threads = 0);
 
   // The tokens that may follow `matcher`'s text (vocab.size() bits).
   TokenBitmask Mask(const Matcher& matcher) const;
@@ -68,6 +71,10 @@ class TokenMasker {
 
  private:
   TokenBitmask Walk(const Matcher& matcher) const;
+  // The tokens of the subtree under `node` whose prefixes `matcher` accepts after `threads` (the
+  // matcher's threads after the bytes that lead to `node`), into `mask`.
+  void WalkSubtree(const Matcher& matcher, int32_t node, std::vector<Matcher::Stack> threads,
+                   TokenBitmask& mask) const;
 
   struct TrieNode {
     std::vector<std::pair<uint8_t, int32_t>> children;  // (byte, node), by byte
@@ -75,6 +82,17 @@ class TokenMasker {
   };
   Vocabulary vocab_;
   std::vector<TrieNode> trie_;
+  // A parallel walk's pieces: (first byte's child of the root, its child or -1 for the first
+  // byte's own tokens), largest subtree first, so that threads taking them in turn finish
+  // together. Empty where walks stay on the caller's thread.
+  struct WalkTask {
+    int32_t first, second;    // nodes
+    uint8_t first_byte, second_byte;
+    int64_t nodes;            // in the subtree
+  };
+  std::vector<WalkTask> tasks_;
+  std::vector<int64_t> first_nodes_;  // nodes under each child of the root, in its order
+  int walk_threads_ = 1;
 
   // The state's key (grammar address and stacks, as bytes) to its mask; an entry holds its
   // grammar so that the address cannot be reused by another grammar while the entry lives.

@@ -122,3 +122,71 @@ TEST(TokenMaskTest, BoundedStringsKeepTheirCount) {
 
 }  // namespace
 }  // namespace tandem::structured
+
+namespace tandem::structured {
+namespace {
+
+// A vocabulary of every string of one to three characters over 30 of JSON's characters (28,830
+// tokens): large enough that a walk inside a string is split over threads.
+Vocabulary ThreeCharVocab() {
+  const std::string alphabet = "{}[]\":, \\abceflnrstu0123456789";
+  Vocabulary v;
+  v.token_bytes.push_back("");  // the eos id
+  for (char a : alphabet) v.token_bytes.push_back(std::string(1, a));
+  for (char a : alphabet) {
+    for (char b : alphabet) v.token_bytes.push_back(std::string{a, b});
+  }
+  for (char a : alphabet) {
+    for (char b : alphabet) {
+      for (char c : alphabet) v.token_bytes.push_back(std::string{a, b, c});
+    }
+  }
+  v.special.assign(v.token_bytes.size(), false);
+  v.special[0] = true;
+  v.eos_ids = {0};
+  return v;
+}
+
+// Walked by four threads or by one, every state of seeded random generations under several
+// grammars gets the same mask; the walks inside strings are large enough to be split.
+TEST(TokenMaskTest, AWalkSplitOverThreadsGivesTheMaskOfOneThread) {
+  const TokenMasker serial(ThreeCharVocab(), 1);
+  const TokenMasker parallel(ThreeCharVocab(), 4);
+  const char* schemas[] = {
+      R"({"type":"object","properties":{"name":{"type":"string"},"tags":{"type":"array","items":{"type":"string","maxLength":5}},"n":{"type":"integer"}},"required":["name","tags","n"]})",
+      R"({"type":"array","items":{"enum":["a b","c:d","{x}"]}})",
+      R"({"type":"object","properties":{"s":{"type":"string","pattern":"^[a-c]{2,6}$"},"f":{"type":"number"},"b":{"type":"boolean"}},"required":["s","f","b"]})",
+  };
+  std::vector<std::shared_ptr<const Grammar>> grammars = {JsonObjectGrammar()};
+  for (const char* schema : schemas) {
+    auto g = CompileJsonSchema(schema);
+    ASSERT_TRUE(g.ok()) << g.status();
+    grammars.push_back(*g);
+  }
+  uint64_t rng = 7;
+  int states = 0, large = 0;
+  for (const auto& grammar : grammars) {
+    for (int run = 0; run < 3; ++run) {
+      Matcher m(grammar);
+      for (int step = 0; step < 40 && !m.Finished(); ++step) {
+        const TokenBitmask want = serial.Mask(m);
+        ASSERT_EQ(parallel.Mask(m), want) << "grammar " << &grammar - grammars.data() << " run "
+                                          << run << " step " << step;
+        ++states;
+        std::vector<int32_t> ids;
+        for (int32_t id = 1; id < serial.vocab().size(); ++id) {
+          if (Allowed(want, id)) ids.push_back(id);
+        }
+        large += ids.size() > 10000;
+        if (ids.empty()) break;
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        ASSERT_TRUE(serial.Accept(m, ids[(rng >> 33) % ids.size()]));
+      }
+    }
+  }
+  EXPECT_GT(states, 100);
+  EXPECT_GT(large, 10) << "too few states inside strings to split a walk";
+}
+
+}  // namespace
+}  // namespace tandem::structured
