@@ -121,19 +121,24 @@ absl::Status CheckModelDir(const std::filesystem::path& dir) {
   return absl::OkStatus();
 }
 
+CoordinatorConfig WithModelDefaults(CoordinatorConfig c, int head_dim) {
+  if (c.kv_page_size < 0) c.kv_page_size = head_dim % 8 == 0 || c.kv_pages.has_value() ? 16 : 0;
+  return c;
+}
+
 int MaxSlots(const CoordinatorConfig& c) {
   if (c.max_slots > 0) return c.max_slots;
-  return c.kv_page_size > 0 ? 256 : 16;
+  return Paged(c) ? 256 : 16;
 }
 
 int MaxBatch(const CoordinatorConfig& c) {
   if (c.max_batch > 0) return c.max_batch;
-  return c.kv_page_size > 0 ? MaxSlots(c) : 16;
+  return Paged(c) ? MaxSlots(c) : 16;
 }
 
 int PrefillBudget(const CoordinatorConfig& c) {
   if (c.prefill_budget.has_value()) return *c.prefill_budget;
-  return c.kv_page_size > 0 ? 8192 : 0;
+  return Paged(c) ? 8192 : 0;
 }
 
 int64_t MaxStepRows(const CoordinatorConfig& c) {

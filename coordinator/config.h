@@ -33,9 +33,11 @@ namespace tandem {
     "--kv_page_size)")                                                                           \
   X(int, max_seq_len, 0, 0, "KV-cache positions per sequence (0: model)")                        \
   /* docs/paged-kv.md. */                                                                        \
-  X(int, kv_page_size, 16, 0,                                                                    \
+  /* WithModelDefaults() resolves -1. */                                                         \
+  X(int, kv_page_size, -1, -1,                                                                   \
     "tokens per KV-cache page: sequences hold pages as they grow, admission and preemption go "  \
-    "by free pages (0: each slot reserves --max_seq_len positions)")                             \
+    "by free pages (0: each slot reserves --max_seq_len positions; -1: 16, or 0 for a model "    \
+    "whose head_dim is not a multiple of 8, which the CUDA backend's pages need)")               \
   X(std::optional<int>, kv_pages, std::nullopt, 1,                                               \
     "with --kv_page_size, KV-cache pages per stage (unset: as many as the stage's memory holds)") \
   X(bool, prefix_caching, true, ::tandem::kAnyValue,                                             \
@@ -111,6 +113,14 @@ struct CoordinatorConfig {
 
 // Calls visit(name, field, least) for each of the config's settings (common/settings.h).
 TANDEM_DEFINE_SETTING_VISITOR(TANDEM_COORDINATOR_SETTINGS, ForEachCoordinatorSetting)
+
+// The config with the settings that depend on the model decided: kv_page_size -1 becomes 16,
+// or 0 (contiguous slots) where the model's head_dim is not a multiple of 8 and no kv_pages is
+// given (the CUDA kernels read pages in 16-byte vectors of one key; openllama-3b's head_dim is
+// 100).
+CoordinatorConfig WithModelDefaults(CoordinatorConfig c, int head_dim);
+// Whether the KV-cache is paged (kv_page_size -1, not yet resolved, counts as paged).
+inline bool Paged(const CoordinatorConfig& c) { return c.kv_page_size != 0; }
 
 // Concurrent sequences per pipeline: --max_slots, or its default for the KV layout (vLLM's
 // max_num_seqs with pages).

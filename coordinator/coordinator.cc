@@ -54,12 +54,19 @@ std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address,
 
 Coordinator::Coordinator(const CoordinatorConfig& config) : config_(config) {}
 
-absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const CoordinatorConfig& config) {
-  if (absl::Status s = ValidateCoordinatorConfig(config); !s.ok()) return s;
-  RETURN_IF_ERROR(CheckModelDir(config.model_dir));
-  std::unique_ptr<Coordinator> c(new Coordinator(config));
-  absl::StatusOr<ModelConfig> model = LoadModelConfig(config.model_dir);
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const CoordinatorConfig& given) {
+  if (absl::Status s = ValidateCoordinatorConfig(given); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckModelDir(given.model_dir));
+  absl::StatusOr<ModelConfig> model = LoadModelConfig(given.model_dir);
   if (!model.ok()) return model.status();
+  const CoordinatorConfig config = WithModelDefaults(given, model->head_dim);
+  if (given.kv_page_size < 0 && config.kv_page_size == 0) {
+    spdlog::info("KV-cache in contiguous slots: the model's head_dim {} is not a multiple of 8, "
+                 "which the CUDA backend's pages need (--kv_page_size 16 pages it on CPU "
+                 "workers)",
+                 model->head_dim);
+  }
+  std::unique_ptr<Coordinator> c(new Coordinator(config));
   c->model_ = *model;
   c->limits_.vocab_size = model->vocab_size;
   c->limits_.context_length = config.max_seq_len > 0

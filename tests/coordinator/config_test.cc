@@ -81,8 +81,9 @@ TEST(CoordinatorConfigTest, EmptyFileGivesDefaults) {
   EXPECT_DOUBLE_EQ(c->admission_wait_ms, 20.0);
   EXPECT_FALSE(c->prefill_budget.has_value());
   EXPECT_EQ(c->max_resumes, 3);
-  // A paged KV-cache by default, with vLLM's defaults for it.
-  EXPECT_EQ(c->kv_page_size, 16);
+  // A paged KV-cache by default (its page size decided with the model), with vLLM's defaults.
+  EXPECT_EQ(c->kv_page_size, -1);
+  EXPECT_TRUE(Paged(*c));
   EXPECT_EQ(MaxSlots(*c), 256);
   EXPECT_EQ(MaxBatch(*c), 256);
   EXPECT_EQ(PrefillBudget(*c), 8192);
@@ -93,6 +94,24 @@ TEST(CoordinatorConfigTest, EmptyFileGivesDefaults) {
   EXPECT_EQ(RequestThreads(*c), 16 + 128 + 8);
   c->replicas = 10;
   EXPECT_EQ(RequestThreads(*c), 160 + 160 + 8);
+}
+
+// Pages of 16 by default, except for a model whose head_dim the CUDA kernels cannot page
+// (openllama-3b's 100), unless pages were asked for; an explicit size is kept.
+TEST(CoordinatorConfigTest, TheDefaultPageSizeFollowsTheModelsHeadDim) {
+  CoordinatorConfig c;
+  EXPECT_EQ(WithModelDefaults(c, 128).kv_page_size, 16);
+  EXPECT_EQ(WithModelDefaults(c, 64).kv_page_size, 16);
+  EXPECT_EQ(WithModelDefaults(c, 100).kv_page_size, 0);
+  EXPECT_FALSE(Paged(WithModelDefaults(c, 100)));
+  EXPECT_EQ(MaxSlots(WithModelDefaults(c, 100)), 16);
+  c.kv_pages = 1000;  // pages asked for: paged whatever the model
+  EXPECT_EQ(WithModelDefaults(c, 100).kv_page_size, 16);
+  c.kv_pages.reset();
+  c.kv_page_size = 0;
+  EXPECT_EQ(WithModelDefaults(c, 128).kv_page_size, 0);
+  c.kv_page_size = 64;
+  EXPECT_EQ(WithModelDefaults(c, 100).kv_page_size, 64);
 }
 
 // The defaults that follow the KV layout, and what a step's rows may number under them.

@@ -41,7 +41,8 @@ start_coordinator "$work/coordinator.log" --listen=127.0.0.1:0 --model_dir="$mod
   --dtype=f16 --kv_memory_fraction=0.5 --metrics_address= --batch_invariant ${WORKER_FLAG:-} \
   > "$work/worker.log" 2>&1 &
 pids+=($!)
-wait_serving "$work/coordinator.log" 1 || { echo "no pipeline serves"; exit 1; }
+wait_serving "$work/coordinator.log" 1 || {
+  echo "no pipeline serves"; cp "$work"/*.log "$out/"; tail -5 "$work"/*.log; exit 1; }
 python3 - "$out/prompts.json" > "$work/ids.txt" <<'PY'
 import json, sys
 for p in json.load(open(sys.argv[1]))["prompts"]:
