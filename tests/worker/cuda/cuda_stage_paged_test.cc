@@ -225,11 +225,12 @@ TEST(CudaStagePagedTest, BadBlockTablesAreRefusedNamingTheRowAndTheStageStaysUsa
     EXPECT_THAT(out.status().message(), ::testing::HasSubstr(what));
   };
   // Position 40 writes into the third page of 16.
-  refused(DecodeAt(40, {0, 1}), "sequence 0 (slot 1): block table of 2 pages; positions [0, 41) "
-                                "need 3 pages");
-  refused(DecodeAt(40, {0, 1, 20}), "entry 2 is page 20, outside the stage's 20 pages");
-  refused(DecodeAt(40, {0, -1, 2}), "entry 1 is page -1");
-  refused(DecodeAt(40, {0, 1, 2, 3, 4, 5, 6, 7, 8}), "at most 8");
+  refused(DecodeAt(40, {0, 1}), "sequence 0 (slot 1): block table of 2 pages holds 32 positions, "
+                                "41 need 3 pages");
+  refused(DecodeAt(40, {0, 1, 20}), "entry 2: page 20 is outside the stage's [0, 20) pages");
+  refused(DecodeAt(40, {0, -1, 2}), "entry 1: page -1");
+  refused(DecodeAt(40, {0, 1, 2, 3, 4, 5, 6, 7, 8}), "context of 128 positions (8 pages)");
+  refused(DecodeAt(40, {0, 5, 5}), "entries 1 and 2 both name page 5");
   refused(DecodeAt(0, {}), "need 1 pages");
   // A refused step left nothing behind: the same sequence runs as on a fresh stage.
   auto fresh = MakeStage("tiny-llama", 16, 20);
