@@ -181,7 +181,7 @@ int64_t TokenMasker::walks() const {
 TokenBitmask TokenMasker::Walk(const Matcher& matcher) const {
   TokenBitmask mask((vocab_.size() + 31) / 32, 0u);
   if (matcher.Accepting()) {
-    for (int32_t id : vocab_.eos_ids) mask[id >> 5] |= 1u << (id & 31);
+    for (int32_t id : vocab_.eos_ids) Allow(mask, id);
   }
   if (matcher.Finished()) return mask;
   // Small walks (most states refuse most first bytes) stay on this thread: a walk of fewer
@@ -210,11 +210,11 @@ TokenBitmask TokenMasker::Walk(const Matcher& matcher) const {
       std::vector<Matcher::Stack> threads = matcher.threads_;
       if (!matcher.StepInto(threads, task.first_byte)) continue;
       if (task.second < 0) {
-        for (int32_t id : trie_[task.first].tokens) m[id >> 5] |= 1u << (id & 31);
+        for (int32_t id : trie_[task.first].tokens) Allow(m, id);
         continue;
       }
       if (!matcher.StepInto(threads, task.second_byte)) continue;
-      for (int32_t id : trie_[task.second].tokens) m[id >> 5] |= 1u << (id & 31);
+      for (int32_t id : trie_[task.second].tokens) Allow(m, id);
       WalkSubtree(matcher, task.second, std::move(threads), m);
     }
   };
@@ -230,7 +230,6 @@ TokenBitmask TokenMasker::Walk(const Matcher& matcher) const {
 
 void TokenMasker::WalkSubtree(const Matcher& matcher, int32_t root,
                               std::vector<Matcher::Stack> threads, TokenBitmask& mask) const {
-  auto allow = [&mask](int32_t id) { mask[id >> 5] |= 1u << (id & 31); };
   // Depth-first over the trie; each level holds the matcher's threads after that prefix.
   struct Level {
     int32_t node;
@@ -249,7 +248,7 @@ void TokenMasker::WalkSubtree(const Matcher& matcher, int32_t root,
     const auto [byte, child] = node.children[top.next_child++];
     std::vector<Matcher::Stack> next = top.threads;
     if (!matcher.StepInto(next, byte)) continue;
-    for (int32_t id : trie_[child].tokens) allow(id);
+    for (int32_t id : trie_[child].tokens) Allow(mask, id);
     stack.push_back({child, 0, std::move(next)});
   }
 }

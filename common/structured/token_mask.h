@@ -48,6 +48,7 @@ using TokenBitmask = std::vector<uint32_t>;
 inline bool Allowed(const TokenBitmask& mask, int32_t id) {
   return (mask[id >> 5] >> (id & 31)) & 1u;
 }
+inline void Allow(TokenBitmask& mask, int32_t id) { mask[id >> 5] |= 1u << (id & 31); }
 
 class TokenMasker {
  public:

@@ -103,6 +103,23 @@ TEST(WorkerLinkTest, CudaBackendInBuildWithoutCudaSaysSo) {
 }
 #endif
 
+// The KV memory share sizes a CPU worker's paged pool too: (0, 1], named when outside.
+TEST(WorkerLinkTest, CpuBackendRefusesKvFractionOutsideZeroOne) {
+  for (const char* bad : {"0", "1.5"}) {
+    auto [rc, out] = RunWorker({"--backend=cpu", absl::StrCat("--kv_memory_fraction=", bad)});
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_THAT(out, HasSubstr("(expected a share in (0, 1])")) << bad;
+  }
+  // At the bound the worker starts and serves.
+  absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(
+      {TANDEM_WORKER_BIN, "--coordinator=127.0.0.1:1", "--listen=127.0.0.1:0", "--metrics_address=",
+       "--backend=cpu", "--kv_memory_fraction=1"},
+      TempPath("cpu-worker-kv-fraction-1.log"));
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::StatusOr<int> port = (*p)->WaitForPort();
+  EXPECT_TRUE(port.ok()) << port.status() << (*p)->Log();
+}
+
 // A CPU worker process serving on a free port (no coordinator: it only warns that it cannot
 // register).
 class WorkerLinkProcessTest : public ::testing::Test {
