@@ -48,8 +48,7 @@ absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(std::string_view yaml_t
         known = true;
       });
       if (!known) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("%s: unknown setting '%s'", source, key));
+        return absl::InvalidArgumentError(absl::StrFormat("%s: unknown setting '%s'", source, key));
       }
     }
   } catch (const YAML::Exception& e) {
@@ -92,9 +91,9 @@ absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
         "config: kv_pages counts pages of kv_page_size tokens; set kv_page_size too");
   }
   if (c.heartbeat_timeout_ms <= c.heartbeat_interval_ms) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "config: heartbeat_timeout_ms (%d) must exceed heartbeat_interval_ms (%d)",
-        c.heartbeat_timeout_ms, c.heartbeat_interval_ms));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("config: heartbeat_timeout_ms (%d) must exceed heartbeat_interval_ms (%d)",
+                        c.heartbeat_timeout_ms, c.heartbeat_interval_ms));
   }
   return absl::OkStatus();
 }
@@ -114,15 +113,15 @@ absl::Status CheckModelDir(const std::filesystem::path& dir) {
         absl::StrFormat("model_dir %s: is a file, not a folder; %s", dir.string(), kWhat));
   }
   if (!std::filesystem::exists(dir / "config.json", ec)) {
-    return absl::NotFoundError(absl::StrFormat(
-        "model_dir %s: has no config.json, so it is not a checkpoint folder; %s", dir.string(),
-        kWhat));
+    return absl::NotFoundError(
+        absl::StrFormat("model_dir %s: has no config.json, so it is not a checkpoint folder; %s",
+                        dir.string(), kWhat));
   }
   return absl::OkStatus();
 }
 
 CoordinatorConfig WithModelDefaults(CoordinatorConfig c, int head_dim) {
-  if (c.kv_page_size < 0) c.kv_page_size = head_dim % 8 == 0 || c.kv_pages.has_value() ? 16 : 0;
+  if (c.kv_page_size < 0) c.kv_page_size = head_dim % 4 == 0 || c.kv_pages.has_value() ? 16 : 0;
   return c;
 }
 

@@ -61,7 +61,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
   if (!model.ok()) return model.status();
   const CoordinatorConfig config = WithModelDefaults(given, model->head_dim);
   if (given.kv_page_size < 0 && config.kv_page_size == 0) {
-    spdlog::info("KV-cache in contiguous slots: the model's head_dim {} is not a multiple of 8, "
+    spdlog::info("KV-cache in contiguous slots: the model's head_dim {} is not a multiple of 4, "
                  "which the CUDA backend's pages need (--kv_page_size 16 pages it on CPU "
                  "workers)",
                  model->head_dim);

@@ -17,7 +17,8 @@ namespace tandem {
 
 // Named shapes: tiny-gpt2, tiny-llama (GQA, untied head), tiny-llama-tied, tiny-llama3 (Llama 3.1
 // rope scaling), tiny-mistral (sliding window 16), tiny-qwen2 (q/k/v biases, tied head),
-// tiny-qwen3 and tiny-qwen3-tied (q/k norm, head_dim 32 != hidden / heads), gpt2 (124M),
+// tiny-qwen3 and tiny-qwen3-tied (q/k norm, head_dim 32 != hidden / heads), tiny-openllama
+// (head_dim 100, not a multiple of 8), gpt2 (124M),
 // tinyllama-1b (GQA), openllama-3b, llama2-7b, llama2-13b, and with the config fields of the
 // published checkpoints llama3.2-1b, llama3.1-8b, mistral-7b (v0.1), qwen2.5-7b and qwen3-8b.
 // dtype defaults to F32 for tiny presets, BF16 for the Llama 3, Mistral and Qwen shapes (as

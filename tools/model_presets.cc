@@ -74,8 +74,8 @@ ModelConfig Llama(int vocab, int hidden, int inter, int layers, int heads, int k
 
 // The Llama-architecture families in their real shapes: bf16 as published, the special ids of
 // their tokenizers.
-ModelConfig Llama3(int vocab, int hidden, int inter, int layers, int heads, int kv_heads,
-                   bool tied, float rope_factor) {
+ModelConfig Llama3(int vocab, int hidden, int inter, int layers, int heads, int kv_heads, bool tied,
+                   float rope_factor) {
   ModelConfig c = Llama(vocab, hidden, inter, layers, heads, kv_heads, 131072, 1e-5f);
   c.rope_theta = 500000.0f;
   c.rope_scaling = {RopeScaling::Type::kLlama3, rope_factor, 1.0f, 4.0f, 8192};
@@ -122,7 +122,8 @@ ModelConfig Qwen3_8b() {
 // prompts' positions its three bands all turn (wavelength 6.3 kept, 32 ramped, 166 and up
 // divided by 8); tiny-mistral: a sliding window shorter than the test prompts; tiny-qwen2: q/k/v
 // biases and a tied head; tiny-qwen3: the per-head q/k norm and a head_dim of 32 that is not
-// hidden / heads (16), untied or tied.
+// hidden / heads (16), untied or tied; tiny-openllama: OpenLLaMA-3B's head_dim of 100, not a
+// multiple of 8, in two heads.
 ModelConfig TinyLlama3() {
   ModelConfig c = TinyLlama(false);
   c.rope_theta = 500000.0f;
@@ -142,6 +143,16 @@ ModelConfig TinyQwen2() {
   c.model_type = "qwen2";
   c.rope_theta = 1000000.0f;
   c.qkv_bias = true;
+  return c;
+}
+
+ModelConfig TinyOpenLlama() {
+  ModelConfig c = TinyLlama(false);
+  c.hidden_size = 200;
+  c.intermediate_size = 320;
+  c.num_heads = 2;
+  c.num_kv_heads = 2;
+  c.norm_eps = 1e-6f;
   return c;
 }
 
@@ -169,6 +180,7 @@ const std::vector<Preset>& Presets() {
       {"tiny-qwen2", [] { return TinyQwen2(); }},
       {"tiny-qwen3", [] { return TinyQwen3(false); }},
       {"tiny-qwen3-tied", [] { return TinyQwen3(true); }},
+      {"tiny-openllama", [] { return TinyOpenLlama(); }},
       {"gpt2",
        [] {
          ModelConfig c;

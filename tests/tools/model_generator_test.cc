@@ -297,9 +297,8 @@ TEST(ModelGeneratorTest, LargeTensorsAreChunkedWithoutChangingValues) {
 }
 
 TEST(ModelGeneratorTest, ConfigJsonRoundTripsThroughLoadModelConfig) {
-  for (const std::string preset :
-       {"tiny-gpt2", "tiny-llama", "tiny-llama-tied", "tiny-llama3", "tiny-mistral",
-        "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-tied"}) {
+  for (const std::string preset : {"tiny-gpt2", "tiny-llama", "tiny-llama-tied", "tiny-llama3",
+                                   "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-tied"}) {
     fs::path dir = TestDir("config_" + preset);
     const ModelConfig c = Preset(preset);
     Write(c, dir, 1);
@@ -353,8 +352,7 @@ TEST(ModelGeneratorTest, NewFamilyPresetsWriteThePublishedConfigFields) {
   EXPECT_EQ(l31["num_key_value_heads"], 8);
   EXPECT_EQ(l31["rope_theta"], 500000.0);
   EXPECT_EQ(l31["max_position_embeddings"], 131072);
-  EXPECT_EQ(l31["rope_scaling"],
-            nlohmann::json::parse(R"({"factor": 8.0, "low_freq_factor": 1.0,
+  EXPECT_EQ(l31["rope_scaling"], nlohmann::json::parse(R"({"factor": 8.0, "low_freq_factor": 1.0,
               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
               "rope_type": "llama3"})"));
   EXPECT_EQ(l31["tie_word_embeddings"], false);
@@ -570,11 +568,12 @@ TEST(ModelGeneratorTest, RewritingWithoutShardsRemovesStaleShards) {
 }
 
 TEST(ModelGeneratorTest, PresetsHaveTheirPublishedShapes) {
-  EXPECT_THAT(PresetNames(),
-              ElementsAre("tiny-gpt2", "tiny-llama", "tiny-llama-tied", "tiny-llama3",
-                          "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-tied", "gpt2",
-                          "tinyllama-1b", "openllama-3b", "llama2-7b", "llama2-13b",
-                          "llama3.2-1b", "llama3.1-8b", "mistral-7b", "qwen2.5-7b", "qwen3-8b"));
+  EXPECT_THAT(
+      PresetNames(),
+      ElementsAre("tiny-gpt2", "tiny-llama", "tiny-llama-tied", "tiny-llama3", "tiny-mistral",
+                  "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-tied", "tiny-openllama", "gpt2",
+                  "tinyllama-1b", "openllama-3b", "llama2-7b", "llama2-13b", "llama3.2-1b",
+                  "llama3.1-8b", "mistral-7b", "qwen2.5-7b", "qwen3-8b"));
   const ModelConfig o = Preset("openllama-3b");
   EXPECT_EQ(o.arch, Arch::kLlama);
   EXPECT_EQ(o.vocab_size, 32000);
@@ -914,10 +913,14 @@ fs::path TokenizerWithSpecials(const std::string& name) {
   const fs::path dir = TestDir(name);
   EXPECT_TRUE(WriteRandomCheckpoint(Preset("tiny-llama"), {}, dir).ok());
   nlohmann::json tok = nlohmann::json::parse(ReadBytes(dir / "tokenizer.json"));
-  for (auto [id, content] : {std::pair{600, "<s>"}, std::pair{601, "</s>"},
-                             std::pair{602, "<pad>"}}) {
-    tok["added_tokens"].push_back({{"id", id}, {"content", content}, {"single_word", false},
-                                   {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+  for (auto [id, content] :
+       {std::pair{600, "<s>"}, std::pair{601, "</s>"}, std::pair{602, "<pad>"}}) {
+    tok["added_tokens"].push_back({{"id", id},
+                                   {"content", content},
+                                   {"single_word", false},
+                                   {"lstrip", false},
+                                   {"rstrip", false},
+                                   {"normalized", false},
                                    {"special", true}});
   }
   std::ofstream(dir / "tokenizer.json") << tok.dump();
@@ -943,7 +946,7 @@ TEST(TokenizerSpecialsTest, ASpecialTokenMissingFromTheVocabularyIsNamed) {
   absl::StatusOr<TokenizerSpecials> t = ReadTokenizerSpecials(dir);
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(t.status().message(), ::testing::AllOf(HasSubstr("tokenizer_config.json"),
-                                                      HasSubstr("eos_token \"<|eot|>\"")));
+                                                     HasSubstr("eos_token \"<|eot|>\"")));
   EXPECT_EQ(ReadTokenizerSpecials(TestDir("no_tokenizer")).status().code(),
             absl::StatusCode::kNotFound);
 }

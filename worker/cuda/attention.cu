@@ -2,9 +2,16 @@
 // attends to keys [0, position] of its slot. Grouped-query heads share one block per kv head, and
 // the keys are split over `splits` blocks (flash-decoding), whose partial softmax states the last
 // block of each (row, kv head) combines. Cache layout (slots, kv_heads, seq_capacity, head_dim): a
-// head's keys are one contiguous run, loaded with 16-byte loads into shared memory a tile at a
-// time. The paged cache (kv_pages.h) takes the same kernel with each 16-byte load's key found
-// through the block table (kv_view.cuh).
+// head's keys are one contiguous run. The paged cache (kv_pages.h) takes the same kernels with each
+// key found through the block table (kv_view.cuh).
+//
+// Two kernels. Where head_dim is at most 128 and a multiple of 4, and a kv head serves at most 8
+// query heads (every preset), AttentionLanesKernel keeps everything in registers: a group of 8,
+// 16 or 32 lanes holds one key's K and V (8 or 4 elements per lane), the block's lane groups take
+// interleaved keys several at a time, and their softmax states meet in shared memory once at the
+// end. Otherwise AttentionPartialKernel stages 64-key tiles of K and V in shared memory, which
+// costs it shared-memory bandwidth: it reads the cache at ~1.1 TB/s at long contexts.
+#include <algorithm>
 #include <cfloat>
 
 #include "absl/strings/str_cat.h"
@@ -123,11 +130,11 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   const int stride = TileStride(head_dim);
-  float* q_s = reinterpret_cast<float*>(smem_raw);                // (group, head_dim)
-  float* p_s = q_s + width;                                       // (group, kTile)
-  float* m_s = p_s + group * kTile;                               // (group) running max
-  float* l_s = m_s + group;                                       // (group) running sum
-  float* c_s = l_s + group;                                       // (group) rescale of this tile
+  float* q_s = reinterpret_cast<float*>(smem_raw);  // (group, head_dim)
+  float* p_s = q_s + width;                         // (group, kTile)
+  float* m_s = p_s + group * kTile;                 // (group) running max
+  float* l_s = m_s + group;                         // (group) running sum
+  float* c_s = l_s + group;                         // (group) rescale of this tile
   T* k_s = reinterpret_cast<T*>(c_s + group + (4 - (3 * group) % 4) % 4);  // (kTile, stride)
   T* v_s = k_s + kTile * stride;
 
@@ -231,7 +238,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    // Only where head_dim % 8 != 0, which pages do not take.
+    // Only where head_dim % 8 != 0, which pages take through AttentionLanesKernel only.
     for (int flat = nvec * 8 + threadIdx.x; !Kv::kPaged && flat < total; flat += blockDim.x) {
       const int row = flat / head_dim, col = flat % head_dim;
       k_s[row * stride + col] = kh[static_cast<size_t>(t0) * head_dim + flat];
@@ -304,8 +311,227 @@ __global__ void __launch_bounds__(kThreads)
     if (o < width) pa[o] = acc[k];
   }
   for (int g = threadIdx.x; g < group; g += blockDim.x) part_ml[part_row + g] = {m_s[g], l_s[g]};
-  FinishSplits(part_acc, part_ml, out, counters, r, kvh, num_heads, num_kv_heads, head_dim,
-               splits);
+  FinishSplits(part_acc, part_ml, out, counters, r, kvh, num_heads, num_kv_heads, head_dim, splits);
+}
+
+// Keys in flight per lane group and iteration of AttentionLanesKernel: fewer for the widest
+// groups, whose query and accumulators take twice the registers.
+template <int kGroup>
+inline constexpr int kLanesUnroll = kGroup >= 8 ? 2 : 4;
+// Blocks of AttentionLanesKernel resident per SM at least (so at most 128 registers a thread, 255
+// for the widest groups): at batch 64 of the 8B shape its 512 blocks then run in one wave on an
+// H100's or H200's 132 SMs, not in two.
+template <int kGroup>
+inline constexpr int kLanesBlocksPerSm = kGroup >= 8 ? 2 : 4;
+
+// kVec elements of a 2-byte type in one 8- or 16-byte load.
+template <typename T, int kVec>
+struct alignas(kVec * sizeof(T)) KeyVec {
+  T v[kVec];
+};
+
+// grid (num_kv_heads, rows, splits), kThreads threads, as AttentionPartialKernel and with the same
+// partials, for head_dim <= kLanes * kVec (a multiple of kVec) and group <= kGroup query heads
+// per kv head (the heads past group are computed on zeros and never stored). Lane group lg
+// (kLanes lanes, kVec dimensions each; lanes past head_dim idle) takes kUnroll consecutive keys
+// per iteration, from k0 + lg * kUnroll (the block's iteration covers kStep keys from k0), their K
+// and V loads issued together and found from one address (one page). A group keeps a running (max, sum, accumulators) per head; its score of a key is its
+// lanes' partial dots summed by shuffles, so every lane of a group holds the same softmax state.
+template <typename T, int kLanes, int kVec, int kGroup, typename Kv>
+__global__ void __launch_bounds__(kThreads, kLanesBlocksPerSm<kGroup>)
+    AttentionLanesKernel(const T* __restrict__ q, const T* __restrict__ k_cache,
+                         const T* __restrict__ v_cache, const int32_t* __restrict__ positions,
+                         const int32_t* __restrict__ slots, float* __restrict__ part_acc,
+                         float2* __restrict__ part_ml, T* __restrict__ out,
+                         uint32_t* __restrict__ counters, int num_heads, int num_kv_heads,
+                         int head_dim, Kv kv, float scale, int window) {
+  using Vec = KeyVec<T, kVec>;
+  const int group = num_heads / num_kv_heads;
+  constexpr int kDims = kLanes * kVec;  // head_dim at most
+  constexpr int kLaneGroups = kThreads / kLanes, kUnroll = kLanesUnroll<kGroup>;
+  constexpr int kStep = kLaneGroups * kUnroll;
+  __shared__ __align__(16) float acc_s[kLaneGroups][kGroup * kDims];
+  __shared__ float2 ml_s[kLaneGroups][kGroup];
+  AllowDependentLaunch();  // the out-projection may start prefetching its weights
+  const int kvh = blockIdx.x, r = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  // The splits of AttentionPartialKernel (tile-aligned from the tile that holds lo), each begun
+  // at lo at the earliest: keys before the window are never read.
+  const int ctx = positions[r] + 1;
+  const int lo = window > 0 ? max(0, ctx - window) : 0;
+  const int first = lo / kTile * kTile;
+  int chunk = (ctx - first + splits - 1) / splits;
+  chunk = (chunk + kTile - 1) / kTile * kTile;
+  const int begin = max(lo, first + split * chunk);
+  const int end = min(ctx, first + split * chunk + chunk);
+  WaitForPrerequisites();  // q and this row's cache entry come from the previous kernel
+
+  const size_t part_row = (static_cast<size_t>(r) * splits + split) * num_heads + kvh * group;
+  if (begin >= end) {
+    for (int g = threadIdx.x; g < group; g += blockDim.x) part_ml[part_row + g] = {-INFINITY, 0.0f};
+    FinishSplits(part_acc, part_ml, out, counters, r, kvh, num_heads, num_kv_heads, head_dim,
+                 splits);
+    return;
+  }
+  const int lg = threadIdx.x / kLanes, li = threadIdx.x % kLanes;
+  const bool lane_on = li * kVec < head_dim;
+  const T* qr = q + static_cast<size_t>(r) * num_heads * head_dim + kvh * group * head_dim;
+  float qf[kGroup][kVec];
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    Vec v;
+    if (lane_on && g < group) {
+      v = reinterpret_cast<const Vec*>(qr + g * head_dim)[li];
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) v.v[e] = FromF<T>(0.0f);
+    }
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) qf[g][e] = ToF(v.v[e]) * scale;
+  }
+  float m[kGroup], l[kGroup], acc[kGroup][kVec];
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) acc[g][e] = 0.0f;
+  }
+  const int seq = slots[r];
+  const size_t head_base = Kv::kPaged ? 0 : kv.Offset(seq, kvh, 0);
+  // Paged: the table entries of an iteration's keys [k0, k0 + kStep), one per lane of each warp
+  // (entry (k0 >> page_shift) + lane; kStep / kMinKvPageSize + 1 <= 32 of them), read one
+  // iteration ahead so that their latency hides behind the K and V loads; a key's page is then a
+  // shuffle from the lane that read it. Entries past the end are not read.
+  static_assert(kStep / kMinKvPageSize + 1 <= 32, "an iteration's pages fit a warp");
+  const int lane = threadIdx.x & 31;
+  auto read_pages = [&](int k0) -> int {
+    if constexpr (Kv::kPaged) {
+      const int first_page = k0 >> kv.page_shift;
+      const int last_page = (min(k0 + kStep, end) - 1) >> kv.page_shift;
+      if (k0 < end && first_page + lane <= last_page) {
+        return __ldg(kv.table + static_cast<size_t>(seq) * kv.table_stride + first_page + lane);
+      }
+    }
+    return 0;
+  };
+  // Iterations from the kUnroll-aligned key at or before begin: a group's kUnroll keys then lie in
+  // one page (kUnroll divides every page size) and the page of the first is that of all; keys
+  // before begin are masked, never read.
+  static_assert(kMinKvPageSize % kUnroll == 0, "a group's keys of an iteration share a page");
+  const int kb = begin & ~(kUnroll - 1);
+  auto valid = [&](int pos) { return pos >= begin && pos < end; };
+  int pages_now = read_pages(kb);
+  for (int k0 = kb; k0 < end; k0 += kStep) {
+    const int pos0 = k0 + lg * kUnroll;
+    size_t at0;
+    if constexpr (Kv::kPaged) {
+      const int page = __shfl_sync(0xffffffffu, pages_now,
+                                   min((pos0 >> kv.page_shift) - (k0 >> kv.page_shift), 31));
+      at0 = kv.InPage(page, kvh, pos0);
+    } else {
+      at0 = head_base + static_cast<size_t>(pos0) * head_dim;
+    }
+    Vec kk[kUnroll], vv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (valid(pos0 + u) && lane_on) {
+        const size_t at = at0 + static_cast<size_t>(u) * head_dim;
+        kk[u] = reinterpret_cast<const Vec*>(k_cache + at)[li];
+        vv[u] = reinterpret_cast<const Vec*>(v_cache + at)[li];
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) kk[u].v[e] = vv[u].v[e] = FromF<T>(0.0f);
+      }
+    }
+    pages_now = read_pages(k0 + kStep);
+    // Scores: this lane's kVec dimensions, then the group's sum (every lane of the warp shuffles,
+    // whichever keys are past the end).
+    float s[kGroup][kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      float kf[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) kf[e] = ToF(kk[u].v[e]);
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) d += qf[g][e] * kf[e];
+        s[g][u] = d;
+      }
+    }
+#pragma unroll
+    for (int o = kLanes / 2; o > 0; o >>= 1) {
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) s[g][u] += __shfl_xor_sync(0xffffffffu, s[g][u], o);
+      }
+    }
+    // Online softmax over this iteration's keys of the group, one rescale per iteration.
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      float mx = m[g];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (valid(pos0 + u)) mx = fmaxf(mx, s[g][u]);
+      }
+      if (mx == -INFINITY) continue;         // no key of this group yet
+      const float corr = __expf(m[g] - mx);  // 0 while m is -inf
+      m[g] = mx;
+      float p[kUnroll], sum = 0.0f;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        p[u] = valid(pos0 + u) ? __expf(s[g][u] - mx) : 0.0f;
+        sum += p[u];
+      }
+      l[g] = l[g] * corr + sum;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        float a = acc[g][e] * corr;
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) a += p[u] * ToF(vv[u].v[e]);
+        acc[g][e] = a;
+      }
+    }
+  }
+  // The lane groups' states combined: out = sum_lg e^(m_lg - M) acc_lg / sum_lg e^(m_lg - M) l_lg.
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    float4* dst = reinterpret_cast<float4*>(&acc_s[lg][g * kDims + li * kVec]);
+#pragma unroll
+    for (int e = 0; e < kVec; e += 4) {
+      dst[e / 4] = make_float4(acc[g][e], acc[g][e + 1], acc[g][e + 2], acc[g][e + 3]);
+    }
+    if (li == 0) ml_s[lg][g] = {m[g], l[g]};
+  }
+  __syncthreads();
+  const int width = group * head_dim;
+  T* o_row = out + static_cast<size_t>(r) * num_heads * head_dim + kvh * width;
+  float* pa = part_acc + part_row * head_dim;
+  for (int o = threadIdx.x; o < width; o += kThreads) {
+    const int g = o / head_dim, d = o - g * head_dim;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kLaneGroups; ++j) mx = fmaxf(mx, ml_s[j][g].x);
+    float num = 0.0f, den = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kLaneGroups; ++j) {
+      const float2 ml = ml_s[j][g];
+      if (ml.x == -INFINITY) continue;  // a group that saw no key
+      const float w = __expf(ml.x - mx);
+      num += w * acc_s[j][g * kDims + d];
+      den += w * ml.y;
+    }
+    if (splits == 1) {
+      o_row[o] = FromF<T>(num / den);
+    } else {
+      pa[o] = num;
+      if (d == 0) part_ml[part_row + g] = {mx, den};
+    }
+  }
+  if (splits == 1) return;
+  FinishSplits(part_acc, part_ml, out, counters, r, kvh, num_heads, num_kv_heads, head_dim, splits);
 }
 
 size_t PartialAccFloats(int rows, int num_heads, int head_dim, int splits) {
@@ -314,11 +540,73 @@ size_t PartialAccFloats(int rows, int num_heads, int head_dim, int splits) {
 
 }  // namespace
 
+int AttentionSplits(int rows, int num_kv_heads, int max_context, int sm_count) {
+  const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(rows) * num_kv_heads);
+  const int64_t fill = (2 * static_cast<int64_t>(sm_count) + blocks - 1) / blocks;
+  const int64_t most = std::min<int64_t>({fill, kMaxAttentionSplits, max_context / kTile});
+  return static_cast<int>(std::max<int64_t>(1, most));
+}
+
 size_t AttentionPartialFloats(int rows, int num_heads, int head_dim, int splits) {
   return static_cast<size_t>(rows) * splits * num_heads * (head_dim + 2);
 }
 
 namespace {
+
+// Shapes AttentionLanesKernel is built for.
+bool LanesKernelTakes(int head_dim, int group) {
+  return head_dim > 0 && head_dim <= 128 && head_dim % 4 == 0 && group >= 1 && group <= 8;
+}
+
+template <typename T, int kLanes, int kVec, typename Kv>
+absl::Status LaunchLanesOf(const void* q, const void* k_cache, const void* v_cache,
+                           const int32_t* positions, const int32_t* slots, float* part_acc,
+                           float2* part_ml, void* out, int num_heads, int num_kv_heads,
+                           int head_dim, Kv kv, const AttentionParams& params, dim3 grid,
+                           cudaStream_t stream, uint32_t* counters, bool pdl) {
+  auto launch = [&](auto kernel) {
+    return LaunchKernel(kernel, grid, dim3(kThreads), 0, stream, pdl, static_cast<const T*>(q),
+                        static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), positions,
+                        slots, part_acc, part_ml, static_cast<T*>(out), counters, num_heads,
+                        num_kv_heads, head_dim, kv, params.scale, params.window);
+  };
+  // Built for groups of 1, 2, 4 and 8; 3 runs as 4, 5 to 7 as 8.
+  const int group = num_heads / num_kv_heads;
+  if (group == 1) {
+    CUDA_CHECK(launch(AttentionLanesKernel<T, kLanes, kVec, 1, Kv>));
+  } else if (group == 2) {
+    CUDA_CHECK(launch(AttentionLanesKernel<T, kLanes, kVec, 2, Kv>));
+  } else if (group <= 4) {
+    CUDA_CHECK(launch(AttentionLanesKernel<T, kLanes, kVec, 4, Kv>));
+  } else {
+    CUDA_CHECK(launch(AttentionLanesKernel<T, kLanes, kVec, 8, Kv>));
+  }
+  CUDA_CHECK_LAUNCH();
+  return absl::OkStatus();
+}
+
+// AttentionLanesKernel for a shape LanesKernelTakes: the fewest lanes per key that hold head_dim,
+// with 16-byte loads where head_dim % 8 == 0.
+template <typename T, typename Kv>
+absl::Status LaunchLanes(const void* q, const void* k_cache, const void* v_cache,
+                         const int32_t* positions, const int32_t* slots, float* part_acc,
+                         float2* part_ml, void* out, int num_heads, int num_kv_heads, int head_dim,
+                         Kv kv, const AttentionParams& params, dim3 grid, cudaStream_t stream,
+                         uint32_t* counters, bool pdl) {
+  if (head_dim % 8 == 0 && head_dim <= 64) {
+    return LaunchLanesOf<T, 8, 8>(q, k_cache, v_cache, positions, slots, part_acc, part_ml, out,
+                                  num_heads, num_kv_heads, head_dim, kv, params, grid, stream,
+                                  counters, pdl);
+  }
+  if (head_dim % 8 == 0) {
+    return LaunchLanesOf<T, 16, 8>(q, k_cache, v_cache, positions, slots, part_acc, part_ml, out,
+                                   num_heads, num_kv_heads, head_dim, kv, params, grid, stream,
+                                   counters, pdl);
+  }
+  return LaunchLanesOf<T, 32, 4>(q, k_cache, v_cache, positions, slots, part_acc, part_ml, out,
+                                 num_heads, num_kv_heads, head_dim, kv, params, grid, stream,
+                                 counters, pdl);
+}
 
 template <typename Kv>
 absl::Status Launch(DType dtype, const void* q, const void* k_cache, const void* v_cache,
@@ -327,12 +615,20 @@ absl::Status Launch(DType dtype, const void* q, const void* k_cache, const void*
                     const AttentionParams& params, cudaStream_t stream, uint32_t* counters,
                     bool pdl) {
   float* part_acc = partials;
-  float2* part_ml = reinterpret_cast<float2*>(
-      partials + PartialAccFloats(rows, num_heads, head_dim, splits));
+  float2* part_ml =
+      reinterpret_cast<float2*>(partials + PartialAccFloats(rows, num_heads, head_dim, splits));
   const int group = num_heads / num_kv_heads;
   const size_t smem = (group * head_dim + group * kTile + 3 * group + 4) * sizeof(float) +
                       2 * kTile * TileStride(head_dim) * 2 + 2 * kTilePages * sizeof(int);
   dim3 grid(num_kv_heads, rows, splits);
+  if (LanesKernelTakes(head_dim, group)) {
+    TANDEM_DISPATCH_HALF(dtype, {
+      RETURN_IF_ERROR(LaunchLanes<T>(q, k_cache, v_cache, positions, slots, part_acc, part_ml, out,
+                                     num_heads, num_kv_heads, head_dim, kv, params, grid, stream,
+                                     counters, pdl));
+    });
+    return absl::OkStatus();
+  }
   TANDEM_DISPATCH_HALF(dtype, {
     auto* kernel = rows <= kMaxRowsForLoadBatch ? AttentionPartialKernel<T, kLoadBatchFew, Kv>
                                                 : AttentionPartialKernel<T, 1, Kv>;
@@ -351,17 +647,17 @@ absl::Status Launch(DType dtype, const void* q, const void* k_cache, const void*
 }
 
 // The checks both layouts share; `capacity` is the slot's capacity, or 0 for pages.
-absl::Status CheckAttention(int num_heads, int num_kv_heads, int head_dim, int capacity,
-                            int splits, const AttentionParams& params, const uint32_t* counters) {
+absl::Status CheckAttention(int num_heads, int num_kv_heads, int head_dim, int capacity, int splits,
+                            const AttentionParams& params, const uint32_t* counters) {
   const int group = num_kv_heads > 0 ? num_heads / num_kv_heads : 0;
   if (group < 1 || group * num_kv_heads != num_heads ||
       group * head_dim > kMaxAttentionGroupWidth || head_dim % 2 != 0 ||
       capacity % kKvSeqAlign != 0 || splits < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "attention: unsupported shape (heads ", num_heads, " a multiple of kv heads ", num_kv_heads,
-        "; heads per kv head ", group, " x head_dim ", head_dim, " must be <= ",
-        kMaxAttentionGroupWidth, ", head_dim even, seq capacity ", capacity, " a multiple of ",
-        kKvSeqAlign, ", splits ", splits, " >= 1)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("attention: unsupported shape (heads ", num_heads, " a multiple of kv heads ",
+                     num_kv_heads, "; heads per kv head ", group, " x head_dim ", head_dim,
+                     " must be <= ", kMaxAttentionGroupWidth, ", head_dim even, seq capacity ",
+                     capacity, " a multiple of ", kKvSeqAlign, ", splits ", splits, " >= 1)"));
   }
   if (params.window < 0 || !(params.scale > 0.0f)) {
     return absl::InvalidArgumentError(absl::StrCat("attention: window ", params.window,
@@ -384,11 +680,15 @@ absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache, co
                              int seq_capacity, int splits, const AttentionParams& params,
                              cudaStream_t stream, uint32_t* counters, bool pdl) {
   if (rows == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckAttention(num_heads, num_kv_heads, head_dim, seq_capacity, splits, params,
-                                 counters));
+  RETURN_IF_ERROR(
+      CheckAttention(num_heads, num_kv_heads, head_dim, seq_capacity, splits, params, counters));
   return Launch(dtype, q, k_cache, v_cache, positions, slots, partials, out, rows, num_heads,
                 num_kv_heads, head_dim, SlotKv{num_kv_heads, seq_capacity, head_dim}, splits,
                 params, stream, counters, pdl);
+}
+
+bool PagedDecodeAttentionTakes(int head_dim, int group) {
+  return head_dim > 0 && (head_dim % 8 == 0 || LanesKernelTakes(head_dim, group));
 }
 
 absl::Status LaunchAttentionPaged(DType dtype, const void* q, const KvPages& pages,
@@ -398,12 +698,17 @@ absl::Status LaunchAttentionPaged(DType dtype, const void* q, const KvPages& pag
                                   cudaStream_t stream, uint32_t* counters, bool pdl) {
   if (rows == 0) return absl::OkStatus();
   RETURN_IF_ERROR(CheckKvPages(pages, head_dim, "paged attention"));
-  RETURN_IF_ERROR(
-      CheckAttention(num_heads, num_kv_heads, head_dim, 0, splits, params, counters));
+  RETURN_IF_ERROR(CheckAttention(num_heads, num_kv_heads, head_dim, 0, splits, params, counters));
+  if (!PagedDecodeAttentionTakes(head_dim, num_heads / num_kv_heads)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("paged attention: head_dim ", head_dim,
+                     " is not a multiple of 8, which pages take only "
+                     "up to 128 with at most 8 query heads per kv head (",
+                     num_heads / num_kv_heads, ")"));
+  }
   return Launch(dtype, q, pages.k, pages.v, positions, seqs, partials, out, rows, num_heads,
                 num_kv_heads, head_dim, ToPagedKv(pages, num_kv_heads, head_dim), splits, params,
                 stream, counters, pdl);
 }
 
 }  // namespace tandem::cuda
-

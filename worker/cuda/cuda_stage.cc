@@ -91,10 +91,11 @@ absl::Status CudaStage::Load(const StageSpec& spec) {
   std::vector<int32_t> eos;
   if (c_.eos_token_id >= 0) eos.push_back(c_.eos_token_id);
   constrained_ = std::make_unique<ConstrainedSampling>(spec.model_dir, std::move(eos));
-  spdlog::info("CUDA stage of layers [{}, {}): weights in {:.3f} s ({} arena(s)), buffers and "
-               "KV-cache of {} bytes in {:.3f} s, {} decode graph(s) in {:.3f} s",
-               first_layer_, first_layer_ + num_layers_, seconds(t0, t1), placed_.size(),
-               kv_.size(), seconds(t1, t2), graphs_.size(), seconds(t2, t3));
+  spdlog::info(
+      "CUDA stage of layers [{}, {}): weights in {:.3f} s ({} arena(s)), buffers and "
+      "KV-cache of {} bytes in {:.3f} s, {} decode graph(s) in {:.3f} s",
+      first_layer_, first_layer_ + num_layers_, seconds(t0, t1), placed_.size(), kv_.size(),
+      seconds(t1, t2), graphs_.size(), seconds(t2, t3));
   return absl::OkStatus();
 }
 
@@ -104,12 +105,12 @@ absl::Status CudaStage::CheckOptions(const StageSpec& spec) {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, opt_.device));
   sm_count_ = prop.multiProcessorCount;
   if (opt_.dtype != DType::kF16 && opt_.dtype != DType::kBF16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CUDA backend dtype must be F16 or BF16, got ", std::string(DTypeName(opt_.dtype))));
+    return absl::InvalidArgumentError(absl::StrCat("CUDA backend dtype must be F16 or BF16, got ",
+                                                   std::string(DTypeName(opt_.dtype))));
   }
   if (!(opt_.kv_memory_fraction > 0.0f && opt_.kv_memory_fraction <= 1.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat("kv_memory_fraction must be in (0, 1], got ",
-                                                   opt_.kv_memory_fraction));
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_memory_fraction must be in (0, 1], got ", opt_.kv_memory_fraction));
   }
   if (spec.max_slots < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_slots must be >= 1, got ", spec.max_slots));
@@ -157,15 +158,16 @@ absl::Status CudaStage::CheckPagedOptions(const StageSpec& spec) {
         "kv_page_size must be 0 (contiguous slots) or a power of two >= ", cuda::kMinKvPageSize,
         " for the CUDA backend, got ", ps));
   }
-  if (c_.head_dim % 8 != 0) {
+  if (c_.head_dim % 4 != 0 ||
+      !cuda::PagedDecodeAttentionTakes(c_.head_dim, c_.num_heads / c_.num_kv_heads)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "a paged KV-cache on the CUDA backend needs head_dim a multiple of 8, got ", c_.head_dim,
-        "; run with kv_page_size 0"));
+        "a paged KV-cache on the CUDA backend needs head_dim a multiple of 8, or of 4 up to 128 "
+        "with at most 8 query heads per kv head; got head_dim ",
+        c_.head_dim, " with ", c_.num_heads / c_.num_kv_heads, "; run with kv_page_size 0"));
   }
   if (spec.kv_pages < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("kv_pages must be >= 0 (0: as many as the KV memory holds), got ",
-                     spec.kv_pages));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_pages must be >= 0 (0: as many as the KV memory holds), got ", spec.kv_pages));
   }
   page_size_ = ps;
   pages_asked_ = spec.kv_pages;
@@ -204,12 +206,12 @@ absl::Status CudaStage::UploadBlockTables(const StepDescriptor& step,
 }
 
 absl::Status CudaStage::Validate(const StepDescriptor& step, const Activations& in) const {
-  const StepLimits limits{max_slots_, max_seq_len_, c_.vocab_size, c_.hidden_size,
-                          has_embedding_};
+  const StepLimits limits{max_slots_, max_seq_len_, c_.vocab_size, c_.hidden_size, has_embedding_};
   // Paged: what a sequence's pages hold is the coordinator's to know (a prefix may be cached
   // there by another sequence), so only the context bounds a position.
-  RETURN_IF_ERROR(ValidateStep(step, in, limits, paged() ? std::span<const int>(any_len_)
-                                                          : std::span<const int>(cached_len_)));
+  RETURN_IF_ERROR(
+      ValidateStep(step, in, limits,
+                   paged() ? std::span<const int>(any_len_) : std::span<const int>(cached_len_)));
   RETURN_IF_ERROR(CheckBlockTables(step));
   if (in.ready != nullptr && in.where != Where::kDevice) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -268,8 +270,8 @@ absl::Status CudaStage::CopyInput(const Activations& in, int64_t row0, int rows)
     if (in.ready != nullptr) {  // still arriving: the step runs once it is there
       CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), static_cast<cudaEvent_t>(in.ready), 0));
     }
-    CUDA_CHECK(cudaMemcpyAsync(x_.get(), src, rows * row_bytes, cudaMemcpyDeviceToDevice,
-                               stream_.get()));
+    CUDA_CHECK(
+        cudaMemcpyAsync(x_.get(), src, rows * row_bytes, cudaMemcpyDeviceToDevice, stream_.get()));
     return absl::OkStatus();
   }
   char* staging = host_hidden_.as<char>();
@@ -281,8 +283,8 @@ absl::Status CudaStage::CopyInput(const Activations& in, int64_t row0, int rows)
     ToFloat(in.dtype, src, n, f.data());
     FromFloat(opt_.dtype, f.data(), n, staging);
   }
-  CUDA_CHECK(cudaMemcpyAsync(x_.get(), staging, rows * row_bytes, cudaMemcpyHostToDevice,
-                             stream_.get()));
+  CUDA_CHECK(
+      cudaMemcpyAsync(x_.get(), staging, rows * row_bytes, cudaMemcpyHostToDevice, stream_.get()));
   return absl::OkStatus();
 }
 
@@ -361,8 +363,8 @@ absl::Status CudaStage::RunChunks(const StepDescriptor& step, const Activations&
     RETURN_IF_ERROR(Forward(rows, samples));
     if (has_head_) RETURN_IF_ERROR(ConstrainSamples(step, sample_seqs));
     if (has_head_ && samples > 0) {
-      CUDA_CHECK(cudaMemcpyAsync(host_tokens_[buf_].get(), tokens_out_.get(), samples * sizeof(int32_t),
-                                 cudaMemcpyDeviceToHost, stream_.get()));
+      CUDA_CHECK(cudaMemcpyAsync(host_tokens_[buf_].get(), tokens_out_.get(),
+                                 samples * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_.get()));
       if (step.return_logits) {
         CUDA_CHECK(cudaMemcpyAsync(host_logits_.get(), logits_.get(),
                                    static_cast<size_t>(samples) * c_.vocab_size * 4,
@@ -409,8 +411,7 @@ absl::StatusOr<StepOutput> CudaStage::Step(const StepDescriptor& step, const Act
   return out;
 }
 
-absl::StatusOr<StepOutput> CudaStage::StepRows(const StepDescriptor& step,
-                                               const Activations& in) {
+absl::StatusOr<StepOutput> CudaStage::StepRows(const StepDescriptor& step, const Activations& in) {
   if (absl::Status st = Validate(step, in); !st.ok()) {
     // A frame posted for this step is still taken, so that the next step's is not taken for it.
     if (in.arrival) (void)in.arrival();
@@ -427,13 +428,13 @@ absl::StatusOr<StepOutput> CudaStage::StepRows(const StepDescriptor& step,
   for (int i = 0; has_head_ && i < static_cast<int>(step.seqs.size()); ++i) {
     if (step.seqs[i].prompt_logprobs >= 0) LogprobsEntry(out, i);
   }
-  const bool decode = out.logprobs.empty() &&
-                      std::all_of(step.seqs.begin(), step.seqs.end(),
-                                  [](const SequenceStep& s) { return s.num_tokens == 1; });
+  const bool decode =
+      out.logprobs.empty() && std::all_of(step.seqs.begin(), step.seqs.end(),
+                                          [](const SequenceStep& s) { return s.num_tokens == 1; });
   // Sequences with min_p, a penalty or logprobs take the host rule over the sampled rows' fp32
   // logits, copied back only in steps that hold one; every other step runs as it would.
-  const bool host_rule = has_head_ && std::any_of(step.seqs.begin(), step.seqs.end(),
-                                                  NeedsHostRule);
+  const bool host_rule =
+      has_head_ && std::any_of(step.seqs.begin(), step.seqs.end(), NeedsHostRule);
   // Constrained rows: their matchers placed (or refused) before anything runs.
   constrained_step_ = has_head_ && ConstrainedSampling::Constrains(step);
   absl::Cleanup unconstrained = [this] { constrained_step_ = false; };
@@ -456,8 +457,9 @@ absl::StatusOr<StepOutput> CudaStage::StepRows(const StepDescriptor& step,
     if (!step.return_logits) out.logits.clear();
   }
   if (constrained_step_) AdvanceConstraints(step, out);
-  std::stable_sort(out.logprobs.begin(), out.logprobs.end(),
-                   [](const SequenceLogprobs& a, const SequenceLogprobs& b) { return a.seq < b.seq; });
+  std::stable_sort(
+      out.logprobs.begin(), out.logprobs.end(),
+      [](const SequenceLogprobs& a, const SequenceLogprobs& b) { return a.seq < b.seq; });
   return out;
 }
 
@@ -510,8 +512,8 @@ absl::StatusOr<KvBlock> KvBlockToHost(const KvBlock& block) {
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<const PlacedWeights>> PlaceCudaWeights(
-    const StageSpec& spec, const CudaOptions& options) {
+absl::StatusOr<std::shared_ptr<const PlacedWeights>> PlaceCudaWeights(const StageSpec& spec,
+                                                                      const CudaOptions& options) {
   if (!CudaDeviceAvailable()) {
     return absl::FailedPreconditionError("no CUDA device is available");
   }
@@ -522,8 +524,8 @@ absl::StatusOr<std::shared_ptr<const PlacedWeights>> PlaceCudaWeights(
   ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(spec.model_dir));
   const int last = spec.last_layer == -1 ? c.num_layers : spec.last_layer;
   if (spec.first_layer < 0 || spec.first_layer >= last || last > c.num_layers) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "layers [%d, %d) of a model of %d", spec.first_layer, last, c.num_layers));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("layers [%d, %d) of a model of %d", spec.first_layer, last, c.num_layers));
   }
   CUDA_CHECK(cudaSetDevice(options.device));
   ASSIGN_OR_RETURN(StageArenas arenas,

@@ -42,11 +42,7 @@ absl::Status CudaStage::Gemv(cuda::GemvEpilogue e, const void* x, const void* w,
 int CudaStage::SplitsFor(int rows) const {
   // Batch-invariant: the keys of a row are never split, whatever the number of rows.
   if (opt_.batch_invariant) return 1;
-  // Enough blocks to fill the GPU twice; no more splits than tiles of the longest context.
-  const int64_t blocks = static_cast<int64_t>(rows) * c_.num_kv_heads;
-  int splits = static_cast<int>((2 * sm_count_ + blocks - 1) / blocks);
-  splits = std::min({splits, kMaxSplits, seq_capacity_ / cuda::kKvSeqAlign});
-  return std::max(splits, 1);
+  return cuda::AttentionSplits(rows, c_.num_kv_heads, seq_capacity_, sm_count_);
 }
 
 absl::Status CudaStage::Forward(int rows, int samples) {

@@ -86,7 +86,6 @@ absl::StatusOr<StageArenas> ArenasFor(const StageSpec& spec, int first, int last
                                       const CudaOptions& opt, bool tie_word_embeddings);
 
 constexpr int kMinRowsCap = 1024;  // rows per forward pass (prefill chunk)
-constexpr int kMaxSplits = 16;     // key splits per (row, kv head) in attention
 
 // A sequence whose token the device's sampler does not draw by the whole rule.
 inline bool NeedsHostRule(const SequenceStep& s) {
@@ -232,8 +231,9 @@ class CudaStage final : public Stage {
   bool paged() const { return page_size_ > 0; }
   absl::StatusOr<StepOutput> StepRows(const StepDescriptor& step, const Activations& in);
   // A block of this stage's dtype and dims over the given layers and positions, its K and V in
-  // device memory (not written).
-  absl::StatusOr<KvBlock> DeviceKvBlock(int first_layer, int num_layers, int positions) const;
+  // device memory (not written); `table` (a paged write-out's block table) is copied after V.
+  absl::StatusOr<KvBlock> DeviceKvBlock(int first_layer, int num_layers, int positions,
+                                        std::span<const int32_t> table = {}) const;
   // Positions [0, positions) of layer `layer` of `place`, between the cache and a block layer's
   // K and V in device memory, on the stage's stream: the slot's rows, or on a paged stage the
   // pages of `table` (place.block_table in device memory).

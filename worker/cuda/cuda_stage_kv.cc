@@ -1,6 +1,6 @@
 // KV blocks in and out of the CUDA stage's cache (its slots, or its pages through a place's block
 // table): exports to the host or to device memory, imports, and the write-outs a step fills layer
-// by layer as it goes (slots only).
+// by layer as it goes.
 #include "worker/cuda/cuda_stage_impl.h"
 
 #include <memory>
@@ -10,16 +10,6 @@
 
 namespace tandem {
 namespace {
-// The write-out of a step goes through a slot's contiguous rows: a place with pages, or any place
-// on a paged stage, is not written out yet (a paged hand-off exports after the prompt instead).
-absl::Status NoPages(const char* what, const KvPlace& place, bool paged) {
-  if (!paged && place.block_table.empty()) return absl::OkStatus();
-  return absl::UnimplementedError(
-      absl::StrCat(what, ": slot ", place.slot, " names ", place.block_table.size(),
-                   " pages; the CUDA stage does not write a paged KV-cache out during a step "
-                   "(export it after the step)"));
-}
-
 // A move's block table in device memory: its own small buffer (moves are rare), freed once the
 // copies that read it have drained. Empty for a place without pages.
 absl::StatusOr<DeviceBuffer> UploadTable(const KvPlace& place) {
@@ -84,14 +74,19 @@ absl::StatusOr<KvBlock> CudaStage::ExportKv(const KvPlace& place, int positions,
   return b;
 }
 
-absl::StatusOr<KvBlock> CudaStage::DeviceKvBlock(int first_layer, int num_layers,
-                                                 int positions) const {
+absl::StatusOr<KvBlock> CudaStage::DeviceKvBlock(int first_layer, int num_layers, int positions,
+                                                 std::span<const int32_t> table) const {
   KvBlock b = KvBlockOf(opt_.dtype, first_layer, num_layers, c_.num_kv_heads, c_.head_dim,
                         positions);
-  const size_t bytes = b.expected_bytes();
-  ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> mem, SharedDeviceBytes(opt_.device, 2 * bytes));
+  const size_t bytes = b.expected_bytes(), table_bytes = table.size_bytes();
+  ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> mem,
+                   SharedDeviceBytes(opt_.device, 2 * bytes + table_bytes));
   b.device_k = mem;
   b.device_v = std::shared_ptr<uint8_t>(mem, mem.get() + bytes);
+  if (table_bytes > 0) {
+    CUDA_CHECK(
+        cudaMemcpy(mem.get() + 2 * bytes, table.data(), table_bytes, cudaMemcpyHostToDevice));
+  }
   return b;
 }
 
@@ -180,12 +175,18 @@ absl::Status CudaStage::ImportKv(const KvPlace& place, const KvBlock& block) {
 }
 
 absl::StatusOr<std::shared_ptr<KvOut>> CudaStage::OpenKvOut(const KvPlace& place, int positions) {
-  RETURN_IF_ERROR(NoPages("KV write-out", place, paged()));
+  RETURN_IF_ERROR(
+      CheckKvPlace("KV write-out", place, positions, page_size_, num_pages_, max_seq_len_));
   const int slot = place.slot;
   RETURN_IF_ERROR(CheckKvOut(slot, positions, first_layer_, first_layer_ + num_layers_,
                              max_slots_, max_seq_len_));
-  ASSIGN_OR_RETURN(KvBlock b, DeviceKvBlock(first_layer_, num_layers_, positions));
-  auto out = std::make_shared<KvOut>(std::move(b), slot);
+  CUDA_CHECK(cudaSetDevice(opt_.device));
+  // Paged: the place's block table rides in the block's device memory, after V (WriteOut reads it
+  // there while the step runs; it goes when the block does).
+  ASSIGN_OR_RETURN(KvBlock b, DeviceKvBlock(first_layer_, num_layers_, positions,
+                                            paged() ? std::span<const int32_t>(place.block_table)
+                                                    : std::span<const int32_t>()));
+  auto out = std::make_shared<KvOut>(std::move(b), place);
   kv_outs_.Add(out);
   return out;
 }
@@ -193,11 +194,20 @@ absl::StatusOr<std::shared_ptr<KvOut>> CudaStage::OpenKvOut(const KvPlace& place
 absl::Status CudaStage::WriteOut(KvOut& out, int l) {
   KvBlock& b = out.block_to_write();
   const size_t layer_bytes = static_cast<size_t>(b.positions) * RowBytes(c_.kv_dim());
-  RETURN_IF_ERROR(cuda::LaunchKvBlockCopy(KCache(l), VCache(l), out.slot(),
-                                          b.device_k.get() + l * layer_bytes,
-                                          b.device_v.get() + l * layer_bytes, b.positions,
-                                          c_.num_kv_heads, c_.head_dim, seq_capacity_,
-                                          /*to_block=*/true, stream_.get()));
+  uint8_t* k_block = b.device_k.get() + l * layer_bytes;
+  uint8_t* v_block = b.device_v.get() + l * layer_bytes;
+  if (paged()) {
+    cuda::KvPages pages = Pages(l);
+    pages.block_table = reinterpret_cast<const int32_t*>(b.device_v.get() + b.expected_bytes());
+    pages.table_stride = static_cast<int>(out.place().block_table.size());
+    RETURN_IF_ERROR(cuda::LaunchKvBlockCopyPaged(pages, /*seq=*/0, k_block, v_block, b.positions,
+                                                 c_.num_kv_heads, c_.head_dim, /*to_block=*/true,
+                                                 stream_.get()));
+  } else {
+    RETURN_IF_ERROR(cuda::LaunchKvBlockCopy(KCache(l), VCache(l), out.slot(), k_block, v_block,
+                                            b.positions, c_.num_kv_heads, c_.head_dim,
+                                            seq_capacity_, /*to_block=*/true, stream_.get()));
+  }
   auto written = std::make_shared<cuda::Event>();
   CUDA_CHECK(cudaEventCreateWithFlags(written->put(), cudaEventDisableTiming));
   CUDA_CHECK(cudaEventRecord(written->get(), stream_.get()));

@@ -87,6 +87,13 @@ absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache, co
                              void* out, int rows, int num_heads, int num_kv_heads, int head_dim,
                              int seq_capacity, int splits, const AttentionParams& params,
                              cudaStream_t stream, uint32_t* counters, bool pdl = false);
+// Key splits of LaunchAttention (and LaunchAttentionPaged) for `rows` rows of `num_kv_heads` kv
+// heads over contexts of up to `max_context` positions on a GPU of `sm_count` SMs: enough blocks
+// to fill the GPU twice, at most kMaxAttentionSplits, and no more than the 64-key tiles of the
+// longest context; at least 1. So rows * splits <= rows + 2 * sm_count / num_kv_heads, which
+// sizes the partials.
+constexpr int kMaxAttentionSplits = 16;
+int AttentionSplits(int rows, int num_kv_heads, int max_context, int sm_count);
 // Floats of partials that LaunchAttention needs.
 size_t AttentionPartialFloats(int rows, int num_heads, int head_dim, int splits);
 // Largest num_heads / num_kv_heads * head_dim the attention kernel handles.

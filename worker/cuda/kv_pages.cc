@@ -19,9 +19,9 @@ absl::Status CheckKvPages(const KvPages& pages, int head_dim, const char* what) 
         " (so that 64-key tiles hold whole pages or lie inside one and 16-byte loads stay in "
         "a page)"));
   }
-  if (head_dim <= 0 || head_dim % 8 != 0) {
+  if (head_dim <= 0 || head_dim % 4 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": head_dim ", head_dim, " must be a positive multiple of 8 for the paged cache"));
+        what, ": head_dim ", head_dim, " must be a positive multiple of 4 for the paged cache"));
   }
   if (reinterpret_cast<uintptr_t>(pages.k) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(pages.v) % 16 != 0) {

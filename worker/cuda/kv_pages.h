@@ -5,12 +5,14 @@
 // Layout of one layer: K and V are (num_pages, num_kv_heads, page_size, head_dim), page-major, so
 // that a page holds every kv head of page_size consecutive positions and one head's part of a page
 // (page_size * head_dim elements) is a contiguous run: the attention kernels load their key tiles
-// from it with the same 16-byte loads as from a slot's run. Position p of the sequence whose table
+// from it with the same vector loads as from a slot's run. Position p of the sequence whose table
 // row is s lives in page block_table[s * table_stride + p / page_size], at offset p % page_size.
 //
 // Page size: a power of two >= 4 (kMinKvPageSize). Every page boundary then falls on a tile
-// boundary of the 64-key tiles or a tile lies inside one page, and with head_dim a multiple of 8 a
-// 16-byte load never straddles two pages. Both are checked at launch (CheckKvPages).
+// boundary of the 64-key tiles or a tile lies inside one page, and with head_dim a multiple of 4
+// an 8-byte load (16-byte where head_dim % 8 == 0) never straddles two keys. Both are checked at
+// launch (CheckKvPages); decode attention with head_dim % 8 != 0 needs its register kernel's
+// shapes too (PagedDecodeAttentionTakes).
 //
 // Numerics: every paged kernel performs the same arithmetic in the same order as its contiguous
 // counterpart, so for the same K and V (scattered over pages or held in a slot) the outputs are
@@ -45,9 +47,14 @@ struct KvPages {
   int table_stride = 0;  // entries per table row: the most pages one sequence may hold
 };
 
-// OK when `pages` suits heads of head_dim (a multiple of 8): pointers set and aligned, page size a
+// OK when `pages` suits heads of head_dim (a multiple of 4): pointers set and aligned, page size a
 // power of two >= kMinKvPageSize, a table with a positive stride. `what` names the caller.
 absl::Status CheckKvPages(const KvPages& pages, int head_dim, const char* what);
+
+// Whether LaunchAttentionPaged takes heads of head_dim with `group` query heads per kv head: a
+// multiple of 8 whatever the group; otherwise a multiple of 4 up to 128 (OpenLLaMA-3B's 100) with
+// at most 8 query heads per kv head.
+bool PagedDecodeAttentionTakes(int head_dim, int group);
 
 // As LaunchQkvRopeCache, writing k and v of row r at positions[r] through table row seqs[r].
 absl::Status LaunchQkvRopeCachePaged(DType dtype, const void* qkv, const void* bias, void* q_out,

@@ -9,7 +9,8 @@
 #   PART=b: the mixed-length workload with pages against the best fixed-slot layout that fits the
 #           same pool (prefix caching off in both, the load generator's prompts repeat; the
 #           fixed-slot coordinator queues what its slots cannot take, --max_waiting 4096);
-#           MIXED_REQUESTS requests (default 256) from 256 clients;
+#           MIXED_REQUESTS requests (default 256) from MIXED_CLIENTS clients (default 256); MODEL
+#           openllama-3b runs it on that shape (context 2,048, an H100's pool of its pages);
 #   PART=c: a 2,000-token shared system prompt, 64 requests, prefix caching off and on.
 # Writes to $OUT: device.txt, <part>.md (the sweeps' summaries and the peaks), logs.tar.gz.
 set -u
@@ -20,12 +21,21 @@ mkdir -p "$out"
 source scripts/carry-unpack
 source docs/results/serve-lib.sh
 bin=$PWD/.carry/bin
-model=/tmp/tandem-models/llama3.1-8b
+preset=${MODEL:-llama3.1-8b}
+model=/tmp/tandem-models/$preset
 part=${PART:-a}
-# An H100 has ~60 GB free after this model's weights; 56 GB of it in pages of 16 positions of
+# An H100 has ~60 GB free after the 8B's weights; 56 GB of it in pages of 16 positions of
 # 128 KiB each (every layer's K and V) is 26,700 pages. The H200 holds twice that: the runs use
-# the H100's pool so that the figures speak for the smaller GPU.
-kv_pages=${KV_PAGES:-26700}
+# the H100's pool so that the figures speak for the smaller GPU. openllama-3b: ~72 GB free after
+# its weights, 65 GB of it in pages of 16 positions of 325 KiB (26 layers of 3,200-wide K and V)
+# is 12,200 pages; its context is 2,048.
+if [ "$preset" = openllama-3b ]; then
+  kv_pages=${KV_PAGES:-12200}
+  context=2048
+else
+  kv_pages=${KV_PAGES:-26700}
+  context=8192
+fi
 log=$out/$part.md
 logs=$out/logs
 mkdir -p "$logs"
@@ -34,7 +44,7 @@ trap 'kill ${pids[*]} 2>/dev/null' EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$out/device.txt"
 t0=$SECONDS
 if [ ! -f "$model/config.json" ]; then
-  "$bin/tandem-make-model" --preset llama3.1-8b --dtype f16 --seed 1 --out "$model" > /dev/null || exit 1
+  "$bin/tandem-make-model" --preset "$preset" --dtype f16 --seed 1 --out "$model" > /dev/null || exit 1
   echo "generated the model in $((SECONDS - t0)) s" | tee -a "$out/device.txt"
 fi
 "$bin/tandem-worker" --coordinator=127.0.0.1:50051 --listen=127.0.0.1:50060 --backend=cuda --gpu=0 \
@@ -110,18 +120,18 @@ if [ "$part" = a ]; then
     --output_lens=512
   stop_coordinator
 elif [ "$part" = b ]; then
-  # The fixed-slot layout that fits the same pool at an 8,192-token context: 26,700 x 16 / 8,192
-  # = 52 slots.
-  slots=$((kv_pages * 16 / 8192))
+  # The fixed-slot layout that fits the same pool at the context: for the 8B, 26,700 x 16 / 8,192
+  # = 52 slots; for openllama-3b, 12,200 x 16 / 2,048 = 95.
+  slots=$((kv_pages * 16 / context))
   # Seed 2's pool of 16: prompts of 210-2,748 tokens (mean 679), outputs of 7-1,897 (mean 458).
   # (Seed 1's holds one output of 7,811 tokens that alone outlasts the rest of the run.)
-  mixed=(--workload=mixed --seed=2 --batch=256 --requests="${MIXED_REQUESTS:-256}" --warmup=4
-         --prompt_lens=500 --output_lens=200)
-  coordinator mixed-slots --kv_page_size=0 --max_seq_len=8192 --max_slots="$slots" \
+  mixed=(--workload=mixed --seed=2 --batch="${MIXED_CLIENTS:-256}" --requests="${MIXED_REQUESTS:-256}"
+         --warmup=4 --prompt_lens=500 --output_lens=200)
+  coordinator mixed-slots --kv_page_size=0 --max_seq_len="$context" --max_slots="$slots" \
     --max_batch="$slots" --prefill_budget=8192 --max_waiting=4096
   sweep mixed-slots 420 "${mixed[@]}"
   stop_coordinator
-  coordinator mixed-pages --kv_page_size=16 --kv_pages="$kv_pages" --max_seq_len=8192 \
+  coordinator mixed-pages --kv_page_size=16 --kv_pages="$kv_pages" --max_seq_len="$context" \
     --max_slots=512 --max_batch=512 --prefill_budget=8192 --prefix_caching=false
   sweep mixed-pages 300 "${mixed[@]}"
   stop_coordinator

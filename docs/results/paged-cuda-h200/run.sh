@@ -24,7 +24,7 @@ for t in ${TESTS-cuda_stage_paged_test kv_pages_test cuda_stage_test}; do
   grep -E '^\[  (PASSED|FAILED) |^\[==========\]' "$out/$t.log" | tail -4 | tee -a "$out/tests.log"
   [ "$st" -eq 0 ] || { rc=1; grep -B8 -E '^\[  FAILED' "$out/$t.log" | head -80 >> "$out/tests.log"; }
 done
-timeout 60 "$bin/tandem-paged-attention-bench" --iters 10 > "$out/paged-attention.md" 2>&1 || rc=1
+timeout 150 "$bin/tandem-paged-attention-bench" --iters 10 > "$out/paged-attention.md" 2>&1 || rc=1
 for m in ${MODELS-llama3.1-8b}; do
   [ -f "$models/$m/config.json" ] ||
     "$bin/tandem-make-model" --preset "$m" --dtype f16 --seed 1 --out "$models/$m" > /dev/null || { rc=1; continue; }

@@ -897,7 +897,7 @@ INSTANTIATE_TEST_SUITE_P(TinyPresets, CpuStageTest,
                          ::testing::Values("tiny-gpt2", "tiny-llama", "tiny-llama-tied",
                                            "tiny-llama3", "tiny-mistral", "tiny-qwen2",
                                            "tiny-qwen2-window", "tiny-qwen3", "tiny-qwen3-tied",
-                                           "tiny-gpt2-scaled"),
+                                           "tiny-gpt2-scaled", "tiny-openllama"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');

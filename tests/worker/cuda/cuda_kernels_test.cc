@@ -25,7 +25,6 @@
 namespace tandem::cuda {
 namespace {
 
-
 std::vector<float> Random(size_t n, uint64_t seed, float scale = 1.0f) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = (UniformFloat(seed, i) * 2.0f - 1.0f) * scale;
@@ -74,7 +73,8 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, 
   int bad = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     if (!(std::fabs(got[i] - want[i]) <= rel * std::fabs(want[i]) + abs)) {
-      if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
+      if (++bad <= 5)
+        ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
     }
   }
   EXPECT_EQ(bad, 0) << what;
@@ -101,7 +101,8 @@ TEST_P(KernelTest, RmsNormAddsPendingBiasAndMatchesReference) {
     DeviceBuffer out;
     ASSERT_TRUE(out.Allocate(rows * cols * 2).ok());
     ASSERT_TRUE(LaunchNorm(t(), true, dx.get(), db.get(), dw.get(), nullptr, nullptr, out.get(),
-                           rows, cols, 1e-6f, nullptr).ok());
+                           rows, cols, 1e-6f, nullptr)
+                    .ok());
     std::vector<float> want(rows * cols), want_x(rows * cols);
     for (int r = 0; r < rows; ++r) {
       double ss = 0;
@@ -132,7 +133,8 @@ TEST_P(KernelTest, HeadNormNormsQAndKHeadsInPlaceAndMatchesReference) {
       DeviceBuffer dx = Upload(t(), x), db = Upload(t(), bias), dq = Upload(t(), qw),
                    dk = Upload(t(), kw);
       ASSERT_TRUE(LaunchHeadNorm(t(), dx.get(), with_bias ? db.get() : nullptr, dq.get(), dk.get(),
-                                 rows, heads, kv_heads, hd, 1e-6f, nullptr).ok());
+                                 rows, heads, kv_heads, hd, 1e-6f, nullptr)
+                      .ok());
       std::vector<float> want(rows * cols);
       for (int r = 0; r < rows; ++r) {
         for (int h = 0; h < heads + 2 * kv_heads; ++h) {
@@ -167,8 +169,9 @@ TEST_P(KernelTest, LayerNormGathersRowsAndMatchesReference) {
   DeviceBuffer dg = UploadRaw(gather);
   DeviceBuffer out;
   ASSERT_TRUE(out.Allocate(2 * cols * 2).ok());
-  ASSERT_TRUE(LaunchNorm(t(), false, dx.get(), nullptr, dw.get(), dbias.get(),
-                         dg.as<int32_t>(), out.get(), 2, cols, 1e-5f, nullptr).ok());
+  ASSERT_TRUE(LaunchNorm(t(), false, dx.get(), nullptr, dw.get(), dbias.get(), dg.as<int32_t>(),
+                         out.get(), 2, cols, 1e-5f, nullptr)
+                  .ok());
   std::vector<float> want(2 * cols);
   for (int i = 0; i < 2; ++i) {
     const float* row = &x[gather[i] * cols];
@@ -187,7 +190,8 @@ TEST_P(KernelTest, LayerNormGathersRowsAndMatchesReference) {
 TEST_P(KernelTest, NormRejectsWidthNotMultipleOfEight) {
   SKIP_WITHOUT_GPU();
   EXPECT_FALSE(LaunchNorm(t(), true, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 12,
-                          1e-5f, nullptr).ok());
+                          1e-5f, nullptr)
+                   .ok());
 }
 
 TEST_P(KernelTest, EmbeddingAddsLearnedPositions) {
@@ -200,7 +204,8 @@ TEST_P(KernelTest, EmbeddingAddsLearnedPositions) {
   DeviceBuffer di = UploadRaw(ids), da = UploadRaw(at), out;
   ASSERT_TRUE(out.Allocate(3 * hidden * 2).ok());
   ASSERT_TRUE(LaunchEmbedding(t(), di.as<int32_t>(), da.as<int32_t>(), dt.get(), dp.get(),
-                              out.get(), 3, hidden, nullptr).ok());
+                              out.get(), 3, hidden, nullptr)
+                  .ok());
   std::vector<float> want(3 * hidden);
   for (int r = 0; r < 3; ++r) {
     for (int c = 0; c < hidden; ++c) {
@@ -232,8 +237,9 @@ TEST_P(KernelTest, RopeRotatesQueryAndKeyAndFillsCacheSlot) {
   }
   DeviceBuffer dfreq = UploadRaw(inv_freq);
   ASSERT_TRUE(LaunchQkvRopeCache(t(), dqkv.get(), nullptr, q.get(), k.get(), v.get(),
-                                 dpos.as<int32_t>(), dslot.as<int32_t>(), rows, heads, kv_heads,
-                                 hd, cap, dfreq.as<float>(), nullptr).ok());
+                                 dpos.as<int32_t>(), dslot.as<int32_t>(), rows, heads, kv_heads, hd,
+                                 cap, dfreq.as<float>(), nullptr)
+                  .ok());
   auto rot = [&](const float* x, int p, float* y) {
     for (int i = 0; i < hd / 2; ++i) {
       const double f = p * double(inv_freq[i]);
@@ -267,8 +273,8 @@ TEST_P(KernelTest, RopeOfManyRowsEqualsRowByRowForEveryVectorWidth) {
   for (int hd : {6, 8, 100, 128}) {
     for (bool with_bias : {false, true}) {
       for (bool rotate : {false, true}) {
-        SCOPED_TRACE(testing::Message() << "head_dim " << hd << " bias " << with_bias
-                                        << " rotate " << rotate);
+        SCOPED_TRACE(testing::Message()
+                     << "head_dim " << hd << " bias " << with_bias << " rotate " << rotate);
         const int q_dim = heads * hd, kv_dim = kv_heads * hd, cols = q_dim + 2 * kv_dim;
         auto qkv = Quantize(t(), Random(size_t{rows} * cols, 21));
         auto bias = Quantize(t(), Random(cols, 22, 0.5f));
@@ -335,9 +341,9 @@ TEST_P(KernelTest, RopeOfManyRowsEqualsRowByRowForEveryVectorWidth) {
               const double a = rotate ? pos[r] * double(inv_freq[i]) : 0.0;
               const double y1 = in[i] * std::cos(a) - in[i + hd / 2] * std::sin(a);
               const double y2 = in[i + hd / 2] * std::cos(a) + in[i] * std::sin(a);
-              const size_t at = h < heads ? size_t(r) * q_dim + h * hd
-                                          : ((size_t(slot[r]) * kv_heads + h - heads) * cap +
-                                             pos[r]) * hd;
+              const size_t at =
+                  h < heads ? size_t(r) * q_dim + h * hd
+                            : ((size_t(slot[r]) * kv_heads + h - heads) * cap + pos[r]) * hd;
               auto& want = h < heads ? want_q : want_k;
               auto& have = h < heads ? have_q : have_k;
               auto& bound = h < heads ? bound_q : bound_k;
@@ -456,6 +462,26 @@ TEST_P(KernelTest, AttentionGroupedQueryHeadsOneSplit) {
 TEST_P(KernelTest, AttentionGroupedQueryHeadsManySplits) {
   SKIP_WITHOUT_GPU();
   CheckAttention(t(), tol(), 64, 8, 2, 5);
+}
+
+// The register kernel's shapes (head_dim 64, 100 and 128; 1 to 8 query heads per kv head, 3 and
+// 7 in the kernels built for 4 and 8) and one it does not take (16 per kv head: the
+// shared-memory kernel), in one split and in several.
+TEST_P(KernelTest, AttentionOfEveryGroupWidthMatchesTheReference) {
+  SKIP_WITHOUT_GPU();
+  for (int splits : {1, 4}) {
+    SCOPED_TRACE(testing::Message() << splits << " splits");
+    CheckAttention(t(), tol(), 128, 8, 8, splits);   // 1 per kv head
+    CheckAttention(t(), tol(), 128, 4, 2, splits);   // 2
+    CheckAttention(t(), tol(), 128, 32, 8, splits);  // 4: the Llama-3.1-8B shape
+    CheckAttention(t(), tol(), 128, 16, 2, splits);  // 8: the 70B shape
+    CheckAttention(t(), tol(), 64, 8, 1, splits);    // 8 of head_dim 64
+    CheckAttention(t(), tol(), 64, 2, 2, splits);    // GPT-2's 1
+    CheckAttention(t(), tol(), 128, 6, 2, splits);   // 3
+    CheckAttention(t(), tol(), 128, 14, 2, splits);  // 7: the Qwen2.5-7B shape
+    CheckAttention(t(), tol(), 100, 8, 2, splits);   // 4 of head_dim 100
+    CheckAttention(t(), tol(), 64, 16, 1, splits);   // 16
+  }
 }
 
 TEST_P(KernelTest, AttentionHeadDimNotMultipleOfEight) {
@@ -594,64 +620,70 @@ TEST_P(KernelTest, GemvMatchesReferenceForEveryEpilogueAndRowCount) {
   for (int m : {1, 2, 4, 8}) {
     for (GemvEpilogue e : {GemvEpilogue::kStore, GemvEpilogue::kResidual, GemvEpilogue::kGelu,
                            GemvEpilogue::kSwiGlu, GemvEpilogue::kF32}) {
-     for (const GemvTuning& tuning : tunings) {
-      SCOPED_TRACE(testing::Message() << "rows " << m << ", epilogue " << static_cast<int>(e)
-                                      << ", rows/warp " << tuning.rows_per_warp << ", K split "
-                                      << tuning.k_split);
-      const bool swiglu = e == GemvEpilogue::kSwiGlu;
-      const int wrows = swiglu ? 2 * n : n;
-      const uint64_t seed = 100 + 10 * m + static_cast<int>(e);
-      auto x = Quantize(t(), Random(m * k, seed));
-      auto w = Quantize(t(), Random(wrows * k, seed + 1000, 0.2f));
-      auto b = Quantize(t(), Random(n, seed + 2000));
-      auto y0 = Quantize(t(), Random(m * n, seed + 3000));
-      const bool f32 = e == GemvEpilogue::kF32;
-      DeviceBuffer dx = Upload(t(), x), dw = Upload(t(), w), db = Upload(t(), b), dy;
-      if (f32) {
-        // Poisoned with NaN: every output must be written.
-        std::vector<float> nan(m * n, std::nanf(""));
-        dy = UploadRaw(nan);
-      } else if (e == GemvEpilogue::kResidual) {
-        dy = Upload(t(), y0);
-      } else {
-        dy = Upload(t(), std::vector<float>(m * n, std::nanf("")));
-      }
-      ASSERT_TRUE(Gemv(t(), e, dx.get(), dw.get(), swiglu ? nullptr : db.get(), dy.get(), m, n,
-                       k, nullptr, tuning)
-                      .ok());
-      std::vector<float> want(m * n);
-      for (int r = 0; r < m; ++r) {
-        for (int o = 0; o < n; ++o) {
-          auto dot = [&](int row) {
-            double s = 0;
-            for (int i = 0; i < k; ++i) s += double(x[r * k + i]) * w[size_t(row) * k + i];
-            return s;
-          };
-          const double v = dot(o) + (swiglu ? 0.0 : b[o]);
-          float& out = want[r * n + o];
-          switch (e) {
-            case GemvEpilogue::kStore:
-            case GemvEpilogue::kF32: out = v; break;
-            case GemvEpilogue::kResidual: out = y0[r * n + o] + RoundHost(t(), v); break;
-            case GemvEpilogue::kGelu: out = GeluHost(RoundHost(t(), v)); break;
-            case GemvEpilogue::kSwiGlu: {
-              const double g = RoundHost(t(), dot(o)), u = RoundHost(t(), dot(n + o));
-              out = RoundHost(t(), g / (1.0 + std::exp(-g))) * u;
-              break;
+      for (const GemvTuning& tuning : tunings) {
+        SCOPED_TRACE(testing::Message()
+                     << "rows " << m << ", epilogue " << static_cast<int>(e) << ", rows/warp "
+                     << tuning.rows_per_warp << ", K split " << tuning.k_split);
+        const bool swiglu = e == GemvEpilogue::kSwiGlu;
+        const int wrows = swiglu ? 2 * n : n;
+        const uint64_t seed = 100 + 10 * m + static_cast<int>(e);
+        auto x = Quantize(t(), Random(m * k, seed));
+        auto w = Quantize(t(), Random(wrows * k, seed + 1000, 0.2f));
+        auto b = Quantize(t(), Random(n, seed + 2000));
+        auto y0 = Quantize(t(), Random(m * n, seed + 3000));
+        const bool f32 = e == GemvEpilogue::kF32;
+        DeviceBuffer dx = Upload(t(), x), dw = Upload(t(), w), db = Upload(t(), b), dy;
+        if (f32) {
+          // Poisoned with NaN: every output must be written.
+          std::vector<float> nan(m * n, std::nanf(""));
+          dy = UploadRaw(nan);
+        } else if (e == GemvEpilogue::kResidual) {
+          dy = Upload(t(), y0);
+        } else {
+          dy = Upload(t(), std::vector<float>(m * n, std::nanf("")));
+        }
+        ASSERT_TRUE(Gemv(t(), e, dx.get(), dw.get(), swiglu ? nullptr : db.get(), dy.get(), m, n, k,
+                         nullptr, tuning)
+                        .ok());
+        std::vector<float> want(m * n);
+        for (int r = 0; r < m; ++r) {
+          for (int o = 0; o < n; ++o) {
+            auto dot = [&](int row) {
+              double s = 0;
+              for (int i = 0; i < k; ++i) s += double(x[r * k + i]) * w[size_t(row) * k + i];
+              return s;
+            };
+            const double v = dot(o) + (swiglu ? 0.0 : b[o]);
+            float& out = want[r * n + o];
+            switch (e) {
+              case GemvEpilogue::kStore:
+              case GemvEpilogue::kF32:
+                out = v;
+                break;
+              case GemvEpilogue::kResidual:
+                out = y0[r * n + o] + RoundHost(t(), v);
+                break;
+              case GemvEpilogue::kGelu:
+                out = GeluHost(RoundHost(t(), v));
+                break;
+              case GemvEpilogue::kSwiGlu: {
+                const double g = RoundHost(t(), dot(o)), u = RoundHost(t(), dot(n + o));
+                out = RoundHost(t(), g / (1.0 + std::exp(-g))) * u;
+                break;
+              }
             }
           }
         }
+        if (f32) {
+          std::vector<float> got(m * n);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          ASSERT_EQ(cudaMemcpy(got.data(), dy.get(), got.size() * 4, cudaMemcpyDeviceToHost),
+                    cudaSuccess);
+          ExpectClose(got, want, 1e-4f, 1e-4f, "gemv fp32");
+        } else {
+          ExpectClose(Download(t(), dy, m * n), want, 2 * tol(), 1e-2f, "gemv");
+        }
       }
-      if (f32) {
-        std::vector<float> got(m * n);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(got.data(), dy.get(), got.size() * 4, cudaMemcpyDeviceToHost),
-                  cudaSuccess);
-        ExpectClose(got, want, 1e-4f, 1e-4f, "gemv fp32");
-      } else {
-        ExpectClose(Download(t(), dy, m * n), want, 2 * tol(), 1e-2f, "gemv");
-      }
-     }
     }
   }
 }
@@ -680,16 +712,16 @@ TEST_P(KernelTest, GemvQkvCacheEqualsGemvThenRopeCache) {
     for (bool rope : {true, false}) {
       for (bool bias : {true, false}) {
         for (int split : {1, 2, 4}) {
-          SCOPED_TRACE(testing::Message() << "rows " << m << ", rope " << rope << ", bias "
-                                          << bias << ", K split " << split);
+          SCOPED_TRACE(testing::Message() << "rows " << m << ", rope " << rope << ", bias " << bias
+                                          << ", K split " << split);
           const auto background = Quantize(t(), Random(cache, 73));
           DeviceBuffer qkv, q[2], kc[2] = {Upload(t(), background), Upload(t(), background)},
                                   vc[2] = {Upload(t(), background), Upload(t(), background)};
           ASSERT_TRUE(qkv.Allocate(size_t(m) * cols * 2).ok());
           for (DeviceBuffer& buf : q) ASSERT_TRUE(buf.Allocate(size_t(m) * q_dim * 2).ok());
           const GemvTuning tuning{0, split};
-          ASSERT_TRUE(Gemv(t(), GemvEpilogue::kStore, dx.get(), dw.get(),
-                           bias ? db.get() : nullptr, qkv.get(), m, cols, k, nullptr, tuning)
+          ASSERT_TRUE(Gemv(t(), GemvEpilogue::kStore, dx.get(), dw.get(), bias ? db.get() : nullptr,
+                           qkv.get(), m, cols, k, nullptr, tuning)
                           .ok());
           ASSERT_TRUE(LaunchQkvRopeCache(t(), qkv.get(), nullptr, q[0].get(), kc[0].get(),
                                          vc[0].get(), dpos.as<int32_t>(), dslot.as<int32_t>(), m,
@@ -738,9 +770,8 @@ TEST_P(KernelTest, GemvAgreesWithCublas) {
     DeviceBuffer dx = Upload(t(), x), dw = Upload(t(), w), a, c;
     ASSERT_TRUE(a.Allocate(m * n * 4).ok());
     ASSERT_TRUE(c.Allocate(m * n * 4).ok());
-    ASSERT_TRUE(Gemv(t(), GemvEpilogue::kF32, dx.get(), dw.get(), nullptr, a.get(), m, n, k,
-                     nullptr)
-                    .ok());
+    ASSERT_TRUE(
+        Gemv(t(), GemvEpilogue::kF32, dx.get(), dw.get(), nullptr, a.get(), m, n, k, nullptr).ok());
     ASSERT_TRUE(Gemm(h.get(), t(), dx.get(), dw.get(), c.get(), m, n, k, 0.0f, true).ok());
     std::vector<float> ga(m * n), gc(m * n);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -859,25 +890,25 @@ TEST(KvBlockCopyTest, GathersAndScattersOneSlotBitForBit) {
 TEST(GemvTest, RejectsUnsupportedRowCountsAndWidths) {
   alignas(16) static uint16_t buf[64];
   for (int rows : {0, 3, 5, 16}) {
-    EXPECT_EQ(Gemv(DType::kF16, GemvEpilogue::kStore, buf, buf, nullptr, buf, rows, 4, 8, nullptr)
-                  .code(),
-              absl::StatusCode::kInvalidArgument)
+    EXPECT_EQ(
+        Gemv(DType::kF16, GemvEpilogue::kStore, buf, buf, nullptr, buf, rows, 4, 8, nullptr).code(),
+        absl::StatusCode::kInvalidArgument)
         << rows;
   }
   EXPECT_FALSE(GemvSupported(1, 12));
-  EXPECT_EQ(Gemv(DType::kF16, GemvEpilogue::kStore, buf, buf, nullptr, buf, 1, 4, 12, nullptr)
+  EXPECT_EQ(
+      Gemv(DType::kF16, GemvEpilogue::kStore, buf, buf, nullptr, buf, 1, 4, 12, nullptr).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      Gemv(DType::kF16, GemvEpilogue::kStore, buf, buf, nullptr, buf, 1, 0, 8, nullptr).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Gemv(DType::kF16, GemvEpilogue::kStore, reinterpret_cast<char*>(buf) + 2, buf, nullptr,
+                 buf, 1, 4, 8, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Gemv(DType::kF16, GemvEpilogue::kStore, buf, buf, nullptr, buf, 1, 0, 8, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Gemv(DType::kF16, GemvEpilogue::kStore, reinterpret_cast<char*>(buf) + 2, buf,
-                 nullptr, buf, 1, 4, 8, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Gemv(DType::kF32, GemvEpilogue::kStore, buf, buf, nullptr, buf, 1, 4, 8, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      Gemv(DType::kF32, GemvEpilogue::kStore, buf, buf, nullptr, buf, 1, 4, 8, nullptr).code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(GemvSupported(8, 3200));
   // Launch shapes the kernels do not have.
   for (GemvTuning bad : {GemvTuning{3, 0}, GemvTuning{-1, 0}, GemvTuning{0, 3}, GemvTuning{0, 8},
@@ -887,9 +918,9 @@ TEST(GemvTest, RejectsUnsupportedRowCountsAndWidths) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("GEMV")) << s;
   }
-  EXPECT_EQ(Gemv(DType::kF16, GemvEpilogue::kQkvCache, buf, buf, nullptr, buf, 1, 4, 8, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      Gemv(DType::kF16, GemvEpilogue::kQkvCache, buf, buf, nullptr, buf, 1, 4, 8, nullptr).code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 // The QKV-into-cache GEMV refuses head shapes and missing outputs by name.
@@ -978,8 +1009,9 @@ std::vector<int32_t> DeviceSample(const std::vector<float>& logits, int vocab,
   EXPECT_TRUE(out.Allocate(rows * 4).ok());
   SamplingArrays a{dt.as<float>(), dk.as<int32_t>(), dp.as<float>(), ds.as<uint64_t>(),
                    di.as<uint64_t>()};
-  EXPECT_TRUE(LaunchSample(dl.as<float>(), probs.as<float>(), a, out.as<int32_t>(), rows, vocab,
-                           nullptr).ok());
+  EXPECT_TRUE(
+      LaunchSample(dl.as<float>(), probs.as<float>(), a, out.as<int32_t>(), rows, vocab, nullptr)
+          .ok());
   std::vector<int32_t> tokens(rows);
   EXPECT_EQ(cudaMemcpy(tokens.data(), out.get(), rows * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   return tokens;
@@ -1069,9 +1101,10 @@ TEST(SamplingKernelTest, LargeFlatVocabularyFollowsTheRuleInExactArithmetic) {
           break;
         }
       }
-      const int at = static_cast<int>(std::find(order.begin(), order.end(), got[r]) - order.begin());
-      EXPECT_LE(std::abs(at - want), 1) << "row " << r << " round " << round << ": token "
-                                        << got[r] << " is candidate " << at << ", want " << want;
+      const int at =
+          static_cast<int>(std::find(order.begin(), order.end(), got[r]) - order.begin());
+      EXPECT_LE(std::abs(at - want), 1) << "row " << r << " round " << round << ": token " << got[r]
+                                        << " is candidate " << at << ", want " << want;
       EXPECT_LT(at, keep) << "row " << r << " round " << round;
     }
   }
@@ -1119,8 +1152,8 @@ TEST(SamplingKernelTest, GreedyNeverPicksNanAndInfiniteLogitsFallBackToGreedy) {
   logits[vocab + 9] = 2.0f;
   logits[2 * vocab + 5] = INFINITY;  // row 2: +inf with temperature -> greedy 5
   for (int i = 0; i < vocab; ++i) logits[3 * vocab + i] = -INFINITY;  // row 3 -> 0
-  std::vector<SamplingParams> params = {{0.0f, 0, 1.0f, 0}, {0.0f, 0, 1.0f, 0},
-                                        {1.0f, 0, 1.0f, 0}, {1.0f, 0, 1.0f, 0}};
+  std::vector<SamplingParams> params = {
+      {0.0f, 0, 1.0f, 0}, {0.0f, 0, 1.0f, 0}, {1.0f, 0, 1.0f, 0}, {1.0f, 0, 1.0f, 0}};
   auto got = DeviceSample(logits, vocab, params, {0, 0, 0, 0});
   EXPECT_EQ(got, (std::vector<int32_t>{0, 7, 5, 0}));
 }
@@ -1131,8 +1164,8 @@ TEST(SamplingKernelTest, GreedyNeverPicksNanAndInfiniteLogitsFallBackToGreedy) {
 TEST(SamplingKernelTest, GreedyArgmaxOverALargeVocabularyMatchesTheHostRule) {
   SKIP_WITHOUT_GPU();
   const int vocab = 50257;
-  const std::vector<std::pair<int, int>> max_at = {{3, -1}, {50256, -1}, {40000, 20000},
-                                                   {16383, 16384}, {49999, 12}};
+  const std::vector<std::pair<int, int>> max_at = {
+      {3, -1}, {50256, -1}, {40000, 20000}, {16383, 16384}, {49999, 12}};
   std::vector<float> logits;
   std::vector<SamplingParams> params;
   for (size_t r = 0; r < max_at.size(); ++r) {
@@ -1146,8 +1179,8 @@ TEST(SamplingKernelTest, GreedyArgmaxOverALargeVocabularyMatchesTheHostRule) {
   auto got = DeviceSample(logits, vocab, params, std::vector<uint64_t>(max_at.size(), 0));
   for (size_t r = 0; r < max_at.size(); ++r) {
     std::span<const float> row(logits.data() + r * vocab, vocab);
-    const int want = max_at[r].second >= 0 ? std::min(max_at[r].first, max_at[r].second)
-                                           : max_at[r].first;
+    const int want =
+        max_at[r].second >= 0 ? std::min(max_at[r].first, max_at[r].second) : max_at[r].first;
     EXPECT_EQ(got[r], want) << "row " << r;
     EXPECT_EQ(got[r], SampleToken(row, params[r], 0)) << "row " << r;
   }
@@ -1160,12 +1193,12 @@ TEST(SamplingKernelTest, GreedyArgmaxOverALargeVocabularyMatchesTheHostRule) {
 TEST(GemmBenchmark, DISABLED_PrefillProjections) {
   SKIP_WITHOUT_GPU();
   const int rows = 8192;
-  const std::vector<std::pair<int, int>> shapes = {{6144, 4096}, {4096, 4096}, {28672, 4096},
-                                                   {4096, 14336}};
+  const std::vector<std::pair<int, int>> shapes = {
+      {6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
   size_t max_elems = 0;
   for (auto [out, in] : shapes) {
-    max_elems = std::max({max_elems, static_cast<size_t>(out) * in,
-                          static_cast<size_t>(rows) * in, static_cast<size_t>(rows) * out});
+    max_elems = std::max({max_elems, static_cast<size_t>(out) * in, static_cast<size_t>(rows) * in,
+                          static_cast<size_t>(rows) * out});
   }
   DeviceBuffer w, x, y, workspace;
   ASSERT_TRUE(w.Allocate(max_elems * 2).ok());
@@ -1201,8 +1234,8 @@ TEST(GemmBenchmark, DISABLED_PrefillProjections) {
               .ok();
         },
         10);
-    std::printf("gemm rows %d out %d in %d: cublasGemmEx %.1f us (%.0f TFLOP/s)\n", rows, out,
-                in, base, flops / base * 1e-6);
+    std::printf("gemm rows %d out %d in %d: cublasGemmEx %.1f us (%.0f TFLOP/s)\n", rows, out, in,
+                base, flops / base * 1e-6);
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     ASSERT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),

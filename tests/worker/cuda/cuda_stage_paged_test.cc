@@ -20,6 +20,7 @@
 #include "tests/worker/cuda/cuda_test_util.h"
 #include "tools/model_generator.h"
 #include "worker/cuda/cuda_stage.h"
+#include "worker/kv_out.h"
 
 namespace tandem {
 namespace {
@@ -27,14 +28,11 @@ namespace {
 using cuda_test::RelError;
 using cuda_test::TmpDir;
 
-
 constexpr int kMaxSeqLen = 128;
-
 
 std::filesystem::path Checkpoint(const std::string& preset) {
   return cuda_test::PresetCheckpoint("cuda_paged_" + preset, preset, 11);
 }
-
 
 std::vector<int32_t> Prompt(int n, uint64_t seed, int vocab) {
   std::vector<int32_t> p(n);
@@ -150,8 +148,7 @@ std::vector<Seq> Batch(int vocab) {
   return {{0, Prompt(37, 1, vocab)}, {2, Prompt(70, 2, vocab)}, {3, Prompt(9, 3, vocab)}};
 }
 
-class PagedVsContiguous
-    : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+class PagedVsContiguous : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(PagedVsContiguous, ScatteredPagesGiveTheLogitsAndTokensOfContiguousSlots) {
   SKIP_WITHOUT_GPU();
@@ -176,7 +173,8 @@ TEST_P(PagedVsContiguous, ScatteredPagesGiveTheLogitsAndTokensOfContiguousSlots)
 
 INSTANTIATE_TEST_SUITE_P(PresetsAndPageSizes, PagedVsContiguous,
                          ::testing::Combine(::testing::Values("tiny-llama", "tiny-gpt2",
-                                                              "tiny-mistral", "tiny-qwen3"),
+                                                              "tiny-mistral", "tiny-qwen3",
+                                                              "tiny-openllama"),
                                             ::testing::Values(4, 16, 64)),
                          [](const auto& info) {
                            std::string name = std::get<0>(info.param) + "_page" +
@@ -184,6 +182,43 @@ INSTANTIATE_TEST_SUITE_P(PresetsAndPageSizes, PagedVsContiguous,
                            std::replace(name.begin(), name.end(), '-', '_');
                            return name;
                          });
+
+// A write-out opened on a paged stage fills, layer by layer as the prompt's step runs, from the
+// sequence's scattered pages: the same bytes as an export of those pages after the step. One whose
+// table does not hold its positions is refused when opened.
+TEST(CudaStagePagedTest, WriteOutDuringAStepGathersThePages) {
+  SKIP_WITHOUT_GPU();
+  auto stage = MakeStage("tiny-llama", 16, 20);
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  Stage& st = **stage;
+  const int layers = st.config().num_layers;
+  const std::vector<int32_t> held = {7, 3, 19};  // 37 positions: the last page partly filled
+  EXPECT_EQ(st.OpenKvOut(KvPlace(1, {7, 3}), 37).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::shared_ptr<KvOut>> out = st.OpenKvOut(KvPlace(1, held), 37);
+  ASSERT_TRUE(out.ok()) << out.status();
+  std::vector<int> order;
+  (*out)->OnPublished([&](int layer) { order.push_back(layer); });
+  StepDescriptor d;
+  d.id = 1;
+  SequenceStep row;
+  row.slot = 1;
+  row.num_tokens = 37;
+  row.sample = true;
+  row.block_table = held;
+  d.seqs = {row};
+  d.tokens = Prompt(37, 5, st.config().vocab_size);
+  ASSERT_TRUE(st.Step(d, Activations{}).ok());
+  ASSERT_TRUE((*out)->AwaitAll(absl::Now() + absl::Seconds(10)).ok());
+  std::vector<int> all(layers);
+  for (int l = 0; l < layers; ++l) all[l] = l;
+  EXPECT_EQ(order, all);
+  absl::StatusOr<KvBlock> got = KvBlockToHost((*out)->block());
+  absl::StatusOr<KvBlock> want = st.ExportKv(KvPlace(1, held), 37, 0, layers);
+  ASSERT_TRUE(got.ok() && want.ok()) << got.status() << want.status();
+  EXPECT_EQ(got->k, want->k);
+  EXPECT_EQ(got->v, want->v);
+}
 
 // Decode graphs read the step's tables from a fixed device buffer that each step refills: a
 // replay sees this step's pages, not those of the step it was captured with.
@@ -225,8 +260,9 @@ TEST(CudaStagePagedTest, BadBlockTablesAreRefusedNamingTheRowAndTheStageStaysUsa
     EXPECT_THAT(out.status().message(), ::testing::HasSubstr(what));
   };
   // Position 40 writes into the third page of 16.
-  refused(DecodeAt(40, {0, 1}), "sequence 0 (slot 1): block table of 2 pages holds 32 positions, "
-                                "41 need 3 pages");
+  refused(DecodeAt(40, {0, 1}),
+          "sequence 0 (slot 1): block table of 2 pages holds 32 positions, "
+          "41 need 3 pages");
   refused(DecodeAt(40, {0, 1, 20}), "entry 2: page 20 is outside the stage's [0, 20) pages");
   refused(DecodeAt(40, {0, -1, 2}), "entry 1: page -1");
   refused(DecodeAt(40, {0, 1, 2, 3, 4, 5, 6, 7, 8}), "context of 128 positions (8 pages)");
@@ -283,8 +319,7 @@ StepDescriptor DecodeThrough(uint64_t id, int slot, int position, int32_t token,
 
 // KV moves on a paged stage go through block tables: a sequence exported from its pages (to the
 // host, and to device memory) and imported into other pages of another slot decodes with the
-// logits of the sequence that never moved. A table that does not hold the positions is refused;
-// the write-out during a step stays slots only.
+// logits of the sequence that never moved. A table that does not hold the positions is refused.
 TEST(CudaStagePagedTest, KvMovesThroughBlockTablesContinueTheSequence) {
   SKIP_WITHOUT_GPU();
   auto stage = MakeStage("tiny-llama", 16, 20);
@@ -304,8 +339,6 @@ TEST(CudaStagePagedTest, KvMovesThroughBlockTablesContinueTheSequence) {
   ASSERT_TRUE(dev.ok()) << dev.status();
   EXPECT_EQ(st.ExportKv(KvPlace(1, {7, 3}), 37, 0, layers).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(st.OpenKvOut(KvPlace(1, held), 37).status().code(),
-            absl::StatusCode::kUnimplemented);
 
   auto want = st.Step(DecodeThrough(10, 1, 37, next, held), Activations{});
   ASSERT_TRUE(want.ok()) << want.status();
@@ -314,8 +347,8 @@ TEST(CudaStagePagedTest, KvMovesThroughBlockTablesContinueTheSequence) {
   auto from_host = st.Step(DecodeThrough(11, 2, 37, next, {to_host.begin(), to_host.begin() + 3}),
                            Activations{});
   ASSERT_TRUE(from_host.ok()) << from_host.status();
-  auto from_dev = st.Step(DecodeThrough(12, 3, 37, next, {to_dev.begin(), to_dev.begin() + 3}),
-                          Activations{});
+  auto from_dev =
+      st.Step(DecodeThrough(12, 3, 37, next, {to_dev.begin(), to_dev.begin() + 3}), Activations{});
   ASSERT_TRUE(from_dev.ok()) << from_dev.status();
   EXPECT_EQ(from_host->logits, want->logits) << "imported from the host";
   EXPECT_EQ(from_dev->logits, want->logits) << "imported from device memory";

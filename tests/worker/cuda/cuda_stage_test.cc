@@ -31,12 +31,9 @@ namespace {
 using cuda_test::RelError;
 using cuda_test::TmpDir;
 
-
-
 std::filesystem::path Checkpoint(const std::string& preset) {
   return cuda_test::PresetCheckpoint("cuda_stage_" + preset, preset, 7);
 }
-
 
 std::vector<int32_t> Prompt(int n, uint64_t seed, int vocab) {
   std::vector<int32_t> p(n);
@@ -825,8 +822,8 @@ TEST_P(CudaStageVsCpu, LastLayerOfTheSampledRowsOnlyKeepsTheBits) {
   auto sampled_only = MakeCudaWith(dir, o);
   ASSERT_TRUE(sampled_only);
   const int v = sampled_only->config().vocab_size;
-  const std::vector<Seq> seqs = {{0, Prompt(20, 61, v)}, {1, Prompt(5, 62, v)},
-                                 {2, Prompt(33, 63, v)}};
+  const std::vector<Seq> seqs = {
+      {0, Prompt(20, 61, v)}, {1, Prompt(5, 62, v)}, {2, Prompt(33, 63, v)}};
   const Trace b = RunSteps(*sampled_only, seqs, 4);
   ASSERT_EQ(b.logits.size(), 5u);
 
@@ -863,7 +860,8 @@ TEST_P(CudaStageVsCpu, DecodeStepsLaunchedAheadGiveTheTokensOfStepsRunOneAtATime
   auto one_by_one = MakeCuda(dir, DType::kF16, true);
   ASSERT_TRUE(ahead && one_by_one);
   const int v = ahead->config().vocab_size;
-  const std::vector<Seq> seqs = {{0, Prompt(9, 71, v)}, {1, Prompt(4, 72, v)}, {3, Prompt(17, 73, v)}};
+  const std::vector<Seq> seqs = {
+      {0, Prompt(9, 71, v)}, {1, Prompt(4, 72, v)}, {3, Prompt(17, 73, v)}};
   const StepDescriptor pre = PrefillStep(seqs);
   auto pa = ahead->Step(pre, Activations{});
   auto pb = one_by_one->Step(pre, Activations{});
@@ -989,8 +987,7 @@ TEST_P(CudaStageVsCpu, PlacedWeightsAreTakenInsteadOfLoadedAndKeepTheBits) {
 
   const std::vector<Seq> seqs = {{0, Prompt(17, 71, v)}, {1, Prompt(6, 72, v)}};
   const Trace want = RunSteps(*loaded, seqs, 3);
-  absl::StatusOr<std::unique_ptr<Stage>> halves =
-      MakeCudaStage(spec_of(0, -1, {*front, *back}), o);
+  absl::StatusOr<std::unique_ptr<Stage>> halves = MakeCudaStage(spec_of(0, -1, {*front, *back}), o);
   ASSERT_TRUE(halves.ok()) << halves.status();
   EXPECT_EQ((*halves)->placed_weights(), (Placed{*front, *back}));
   const Trace got = RunSteps(**halves, seqs, 3);
@@ -1040,7 +1037,7 @@ INSTANTIATE_TEST_SUITE_P(Presets, CudaStageVsCpu,
                          // per-head q/k norm with head_dim != hidden / heads.
                          ::testing::Values("tiny-gpt2", "tiny-llama", "tiny-llama-tied",
                                            "tiny-llama3", "tiny-mistral", "tiny-qwen2",
-                                           "tiny-qwen3", "tiny-qwen3-tied"),
+                                           "tiny-qwen3", "tiny-qwen3-tied", "tiny-openllama"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n) ch = ch == '-' ? '_' : ch;
@@ -1057,8 +1054,7 @@ TEST(CudaStageTest, AStepWritesItsKvCacheOutLayerByLayerAsItGoes) {
   absl::StatusOr<ModelConfig> c = PresetConfig("tiny-llama");
   ASSERT_TRUE(c.ok());
   c->max_positions = 2048;
-  const std::filesystem::path dir =
-      TmpDir() / ("cuda_stage_kv_out." + std::to_string(getpid()));
+  const std::filesystem::path dir = TmpDir() / ("cuda_stage_kv_out." + std::to_string(getpid()));
   ASSERT_TRUE(WriteRandomCheckpoint(*c, GeneratorOptions{.seed = 5}, dir).ok());
   CudaOptions o;
   o.dtype = DType::kF16;

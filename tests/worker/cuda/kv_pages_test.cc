@@ -14,6 +14,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/rng.h"
@@ -27,7 +28,6 @@
 
 namespace tandem::cuda {
 namespace {
-
 
 std::vector<uint16_t> RandomHalves(DType t, size_t n, uint64_t seed, float scale = 1.0f) {
   std::vector<float> f(n);
@@ -145,10 +145,19 @@ class KvPagesTest : public ::testing::TestWithParam<DType> {
 };
 
 // Decode attention at positions that end on, before and after page boundaries, 4 query heads per
-// kv head, with and without a window, in one split and in several.
-TEST_P(KvPagesTest, DecodeAttentionEqualsContiguousBitForBit) {
+// kv head, with and without a window, in one split and in several; head_dim 64 and 128 (the
+// register kernel, 100 with 8-byte loads) and 96 (the shared-memory one).
+class DecodeAttentionPagesTest : public ::testing::TestWithParam<std::tuple<DType, int>> {};
+
+INSTANTIATE_TEST_SUITE_P(Types, DecodeAttentionPagesTest,
+                         ::testing::Combine(::testing::Values(DType::kF16, DType::kBF16),
+                                            ::testing::Values(64, 96, 100, 128)));
+
+TEST_P(DecodeAttentionPagesTest, EqualsContiguousBitForBit) {
   SKIP_WITHOUT_GPU();
-  const int kv_heads = 2, heads = 8, hd = 64, cap = 640;
+  const DType type = std::get<0>(GetParam());
+  auto t = [type] { return type; };
+  const int kv_heads = 2, heads = 8, hd = std::get<1>(GetParam()), cap = 640;
   const std::vector<int32_t> pos = {0, 15, 16, 63, 64, 200, 511, 575};
   const int rows = static_cast<int>(pos.size());
   std::vector<int32_t> seq(rows);
@@ -190,9 +199,9 @@ TEST_P(KvPagesTest, DecodeAttentionEqualsContiguousBitForBit) {
 }
 
 // Prefill attention over runs of rows: a prompt crossing many pages, a chunk after a cached prefix,
-// short sequences sharing a 128-row tile, with and without a window. head_dim 96 runs the mma.sync
-// kernel for both layouts, 128 the warpgroup-MMA kernel on an H100 for both (bit for bit), except
-// with pages of 4, which take the mma.sync kernel: within the rounding of the output.
+// short sequences sharing a 128-row tile, with and without a window. head_dim 96 and 100 run the
+// mma.sync kernel for both layouts, 128 the warpgroup-MMA kernel on an H100 for both (bit for bit),
+// except with pages of 4, which take the mma.sync kernel: within the rounding of the output.
 TEST_P(KvPagesTest, PrefillAttentionEqualsContiguous) {
   SKIP_WITHOUT_GPU();
   struct Run {
@@ -211,7 +220,7 @@ TEST_P(KvPagesTest, PrefillAttentionEqualsContiguous) {
   }
   const int rows = static_cast<int>(pos.size());
   DeviceBuffer dpos = Upload(pos), dseq = Upload(seq);
-  for (int hd : {96, 128}) {
+  for (int hd : {96, 100, 128}) {
     const auto q = RandomHalves(t(), size_t(rows) * heads * hd, 11, 3.0f);
     DeviceBuffer dq = Upload(q);
     for (int ps : {4, 16, 64, 128}) {
@@ -403,7 +412,14 @@ TEST(KvPagesCheckTest, RejectsPagesTheKernelsCannotAddress) {
   KvPages no_stride = ok;
   no_stride.table_stride = 0;
   EXPECT_FALSE(CheckKvPages(no_stride, 128, "test").ok());
-  EXPECT_FALSE(CheckKvPages(ok, 100, "test").ok()) << "head_dim not a multiple of 8";
+  EXPECT_FALSE(CheckKvPages(ok, 98, "test").ok()) << "head_dim not a multiple of 4";
+  EXPECT_TRUE(CheckKvPages(ok, 100, "test").ok()) << "OpenLLaMA-3B's head_dim, a multiple of 4";
+  // Decode attention takes head_dim % 8 != 0 in its register kernel's shapes only.
+  EXPECT_TRUE(PagedDecodeAttentionTakes(100, 1));
+  EXPECT_TRUE(PagedDecodeAttentionTakes(100, 8));
+  EXPECT_FALSE(PagedDecodeAttentionTakes(100, 16));
+  EXPECT_FALSE(PagedDecodeAttentionTakes(132, 1));
+  EXPECT_TRUE(PagedDecodeAttentionTakes(256, 16));
 
   KvPages bad = ok;
   bad.page_size = 48;
