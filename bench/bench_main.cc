@@ -82,9 +82,10 @@ ABSL_FLAG(bool, profile, false,
           "forward pass, device idle between steps, host time to launch");
 ABSL_FLAG(bool, cpu_load, false,
           "load the model with the CPU backend instead and print only its load time");
-ABSL_FLAG(std::string, kv_page_size, "0",
-          "comma-separated KV page sizes: 0 for contiguous slots, a power of two >= 4 for a paged "
-          "cache whose sequences hold interleaved pages (e.g. 0,16 measures both in one call)");
+ABSL_FLAG(std::string, kv_page_size, "16",
+          "comma-separated KV page sizes (16, the service's default): 0 for contiguous slots, a "
+          "power of two >= 4 for a paged cache whose sequences hold interleaved pages (e.g. 0,16 "
+          "measures both in one call)");
 ABSL_FLAG(double, kv_memory_fraction, 0.9, "share of free GPU memory for the KV-cache");
 ABSL_FLAG(std::string, json, "", "write the results as JSON to this file");
 ABSL_FLAG(std::string, dump_logits, "",
