@@ -351,7 +351,7 @@ class Stream {
       const v1::FinishReason finish = last ? snap.finish : v1::FINISH_REASON_UNSPECIFIED;
       // Chat: the thought first (reasoning_content), then calls read from the rest.
       const ReasoningSplit split =
-          chat ? reasoning_[i].Next(piece, last) : ReasoningSplit{.content = piece};
+          chat ? reasoning_[i].Next(piece, last) : ReasoningSplit{.reasoning = {}, .content = piece};
       json chunk =
           chat ? ChatChunk(s_.head, i, ReasoningDelta(split), logprobs,
                            v1::FINISH_REASON_UNSPECIFIED, s_.api.include_usage)

@@ -97,8 +97,9 @@ inline SequenceLogprobs& LogprobsEntry(StepOutput& out, int seq) {
   for (SequenceLogprobs& l : out.logprobs) {
     if (l.seq == seq) return l;
   }
-  out.logprobs.push_back(SequenceLogprobs{.seq = seq});
-  return out.logprobs.back();
+  SequenceLogprobs& added = out.logprobs.emplace_back();
+  added.seq = seq;
+  return added;
 }
 
 inline int NextPow2(int n) {
