@@ -350,8 +350,8 @@ class Stream {
       offsets_[i] += piece.size();
       const v1::FinishReason finish = last ? snap.finish : v1::FINISH_REASON_UNSPECIFIED;
       // Chat: the thought first (reasoning_content), then calls read from the rest.
-      const ReasoningSplit split =
-          chat ? reasoning_[i].Next(piece, last) : ReasoningSplit{.reasoning = {}, .content = piece};
+      const ReasoningSplit split = chat ? reasoning_[i].Next(piece, last)
+                                        : ReasoningSplit{.reasoning = {}, .content = piece};
       json chunk =
           chat ? ChatChunk(s_.head, i, ReasoningDelta(split), logprobs,
                            v1::FINISH_REASON_UNSPECIFIED, s_.api.include_usage)
