@@ -447,9 +447,9 @@ Scheduler::StepEntry Scheduler::AddRow(Sequence& seq, StepDescriptor& step, int 
     step.tokens.insert(step.tokens.end(), seq.pending.begin(), seq.pending.begin() + nt);
     seq.pending.erase(seq.pending.begin(), seq.pending.begin() + nt);
     seq.position += nt;
-    // The prompt's last step in a prefill pipeline: its KV-cache leaves as the step writes it,
-    // unless the token it samples is the sequence's last (its length).
-    if (nt == pending && seq.decode_pipeline >= 0 && options_.kv_page_size == 0 &&
+    // The prompt's last step in a prefill pipeline: its KV-cache is written out as the step goes
+    // (layer by layer), unless the token it samples is the sequence's last (its length).
+    if (nt == pending && seq.decode_pipeline >= 0 &&
         !ReachesLength(seq.request->request(), static_cast<int>(seq.generated.size()) + 1,
                        options_.context_length)) {
       step.seqs.back().kv_out_key = seq.id;

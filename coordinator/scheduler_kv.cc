@@ -112,7 +112,10 @@ void Scheduler::Moved(uint64_t seq_id, bool ok, const absl::Status& why, absl::T
 
 void Scheduler::StartKvStream(Sequence& seq, uint64_t step) {
   seq.kv_out_step = step;
-  if (!SlotIdle(seq.decode_pipeline, seq.decode_slot)) return;  // after the prompt instead
+  // Streamed into the decode slot while the step runs, where that slot is idle; otherwise the
+  // hand-off after the prompt imports the write-out. On pages always the latter: the decode
+  // pipeline's pages are given at the hand-off (HandoffPages).
+  if (options_.kv_page_size > 0 || !SlotIdle(seq.decode_pipeline, seq.decode_slot)) return;
   const KvStream k{.id = next_stream_++,
                    .seq = seq.id,
                    .from_pipeline = seq.pipeline,

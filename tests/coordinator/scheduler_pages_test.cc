@@ -400,10 +400,12 @@ TEST(SchedulerPages, SiblingsShareTheirPromptsFullPagesThroughFork) {
   EXPECT_EQ(s.kv_page_counters(0)->pages_used, 0);
 }
 
-// A prefill pipeline's sequence hands off on pages: the decode pipeline's owner gives it pages
-// of its own, named in the hand-off with the prefill pages it leaves; the import waits until the
-// decode steps formed before those pages were given have ended (one may still write them), and
-// the sequence decodes there with the undisturbed output; no page stays held on either side.
+// A prefill pipeline's sequence hands off on pages: the prompt's last step writes its KV-cache out
+// as it runs (no stream: the decode pages are not given yet), the decode pipeline's owner gives it
+// pages of its own, named in the hand-off with the prefill pages it leaves and the step whose
+// write-out it imports; the import waits until the decode steps formed before those pages were
+// given have ended (one may still write them), and the sequence decodes there with the
+// undisturbed output; no page stays held on either side.
 TEST(SchedulerPages, AHandoffMovesPrefillPagesIntoTheDecodePipelinesPages) {
   constexpr int kPages = 16;
   Scheduler s(PagedOptions(4));
@@ -424,9 +426,15 @@ TEST(SchedulerPages, AHandoffMovesPrefillPagesIntoTheDecodePipelinesPages) {
   s.Admit(kNow);
   std::vector<StepDescriptor> steps = s.FormSteps(0);
   ASSERT_EQ(steps.size(), 1u);
+  ASSERT_EQ(steps[0].seqs.size(), 1u);
+  EXPECT_NE(steps[0].seqs[0].kv_out_key, 0u) << "the prompt's last step writes it out";
+  EXPECT_TRUE(s.TakeKvStreams().empty()) << "no stream into pages not given yet";
+  const uint64_t written_by = steps[0].id;
   run(0, prefill, steps[0]);
   std::vector<Scheduler::Handoff> hs = s.TakeHandoffs();
   ASSERT_EQ(hs.size(), 1u);
+  EXPECT_EQ(hs[0].kv_out_step, written_by);
+  EXPECT_FALSE(hs[0].streamed);
   hand_off(hs[0]);
   // The first sequence's decode step in flight while the second one's prompt runs.
   std::vector<StepDescriptor> decoding = s.FormSteps(1);

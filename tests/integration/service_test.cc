@@ -626,8 +626,8 @@ TEST_F(ServiceTest, LayoutChangesDuringHandoffsLoseNoRequest) {
 }
 
 // With a paged KV-cache (pages of 4 positions), a prefill replica's prompts go to the decode
-// replica as well: the prefill pages are exported after the prompt into pages the decode
-// replica's owner gives each sequence, which decodes there with the one-process engine's tokens;
+// replica as well: the prompt's last step writes its pages out as it runs, and the hand-off
+// imports that into pages the decode replica's owner gives each sequence, which decodes there with the one-process engine's tokens;
 // nothing is recomputed, and no page stays held on either side.
 TEST_F(ServiceTest, PrefillReplicasHandPagedKvCacheToDecodeReplicasWithTheSameTokens) {
   auto cluster = StartCluster(2, 1, 2, {"--prefill_replicas=1", "--kv_page_size=4",
