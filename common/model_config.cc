@@ -488,4 +488,10 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   return j.dump(2) + "\n";
 }
 
+bool CudaPagesTakeHeads(int head_dim, int group) {
+  if (head_dim <= 0) return false;
+  if (head_dim % 8 == 0) return true;
+  return head_dim % 4 == 0 && head_dim <= 128 && group >= 1 && group <= 8;
+}
+
 }  // namespace tandem

@@ -98,6 +98,12 @@ inline constexpr int kMaxAttentionWidth = 1 << 20;  // num_attention_heads x hea
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text, std::string_view source);
 // Reads `dir`/config.json.
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::filesystem::path& dir);
+// Whether the CUDA backend holds the KV-cache of heads of `head_dim`, `group` query heads to a kv
+// head, in pages: its decode attention reads a key in 16-byte vectors (head_dim a multiple of 8),
+// or in 8-byte ones in the register kernel built for head_dim up to 128 and groups up to 8
+// (worker/cuda/attention.cu). The coordinator's default page size and the CUDA stage's check
+// both ask this.
+bool CudaPagesTakeHeads(int head_dim, int group);
 // The config.json of this shape with the fields and names of the real checkpoints of its
 // model_type (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config).
 std::string ModelConfigToJson(const ModelConfig& c);

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_format.h"
+#include "common/model_config.h"
 #include "coordinator/scheduler.h"
 #include "yaml-cpp/yaml.h"
 
@@ -120,8 +121,10 @@ absl::Status CheckModelDir(const std::filesystem::path& dir) {
   return absl::OkStatus();
 }
 
-CoordinatorConfig WithModelDefaults(CoordinatorConfig c, int head_dim) {
-  if (c.kv_page_size < 0) c.kv_page_size = head_dim % 4 == 0 || c.kv_pages.has_value() ? 16 : 0;
+CoordinatorConfig WithModelDefaults(CoordinatorConfig c, int head_dim, int group) {
+  if (c.kv_page_size < 0) {
+    c.kv_page_size = CudaPagesTakeHeads(head_dim, group) || c.kv_pages.has_value() ? 16 : 0;
+  }
   return c;
 }
 

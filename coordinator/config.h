@@ -36,8 +36,8 @@ namespace tandem {
   /* WithModelDefaults() resolves -1. */                                                         \
   X(int, kv_page_size, -1, -1,                                                                   \
     "tokens per KV-cache page: sequences hold pages as they grow, admission and preemption go "  \
-    "by free pages (0: each slot reserves --max_seq_len positions; -1: 16, or 0 for a model "    \
-    "whose head_dim is not a multiple of 4, which the CUDA backend's pages need)")               \
+    "by free pages (0: each slot reserves --max_seq_len positions; -1: 16, or 0 where the CUDA " \
+    "backend cannot page the model's heads, e.g. a head_dim not a multiple of 4)")               \
   X(std::optional<int>, kv_pages, std::nullopt, 1,                                               \
     "with --kv_page_size, KV-cache pages per stage (unset: as many as the stage's memory holds)") \
   X(bool, prefix_caching, true, ::tandem::kAnyValue,                                             \
@@ -115,10 +115,9 @@ struct CoordinatorConfig {
 TANDEM_DEFINE_SETTING_VISITOR(TANDEM_COORDINATOR_SETTINGS, ForEachCoordinatorSetting)
 
 // The config with the settings that depend on the model decided: kv_page_size -1 becomes 16,
-// or 0 (contiguous slots) where the model's head_dim is not a multiple of 4 and no kv_pages is
-// given (the CUDA kernels read pages in 8- or 16-byte vectors of one key; openllama-3b's head_dim
-// is 100).
-CoordinatorConfig WithModelDefaults(CoordinatorConfig c, int head_dim);
+// or 0 (contiguous slots) where the CUDA backend cannot page the model's heads (head_dim, and
+// `group` query heads to a kv head: CudaPagesTakeHeads) and no kv_pages is given.
+CoordinatorConfig WithModelDefaults(CoordinatorConfig c, int head_dim, int group);
 // Whether the KV-cache is paged (kv_page_size -1, not yet resolved, counts as paged).
 inline bool Paged(const CoordinatorConfig& c) { return c.kv_page_size != 0; }
 

@@ -59,12 +59,12 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
   RETURN_IF_ERROR(CheckModelDir(given.model_dir));
   absl::StatusOr<ModelConfig> model = LoadModelConfig(given.model_dir);
   if (!model.ok()) return model.status();
-  const CoordinatorConfig config = WithModelDefaults(given, model->head_dim);
+  const int group = model->num_heads / model->num_kv_heads;
+  const CoordinatorConfig config = WithModelDefaults(given, model->head_dim, group);
   if (given.kv_page_size < 0 && config.kv_page_size == 0) {
-    spdlog::info("KV-cache in contiguous slots: the model's head_dim {} is not a multiple of 4, "
-                 "which the CUDA backend's pages need (--kv_page_size 16 pages it on CPU "
-                 "workers)",
-                 model->head_dim);
+    spdlog::info("KV-cache in contiguous slots: the CUDA backend cannot page heads of head_dim {} "
+                 "with {} query heads per kv head (--kv_page_size 16 pages it on CPU workers)",
+                 model->head_dim, group);
   }
   std::unique_ptr<Coordinator> c(new Coordinator(config));
   c->model_ = *model;

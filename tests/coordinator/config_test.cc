@@ -96,25 +96,30 @@ TEST(CoordinatorConfigTest, EmptyFileGivesDefaults) {
   EXPECT_EQ(RequestThreads(*c), 160 + 160 + 8);
 }
 
-// Pages of 16 by default (openllama-3b's head_dim 100 included), except for a model whose
-// head_dim the CUDA kernels cannot page (not a multiple of 4), unless pages were asked for; an
-// explicit size is kept.
+// Pages of 16 by default (openllama-3b's head_dim 100 included), except for a model whose heads
+// the CUDA kernels cannot page (head_dim not a multiple of 4; or not of 8 and over 128, or more
+// than 8 query heads per kv head), unless pages were asked for; an explicit size is kept.
 TEST(CoordinatorConfigTest, TheDefaultPageSizeFollowsTheModelsHeadDim) {
   CoordinatorConfig c;
-  EXPECT_EQ(WithModelDefaults(c, 128).kv_page_size, 16);
-  EXPECT_EQ(WithModelDefaults(c, 64).kv_page_size, 16);
-  EXPECT_EQ(WithModelDefaults(c, 100).kv_page_size, 16);
-  EXPECT_EQ(WithModelDefaults(c, 98).kv_page_size, 0);
-  EXPECT_EQ(WithModelDefaults(c, 102).kv_page_size, 0);
-  EXPECT_FALSE(Paged(WithModelDefaults(c, 98)));
-  EXPECT_EQ(MaxSlots(WithModelDefaults(c, 98)), 16);
+  EXPECT_EQ(WithModelDefaults(c, 128, 4).kv_page_size, 16);
+  EXPECT_EQ(WithModelDefaults(c, 64, 4).kv_page_size, 16);
+  EXPECT_EQ(WithModelDefaults(c, 100, 4).kv_page_size, 16);
+  EXPECT_EQ(WithModelDefaults(c, 98, 4).kv_page_size, 0);
+  EXPECT_EQ(WithModelDefaults(c, 102, 4).kv_page_size, 0);
+  // head_dim 100 pages with up to 8 query heads per kv head (the register kernel's reach).
+  EXPECT_EQ(WithModelDefaults(c, 100, 8).kv_page_size, 16);
+  EXPECT_EQ(WithModelDefaults(c, 100, 16).kv_page_size, 0);
+  EXPECT_EQ(WithModelDefaults(c, 132, 1).kv_page_size, 0);
+  EXPECT_EQ(WithModelDefaults(c, 256, 16).kv_page_size, 16);
+  EXPECT_FALSE(Paged(WithModelDefaults(c, 98, 4)));
+  EXPECT_EQ(MaxSlots(WithModelDefaults(c, 98, 4)), 16);
   c.kv_pages = 1000;  // pages asked for: paged whatever the model
-  EXPECT_EQ(WithModelDefaults(c, 98).kv_page_size, 16);
+  EXPECT_EQ(WithModelDefaults(c, 98, 4).kv_page_size, 16);
   c.kv_pages.reset();
   c.kv_page_size = 0;
-  EXPECT_EQ(WithModelDefaults(c, 128).kv_page_size, 0);
+  EXPECT_EQ(WithModelDefaults(c, 128, 4).kv_page_size, 0);
   c.kv_page_size = 64;
-  EXPECT_EQ(WithModelDefaults(c, 98).kv_page_size, 64);
+  EXPECT_EQ(WithModelDefaults(c, 98, 4).kv_page_size, 64);
 }
 
 // The defaults that follow the KV layout, and what a step's rows may number under them.

@@ -687,10 +687,6 @@ absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache, co
                 params, stream, counters, pdl);
 }
 
-bool PagedDecodeAttentionTakes(int head_dim, int group) {
-  return head_dim > 0 && (head_dim % 8 == 0 || LanesKernelTakes(head_dim, group));
-}
-
 absl::Status LaunchAttentionPaged(DType dtype, const void* q, const KvPages& pages,
                                   const int32_t* positions, const int32_t* seqs, float* partials,
                                   void* out, int rows, int num_heads, int num_kv_heads,

@@ -158,8 +158,7 @@ absl::Status CudaStage::CheckPagedOptions(const StageSpec& spec) {
         "kv_page_size must be 0 (contiguous slots) or a power of two >= ", cuda::kMinKvPageSize,
         " for the CUDA backend, got ", ps));
   }
-  if (c_.head_dim % 4 != 0 ||
-      !cuda::PagedDecodeAttentionTakes(c_.head_dim, c_.num_heads / c_.num_kv_heads)) {
+  if (!cuda::PagedDecodeAttentionTakes(c_.head_dim, c_.num_heads / c_.num_kv_heads)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a paged KV-cache on the CUDA backend needs head_dim a multiple of 8, or of 4 up to 128 "
         "with at most 8 query heads per kv head; got head_dim ",

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "common/model_config.h"
 
 namespace tandem::cuda {
 
@@ -35,6 +36,10 @@ absl::Status CheckKvPages(const KvPages& pages, int head_dim, const char* what) 
                                                    ">= 1"));
   }
   return absl::OkStatus();
+}
+
+bool PagedDecodeAttentionTakes(int head_dim, int group) {
+  return CudaPagesTakeHeads(head_dim, group);
 }
 
 }  // namespace tandem::cuda

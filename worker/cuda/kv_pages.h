@@ -53,7 +53,7 @@ absl::Status CheckKvPages(const KvPages& pages, int head_dim, const char* what);
 
 // Whether LaunchAttentionPaged takes heads of head_dim with `group` query heads per kv head: a
 // multiple of 8 whatever the group; otherwise a multiple of 4 up to 128 (OpenLLaMA-3B's 100) with
-// at most 8 query heads per kv head.
+// at most 8 query heads per kv head (CudaPagesTakeHeads, common/model_config.h).
 bool PagedDecodeAttentionTakes(int head_dim, int group);
 
 // As LaunchQkvRopeCache, writing k and v of row r at positions[r] through table row seqs[r].
