@@ -11,7 +11,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr ModelLimits kLimits{.vocab_size = 100, .context_length = 32, .eos_token_id = 99};
+constexpr ModelLimits kLimits{
+    .vocab_size = 100, .context_length = 32, .eos_token_id = 99, .eos_token_ids = {}};
 
 v1::GenerateRequest Good() {
   v1::GenerateRequest r;
@@ -138,7 +139,7 @@ TEST(RequestValidationTest, MaxNewTokensZeroOrAboveContextNamesMaxNewTokens) {
 
 TEST(RequestValidationTest, MaxNewTokensUpToTheContextIsAccepted) {
   v1::GenerateRequest r = Good();  // a prompt of 2 in a context of 32
-  r.set_max_new_tokens(30);         // prompt + max_new_tokens == context
+  r.set_max_new_tokens(30);        // prompt + max_new_tokens == context
   ASSERT_TRUE(ValidateRequest(r, kLimits, nullptr).ok());
   r.set_max_new_tokens(32);  // the context itself: the length rule ends generation at the context
   absl::StatusOr<ValidatedRequest> v = ValidateRequest(r, kLimits, nullptr);
@@ -208,7 +209,8 @@ TEST(RequestValidationTest, StopStringCountAndBytesAreBounded) {
 
 TEST(RequestValidationTest, RequestByteBoundCoversTheLargestLegalRequest) {
   EXPECT_EQ(MaxRequestBytes(kLimits), 4 << 20);  // gRPC's default for a small context
-  const ModelLimits large{.vocab_size = 128256, .context_length = 131072};
+  const ModelLimits large{
+      .vocab_size = 128256, .context_length = 131072, .eos_token_id = -1, .eos_token_ids = {}};
   EXPECT_GT(MaxRequestBytes(large),
             MaxPromptBytes(large) + 5 * 131072 + kMaxStopStrings * (kMaxStopStringBytes + 2));
   EXPECT_LT(MaxRequestBytes(large), 2 * MaxPromptBytes(large) + (4 << 20));
@@ -259,8 +261,7 @@ TEST(RequestValidationTest, RejectsEachOutOfRangeSamplingControlNamingIt) {
       {"sampling.min_p", [](v1::SamplingParams& s) { s.set_min_p(nan); }},
       {"sampling.presence_penalty", [](v1::SamplingParams& s) { s.set_presence_penalty(2.1f); }},
       {"sampling.presence_penalty", [](v1::SamplingParams& s) { s.set_presence_penalty(nan); }},
-      {"sampling.frequency_penalty",
-       [](v1::SamplingParams& s) { s.set_frequency_penalty(-2.1f); }},
+      {"sampling.frequency_penalty", [](v1::SamplingParams& s) { s.set_frequency_penalty(-2.1f); }},
       {"sampling.repetition_penalty",
        [](v1::SamplingParams& s) { s.set_repetition_penalty(0.0f); }},
       {"sampling.repetition_penalty",
@@ -269,21 +270,23 @@ TEST(RequestValidationTest, RejectsEachOutOfRangeSamplingControlNamingIt) {
        [](v1::SamplingParams& s) { s.set_repetition_penalty(101.0f); }},
       {"sampling.n", [](v1::SamplingParams& s) { s.set_n(-1); }},
       {"sampling.n", [](v1::SamplingParams& s) { s.set_n(kMaxChoices + 1); }},
-      {"sampling.top_logprobs", [](v1::SamplingParams& s) {
+      {"sampling.top_logprobs",
+       [](v1::SamplingParams& s) {
          s.set_logprobs(true);
          s.set_top_logprobs(21);
        }},
-      {"sampling.top_logprobs", [](v1::SamplingParams& s) {
+      {"sampling.top_logprobs",
+       [](v1::SamplingParams& s) {
          s.set_logprobs(true);
          s.set_top_logprobs(-1);
        }},
       {"sampling.top_logprobs", [](v1::SamplingParams& s) { s.set_top_logprobs(2); }},
-      {"sampling.prompt_top_logprobs", [](v1::SamplingParams& s) {
+      {"sampling.prompt_top_logprobs",
+       [](v1::SamplingParams& s) {
          s.set_prompt_logprobs(true);
          s.set_prompt_top_logprobs(21);
        }},
-      {"sampling.prompt_top_logprobs",
-       [](v1::SamplingParams& s) { s.set_prompt_top_logprobs(1); }},
+      {"sampling.prompt_top_logprobs", [](v1::SamplingParams& s) { s.set_prompt_top_logprobs(1); }},
   };
   for (const Case& c : cases) {
     v1::GenerateRequest r = Good();
