@@ -132,17 +132,17 @@ absl::Status Run(int iters, bool prefill, const std::vector<int>& contexts,
       RETURN_IF_ERROR(Alloc(q, size_t(batch) * shape.heads * shape.head_dim * 2));
       RETURN_IF_ERROR(Alloc(out, size_t(batch) * shape.heads * shape.head_dim * 2));
       const int splits = AttentionSplits(batch, shape.kv_heads, context, sms);
-      RETURN_IF_ERROR(
-          Alloc(partials, AttentionPartialFloats(batch, shape.heads, shape.head_dim, splits) * 4, 0));
+      RETURN_IF_ERROR(Alloc(
+          partials, AttentionPartialFloats(batch, shape.heads, shape.head_dim, splits) * 4, 0));
       RETURN_IF_ERROR(Alloc(counters, size_t(batch) * shape.kv_heads * 4, 0));
       ASSIGN_OR_RETURN(const float contiguous,
                        TimeMs(
                            [&] {
-                             return LaunchAttention(shape.type, q.get(), k.get(), v.get(),
-                                                    d_last.as<int32_t>(), d_seqs.as<int32_t>(),
-                                                    partials.as<float>(), out.get(), batch, shape.heads,
-                                                    shape.kv_heads, shape.head_dim, context, splits, params,
-                                                    nullptr, counters.as<uint32_t>());
+                             return LaunchAttention(
+                                 shape.type, q.get(), k.get(), v.get(), d_last.as<int32_t>(),
+                                 d_seqs.as<int32_t>(), partials.as<float>(), out.get(), batch,
+                                 shape.heads, shape.kv_heads, shape.head_dim, context, splits,
+                                 params, nullptr, counters.as<uint32_t>());
                            },
                            iters));
       Print("decode", batch, context, absl::StrCat("contiguous, ", splits, " splits"), contiguous,
@@ -161,16 +161,16 @@ absl::Status Run(int iters, bool prefill, const std::vector<int>& contexts,
         paged.push_back(KvPages{pool_k.get(), pool_v.get(), num_pages, page_size,
                                 d_table.as<int32_t>(), per_seq});
         tables.push_back(std::move(d_table));
-        ASSIGN_OR_RETURN(const float ms, TimeMs(
-                                             [&] {
-                                               return LaunchAttentionPaged(
-                                                   shape.type, q.get(), paged.back(),
-                                                   d_last.as<int32_t>(), d_seqs.as<int32_t>(),
-                                                   partials.as<float>(), out.get(), batch, shape.heads,
-                                                   shape.kv_heads, shape.head_dim, splits, params, nullptr,
-                                                   counters.as<uint32_t>());
-                                             },
-                                             iters));
+        ASSIGN_OR_RETURN(const float ms,
+                         TimeMs(
+                             [&] {
+                               return LaunchAttentionPaged(
+                                   shape.type, q.get(), paged.back(), d_last.as<int32_t>(),
+                                   d_seqs.as<int32_t>(), partials.as<float>(), out.get(), batch,
+                                   shape.heads, shape.kv_heads, shape.head_dim, splits, params,
+                                   nullptr, counters.as<uint32_t>());
+                             },
+                             iters));
         Print("decode", batch, context, absl::StrCat("pages of ", page_size), ms, contiguous);
       }
       if (!prefill) continue;
@@ -195,8 +195,8 @@ absl::Status Run(int iters, bool prefill, const std::vector<int>& contexts,
                                              return LaunchPrefillAttention(
                                                  shape.type, pq.get(), k.get(), v.get(),
                                                  d_pos.as<int32_t>(), d_row_seq.as<int32_t>(),
-                                                 pout.get(), rows, shape.heads, shape.kv_heads, shape.head_dim,
-                                                 context, params, nullptr);
+                                                 pout.get(), rows, shape.heads, shape.kv_heads,
+                                                 shape.head_dim, context, params, nullptr);
                                            },
                                            prefill_iters));
       const bool sm90 = PrefillAttentionSm90Usable(shape.head_dim, pq.get(), k.get(), v.get());
@@ -208,11 +208,13 @@ absl::Status Run(int iters, bool prefill, const std::vector<int>& contexts,
                                                return LaunchPrefillAttentionPaged(
                                                    shape.type, pq.get(), pages, d_pos.as<int32_t>(),
                                                    d_row_seq.as<int32_t>(), pout.get(), rows,
-                                                   shape.heads, shape.kv_heads, shape.head_dim, params, nullptr);
+                                                   shape.heads, shape.kv_heads, shape.head_dim,
+                                                   params, nullptr);
                                              },
                                              prefill_iters));
-        const bool paged_sm90 = pages.page_size >= kMinSm90PageSize &&
-                                PrefillAttentionSm90Usable(shape.head_dim, pq.get(), pages.k, pages.v);
+        const bool paged_sm90 =
+            pages.page_size >= kMinSm90PageSize &&
+            PrefillAttentionSm90Usable(shape.head_dim, pq.get(), pages.k, pages.v);
         Print("prefill", batch, context,
               absl::StrCat("pages of ", pages.page_size, " (", paged_sm90 ? "wgmma" : "mma.sync",
                            ")"),
@@ -239,10 +241,9 @@ std::vector<int> Positive(const std::vector<std::string>& items) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  tandem::cuda::shape = {absl::GetFlag(FLAGS_heads), absl::GetFlag(FLAGS_kv_heads),
-                         absl::GetFlag(FLAGS_head_dim),
-                         absl::GetFlag(FLAGS_dtype) == "bf16" ? tandem::DType::kBF16
-                                                              : tandem::DType::kF16};
+  tandem::cuda::shape = {
+      absl::GetFlag(FLAGS_heads), absl::GetFlag(FLAGS_kv_heads), absl::GetFlag(FLAGS_head_dim),
+      absl::GetFlag(FLAGS_dtype) == "bf16" ? tandem::DType::kBF16 : tandem::DType::kF16};
   const std::vector<int> contexts = Positive(absl::GetFlag(FLAGS_contexts));
   const std::vector<int> batches = Positive(absl::GetFlag(FLAGS_batches));
   const std::string dtype = absl::GetFlag(FLAGS_dtype);

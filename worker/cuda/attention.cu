@@ -335,8 +335,9 @@ struct alignas(kVec * sizeof(T)) KeyVec {
 // per kv head (the heads past group are computed on zeros and never stored). Lane group lg
 // (kLanes lanes, kVec dimensions each; lanes past head_dim idle) takes kUnroll consecutive keys
 // per iteration, from k0 + lg * kUnroll (the block's iteration covers kStep keys from k0), their K
-// and V loads issued together and found from one address (one page). A group keeps a running (max, sum, accumulators) per head; its score of a key is its
-// lanes' partial dots summed by shuffles, so every lane of a group holds the same softmax state.
+// and V loads issued together and found from one address (one page). A group keeps a running
+// (max, sum, accumulators) per head; its score of a key is its lanes' partial dots summed by
+// shuffles, so every lane of a group holds the same softmax state.
 template <typename T, int kLanes, int kVec, int kGroup, typename Kv>
 __global__ void __launch_bounds__(kThreads, kLanesBlocksPerSm<kGroup>)
     AttentionLanesKernel(const T* __restrict__ q, const T* __restrict__ k_cache,
