@@ -354,5 +354,22 @@ TEST(ModelConfigTest, ConfigNestedPastTheJsonBoundIsRefusedNamingTheField) {
   }
 }
 
+// Which heads the CUDA backend pages: any group where head_dim is a multiple of 8; a multiple of 4
+// (openllama-3b's 100) up to 128 with at most 8 query heads per kv head; nothing else.
+TEST(ModelConfigTest, CudaPagesTakeHeadsOfTheDecodeKernelsReach) {
+  EXPECT_TRUE(CudaPagesTakeHeads(128, 4));
+  EXPECT_TRUE(CudaPagesTakeHeads(64, 16));
+  EXPECT_TRUE(CudaPagesTakeHeads(256, 16));
+  EXPECT_TRUE(CudaPagesTakeHeads(100, 1));
+  EXPECT_TRUE(CudaPagesTakeHeads(100, 8));
+  EXPECT_TRUE(CudaPagesTakeHeads(124, 7));
+  EXPECT_FALSE(CudaPagesTakeHeads(100, 9));
+  EXPECT_FALSE(CudaPagesTakeHeads(132, 1));
+  EXPECT_FALSE(CudaPagesTakeHeads(98, 1));
+  EXPECT_FALSE(CudaPagesTakeHeads(102, 2));
+  EXPECT_FALSE(CudaPagesTakeHeads(0, 1));
+  EXPECT_FALSE(CudaPagesTakeHeads(100, 0));
+}
+
 }  // namespace
 }  // namespace tandem
