@@ -90,6 +90,33 @@ __device__ void FinishSplits(const float* part_acc, const float2* part_ml, T* ou
   }
 }
 
+// The keys of one split of a row whose context is ctx positions: keys [lo, ctx) are visible
+// (window > 0: the last `window`); the splits cover them from the 64-key tile that holds lo, each
+// a whole number of tiles, so that tiles stay aligned. [begin, end) may start before lo (in the
+// first split) and is empty for a split past the context.
+struct SplitKeys {
+  int lo, begin, end;
+};
+__device__ __forceinline__ SplitKeys SplitKeysOf(int ctx, int window, int split, int splits) {
+  const int lo = window > 0 ? max(0, ctx - window) : 0;
+  const int first = lo / kTile * kTile;
+  int chunk = (ctx - first + splits - 1) / splits;
+  chunk = (chunk + kTile - 1) / kTile * kTile;
+  const int begin = first + split * chunk;
+  return {lo, begin, min(ctx, begin + chunk)};
+}
+
+// A split with no keys: its heads' partial states empty (no accumulators written), counted as
+// any other split's (FinishSplits).
+template <typename T>
+__device__ void FinishEmptySplit(const float* part_acc, float2* part_ml, T* out, uint32_t* counters,
+                                 int r, int kvh, int num_heads, int num_kv_heads, int head_dim,
+                                 int splits, size_t part_row) {
+  const int group = num_heads / num_kv_heads;
+  for (int g = threadIdx.x; g < group; g += blockDim.x) part_ml[part_row + g] = {-INFINITY, 0.0f};
+  FinishSplits(part_acc, part_ml, out, counters, r, kvh, num_heads, num_kv_heads, head_dim, splits);
+}
+
 // grid (num_kv_heads, rows, splits). partials per (row, split, head): head_dim accumulators, then
 // in a separate array (max, sum).
 //
@@ -110,22 +137,15 @@ __global__ void __launch_bounds__(kThreads)
   const int kvh = blockIdx.x, r = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int group = num_heads / num_kv_heads;
   const int width = group * head_dim;  // outputs of this block
-  // Keys [lo, ctx) are visible; the splits cover them from the tile that holds lo, so that tiles
-  // stay aligned and only the first tile of the first split holds keys to mask.
-  const int ctx = positions[r] + 1;
-  const int lo = window > 0 ? max(0, ctx - window) : 0;
-  const int first = lo / kTile * kTile;
-  int chunk = (ctx - first + splits - 1) / splits;
-  chunk = (chunk + kTile - 1) / kTile * kTile;
-  const int begin = first + split * chunk;
-  const int end = min(ctx, begin + chunk);
+  // Only the first tile of the first split holds keys to mask (those before lo).
+  const SplitKeys keys = SplitKeysOf(positions[r] + 1, window, split, splits);
+  const int lo = keys.lo, begin = keys.begin, end = keys.end;
   WaitForPrerequisites();  // q and this row's cache entry come from the previous kernel
 
   const size_t part_row = (static_cast<size_t>(r) * splits + split) * num_heads + kvh * group;
   if (begin >= end) {
-    for (int g = threadIdx.x; g < group; g += blockDim.x) part_ml[part_row + g] = {-INFINITY, 0.0f};
-    FinishSplits(part_acc, part_ml, out, counters, r, kvh, num_heads, num_kv_heads, head_dim,
-                 splits);
+    FinishEmptySplit(part_acc, part_ml, out, counters, r, kvh, num_heads, num_kv_heads, head_dim,
+                     splits, part_row);
     return;
   }
 
@@ -355,22 +375,16 @@ __global__ void __launch_bounds__(kThreads, kLanesBlocksPerSm<kGroup>)
   __shared__ float2 ml_s[kLaneGroups][kGroup];
   AllowDependentLaunch();  // the out-projection may start prefetching its weights
   const int kvh = blockIdx.x, r = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
-  // The splits of AttentionPartialKernel (tile-aligned from the tile that holds lo), each begun
-  // at lo at the earliest: keys before the window are never read.
-  const int ctx = positions[r] + 1;
-  const int lo = window > 0 ? max(0, ctx - window) : 0;
-  const int first = lo / kTile * kTile;
-  int chunk = (ctx - first + splits - 1) / splits;
-  chunk = (chunk + kTile - 1) / kTile * kTile;
-  const int begin = max(lo, first + split * chunk);
-  const int end = min(ctx, first + split * chunk + chunk);
+  // AttentionPartialKernel's splits, each begun at lo at the earliest: keys before the window are
+  // never read.
+  const SplitKeys keys = SplitKeysOf(positions[r] + 1, window, split, splits);
+  const int begin = max(keys.lo, keys.begin), end = keys.end;
   WaitForPrerequisites();  // q and this row's cache entry come from the previous kernel
 
   const size_t part_row = (static_cast<size_t>(r) * splits + split) * num_heads + kvh * group;
   if (begin >= end) {
-    for (int g = threadIdx.x; g < group; g += blockDim.x) part_ml[part_row + g] = {-INFINITY, 0.0f};
-    FinishSplits(part_acc, part_ml, out, counters, r, kvh, num_heads, num_kv_heads, head_dim,
-                 splits);
+    FinishEmptySplit(part_acc, part_ml, out, counters, r, kvh, num_heads, num_kv_heads, head_dim,
+                     splits, part_row);
     return;
   }
   const int lg = threadIdx.x / kLanes, li = threadIdx.x % kLanes;
