@@ -217,10 +217,16 @@ absl::Status GemvSweep() {
   ASSIGN_OR_RETURN(std::vector<int> rows, BatchSizes());
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("GEMV sweep: model %s (%s, hidden %d), %s, device %s\n\n", model.c_str(),
+  const std::string quantization = absl::GetFlag(FLAGS_quantization);
+  if (!quantization.empty() && quantization != "fp8") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--quantization: '", quantization, "' (expected fp8, or empty for none)"));
+  }
+  const bool fp8 = quantization == "fp8";
+  std::printf("GEMV sweep: model %s (%s, hidden %d), %s%s, device %s\n\n", model.c_str(),
               std::string(ArchName(c.arch)).c_str(), c.hidden_size,
-              std::string(DTypeName(dtype)).c_str(), prop.name);
-  return RunGemvSweep(c, dtype, rows, absl::GetFlag(FLAGS_json));
+              std::string(DTypeName(dtype)).c_str(), fp8 ? ", FP8 weights" : "", prop.name);
+  return RunGemvSweep(c, dtype, fp8, rows, absl::GetFlag(FLAGS_json));
 }
 
 // One batch size on a loaded stage: round 0 warms up (cuBLAS heuristics, graph capture of the

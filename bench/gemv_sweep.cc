@@ -73,7 +73,7 @@ absl::Status Capture(cudaStream_t stream, cuda::GraphExec& exec, F enqueue) {
 
 }  // namespace
 
-absl::Status RunGemvSweep(const ModelConfig& c, DType dtype, const std::vector<int>& rows,
+absl::Status RunGemvSweep(const ModelConfig& c, DType dtype, bool fp8, const std::vector<int>& rows,
                           const std::string& json_path) {
   for (int m : rows) {
     if (!cuda::GemvSupported(m, 8)) {
@@ -102,15 +102,24 @@ absl::Status RunGemvSweep(const ModelConfig& c, DType dtype, const std::vector<i
   };
 
   nlohmann::json results = nlohmann::json::array();
-  std::printf("| projection | out × in | MB | rows | rows/warp | K split | µs | GB/s |\n"
-              "|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| projection | out × in | MB | rows | rows/warp | K split | codes/lane | µs | GB/s |\n"
+      "|---|---|---|---|---|---|---|---|---|\n");
   for (const Projection& p : Projections(c)) {
-    const size_t w_bytes = static_cast<size_t>(p.w_rows) * p.in * elem;
+    // The stage keeps the LM head in the activations' type.
+    const bool codes = fp8 && p.epilogue != GemvEpilogue::kF32;
+    const size_t w_elem = codes ? 1 : elem;
+    const size_t w_bytes = static_cast<size_t>(p.w_rows) * p.in * w_elem;
     // Enough copies that no GEMV finds its weights in L2 (50 MB on an H100).
     const int copies =
         static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / w_bytes + 1, 4, 512));
-    cuda::DeviceBuffer w, x, y;
+    cuda::DeviceBuffer w, x, y, scales;
     RETURN_IF_ERROR(w.Allocate(w_bytes * copies));
+    if (codes) {
+      // One scale per row for every copy (0x11 codes are small normal E4M3 values).
+      RETURN_IF_ERROR(scales.Allocate(static_cast<size_t>(p.w_rows) * sizeof(float)));
+      CUDA_CHECK(cudaMemset(scales.get(), 0, static_cast<size_t>(p.w_rows) * sizeof(float)));
+    }
     RETURN_IF_ERROR(x.Allocate(static_cast<size_t>(max_rows) * p.in * elem));
     RETURN_IF_ERROR(y.Allocate(static_cast<size_t>(max_rows) * p.out * sizeof(float)));
     CUDA_CHECK(cudaMemset(w.get(), 0x11, w_bytes * copies));
@@ -129,16 +138,31 @@ absl::Status RunGemvSweep(const ModelConfig& c, DType dtype, const std::vector<i
       std::vector<GemvTuning> variants = {GemvTuning{}};  // the shape's own choice first
       for (int rpw : {1, 2}) {
         if (paired && rpw == 1) continue;
-        for (int split : {1, 2, 4}) variants.push_back(GemvTuning{rpw, split});
+        for (int split : {1, 2, 4}) {
+          if (!codes) {
+            variants.push_back(GemvTuning{rpw, split});
+            continue;
+          }
+          for (int lane_codes : {8, 16}) {
+            if (lane_codes == 16 && p.in % 16 != 0) continue;
+            variants.push_back(GemvTuning{rpw, split, lane_codes});
+          }
+        }
       }
-      const GemvTuning chosen = cuda::GemvTuningFor(m, p.out, p.in, sm_count);
+      const GemvTuning chosen = cuda::GemvTuningFor(m, p.out, p.in, sm_count, codes);
       for (const GemvTuning& v : variants) {
         cuda::GraphExec pairs;
         RETURN_IF_ERROR(Capture(s, pairs, [&]() -> absl::Status {
           for (int i = 0; i < copies; ++i) {
             RETURN_IF_ERROR(norm());
-            RETURN_IF_ERROR(cuda::Gemv(dtype, p.epilogue, x.get(), w.as<char>() + i * w_bytes,
-                                       nullptr, y.get(), m, p.out, p.in, s, v));
+            if (codes) {
+              RETURN_IF_ERROR(cuda::GemvFp8(dtype, p.epilogue, x.get(), w.as<char>() + i * w_bytes,
+                                            scales.as<float>(), nullptr, y.get(), m, p.out, p.in, s,
+                                            v));
+            } else {
+              RETURN_IF_ERROR(cuda::Gemv(dtype, p.epilogue, x.get(), w.as<char>() + i * w_bytes,
+                                         nullptr, y.get(), m, p.out, p.in, s, v));
+            }
           }
           return absl::OkStatus();
         }));
@@ -147,14 +171,26 @@ absl::Status RunGemvSweep(const ModelConfig& c, DType dtype, const std::vector<i
         const bool is_auto = v.rows_per_warp == 0;
         const int rpw = is_auto ? (paired ? 2 : chosen.rows_per_warp) : v.rows_per_warp;
         const int split = is_auto ? chosen.k_split : v.k_split;
+        const int lane_codes =
+            !codes ? 0 : (v.fp8_lane_codes != 0 ? v.fp8_lane_codes : (p.in % 16 == 0 ? 16 : 8));
         const double gb_s = w_bytes / gemv_s / 1e9;
-        std::printf("| %s | %d × %d | %.1f | %d | %s%d | %s%d | %.2f | %.0f |\n", p.name, p.out,
-                    p.in, w_bytes / 1e6, m, is_auto ? "auto: " : "", rpw, is_auto ? "auto: " : "",
-                    split, gemv_s * 1e6, gb_s);
-        results.push_back({{"projection", p.name}, {"out", p.out}, {"in", p.in},
-                           {"weight_bytes", w_bytes}, {"rows", m}, {"auto", is_auto},
-                           {"rows_per_warp", rpw}, {"k_split", split}, {"us", gemv_s * 1e6},
-                           {"gb_s", gb_s}, {"norm_us", norm_s * 1e6}});
+        std::printf("| %s | %d × %d | %.1f | %d | %s%d | %s%d | %s | %.2f | %.0f |\n", p.name,
+                    p.out, p.in, w_bytes / 1e6, m, is_auto ? "auto: " : "", rpw,
+                    is_auto ? "auto: " : "", split, codes ? absl::StrCat(lane_codes).c_str() : "-",
+                    gemv_s * 1e6, gb_s);
+        results.push_back({{"projection", p.name},
+                           {"out", p.out},
+                           {"in", p.in},
+                           {"weight_bytes", w_bytes},
+                           {"rows", m},
+                           {"auto", is_auto},
+                           {"rows_per_warp", rpw},
+                           {"k_split", split},
+                           {"fp8", codes},
+                           {"fp8_lane_codes", lane_codes},
+                           {"us", gemv_s * 1e6},
+                           {"gb_s", gb_s},
+                           {"norm_us", norm_s * 1e6}});
       }
     }
   }

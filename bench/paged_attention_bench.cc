@@ -87,9 +87,10 @@ absl::StatusOr<float> TimeMs(F launch, int iters) {
 }
 
 // A row of the table; the K and V of the batch's contexts over the time, as read bandwidth.
+// element_bytes: 2, or 1 for FP8 codes.
 void Print(const char* kernel, int batch, int context, const std::string& layout, float ms,
-           float contiguous_ms) {
-  const double bytes = 2.0 * batch * shape.kv_heads * context * shape.head_dim * 2;
+           float contiguous_ms, int element_bytes = 2) {
+  const double bytes = 2.0 * batch * shape.kv_heads * context * shape.head_dim * element_bytes;
   std::printf("| %s | %d | %d | %s | %.1f | %.0f | %.3f |\n", kernel, batch, context,
               layout.c_str(), ms * 1000.0f, bytes / (ms * 1e-3) / 1e9, ms / contiguous_ms);
 }
@@ -149,6 +150,7 @@ absl::Status Run(int iters, bool prefill, const std::vector<int>& contexts,
             contiguous);
       std::vector<KvPages> paged;
       std::vector<DeviceBuffer> tables;
+      KvPages fp8_prefill;  // pages of 16 as FP8 codes
       for (int page_size : {16, 32, 64, 128}) {
         // Each sequence's pages drawn from a shuffle of the whole pool.
         const int per_seq = context / page_size, num_pages = batch * per_seq;
@@ -172,6 +174,24 @@ absl::Status Run(int iters, bool prefill, const std::vector<int>& contexts,
                              },
                              iters));
         Print("decode", batch, context, absl::StrCat("pages of ", page_size), ms, contiguous);
+        // The same pages as FP8 codes (KvPages::fp8): half the bytes (0x3c codes: 1.5).
+        KvPages codes = paged.back();
+        codes.fp8 = true;
+        ASSIGN_OR_RETURN(const float fp8_ms,
+                         TimeMs(
+                             [&] {
+                               return LaunchAttentionPaged(
+                                   shape.type, q.get(), codes, d_last.as<int32_t>(),
+                                   d_seqs.as<int32_t>(), partials.as<float>(), out.get(), batch,
+                                   shape.heads, shape.kv_heads, shape.head_dim, splits, params,
+                                   nullptr, counters.as<uint32_t>());
+                             },
+                             iters));
+        Print("decode", batch, context, absl::StrCat("FP8 pages of ", page_size), fp8_ms,
+              contiguous, 1);
+        if (prefill && page_size == 16) {
+          fp8_prefill = codes;
+        }
       }
       if (!prefill) continue;
 
@@ -220,6 +240,16 @@ absl::Status Run(int iters, bool prefill, const std::vector<int>& contexts,
                            ")"),
               ms, pc);
       }
+      ASSIGN_OR_RETURN(const float fp8_ms, TimeMs(
+                                               [&] {
+                                                 return LaunchPrefillAttentionPaged(
+                                                     shape.type, pq.get(), fp8_prefill,
+                                                     d_pos.as<int32_t>(), d_row_seq.as<int32_t>(),
+                                                     pout.get(), rows, shape.heads, shape.kv_heads,
+                                                     shape.head_dim, params, nullptr);
+                                               },
+                                               prefill_iters));
+      Print("prefill", batch, context, "FP8 pages of 16 (mma.sync)", fp8_ms, pc, 1);
     }
   }
   return absl::OkStatus();

@@ -273,6 +273,7 @@ struct StageSpec {
   // max_seq_len positions). The CUDA backend's is CudaOptions::kv_memory_fraction.
   double kv_memory_fraction = 0.9;
   bool quantize_fp8 = false;  // --quantization fp8: linear weights to FP8 at load (per row)
+  bool kv_cache_fp8 = false;  // --kv_cache_dtype fp8: the paged KV-cache holds E4M3 codes
   // Weights already placed (by an earlier stage or ahead of this one) that the stage may take
   // where they are of this checkpoint, dtype and device; what they lack is loaded.
   std::vector<std::shared_ptr<const PlacedWeights>> placed;

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, after run_gpu.sh trained MODEL: scores the model
 # through tandem (one coordinator with the HTTP API, one CUDA worker) on the held-out windows that
-# perplexity_hf.py scores, once per weight precision in PRECISIONS (default "fp16 fp8": fp16
-# weights, then FP8 weights quantized at load). Results to $OUT: hf_tokens.json (the windows),
-# tandem_<precision>.json, and the processes' logs.
+# perplexity_hf.py scores, once per precision in PRECISIONS (default "fp16 fp8 fp16-kv8 fp8-kv8":
+# fp16 weights; FP8 weights quantized at load; each of those with the FP8 KV-cache,
+# --kv_cache_dtype fp8). Results to $OUT: hf_tokens.json (the windows), tandem_<precision>.json,
+# and the processes' logs.
 # Environment: BIN (tandem binaries, default .carry/bin), MODEL, DATA, OUT, PRECISIONS.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,12 +21,16 @@ fi
 pids=()
 stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=(); }
 trap stop_all EXIT
-for precision in ${PRECISIONS:-fp16 fp8}; do
-  quantization=""
-  [ "$precision" = fp8 ] && quantization=fp8
+for precision in ${PRECISIONS:-fp16 fp8 fp16-kv8 fp8-kv8}; do
+  quantization="" kv=auto
+  case $precision in
+    fp8) quantization=fp8 ;;
+    fp16-kv8) kv=fp8 ;;
+    fp8-kv8) quantization=fp8 kv=fp8 ;;
+  esac
   "$bin/tandem-coordinator" --listen=127.0.0.1:50051 --http_listen=127.0.0.1:8000 \
     --model_dir="$model" --stages=1 --replicas=1 --max_batch=16 --max_slots=16 \
-    --max_seq_len=1024 > "$out/coordinator_$precision.log" 2>&1 &
+    --max_seq_len=1024 --kv_cache_dtype=$kv > "$out/coordinator_$precision.log" 2>&1 &
   pids+=($!)
   "$bin/tandem-worker" --coordinator=127.0.0.1:50051 --listen=127.0.0.1:50060 --backend=cuda \
     --gpu=0 --dtype=f16 --quantization="$quantization" --kv_memory_fraction=0.3 \

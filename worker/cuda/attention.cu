@@ -11,8 +11,11 @@
 // interleaved keys several at a time, and their softmax states meet in shared memory once at the
 // end. Otherwise AttentionPartialKernel stages 64-key tiles of K and V in shared memory, which
 // costs it shared-memory bandwidth: it reads the cache at ~1.1 TB/s at long contexts.
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <cfloat>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -344,11 +347,52 @@ inline constexpr int kLanesUnroll = kGroup >= 8 ? 2 : 4;
 template <int kGroup>
 inline constexpr int kLanesBlocksPerSm = kGroup >= 8 ? 2 : 4;
 
-// kVec elements of a 2-byte type in one 8- or 16-byte load.
-template <typename T, int kVec>
-struct alignas(kVec * sizeof(T)) KeyVec {
-  T v[kVec];
+// kVec elements of the cache in one load: of a 2-byte type (8 or 16 bytes), or FP8 codes (4 or 8).
+template <typename C, int kVec>
+struct alignas(kVec * sizeof(C)) KeyVec {
+  C v[kVec];
 };
+
+template <typename C>
+inline constexpr bool kCodes = std::is_same_v<C, __nv_fp8_e4m3>;
+
+// A vector of zeros (keys past the end).
+template <typename C, int kVec>
+__device__ __forceinline__ KeyVec<C, kVec> ZeroKeys() {
+  KeyVec<C, kVec> v;
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    if constexpr (kCodes<C>) {
+      v.v[e].__x = 0;
+    } else {
+      v.v[e] = FromF<C>(0.0f);
+    }
+  }
+  return v;
+}
+
+// Elements e and e + 1 of a vector as floats (FP8 codes through fp16, exact).
+template <typename C, int kVec>
+__device__ __forceinline__ float2 PairToF(const KeyVec<C, kVec>& v, int e) {
+  if constexpr (kCodes<C>) {
+    const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(v.v[e].__x | (v.v[e + 1].__x << 8)), __NV_E4M3);
+    return __half22float2(*reinterpret_cast<const __half2*>(&raw));
+  } else {
+    return make_float2(ToF(v.v[e]), ToF(v.v[e + 1]));
+  }
+}
+
+// A vector's elements as floats.
+template <typename C, int kVec>
+__device__ __forceinline__ void KeysToF(const KeyVec<C, kVec>& v, float (&f)[kVec]) {
+#pragma unroll
+  for (int e = 0; e < kVec; e += 2) {
+    const float2 p = PairToF(v, e);
+    f[e] = p.x;
+    f[e + 1] = p.y;
+  }
+}
 
 // grid (num_kv_heads, rows, splits), kThreads threads, as AttentionPartialKernel and with the same
 // partials, for head_dim <= kLanes * kVec (a multiple of kVec) and group <= kGroup query heads
@@ -358,15 +402,18 @@ struct alignas(kVec * sizeof(T)) KeyVec {
 // and V loads issued together and found from one address (one page). A group keeps a running
 // (max, sum, accumulators) per head; its score of a key is its lanes' partial dots summed by
 // shuffles, so every lane of a group holds the same softmax state.
-template <typename T, int kLanes, int kVec, int kGroup, typename Kv>
+//
+// C: the cache's element type, T or FP8 codes (__nv_fp8_e4m3, pages only): the query is multiplied
+// by the layer's K scale with the softmax scale, and the output by its V scale.
+template <typename T, typename C, int kLanes, int kVec, int kGroup, typename Kv>
 __global__ void __launch_bounds__(kThreads, kLanesBlocksPerSm<kGroup>)
-    AttentionLanesKernel(const T* __restrict__ q, const T* __restrict__ k_cache,
-                         const T* __restrict__ v_cache, const int32_t* __restrict__ positions,
+    AttentionLanesKernel(const T* __restrict__ q, const C* __restrict__ k_cache,
+                         const C* __restrict__ v_cache, const int32_t* __restrict__ positions,
                          const int32_t* __restrict__ slots, float* __restrict__ part_acc,
                          float2* __restrict__ part_ml, T* __restrict__ out,
                          uint32_t* __restrict__ counters, int num_heads, int num_kv_heads,
                          int head_dim, Kv kv, float scale, int window) {
-  using Vec = KeyVec<T, kVec>;
+  using Vec = KeyVec<C, kVec>;
   const int group = num_heads / num_kv_heads;
   constexpr int kDims = kLanes * kVec;  // head_dim at most
   constexpr int kLaneGroups = kThreads / kLanes, kUnroll = kLanesUnroll<kGroup>;
@@ -391,17 +438,17 @@ __global__ void __launch_bounds__(kThreads, kLanesBlocksPerSm<kGroup>)
   const bool lane_on = li * kVec < head_dim;
   const T* qr = q + static_cast<size_t>(r) * num_heads * head_dim + kvh * group * head_dim;
   float qf[kGroup][kVec];
+  const float q_scale = scale * kv.KScale();
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
-    Vec v;
+    KeyVec<T, kVec> v;
     if (lane_on && g < group) {
-      v = reinterpret_cast<const Vec*>(qr + g * head_dim)[li];
+      v = reinterpret_cast<const KeyVec<T, kVec>*>(qr + g * head_dim)[li];
     } else {
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) v.v[e] = FromF<T>(0.0f);
+      v = ZeroKeys<T, kVec>();
     }
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) qf[g][e] = ToF(v.v[e]) * scale;
+    for (int e = 0; e < kVec; ++e) qf[g][e] = ToF(v.v[e]) * q_scale;
   }
   float m[kGroup], l[kGroup], acc[kGroup][kVec];
 #pragma unroll
@@ -454,8 +501,7 @@ __global__ void __launch_bounds__(kThreads, kLanesBlocksPerSm<kGroup>)
         kk[u] = reinterpret_cast<const Vec*>(k_cache + at)[li];
         vv[u] = reinterpret_cast<const Vec*>(v_cache + at)[li];
       } else {
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) kk[u].v[e] = vv[u].v[e] = FromF<T>(0.0f);
+        kk[u] = vv[u] = ZeroKeys<C, kVec>();
       }
     }
     pages_now = read_pages(k0 + kStep);
@@ -465,8 +511,7 @@ __global__ void __launch_bounds__(kThreads, kLanesBlocksPerSm<kGroup>)
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       float kf[kVec];
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) kf[e] = ToF(kk[u].v[e]);
+      KeysToF(kk[u], kf);
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) {
         float d = 0.0f;
@@ -502,11 +547,16 @@ __global__ void __launch_bounds__(kThreads, kLanesBlocksPerSm<kGroup>)
       }
       l[g] = l[g] * corr + sum;
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        float a = acc[g][e] * corr;
+      for (int e = 0; e < kVec; e += 2) {
+        float a0 = acc[g][e] * corr, a1 = acc[g][e + 1] * corr;
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) a += p[u] * ToF(vv[u].v[e]);
-        acc[g][e] = a;
+        for (int u = 0; u < kUnroll; ++u) {
+          const float2 v2 = PairToF(vv[u], e);
+          a0 += p[u] * v2.x;
+          a1 += p[u] * v2.y;
+        }
+        acc[g][e] = a0;
+        acc[g][e + 1] = a1;
       }
     }
   }
@@ -538,6 +588,7 @@ __global__ void __launch_bounds__(kThreads, kLanesBlocksPerSm<kGroup>)
       num += w * acc_s[j][g * kDims + d];
       den += w * ml.y;
     }
+    if constexpr (kCodes<C>) num *= kv.VScale();
     if (splits == 1) {
       o_row[o] = FromF<T>(num / den);
     } else {
@@ -570,10 +621,11 @@ namespace {
 
 // Shapes AttentionLanesKernel is built for.
 bool LanesKernelTakes(int head_dim, int group) {
-  return head_dim > 0 && head_dim <= 128 && head_dim % 4 == 0 && group >= 1 && group <= 8;
+  // FP8 codes are read by this kernel alone: the shapes are the same rule.
+  return Fp8PagedAttentionTakes(head_dim, group);
 }
 
-template <typename T, int kLanes, int kVec, typename Kv>
+template <typename T, typename C, int kLanes, int kVec, typename Kv>
 absl::Status LaunchLanesOf(const void* q, const void* k_cache, const void* v_cache,
                            const int32_t* positions, const int32_t* slots, float* part_acc,
                            float2* part_ml, void* out, int num_heads, int num_kv_heads,
@@ -581,20 +633,20 @@ absl::Status LaunchLanesOf(const void* q, const void* k_cache, const void* v_cac
                            cudaStream_t stream, uint32_t* counters, bool pdl) {
   auto launch = [&](auto kernel) {
     return LaunchKernel(kernel, grid, dim3(kThreads), 0, stream, pdl, static_cast<const T*>(q),
-                        static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), positions,
+                        static_cast<const C*>(k_cache), static_cast<const C*>(v_cache), positions,
                         slots, part_acc, part_ml, static_cast<T*>(out), counters, num_heads,
                         num_kv_heads, head_dim, kv, params.scale, params.window);
   };
   // Built for groups of 1, 2, 4 and 8; 3 runs as 4, 5 to 7 as 8.
   const int group = num_heads / num_kv_heads;
   if (group == 1) {
-    CUDA_CHECK(launch(AttentionLanesKernel<T, kLanes, kVec, 1, Kv>));
+    CUDA_CHECK(launch(AttentionLanesKernel<T, C, kLanes, kVec, 1, Kv>));
   } else if (group == 2) {
-    CUDA_CHECK(launch(AttentionLanesKernel<T, kLanes, kVec, 2, Kv>));
+    CUDA_CHECK(launch(AttentionLanesKernel<T, C, kLanes, kVec, 2, Kv>));
   } else if (group <= 4) {
-    CUDA_CHECK(launch(AttentionLanesKernel<T, kLanes, kVec, 4, Kv>));
+    CUDA_CHECK(launch(AttentionLanesKernel<T, C, kLanes, kVec, 4, Kv>));
   } else {
-    CUDA_CHECK(launch(AttentionLanesKernel<T, kLanes, kVec, 8, Kv>));
+    CUDA_CHECK(launch(AttentionLanesKernel<T, C, kLanes, kVec, 8, Kv>));
   }
   CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
@@ -602,25 +654,25 @@ absl::Status LaunchLanesOf(const void* q, const void* k_cache, const void* v_cac
 
 // AttentionLanesKernel for a shape LanesKernelTakes: the fewest lanes per key that hold head_dim,
 // with 16-byte loads where head_dim % 8 == 0.
-template <typename T, typename Kv>
+template <typename T, typename C, typename Kv>
 absl::Status LaunchLanes(const void* q, const void* k_cache, const void* v_cache,
                          const int32_t* positions, const int32_t* slots, float* part_acc,
                          float2* part_ml, void* out, int num_heads, int num_kv_heads, int head_dim,
                          Kv kv, const AttentionParams& params, dim3 grid, cudaStream_t stream,
                          uint32_t* counters, bool pdl) {
   if (head_dim % 8 == 0 && head_dim <= 64) {
-    return LaunchLanesOf<T, 8, 8>(q, k_cache, v_cache, positions, slots, part_acc, part_ml, out,
-                                  num_heads, num_kv_heads, head_dim, kv, params, grid, stream,
-                                  counters, pdl);
+    return LaunchLanesOf<T, C, 8, 8>(q, k_cache, v_cache, positions, slots, part_acc, part_ml, out,
+                                     num_heads, num_kv_heads, head_dim, kv, params, grid, stream,
+                                     counters, pdl);
   }
   if (head_dim % 8 == 0) {
-    return LaunchLanesOf<T, 16, 8>(q, k_cache, v_cache, positions, slots, part_acc, part_ml, out,
-                                   num_heads, num_kv_heads, head_dim, kv, params, grid, stream,
-                                   counters, pdl);
+    return LaunchLanesOf<T, C, 16, 8>(q, k_cache, v_cache, positions, slots, part_acc, part_ml, out,
+                                      num_heads, num_kv_heads, head_dim, kv, params, grid, stream,
+                                      counters, pdl);
   }
-  return LaunchLanesOf<T, 32, 4>(q, k_cache, v_cache, positions, slots, part_acc, part_ml, out,
-                                 num_heads, num_kv_heads, head_dim, kv, params, grid, stream,
-                                 counters, pdl);
+  return LaunchLanesOf<T, C, 32, 4>(q, k_cache, v_cache, positions, slots, part_acc, part_ml, out,
+                                    num_heads, num_kv_heads, head_dim, kv, params, grid, stream,
+                                    counters, pdl);
 }
 
 template <typename Kv>
@@ -636,11 +688,22 @@ absl::Status Launch(DType dtype, const void* q, const void* k_cache, const void*
   const size_t smem = (group * head_dim + group * kTile + 3 * group + 4) * sizeof(float) +
                       2 * kTile * TileStride(head_dim) * 2 + 2 * kTilePages * sizeof(int);
   dim3 grid(num_kv_heads, rows, splits);
+  if constexpr (Kv::kPaged) {
+    if (kv.fp8) {
+      // FP8 codes: the register kernel only (LaunchAttentionPaged checked the shape).
+      TANDEM_DISPATCH_HALF(dtype, {
+        RETURN_IF_ERROR((LaunchLanes<T, __nv_fp8_e4m3>(
+            q, k_cache, v_cache, positions, slots, part_acc, part_ml, out, num_heads, num_kv_heads,
+            head_dim, kv, params, grid, stream, counters, pdl)));
+      });
+      return absl::OkStatus();
+    }
+  }
   if (LanesKernelTakes(head_dim, group)) {
     TANDEM_DISPATCH_HALF(dtype, {
-      RETURN_IF_ERROR(LaunchLanes<T>(q, k_cache, v_cache, positions, slots, part_acc, part_ml, out,
-                                     num_heads, num_kv_heads, head_dim, kv, params, grid, stream,
-                                     counters, pdl));
+      RETURN_IF_ERROR((LaunchLanes<T, T>(q, k_cache, v_cache, positions, slots, part_acc, part_ml,
+                                         out, num_heads, num_kv_heads, head_dim, kv, params, grid,
+                                         stream, counters, pdl)));
     });
     return absl::OkStatus();
   }
@@ -710,6 +773,12 @@ absl::Status LaunchAttentionPaged(DType dtype, const void* q, const KvPages& pag
   if (rows == 0) return absl::OkStatus();
   RETURN_IF_ERROR(CheckKvPages(pages, head_dim, "paged attention"));
   RETURN_IF_ERROR(CheckAttention(num_heads, num_kv_heads, head_dim, 0, splits, params, counters));
+  if (pages.fp8 && !LanesKernelTakes(head_dim, num_heads / num_kv_heads)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("paged attention over FP8 codes takes head_dim up to 128 (a multiple of 4) "
+                     "with at most 8 query heads per kv head, got head_dim ",
+                     head_dim, " and ", num_heads / num_kv_heads));
+  }
   if (!PagedDecodeAttentionTakes(head_dim, num_heads / num_kv_heads)) {
     return absl::InvalidArgumentError(
         absl::StrCat("paged attention: head_dim ", head_dim,

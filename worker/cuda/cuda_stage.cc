@@ -130,6 +130,11 @@ absl::Status CudaStage::CheckOptions(const StageSpec& spec) {
   }
   seq_capacity_ = static_cast<int>(capacity);
   const int last = spec.last_layer == -1 ? c_.num_layers : spec.last_layer;
+  if (spec.kv_cache_fp8 && spec.kv_page_size == 0) {
+    return absl::InvalidArgumentError(
+        "an FP8 KV-cache (kv_cache_dtype fp8) needs the paged cache; give the stage a "
+        "kv_page_size");
+  }
   if (spec.kv_page_size != 0) {
     RETURN_IF_ERROR(CheckPagedOptions(spec));
   } else {
@@ -168,6 +173,14 @@ absl::Status CudaStage::CheckPagedOptions(const StageSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat(
         "kv_pages must be >= 0 (0: as many as the KV memory holds), got ", spec.kv_pages));
   }
+  if (spec.kv_cache_fp8 &&
+      !cuda::Fp8PagedAttentionTakes(c_.head_dim, c_.num_heads / c_.num_kv_heads)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "an FP8 KV-cache on the CUDA backend needs head_dim a multiple of 4 up to 128 with at "
+        "most 8 query heads per kv head; got head_dim ",
+        c_.head_dim, " with ", c_.num_heads / c_.num_kv_heads));
+  }
+  kv_fp8_ = spec.kv_cache_fp8;
   page_size_ = ps;
   pages_asked_ = spec.kv_pages;
   max_seq_pages_ = (max_seq_len_ + ps - 1) / ps;

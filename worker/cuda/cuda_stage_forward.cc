@@ -1,11 +1,10 @@
 // The CUDA stage's forward pass, queued on its stream top to bottom like the math: embed, then
 // per layer norm, QKV with rotary embedding and cache write, attention, out-projection and
 // residual, norm, MLP and residual; then the final norm, the LM head and sampling.
-#include "worker/cuda/cuda_stage_impl.h"
-
 #include <algorithm>
 
 #include "common/status_macros.h"
+#include "worker/cuda/cuda_stage_impl.h"
 #include "worker/cuda/head_norm.h"
 #include "worker/cuda/kv_pages.h"
 #include "worker/cuda/prefill_attention.h"
@@ -21,8 +20,8 @@ absl::Status CudaStage::Matmul(const void* x, const void* w, void* y, int rows, 
   if (w_scales != nullptr) {
     // FP8 weights where the FP8 GEMM is not used (batch-invariant, or no cuBLASLt support):
     // dequantized to dtype in a scratch buffer, then the 16-bit GEMM.
-    RETURN_IF_ERROR(cuda::LaunchDequantizeFp8Rows(opt_.dtype, w, w_scales, fp8_scratch_.get(),
-                                                  out, in, stream_.get()));
+    RETURN_IF_ERROR(cuda::LaunchDequantizeFp8Rows(opt_.dtype, w, w_scales, fp8_scratch_.get(), out,
+                                                  in, stream_.get()));
     w = fp8_scratch_.get();
   }
   if (fixed_gemm_ != nullptr)
@@ -85,8 +84,8 @@ absl::Status CudaStage::Forward(int rows, int samples) {
   }
   if (has_head_) return Head(samples, p);
   if (p.pending_bias != nullptr) {
-    RETURN_IF_ERROR(cuda::LaunchAddBias(opt_.dtype, x_.get(), p.pending_bias, rows,
-                                        c_.hidden_size, stream_.get()));
+    RETURN_IF_ERROR(cuda::LaunchAddBias(opt_.dtype, x_.get(), p.pending_bias, rows, c_.hidden_size,
+                                        stream_.get()));
   }
   return absl::OkStatus();
 }
@@ -117,13 +116,12 @@ absl::Status CudaStage::QkvIntoCache(int l, int rows, bool gemv, const void* pen
       RETURN_IF_ERROR(Matmul(xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols, hidden, 0.0f, false,
                              L.wqkv_scales));
     }
-    RETURN_IF_ERROR(LaunchHeadNorm(t, qkv_.get(), gemv ? nullptr : L.bqkv, L.q_norm_w,
-                                   L.k_norm_w, rows, c_.num_heads, c_.num_kv_heads, c_.head_dim,
-                                   c_.norm_eps, s));
+    RETURN_IF_ERROR(LaunchHeadNorm(t, qkv_.get(), gemv ? nullptr : L.bqkv, L.q_norm_w, L.k_norm_w,
+                                   rows, c_.num_heads, c_.num_kv_heads, c_.head_dim, c_.norm_eps,
+                                   s));
     if (paged()) {
       return LaunchQkvRopeCachePaged(t, qkv_.get(), nullptr, q_.get(), Pages(l), positions, slots,
-                                     rows, c_.num_heads, c_.num_kv_heads, c_.head_dim, inv_freq,
-                                     s);
+                                     rows, c_.num_heads, c_.num_kv_heads, c_.head_dim, inv_freq, s);
     }
     return LaunchQkvRopeCache(t, qkv_.get(), nullptr, q_.get(), KCache(l), VCache(l), positions,
                               slots, rows, c_.num_heads, c_.num_kv_heads, c_.head_dim,
@@ -143,31 +141,24 @@ absl::Status CudaStage::QkvIntoCache(int l, int rows, bool gemv, const void* pen
     cache.head_dim = c_.head_dim;
     cache.seq_capacity = seq_capacity_;
     cache.inv_freq = inv_freq;
-    if (paged() && L.wqkv_scales == nullptr) {
-      return GemvQkvCachePaged(t, xn_.get(), L.wqkv, L.bqkv, cache, Pages(l), rows, hidden, s);
-    }
     if (paged()) {
-      // FP8 weights have no paged epilogue: the projection (with its bias), then the split.
-      RETURN_IF_ERROR(Gemv(GemvEpilogue::kStore, xn_.get(), L.wqkv, L.wqkv_scales, L.bqkv,
-                           qkv_.get(), rows, qkv_cols, hidden));
-      return LaunchQkvRopeCachePaged(t, qkv_.get(), nullptr, q_.get(), Pages(l), positions, slots,
-                                     rows, c_.num_heads, c_.num_kv_heads, c_.head_dim, inv_freq,
-                                     s);
+      return GemvQkvCachePaged(t, xn_.get(), L.wqkv, L.wqkv_scales, L.bqkv, cache, Pages(l), rows,
+                               hidden, s);
     }
     if (L.wqkv_scales != nullptr) {
       return GemvQkvCacheFp8(t, xn_.get(), L.wqkv, L.wqkv_scales, L.bqkv, cache, rows, hidden, s);
     }
     return GemvQkvCache(t, xn_.get(), L.wqkv, L.bqkv, cache, rows, hidden, s);
   }
-  RETURN_IF_ERROR(Matmul(xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols, hidden, 0.0f, false,
-                         L.wqkv_scales));
+  RETURN_IF_ERROR(
+      Matmul(xn_.get(), L.wqkv, qkv_.get(), rows, qkv_cols, hidden, 0.0f, false, L.wqkv_scales));
   if (paged()) {
     return LaunchQkvRopeCachePaged(t, qkv_.get(), L.bqkv, q_.get(), Pages(l), positions, slots,
                                    rows, c_.num_heads, c_.num_kv_heads, c_.head_dim, inv_freq, s);
   }
-  return LaunchQkvRopeCache(t, qkv_.get(), L.bqkv, q_.get(), KCache(l), VCache(l), positions,
-                            slots, rows, c_.num_heads, c_.num_kv_heads, c_.head_dim,
-                            seq_capacity_, inv_freq, s);
+  return LaunchQkvRopeCache(t, qkv_.get(), L.bqkv, q_.get(), KCache(l), VCache(l), positions, slots,
+                            rows, c_.num_heads, c_.num_kv_heads, c_.head_dim, seq_capacity_,
+                            inv_freq, s);
 }
 
 // The last layer of a pass goes on for the sampled rows only: their x and q gathered into buffers
@@ -200,14 +191,13 @@ absl::Status CudaStage::AttentionAndMlp(int l, bool gemv, PassRows& p) {
   const AttentionParams attention{c_.attention_scale(first_layer_ + l),
                                   c_.attention_window(first_layer_ + l)};
   if (paged() && prefill_attention_ && !p.sampled_only) {
-    RETURN_IF_ERROR(LaunchPrefillAttentionPaged(t, p.q, Pages(l), p.positions, p.slots,
-                                                attn_.get(), n, c_.num_heads, c_.num_kv_heads,
-                                                c_.head_dim, attention, s));
+    RETURN_IF_ERROR(LaunchPrefillAttentionPaged(t, p.q, Pages(l), p.positions, p.slots, attn_.get(),
+                                                n, c_.num_heads, c_.num_kv_heads, c_.head_dim,
+                                                attention, s));
   } else if (paged()) {
-    RETURN_IF_ERROR(LaunchAttentionPaged(t, p.q, Pages(l), p.positions, p.slots,
-                                         partials_.as<float>(), attn_.get(), n, c_.num_heads,
-                                         c_.num_kv_heads, c_.head_dim, SplitsFor(n), attention, s,
-                                         attn_counters_.as<uint32_t>()));
+    RETURN_IF_ERROR(LaunchAttentionPaged(
+        t, p.q, Pages(l), p.positions, p.slots, partials_.as<float>(), attn_.get(), n, c_.num_heads,
+        c_.num_kv_heads, c_.head_dim, SplitsFor(n), attention, s, attn_counters_.as<uint32_t>()));
   } else if (prefill_attention_ && !p.sampled_only) {
     RETURN_IF_ERROR(LaunchPrefillAttention(t, p.q, KCache(l), VCache(l), p.positions, p.slots,
                                            attn_.get(), n, c_.num_heads, c_.num_kv_heads,
@@ -222,8 +212,7 @@ absl::Status CudaStage::AttentionAndMlp(int l, bool gemv, PassRows& p) {
   const GemvEpilogue into_x = rank_.rank == 0 ? GemvEpilogue::kResidual : GemvEpilogue::kStore;
   const float x_beta = rank_.rank == 0 ? 1.0f : 0.0f;
   if (gemv) {
-    RETURN_IF_ERROR(
-        Gemv(into_x, attn_.get(), L.wo, L.wo_scales, L.bo, p.x, n, hidden, c_.q_dim()));
+    RETURN_IF_ERROR(Gemv(into_x, attn_.get(), L.wo, L.wo_scales, L.bo, p.x, n, hidden, c_.q_dim()));
   } else {
     RETURN_IF_ERROR(
         Matmul(attn_.get(), L.wo, p.x, n, hidden, c_.q_dim(), x_beta, false, L.wo_scales));
@@ -238,8 +227,7 @@ absl::Status CudaStage::AttentionAndMlp(int l, bool gemv, PassRows& p) {
     const void* in_bias = llama ? nullptr : L.b_in;
     RETURN_IF_ERROR(
         Gemv(in_epilogue, xn_.get(), L.w_in, L.w_in_scales, in_bias, act, n, inter, hidden));
-    RETURN_IF_ERROR(
-        Gemv(into_x, act, L.w_out, L.w_out_scales, L.b_out, p.x, n, hidden, inter));
+    RETURN_IF_ERROR(Gemv(into_x, act, L.w_out, L.w_out_scales, L.b_out, p.x, n, hidden, inter));
     RETURN_IF_ERROR(AfterRowParallel(p.x, n));
     p.pending_bias = nullptr;
     return absl::OkStatus();
@@ -276,8 +264,8 @@ absl::Status CudaStage::Head(int samples, const PassRows& p) {
     RETURN_IF_ERROR(Gemv(GemvEpilogue::kF32, head_in_.get(), lm_head_, nullptr, nullptr,
                          logits_.get(), samples, c_.vocab_size, hidden));
   } else {
-    RETURN_IF_ERROR(Matmul(head_in_.get(), lm_head_, logits_.get(), samples, c_.vocab_size,
-                           hidden, 0.0f, true));
+    RETURN_IF_ERROR(Matmul(head_in_.get(), lm_head_, logits_.get(), samples, c_.vocab_size, hidden,
+                           0.0f, true));
   }
   SamplingArrays arrays{DevIn<float>(layout_.temperature), DevIn<int32_t>(layout_.top_k),
                         DevIn<float>(layout_.top_p), DevIn<uint64_t>(layout_.seed),

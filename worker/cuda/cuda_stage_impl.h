@@ -226,8 +226,14 @@ class CudaStage final : public Stage {
   absl::Status UploadBlockTables(const StepDescriptor& step, std::vector<int32_t>& offsets);
   // Paged: layer l's pools and the flat table of the step.
   cuda::KvPages Pages(int l) const {
-    return cuda::KvPages{KCache(l), VCache(l),        num_pages_ + 1,
-                         page_size_, table_.as<int32_t>(), /*table_stride=*/1};
+    cuda::KvPages p{KCache(l),         VCache(l), num_pages_ + 1, page_size_, table_.as<int32_t>(),
+                    /*table_stride=*/1};
+    if (kv_fp8_) {
+      p.fp8 = true;
+      p.k_scale = kv_scales_[l].first;
+      p.v_scale = kv_scales_[l].second;
+    }
+    return p;
   }
   bool paged() const { return page_size_ > 0; }
   absl::StatusOr<StepOutput> StepRows(const StepDescriptor& step, const Activations& in);
@@ -345,9 +351,13 @@ class CudaStage final : public Stage {
                     const void* bias, void* y, int rows, int out, int in);
 
   template <typename T>
-  T* HostIn(size_t off) { return reinterpret_cast<T*>(host_in_[buf_].as<char>() + off); }
+  T* HostIn(size_t off) {
+    return reinterpret_cast<T*>(host_in_[buf_].as<char>() + off);
+  }
   template <typename T>
-  T* DevIn(size_t off) const { return reinterpret_cast<T*>(inputs_.as<char>() + off); }
+  T* DevIn(size_t off) const {
+    return reinterpret_cast<T*>(inputs_.as<char>() + off);
+  }
   void* KCache(int layer) const {
     return kv_.as<char>() + (2 * static_cast<size_t>(layer)) * kv_layer_bytes_;
   }
@@ -355,6 +365,8 @@ class CudaStage final : public Stage {
     return kv_.as<char>() + (2 * static_cast<size_t>(layer) + 1) * kv_layer_bytes_;
   }
   size_t RowBytes(int cols) const { return static_cast<size_t>(cols) * DTypeSize(opt_.dtype); }
+  // Bytes of `cols` elements of the KV-cache: one each where it holds FP8 codes.
+  size_t KvRowBytes(int cols) const { return kv_fp8_ ? static_cast<size_t>(cols) : RowBytes(cols); }
 
   const ModelConfig c_;  // a tensor-parallel rank's: its heads and intermediate columns
   const CudaOptions opt_;
@@ -376,6 +388,10 @@ class CudaStage final : public Stage {
   // padding page), pages asked for (StageSpec::kv_pages, 0: as many as fit), the most pages one
   // sequence holds, and the flat table's capacity in entries.
   int page_size_ = 0, num_pages_ = 0, pages_asked_ = 0, max_seq_pages_ = 0, table_cap_ = 0;
+  // FP8 KV-cache (StageSpec::kv_cache_fp8, pages only): the pools hold E4M3 codes, with (K, V)
+  // scales per layer of the stage.
+  bool kv_fp8_ = false;
+  std::vector<std::pair<float, float>> kv_scales_;
 
   cuda::Stream stream_;
   cuda::CublasHandle cublas_;
@@ -384,9 +400,10 @@ class CudaStage final : public Stage {
   // The weights' arenas this stage runs on (its own upload, or taken from earlier stages).
   std::vector<std::shared_ptr<const CudaPlacedWeights>> placed_;
   DeviceBuffer kv_;
-  DeviceBuffer inv_freq_;  // (head_dim / 2) fp32 rotary inverse frequencies (Llama)
+  DeviceBuffer inv_freq_;     // (head_dim / 2) fp32 rotary inverse frequencies (Llama)
   DeviceBuffer fp8_scratch_;  // FP8 weights: the largest linear weight in dtype, for the GEMM
-  std::unique_ptr<cuda::Fp8Gemm> fp8_gemm_;  // FP8 weights on FP8 tensor cores (not batch-invariant)
+  std::unique_ptr<cuda::Fp8Gemm>
+      fp8_gemm_;  // FP8 weights on FP8 tensor cores (not batch-invariant)
   DeviceBuffer fp8_x_codes_, fp8_x_scales_;  // its activations, quantized per row
   DeviceBuffer x_, xn_, qkv_, q_, attn_, mlp_in_, mlp_act_, partials_, attn_counters_;
   DeviceBuffer head_in_, logits_, probs_, tokens_out_;
@@ -400,7 +417,7 @@ class CudaStage final : public Stage {
   PinnedBuffer host_in_[2], host_tokens_[2];
   int buf_ = 0;
   PinnedBuffer host_hidden_, host_logits_;
-  DeviceBuffer prompt_logits_;     // (prompt_rows_cap_, vocab) fp32
+  DeviceBuffer prompt_logits_;       // (prompt_rows_cap_, vocab) fp32
   PinnedBuffer host_prompt_logits_;  // the same, on the host
   // Decode steps launched ahead and not finished, oldest first: the step and the block (and
   // event, done_[buf]) of its tokens.
@@ -424,12 +441,12 @@ class CudaStage final : public Stage {
   DecodeObserver* observer_ = nullptr;  // SetDecodeObserver
   DecodeTail tail_;
   std::function<absl::Status()> watch_;  // SetStreamWatch
-  PendingKvOuts kv_outs_;  // opened for the next step (OpenKvOut)
+  PendingKvOuts kv_outs_;                // opened for the next step (OpenKvOut)
   // The write-outs the pass being queued fills layer by layer (a step's last chunk only).
   std::vector<std::shared_ptr<KvOut>> forward_outs_;
   std::vector<std::shared_ptr<KvOut>> step_outs_;  // the running step's
-  std::vector<int> cached_len_;  // per slot: positions [0, len) hold K/V
-  std::vector<int> any_len_;     // paged: max_seq_len per slot (any position may be cached)
+  std::vector<int> cached_len_;                    // per slot: positions [0, len) hold K/V
+  std::vector<int> any_len_;  // paged: max_seq_len per slot (any position may be cached)
 
   // Constrained decoding: the grammar matchers of the constrained sequences this stage samples
   // (the model folder's tokenizer is read at the first constrained step), whether the running

@@ -124,7 +124,7 @@ absl::Status CudaStage::AllocateKvCache() {
 absl::Status CudaStage::AllocateKvPages() {
   const int layers = std::max(num_layers_, 1);
   // One page of one layer's K (or V): every kv head of page_size positions.
-  const int64_t page_bytes = int64_t{page_size_} * static_cast<int64_t>(RowBytes(c_.kv_dim()));
+  const int64_t page_bytes = int64_t{page_size_} * static_cast<int64_t>(KvRowBytes(c_.kv_dim()));
   const int64_t per_page = 2 * layers * page_bytes;  // K and V of every layer
   // The flat table of a step: the padding page's entry, then a full table per sequence.
   table_cap_ = 1 + max_bucket_ * max_seq_pages_;
@@ -143,8 +143,11 @@ absl::Status CudaStage::AllocateKvPages() {
         "rows) asked, %d fit in GPU memory (%s; kv_memory_fraction %.2f of the %d bytes free "
         "after the weights); ask for fewer kv_pages or raise kv_memory_fraction",
         pages_asked_ == 0 ? 1 : pages_asked_, page_size_, per_page, layers,
-        std::max<int64_t>(fit, 0), std::string(DTypeName(opt_.dtype)), opt_.kv_memory_fraction,
-        free_bytes));
+        std::max<int64_t>(fit, 0), kv_fp8_ ? "FP8 E4M3" : std::string(DTypeName(opt_.dtype)),
+        opt_.kv_memory_fraction, free_bytes));
+  }
+  if (kv_fp8_ && kv_scales_.size() != static_cast<size_t>(layers)) {
+    kv_scales_.assign(layers, {1.0f, 1.0f});  // no scales from the checkpoint: 1, as vLLM
   }
   num_pages_ = pages_asked_ > 0 ? pages_asked_ : static_cast<int>(std::min<int64_t>(
                                                      fit, std::numeric_limits<int>::max() - 1));

@@ -4,6 +4,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -18,6 +19,7 @@ namespace tandem::cuda {
 __device__ __forceinline__ float ToF(__half v) { return __half2float(v); }
 __device__ __forceinline__ float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float ToF(float v) { return v; }
+__device__ __forceinline__ float ToF(__nv_fp8_e4m3 v) { return static_cast<float>(v); }
 
 template <typename T>
 __device__ __forceinline__ T FromF(float f);

@@ -7,10 +7,11 @@
 // in flight; x (a few KB, shared by every warp) comes through L1. fp32 accumulation, a warp
 // reduction, then the epilogue (bias, residual add, GELU, SwiGLU or fp32 logits) in registers.
 //
-// FP8 weights (GemvFp8, GemvQkvCacheFp8): the same kernel with E4M3 codes, 8 per lane and step
-// in one 8-byte load (half the bytes of fp16), converted to fp16 pairs in registers (exact: E4M3
-// is a subset of fp16), and twice the steps in flight, so that a warp keeps as many bytes
-// outstanding; each output row's sum is multiplied by the row's scale before the epilogue.
+// FP8 weights (GemvFp8, GemvQkvCacheFp8): the same kernel with E4M3 codes, converted to fp16
+// pairs in registers (exact: E4M3 is a subset of fp16); each output row's sum is multiplied by the
+// row's scale before the epilogue. Where K is a multiple of 16 a lane takes 16 codes per step in
+// one 16-byte load (512-element steps: the loads of fp16 weights, half the steps); elsewhere 8 in
+// an 8-byte load with twice the steps in flight, so that a warp keeps as many bytes outstanding.
 //
 #include <cuda_fp8.h>
 
@@ -47,27 +48,36 @@ __device__ __forceinline__ uint2 LoadStreaming8(const void* p) {
   return v;
 }
 
-// Eight weights of one lane's step: a 16-byte vector of fp16/bf16, or 8 bytes of E4M3 codes.
-template <typename W>
+// kE weights of one lane's step: a 16-byte vector of 8 fp16/bf16 or 16 E4M3 codes, or 8 bytes of
+// 8 E4M3 codes.
+template <typename W, int kE>
 struct WeightVec {
+  static_assert(kE == 8, "fp16/bf16 weights: 8 per lane and step");
   using type = uint4;
   static constexpr int kUnrollFactor = 1;
   __device__ __forceinline__ static type Load(const W* p) { return LoadStreaming(p); }
   __device__ __forceinline__ static type Zero() { return make_uint4(0, 0, 0, 0); }
 };
 template <>
-struct WeightVec<__nv_fp8_e4m3> {
+struct WeightVec<__nv_fp8_e4m3, 8> {
   using type = uint2;
   static constexpr int kUnrollFactor = 2;  // half the bytes per step: twice the steps in flight
   __device__ __forceinline__ static type Load(const __nv_fp8_e4m3* p) { return LoadStreaming8(p); }
   __device__ __forceinline__ static type Zero() { return make_uint2(0, 0); }
 };
+template <>
+struct WeightVec<__nv_fp8_e4m3, 16> {
+  using type = uint4;
+  static constexpr int kUnrollFactor = 1;
+  __device__ __forceinline__ static type Load(const __nv_fp8_e4m3* p) { return LoadStreaming(p); }
+  __device__ __forceinline__ static type Zero() { return make_uint4(0, 0, 0, 0); }
+};
 
-// 8 E4M3 codes (element i in byte i, little-endian) as floats.
-__device__ __forceinline__ void UnpackFp8(const uint2& v, float (&f)[8]) {
-  const uint32_t u[2] = {v.x, v.y};
+// 4 * N E4M3 codes (element i in byte i, little-endian) of N 32-bit words as floats.
+template <int N>
+__device__ __forceinline__ void UnpackFp8Words(const uint32_t (&u)[N], float (&f)[4 * N]) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < N; ++i) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const auto pair = static_cast<__nv_fp8x2_storage_t>((u[i] >> (16 * j)) & 0xffffu);
@@ -77,6 +87,14 @@ __device__ __forceinline__ void UnpackFp8(const uint2& v, float (&f)[8]) {
       f[4 * i + 2 * j + 1] = p.y;
     }
   }
+}
+__device__ __forceinline__ void UnpackFp8(const uint2& v, float (&f)[8]) {
+  const uint32_t u[2] = {v.x, v.y};
+  UnpackFp8Words<2>(u, f);
+}
+__device__ __forceinline__ void UnpackFp8(const uint4& v, float (&f)[16]) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+  UnpackFp8Words<4>(u, f);
 }
 
 // 8 elements of a 16-byte vector as floats.
@@ -109,10 +127,10 @@ struct GemvParams {
   const float* w_scales;  // FP8 weights: (rows of w) scale per row; null for fp16/bf16
   const void* bias;
   void* y;
-  int n;      // output width (of each half for SwiGLU; q_dim + 2 kv_dim for kQkvCache)
-  int k;      // input width
-  int units;  // groups of R weight rows, one per `split` warps
-  int split;  // warps that divide one unit's K between them (1, 2 or 4)
+  int n;               // output width (of each half for SwiGLU; q_dim + 2 kv_dim for kQkvCache)
+  int k;               // input width
+  int units;           // groups of R weight rows, one per `split` warps
+  int split;           // warps that divide one unit's K between them (1, 2 or 4)
   QkvCacheArgs cache;  // kQkvCache only
   // kQkvCache into a paged cache (kv_pages.h) when table is set: cache.slots are table rows.
   PagedKv pages;
@@ -132,11 +150,12 @@ __device__ __forceinline__ int WeightRow(const GemvParams& p, int unit, int r) {
   }
 }
 
-// W: the weights' element type, T (fp16/bf16) or __nv_fp8_e4m3 (with p.w_scales).
-template <typename T, typename W, int M, int R, GemvEpilogue E>
+// W: the weights' element type, T (fp16/bf16) or __nv_fp8_e4m3 (with p.w_scales); kE: weights
+// per lane and step (8, or 16 for FP8 where K % 16 == 0).
+template <typename T, typename W, int kE, int M, int R, GemvEpilogue E>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvParams p) {
   constexpr bool kFp8 = std::is_same_v<W, __nv_fp8_e4m3>;
-  using Vec = WeightVec<W>;
+  using Vec = WeightVec<W, kE>;
   const T* __restrict__ x = static_cast<const T*>(p.x);
   const W* __restrict__ w = static_cast<const W*>(p.w);
   const T* __restrict__ bias = static_cast<const T*>(p.bias);
@@ -164,7 +183,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
   }
-  constexpr int kStep = 32 * 8;
+  constexpr int kStep = 32 * kE;
   const int step = kStep * split;  // from one of this warp's steps to its next
   constexpr int U = kUnroll * Vec::kUnrollFactor;
   const int stride = step * U;
@@ -173,7 +192,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
   // ones are multiplied. The first batch is loaded before waiting for the kernel that writes x
   // (it does not read x), which hides this kernel's start behind the previous one.
   typename Vec::type wv[U][R];
-  const int first = (part * 32 + lane) * 8;
+  const int first = (part * 32 + lane) * kE;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int kk = first + u * step;
@@ -192,7 +211,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
     for (int u = 0; u < U; ++u) {
       const int kk = base + u * step;
       if (kk >= k) break;
-      float wf[R][8];
+      float wf[R][kE];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if constexpr (kFp8) {
@@ -208,12 +227,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
       }
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        float xf[8];
-        Unpack<T>(__ldg(reinterpret_cast<const uint4*>(xrow[m] + kk)), xf);
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
+        for (int h = 0; h < kE / 8; ++h) {
+          float xf[8];
+          Unpack<T>(__ldg(reinterpret_cast<const uint4*>(xrow[m] + kk + 8 * h)), xf);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[r][m] = fmaf(wf[r][i], xf[i], acc[r][m]);
+          for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[r][m] = fmaf(wf[r][8 * h + i], xf[i], acc[r][m]);
+          }
         }
       }
     }
@@ -280,23 +302,31 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
       x1 = RoundTo<T>(x1);
       x2 = RoundTo<T>(x2);
       const int pos = c.positions[m], slot = c.slots[m];
-      T* out;
-      if (head < c.num_heads) {
-        out = static_cast<T*>(c.q_out) + static_cast<size_t>(m) * c.num_heads * c.head_dim +
-              head * c.head_dim;
-      } else {
-        const bool is_k = head < c.num_heads + c.num_kv_heads;
-        const int kv_head = head - c.num_heads - (is_k ? 0 : c.num_kv_heads);
-        out = static_cast<T*>(is_k ? c.k_cache : c.v_cache) +
-              (p.pages.table != nullptr
-                   ? p.pages.Offset(slot, kv_head, pos)
-                   : KvCacheOffset(slot, kv_head, pos, c.num_kv_heads, c.seq_capacity, c.head_dim));
-      }
       if (c.inv_freq != nullptr && head < c.num_heads + c.num_kv_heads) {
         RotateHalfPair<T>(x1, x2, pos, c.inv_freq[i]);
       }
-      out[i] = FromF<T>(x1);
-      out[i + half] = FromF<T>(x2);
+      if (head < c.num_heads) {
+        T* out = static_cast<T*>(c.q_out) + static_cast<size_t>(m) * c.num_heads * c.head_dim +
+                 head * c.head_dim;
+        out[i] = FromF<T>(x1);
+        out[i + half] = FromF<T>(x2);
+      } else {
+        const bool is_k = head < c.num_heads + c.num_kv_heads;
+        const int kv_head = head - c.num_heads - (is_k ? 0 : c.num_kv_heads);
+        void* pool = is_k ? c.k_cache : c.v_cache;
+        if (p.pages.table != nullptr) {
+          // The paged cache, of the activations' type or of FP8 codes.
+          const size_t at = p.pages.Offset(slot, kv_head, pos) + i;
+          const float scale = is_k ? p.pages.k_scale : p.pages.v_scale;
+          StoreKv<T>(pool, at, RoundTo<T>(x1), p.pages, scale);
+          StoreKv<T>(pool, at + half, RoundTo<T>(x2), p.pages, scale);
+        } else {
+          T* out = static_cast<T*>(pool) +
+                   KvCacheOffset(slot, kv_head, pos, c.num_kv_heads, c.seq_capacity, c.head_dim);
+          out[i] = FromF<T>(x1);
+          out[i + half] = FromF<T>(x2);
+        }
+      }
     }
   } else {
 #pragma unroll
@@ -324,7 +354,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) GemvKernel(const GemvPara
   }
 }
 
-template <typename T, typename W, int M, int R, GemvEpilogue E>
+template <typename T, typename W, int kE, int M, int R, GemvEpilogue E>
 cudaError_t Launch(GemvParams p, cudaStream_t stream, bool pdl) {
   if constexpr (E == GemvEpilogue::kSwiGlu) {
     p.units = p.n;
@@ -336,13 +366,13 @@ cudaError_t Launch(GemvParams p, cudaStream_t stream, bool pdl) {
   const int units_per_block = kWarpsPerBlock / p.split;
   const int blocks = (p.units + units_per_block - 1) / units_per_block;
   // With pdl: start before the previous kernel ends (see WaitForPrerequisites).
-  return LaunchKernel(GemvKernel<T, W, M, R, E>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream,
-                      pdl, p);
+  return LaunchKernel(GemvKernel<T, W, kE, M, R, E>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0,
+                      stream, pdl, p);
 }
 
 // Rows per warp: two halve the x traffic through L1 per weight byte (always at M >= 4, and
 // SwiGLU and kQkvCache read two rows by construction); one gives twice the warps at M <= 2.
-template <typename T, typename W, GemvEpilogue E>
+template <typename T, typename W, int kE, GemvEpilogue E>
 cudaError_t LaunchForRows(int m, int rows_per_warp, const GemvParams& p, cudaStream_t stream,
                           bool pdl) {
   constexpr bool kPaired = E == GemvEpilogue::kSwiGlu || E == GemvEpilogue::kQkvCache;
@@ -351,37 +381,37 @@ cudaError_t LaunchForRows(int m, int rows_per_warp, const GemvParams& p, cudaStr
   switch (m) {
     case 1:
       if constexpr (!kPaired) {
-        if (two) return Launch<T, W, 1, 2, E>(p, stream, pdl);
+        if (two) return Launch<T, W, kE, 1, 2, E>(p, stream, pdl);
       }
-      return Launch<T, W, 1, R1, E>(p, stream, pdl);
+      return Launch<T, W, kE, 1, R1, E>(p, stream, pdl);
     case 2:
       if constexpr (!kPaired) {
-        if (two) return Launch<T, W, 2, 2, E>(p, stream, pdl);
+        if (two) return Launch<T, W, kE, 2, 2, E>(p, stream, pdl);
       }
-      return Launch<T, W, 2, R1, E>(p, stream, pdl);
+      return Launch<T, W, kE, 2, R1, E>(p, stream, pdl);
     case 4:
-      return Launch<T, W, 4, 2, E>(p, stream, pdl);
+      return Launch<T, W, kE, 4, 2, E>(p, stream, pdl);
     default:
-      return Launch<T, W, 8, 2, E>(p, stream, pdl);
+      return Launch<T, W, kE, 8, 2, E>(p, stream, pdl);
   }
 }
 
-template <typename T, typename W>
+template <typename T, typename W, int kE = 8>
 cudaError_t LaunchEpilogue(GemvEpilogue epilogue, int m, int rows_per_warp, const GemvParams& p,
                            cudaStream_t stream, bool pdl) {
   switch (epilogue) {
     case GemvEpilogue::kStore:
-      return LaunchForRows<T, W, GemvEpilogue::kStore>(m, rows_per_warp, p, stream, pdl);
+      return LaunchForRows<T, W, kE, GemvEpilogue::kStore>(m, rows_per_warp, p, stream, pdl);
     case GemvEpilogue::kResidual:
-      return LaunchForRows<T, W, GemvEpilogue::kResidual>(m, rows_per_warp, p, stream, pdl);
+      return LaunchForRows<T, W, kE, GemvEpilogue::kResidual>(m, rows_per_warp, p, stream, pdl);
     case GemvEpilogue::kGelu:
-      return LaunchForRows<T, W, GemvEpilogue::kGelu>(m, rows_per_warp, p, stream, pdl);
+      return LaunchForRows<T, W, kE, GemvEpilogue::kGelu>(m, rows_per_warp, p, stream, pdl);
     case GemvEpilogue::kSwiGlu:
-      return LaunchForRows<T, W, GemvEpilogue::kSwiGlu>(m, rows_per_warp, p, stream, pdl);
+      return LaunchForRows<T, W, kE, GemvEpilogue::kSwiGlu>(m, rows_per_warp, p, stream, pdl);
     case GemvEpilogue::kF32:
-      return LaunchForRows<T, W, GemvEpilogue::kF32>(m, rows_per_warp, p, stream, pdl);
+      return LaunchForRows<T, W, kE, GemvEpilogue::kF32>(m, rows_per_warp, p, stream, pdl);
     case GemvEpilogue::kQkvCache:
-      return LaunchForRows<T, W, GemvEpilogue::kQkvCache>(m, rows_per_warp, p, stream, pdl);
+      return LaunchForRows<T, W, kE, GemvEpilogue::kQkvCache>(m, rows_per_warp, p, stream, pdl);
   }
   return cudaErrorInvalidValue;
 }
@@ -394,7 +424,7 @@ bool GemvSupported(int rows, int in) {
   return (rows == 1 || rows == 2 || rows == 4 || rows == 8) && in > 0 && in % 8 == 0;
 }
 
-GemvTuning GemvTuningFor(int rows, int out, int in, int sm_count) {
+GemvTuning GemvTuningFor(int rows, int out, int in, int sm_count, bool fp8) {
   // From tandem-bench --gemv_sweep on an H100 (docs/performance.md). About 32 warps of these
   // kernels are resident per multiprocessor (registers), and which split wins depends on how the
   // warps fill those slots:
@@ -404,16 +434,22 @@ GemvTuning GemvTuningFor(int rows, int out, int in, int sm_count) {
   //    and smaller warps even out the last one: split 4 (2 from 4 input rows on);
   //  - in between (openllama-3b's residual projections, 3,200 rows: one wave) a split would add
   //    a second, mostly empty wave: none.
-  // Each warp keeps at least two 256-element steps of K.
+  // Each warp keeps at least two steps of K (256 elements; 512 for FP8 codes 16 a lane).
+  // FP8 weights (16 codes a lane), measured on an H200 (docs/results/fp8-gemv-h200/): a wide
+  // output's row is half the bytes and a warp's pass over it half as long, so the last wave costs
+  // little and a split only adds warps: none, with two rows per warp (the 8B shape's QKV 10.3 ->
+  // 8.2 µs, its gate/up 36.2 -> 30.3).
   GemvTuning t;
   t.rows_per_warp = rows <= 2 ? 1 : 2;
-  const int64_t units = (out + t.rows_per_warp - 1) / t.rows_per_warp;
   const int64_t slots = 32LL * sm_count;
-  const int steps = (in + 255) / 256;
+  const bool wide_codes = fp8 && in % 16 == 0;
+  if (wide_codes && out >= slots) t.rows_per_warp = 2;
+  const int64_t units = (out + t.rows_per_warp - 1) / t.rows_per_warp;
+  const int steps = (in + (wide_codes ? 511 : 255)) / (wide_codes ? 512 : 256);
   int split = 1;
   if (units * 4 <= slots) {
     split = 4;
-  } else if (units >= slots) {
+  } else if (units >= slots && !wide_codes) {
     split = rows <= 2 ? 4 : 2;
   }
   while (split > 1 && steps < 2 * split) split /= 2;
@@ -440,8 +476,8 @@ int CurrentSmCount() {
 absl::Status CheckGemvShape(int rows, int out, int in, const void* x, const void* w) {
   if (!GemvSupported(rows, in)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "GEMV takes 1, 2, 4 or 8 rows and an input width that is a multiple of 8, got rows ",
-        rows, ", in ", in));
+        "GEMV takes 1, 2, 4 or 8 rows and an input width that is a multiple of 8, got rows ", rows,
+        ", in ", in));
   }
   if (out < 1) return absl::InvalidArgumentError(absl::StrCat("GEMV output width ", out, " < 1"));
   if (!Aligned16(x) || !Aligned16(w)) {
@@ -451,8 +487,10 @@ absl::Status CheckGemvShape(int rows, int out, int in, const void* x, const void
 }
 
 // The tuning to launch with: `tuning`'s fields where set, the shape's choice elsewhere.
-absl::StatusOr<GemvTuning> ResolveTuning(GemvTuning tuning, int rows, int out, int in) {
-  const GemvTuning chosen = GemvTuningFor(rows, out, in, CurrentSmCount());
+// FP8 codes per lane: 16 where the width and w's alignment allow, unless the tuning says 8.
+absl::StatusOr<GemvTuning> ResolveTuning(GemvTuning tuning, int rows, int out, int in,
+                                         const void* w, bool fp8) {
+  const GemvTuning chosen = GemvTuningFor(rows, out, in, CurrentSmCount(), fp8 && Aligned16(w));
   if (tuning.rows_per_warp == 0) tuning.rows_per_warp = chosen.rows_per_warp;
   if (tuning.k_split == 0) tuning.k_split = chosen.k_split;
   if (tuning.rows_per_warp != 1 && tuning.rows_per_warp != 2) {
@@ -462,6 +500,14 @@ absl::StatusOr<GemvTuning> ResolveTuning(GemvTuning tuning, int rows, int out, i
   if (tuning.k_split != 1 && tuning.k_split != 2 && tuning.k_split != 4) {
     return absl::InvalidArgumentError(
         absl::StrCat("GEMV K split must be 1, 2 or 4 warps, got ", tuning.k_split));
+  }
+  const bool wide = in % 16 == 0 && Aligned16(w);
+  if (tuning.fp8_lane_codes == 0) tuning.fp8_lane_codes = wide ? 16 : 8;
+  if (tuning.fp8_lane_codes != 8 && (tuning.fp8_lane_codes != 16 || !wide)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FP8 GEMV codes per lane must be 8, or 16 with an input width that is a multiple of 16 "
+        "and 16-byte aligned weights, got ",
+        tuning.fp8_lane_codes, " with in ", in));
   }
   return tuning;
 }
@@ -503,14 +549,17 @@ absl::Status GemvAny(DType dtype, GemvEpilogue epilogue, const void* x, const vo
   if (epilogue == GemvEpilogue::kQkvCache) {
     return absl::InvalidArgumentError("the QKV-into-cache GEMV is GemvQkvCache");
   }
-  ASSIGN_OR_RETURN(const GemvTuning t, ResolveTuning(tuning, rows, out, in));
+  ASSIGN_OR_RETURN(const GemvTuning t,
+                   ResolveTuning(tuning, rows, out, in, w, w_scales != nullptr));
   GemvParams p = ProductParams(x, w, bias, y, out, in, t.k_split);
   p.w_scales = w_scales;
   // On a stream of our own, always as a programmatic dependent launch.
   if (w_scales != nullptr) {
     TANDEM_DISPATCH_HALF(dtype, {
-      CUDA_CHECK((LaunchEpilogue<T, __nv_fp8_e4m3>(epilogue, rows, t.rows_per_warp, p, stream,
-                                                    true)));
+      CUDA_CHECK(t.fp8_lane_codes == 16 ? (LaunchEpilogue<T, __nv_fp8_e4m3, 16>(
+                                              epilogue, rows, t.rows_per_warp, p, stream, true))
+                                        : (LaunchEpilogue<T, __nv_fp8_e4m3, 8>(
+                                              epilogue, rows, t.rows_per_warp, p, stream, true)));
     });
   } else {
     TANDEM_DISPATCH_HALF(dtype, {
@@ -541,15 +590,18 @@ absl::Status GemvQkvCacheAny(DType dtype, const void* x, const void* w, const fl
   }
   const int out = (cache.num_heads + 2 * cache.num_kv_heads) * cache.head_dim;
   RETURN_IF_ERROR(CheckGemvShape(rows, out, in, x, w_scales != nullptr ? x : w));
-  ASSIGN_OR_RETURN(const GemvTuning t, ResolveTuning(tuning, rows, out / 2, in));
+  ASSIGN_OR_RETURN(const GemvTuning t,
+                   ResolveTuning(tuning, rows, out / 2, in, w, w_scales != nullptr));
   GemvParams p = ProductParams(x, w, bias, nullptr, out, in, t.k_split);
   p.w_scales = w_scales;
   p.cache = cache;
   p.pages = pages;
   if (w_scales != nullptr) {
     TANDEM_DISPATCH_HALF(dtype, {
-      CUDA_CHECK((LaunchEpilogue<T, __nv_fp8_e4m3>(GemvEpilogue::kQkvCache, rows, 2, p, stream,
-                                                    true)));
+      CUDA_CHECK(t.fp8_lane_codes == 16 ? (LaunchEpilogue<T, __nv_fp8_e4m3, 16>(
+                                              GemvEpilogue::kQkvCache, rows, 2, p, stream, true))
+                                        : (LaunchEpilogue<T, __nv_fp8_e4m3, 8>(
+                                              GemvEpilogue::kQkvCache, rows, 2, p, stream, true)));
     });
   } else {
     TANDEM_DISPATCH_HALF(dtype, {
@@ -588,15 +640,16 @@ absl::Status GemvQkvCacheFp8(DType dtype, const void* x, const void* w, const fl
   return GemvQkvCacheAny(dtype, x, w, w_scales, bias, cache, PagedKv{}, rows, in, stream, tuning);
 }
 
-absl::Status GemvQkvCachePaged(DType dtype, const void* x, const void* w, const void* bias,
-                               const QkvCacheArgs& cache, const KvPages& pages, int rows, int in,
-                               cudaStream_t stream, GemvTuning tuning) {
+absl::Status GemvQkvCachePaged(DType dtype, const void* x, const void* w, const float* w_scales,
+                               const void* bias, const QkvCacheArgs& cache, const KvPages& pages,
+                               int rows, int in, cudaStream_t stream, GemvTuning tuning) {
   RETURN_IF_ERROR(CheckKvPages(pages, cache.head_dim, "QKV-into-pages GEMV"));
+  if (w_scales != nullptr) RETURN_IF_ERROR(CheckFp8Scales(w, w_scales));
   QkvCacheArgs c = cache;
   c.k_cache = pages.k;
   c.v_cache = pages.v;
   c.seq_capacity = pages.page_size;  // unused: positions go through the table
-  return GemvQkvCacheAny(dtype, x, w, nullptr, bias, c,
+  return GemvQkvCacheAny(dtype, x, w, w_scales, bias, c,
                          ToPagedKv(pages, cache.num_kv_heads, cache.head_dim), rows, in, stream,
                          tuning);
 }

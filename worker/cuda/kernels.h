@@ -166,14 +166,18 @@ enum class GemvEpilogue {
 // How a GEMV spreads over the GPU. rows_per_warp: weight rows one warp computes (1 or 2; always 2
 // at 4 and 8 input rows, for SwiGLU and for kQkvCache). k_split: warps that divide one group of
 // rows' K between them (1, 2 or 4), adding their sums in warp order. 0: GemvTuningFor's choice.
-// Results depend on k_split (the order of the sum), not on anything else in the tuning.
+// fp8_lane_codes: FP8 weights' codes per lane and step, 8 (8-byte loads) or 16 (16-byte loads,
+// input width a multiple of 16); 0: 16 where the width allows. Results depend on k_split and
+// fp8_lane_codes (the order of the sum), not on anything else in the tuning.
 struct GemvTuning {
   int rows_per_warp = 0;
   int k_split = 0;
+  int fp8_lane_codes = 0;
 };
 // The choice for a shape: a K split for outputs too narrow to give every multiprocessor enough
 // warps (the residual projections of a decode step).
-GemvTuning GemvTuningFor(int rows, int out, int in, int sm_count);
+// fp8: the weights are E4M3 codes (GemvFp8).
+GemvTuning GemvTuningFor(int rows, int out, int in, int sm_count, bool fp8 = false);
 // Launched as a programmatic dependent launch on a stream of our own.
 bool GemvSupported(int rows, int in);
 absl::Status Gemv(DType dtype, GemvEpilogue epilogue, const void* x, const void* w,

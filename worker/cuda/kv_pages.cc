@@ -1,6 +1,7 @@
 // The launch-time checks that every paged kernel (kv_pages.h) shares.
 #include "worker/cuda/kv_pages.h"
 
+#include <cmath>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +30,12 @@ absl::Status CheckKvPages(const KvPages& pages, int head_dim, const char* what) 
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": the K and V page pools must be 16-byte aligned"));
   }
+  if (pages.fp8 && !(pages.k_scale > 0.0f && pages.v_scale > 0.0f && pages.k_scale < INFINITY &&
+                     pages.v_scale < INFINITY)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": FP8 KV scales k ", pages.k_scale,
+                                                   " and v ", pages.v_scale,
+                                                   " must be positive and finite"));
+  }
   if (pages.num_pages < 1 || pages.table_stride < 1) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", pages.num_pages, " pages and ",
                                                    pages.table_stride,
@@ -36,6 +43,10 @@ absl::Status CheckKvPages(const KvPages& pages, int head_dim, const char* what) 
                                                    ">= 1"));
   }
   return absl::OkStatus();
+}
+
+bool Fp8PagedAttentionTakes(int head_dim, int group) {
+  return head_dim > 0 && head_dim <= 128 && head_dim % 4 == 0 && group >= 1 && group <= 8;
 }
 
 bool PagedDecodeAttentionTakes(int head_dim, int group) {

@@ -45,16 +45,29 @@ struct KvPages {
   // hold the pages of every position its attention reads (those of [window start, position]).
   const int32_t* block_table = nullptr;
   int table_stride = 0;  // entries per table row: the most pages one sequence may hold
+  // FP8 KV-cache (--kv_cache_dtype fp8): k and v hold E4M3 codes, one byte an element, of the
+  // values divided by the layer's scales (a value is E4M3(code) * scale); otherwise elements of the
+  // activations' dtype and the scales unused.
+  bool fp8 = false;
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
 };
 
 // OK when `pages` suits heads of head_dim (a multiple of 4): pointers set and aligned, page size a
-// power of two >= kMinKvPageSize, a table with a positive stride. `what` names the caller.
+// power of two >= kMinKvPageSize, a table with a positive stride, FP8 scales positive and finite.
+// `what` names the caller.
 absl::Status CheckKvPages(const KvPages& pages, int head_dim, const char* what);
 
 // Whether LaunchAttentionPaged takes heads of head_dim with `group` query heads per kv head: a
 // multiple of 8 whatever the group; otherwise a multiple of 4 up to 128 (OpenLLaMA-3B's 100) with
 // at most 8 query heads per kv head (CudaPagesTakeHeads, common/model_config.h).
 bool PagedDecodeAttentionTakes(int head_dim, int group);
+
+// Whether the paged kernels take FP8 codes (KvPages::fp8) for heads of head_dim with `group`
+// query heads per kv head: decode attention's register kernel only, head_dim a multiple of 4 up to
+// 128 and at most 8 query heads per kv head. Prefill over codes runs the mma.sync kernel, which
+// converts them to fp16/bf16 as it stages its tiles.
+bool Fp8PagedAttentionTakes(int head_dim, int group);
 
 // As LaunchQkvRopeCache, writing k and v of row r at positions[r] through table row seqs[r].
 absl::Status LaunchQkvRopeCachePaged(DType dtype, const void* qkv, const void* bias, void* q_out,
@@ -63,11 +76,11 @@ absl::Status LaunchQkvRopeCachePaged(DType dtype, const void* qkv, const void* b
                                      int head_dim, const float* inv_freq, cudaStream_t stream,
                                      bool pdl = false);
 
-// As GemvQkvCache, with cache.k_cache, cache.v_cache and cache.seq_capacity unused: k and v go
-// through `pages`, row r's table row being cache.slots[r].
-absl::Status GemvQkvCachePaged(DType dtype, const void* x, const void* w, const void* bias,
-                               const QkvCacheArgs& cache, const KvPages& pages, int rows, int in,
-                               cudaStream_t stream, GemvTuning tuning = {});
+// As GemvQkvCache (GemvQkvCacheFp8 with w_scales set), with cache.k_cache, cache.v_cache and
+// cache.seq_capacity unused: k and v go through `pages`, row r's table row being cache.slots[r].
+absl::Status GemvQkvCachePaged(DType dtype, const void* x, const void* w, const float* w_scales,
+                               const void* bias, const QkvCacheArgs& cache, const KvPages& pages,
+                               int rows, int in, cudaStream_t stream, GemvTuning tuning = {});
 
 // As LaunchAttention (decode, split-K), row r reading keys [0, positions[r]] through table row
 // seqs[r]. Same partials and counters.
@@ -88,7 +101,8 @@ absl::Status LaunchPrefillAttentionPaged(DType dtype, const void* q, const KvPag
                                          bool pdl = false);
 
 // As LaunchKvBlockCopy: positions [0, positions) of the sequence whose table row is `seq`, between
-// the pages and a KV block layer (positions, kv_heads * head_dim).
+// the pages and a KV block layer (positions, kv_heads * head_dim), of FP8 codes (one byte an
+// element) where the pages hold them.
 absl::Status LaunchKvBlockCopyPaged(const KvPages& pages, int seq, void* k_block, void* v_block,
                                     int positions, int num_kv_heads, int head_dim, bool to_block,
                                     cudaStream_t stream);

@@ -16,6 +16,7 @@
 // row's address found through the block table (kv_view.cuh).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cfloat>
 #include <climits>
@@ -156,15 +157,59 @@ __device__ __forceinline__ void LoadPagedRows(T* dst, const T* pool, const Kv& k
   }
 }
 
+// LoadPagedRows from pages of FP8 codes (kv_pages.h): each piece's kVec / 2 codes loaded and
+// stored as kVec / 2 elements of T (exact: E4M3 is a subset of fp16 and bf16), through registers
+// rather than cp.async; the caller's barrier after the cp.async wait publishes them alike.
+template <typename T, int kStride, int kVec, int kN, typename Kv>
+__device__ __forceinline__ void LoadPagedCodeRows(T* dst, const uint8_t* pool, const Kv& kv,
+                                                  int seq, int kvh, int t0, int lo, int hi,
+                                                  const RowWalk& w) {
+  constexpr int kElems = kVec / 2;
+  using Codes = std::conditional_t<kElems == 8, uint2, uint32_t>;
+  static_assert(kElems == 8 || kElems == 4, "pieces of 8 or 4 codes");
+  int row = w.row0, c = w.c0;
+  while (row < kN) {
+    const int pos = min(max(t0 + row, lo), hi);
+    const Codes codes =
+        *reinterpret_cast<const Codes*>(pool + kv.Offset(seq, kvh, pos) + c * kElems);
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(&codes);
+    alignas(16) T out[kElems];
+#pragma unroll
+    for (int i = 0; i < kElems / 2; ++i) {
+      const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>(words[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&raw));
+      out[2 * i] = FromF<T>(f.x);
+      out[2 * i + 1] = FromF<T>(f.y);
+    }
+    if constexpr (kElems == 8) {
+      *reinterpret_cast<uint4*>(dst + row * kStride + c * kElems) =
+          *reinterpret_cast<const uint4*>(out);
+    } else {
+      *reinterpret_cast<uint2*>(dst + row * kStride + c * kElems) =
+          *reinterpret_cast<const uint2*>(out);
+    }
+    row += w.drow;
+    c += w.dc;
+    if (c >= w.per_row) {
+      c -= w.per_row;
+      ++row;
+    }
+  }
+}
+
 // grid (num_heads, ceil(rows / kRows)); kD: padded head_dim; kVec: bytes per cp.async; Kv: the
-// cache layout (kv_view.cuh), slots being table rows for pages.
-template <typename T, int kD, int kVec, typename Kv>
+// cache layout (kv_view.cuh), slots being table rows for pages. kCodes: the pages hold FP8 codes
+// (PagedKv only): scores take the layer's K scale and outputs its V scale.
+template <typename T, int kD, int kVec, typename Kv, bool kCodes = false>
 __global__ void __launch_bounds__(kThreads)
-    PrefillAttentionKernel(const T* __restrict__ q, const T* __restrict__ k_cache,
-                           const T* __restrict__ v_cache, const int32_t* __restrict__ positions,
+    PrefillAttentionKernel(const T* __restrict__ q, const void* __restrict__ k_pool,
+                           const void* __restrict__ v_pool, const int32_t* __restrict__ positions,
                            const int32_t* __restrict__ slots, T* __restrict__ out, int rows,
                            int num_heads, int num_kv_heads, int head_dim, Kv kv, float scale,
                            int window) {
+  const T* __restrict__ k_cache = static_cast<const T*>(k_pool);
+  const T* __restrict__ v_cache = static_cast<const T*>(v_pool);
   constexpr int kStride = kD + 8;  // 16-byte row padding: ldmatrix rows fall in distinct banks
   constexpr int kTileElems = kKeys * kStride;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -204,7 +249,7 @@ __global__ void __launch_bounds__(kThreads)
   CpAsyncWait<0>();
   __syncthreads();
 
-  const float scale2 = scale * kLog2e;  // scores in log2 units
+  const float scale2 = scale * kv.KScale() * kLog2e;  // scores in log2 units
   // This thread's rows: m-tile mt (16 rows) of the warp's kMt, fragment rows g and g + 8.
   int my_row[kMt][2];
 #pragma unroll
@@ -273,7 +318,13 @@ __global__ void __launch_bounds__(kThreads)
     auto load_tile = [&](int it) {
       const int t0 = tile_lo + it * kKeys;
       T* ks = kv_s + (it & 1) * 2 * kTileElems;
-      if constexpr (Kv::kPaged) {
+      if constexpr (kCodes) {
+        LoadPagedCodeRows<T, kStride, kVec, kKeys>(ks, static_cast<const uint8_t*>(k_pool), kv,
+                                                   slot, kvh, t0, key_lo, last_pos, walk);
+        LoadPagedCodeRows<T, kStride, kVec, kKeys>(ks + kTileElems,
+                                                   static_cast<const uint8_t*>(v_pool), kv, slot,
+                                                   kvh, t0, key_lo, last_pos, walk);
+      } else if constexpr (Kv::kPaged) {
         LoadPagedRows<T, kStride, kVec, kKeys>(ks, k_cache, kv, slot, kvh, t0, key_lo, last_pos,
                                                walk);
         LoadPagedRows<T, kStride, kVec, kKeys>(ks + kTileElems, v_cache, kv, slot, kvh, t0, key_lo,
@@ -417,7 +468,7 @@ __global__ void __launch_bounds__(kThreads)
         li += __shfl_xor_sync(0xffffffffu, li, 1);
         li += __shfl_xor_sync(0xffffffffu, li, 2);
         if (row_pos[mt][i] < 0) continue;
-        const float inv = 1.0f / li;
+        const float inv = kCodes ? kv.VScale() / li : 1.0f / li;
         T* o = out + (row0 + my_row[mt][i]) * q_stride + static_cast<size_t>(h) * head_dim;
 #pragma unroll
         for (int nb = 0; nb < kD / 8; ++nb) {
@@ -439,17 +490,21 @@ absl::Status Launch(const void* q, const void* k_cache, const void* v_cache,
                     int num_heads, int num_kv_heads, int head_dim, Kv kv,
                     const AttentionParams& params, cudaStream_t stream, bool pdl) {
   constexpr size_t kSmem = (kRows + 4 * kKeys) * (kD + 8) * sizeof(T);  // Q, and K and V twice
-  auto* kernel = PrefillAttentionKernel<T, kD, kVec, Kv>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(kSmem)));
-  const dim3 grid(num_heads, (rows + kRows - 1) / kRows);
-  CUDA_CHECK(LaunchKernel(kernel, grid, dim3(kThreads), kSmem, stream, pdl,
-                          static_cast<const T*>(q), static_cast<const T*>(k_cache),
-                          static_cast<const T*>(v_cache), positions, slots, static_cast<T*>(out),
-                          rows, num_heads, num_kv_heads, head_dim, kv, params.scale,
-                          params.window));
-  CUDA_CHECK_LAUNCH();
-  return absl::OkStatus();
+  auto run = [&](auto* kernel) -> absl::Status {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(kSmem)));
+    const dim3 grid(num_heads, (rows + kRows - 1) / kRows);
+    CUDA_CHECK(LaunchKernel(kernel, grid, dim3(kThreads), kSmem, stream, pdl,
+                            static_cast<const T*>(q), k_cache, v_cache, positions, slots,
+                            static_cast<T*>(out), rows, num_heads, num_kv_heads, head_dim, kv,
+                            params.scale, params.window));
+    CUDA_CHECK_LAUNCH();
+    return absl::OkStatus();
+  };
+  if constexpr (Kv::kPaged) {
+    if (kv.fp8) return run(PrefillAttentionKernel<T, kD, kVec, Kv, true>);
+  }
+  return run(PrefillAttentionKernel<T, kD, kVec, Kv>);
 }
 
 // The mma.sync kernel compiled for head_dim's padded size.
@@ -536,7 +591,8 @@ absl::Status LaunchPrefillAttentionPaged(DType dtype, const void* q, const KvPag
   if (rows == 0) return absl::OkStatus();
   RETURN_IF_ERROR(CheckKvPages(pages, head_dim, "paged prefill attention"));
   RETURN_IF_ERROR(CheckPrefill(num_heads, num_kv_heads, head_dim, 0, params));
-  if (pages.page_size >= kMinSm90PageSize &&
+  // FP8 codes: the mma.sync kernel, which converts them as it stages the tiles.
+  if (!pages.fp8 && pages.page_size >= kMinSm90PageSize &&
       PrefillAttentionSm90Usable(head_dim, q, pages.k, pages.v)) {
     return LaunchPrefillAttentionSm90Paged(dtype, q, pages, positions, seqs, out, rows, num_heads,
                                            num_kv_heads, head_dim, params, stream, pdl);

@@ -25,8 +25,9 @@ namespace {
 // rotates by angle pos * inv_freq[i].
 template <typename T, typename Kv>
 __global__ void QkvRopeCacheKernel(const T* __restrict__ qkv, const T* __restrict__ bias,
-                                   T* __restrict__ q_out, T* __restrict__ k_cache,
-                                   T* __restrict__ v_cache, const int32_t* __restrict__ positions,
+                                   T* __restrict__ q_out, void* __restrict__ k_cache,
+                                   void* __restrict__ v_cache,
+                                   const int32_t* __restrict__ positions,
                                    const int32_t* __restrict__ slots, int rows, int num_heads,
                                    int num_kv_heads, int head_dim, Kv kv,
                                    const float* __restrict__ inv_freq) {
@@ -60,12 +61,13 @@ __global__ void QkvRopeCacheKernel(const T* __restrict__ qkv, const T* __restric
         qo[i] = FromF<T>(x1);
         qo[i + half] = FromF<T>(x2);
       } else {
-        k_cache[cache_index(head, i)] = FromF<T>(x1);
-        k_cache[cache_index(head, i + half)] = FromF<T>(x2);
+        StoreKv<T>(k_cache, cache_index(head, i), RoundTo<T>(x1), kv, kv.KScale());
+        StoreKv<T>(k_cache, cache_index(head, i + half), RoundTo<T>(x2), kv, kv.KScale());
       }
     } else if (w < q_pairs + k_pairs + kv_dim) {
       const int c = w - q_pairs - k_pairs;
-      v_cache[cache_index(c / head_dim, c % head_dim)] = FromF<T>(load(q_dim + kv_dim + c));
+      StoreKv<T>(v_cache, cache_index(c / head_dim, c % head_dim),
+                 RoundTo<T>(load(q_dim + kv_dim + c)), kv, kv.VScale());
     }
   }
 }
@@ -88,9 +90,10 @@ constexpr int kRowKernelMinRows = 128;
 template <typename T, int V, typename Kv>
 __global__ void __launch_bounds__(kRowThreads)
     QkvRopeCacheRowsKernel(const T* __restrict__ qkv, const T* __restrict__ bias,
-                           T* __restrict__ q_out, T* __restrict__ k_cache, T* __restrict__ v_cache,
-                           const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
-                           int rows, int num_heads, int num_kv_heads, int head_dim, Kv kv,
+                           T* __restrict__ q_out, void* __restrict__ k_cache,
+                           void* __restrict__ v_cache, const int32_t* __restrict__ positions,
+                           const int32_t* __restrict__ slots, int rows, int num_heads,
+                           int num_kv_heads, int head_dim, Kv kv,
                            const float* __restrict__ inv_freq) {
   using Vec = VecN<T, V>;
   __shared__ float cos_s[kMaxRowHalf], sin_s[kMaxRowHalf];
@@ -131,10 +134,22 @@ __global__ void __launch_bounds__(kRowThreads)
           a.v[j] = FromF<T>(x1);
           b.v[j] = FromF<T>(x2);
         }
-        T* dst = head < num_heads ? q_out + static_cast<size_t>(r) * q_dim + head * head_dim
-                                  : k_cache + kv.Offset(slot, head - num_heads, pos);
-        *reinterpret_cast<Vec*>(dst + i0) = a;
-        *reinterpret_cast<Vec*>(dst + i0 + half) = b;
+        if (head < num_heads) {
+          T* dst = q_out + static_cast<size_t>(r) * q_dim + head * head_dim;
+          *reinterpret_cast<Vec*>(dst + i0) = a;
+          *reinterpret_cast<Vec*>(dst + i0 + half) = b;
+        } else if (kv.Fp8()) {
+          const size_t at = kv.Offset(slot, head - num_heads, pos) + i0;
+#pragma unroll
+          for (int j = 0; j < V; ++j) {
+            StoreKv<T>(k_cache, at + j, ToF(a.v[j]), kv, kv.KScale());
+            StoreKv<T>(k_cache, at + half + j, ToF(b.v[j]), kv, kv.KScale());
+          }
+        } else {
+          T* dst = static_cast<T*>(k_cache) + kv.Offset(slot, head - num_heads, pos);
+          *reinterpret_cast<Vec*>(dst + i0) = a;
+          *reinterpret_cast<Vec*>(dst + i0 + half) = b;
+        }
       } else {
         const int c = (w - rot_items) * V, kvh = c / head_dim;
         Vec x = *reinterpret_cast<const Vec*>(in + q_dim + kv_dim + c);
@@ -143,7 +158,13 @@ __global__ void __launch_bounds__(kRowThreads)
 #pragma unroll
           for (int j = 0; j < V; ++j) x.v[j] = FromF<T>(ToF(x.v[j]) + ToF(bx.v[j]));
         }
-        *reinterpret_cast<Vec*>(v_cache + kv.Offset(slot, kvh, pos) + c - kvh * head_dim) = x;
+        const size_t at = kv.Offset(slot, kvh, pos) + c - kvh * head_dim;
+        if (kv.Fp8()) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) StoreKv<T>(v_cache, at + j, ToF(x.v[j]), kv, kv.VScale());
+        } else {
+          *reinterpret_cast<Vec*>(static_cast<T*>(v_cache) + at) = x;
+        }
       }
     }
     __syncthreads();  // cos_s and sin_s are the next row's
@@ -182,9 +203,8 @@ absl::Status LaunchQkvRope(DType dtype, const void* qkv, const void* bias, void*
                               : QkvRopeCacheRowsKernel<T, 1, Kv>;
       CUDA_CHECK(LaunchKernel(kernel, grid, dim3(kRowThreads), 0, stream, pdl,
                               static_cast<const T*>(qkv), static_cast<const T*>(bias),
-                              static_cast<T*>(q_out), static_cast<T*>(k_cache),
-                              static_cast<T*>(v_cache), positions, slots, rows, num_heads,
-                              num_kv_heads, head_dim, kv, inv_freq));
+                              static_cast<T*>(q_out), k_cache, v_cache, positions, slots, rows,
+                              num_heads, num_kv_heads, head_dim, kv, inv_freq));
     });
     CUDA_CHECK_LAUNCH();
     return absl::OkStatus();
@@ -196,9 +216,8 @@ absl::Status LaunchQkvRope(DType dtype, const void* qkv, const void* bias, void*
     const dim3 grid((items + 127) / 128, std::min(rows, kMaxRowGroups));
     CUDA_CHECK(LaunchKernel(QkvRopeCacheKernel<T, Kv>, grid, dim3(128), 0, stream, pdl,
                             static_cast<const T*>(qkv), static_cast<const T*>(bias),
-                            static_cast<T*>(q_out), static_cast<T*>(k_cache),
-                            static_cast<T*>(v_cache), positions, slots, rows, num_heads,
-                            num_kv_heads, head_dim, kv, inv_freq));
+                            static_cast<T*>(q_out), k_cache, v_cache, positions, slots, rows,
+                            num_heads, num_kv_heads, head_dim, kv, inv_freq));
   });
   CUDA_CHECK_LAUNCH();
   return absl::OkStatus();

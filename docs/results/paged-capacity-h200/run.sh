@@ -11,6 +11,8 @@
 #           fixed-slot coordinator queues what its slots cannot take, --max_waiting 4096);
 #           MIXED_REQUESTS requests (default 256) from MIXED_CLIENTS clients (default 256); MODEL
 #           openllama-3b runs it on that shape (context 2,048, an H100's pool of its pages);
+#           SLOTS=false leaves the fixed-slot run out; KV_FP8=true adds pages of FP8 codes
+#           (--kv_cache_dtype fp8) in the same memory: twice the pages.
 #   PART=c: a 2,000-token shared system prompt, 64 requests, prefix caching off and on.
 # Writes to $OUT: device.txt, <part>.md (the sweeps' summaries and the peaks), logs.tar.gz.
 set -u
@@ -127,14 +129,24 @@ elif [ "$part" = b ]; then
   # (Seed 1's holds one output of 7,811 tokens that alone outlasts the rest of the run.)
   mixed=(--workload=mixed --seed=2 --batch="${MIXED_CLIENTS:-256}" --requests="${MIXED_REQUESTS:-256}"
          --warmup=4 --prompt_lens=500 --output_lens=200)
-  coordinator mixed-slots --kv_page_size=0 --max_seq_len="$context" --max_slots="$slots" \
-    --max_batch="$slots" --prefill_budget=8192 --max_waiting=4096
-  sweep mixed-slots 420 "${mixed[@]}"
-  stop_coordinator
+  if [ "${SLOTS:-true}" = true ]; then
+    coordinator mixed-slots --kv_page_size=0 --max_seq_len="$context" --max_slots="$slots" \
+      --max_batch="$slots" --prefill_budget=8192 --max_waiting=4096
+    sweep mixed-slots 420 "${mixed[@]}"
+    stop_coordinator
+  fi
   coordinator mixed-pages --kv_page_size=16 --kv_pages="$kv_pages" --max_seq_len="$context" \
     --max_slots=512 --max_batch=512 --prefill_budget=8192 --prefix_caching=false
   sweep mixed-pages 300 "${mixed[@]}"
   stop_coordinator
+  if [ "${KV_FP8:-false}" = true ]; then
+    # The same memory as FP8 codes: twice the pages (--kv_cache_dtype fp8).
+    coordinator mixed-pages-fp8 --kv_page_size=16 --kv_pages="$((kv_pages * 2))" \
+      --max_seq_len="$context" --max_slots=512 --max_batch=512 --prefill_budget=8192 \
+      --prefix_caching=false --kv_cache_dtype=fp8
+    sweep mixed-pages-fp8 300 "${mixed[@]}"
+    stop_coordinator
+  fi
 elif [ "$part" = c ]; then
   coordinator prefix-off --kv_page_size=16 --kv_pages="$kv_pages" --max_seq_len=8192 \
     --max_slots=512 --max_batch=512 --prefill_budget=8192 --prefix_caching=false

@@ -23,7 +23,6 @@
 namespace tandem::cuda {
 namespace {
 
-
 std::vector<float> Random(size_t n, uint64_t seed, float scale = 1.0f) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = (UniformFloat(seed, i) * 2.0f - 1.0f) * scale;
@@ -68,7 +67,8 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, 
   int bad = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     if (!(std::fabs(got[i] - want[i]) <= rel * std::fabs(want[i]) + abs)) {
-      if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
+      if (++bad <= 5)
+        ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
     }
   }
   EXPECT_EQ(bad, 0) << what;
@@ -89,7 +89,8 @@ Fp8Weight MakeWeight(int rows, int cols, uint64_t seed) {
   }
   w.codes.resize(v.size());
   w.scales.resize(rows);
-  EXPECT_TRUE(QuantizeE4M3(v.data(), rows, cols, 1, cols, "w", w.codes.data(), w.scales.data()).ok());
+  EXPECT_TRUE(
+      QuantizeE4M3(v.data(), rows, cols, 1, cols, "w", w.codes.data(), w.scales.data()).ok());
   w.values.resize(v.size());
   DequantizeE4M3Rows(w.codes.data(), w.scales.data(), rows, cols, w.values.data());
   return w;
@@ -103,69 +104,87 @@ class Fp8KernelTest : public ::testing::TestWithParam<DType> {
 
 TEST_P(Fp8KernelTest, GemvMatchesReferenceForEveryEpilogueAndRowCount) {
   SKIP_WITHOUT_GPU();
-  const int n = 37, k = 520;
-  const GemvTuning tunings[] = {{}, {1, 1}, {2, 1}, {1, 4}, {2, 2}};
-  for (int m : {1, 2, 4, 8}) {
-    for (GemvEpilogue e : {GemvEpilogue::kStore, GemvEpilogue::kResidual, GemvEpilogue::kGelu,
-                           GemvEpilogue::kSwiGlu, GemvEpilogue::kF32}) {
-      for (const GemvTuning& tuning : tunings) {
-        SCOPED_TRACE(testing::Message() << "rows " << m << ", epilogue " << static_cast<int>(e)
-                                        << ", rows/warp " << tuning.rows_per_warp
-                                        << ", K split " << tuning.k_split);
-        const bool swiglu = e == GemvEpilogue::kSwiGlu, f32 = e == GemvEpilogue::kF32;
-        const int wrows = swiglu ? 2 * n : n;
-        const uint64_t seed = 500 + 10 * m + static_cast<int>(e);
-        const auto x = Round(t(), Random(m * k, seed));
-        const Fp8Weight w = MakeWeight(wrows, k, seed + 1000);
-        const auto b = Round(t(), Random(n, seed + 2000));
-        const auto y0 = Round(t(), Random(m * n, seed + 3000));
-        DeviceBuffer dx = Upload(t(), x), dw = UploadRaw(w.codes), ds = UploadRaw(w.scales),
-                     db = Upload(t(), b), dy;
-        if (f32) {
-          dy = UploadRaw(std::vector<float>(m * n, std::nanf("")));
-        } else {
-          dy = Upload(t(), e == GemvEpilogue::kResidual ? y0 : std::vector<float>(m * n, std::nanf("")));
-        }
-        const absl::Status st =
-            GemvFp8(t(), e, dx.get(), dw.get(), ds.as<float>(), swiglu ? nullptr : db.get(),
-                    dy.get(), m, n, k, nullptr, tuning);
-        ASSERT_TRUE(st.ok()) << st;
-        std::vector<float> want(m * n);
-        for (int r = 0; r < m; ++r) {
-          for (int o = 0; o < n; ++o) {
-            auto dot = [&](int row) {
-              double s = 0;
-              for (int i = 0; i < k; ++i) s += double(x[r * k + i]) * w.values[size_t(row) * k + i];
-              return s;
-            };
-            const double v = dot(o) + (swiglu ? 0.0 : b[o]);
-            float& out = want[r * n + o];
-            switch (e) {
-              case GemvEpilogue::kStore:
-              case GemvEpilogue::kF32: out = v; break;
-              case GemvEpilogue::kResidual: out = y0[r * n + o] + RoundHost(t(), v); break;
-              case GemvEpilogue::kGelu: {
-                const double g = RoundHost(t(), v);
-                out = 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
-                break;
+  const int n = 37;
+  // Codes per lane: 8 (8-byte loads) and 16 (16-byte loads, K a multiple of 16, refused elsewhere);
+  // K of 1040 ends inside a 512-code step.
+  const GemvTuning tunings[] = {{},     {1, 1},    {2, 1},     {1, 4},
+                                {2, 2}, {0, 0, 8}, {1, 1, 16}, {2, 4, 16}};
+  for (int k : {520, 1040}) {
+    for (int m : {1, 2, 4, 8}) {
+      for (GemvEpilogue e : {GemvEpilogue::kStore, GemvEpilogue::kResidual, GemvEpilogue::kGelu,
+                             GemvEpilogue::kSwiGlu, GemvEpilogue::kF32}) {
+        for (const GemvTuning& tuning : tunings) {
+          SCOPED_TRACE(testing::Message()
+                       << "K " << k << ", rows " << m << ", epilogue " << static_cast<int>(e)
+                       << ", rows/warp " << tuning.rows_per_warp << ", K split " << tuning.k_split
+                       << ", codes/lane " << tuning.fp8_lane_codes);
+          const bool swiglu = e == GemvEpilogue::kSwiGlu, f32 = e == GemvEpilogue::kF32;
+          const int wrows = swiglu ? 2 * n : n;
+          const uint64_t seed = 500 + 10 * m + static_cast<int>(e);
+          const auto x = Round(t(), Random(m * k, seed));
+          const Fp8Weight w = MakeWeight(wrows, k, seed + 1000);
+          const auto b = Round(t(), Random(n, seed + 2000));
+          const auto y0 = Round(t(), Random(m * n, seed + 3000));
+          DeviceBuffer dx = Upload(t(), x), dw = UploadRaw(w.codes), ds = UploadRaw(w.scales),
+                       db = Upload(t(), b), dy;
+          if (f32) {
+            dy = UploadRaw(std::vector<float>(m * n, std::nanf("")));
+          } else {
+            dy = Upload(
+                t(), e == GemvEpilogue::kResidual ? y0 : std::vector<float>(m * n, std::nanf("")));
+          }
+          const absl::Status st =
+              GemvFp8(t(), e, dx.get(), dw.get(), ds.as<float>(), swiglu ? nullptr : db.get(),
+                      dy.get(), m, n, k, nullptr, tuning);
+          if (tuning.fp8_lane_codes == 16 && k % 16 != 0) {
+            EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+            continue;
+          }
+          ASSERT_TRUE(st.ok()) << st;
+          std::vector<float> want(m * n);
+          for (int r = 0; r < m; ++r) {
+            for (int o = 0; o < n; ++o) {
+              auto dot = [&](int row) {
+                double s = 0;
+                for (int i = 0; i < k; ++i)
+                  s += double(x[r * k + i]) * w.values[size_t(row) * k + i];
+                return s;
+              };
+              const double v = dot(o) + (swiglu ? 0.0 : b[o]);
+              float& out = want[r * n + o];
+              switch (e) {
+                case GemvEpilogue::kStore:
+                case GemvEpilogue::kF32:
+                  out = v;
+                  break;
+                case GemvEpilogue::kResidual:
+                  out = y0[r * n + o] + RoundHost(t(), v);
+                  break;
+                case GemvEpilogue::kGelu: {
+                  const double g = RoundHost(t(), v);
+                  out =
+                      0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+                  break;
+                }
+                case GemvEpilogue::kSwiGlu: {
+                  const double g = RoundHost(t(), dot(o)), u = RoundHost(t(), dot(n + o));
+                  out = RoundHost(t(), g / (1.0 + std::exp(-g))) * u;
+                  break;
+                }
+                default:
+                  break;
               }
-              case GemvEpilogue::kSwiGlu: {
-                const double g = RoundHost(t(), dot(o)), u = RoundHost(t(), dot(n + o));
-                out = RoundHost(t(), g / (1.0 + std::exp(-g))) * u;
-                break;
-              }
-              default: break;
             }
           }
-        }
-        if (f32) {
-          std::vector<float> got(m * n);
-          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-          ASSERT_EQ(cudaMemcpy(got.data(), dy.get(), got.size() * 4, cudaMemcpyDeviceToHost),
-                    cudaSuccess);
-          ExpectClose(got, want, 1e-4f, 1e-4f, "fp8 gemv fp32");
-        } else {
-          ExpectClose(Download(t(), dy, m * n), want, 2 * tol(), 1e-2f, "fp8 gemv");
+          if (f32) {
+            std::vector<float> got(m * n);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            ASSERT_EQ(cudaMemcpy(got.data(), dy.get(), got.size() * 4, cudaMemcpyDeviceToHost),
+                      cudaSuccess);
+            ExpectClose(got, want, 1e-4f, 1e-4f, "fp8 gemv fp32");
+          } else {
+            ExpectClose(Download(t(), dy, m * n), want, 2 * tol(), 1e-2f, "fp8 gemv");
+          }
         }
       }
     }
@@ -193,8 +212,10 @@ TEST_P(Fp8KernelTest, GemvQkvCacheEqualsGemvThenRopeCache) {
     const size_t cache = static_cast<size_t>(slots) * kv_heads * cap * head_dim;
     DeviceBuffer q1 = Upload(t(), std::vector<float>(m * heads * head_dim)),
                  q2 = Upload(t(), std::vector<float>(m * heads * head_dim)),
-                 k1 = Upload(t(), std::vector<float>(cache)), v1 = Upload(t(), std::vector<float>(cache)),
-                 k2 = Upload(t(), std::vector<float>(cache)), v2 = Upload(t(), std::vector<float>(cache));
+                 k1 = Upload(t(), std::vector<float>(cache)),
+                 v1 = Upload(t(), std::vector<float>(cache)),
+                 k2 = Upload(t(), std::vector<float>(cache)),
+                 v2 = Upload(t(), std::vector<float>(cache));
     ASSERT_TRUE(GemvFp8(t(), GemvEpilogue::kStore, dx.get(), dw.get(), ds.as<float>(), db.get(),
                         dqkv.get(), m, out, k, nullptr, {0, 1})
                     .ok());
@@ -213,9 +234,9 @@ TEST_P(Fp8KernelTest, GemvQkvCacheEqualsGemvThenRopeCache) {
     a.head_dim = head_dim;
     a.seq_capacity = cap;
     a.inv_freq = dfreq.as<float>();
-    ASSERT_TRUE(GemvQkvCacheFp8(t(), dx.get(), dw.get(), ds.as<float>(), db.get(), a, m, k,
-                                nullptr, {0, 1})
-                    .ok());
+    ASSERT_TRUE(
+        GemvQkvCacheFp8(t(), dx.get(), dw.get(), ds.as<float>(), db.get(), a, m, k, nullptr, {0, 1})
+            .ok());
     EXPECT_EQ(Download(t(), q1, m * heads * head_dim), Download(t(), q2, m * heads * head_dim));
     EXPECT_EQ(Download(t(), k1, cache), Download(t(), k2, cache));
     EXPECT_EQ(Download(t(), v1, cache), Download(t(), v2, cache));
@@ -250,21 +271,25 @@ TEST_P(Fp8KernelTest, RowsQuantizeToTheirOwnScale) {
   DeviceBuffer dx = Upload(t(), x), codes, scales;
   ASSERT_TRUE(codes.Allocate(rows * cols).ok());
   ASSERT_TRUE(scales.Allocate(rows * sizeof(float)).ok());
-  ASSERT_TRUE(LaunchQuantizeRowsFp8(t(), dx.get(), codes.get(), scales.as<float>(), rows, cols,
-                                    nullptr).ok());
+  ASSERT_TRUE(
+      LaunchQuantizeRowsFp8(t(), dx.get(), codes.get(), scales.as<float>(), rows, cols, nullptr)
+          .ok());
   std::vector<uint8_t> hc(rows * cols);
   std::vector<float> hs(rows), back(rows * cols);
   ASSERT_EQ(cudaMemcpy(hc.data(), codes.get(), hc.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(hs.data(), scales.get(), hs.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(hs.data(), scales.get(), hs.size() * 4, cudaMemcpyDeviceToHost),
+            cudaSuccess);
   DequantizeE4M3Rows(hc.data(), hs.data(), rows, cols, back.data());
   for (int r = 0; r < rows; ++r) {
     float amax = 0.0f;
-    for (int c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(x[static_cast<size_t>(r) * cols + c]));
+    for (int c = 0; c < cols; ++c)
+      amax = std::max(amax, std::fabs(x[static_cast<size_t>(r) * cols + c]));
     EXPECT_FLOAT_EQ(hs[r], amax > 0.0f ? amax / 448.0f : 1.0f) << "row " << r;
   }
   ExpectClose(back, x, 1.0f / 16, 0.0f, "dequantized activations");
-  EXPECT_FALSE(LaunchQuantizeRowsFp8(t(), dx.get(), codes.get(), scales.as<float>(), rows, 24,
-                                     nullptr).ok());
+  EXPECT_FALSE(
+      LaunchQuantizeRowsFp8(t(), dx.get(), codes.get(), scales.as<float>(), rows, 24, nullptr)
+          .ok());
 }
 
 // The FP8 tensor-core GEMM against the product of the values its codes stand for (the weight's
@@ -275,8 +300,9 @@ TEST_P(Fp8KernelTest, Fp8GemmIsTheProductOfTheQuantizedValues) {
   absl::StatusOr<std::unique_ptr<Fp8Gemm>> gemm = Fp8Gemm::Create(nullptr, 64);
   if (absl::IsUnavailable(gemm.status())) GTEST_SKIP() << gemm.status();
   ASSERT_TRUE(gemm.ok()) << gemm.status();
-  std::printf("FP8 GEMM scales applied %s\n",
-              (*gemm)->outer_vector_scales() ? "by cuBLASLt (outer vectors)" : "by the fp32 epilogue");
+  std::printf("FP8 GEMM scales applied %s\n", (*gemm)->outer_vector_scales()
+                                                  ? "by cuBLASLt (outer vectors)"
+                                                  : "by the fp32 epilogue");
   const int out = 48, in = 256;
   const Fp8Weight w = MakeWeight(out, in, 91);
   DeviceBuffer dw = UploadRaw(w.codes), ds = UploadRaw(w.scales), codes, scales;
@@ -288,8 +314,10 @@ TEST_P(Fp8KernelTest, Fp8GemmIsTheProductOfTheQuantizedValues) {
       const auto x = Round(t(), Random(static_cast<size_t>(rows) * in, 300 + rows));
       const auto y0 = Round(t(), Random(static_cast<size_t>(rows) * out, 700 + rows));
       DeviceBuffer dx = Upload(t(), x), dy = Upload(t(), y0);
-      ASSERT_TRUE((*gemm)->Run(t(), dx.get(), dw.get(), ds.as<float>(), dy.get(), rows, out, in,
-                               beta, codes.get(), scales.as<float>()).ok());
+      ASSERT_TRUE((*gemm)
+                      ->Run(t(), dx.get(), dw.get(), ds.as<float>(), dy.get(), rows, out, in, beta,
+                            codes.get(), scales.as<float>())
+                      .ok());
       const std::vector<float> got = Download(t(), dy, static_cast<size_t>(rows) * out);
       // The reference from the activations' own codes and scales, as the kernel made them.
       std::vector<uint8_t> hc(static_cast<size_t>(rows) * in);
