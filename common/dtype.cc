@@ -34,6 +34,18 @@ absl::StatusOr<DType> ParseHalfDTypeFlag(std::string_view name, std::string_view
       absl::StrCat(std::string(flag), ": '", std::string(name), "' (expected f16 or bf16)"));
 }
 
+absl::StatusOr<KvCacheDType> ParseKvCacheDType(std::string_view name, std::string_view what) {
+  if (name.empty() || name == "auto") return KvCacheDType::kAuto;
+  if (name == "fp8" || name == "fp8_e4m3") return KvCacheDType::kFp8E4M3;
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(what), ": '", std::string(name),
+                   "' is not a KV-cache dtype (expected auto, fp8 or fp8_e4m3)"));
+}
+
+std::string_view KvCacheDTypeName(KvCacheDType t) {
+  return t == KvCacheDType::kFp8E4M3 ? "fp8_e4m3" : "auto";
+}
+
 std::string_view TorchDTypeName(DType t) {
   switch (t) {
     case DType::kF32: return "float32";

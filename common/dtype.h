@@ -10,8 +10,8 @@
 
 namespace tandem {
 
-// kF8E4M3 (OCP FP8 E4M3FN: no infinities, largest finite 448) is a storage type of quantized
-// weights only, never of activations or of the KV-cache.
+// kF8E4M3 (OCP FP8 E4M3FN: no infinities, largest finite 448) is a storage type only, of scaled
+// codes: of quantized weights, and of a KV-cache kept in FP8 (KvCacheDType); never of activations.
 enum class DType { kF32, kF16, kBF16, kF8E4M3 };
 
 // Bytes per element.
@@ -43,6 +43,17 @@ uint8_t FloatToE4M3(float f);
 float E4M3ToFloat(uint8_t b);
 // The largest finite E4M3FN value.
 inline constexpr float kE4M3Max = 448.0f;
+
+// The KV-cache's element type as a setting names it (vLLM's --kv-cache-dtype). kAuto: the
+// model's dtype as the backend computes it (fp32 on the CPU backend, --dtype on CUDA). kFp8E4M3:
+// E4M3 codes of each layer's K and V divided by the layer's scales (common/fp8_quantize.h,
+// EncodeKvE4M3), one byte per element; it needs the paged KV-cache.
+enum class KvCacheDType { kAuto, kFp8E4M3 };
+// "auto" or "" (kAuto), "fp8" or "fp8_e4m3" (kFp8E4M3); INVALID_ARGUMENT
+// "<what>: '<name>' is not a KV-cache dtype (expected auto, fp8 or fp8_e4m3)" otherwise.
+absl::StatusOr<KvCacheDType> ParseKvCacheDType(std::string_view name, std::string_view what);
+// "auto" or "fp8_e4m3": how settings, reports and AssignStageRequest spell it.
+std::string_view KvCacheDTypeName(KvCacheDType t);
 
 // Converts `n` elements of type `t` at `src` (any alignment) to float.
 void ToFloat(DType t, const void* src, size_t n, float* dst);

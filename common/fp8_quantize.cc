@@ -2,6 +2,7 @@
 #include "common/fp8_quantize.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 
@@ -49,6 +50,24 @@ void DequantizeE4M3Rows(const uint8_t* codes, const float* row_scales, int64_t r
       out[r * cols + c] = E4M3ToFloat(codes[r * cols + c]) * row_scales[r];
     }
   }
+}
+
+uint8_t EncodeKvE4M3(float x, float scale) { return FloatToE4M3(x / scale); }
+
+float DecodeKvE4M3(uint8_t code, float scale) { return E4M3ToFloat(code) * scale; }
+
+void EncodeKvE4M3(const float* x, size_t n, float scale, uint8_t* codes) {
+  for (size_t i = 0; i < n; ++i) codes[i] = FloatToE4M3(x[i] / scale);
+}
+
+void DecodeKvE4M3(const uint8_t* codes, size_t n, float scale, float* out) {
+  // Every code's value, once: attention decodes a sequence's whole context at every step.
+  static const std::array<float, 256> kValues = [] {
+    std::array<float, 256> v;
+    for (int b = 0; b < 256; ++b) v[b] = E4M3ToFloat(static_cast<uint8_t>(b));
+    return v;
+  }();
+  for (size_t i = 0; i < n; ++i) out[i] = kValues[codes[i]] * scale;
 }
 
 }  // namespace tandem

@@ -1,7 +1,9 @@
 // Quantization of fp32 matrices to FP8 E4M3 with one scale per block: the rule every FP8 path of
-// tandem uses (--quantization fp8 at load, tandem-make-model's pre-quantized checkpoints).
+// tandem uses (--quantization fp8 at load, tandem-make-model's pre-quantized checkpoints); and the
+// rule of a KV-cache kept in FP8 (--kv_cache_dtype fp8).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -23,5 +25,16 @@ absl::Status QuantizeE4M3(const float* w, int64_t rows, int64_t cols, int64_t bl
 // codes (rows, cols) with one scale per row back to fp32.
 void DequantizeE4M3Rows(const uint8_t* codes, const float* row_scales, int64_t rows, int64_t cols,
                         float* out);
+
+// The KV-cache in FP8 (KvCacheDType::kFp8E4M3, vLLM's rule): an element x of a layer's K (or V)
+// whose scale is `scale` (> 0, per layer: the checkpoint's k_scale / v_scale, else 1) is stored as
+// the code E4M3(x / scale), rounded to nearest even and saturating at +-448 (NaN stays NaN), and
+// read as E4M3(code) * scale. Every backend stores and reads the cache so, so that a code means
+// the same wherever it moves.
+uint8_t EncodeKvE4M3(float x, float scale);
+float DecodeKvE4M3(uint8_t code, float scale);
+// The same over n elements.
+void EncodeKvE4M3(const float* x, size_t n, float scale, uint8_t* codes);
+void DecodeKvE4M3(const uint8_t* codes, size_t n, float scale, float* out);
 
 }  // namespace tandem

@@ -56,6 +56,25 @@ TEST(DTypeTest, HalfDTypeFlagTakesTheTwoByteTypesAndNamesTheFlagOtherwise) {
   }
 }
 
+// vLLM's --kv-cache-dtype spellings: auto (or nothing) and fp8 = fp8_e4m3; anything else is
+// refused naming the setting, the value and what it takes.
+TEST(DTypeTest, KvCacheDTypeTakesAutoAndFp8AndNamesTheValueOtherwise) {
+  EXPECT_EQ(*ParseKvCacheDType("auto", "--kv_cache_dtype"), KvCacheDType::kAuto);
+  EXPECT_EQ(*ParseKvCacheDType("", "--kv_cache_dtype"), KvCacheDType::kAuto);
+  EXPECT_EQ(*ParseKvCacheDType("fp8", "--kv_cache_dtype"), KvCacheDType::kFp8E4M3);
+  EXPECT_EQ(*ParseKvCacheDType("fp8_e4m3", "--kv_cache_dtype"), KvCacheDType::kFp8E4M3);
+  EXPECT_EQ(KvCacheDTypeName(KvCacheDType::kAuto), "auto");
+  EXPECT_EQ(KvCacheDTypeName(KvCacheDType::kFp8E4M3), "fp8_e4m3");
+  for (const char* bad : {"bogus", "fp8_e5m2", "FP8", "f16"}) {
+    absl::StatusOr<KvCacheDType> t = ParseKvCacheDType(bad, "--kv_cache_dtype");
+    ASSERT_FALSE(t.ok()) << bad;
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(t.status().message(), std::string("--kv_cache_dtype: '") + bad +
+                                        "' is not a KV-cache dtype (expected auto, fp8 or "
+                                        "fp8_e4m3)");
+  }
+}
+
 // Every E4M3FN code but the NaNs decodes to a value that encodes back to the same code; the grid
 // ends at 448 (0x7e) and has no infinities.
 TEST(DTypeTest, E4M3CodesRoundTripAndDecodeToTheirGrid) {

@@ -1,5 +1,6 @@
 // QuantizeE4M3: scales per block, saturation, the round-trip error bound, refusal of NaN and
-// infinity naming the tensor.
+// infinity naming the tensor. The KV-cache's rule (EncodeKvE4M3, DecodeKvE4M3): ties to even,
+// saturation, subnormals and NaN through a layer's scale, and the rows as the scalars.
 #include "common/fp8_quantize.h"
 
 #include <gmock/gmock.h>
@@ -114,6 +115,73 @@ TEST(Fp8QuantizeTest, NanOrInfinityIsRefusedNamingTensorRowAndColumn) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(s.message(), AllOf(HasSubstr("model.layers.2.mlp.up_proj.weight"),
                                    HasSubstr("row 1"), HasSubstr("column 3")));
+  }
+}
+
+// The scale divides before rounding and multiplies after: at a scale of 1/4 (exact in binary) the
+// grid is E4M3's, a quarter as wide.
+TEST(KvE4M3Test, RoundsThroughTheScaleToNearestEven) {
+  constexpr float s = 0.25f;
+  EXPECT_EQ(EncodeKvE4M3(1.0f * s, s), 0x38);
+  EXPECT_EQ(DecodeKvE4M3(0x38, s), 0.25f);
+  EXPECT_EQ(EncodeKvE4M3(1.0625f * s, s), 0x38);  // halfway between 1 and 1.125: to even (1)
+  EXPECT_EQ(EncodeKvE4M3(1.1875f * s, s), 0x3a);  // halfway between 1.125 and 1.25: to even
+  EXPECT_EQ(EncodeKvE4M3(1.07f * s, s), 0x39);    // nearer 1.125
+  EXPECT_EQ(DecodeKvE4M3(0x39, s), 1.125f * s);
+  EXPECT_EQ(EncodeKvE4M3(-1.0f * s, s), 0xb8);
+  EXPECT_EQ(DecodeKvE4M3(0xb8, s), -0.25f);
+}
+
+TEST(KvE4M3Test, SaturatesAt448TimesTheScale) {
+  constexpr float s = 0.25f;
+  EXPECT_EQ(EncodeKvE4M3(448.0f * s, s), 0x7e);
+  EXPECT_EQ(EncodeKvE4M3(449.0f * s, s), 0x7e);  // not NaN
+  EXPECT_EQ(EncodeKvE4M3(1e30f, s), 0x7e);
+  EXPECT_EQ(EncodeKvE4M3(-1e30f, s), 0xfe);
+  EXPECT_EQ(EncodeKvE4M3(std::numeric_limits<float>::infinity(), s), 0x7e);
+  EXPECT_EQ(DecodeKvE4M3(0x7e, s), 112.0f);
+  EXPECT_EQ(DecodeKvE4M3(0xfe, s), -112.0f);
+}
+
+TEST(KvE4M3Test, SubnormalsKeepTheirStepOfTwoToTheMinusNine) {
+  constexpr float s = 0.25f;
+  const float step = std::ldexp(1.0f, -9) * s;  // the smallest subnormal, scaled
+  EXPECT_EQ(EncodeKvE4M3(step, s), 0x01);
+  EXPECT_EQ(DecodeKvE4M3(0x01, s), step);
+  EXPECT_EQ(EncodeKvE4M3(1.5f * step, s), 0x02);   // 1.5 steps: to even (2)
+  EXPECT_EQ(EncodeKvE4M3(2.5f * step, s), 0x02);   // 2.5 steps: to even (2)
+  EXPECT_EQ(EncodeKvE4M3(0.5f * step, s), 0x00);   // half a step: to even (0)
+  EXPECT_EQ(EncodeKvE4M3(-0.4f * step, s), 0x80);  // -0 keeps its sign
+  EXPECT_EQ(DecodeKvE4M3(0x80, s), 0.0f);
+  EXPECT_EQ(EncodeKvE4M3(7.0f * step, s), 0x07);               // the largest subnormal
+  EXPECT_EQ(EncodeKvE4M3(std::ldexp(1.0f, -6) * s, s), 0x08);  // the smallest normal
+}
+
+TEST(KvE4M3Test, NanStaysNan) {
+  EXPECT_EQ(EncodeKvE4M3(std::numeric_limits<float>::quiet_NaN(), 0.5f) & 0x7f, 0x7f);
+  EXPECT_TRUE(std::isnan(DecodeKvE4M3(0x7f, 0.5f)));
+  EXPECT_TRUE(std::isnan(DecodeKvE4M3(0xff, 0.5f)));
+}
+
+// At a scale that is not a power of two, every code's value encodes back to the code, and the
+// functions over rows give what the scalar ones give, code for code.
+TEST(KvE4M3Test, EveryCodeRoundTripsAndRowsAgreeWithScalars) {
+  constexpr float s = 0.037f;
+  std::vector<uint8_t> codes(256);
+  for (int b = 0; b < 256; ++b) codes[b] = static_cast<uint8_t>(b);
+  std::vector<float> values(256);
+  DecodeKvE4M3(codes.data(), codes.size(), s, values.data());
+  std::vector<uint8_t> again(256);
+  EncodeKvE4M3(values.data(), values.size(), s, again.data());
+  for (int b = 0; b < 256; ++b) {
+    const float v = DecodeKvE4M3(codes[b], s);
+    if (std::isnan(v)) {
+      EXPECT_TRUE(std::isnan(values[b])) << b;
+      continue;
+    }
+    EXPECT_EQ(values[b], v) << b;
+    EXPECT_EQ(again[b], EncodeKvE4M3(values[b], s)) << b;
+    EXPECT_EQ(again[b], b == 0x80 ? 0x80 : b) << b << " " << v;
   }
 }
 
