@@ -488,6 +488,12 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   return j.dump(2) + "\n";
 }
 
+std::string KvScaleTensorName(Arch arch, int layer, bool v) {
+  return arch == Arch::kGpt2
+             ? absl::StrCat("transformer.h.", layer, ".attn.", v ? "v_scale" : "k_scale")
+             : absl::StrCat("model.layers.", layer, ".self_attn.", v ? "v_scale" : "k_scale");
+}
+
 bool CudaPagesTakeHeads(int head_dim, int group) {
   if (head_dim <= 0) return false;
   if (head_dim % 8 == 0) return true;

@@ -104,6 +104,11 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::filesystem::path& dir);
 // (worker/cuda/attention.cu). The coordinator's default page size and the CUDA stage's check
 // both ask this.
 bool CudaPagesTakeHeads(int head_dim, int group);
+// The checkpoint's name of the scale of layer `layer`'s K (of its V with `v`) in a KV-cache kept
+// in FP8, as vLLM and compressed-tensors checkpoints with a kv_cache_scheme publish it (an fp32
+// scalar): "model.layers.{layer}.self_attn.k_scale" / "v_scale"; for GPT-2, whose attention
+// module is "attn", "transformer.h.{layer}.attn.k_scale" / "v_scale". Read by worker/kv_scales.h.
+std::string KvScaleTensorName(Arch arch, int layer, bool v);
 // The config.json of this shape with the fields and names of the real checkpoints of its
 // model_type (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config).
 std::string ModelConfigToJson(const ModelConfig& c);

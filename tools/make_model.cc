@@ -7,10 +7,13 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/flags_usage.h"
 #include "tools/model_generator.h"
 
@@ -49,6 +52,26 @@ ABSL_FLAG(std::string, tokenizer, "",
           "small BPE tokenizer trained here)");
 ABSL_FLAG(int64_t, max_shard_mb, 0,
           "> 0: split the weights into shards of at most this many MiB plus an index");
+ABSL_FLAG(std::string, kv_scales, "",
+          "write each layer's KV-cache scales (self_attn.k_scale and v_scale, F32 scalars, as "
+          "checkpoints for an FP8 KV-cache publish them): K:V for every layer, or K:V,K:V,... "
+          "one pair per layer (empty: none)");
+
+// --kv_scales: "K:V" or "K:V,K:V,..." as (k_scale, v_scale) pairs; nullopt where it does not
+// parse (WriteRandomCheckpoint checks the values and the count).
+std::optional<std::vector<std::pair<float, float>>> ParseKvScales(const std::string& text) {
+  std::vector<std::pair<float, float>> pairs;
+  if (text.empty()) return pairs;
+  for (absl::string_view pair : absl::StrSplit(text, ',')) {
+    const std::vector<absl::string_view> kv = absl::StrSplit(pair, ':');
+    float k = 0, v = 0;
+    if (kv.size() != 2 || !absl::SimpleAtof(kv[0], &k) || !absl::SimpleAtof(kv[1], &v)) {
+      return std::nullopt;
+    }
+    pairs.emplace_back(k, v);
+  }
+  return pairs;
+}
 
 // Whether the boolean flag `name` was given (--name, --name=..., --noname), which a plain bool
 // flag cannot tell from its default. Stops at "--", where flags end.
@@ -126,6 +149,16 @@ int main(int argc, char** argv) {
   }
   options.seed = absl::GetFlag(FLAGS_seed);
   options.max_shard_bytes = shard_mb * 1024 * 1024;
+  const std::optional<std::vector<std::pair<float, float>>> kv_scales =
+      ParseKvScales(absl::GetFlag(FLAGS_kv_scales));
+  if (!kv_scales) {
+    std::fprintf(stderr,
+                 "tandem-make-model: --kv_scales '%s': expected K:V or K:V,K:V,... "
+                 "(numbers)\n",
+                 absl::GetFlag(FLAGS_kv_scales).c_str());
+    return 2;
+  }
+  options.kv_scales = *kv_scales;
   if (absl::Status s = tandem::WriteRandomCheckpoint(*config, options, out); !s.ok()) {
     std::fprintf(stderr, "tandem-make-model: %s\n", s.ToString().c_str());
     return 1;

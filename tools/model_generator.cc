@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -14,9 +15,9 @@
 #include <system_error>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "common/fp8_quantize.h"
 #include "common/rng.h"
@@ -161,6 +162,36 @@ absl::StatusOr<std::vector<TensorToWrite>> QuantizedTensors(uint64_t seed, const
   std::vector<TensorToWrite> out;
   for (SafetensorsEntry& e : QuantizedEntries(spec, c)) {
     out.push_back({e.name, e.dtype, e.shape, std::move(data[out.size()])});
+  }
+  return out;
+}
+
+// The KV-cache scale tensors of options.kv_scales, with their data: k_scale and v_scale of each
+// layer in turn. INVALID_ARGUMENT naming --kv_scales where the pairs are neither one nor one per
+// layer, or a scale is not a finite number > 0.
+absl::StatusOr<std::vector<TensorToWrite>> KvScaleTensors(const ModelConfig& c,
+                                                          const GeneratorOptions& options) {
+  const std::vector<std::pair<float, float>>& pairs = options.kv_scales;
+  if (pairs.empty()) return std::vector<TensorToWrite>{};
+  if (pairs.size() != 1 && pairs.size() != static_cast<size_t>(c.num_layers)) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv_scales: ", pairs.size(),
+                                                   " pairs for a model of ", c.num_layers,
+                                                   " layers (give one, or one per layer)"));
+  }
+  std::vector<TensorToWrite> out;
+  for (int i = 0; i < c.num_layers; ++i) {
+    const auto [k, v] = pairs[pairs.size() == 1 ? 0 : i];
+    for (const auto& [value, is_v] : {std::pair{k, false}, std::pair{v, true}}) {
+      if (!std::isfinite(value) || value <= 0.0f) {
+        return absl::InvalidArgumentError(absl::StrCat("--kv_scales: layer ", i, "'s ",
+                                                       is_v ? "v" : "k", "_scale ", value,
+                                                       " (each must be a finite number > 0)"));
+      }
+      TensorToWrite t{.name = KvScaleTensorName(c.arch, i, is_v), .dtype = DType::kF32};
+      t.bytes.resize(sizeof(float));
+      std::memcpy(t.bytes.data(), &value, sizeof(float));
+      out.push_back(std::move(t));
+    }
   }
   return out;
 }
@@ -632,6 +663,8 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const GeneratorOpt
   for (size_t i = 0; i < specs.size(); ++i) {
     if (IsQuantizedLinear(config, specs[i])) quantized[i] = QuantizedEntries(specs[i], config);
   }
+  // The KV-cache scales, after every other tensor (in the last shard).
+  ASSIGN_OR_RETURN(const std::vector<TensorToWrite> kv_scales, KvScaleTensors(config, options));
   std::vector<std::vector<size_t>> shards(1);
   int64_t shard_bytes = 0, total_bytes = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -649,6 +682,7 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const GeneratorOpt
     shard_bytes += nbytes;
     total_bytes += nbytes;
   }
+  for (const TensorToWrite& t : kv_scales) total_bytes += static_cast<int64_t>(t.bytes.size());
 
   const int n = static_cast<int>(shards.size());
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
@@ -662,6 +696,10 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const GeneratorOpt
       } else {
         entries.push_back({specs[i].name, config.dtype, specs[i].shape});
       }
+    }
+    const bool last = s + 1 == n;
+    if (last) {
+      for (const TensorToWrite& t : kv_scales) entries.push_back({t.name, t.dtype, t.shape});
     }
     ASSIGN_OR_RETURN(auto writer,
                      SafetensorsStreamWriter::Create(dir / file, entries, {{"format", "pt"}}));
@@ -678,6 +716,10 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const GeneratorOpt
       }
       RETURN_IF_ERROR(StreamTensor(options.seed, specs[i], config.dtype, *writer));
       weight_map[specs[i].name] = file;
+    }
+    for (size_t i = 0; last && i < kv_scales.size(); ++i) {
+      RETURN_IF_ERROR(writer->Append(kv_scales[i].bytes));
+      weight_map[kv_scales[i].name] = file;
     }
     RETURN_IF_ERROR(writer->Finish());
   }

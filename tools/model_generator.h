@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -92,6 +93,10 @@ struct GeneratorOptions {
   // writing a BPE tokenizer trained here; the config must fit it (FitToTokenizer), and its pad
   // id goes into config.json.
   std::filesystem::path tokenizer_dir = {};
+  // Non-empty: each layer's KV-cache scales too, as checkpoints for an FP8 KV-cache publish them
+  // (F32 scalars of shape [] named by KvScaleTensorName, common/model_config.h): one (k_scale,
+  // v_scale) pair for every layer, or one pair per layer. Each must be a finite number > 0.
+  std::vector<std::pair<float, float>> kv_scales = {};
 };
 
 // One tensor of the checkpoint, in the order Hugging Face's state_dict lists it.

@@ -240,7 +240,8 @@ absl::StatusOr<LayerSources> LoadLlamaLayer(TensorReader& r, const ModelConfig& 
 // Refuses a checkpoint holding a tensor that the model as configured never reads (a bias under a
 // config that says none, a layer beyond num_layers), which would otherwise be silently ignored:
 // every tensor of the stage's layers must have been read, and every tensor outside the layers
-// must be one of the model's own. Buffers that transformers recomputes are allowed.
+// must be one of the model's own. Buffers that transformers recomputes are allowed, and the
+// layers' KV-cache scales (read apart, by LoadKvScales).
 absl::Status CheckNoUnusedTensors(const Checkpoint& ckpt, const std::set<std::string>& read,
                                   int first_layer, int last_layer) {
   const bool gpt2 = ckpt.config().arch == Arch::kGpt2;
@@ -262,9 +263,14 @@ absl::Status CheckNoUnusedTensors(const Checkpoint& ckpt, const std::set<std::st
       int layer = -1;
       const size_t dot = n.find('.');
       if (dot != absl::string_view::npos && absl::SimpleAtoi(n.substr(0, dot), &layer) &&
-          layer >= 0 && layer < ckpt.config().num_layers &&
-          (layer < first_layer || layer >= last_layer)) {
-        continue;  // another stage's
+          layer >= 0 && layer < ckpt.config().num_layers) {
+        if (layer < first_layer || layer >= last_layer) continue;  // another stage's
+        // The FP8 KV-cache's scales, which LoadKvScales reads (worker/kv_scales.h).
+        const std::string prefixed = absl::StrCat(prefix, layers, n);
+        if (prefixed == KvScaleTensorName(ckpt.config().arch, layer, false) ||
+            prefixed == KvScaleTensorName(ckpt.config().arch, layer, true)) {
+          continue;
+        }
       }
     } else if (globals.count(n) > 0) {
       continue;

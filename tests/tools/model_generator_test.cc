@@ -902,6 +902,91 @@ TEST(MakeModelProgramTest, BadFlagsFailWithAMessageNamingThem) {
   r = RunMakeModel("--preset=tiny-llama --hidden_size=abc --out=" + dir.string());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_FALSE(fs::exists(dir));
+  for (const char* bad : {"1:x", "0.5", "1:2:3"}) {
+    r = RunMakeModel(std::string("--preset=tiny-llama --kv_scales=") + bad +
+                     " --out=" + dir.string());
+    EXPECT_EQ(r.exit_code, 2) << bad;
+    EXPECT_THAT(r.output, HasSubstr("--kv_scales '" + std::string(bad) + "'"));
+  }
+  r = RunMakeModel("--preset=tiny-llama --kv_scales=1:0 --out=" + dir.string());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("--kv_scales: layer 0's v_scale 0"));
+}
+
+TEST(MakeModelProgramTest, KvScalesFlagWritesEachLayersScales) {
+  fs::path dir = TestDir("program_kv_scales");
+  RunResult r = RunMakeModel(
+      "--preset=tiny-llama --kv_scales=0.5:0.25,1:2,4:8,0.125:0.0625 --out=" + dir.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::unique_ptr<Checkpoint> ckpt = Checkpoint::Open(dir).value();
+  std::vector<float> got;
+  for (int i = 0; i < 4; ++i) {
+    for (const char* which : {"k_scale", "v_scale"}) {
+      absl::StatusOr<TensorView> t =
+          ckpt->tensor("model.layers." + std::to_string(i) + ".self_attn." + which);
+      ASSERT_TRUE(t.ok()) << t.status();
+      float v = 0;
+      std::memcpy(&v, t->data.data(), sizeof v);
+      got.push_back(v);
+    }
+  }
+  EXPECT_THAT(got, ElementsAre(0.5f, 0.25f, 1.0f, 2.0f, 4.0f, 8.0f, 0.125f, 0.0625f));
+}
+
+// --kv_scales: each layer's k_scale and v_scale, F32 scalars of shape [] under the names an FP8
+// KV-cache checkpoint gives them, after every other tensor (in the last shard).
+TEST(ModelGeneratorTest, KvScalesAreWrittenAsF32ScalarsOfEveryLayer) {
+  auto scale = [](Checkpoint& ckpt, const std::string& name) {
+    absl::StatusOr<TensorView> t = ckpt.tensor(name);
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (!t.ok()) return 0.0f;
+    EXPECT_EQ(t->dtype, DType::kF32) << name;
+    EXPECT_TRUE(t->shape.empty()) << name;
+    float v = 0;
+    std::memcpy(&v, t->data.data(), sizeof v);
+    return v;
+  };
+  const ModelConfig llama = Preset("tiny-llama");  // 4 layers
+  GeneratorOptions o;
+  o.kv_scales = {{0.5f, 0.25f}, {0.125f, 2.0f}, {3.0f, 0.75f}, {1.5f, 0.0625f}};
+  o.max_shard_bytes = 256 << 10;
+  fs::path dir = TestDir("kv_scales_per_layer");
+  ASSERT_TRUE(WriteRandomCheckpoint(llama, o, dir).ok());
+  std::unique_ptr<Checkpoint> ckpt = Checkpoint::Open(dir).value();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(scale(*ckpt, "model.layers." + std::to_string(i) + ".self_attn.k_scale"),
+              o.kv_scales[i].first);
+    EXPECT_EQ(scale(*ckpt, "model.layers." + std::to_string(i) + ".self_attn.v_scale"),
+              o.kv_scales[i].second);
+  }
+  // One pair for every layer; GPT-2 names its attention module "attn".
+  o = {};
+  o.kv_scales = {{0.5f, 0.25f}};
+  dir = TestDir("kv_scales_gpt2");
+  ASSERT_TRUE(WriteRandomCheckpoint(Preset("tiny-gpt2"), o, dir).ok());
+  ckpt = Checkpoint::Open(dir).value();
+  for (int i = 0; i < Preset("tiny-gpt2").num_layers; ++i) {
+    EXPECT_EQ(scale(*ckpt, "transformer.h." + std::to_string(i) + ".attn.k_scale"), 0.5f);
+    EXPECT_EQ(scale(*ckpt, "transformer.h." + std::to_string(i) + ".attn.v_scale"), 0.25f);
+  }
+  // Without: none.
+  dir = TestDir("kv_scales_none");
+  ASSERT_TRUE(WriteRandomCheckpoint(llama, {}, dir).ok());
+  EXPECT_FALSE(Checkpoint::Open(dir).value()->contains("model.layers.0.self_attn.k_scale"));
+}
+
+TEST(ModelGeneratorTest, KvScalesOfAnotherCountOrNotPositiveAreRefusedNamingTheFlag) {
+  GeneratorOptions o;
+  o.kv_scales = {{1.0f, 1.0f}, {1.0f, 1.0f}};  // tiny-llama has 4 layers
+  absl::Status s = WriteRandomCheckpoint(Preset("tiny-llama"), o, TestDir("kv_scales_count"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--kv_scales: 2 pairs for a model of 4 layers"));
+  for (float bad : {0.0f, -1.0f, std::nanf("")}) {
+    o.kv_scales = {{1.0f, bad}};
+    s = WriteRandomCheckpoint(Preset("tiny-llama"), o, TestDir("kv_scales_bad"));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(s.message(), HasSubstr("--kv_scales: layer 0's v_scale")) << bad;
+  }
 }
 
 // --- a real tokenizer's files beside the weights ---

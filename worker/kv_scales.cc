@@ -1,0 +1,81 @@
+// The FP8 KV-cache's scales from a checkpoint (kv_scales.h).
+#include "worker/kv_scales.h"
+
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/model_config.h"
+#include "common/safetensors.h"
+#include "common/status_macros.h"
+
+namespace tandem {
+namespace {
+
+// The name `name` (prefixed) as the checkpoint spells it: with its "model." / "transformer."
+// prefix or without; nullopt where it has neither.
+std::optional<std::string> Spelled(const Checkpoint& ckpt, const std::string& name) {
+  if (ckpt.contains(name)) return name;
+  const std::string bare = name.substr(name.find('.') + 1);
+  if (ckpt.contains(bare)) return bare;
+  return std::nullopt;
+}
+
+// The value of the scale tensor `name`: a finite fp32 (or 16-bit) scalar > 0.
+absl::StatusOr<float> ReadKvScale(Checkpoint& ckpt, const std::string& name) {
+  ASSIGN_OR_RETURN(TensorView view, ckpt.tensor(name));
+  auto bad = [&](auto&&... why) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' in ", ckpt.dir().string(),
+                                                   ": ", why...,
+                                                   " (a KV-cache scale is one finite number > 0)"));
+  };
+  if (!(view.shape.empty() || view.shape == std::vector<int64_t>{1})) {
+    return bad("shape [", absl::StrJoin(view.shape, ", "), "], expected [] or [1]");
+  }
+  if (view.dtype != DType::kF32 && view.dtype != DType::kF16 && view.dtype != DType::kBF16) {
+    return bad("dtype ", std::string(DTypeName(view.dtype)), ", expected F32, F16 or BF16");
+  }
+  float value = 0.0f;
+  ToFloat(view.dtype, view.data.data(), 1, &value);
+  if (!std::isfinite(value) || value <= 0.0f) return bad("value ", value);
+  return value;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<KvScales>> LoadKvScales(Checkpoint& ckpt, int first_layer,
+                                                   int last_layer) {
+  const ModelConfig& c = ckpt.config();
+  if (first_layer < 0 || last_layer > c.num_layers || first_layer >= last_layer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV-cache scales of layers [", first_layer, ", ", last_layer, ") of ", ckpt.dir().string(),
+        ": not a non-empty range within the model's ", c.num_layers, " layers"));
+  }
+  // Every layer of the model, so that all the stages of a pipeline agree on whether there are
+  // scales: all of them or none.
+  std::optional<std::string> present, missing;
+  for (int i = 0; i < c.num_layers && !(present && missing); ++i) {
+    for (bool v : {false, true}) {
+      const std::string name = KvScaleTensorName(c.arch, i, v);
+      std::optional<std::string>& seen = Spelled(ckpt, name) ? present : missing;
+      if (!seen) seen = name;
+    }
+  }
+  std::vector<KvScales> scales(last_layer - first_layer);
+  if (!present) return scales;
+  if (missing) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", ckpt.dir().string(), " has the KV-cache scale '", *present, "' but not '",
+        *missing, "': a checkpoint with KV-cache scales has k_scale and v_scale for every layer"));
+  }
+  for (int i = first_layer; i < last_layer; ++i) {
+    KvScales& s = scales[i - first_layer];
+    ASSIGN_OR_RETURN(s.k, ReadKvScale(ckpt, *Spelled(ckpt, KvScaleTensorName(c.arch, i, false))));
+    ASSIGN_OR_RETURN(s.v, ReadKvScale(ckpt, *Spelled(ckpt, KvScaleTensorName(c.arch, i, true))));
+  }
+  return scales;
+}
+
+}  // namespace tandem
