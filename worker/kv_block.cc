@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "worker/stage.h"
@@ -141,8 +142,50 @@ KvBlock SizedKvBlock(DType dtype, int first_layer, int num_layers, int num_kv_he
   return b;
 }
 
+namespace {
+
+// "k_scale K, v_scale V", each as many digits as tell two floats apart.
+std::string ScalesText(const KvScales& s) {
+  return absl::StrFormat("k_scale %.9g, v_scale %.9g", s.k, s.v);
+}
+
+// A block of dtype F8_E4M3 carries a pair of scales per layer, the stage's for those layers
+// (`scales`: the stage's, from first_layer); a block of another dtype none.
+absl::Status CheckKvBlockScales(const KvBlock& block, DType dtype, int first_layer,
+                                std::span<const KvScales> scales) {
+  if (dtype != DType::kF8E4M3) {
+    if (block.scales.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV block: ", block.scales.size(), " pairs of scales on a ",
+        std::string(DTypeName(block.dtype)), " block; only F8_E4M3 blocks have scales"));
+  }
+  if (block.scales.size() != static_cast<size_t>(block.num_layers)) {
+    return absl::InvalidArgumentError(absl::StrCat("KV block: F8_E4M3 with ", block.scales.size(),
+                                                   " pairs of scales for its ", block.num_layers,
+                                                   " layers (one pair per layer)"));
+  }
+  for (int l = 0; l < block.num_layers; ++l) {
+    const size_t at = static_cast<size_t>(block.first_layer - first_layer + l);
+    if (at >= scales.size()) {
+      return absl::InternalError(absl::StrCat("KV block: the stage has no scales of its layer ",
+                                              block.first_layer + l, " (", scales.size(),
+                                              " pairs from layer ", first_layer, ")"));
+    }
+    if (!(block.scales[l] == scales[at])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV block: layer ", block.first_layer + l, " is F8_E4M3 codes of ",
+          ScalesText(block.scales[l]), "; this stage's KV-cache of that layer holds codes of ",
+          ScalesText(scales[at]), " (the two stages read other scales; no conversion is made)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status CheckKvBlock(const KvBlock& block, int slot, const ModelConfig& c, DType dtype,
-                          int first_layer, int last_layer, int max_slots, int max_seq_len) {
+                          int first_layer, int last_layer, int max_slots, int max_seq_len,
+                          std::span<const KvScales> scales) {
   auto bad = [](auto&&... parts) {
     return absl::InvalidArgumentError(absl::StrCat("KV block: ", parts...));
   };
@@ -153,8 +196,9 @@ absl::Status CheckKvBlock(const KvBlock& block, int slot, const ModelConfig& c, 
                                last_layer, max_slots));
   if (block.dtype != dtype) {
     return bad("dtype ", std::string(DTypeName(block.dtype)), ", this stage's KV-cache holds ",
-               std::string(DTypeName(dtype)));
+               std::string(DTypeName(dtype)), " (no conversion is made)");
   }
+  RETURN_IF_ERROR(CheckKvBlockScales(block, dtype, first_layer, scales));
   if (block.num_kv_heads != c.num_kv_heads || block.head_dim != c.head_dim) {
     return bad(block.num_kv_heads, " KV heads of ", block.head_dim, ", the model has ",
                c.num_kv_heads, " of ", c.head_dim);

@@ -17,6 +17,7 @@
 #include "common/dtype.h"
 #include "common/model_config.h"
 #include "common/step.h"
+#include "worker/kv_scales.h"
 
 namespace tandem {
 
@@ -55,12 +56,16 @@ struct StepOutput {
 struct KvBlock {
   static constexpr int kVersion = 1;
   int version = kVersion;
+  // kF8E4M3: a KV-cache kept in FP8, the codes of each layer's K and V over its `scales`.
   DType dtype = DType::kF32;
   int first_layer = 0;  // model layers [first_layer, first_layer + num_layers)
   int num_layers = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
   int positions = 0;
+  // With dtype kF8E4M3, one per layer of the block, in order: what its codes are multiples of
+  // (value = E4M3(code) * scale, worker/kv_scales.h). Empty for every other dtype.
+  std::vector<KvScales> scales;
   std::vector<uint8_t> k, v;
   // Instead of k and v (then empty): device memory of one GPU holding the same bytes (a block kept
   // on its GPU by ExportKvToDevice, or received over NCCL), each pointer sharing the ownership of
@@ -224,9 +229,12 @@ class Stage {
 
 // The checks every backend's ImportKv makes, against a stage of model config `c` holding the
 // model layers [first_layer, last_layer) in `dtype` with `max_slots` slots of `max_seq_len`
-// positions: OK, or INVALID_ARGUMENT naming the first mismatch.
+// positions, and with dtype kF8E4M3 the scales `scales` (one per layer of the stage: the block's
+// must be those of its layers, exactly; no conversion between scales or dtypes is made): OK, or
+// INVALID_ARGUMENT naming the first mismatch (a dtype or a scale: the block's and the stage's).
 absl::Status CheckKvBlock(const KvBlock& block, int slot, const ModelConfig& c, DType dtype,
-                          int first_layer, int last_layer, int max_slots, int max_seq_len);
+                          int first_layer, int last_layer, int max_slots, int max_seq_len,
+                          std::span<const KvScales> scales = {});
 // Slot `slot` within [0, max_slots) and the layers [first_layer, first_layer + num_layers)
 // within the stage's [stage_first, stage_last): OK, or INVALID_ARGUMENT beginning with `what`.
 absl::Status CheckKvRange(const char* what, int slot, int first_layer, int num_layers,

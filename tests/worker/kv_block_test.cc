@@ -1,6 +1,7 @@
 // KvBlock's checks before a stage imports it (worker/kv_block.cc): a block in host memory must
 // hold the bytes its fields say; one in device memory must have both K and V there and nothing in
-// host memory; its size counts K and V wherever they are.
+// host memory; its size counts K and V wherever they are. A block of an FP8 KV-cache carries its
+// layers' scales, which must be the importing stage's; no dtype or scale is converted.
 #include <memory>
 #include <vector>
 
@@ -60,6 +61,54 @@ TEST(KvBlockTest, DeviceBlocksHaveKAndVThereAndNothingInHostMemory) {
   KvBlock wrong_dims = b;
   wrong_dims.head_dim = 4;
   EXPECT_THAT(Check(wrong_dims).message(), HasSubstr("2 KV heads of 4"));
+}
+
+// Layers [1, 3) of a stage of layers [0, 4) whose FP8 KV-cache has these scales.
+const std::vector<KvScales> kStageScales = {{0.5f, 0.25f}, {2, 4}, {0.125f, 3}, {6, 0.0625f}};
+
+absl::Status CheckFp8(const KvBlock& b) {
+  return CheckKvBlock(b, /*slot=*/0, TinyConfig(), DType::kF8E4M3, /*first_layer=*/0,
+                      /*last_layer=*/4, /*max_slots=*/2, /*max_seq_len=*/8, kStageScales);
+}
+
+KvBlock Fp8Block() {
+  KvBlock b = SizedKvBlock(DType::kF8E4M3, 1, 2, 2, 3, 5);
+  b.scales = {kStageScales[1], kStageScales[2]};
+  return b;
+}
+
+TEST(KvBlockTest, AnFp8BlockCarriesTheStagesScalesOfItsLayers) {
+  KvBlock b = Fp8Block();
+  EXPECT_EQ(b.expected_bytes(), size_t{2} * 5 * 2 * 3);  // one byte an element
+  EXPECT_TRUE(CheckFp8(b).ok()) << CheckFp8(b);
+
+  KvBlock other = b;
+  other.scales[1].v = 3.5f;
+  absl::Status s = CheckFp8(other);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("layer 2 is F8_E4M3 codes of k_scale 0.125, v_scale 3.5; "
+                                     "this stage's KV-cache of that layer holds codes of "
+                                     "k_scale 0.125, v_scale 3"));
+  other = b;
+  other.scales.pop_back();
+  EXPECT_THAT(CheckFp8(other).message(),
+              HasSubstr("F8_E4M3 with 1 pairs of scales for its 2 layers"));
+  // Shifted by a layer: the scales are those of other layers.
+  other = b;
+  other.first_layer = 0;
+  EXPECT_THAT(CheckFp8(other).message(), HasSubstr("layer 0 is F8_E4M3 codes of k_scale 2,"));
+}
+
+TEST(KvBlockTest, AStageTakesOnlyBlocksOfItsOwnDtype) {
+  // An fp16 block into an FP8 stage, and an FP8 block into an fp16 stage: both named.
+  EXPECT_THAT(CheckFp8(HostBlock()).message(),
+              HasSubstr("dtype F16, this stage's KV-cache holds F8_E4M3 (no conversion"));
+  EXPECT_THAT(Check(Fp8Block()).message(),
+              HasSubstr("dtype F8_E4M3, this stage's KV-cache holds F16 (no conversion"));
+  KvBlock with_scales = HostBlock();
+  with_scales.scales = {{1, 1}, {1, 1}};
+  EXPECT_THAT(Check(with_scales).message(),
+              HasSubstr("2 pairs of scales on a F16 block; only F8_E4M3 blocks have scales"));
 }
 
 // A sequence's block table names distinct pages: one named twice would have two positions

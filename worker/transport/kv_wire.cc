@@ -2,6 +2,7 @@
 #include "worker/transport/kv_wire.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -29,6 +30,15 @@ v1::KvChunk ChunkOf(uint64_t key, const KvBlock& block) {
   return c;
 }
 
+// A block of F8_E4M3 carries one pair of scales per layer; one of another dtype none.
+absl::Status CheckBlockScales(const KvBlock& block) {
+  const size_t want = block.dtype == DType::kF8E4M3 ? static_cast<size_t>(block.num_layers) : 0;
+  if (block.scales.size() == want) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("KV block of ", std::string(DTypeName(block.dtype)), " and ", block.num_layers,
+                   " layers has ", block.scales.size(), " pairs of scales, not ", want));
+}
+
 absl::Status CheckHeldLayers(const KvBlock& block, int first_layer, int num_layers) {
   if (num_layers < 1 || first_layer < block.first_layer ||
       num_layers > block.first_layer + block.num_layers - first_layer) {
@@ -44,9 +54,14 @@ absl::Status CheckHeldLayers(const KvBlock& block, int first_layer, int num_laye
 
 absl::StatusOr<KvBlock> SliceKvLayers(const KvBlock& block, int first_layer, int num_layers) {
   if (absl::Status s = CheckHeldLayers(block, first_layer, num_layers); !s.ok()) return s;
+  if (absl::Status s = CheckBlockScales(block); !s.ok()) return s;
   KvBlock out = block;
   out.first_layer = first_layer;
   out.num_layers = num_layers;
+  if (!block.scales.empty()) {
+    const auto from = block.scales.begin() + (first_layer - block.first_layer);
+    out.scales.assign(from, from + num_layers);
+  }
   const size_t layer_bytes = RowBytes(block.dtype, block.num_kv_heads, block.head_dim) *
                              static_cast<size_t>(block.positions);
   const size_t from = layer_bytes * static_cast<size_t>(first_layer - block.first_layer);
@@ -67,6 +82,7 @@ absl::StatusOr<bool> ForEachKvChunk(uint64_t key, const KvBlock& block, int64_t 
   if (first_layer < 0) first_layer = block.first_layer;
   if (num_layers < 0) num_layers = block.first_layer + block.num_layers - first_layer;
   if (absl::Status s = CheckHeldLayers(block, first_layer, num_layers); !s.ok()) return s;
+  if (absl::Status s = CheckBlockScales(block); !s.ok()) return s;
   if (block.on_device()) {
     return absl::FailedPreconditionError("the KV block is in device memory, not in host memory");
   }
@@ -77,6 +93,10 @@ absl::StatusOr<bool> ForEachKvChunk(uint64_t key, const KvBlock& block, int64_t 
   for (int l = first_layer - block.first_layer; l < first_layer - block.first_layer + num_layers;
        ++l) {
     c.set_layer(block.first_layer + l);
+    if (!block.scales.empty()) {
+      c.set_k_scale(block.scales[l].k);
+      c.set_v_scale(block.scales[l].v);
+    }
     const size_t layer_at = row * static_cast<size_t>(block.positions) * static_cast<size_t>(l);
     for (int p = 0; p < block.positions; p += per_chunk) {
       const int n = std::min(per_chunk, block.positions - p);
@@ -100,13 +120,34 @@ absl::Status BadChunk(const v1::KvChunk& c, Parts&&... parts) {
       absl::StrCat("KV chunk of sequence ", c.key(), ": ", std::forward<Parts>(parts)...));
 }
 
-// The checks of every chunk against the receiving stage: version, dtype, layer, dims, positions.
+// A KV-cache's element type on the wire: an activation type, or the FP8 KV-cache's codes.
+absl::StatusOr<DType> ParseKvDType(const std::string& name) {
+  if (name == DTypeName(DType::kF8E4M3)) return DType::kF8E4M3;
+  return ParseDType(name);
+}
+
+// A scale of an F8_E4M3 chunk: a finite number > 0.
+bool GoodScale(float s) { return std::isfinite(s) && s > 0.0f; }
+
+// The checks of every chunk against the receiving stage: version, dtype (and its scales),
+// layer, dims, positions.
 absl::StatusOr<DType> CheckChunkFields(const v1::KvChunk& c, const KvShape& shape) {
   if (c.version() != static_cast<uint32_t>(KvBlock::kVersion)) {
     return BadChunk(c, "version ", c.version(), ", this worker reads version ", KvBlock::kVersion);
   }
-  absl::StatusOr<DType> dtype = ParseDType(c.dtype());
-  if (!dtype.ok()) return BadChunk(c, "dtype '", c.dtype(), "' is none of F32, F16, BF16");
+  absl::StatusOr<DType> dtype = ParseKvDType(c.dtype());
+  if (!dtype.ok()) {
+    return BadChunk(c, "dtype '", c.dtype(), "' is none of F32, F16, BF16, F8_E4M3");
+  }
+  const bool fp8 = *dtype == DType::kF8E4M3;
+  if (!fp8 && (c.k_scale() != 0.0f || c.v_scale() != 0.0f || c.k_scales_size() > 0 ||
+               c.v_scales_size() > 0)) {
+    return BadChunk(c, "dtype ", c.dtype(), " with scales; only F8_E4M3 chunks have scales");
+  }
+  if (fp8 && !c.nccl() && !(GoodScale(c.k_scale()) && GoodScale(c.v_scale()))) {
+    return BadChunk(c, "F8_E4M3 with k_scale ", c.k_scale(), " and v_scale ", c.v_scale(),
+                    " (each must be a finite number > 0)");
+  }
   if (c.layer() < shape.first_layer || c.layer() - shape.first_layer >= shape.num_layers) {
     return BadChunk(c, "layer ", c.layer(), " is not within the expected [", shape.first_layer,
                     ", ", shape.first_layer + shape.num_layers, ")");
@@ -131,6 +172,10 @@ v1::KvChunk NcclKvHeader(uint64_t key, const KvBlock& block) {
   c.set_first_position(0);
   c.set_positions(block.positions);
   c.set_nccl(true);
+  for (const KvScales& s : block.scales) {
+    c.add_k_scales(s.k);
+    c.add_v_scales(s.v);
+  }
   return c;
 }
 
@@ -151,8 +196,22 @@ absl::StatusOr<KvBlock> KvBlockOfNcclHeader(const v1::KvChunk& c, const KvShape&
   if (!c.k().empty() || !c.v().empty()) {
     return BadChunk(c, c.k().size() + c.v().size(), " bytes in the message, expected none");
   }
-  return KvBlockOf(*dtype, shape.first_layer, shape.num_layers, shape.num_kv_heads, shape.head_dim,
-                   c.total_positions());
+  KvBlock b = KvBlockOf(*dtype, shape.first_layer, shape.num_layers, shape.num_kv_heads,
+                        shape.head_dim, c.total_positions());
+  if (*dtype == DType::kF8E4M3) {
+    if (c.k_scales_size() != c.num_layers() || c.v_scales_size() != c.num_layers()) {
+      return BadChunk(c, "F8_E4M3 with ", c.k_scales_size(), " k_scales and ", c.v_scales_size(),
+                      " v_scales for ", c.num_layers(), " layers (one of each per layer)");
+    }
+    for (int l = 0; l < c.num_layers(); ++l) {
+      if (!GoodScale(c.k_scales(l)) || !GoodScale(c.v_scales(l))) {
+        return BadChunk(c, "layer ", c.layer() + l, ": F8_E4M3 with k_scale ", c.k_scales(l),
+                        " and v_scale ", c.v_scales(l), " (each must be a finite number > 0)");
+      }
+      b.scales.push_back({.k = c.k_scales(l), .v = c.v_scales(l)});
+    }
+  }
+  return b;
 }
 
 absl::Status KvAssembler::Add(const v1::KvChunk& c) {
@@ -165,6 +224,7 @@ absl::Status KvAssembler::Add(const v1::KvChunk& c) {
   if (fresh) {
     p.block = SizedKvBlock(*dtype, shape_.first_layer, shape_.num_layers, shape_.num_kv_heads,
                            shape_.head_dim, c.total_positions());
+    if (*dtype == DType::kF8E4M3) p.block.scales.resize(shape_.num_layers);
     p.filled.assign(shape_.num_layers, 0);
   } else if (c.total_positions() != p.block.positions) {
     return bad(c.total_positions(), " positions, its earlier chunks said ", p.block.positions);
@@ -176,6 +236,16 @@ absl::Status KvAssembler::Add(const v1::KvChunk& c) {
   if (c.first_position() != p.filled[l]) {
     return bad("layer ", c.layer(), " continues at position ", c.first_position(),
                ", expected ", p.filled[l]);
+  }
+  if (*dtype == DType::kF8E4M3) {
+    // The layer's first chunk says its scales; the others repeat them.
+    KvScales& scales = p.block.scales[l];
+    const KvScales said{.k = c.k_scale(), .v = c.v_scale()};
+    if (p.filled[l] > 0 && !(said == scales)) {
+      return bad("layer ", c.layer(), ": k_scale ", said.k, " and v_scale ", said.v,
+                 ", its earlier chunks said ", scales.k, " and ", scales.v);
+    }
+    scales = said;
   }
   if (c.positions() < 1 || c.positions() > p.block.positions - c.first_position()) {
     return bad(c.positions(), " positions from ", c.first_position(), " of ",

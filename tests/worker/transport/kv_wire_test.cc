@@ -4,8 +4,11 @@
 // handed out. A block in device memory is sliced as views into the same memory and never cut
 // into chunks of host bytes; the message that announces a block sent over NCCL carries its fields
 // only and is refused, naming the field, where it does not fit every layer and position asked for.
+// A block of an FP8 KV-cache travels with each layer's scales, in every chunk and in the NCCL
+// header; chunks that lack them, disagree on them or carry them with another dtype are refused.
 #include "worker/transport/kv_wire.h"
 
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -280,6 +283,117 @@ TEST(KvWireTest, NcclHeadersThatDoNotFitAreRefusedNamingTheField) {
     EXPECT_THAT(s.message(), HasSubstr(bad.says));
     EXPECT_THAT(s.message(), HasSubstr("sequence 7"));
   }
+}
+
+// Block(), as codes of an FP8 KV-cache with a pair of scales per layer.
+KvBlock Fp8Block(int first, int layers, int positions) {
+  KvBlock b = Block(first, layers, positions);
+  b.dtype = DType::kF8E4M3;
+  b.k.resize(b.expected_bytes());
+  b.v.resize(b.expected_bytes());
+  for (int l = 0; l < layers; ++l) {
+    b.scales.push_back({.k = 0.5f + l, .v = 0.25f / (l + 1)});
+  }
+  return b;
+}
+
+TEST(KvWireTest, Fp8ChunksCarryTheirLayersScalesAndComeBackWithThem) {
+  const KvBlock b = Fp8Block(2, 3, 7);  // 6 bytes per position of K
+  for (int64_t max_bytes : {1, 36, 1 << 20}) {
+    const std::vector<v1::KvChunk> chunks = Chunks(5, b, max_bytes);
+    for (const v1::KvChunk& c : chunks) {
+      EXPECT_EQ(c.dtype(), "F8_E4M3");
+      EXPECT_EQ(c.k_scale(), b.scales[c.layer() - 2].k) << c.layer();
+      EXPECT_EQ(c.v_scale(), b.scales[c.layer() - 2].v) << c.layer();
+    }
+    KvAssembler a(ShapeOf(b));
+    for (const v1::KvChunk& c : chunks) ASSERT_TRUE(a.Add(c).ok()) << a.Add(c);
+    absl::StatusOr<KvBlock> got = a.Take(5);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->dtype, DType::kF8E4M3);
+    EXPECT_EQ(got->scales, b.scales) << max_bytes;
+    EXPECT_EQ(got->k, b.k) << max_bytes;
+    EXPECT_EQ(got->v, b.v) << max_bytes;
+  }
+  // A slice keeps its layers' scales, and its chunks are those of its layers.
+  absl::StatusOr<KvBlock> s = SliceKvLayers(b, 3, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->scales, std::vector<KvScales>(b.scales.begin() + 1, b.scales.end()));
+  EXPECT_EQ(Chunks(5, b, 1 << 20)[2].SerializeAsString(),
+            Chunks(5, *s, 1 << 20)[1].SerializeAsString());
+  // Chunks of other dtypes have no scales.
+  for (const v1::KvChunk& c : Chunks(5, Block(2, 3, 7), 1 << 20)) {
+    EXPECT_EQ(c.k_scale(), 0.0f);
+    EXPECT_EQ(c.v_scale(), 0.0f);
+  }
+}
+
+TEST(KvWireTest, Fp8ChunksWithoutGoodScalesOrWithScalesOfAnotherDtypeAreRefused) {
+  const KvBlock b = Fp8Block(0, 2, 4);
+  const v1::KvChunk good = Chunks(9, b, 6).front();  // layer 0, positions [0, 1)
+  struct Case {
+    const char* says;
+    void (*spoil)(v1::KvChunk&);
+  };
+  const Case cases[] = {
+      {"F8_E4M3 with k_scale 0 and v_scale 0.25", [](v1::KvChunk& c) { c.clear_k_scale(); }},
+      {"F8_E4M3 with k_scale 0.5 and v_scale -1", [](v1::KvChunk& c) { c.set_v_scale(-1); }},
+      {"F8_E4M3 with k_scale nan", [](v1::KvChunk& c) { c.set_k_scale(std::nanf("")); }},
+      {"F8_E4M3 with k_scale inf", [](v1::KvChunk& c) { c.set_k_scale(INFINITY); }},
+      {"dtype F16 with scales; only F8_E4M3 chunks have scales",
+       [](v1::KvChunk& c) {
+         c.set_dtype("F16");
+         c.mutable_k()->append(c.k());
+         c.mutable_v()->append(c.v());
+       }},
+  };
+  for (const Case& bad : cases) {
+    v1::KvChunk c = good;
+    bad.spoil(c);
+    KvAssembler a(ShapeOf(b));
+    const absl::Status s = a.Add(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad.says;
+    EXPECT_THAT(s.message(), HasSubstr(bad.says));
+  }
+  // The chunks of a layer agree on its scales.
+  std::vector<v1::KvChunk> chunks = Chunks(9, b, 6);
+  KvAssembler a(ShapeOf(b));
+  ASSERT_TRUE(a.Add(chunks[0]).ok());
+  v1::KvChunk other = chunks[1];
+  other.set_k_scale(0.75f);
+  EXPECT_THAT(a.Add(other).message(),
+              HasSubstr("layer 0: k_scale 0.75 and v_scale 0.25, its earlier chunks said 0.5 and "
+                        "0.25"));
+  // A block of F8_E4M3 without a pair per layer is not sent, nor sliced.
+  KvBlock missing = b;
+  missing.scales.pop_back();
+  absl::StatusOr<bool> sent =
+      ForEachKvChunk(1, missing, 1 << 20, [](const v1::KvChunk&) { return true; });
+  EXPECT_THAT(sent.status().message(), HasSubstr("has 1 pairs of scales, not 2"));
+  EXPECT_FALSE(SliceKvLayers(missing, 0, 1).ok());
+}
+
+TEST(KvWireTest, AnFp8NcclHeaderCarriesEveryLayersScales) {
+  std::vector<uint8_t> memory;
+  KvBlock b = DeviceBlock(2, 3, 5, memory);
+  b.dtype = DType::kF8E4M3;
+  b.scales = {{0.5f, 0.25f}, {2, 4}, {0.125f, 3}};
+  const v1::KvChunk h = NcclKvHeader(7, b);
+  EXPECT_EQ(h.dtype(), "F8_E4M3");
+  EXPECT_THAT(h.k_scales(), ::testing::ElementsAre(0.5f, 2.0f, 0.125f));
+  EXPECT_THAT(h.v_scales(), ::testing::ElementsAre(0.25f, 4.0f, 3.0f));
+  absl::StatusOr<KvBlock> got = KvBlockOfNcclHeader(h, ShapeOf(b));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->dtype, DType::kF8E4M3);
+  EXPECT_EQ(got->scales, b.scales);
+  v1::KvChunk short_of_one = h;
+  short_of_one.mutable_v_scales()->RemoveLast();
+  EXPECT_THAT(KvBlockOfNcclHeader(short_of_one, ShapeOf(b)).status().message(),
+              HasSubstr("F8_E4M3 with 3 k_scales and 2 v_scales for 3 layers"));
+  v1::KvChunk zero = h;
+  zero.set_k_scales(1, 0.0f);
+  EXPECT_THAT(KvBlockOfNcclHeader(zero, ShapeOf(b)).status().message(),
+              HasSubstr("layer 3: F8_E4M3 with k_scale 0 and v_scale 4"));
 }
 
 }  // namespace
