@@ -281,7 +281,11 @@ struct StageSpec {
   // max_seq_len positions). The CUDA backend's is CudaOptions::kv_memory_fraction.
   double kv_memory_fraction = 0.9;
   bool quantize_fp8 = false;  // --quantization fp8: linear weights to FP8 at load (per row)
-  bool kv_cache_fp8 = false;  // --kv_cache_dtype fp8: the paged KV-cache holds E4M3 codes
+  // --kv_cache_dtype fp8 (AssignStageRequest.kv_cache_dtype fp8_e4m3): the KV-cache holds E4M3
+  // codes, one byte per element, of each layer's K and V over the layer's scales (LoadKvScales,
+  // worker/kv_scales.h; EncodeKvE4M3, common/fp8_quantize.h); its blocks (ExportKv, OpenKvOut) are
+  // kF8E4M3 with those scales. Needs kv_page_size > 0. false: the model's dtype.
+  bool kv_cache_fp8 = false;
   // Weights already placed (by an earlier stage or ahead of this one) that the stage may take
   // where they are of this checkpoint, dtype and device; what they lack is loaded.
   std::vector<std::shared_ptr<const PlacedWeights>> placed;

@@ -3,7 +3,10 @@
 // A step's rows are every sequence's tokens concatenated (prefill chunks and decode tokens mixed);
 // every projection is one cblas_sgemm over all rows. Attention runs per sequence and head over
 // that sequence's KV-cache (worker/cpu/cpu_kv_cache.h): its slot's contiguous rows, or the pages
-// of its block table gathered into contiguous rows, so that both layouts compute the same.
+// of its block table gathered into contiguous rows, so that both layouts compute the same. An FP8
+// KV-cache (StageSpec::kv_cache_fp8, paged only) holds E4M3 codes over each layer's scales
+// (worker/kv_scales.h): K and V are rounded through them as they are written, and attention reads
+// the codes times the scales; everything else stays fp32.
 // Architectures differ only in data: which norm, bias or not, learned positions or RoPE (and its
 // frequencies), a per-head norm of q and k or not (Qwen3), which MLP activation, the attention's
 // scale and sliding window.
@@ -35,6 +38,7 @@
 #include "worker/cpu/cpu_kv_cache.h"
 #include "worker/fp8_weights.h"
 #include "worker/kv_out.h"
+#include "worker/kv_scales.h"
 #include "worker/sampling.h"
 #include "worker/step_check.h"
 #include "worker/tensor_parallel.h"
@@ -194,13 +198,13 @@ class CpuStage final : public Stage {
     RETURN_IF_ERROR(CheckKvExport(slot, positions, first_layer, num_layers, w_.first_layer,
                                   last_layer(), max_slots_,
                                   slot >= 0 && slot < max_slots_ ? cached_len_[slot] : 0));
-    KvBlock b = SizedKvBlock(DType::kF32, first_layer, num_layers, c_.num_kv_heads, c_.head_dim,
-                             positions);
-    const size_t floats = static_cast<size_t>(positions) * c_.kv_dim();
+    KvBlock b =
+        SizedKvBlock(kv_.dtype(), first_layer, num_layers, c_.num_kv_heads, c_.head_dim, positions);
+    b.scales = ScalesOf(first_layer, num_layers);
+    const size_t layer_bytes = LayerBytes(positions);
     for (int l = 0; l < num_layers; ++l) {
       kv_.Gather(slot, place.block_table, first_layer - w_.first_layer + l, positions,
-                 reinterpret_cast<float*>(b.k.data()) + l * floats,
-                 reinterpret_cast<float*>(b.v.data()) + l * floats);
+                 b.k.data() + l * layer_bytes, b.v.data() + l * layer_bytes);
     }
     return b;
   }
@@ -209,13 +213,12 @@ class CpuStage final : public Stage {
     RETURN_IF_ERROR(
         CheckKvPlace("KV import", place, block.positions, page_size_, num_pages_, max_seq_len_));
     const int slot = place.slot;
-    RETURN_IF_ERROR(CheckKvBlock(block, slot, c_, DType::kF32, w_.first_layer, last_layer(),
-                                 max_slots_, max_seq_len_));
-    const size_t floats = static_cast<size_t>(block.positions) * c_.kv_dim();
+    RETURN_IF_ERROR(CheckKvBlock(block, slot, c_, kv_.dtype(), w_.first_layer, last_layer(),
+                                 max_slots_, max_seq_len_, kv_.scales()));
+    const size_t layer_bytes = LayerBytes(block.positions);
     for (int l = 0; l < block.num_layers; ++l) {
       kv_.Scatter(slot, place.block_table, block.first_layer - w_.first_layer + l, block.positions,
-                  reinterpret_cast<const float*>(block.k.data()) + l * floats,
-                  reinterpret_cast<const float*>(block.v.data()) + l * floats);
+                  block.k.data() + l * layer_bytes, block.v.data() + l * layer_bytes);
     }
     cached_len_[slot] = block.positions;
     return absl::OkStatus();
@@ -227,10 +230,10 @@ class CpuStage final : public Stage {
     const int slot = place.slot;
     RETURN_IF_ERROR(
         CheckKvOut(slot, positions, w_.first_layer, last_layer(), max_slots_, max_seq_len_));
-    auto out = std::make_shared<KvOut>(
-        SizedKvBlock(DType::kF32, w_.first_layer, static_cast<int>(w_.layers.size()),
-                     c_.num_kv_heads, c_.head_dim, positions),
-        place);
+    KvBlock block = SizedKvBlock(kv_.dtype(), w_.first_layer, static_cast<int>(w_.layers.size()),
+                                 c_.num_kv_heads, c_.head_dim, positions);
+    block.scales = kv_.scales();
+    auto out = std::make_shared<KvOut>(std::move(block), place);
     kv_outs_.Add(out);
     return out;
   }
@@ -250,10 +253,9 @@ class CpuStage final : public Stage {
   // Layer `l` of the stage into `out`'s block, published.
   void WriteOut(KvOut& out, int l) {
     KvBlock& b = out.block_to_write();
-    const size_t floats = static_cast<size_t>(b.positions) * c_.kv_dim();
-    kv_.Gather(out.slot(), out.place().block_table, l, b.positions,
-               reinterpret_cast<float*>(b.k.data()) + l * floats,
-               reinterpret_cast<float*>(b.v.data()) + l * floats);
+    const size_t layer_bytes = LayerBytes(b.positions);
+    kv_.Gather(out.slot(), out.place().block_table, l, b.positions, b.k.data() + l * layer_bytes,
+               b.v.data() + l * layer_bytes);
     out.Written(l);
   }
 
@@ -375,14 +377,25 @@ class CpuStage final : public Stage {
 
   int last_layer() const { return w_.first_layer + static_cast<int>(w_.layers.size()); }
 
+  // Bytes of one layer's K (or V) of `positions` positions in a KV block of this stage.
+  size_t LayerBytes(int positions) const {
+    return static_cast<size_t>(positions) * c_.kv_dim() * kv_.layout().element_bytes();
+  }
+
+  // The scales of the model layers [first_layer, first_layer + num_layers) of this stage; none
+  // where the KV-cache is not FP8.
+  std::vector<KvScales> ScalesOf(int first_layer, int num_layers) const {
+    if (kv_.scales().empty()) return {};
+    const auto from = kv_.scales().begin() + (first_layer - w_.first_layer);
+    return {from, from + num_layers};
+  }
+
   // Writes the sequence's new K and V rows (from its num_tokens rows of qkv) at its positions.
   void StoreKv(const SequenceStep& s, int layer, const float* qkv, int qkv_dim) {
     const int q_dim = c_.q_dim(), kv_dim = c_.kv_dim();
     for (int t = 0; t < s.num_tokens; ++t) {
       const float* row = qkv + static_cast<size_t>(t) * qkv_dim;
-      const int p = s.position + t;
-      std::copy(row + q_dim, row + q_dim + kv_dim, kv_.K(s.slot, s.block_table, layer, p));
-      std::copy(row + q_dim + kv_dim, row + qkv_dim, kv_.V(s.slot, s.block_table, layer, p));
+      kv_.Write(s.slot, s.block_table, layer, s.position + t, row + q_dim, row + q_dim + kv_dim);
     }
   }
 
@@ -604,6 +617,15 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStageRank(const StageSpec& spec,
     return absl::InvalidArgumentError(absl::StrCat("kv_page_size and kv_pages must be >= 0, got ",
                                                    spec.kv_page_size, " and ", spec.kv_pages));
   }
+  std::vector<KvScales> kv_scales;  // an FP8 KV-cache's, every rank the same
+  if (spec.kv_cache_fp8) {
+    if (spec.kv_page_size == 0) {
+      return absl::InvalidArgumentError(
+          "kv_cache_dtype fp8_e4m3 needs the paged KV-cache (kv_page_size > 0); this stage was "
+          "given kv_page_size 0 (contiguous slots)");
+    }
+    ASSIGN_OR_RETURN(kv_scales, LoadKvScales(*ckpt, spec.first_layer, last));
+  }
   ASSIGN_OR_RETURN(CpuKvCache kv,
                    CpuKvCache::Make({.layers = static_cast<int>(weights.layers.size()),
                                      .kv_dim = rank_config.kv_dim(),
@@ -611,7 +633,9 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCpuStageRank(const StageSpec& spec,
                                      .max_seq_len = max_seq_len,
                                      .page_size = spec.kv_page_size,
                                      .num_pages = spec.kv_pages,
-                                     .budget_bytes = KvBudgetBytes(spec, ranks)}));
+                                     .budget_bytes = KvBudgetBytes(spec, ranks),
+                                     .fp8 = spec.kv_cache_fp8},
+                                    std::move(kv_scales)));
   auto stage = std::make_unique<CpuStage>(c, rank_config, std::move(weights), std::move(kv),
                                           all_reduce, rank);
   stage->UseTokenizerOf(spec.model_dir);

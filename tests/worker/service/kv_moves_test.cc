@@ -1,7 +1,7 @@
 // A worker's KV-cache moves (worker/service/kv_moves.h) over CPU stages of a random tiny
 // checkpoint, without gRPC servers: export and import through the stash, the stash kept in
 // (pretend) device memory and spilled to the host, what a fetch is sent, and the life of a step's
-// write-outs.
+// write-outs; an FP8 KV-cache moved through a fetch's chunks.
 #include "worker/service/kv_moves.h"
 
 #include <unistd.h>
@@ -37,6 +37,8 @@ std::filesystem::path ModelDir() {
     EXPECT_TRUE(config.ok()) << config.status();
     GeneratorOptions options;
     options.seed = 7;
+    // Read by stages whose KV-cache is FP8 only.
+    options.kv_scales = {{0.011f, 0.0093f}, {0.017f, 0.006f}, {0.009f, 0.013f}, {0.021f, 0.0071f}};
     const absl::Status st = WriteRandomCheckpoint(*config, options, d);
     EXPECT_TRUE(st.ok()) << st;
     return d;
@@ -114,15 +116,16 @@ class PretendDeviceStage : public Stage {
   std::unique_ptr<Stage> cpu_;
 };
 
-// page_size > 0: a KV-cache of 16 pages of that many positions.
+// page_size > 0: a KV-cache of 16 pages of that many positions, in FP8 with `fp8`.
 std::unique_ptr<Assignment> MakeAssignment(uint64_t id, bool pretend_device = false,
-                                           int page_size = 0) {
+                                           int page_size = 0, bool fp8 = false) {
   StageSpec spec;
   spec.model_dir = ModelDir();
   spec.max_slots = 4;
   spec.max_seq_len = kMaxSeqLen;
   spec.kv_page_size = page_size;
   spec.kv_pages = page_size > 0 ? 16 : 0;
+  spec.kv_cache_fp8 = fp8;
   absl::StatusOr<std::unique_ptr<Stage>> stage = MakeCpuStage(spec);
   EXPECT_TRUE(stage.ok()) << stage.status();
   if (!stage.ok()) return nullptr;
@@ -131,8 +134,8 @@ std::unique_ptr<Assignment> MakeAssignment(uint64_t id, bool pretend_device = fa
   a->first_layer = 0;
   a->last_layer = kLayers;
   a->max_seq_len = kMaxSeqLen;
-  a->engine = pretend_device ? std::make_unique<PretendDeviceStage>(*std::move(stage))
-                             : *std::move(stage);
+  a->engine =
+      pretend_device ? std::make_unique<PretendDeviceStage>(*std::move(stage)) : *std::move(stage);
   return a;
 }
 
@@ -296,6 +299,74 @@ TEST(KvMovesTest, ASequenceOnPagesMovesToOtherPagesAndToASlot) {
   const std::vector<int32_t> want = decode(*from, 0, from_pages, 4);
   EXPECT_EQ(decode(*to, 1, to_pages, 4), want);
   EXPECT_EQ(decode(*slots, 2, {}, 4), want);
+}
+
+// A sequence of an FP8 KV-cache, stashed and fetched as chunks (F8_E4M3 codes with each layer's
+// scales), goes into another FP8 stage's pages and continues there with the logits, bit for bit,
+// of the original. A stage whose KV-cache is fp32, or whose scales differ, refuses the block
+// naming both sides.
+TEST(KvMovesTest, AnFp8SequenceMovesThroughAFetchAndContinuesAsTheOriginal) {
+  std::unique_ptr<Assignment> from = MakeAssignment(1, false, 4, true),
+                              to = MakeAssignment(2, false, 4, true),
+                              fp32 = MakeAssignment(3, false, 4, false);
+  ASSERT_NE(from, nullptr);
+  ASSERT_NE(to, nullptr);
+  ASSERT_NE(fp32, nullptr);
+  const std::vector<int32_t> from_pages = {9, 2, 14}, to_pages = {3, 15, 0};
+  StepDescriptor prefill = OneRow(1, 0, 0, kPrompt);
+  prefill.seqs[0].block_table = {9, 2};
+  absl::StatusOr<StepOutput> first = from->engine->Step(prefill, {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int positions = static_cast<int>(kPrompt.size());
+  KvMoves kv({});
+  v1::ExportKvRequest req = ExportRequest(1, /*key=*/7, 0, positions);
+  req.mutable_seqs(0)->add_block_table(9);
+  req.mutable_seqs(0)->add_block_table(2);
+  v1::ExportKvResponse exported;
+  ASSERT_TRUE(kv.Export(*from, req, exported).ok());
+  // One byte an element of K and of V (an fp32 cache would export four).
+  EXPECT_EQ(exported.bytes(), 2 * kLayers * positions * from->engine->config().kv_dim());
+  absl::StatusOr<KvBlock> fetched = Fetched(kv, FetchOf(7), 7);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_EQ(fetched->dtype, DType::kF8E4M3);
+  ASSERT_EQ(fetched->scales.size(), size_t{kLayers});
+  EXPECT_EQ(fetched->scales[2], (KvScales{0.009f, 0.013f}));
+  const KvPlace into(1, {to_pages.begin(), to_pages.begin() + 2});
+  const absl::Status st = to->engine->ImportKv(into, *fetched);
+  ASSERT_TRUE(st.ok()) << st;
+  // Greedy decode of 4 tokens of `slot` on `pages`: each step's logits.
+  auto decode = [&](Assignment& a, int slot, const std::vector<int32_t>& pages) {
+    std::vector<std::vector<float>> logits;
+    int32_t token = first->tokens.at(0);
+    for (int i = 0; i < 4; ++i) {
+      StepDescriptor d = OneRow(100 + i, slot, positions + i, {token});
+      d.seqs[0].block_table = pages;
+      d.return_logits = true;
+      absl::StatusOr<StepOutput> o = a.engine->Step(d, {});
+      EXPECT_TRUE(o.ok()) << o.status();
+      if (!o.ok()) break;
+      token = o->tokens.at(0);
+      logits.push_back(o->logits);
+    }
+    return logits;
+  };
+  EXPECT_EQ(decode(*to, 1, to_pages), decode(*from, 0, from_pages));
+
+  absl::Status refused = fp32->engine->ImportKv(into, *fetched);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("dtype F8_E4M3, this stage's KV-cache holds F32"));
+  v1::ImportKvResponse imported;
+  v1::ImportKvRequest own = OwnImport(3, 7, /*slot=*/1, {{0, kLayers}});
+  own.mutable_seqs(0)->mutable_block_table()->Add(to_pages.begin(), to_pages.begin() + 2);
+  refused = kv.Import(*fp32, own, imported);
+  EXPECT_THAT(refused.message(), HasSubstr("sequence 7: KV block: dtype F8_E4M3"));
+  KvBlock other = *fetched;
+  other.scales[3].v = 0.5f;
+  refused = to->engine->ImportKv(into, other);
+  EXPECT_THAT(refused.message(),
+              HasSubstr("layer 3 is F8_E4M3 codes of k_scale 0.0209999997, v_scale 0.5; this "
+                        "stage's KV-cache of that layer holds codes of k_scale 0.0209999997, "
+                        "v_scale 0.00710000005"));
 }
 
 TEST(KvMovesTest, ImportRefusesSourcesThatLeaveLayersOutOrASlotTwice) {
