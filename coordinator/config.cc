@@ -91,6 +91,15 @@ absl::Status ValidateCoordinatorConfig(const CoordinatorConfig& c) {
     return absl::InvalidArgumentError(
         "config: kv_pages counts pages of kv_page_size tokens; set kv_page_size too");
   }
+  absl::StatusOr<KvCacheDType> kv_dtype =
+      ParseKvCacheDType(c.kv_cache_dtype, "config: kv_cache_dtype");
+  if (!kv_dtype.ok()) return kv_dtype.status();
+  if (*kv_dtype == KvCacheDType::kFp8E4M3 && c.kv_page_size == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "config: kv_cache_dtype %s keeps the KV-cache in pages, and kv_page_size 0 asks for "
+        "contiguous slots: give kv_page_size > 0 (or leave it unset) or kv_cache_dtype auto",
+        c.kv_cache_dtype));
+  }
   if (c.heartbeat_timeout_ms <= c.heartbeat_interval_ms) {
     return absl::InvalidArgumentError(
         absl::StrFormat("config: heartbeat_timeout_ms (%d) must exceed heartbeat_interval_ms (%d)",
@@ -123,9 +132,14 @@ absl::Status CheckModelDir(const std::filesystem::path& dir) {
 
 CoordinatorConfig WithModelDefaults(CoordinatorConfig c, int head_dim, int group) {
   if (c.kv_page_size < 0) {
-    c.kv_page_size = CudaPagesTakeHeads(head_dim, group) || c.kv_pages.has_value() ? 16 : 0;
+    const bool fp8 = KvCacheDTypeOf(c) == KvCacheDType::kFp8E4M3;
+    c.kv_page_size = CudaPagesTakeHeads(head_dim, group) || c.kv_pages.has_value() || fp8 ? 16 : 0;
   }
   return c;
+}
+
+KvCacheDType KvCacheDTypeOf(const CoordinatorConfig& c) {
+  return ParseKvCacheDType(c.kv_cache_dtype, "kv_cache_dtype").value_or(KvCacheDType::kAuto);
 }
 
 int MaxSlots(const CoordinatorConfig& c) {

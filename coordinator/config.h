@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "common/dtype.h"
 #include "common/settings.h"
 
 namespace tandem {
@@ -38,6 +39,11 @@ namespace tandem {
     "tokens per KV-cache page: sequences hold pages as they grow, admission and preemption go "  \
     "by free pages (0: each slot reserves --max_seq_len positions; -1: 16, or 0 where the CUDA " \
     "backend cannot page the model's heads, e.g. a head_dim not a multiple of 4)")               \
+  /* vLLM's --kv-cache-dtype; KvCacheDTypeOf(). */                                               \
+  X(std::string, kv_cache_dtype, "auto", ::tandem::kAnyValue,                                    \
+    "the KV-cache's element type: auto (the model's dtype as each backend computes it) or fp8 "  \
+    "(= fp8_e4m3: E4M3 codes over per-layer scales, the checkpoint's k_scale/v_scale or 1; "     \
+    "pages hold about twice the tokens of fp16; needs --kv_page_size)")                          \
   X(std::optional<int>, kv_pages, std::nullopt, 1,                                               \
     "with --kv_page_size, KV-cache pages per stage (unset: as many as the stage's memory holds)") \
   X(bool, prefix_caching, true, ::tandem::kAnyValue,                                             \
@@ -116,10 +122,14 @@ TANDEM_DEFINE_SETTING_VISITOR(TANDEM_COORDINATOR_SETTINGS, ForEachCoordinatorSet
 
 // The config with the settings that depend on the model decided: kv_page_size -1 becomes 16,
 // or 0 (contiguous slots) where the CUDA backend cannot page the model's heads (head_dim, and
-// `group` query heads to a kv head: CudaPagesTakeHeads) and no kv_pages is given.
+// `group` query heads to a kv head: CudaPagesTakeHeads) and neither kv_pages nor an FP8
+// kv_cache_dtype (both need pages) is given.
 CoordinatorConfig WithModelDefaults(CoordinatorConfig c, int head_dim, int group);
 // Whether the KV-cache is paged (kv_page_size -1, not yet resolved, counts as paged).
 inline bool Paged(const CoordinatorConfig& c) { return c.kv_page_size != 0; }
+// The KV-cache's element type kv_cache_dtype names (kAuto where it names none: a config that
+// ValidateCoordinatorConfig refuses).
+KvCacheDType KvCacheDTypeOf(const CoordinatorConfig& c);
 
 // Concurrent sequences per pipeline: --max_slots, or its default for the KV layout (vLLM's
 // max_num_seqs with pages).

@@ -66,6 +66,14 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
                  "with {} query heads per kv head (--kv_page_size 16 pages it on CPU workers)",
                  model->head_dim, group);
   }
+  if (given.kv_page_size < 0 && KvCacheDTypeOf(config) == KvCacheDType::kFp8E4M3 &&
+      !CudaPagesTakeHeads(model->head_dim, group)) {
+    spdlog::warn(
+        "--kv_cache_dtype {} pages the KV-cache ({} tokens a page), which the CUDA "
+        "backend cannot do for heads of head_dim {} with {} query heads per kv head: "
+        "CPU workers only",
+        config.kv_cache_dtype, config.kv_page_size, model->head_dim, group);
+  }
   std::unique_ptr<Coordinator> c(new Coordinator(config));
   c->model_ = *model;
   c->limits_.vocab_size = model->vocab_size;

@@ -187,6 +187,7 @@ grpc::Status InferenceService::GetModelInfo(grpc::ServerContext* ctx,
   resp->set_dtype(std::string(TorchDTypeName(m.dtype)));
   resp->set_max_slots(MaxSlots(c_.config()));
   resp->set_max_batch(MaxBatch(c_.config()));
+  resp->set_kv_cache_dtype(std::string(KvCacheDTypeName(KvCacheDTypeOf(c_.config()))));
   return grpc::Status::OK;
 }
 

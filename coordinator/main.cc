@@ -218,9 +218,14 @@ int main(int argc, char** argv) {
   // The bound port on stdout (one line) lets scripts and tests use --listen=127.0.0.1:0.
   std::printf("tandem-coordinator listening on port %d\n", services.port);
   std::fflush(stdout);
-  spdlog::info("coordinator serving {} on {} (port {}), waiting for {} x {} workers",
-               config.model_dir.string(), config.listen, services.port, config.stages,
-               config.replicas);
+  const tandem::CoordinatorConfig& resolved = (*coordinator)->config();
+  spdlog::info(
+      "coordinator serving {} on {} (port {}), waiting for {} x {} workers; KV-cache {} "
+      "in {}",
+      config.model_dir.string(), config.listen, services.port, config.stages, config.replicas,
+      tandem::KvCacheDTypeName(tandem::KvCacheDTypeOf(resolved)),
+      resolved.kv_page_size > 0 ? absl::StrCat("pages of ", resolved.kv_page_size, " tokens")
+                                : std::string("contiguous slots"));
 
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);

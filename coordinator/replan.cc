@@ -58,7 +58,10 @@ StageSettings Coordinator::StageSettingsOf() const {
           .max_seq_len = limits_.context_length,
           .max_step_rows = MaxStepRows(config_),
           .kv_page_size = config_.kv_page_size,
-          .kv_pages = config_.kv_pages.value_or(0)};
+          .kv_pages = config_.kv_pages.value_or(0),
+          .kv_cache_dtype = KvCacheDTypeOf(config_) == KvCacheDType::kAuto
+                                ? std::string()
+                                : std::string(KvCacheDTypeName(KvCacheDTypeOf(config_)))};
 }
 
 std::vector<Coordinator::Planned> Coordinator::PrepareReplacements() {

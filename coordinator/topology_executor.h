@@ -33,6 +33,8 @@ struct StageSettings {
   int64_t max_step_rows = 0;  // MaxStepRows (config.h)
   int kv_page_size = 0;       // tokens per KV-cache page; 0: contiguous slots
   int kv_pages = 0;           // pages per stage; 0: as many as its memory holds
+  // AssignStageRequest.kv_cache_dtype: "" (the model's dtype) or "fp8_e4m3".
+  std::string kv_cache_dtype;
 };
 
 // The AssignStage requests of pipeline `id`'s stages, on the workers at `addresses` (per stage).

@@ -20,6 +20,7 @@ TANDEM_DEFINE_SETTING_FLAGS(TANDEM_COORDINATOR_SETTINGS, tandem::CoordinatorConf
 namespace tandem {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 TEST(CoordinatorConfigTest, ParsesEverySetting) {
@@ -120,6 +121,41 @@ TEST(CoordinatorConfigTest, TheDefaultPageSizeFollowsTheModelsHeadDim) {
   EXPECT_EQ(WithModelDefaults(c, 128, 4).kv_page_size, 0);
   c.kv_page_size = 64;
   EXPECT_EQ(WithModelDefaults(c, 98, 4).kv_page_size, 64);
+}
+
+// vLLM's --kv-cache-dtype: auto by default, fp8 or fp8_e4m3 from YAML or a flag; any other value,
+// and FP8 with contiguous slots, refused naming the setting and the value. FP8 pages the cache
+// whatever the model's heads.
+TEST(CoordinatorConfigTest, TheKvCacheDtypeIsAutoOrFp8AndFp8NeedsPages) {
+  CoordinatorConfig c;
+  c.model_dir = "/m";
+  EXPECT_EQ(c.kv_cache_dtype, "auto");
+  EXPECT_EQ(KvCacheDTypeOf(c), KvCacheDType::kAuto);
+  absl::StatusOr<CoordinatorConfig> yaml =
+      ParseCoordinatorConfig("model_dir: /m\nkv_cache_dtype: fp8_e4m3\n", "x.yaml");
+  ASSERT_TRUE(yaml.ok()) << yaml.status();
+  EXPECT_EQ(KvCacheDTypeOf(*yaml), KvCacheDType::kFp8E4M3);
+  EXPECT_TRUE(ValidateCoordinatorConfig(*yaml).ok());
+  for (const char* bad : {"bogus", "fp8_e5m2", "int8"}) {
+    c.kv_cache_dtype = bad;
+    const absl::Status s = ValidateCoordinatorConfig(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(s.message(), absl::StrCat("config: kv_cache_dtype: '", bad,
+                                        "' is not a KV-cache dtype (expected auto, fp8 or "
+                                        "fp8_e4m3)"));
+  }
+  c.kv_cache_dtype = "fp8";
+  EXPECT_TRUE(ValidateCoordinatorConfig(c).ok());  // kv_page_size -1: 16
+  c.kv_page_size = 0;
+  EXPECT_THAT(ValidateCoordinatorConfig(c).message(),
+              AllOf(HasSubstr("kv_cache_dtype fp8 keeps the KV-cache in pages"),
+                    HasSubstr("kv_page_size 0 asks for contiguous slots")));
+  c.kv_page_size = 4;
+  EXPECT_TRUE(ValidateCoordinatorConfig(c).ok());
+  c.kv_page_size = -1;
+  EXPECT_EQ(WithModelDefaults(c, 98, 4).kv_page_size, 16);  // slots for auto (above)
+  c.kv_cache_dtype = "auto";
+  EXPECT_EQ(WithModelDefaults(c, 98, 4).kv_page_size, 0);
 }
 
 // The defaults that follow the KV layout, and what a step's rows may number under them.

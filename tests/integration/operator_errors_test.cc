@@ -253,6 +253,25 @@ TEST_F(OperatorErrorsTest, BadYamlConfigExitsNamingTheFileAndSetting) {
   EXPECT_THAT(missing.output, HasSubstr("/nonexistent/tandem.yaml: cannot open"));
 }
 
+// --kv_cache_dtype takes vLLM's values (auto, fp8, fp8_e4m3): another value, from a flag or the
+// YAML config, and fp8 with --kv_page_size 0 end the coordinator with a message naming them.
+TEST_F(OperatorErrorsTest, ABadKvCacheDtypeOrFp8WithoutPagesExitsNamingThem) {
+  const std::string model = absl::StrCat("--model_dir=", ModelDir().string());
+  Result r = RunCommand(Coordinator(model + " --kv_cache_dtype=bogus"));
+  EXPECT_TRUE(ExitedWithError(r));
+  EXPECT_THAT(r.output, AllOf(HasSubstr("kv_cache_dtype: 'bogus' is not a KV-cache dtype"),
+                              HasSubstr("expected auto, fp8 or fp8_e4m3")));
+  const fs::path file = Base() / "kv_cache_dtype.yaml";
+  std::ofstream(file) << "kv_cache_dtype: fp8_e5m2\n";
+  r = RunCommand(Coordinator(model + " --config=" + file.string()));
+  EXPECT_TRUE(ExitedWithError(r));
+  EXPECT_THAT(r.output, HasSubstr("kv_cache_dtype: 'fp8_e5m2' is not a KV-cache dtype"));
+  r = RunCommand(Coordinator(model + " --kv_cache_dtype=fp8 --kv_page_size=0"));
+  EXPECT_TRUE(ExitedWithError(r));
+  EXPECT_THAT(r.output, AllOf(HasSubstr("kv_cache_dtype fp8 keeps the KV-cache in pages"),
+                              HasSubstr("kv_page_size 0")));
+}
+
 TEST_F(OperatorErrorsTest, FlagGivenOnTheCommandLineOverridesTheYamlConfig) {
   // The file asks for too many stages; the flag, at its default value, puts it right.
   const fs::path file = Base() / "stages.yaml";

@@ -122,6 +122,18 @@ grpc::Status WorkerService::CheckAssignment(const v1::AssignStageRequest& req, S
   spec->max_seq_len = req.max_seq_len();
   spec->kv_page_size = req.kv_page_size();
   spec->kv_pages = req.kv_pages();
+  absl::StatusOr<KvCacheDType> kv_dtype = ParseKvCacheDType(req.kv_cache_dtype(), "kv_cache_dtype");
+  if (!kv_dtype.ok()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        std::string(kv_dtype.status().message()));
+  }
+  spec->kv_cache_fp8 = *kv_dtype == KvCacheDType::kFp8E4M3;
+  if (spec->kv_cache_fp8 && spec->kv_page_size <= 0) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("kv_cache_dtype ", req.kv_cache_dtype(),
+                     " needs the paged KV-cache, but kv_page_size is ", req.kv_page_size()));
+  }
   // A pipeline's link is sized from the model's width (a single stage has none; nccl is only
   // chosen for more than one).
   if (req.num_stages() > 1) {
@@ -428,13 +440,19 @@ grpc::Status WorkerService::AssignStage(grpc::ServerContext* ctx, const v1::Assi
   resp->set_feeds_previous_samples(a->runner->feeds_previous_samples());
   resp->set_placed_bytes(taken);
   resp->set_kv_pages(a->engine->kv_pages());
-  spdlog::info("assignment {}: pipeline {} stage {}/{} layers [{}, {}) next {} over {}{}, ready "
-               "in {:.3f} s (the stage before dropped in {:.3f} s; {} bytes of weights already "
-               "placed)",
-               a->id, req->pipeline_id(), a->stage, a->num_stages, req->first_layer(),
-               req->last_layer(), req->next_address().empty() ? "-" : req->next_address(),
-               transport, prepared != nullptr ? " (prepared)" : "", resp->load_seconds(),
-               absl::ToDoubleSeconds(dropped), taken);
+  const std::string kv_layout =
+      spec.kv_page_size > 0
+          ? absl::StrCat(a->engine->kv_pages(), " pages of ", spec.kv_page_size, " tokens")
+          : std::string("contiguous slots");
+  spdlog::info(
+      "assignment {}: pipeline {} stage {}/{} layers [{}, {}) next {} over {}{}, ready "
+      "in {:.3f} s (the stage before dropped in {:.3f} s; {} bytes of weights already "
+      "placed); KV-cache {} in {}",
+      a->id, req->pipeline_id(), a->stage, a->num_stages, req->first_layer(), req->last_layer(),
+      req->next_address().empty() ? "-" : req->next_address(), transport,
+      prepared != nullptr ? " (prepared)" : "", resp->load_seconds(),
+      absl::ToDoubleSeconds(dropped), taken,
+      spec.kv_cache_fp8 ? "fp8_e4m3" : "of the model's dtype", kv_layout);
   return grpc::Status::OK;
 }
 
