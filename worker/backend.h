@@ -42,6 +42,11 @@ class Backend {
   // worker's first stage does not load its libraries' and kernels' code in a re-partition's pause.
   virtual absl::Status WarmUp(const StageSpec& spec);
 
+  // Whether its stages keep their KV-cache in FP8 when asked (StageSpec::kv_cache_fp8). The worker
+  // refuses an assignment of an FP8 KV-cache to a backend without, rather than serve it in the
+  // model's dtype.
+  virtual bool has_fp8_kv_cache() const { return false; }
+
   // `block` in host memory: a copy of one in device memory (Stage::ExportKvToDevice), or itself.
   virtual absl::StatusOr<KvBlock> KvToHost(const KvBlock& block) const;
 

@@ -20,6 +20,7 @@ class CpuBackend final : public Backend {
         tensor_parallel_(tensor_parallel),
         kv_memory_fraction_(kv_memory_fraction) {}
   absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec) override;
+  bool has_fp8_kv_cache() const override { return true; }
 
  private:
   bool quantize_fp8_;

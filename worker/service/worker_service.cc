@@ -134,6 +134,11 @@ grpc::Status WorkerService::CheckAssignment(const v1::AssignStageRequest& req, S
         absl::StrCat("kv_cache_dtype ", req.kv_cache_dtype(),
                      " needs the paged KV-cache, but kv_page_size is ", req.kv_page_size()));
   }
+  if (spec->kv_cache_fp8 && !backend_->has_fp8_kv_cache()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("kv_cache_dtype ", req.kv_cache_dtype(),
+                                     ": this worker's backend keeps no FP8 KV-cache"));
+  }
   // A pipeline's link is sized from the model's width (a single stage has none; nccl is only
   // chosen for more than one).
   if (req.num_stages() > 1) {
