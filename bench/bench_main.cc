@@ -24,7 +24,7 @@
 //
 // usage: tandem-bench --model DIR [--batch 1,8,64] [--prompt 128,2048] [--new_tokens 128] [--dtype f16]
 //        [--graphs=true] [--gemv_max_rows 4] [--batch_invariant] [--tensor_parallel 1,2]
-//        [--profile] [--json OUT.json]
+//        [--kv_cache_dtype auto|fp8] [--profile] [--json OUT.json]
 //        | --model DIR [--dtype f16] --dump_logits IN.json OUT.json
 //        | --model DIR [--dtype f16] [--batch 1,2,4] --gemv_sweep [--json OUT.json]
 //        | --model DIR --cpu_load
@@ -87,6 +87,9 @@ ABSL_FLAG(std::string, kv_page_size, "16",
           "power of two >= 4 for a paged cache whose sequences hold interleaved pages (e.g. 0,16 "
           "measures both in one call)");
 ABSL_FLAG(double, kv_memory_fraction, 0.9, "share of free GPU memory for the KV-cache");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "the KV-cache's element type: auto (--dtype) or fp8 (= fp8_e4m3: E4M3 codes over the "
+          "checkpoint's per-layer k_scale/v_scale, else 1; needs --kv_page_size > 0)");
 ABSL_FLAG(std::string, json, "", "write the results as JSON to this file");
 ABSL_FLAG(std::string, dump_logits, "",
           "IN.json: dump prefill logits and greedy tokens of its prompts to the next argument");
@@ -311,6 +314,7 @@ struct RunInfo {
   ModelConfig config;
   DType dtype;
   std::string weights;  // the linear layers' precision, in words
+  KvCacheDType kv_cache_dtype;
   std::vector<int> prompts;
   int steps;
   CudaOptions options;
@@ -326,10 +330,11 @@ struct RunInfo {
 void PrintReport(const RunInfo& run, const std::vector<BatchResult>& results, bool profile) {
   const ModelConfig& c = run.config;
   std::printf(
-      "model %s (%s, %d layers, hidden %d), %s, linear weights %s, prompt %s, new %d, "
-      "graphs %s, gemv_max_rows %d, batch_invariant %s\n",
+      "model %s (%s, %d layers, hidden %d), %s, linear weights %s, KV-cache %s, prompt %s, "
+      "new %d, graphs %s, gemv_max_rows %d, batch_invariant %s\n",
       run.model.c_str(), std::string(ArchName(c.arch)).c_str(), c.num_layers, c.hidden_size,
       std::string(DTypeName(run.dtype)).c_str(), run.weights.c_str(),
+      std::string(KvCacheDTypeName(run.kv_cache_dtype)).c_str(),
       absl::GetFlag(FLAGS_prompt).c_str(), run.steps, run.options.cuda_graphs ? "on" : "off",
       run.options.gemv_max_rows, run.options.batch_invariant ? "on" : "off");
   std::printf(
@@ -363,6 +368,7 @@ absl::Status WriteJson(const std::string& path, const RunInfo& run,
   j["arch"] = std::string(ArchName(run.config.arch));
   j["dtype"] = std::string(DTypeName(run.dtype));
   j["linear_weights"] = run.weights;
+  j["kv_cache_dtype"] = std::string(KvCacheDTypeName(run.kv_cache_dtype));
   j["device"] = run.device;
   j["prompt"] = run.prompts.front();
   j["prompts"] = run.prompts;
@@ -421,12 +427,21 @@ absl::Status Bench() {
   }
   spec.quantize_fp8 = quantization == "fp8";
   const bool fp8 = spec.quantize_fp8 || c.quantization.fp8();
+  ASSIGN_OR_RETURN(const KvCacheDType kv_cache_dtype,
+                   ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), "--kv_cache_dtype"));
+  spec.kv_cache_fp8 = kv_cache_dtype == KvCacheDType::kFp8E4M3;
+  if (spec.kv_cache_fp8 && std::count(page_sizes.begin(), page_sizes.end(), 0) > 0) {
+    return absl::InvalidArgumentError(
+        "--kv_cache_dtype fp8 needs the paged KV-cache: --kv_page_size 0 (contiguous slots) "
+        "cannot hold it");
+  }
   const std::string weights =
       fp8 ? (c.quantization.fp8() ? "fp8 e4m3 (" + QuantizationName(c.quantization) + ")"
                                   : std::string("fp8 e4m3 (quantized at load, per channel)"))
           : std::string(DTypeName(dtype));
   const double weight_bytes = WeightBytesPerStep(c, DTypeSize(dtype), fp8 ? 1 : DTypeSize(dtype));
-  const double kv_token_bytes = 2.0 * c.num_layers * c.kv_dim() * DTypeSize(dtype);
+  const double kv_token_bytes =
+      2.0 * c.num_layers * c.kv_dim() * (spec.kv_cache_fp8 ? 1 : DTypeSize(dtype));
   std::vector<BatchResult> results;
   double load_s = 0;
   std::unique_ptr<DecodeProfiler> profiler;  // --profile; outlives every stage it observes
@@ -480,9 +495,10 @@ absl::Status Bench() {
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
   const RunInfo run{.model = model, .config = c, .dtype = dtype, .weights = weights,
-                    .prompts = prompts, .steps = steps, .options = opt, .copy_bw = *copy_bw,
-                    .copy_after_free = after_free, .used_bytes = total_b - free_b,
-                    .weight_bytes = weight_bytes, .load_s = load_s, .device = prop.name};
+                    .kv_cache_dtype = kv_cache_dtype, .prompts = prompts, .steps = steps,
+                    .options = opt, .copy_bw = *copy_bw, .copy_after_free = after_free,
+                    .used_bytes = total_b - free_b, .weight_bytes = weight_bytes,
+                    .load_s = load_s, .device = prop.name};
   PrintReport(run, results, profile);
   const std::string json_path = absl::GetFlag(FLAGS_json);
   if (!json_path.empty()) RETURN_IF_ERROR(WriteJson(json_path, run, results));

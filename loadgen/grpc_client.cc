@@ -86,6 +86,7 @@ class GrpcClient final : public LoadClient {
                     .model_dir = info.model_dir(),
                     .architecture = info.architecture(),
                     .dtype = info.dtype(),
+                    .kv_cache_dtype = info.kv_cache_dtype(),
                     .num_layers = info.num_layers(),
                     .max_slots = info.max_slots(),
                     .max_batch = info.max_batch()};

@@ -22,6 +22,7 @@ struct ServedModel {
   std::string model_dir;
   std::string architecture;
   std::string dtype;  // the checkpoint's weight type
+  std::string kv_cache_dtype;  // --kv_cache_dtype: "auto" or "fp8_e4m3"
   int num_layers = 0;
   int max_slots = 0;  // KV-cache slots per pipeline: sequences one pipeline runs at once
   int max_batch = 0;  // sequences in one step

@@ -107,6 +107,7 @@ nlohmann::json Json(const SweepResult& r) {
                  {"model_dir", m.model_dir},
                  {"architecture", m.architecture},
                  {"dtype", m.dtype},
+                 {"kv_cache_dtype", m.kv_cache_dtype},
                  {"num_layers", m.num_layers},
                  {"context_length", m.context_length},
                  {"vocab_size", m.vocab_size},
@@ -170,6 +171,7 @@ std::string ServerLine(const ServedModel& m) {
   if (!m.architecture.empty()) about.push_back(m.architecture);
   if (m.num_layers > 0) about.push_back(absl::StrCat(m.num_layers, " layers"));
   if (!m.dtype.empty()) about.push_back(absl::StrCat("weights ", m.dtype));
+  if (!m.kv_cache_dtype.empty()) about.push_back(absl::StrCat("KV-cache ", m.kv_cache_dtype));
   if (m.context_length > 0) about.push_back(absl::StrCat("context ", m.context_length, " tokens"));
   if (m.vocab_size > 0) about.push_back(absl::StrCat("vocabulary ", m.vocab_size));
   std::vector<std::string> parts;
@@ -558,6 +560,8 @@ void ReadServer(JsonReader& read, const nlohmann::json& sj, ServedModel& m) {
   read.Get(sj, "model_dir", &m.model_dir);
   read.Get(sj, "architecture", &m.architecture);
   read.Get(sj, "dtype", &m.dtype);
+  // Runs from before the KV-cache's dtype was recorded have none.
+  if (sj.contains("kv_cache_dtype")) read.Get(sj, "kv_cache_dtype", &m.kv_cache_dtype);
   read.Get(sj, "num_layers", &m.num_layers);
   read.Get(sj, "context_length", &m.context_length);
   read.Get(sj, "vocab_size", &m.vocab_size);

@@ -37,6 +37,7 @@ SweepResult Sample(const fs::path& out) {
   r.options.weak_scaling = true;
   r.all_correct = false;
   r.reference_has_gaps = true;
+  r.server = ServedModel{.name = "m", .dtype = "bfloat16", .kv_cache_dtype = "fp8_e4m3"};
   for (int nodes : {1, 2}) {
     ConfigResult c;
     c.nodes = c.stages = nodes;
@@ -128,11 +129,14 @@ TEST(ReadResultsTest, ReadsBackWhatWriteReportWrote) {
       EXPECT_DOUBLE_EQ(a.stage_share.at(stage).bytes, share.bytes);
     }
   }
+  EXPECT_EQ(got->server.kv_cache_dtype, "fp8_e4m3");
+  EXPECT_EQ(got->server.dtype, "bfloat16");
   // The report made again from it is the same report.
   ASSERT_TRUE(WriteReport(*got).ok());
   std::ifstream md(dir / "summary.md");
   std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   EXPECT_THAT(text, HasSubstr("| 2 | 4 | 16 | 8 | 51.2 |"));
+  EXPECT_THAT(text, HasSubstr("Server: model m (weights bfloat16, KV-cache fp8_e4m3)"));
   EXPECT_THAT(text, HasSubstr("NO (1 differ, 1 failed)"));
   // The rule that judged, and each difference with the reference's gap at its first token.
   EXPECT_THAT(text, HasSubstr("Correctness: **FAIL**"));

@@ -139,6 +139,7 @@ TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
   EXPECT_EQ(server["model_dir"], (dir / "model").string());
   EXPECT_EQ(server["architecture"], "gpt2");
   EXPECT_EQ(server["dtype"], "float32");
+  EXPECT_EQ(server["kv_cache_dtype"], "auto");
   EXPECT_EQ(server["max_slots"], 4);
   EXPECT_EQ(server["max_batch"], 4);  // with pages: every slot
   EXPECT_EQ(server["stages"], 1);
