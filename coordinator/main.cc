@@ -185,6 +185,15 @@ int main(int argc, char** argv) {
   }
   auto metrics_registry = std::make_shared<prometheus::Registry>();
   tandem::CoordinatorMetrics metrics(*metrics_registry);
+  // The KV-cache the stages are assigned: 1 on the series of its dtype.
+  prometheus::BuildGauge()
+      .Name("tandem_kv_cache_info")
+      .Help("The KV-cache's element type the stages are assigned (--kv_cache_dtype: auto, the "
+            "model's dtype as each backend computes it, or fp8_e4m3)")
+      .Register(*metrics_registry)
+      .Add({{"dtype", std::string(tandem::KvCacheDTypeName(
+                          tandem::KvCacheDTypeOf((*coordinator)->config())))}})
+      .Set(1);
   std::unique_ptr<tandem::MetricsServer> metrics_server = StartMetrics(metrics_registry);
   if (metrics_server != nullptr) (*coordinator)->set_metrics(&metrics);
   (*coordinator)->set_worker_auth(security->worker_auth);

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/metrics.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster.h"
 #include "tools/model_generator.h"
@@ -158,18 +159,21 @@ TEST_F(PagedKvTest, NSequencesForkingThePromptsPagesGiveTheContiguousTokens) {
   EXPECT_EQ(choices(**paged), want) << (*paged)->Logs();
 }
 
-// --kv_cache_dtype fp8 reaches every stage's AssignStage (each worker's start line says so) and
-// the model info; requests are served, and their greedy tokens are the same on every run of that
-// configuration, from a prefix's cached pages too. (They may differ from the fp32 cache's at
-// near ties; how many agree is printed.) A worker refuses an assignment of a KV-cache dtype it
-// does not know, or of FP8 without pages, naming it, and goes on serving.
+// --kv_cache_dtype fp8 reaches every stage's AssignStage (each worker's start line says so), the
+// model info and the coordinator's tandem_kv_cache_info; requests are served, and their greedy
+// tokens are the same on every run of that configuration, from a prefix's cached pages too. (They
+// may differ from the fp32 cache's at near ties; how many agree is printed.) A worker refuses an
+// assignment of a KV-cache dtype it does not know, or of FP8 without pages, naming it, and goes on
+// serving.
 TEST_F(PagedKvTest, AnFp8KvCacheServesTheSameTokensOnEveryRun) {
   constexpr int kRequests = 3;
   const std::vector<std::string> fp8 = {"--kv_page_size=4", "--kv_pages=40",
                                         "--kv_cache_dtype=fp8"};
   std::vector<std::vector<int32_t>> first(kRequests);
   {
-    auto cluster = Cluster::Start(TwoStages(fp8));
+    std::vector<std::string> flags = fp8;
+    flags.push_back("--metrics_address=127.0.0.1:0");
+    auto cluster = Cluster::Start(TwoStages(flags));
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     Cluster& c = **cluster;
     const std::string logs = c.Logs();
@@ -183,6 +187,11 @@ TEST_F(PagedKvTest, AnFp8KvCacheServesTheSameTokensOnEveryRun) {
     v1::ModelInfo info;
     ASSERT_TRUE(c.inference().GetModelInfo(&info_ctx, {}, &info).ok());
     EXPECT_EQ(info.kv_cache_dtype(), "fp8_e4m3");
+    absl::StatusOr<std::string> metrics = FetchMetricsPage(
+        absl::StrCat("127.0.0.1:", PrintedMetricsPort(logs, "tandem-coordinator")));
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    EXPECT_NE(metrics->find("\ntandem_kv_cache_info{dtype=\"fp8_e4m3\"} 1"), std::string::npos)
+        << *metrics;
     for (int k = 0; k < kRequests; ++k) {
       first[k] = Greedy(c, Prompt(k));
       EXPECT_EQ(first[k].size(), 24u) << c.Logs();
