@@ -244,5 +244,52 @@ TEST_F(PagedKvTest, AnFp8KvCacheServesTheSameTokensOnEveryRun) {
               24 * kRequests);
 }
 
+// The coordinator's sample `name` (a counter, without labels) from its /metrics; -1 when absent.
+double CoordinatorSample(const Cluster& cluster, const std::string& name) {
+  absl::StatusOr<std::string> page = FetchMetricsPage(
+      absl::StrCat("127.0.0.1:", PrintedMetricsPort(cluster.Logs(), "tandem-coordinator")));
+  if (!page.ok()) return -1;
+  absl::StatusOr<std::vector<MetricSample>> samples = ParseMetricsText(*page);
+  if (!samples.ok()) return -1;
+  for (const MetricSample& s : *samples) {
+    if (s.name == name) return s.value;
+  }
+  return -1;
+}
+
+// A prefill replica hands each FP8 prompt's KV-cache to the decode replica (the write-out of the
+// prompt's last step, or where that fails an export: F8_E4M3 chunks with their layers' scales;
+// kv_moves_test holds the write-out alone). The decode replica's pages then hold the very codes,
+// so it gives the tokens of a single FP8 pipeline, and nothing is recomputed.
+TEST_F(PagedKvTest, AnFp8PrefillReplicaHandsItsCodesToTheDecodeReplica) {
+  constexpr int kRequests = 4;
+  const std::vector<std::string> fp8 = {"--kv_page_size=4", "--kv_pages=40", "--kv_cache_dtype=fp8",
+                                        "--metrics_address=127.0.0.1:0"};
+  std::vector<std::vector<int32_t>> want(kRequests);
+  {
+    ClusterOptions one;
+    one.model_dir = *dir_;
+    one.coordinator_flags = fp8;
+    auto single = Cluster::Start(one);
+    ASSERT_TRUE(single.ok()) << single.status();
+    for (int k = 0; k < kRequests; ++k) want[k] = Greedy(**single, Prompt(k));
+  }
+  ClusterOptions o;
+  o.model_dir = *dir_;
+  o.workers = 2;
+  o.replicas = 2;
+  o.coordinator_flags = fp8;
+  o.coordinator_flags.push_back("--prefill_replicas=1");
+  auto cluster = Cluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (int k = 0; k < kRequests; ++k) {
+    EXPECT_EQ(Greedy(**cluster, Prompt(k)), want[k]) << "request " << k << (*cluster)->Logs();
+  }
+  EXPECT_EQ(CoordinatorSample(**cluster, "tandem_prefill_handoffs_total"), kRequests)
+      << (*cluster)->Logs();
+  EXPECT_EQ(CoordinatorSample(**cluster, "tandem_sequences_recomputed_total"), 0)
+      << (*cluster)->Logs();
+}
+
 }  // namespace
 }  // namespace tandem::testing

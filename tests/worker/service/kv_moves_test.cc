@@ -527,6 +527,54 @@ TEST(KvMovesTest, AStepsWriteOutIsFetchedByItsStepUntilDroppedOrReplaced) {
   EXPECT_FALSE(kv.Stashed(9).ok());
 }
 
+// A prefill step's write-out of an FP8 stage's pages, fetched by its step (each layer as the step
+// writes it: F8_E4M3 chunks with the layer's scales), goes into another FP8 stage's pages, where
+// the sequence continues with the original's logits.
+TEST(KvMovesTest, AnFp8WriteOutIsFetchedWithItsScalesAndContinuesAsTheOriginal) {
+  std::unique_ptr<Assignment> a = MakeAssignment(1, false, 4, true),
+                              b = MakeAssignment(1, false, 4, true);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const std::vector<int32_t> a_pages = {9, 2, 14}, b_pages = {3, 15, 0};
+  KvMoves kv({});
+  kv.BeginAssignment(1);
+  StepDescriptor prefill = OneRow(/*id=*/4, /*slot=*/0, 0, kPrompt, /*kv_out_key=*/9);
+  prefill.seqs[0].block_table = {9, 2};
+  kv.OpenKvOuts(*a, prefill);
+  absl::StatusOr<StepOutput> out = a->engine->Step(prefill, {});
+  ASSERT_TRUE(out.ok()) << out.status();
+  v1::FetchKvRequest streamed = FetchOf(9);
+  streamed.set_stream_step(4);
+  streamed.set_stream_assignment(1);
+  const absl::StatusOr<KvBlock> got = Fetched(kv, streamed, 9);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->dtype, DType::kF8E4M3);
+  ASSERT_EQ(got->scales.size(), size_t{kLayers});
+  EXPECT_EQ(got->scales[1], (KvScales{0.017f, 0.006f}));
+  v1::ImportKvRequest into = OwnImport(1, 9, /*slot=*/2, {{0, kLayers}}, 1, 4);
+  into.mutable_seqs(0)->mutable_block_table()->Add(b_pages.begin(), b_pages.begin() + 2);
+  v1::ImportKvResponse imported;
+  const absl::Status st = kv.Import(*b, into, imported);
+  ASSERT_TRUE(st.ok()) << st;
+  const int positions = static_cast<int>(kPrompt.size());
+  auto decode = [&](Assignment& x, int slot, const std::vector<int32_t>& pages) {
+    std::vector<std::vector<float>> logits;
+    int32_t token = out->tokens.at(0);
+    for (int i = 0; i < 3; ++i) {
+      StepDescriptor d = OneRow(100 + i, slot, positions + i, {token});
+      d.seqs[0].block_table = pages;
+      d.return_logits = true;
+      absl::StatusOr<StepOutput> o = x.engine->Step(d, {});
+      EXPECT_TRUE(o.ok()) << o.status();
+      if (!o.ok()) break;
+      token = o->tokens.at(0);
+      logits.push_back(o->logits);
+    }
+    return logits;
+  };
+  EXPECT_EQ(decode(*b, 2, b_pages), decode(*a, 0, a_pages));
+}
+
 TEST(KvMovesTest, AWriteOutTheStageCannotOpenFailsItsFetchAtOnce) {
   std::unique_ptr<Assignment> a = MakeAssignment(1);
   ASSERT_NE(a, nullptr);
