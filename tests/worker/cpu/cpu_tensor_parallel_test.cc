@@ -1,6 +1,7 @@
 // The CPU stage over tensor-parallel thread ranks against the same stage whole: the same logits
 // within fp32 rounding and the same greedy tokens, over GPT-2, Llama with GQA (at TP4 fewer K/V
-// heads than ranks) and Qwen3, whole and as the second of two pipeline stages.
+// heads than ranks) and Qwen3, whole and as the second of two pipeline stages; and with FP8
+// KV-caches on pages.
 #include "worker/cpu/cpu_tensor_parallel.h"
 
 #include <unistd.h>
@@ -41,13 +42,20 @@ std::filesystem::path ModelDir(const std::string& name) {
   return dir;
 }
 
-std::unique_ptr<Stage> MakeStage(const std::filesystem::path& dir, int first, int last,
-                                 int ranks) {
+// fp8: an FP8 KV-cache of 48 pages of 4 positions (StageSpec::kv_cache_fp8).
+std::unique_ptr<Stage> MakeStage(const std::filesystem::path& dir, int first, int last, int ranks,
+                                 bool fp8 = false) {
   StageSpec spec;
   spec.model_dir = dir;
   spec.first_layer = first;
   spec.last_layer = last;
   spec.max_slots = 4;
+  if (fp8) {
+    spec.max_seq_len = 64;
+    spec.kv_page_size = 4;
+    spec.kv_pages = 48;
+    spec.kv_cache_fp8 = true;
+  }
   auto stage = MakeCpuTensorParallelStage(spec, ranks);
   EXPECT_TRUE(stage.ok()) << stage.status();
   return stage.ok() ? std::move(stage).value() : nullptr;
@@ -139,6 +147,36 @@ TEST_P(CpuTensorParallelTest, LogitsEqualTheWholeStagesWithinFp32Rounding) {
     EXPECT_LE(RelDiff(c.logits, a.logits), 2e-5) << "step " << step;
     EXPECT_EQ(b.tokens, a.tokens) << "step " << step;
     EXPECT_EQ(c.tokens, a.tokens) << "step " << step;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      seqs[i].position += static_cast<int32_t>(seqs[i].tokens.size());
+      seqs[i].tokens = {a.tokens[i]};
+    }
+  }
+}
+
+// The same with FP8 KV-caches on pages: every rank rounds its heads' K and V through the layer's
+// scales as the whole stage does, so the logits stay within fp32 rounding of the whole stage's
+// (they may part more where a value within rounding of an E4M3 tie takes the other code; none
+// does here).
+TEST_P(CpuTensorParallelTest, Fp8KvCachesOnPagesGiveTheWholeStagesLogits) {
+  const ModelConfig config = *LoadModelConfig(dir());
+  const int v = config.vocab_size, layers = config.num_layers;
+  std::vector<std::unique_ptr<Stage>> whole, split;
+  whole.push_back(MakeStage(dir(), 0, layers, 1, /*fp8=*/true));
+  split.push_back(MakeStage(dir(), 0, 2, ranks(), /*fp8=*/true));
+  split.push_back(MakeStage(dir(), 2, layers, ranks(), /*fp8=*/true));
+  ASSERT_TRUE(whole[0] && split[0] && split[1]);
+  std::vector<Seq> seqs = {{0, 0, Prompt(5, 1, v)}, {3, 0, Prompt(9, 2, v)}};
+  for (int step = 0; step < 5; ++step) {
+    StepDescriptor d = MakeStep(seqs);
+    for (SequenceStep& s : d.seqs) {  // slot s: pages 47 - s, 43 - s, ... (every fourth, down)
+      for (int p = 0; p * 4 < s.position + s.num_tokens; ++p) {
+        s.block_table.push_back(47 - s.slot - 4 * p);
+      }
+    }
+    const StepOutput a = RunStages(whole, d), b = RunStages(split, d);
+    ASSERT_EQ(a.logits.size(), 2u * v);
+    EXPECT_LE(RelDiff(b.logits, a.logits), 2e-5) << "step " << step;
     for (size_t i = 0; i < seqs.size(); ++i) {
       seqs[i].position += static_cast<int32_t>(seqs[i].tokens.size());
       seqs[i].tokens = {a.tokens[i]};
