@@ -10,6 +10,7 @@
 #include "common/model_config.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "worker/weights.h"
 
 namespace tandem {
 namespace {
@@ -43,7 +44,62 @@ absl::StatusOr<float> ReadKvScale(Checkpoint& ckpt, const std::string& name) {
   return value;
 }
 
+// The squared RMS of the outputs of the rows [row0, row0 + rows) of `w` (rows of `in` values)
+// with bias `bias` (empty: none), for inputs whose element i has mean square x2[i].
+double OutputMeanSquare(const std::vector<float>& w, int64_t row0, int64_t rows, int64_t in,
+                        const std::vector<double>& x2, const std::vector<float>& bias) {
+  double sum = 0;
+  for (int64_t j = row0; j < row0 + rows; ++j) {
+    const float* r = w.data() + j * in;
+    double m = 0;
+    for (int64_t i = 0; i < in; ++i) m += double(r[i]) * r[i] * x2[i];
+    if (!bias.empty()) m += double(bias[j]) * bias[j];
+    sum += m;
+  }
+  return sum / double(rows);
+}
+
+std::vector<float> ToFloats(const TensorSource& src) {
+  if (src.empty()) return {};
+  std::vector<float> v(static_cast<size_t>(src.numel()));
+  SourceToFloat(src, v.data());
+  return v;
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<KvScales>> EstimateKvScales(Checkpoint& ckpt, int first_layer,
+                                                       int last_layer) {
+  const ModelConfig& c = ckpt.config();
+  ASSIGN_OR_RETURN(const StageSources sources, FindStageWeights(ckpt, first_layer, last_layer));
+  const int64_t in = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim();
+  std::vector<KvScales> scales;
+  for (const auto& layer : sources.layers) {
+    // The normed input's mean squares: the norm's output has unit mean square per element, times
+    // the norm's weight (plus its bias, GPT-2's LayerNorm).
+    const std::vector<float> g = ToFloats(layer.attn_norm_w), b = ToFloats(layer.attn_norm_b);
+    std::vector<double> x2(in);
+    for (int64_t i = 0; i < in; ++i) {
+      x2[i] = double(g[i]) * g[i] + (b.empty() ? 0.0 : double(b[i]) * b[i]);
+    }
+    const std::vector<float> w = ToFloats(layer.wqkv), bias = ToFloats(layer.bqkv);
+    double k2 = OutputMeanSquare(w, q_dim, kv_dim, in, x2, bias);
+    const double v2 = OutputMeanSquare(w, q_dim + kv_dim, kv_dim, in, x2, bias);
+    if (!layer.k_norm_w.empty()) {
+      // Qwen3: each head of k is RMS-normed before the rotation: its weight's mean square.
+      const std::vector<float> kn = ToFloats(layer.k_norm_w);
+      k2 = 0;
+      for (float x : kn) k2 += double(x) * x;
+      k2 /= double(kn.size());
+    }
+    auto scale = [](double mean_square) {
+      const double s = std::sqrt(mean_square) / kKvRmsInCodes;
+      return s > 0 && std::isfinite(s) ? static_cast<float>(s) : 1.0f;
+    };
+    scales.push_back({scale(k2), scale(v2)});
+  }
+  return scales;
+}
 
 absl::StatusOr<std::vector<KvScales>> LoadKvScales(Checkpoint& ckpt, int first_layer,
                                                    int last_layer) {
@@ -63,8 +119,8 @@ absl::StatusOr<std::vector<KvScales>> LoadKvScales(Checkpoint& ckpt, int first_l
       if (!seen) seen = name;
     }
   }
+  if (!present) return EstimateKvScales(ckpt, first_layer, last_layer);
   std::vector<KvScales> scales(last_layer - first_layer);
-  if (!present) return scales;
   if (missing) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint ", ckpt.dir().string(), " has the KV-cache scale '", *present, "' but not '",

@@ -1,5 +1,6 @@
 // LoadKvScales: an FP8 KV-cache's per-layer scales from the checkpoint's k_scale and v_scale
-// tensors (as tandem-make-model --kv_scales writes them), 1 where it has none, and a scale
+// tensors (as tandem-make-model --kv_scales writes them), computed from the weights where it has
+// none, and a scale
 // tensor that is not one finite number > 0, or that has no partner, refused naming it. The
 // weights' loader takes a checkpoint that holds them.
 #include "worker/kv_scales.h"
@@ -7,6 +8,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <random>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -81,11 +83,71 @@ class KvScalesTest : public ::testing::Test {
   static void TearDownTestSuite() { fs::remove_all(Dir("")); }
 };
 
-TEST_F(KvScalesTest, WithoutScaleTensorsEveryLayerHasScaleOne) {
-  const fs::path dir = Checkpointed("none", "tiny-llama", {});
-  absl::StatusOr<std::vector<KvScales>> s = Load(dir, 1, 4);
-  ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_THAT(*s, ElementsAre(KvScales{1, 1}, KvScales{1, 1}, KvScales{1, 1}));
+// The RMS of layer `l`'s K (v: V) for `samples` random inputs pushed through the layer's
+// attention norm and projection (and Qwen3's k_norm): what EstimateKvScales predicts from the
+// weights alone.
+double MeasuredRms(const ModelConfig& c, const LayerWeights& w, bool v, int samples) {
+  const int in = c.hidden_size, hd = c.head_dim;
+  const int row0 = c.q_dim() + (v ? c.kv_dim() : 0);
+  std::mt19937 gen(11);
+  std::normal_distribution<double> normal;
+  double sum = 0;
+  for (int n = 0; n < samples; ++n) {
+    std::vector<double> z(in);
+    double mean = 0, ms = 0;
+    for (double& x : z) x = normal(gen);
+    for (double x : z) mean += x / in;
+    const bool layer_norm = !w.attn_norm_b.empty();
+    for (double& x : z) {
+      if (layer_norm) x -= mean;
+      ms += x * x / in;
+    }
+    std::vector<double> x(in);
+    for (int i = 0; i < in; ++i) {
+      x[i] = z[i] / std::sqrt(ms) * w.attn_norm_w[i] + (layer_norm ? w.attn_norm_b[i] : 0.0);
+    }
+    std::vector<double> out(c.kv_dim());
+    for (int j = 0; j < c.kv_dim(); ++j) {
+      double a = w.bqkv.empty() ? 0.0 : w.bqkv[row0 + j];
+      for (int i = 0; i < in; ++i) a += double(w.wqkv[size_t(row0 + j) * in + i]) * x[i];
+      out[j] = a;
+    }
+    if (!v && !w.k_norm_w.empty()) {
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        double hs = 0;
+        for (int d = 0; d < hd; ++d) hs += out[h * hd + d] * out[h * hd + d] / hd;
+        for (int d = 0; d < hd; ++d) out[h * hd + d] *= w.k_norm_w[d] / std::sqrt(hs);
+      }
+    }
+    for (double o : out) sum += o * o;
+  }
+  return std::sqrt(sum / (double(samples) * c.kv_dim()));
+}
+
+// Without scale tensors the scales are computed from the weights: the RMS of K and V over
+// random inputs is kKvRmsInCodes times the scale, within sampling, for RMSNorm (Llama, GQA),
+// LayerNorm with biases (GPT-2) and Qwen3's k_norm. (A scale left at 1, or the norm's weight
+// left out of the estimate, is off by far more: tiny models' K and V have RMS well below 1.)
+TEST_F(KvScalesTest, WithoutScaleTensorsTheScalesAreThoseOfTheWeights) {
+  for (const char* preset : {"tiny-llama", "tiny-gpt2", "tiny-qwen3"}) {
+    SCOPED_TRACE(preset);
+    const fs::path dir = Checkpointed(std::string("none-") + preset, preset, {});
+    absl::StatusOr<std::vector<KvScales>> s = Load(dir, 1, 3);
+    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_EQ(s->size(), 2u);
+    std::unique_ptr<Checkpoint> ckpt = Checkpoint::Open(dir).value();
+    absl::StatusOr<StageWeights> w = LoadStageWeights(*ckpt, 1, 3);
+    ASSERT_TRUE(w.ok()) << w.status();
+    for (int l = 0; l < 2; ++l) {
+      const double k = MeasuredRms(ckpt->config(), w->layers[l], false, 400);
+      const double v = MeasuredRms(ckpt->config(), w->layers[l], true, 400);
+      EXPECT_NEAR((*s)[l].k * kKvRmsInCodes / k, 1.0, 0.1) << "layer " << l + 1 << ": K RMS " << k;
+      EXPECT_NEAR((*s)[l].v * kKvRmsInCodes / v, 1.0, 0.1) << "layer " << l + 1 << ": V RMS " << v;
+      if (std::string(preset) == "tiny-llama") {
+        EXPECT_LT(k, 0.5) << "a scale of 1 would leave these keys in E4M3's lowest codes";
+      }
+    }
+  }
 }
 
 TEST_F(KvScalesTest, TheCheckpointsScalesOfTheStagesLayersInOrder) {

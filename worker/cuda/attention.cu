@@ -356,17 +356,24 @@ struct alignas(kVec * sizeof(C)) KeyVec {
 template <typename C>
 inline constexpr bool kCodes = std::is_same_v<C, __nv_fp8_e4m3>;
 
+// FP8 codes as 32-bit words (4 codes each, element i in byte i % 4 of word i / 4), so that a
+// vector takes kVec / 4 registers rather than a register per code.
+template <int kVec>
+struct alignas(kVec) KeyVec<__nv_fp8_e4m3, kVec> {
+  static_assert(kVec % 4 == 0, "whole words of codes");
+  uint32_t w[kVec / 4];
+};
+
 // A vector of zeros (keys past the end).
 template <typename C, int kVec>
 __device__ __forceinline__ KeyVec<C, kVec> ZeroKeys() {
   KeyVec<C, kVec> v;
+  if constexpr (kCodes<C>) {
 #pragma unroll
-  for (int e = 0; e < kVec; ++e) {
-    if constexpr (kCodes<C>) {
-      v.v[e].__x = 0;
-    } else {
-      v.v[e] = FromF<C>(0.0f);
-    }
+    for (int i = 0; i < kVec / 4; ++i) v.w[i] = 0;
+  } else {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) v.v[e] = FromF<C>(0.0f);
   }
   return v;
 }
@@ -376,7 +383,7 @@ template <typename C, int kVec>
 __device__ __forceinline__ float2 PairToF(const KeyVec<C, kVec>& v, int e) {
   if constexpr (kCodes<C>) {
     const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(
-        static_cast<__nv_fp8x2_storage_t>(v.v[e].__x | (v.v[e + 1].__x << 8)), __NV_E4M3);
+        static_cast<__nv_fp8x2_storage_t>(v.w[e / 4] >> (8 * (e % 4))), __NV_E4M3);
     return __half22float2(*reinterpret_cast<const __half2*>(&raw));
   } else {
     return make_float2(ToF(v.v[e]), ToF(v.v[e + 1]));

@@ -38,6 +38,8 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::string> MakeNcclId() override;
   absl::StatusOr<std::unique_ptr<ActivationTransport>> JoinNccl(const NcclJoin& join) override;
   bool has_kv_link() const override { return opt_.kv_over_nccl; }
+  // On pages, in one GPU's stage (tensor parallelism keeps the model's dtype).
+  bool has_fp8_kv_cache() const override { return opt_.tensor_parallel == 1; }
   absl::StatusOr<std::unique_ptr<KvLink>> JoinKvLink(const std::string& unique_id, int rank,
                                                      std::function<bool()> cancelled) override;
 

@@ -519,6 +519,7 @@ absl::StatusOr<KvBlock> KvBlockToHost(const KvBlock& block) {
   KvBlock out = SizedKvBlock(block.dtype, block.first_layer, block.num_layers, block.num_kv_heads,
                              block.head_dim, block.positions);
   out.version = block.version;
+  out.scales = block.scales;
   CUDA_CHECK(cudaMemcpy(out.k.data(), block.device_k.get(), out.k.size(), cudaMemcpyDefault));
   CUDA_CHECK(cudaMemcpy(out.v.data(), block.device_v.get(), out.v.size(), cudaMemcpyDefault));
   return out;

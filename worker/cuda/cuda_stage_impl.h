@@ -230,8 +230,8 @@ class CudaStage final : public Stage {
                     /*table_stride=*/1};
     if (kv_fp8_) {
       p.fp8 = true;
-      p.k_scale = kv_scales_[l].first;
-      p.v_scale = kv_scales_[l].second;
+      p.k_scale = kv_scales_[l].k;
+      p.v_scale = kv_scales_[l].v;
     }
     return p;
   }
@@ -365,6 +365,15 @@ class CudaStage final : public Stage {
     return kv_.as<char>() + (2 * static_cast<size_t>(layer) + 1) * kv_layer_bytes_;
   }
   size_t RowBytes(int cols) const { return static_cast<size_t>(cols) * DTypeSize(opt_.dtype); }
+  // The KV-cache's element type: the activations', or kF8E4M3 codes over kv_scales_.
+  DType KvDType() const { return kv_fp8_ ? DType::kF8E4M3 : opt_.dtype; }
+  // The scales of the model layers [first_layer, first_layer + num_layers) of an FP8 cache (the
+  // blocks it exports carry them); none otherwise.
+  std::vector<KvScales> ScalesOf(int first_layer, int num_layers) const {
+    if (!kv_fp8_) return {};
+    const auto from = kv_scales_.begin() + (first_layer - first_layer_);
+    return {from, from + num_layers};
+  }
   // Bytes of `cols` elements of the KV-cache: one each where it holds FP8 codes.
   size_t KvRowBytes(int cols) const { return kv_fp8_ ? static_cast<size_t>(cols) : RowBytes(cols); }
 
@@ -391,7 +400,7 @@ class CudaStage final : public Stage {
   // FP8 KV-cache (StageSpec::kv_cache_fp8, pages only): the pools hold E4M3 codes, with (K, V)
   // scales per layer of the stage.
   bool kv_fp8_ = false;
-  std::vector<std::pair<float, float>> kv_scales_;
+  std::vector<KvScales> kv_scales_;  // LoadKvScales, one pair per layer of the stage
 
   cuda::Stream stream_;
   cuda::CublasHandle cublas_;

@@ -46,8 +46,9 @@ absl::StatusOr<KvBlock> CudaStage::ExportKv(const KvPlace& place, int positions,
                                 first_layer_ + num_layers_, max_slots_,
                                 slot >= 0 && slot < max_slots_ ? cached_len_[slot] : 0));
   CUDA_CHECK(cudaSetDevice(opt_.device));
-  KvBlock b = SizedKvBlock(opt_.dtype, first_layer, num_layers, c_.num_kv_heads, c_.head_dim,
+  KvBlock b = SizedKvBlock(KvDType(), first_layer, num_layers, c_.num_kv_heads, c_.head_dim,
                            positions);
+  b.scales = ScalesOf(first_layer, num_layers);
   if (paged()) {
     // No staging rows beside the pages: gathered into device memory, then copied whole (the
     // block's layout is the same in both).
@@ -59,7 +60,7 @@ absl::StatusOr<KvBlock> CudaStage::ExportKv(const KvPlace& place, int positions,
   // Per layer: the slot's rows (or pages) gathered into the block's layout on the device, then
   // one copy each of K and V to the host, all on the stage's stream behind the steps queued
   // before.
-  const size_t layer_bytes = static_cast<size_t>(positions) * RowBytes(c_.kv_dim());
+  const size_t layer_bytes = static_cast<size_t>(positions) * KvRowBytes(c_.kv_dim());
   for (int l = 0; l < num_layers; ++l) {
     const int layer = first_layer - first_layer_ + l;
     const auto [k_stage, v_stage] = KvStaging(layer);
@@ -76,8 +77,9 @@ absl::StatusOr<KvBlock> CudaStage::ExportKv(const KvPlace& place, int positions,
 
 absl::StatusOr<KvBlock> CudaStage::DeviceKvBlock(int first_layer, int num_layers, int positions,
                                                  std::span<const int32_t> table) const {
-  KvBlock b = KvBlockOf(opt_.dtype, first_layer, num_layers, c_.num_kv_heads, c_.head_dim,
+  KvBlock b = KvBlockOf(KvDType(), first_layer, num_layers, c_.num_kv_heads, c_.head_dim,
                         positions);
+  b.scales = ScalesOf(first_layer, num_layers);
   const size_t bytes = b.expected_bytes(), table_bytes = table.size_bytes();
   ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> mem,
                    SharedDeviceBytes(opt_.device, 2 * bytes + table_bytes));
@@ -103,7 +105,7 @@ absl::StatusOr<KvBlock> CudaStage::ExportKvToDevice(const KvPlace& place, int po
   ASSIGN_OR_RETURN(KvBlock b, DeviceKvBlock(first_layer, num_layers, positions));
   // Per layer: the slot's rows (or pages) gathered straight into the block, on the stage's
   // stream.
-  const size_t layer_bytes = static_cast<size_t>(positions) * RowBytes(c_.kv_dim());
+  const size_t layer_bytes = static_cast<size_t>(positions) * KvRowBytes(c_.kv_dim());
   for (int l = 0; l < num_layers; ++l) {
     const int layer = first_layer - first_layer_ + l;
     RETURN_IF_ERROR(CopyKvLayer(place, table.as<int32_t>(), layer,
@@ -118,8 +120,8 @@ absl::Status CudaStage::ImportKv(const KvPlace& place, const KvBlock& block) {
   RETURN_IF_ERROR(
       CheckKvPlace("KV import", place, block.positions, page_size_, num_pages_, max_seq_len_));
   const int slot = place.slot;
-  RETURN_IF_ERROR(CheckKvBlock(block, slot, c_, opt_.dtype, first_layer_,
-                               first_layer_ + num_layers_, max_slots_, max_seq_len_));
+  RETURN_IF_ERROR(CheckKvBlock(block, slot, c_, KvDType(), first_layer_,
+                               first_layer_ + num_layers_, max_slots_, max_seq_len_, kv_scales_));
   CUDA_CHECK(cudaSetDevice(opt_.device));
   if (paged() && !block.on_device()) {
     // No staging rows beside the pages: the whole block to device memory, then imported from
@@ -133,7 +135,7 @@ absl::Status CudaStage::ImportKv(const KvPlace& place, const KvBlock& block) {
     return ImportKv(place, d);
   }
   ASSIGN_OR_RETURN(const DeviceBuffer table, UploadTable(place));
-  const size_t layer_bytes = static_cast<size_t>(block.positions) * RowBytes(c_.kv_dim());
+  const size_t layer_bytes = static_cast<size_t>(block.positions) * KvRowBytes(c_.kv_dim());
   if (block.on_device()) {
     // Device memory of this GPU only (a block of another GPU comes over a KvLink first).
     for (const uint8_t* p : {block.device_k.get(), block.device_v.get()}) {
@@ -193,7 +195,7 @@ absl::StatusOr<std::shared_ptr<KvOut>> CudaStage::OpenKvOut(const KvPlace& place
 
 absl::Status CudaStage::WriteOut(KvOut& out, int l) {
   KvBlock& b = out.block_to_write();
-  const size_t layer_bytes = static_cast<size_t>(b.positions) * RowBytes(c_.kv_dim());
+  const size_t layer_bytes = static_cast<size_t>(b.positions) * KvRowBytes(c_.kv_dim());
   uint8_t* k_block = b.device_k.get() + l * layer_bytes;
   uint8_t* v_block = b.device_v.get() + l * layer_bytes;
   if (paged()) {

@@ -146,9 +146,6 @@ absl::Status CudaStage::AllocateKvPages() {
         std::max<int64_t>(fit, 0), kv_fp8_ ? "FP8 E4M3" : std::string(DTypeName(opt_.dtype)),
         opt_.kv_memory_fraction, free_bytes));
   }
-  if (kv_fp8_ && kv_scales_.size() != static_cast<size_t>(layers)) {
-    kv_scales_.assign(layers, {1.0f, 1.0f});  // no scales from the checkpoint: 1, as vLLM
-  }
   num_pages_ = pages_asked_ > 0 ? pages_asked_ : static_cast<int>(std::min<int64_t>(
                                                      fit, std::numeric_limits<int>::max() - 1));
   kv_layer_bytes_ = static_cast<size_t>(num_pages_ + 1) * page_bytes;

@@ -1,6 +1,7 @@
 // The CUDA stage's weights on the device: arenas placed earlier (StageSpec::placed) where they
 // hold the stage's layers, the others uploaded from the checkpoint as one more arena.
 #include "worker/cuda/cuda_stage_impl.h"
+#include "worker/kv_scales.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -59,6 +60,9 @@ absl::Status CudaStage::UploadWeights(const StageSpec& spec) {
   has_head_ = w.has_head;
   first_layer_ = w.first_layer;
   num_layers_ = static_cast<int>(w.layers.size());
+  if (kv_fp8_) {
+    ASSIGN_OR_RETURN(kv_scales_, LoadKvScales(*ckpt, spec.first_layer, last));
+  }
 
   RETURN_IF_ERROR(stream_.Create());
   RETURN_IF_ERROR(cublas_.Create());

@@ -155,9 +155,10 @@ TEST_P(CpuTensorParallelTest, LogitsEqualTheWholeStagesWithinFp32Rounding) {
 }
 
 // The same with FP8 KV-caches on pages: every rank rounds its heads' K and V through the layer's
-// scales as the whole stage does, so the logits stay within fp32 rounding of the whole stage's
-// (they may part more where a value within rounding of an E4M3 tie takes the other code; none
-// does here).
+// scales as the whole stage does. A rank's fp32 sums differ from the whole stage's in their last
+// bits, and where a value lies that close to the boundary between two E4M3 codes it takes the
+// other one (a step of up to 2^-4 relative): the logits stay within 1e-3 of the whole stage's
+// (2.5e-4 measured on tiny-qwen3), not fp32 rounding's 2e-5.
 TEST_P(CpuTensorParallelTest, Fp8KvCachesOnPagesGiveTheWholeStagesLogits) {
   const ModelConfig config = *LoadModelConfig(dir());
   const int v = config.vocab_size, layers = config.num_layers;
@@ -176,7 +177,7 @@ TEST_P(CpuTensorParallelTest, Fp8KvCachesOnPagesGiveTheWholeStagesLogits) {
     }
     const StepOutput a = RunStages(whole, d), b = RunStages(split, d);
     ASSERT_EQ(a.logits.size(), 2u * v);
-    EXPECT_LE(RelDiff(b.logits, a.logits), 2e-5) << "step " << step;
+    EXPECT_LE(RelDiff(b.logits, a.logits), 1e-3) << "step " << step;
     for (size_t i = 0; i < seqs.size(); ++i) {
       seqs[i].position += static_cast<int32_t>(seqs[i].tokens.size());
       seqs[i].tokens = {a.tokens[i]};
