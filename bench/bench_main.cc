@@ -16,16 +16,24 @@
 // and split over GPUs 0 and 1 (worker/cuda/cuda_tensor_parallel.h), one table row per size; the
 // GB/s are the bytes of the whole model per second, over all of its GPUs.
 //
+// Precision agreement: --agreement N runs N seeded prompts (lengths cycling through --prompt)
+// through a reference stage in --dtype (fp16/bf16 weights and KV-cache) and a stage in the
+// precision --quantization and --kv_cache_dtype ask for, both decoding --new_tokens - 1 steps fed
+// the reference's greedy tokens, and compares every position's next-token distribution: KL
+// divergence, top-1 agreement, logits error (logit_agreement.h).
+//
 // CPU load: --cpu_load loads the whole model with the CPU backend (fp32 on the host) instead and
 // prints only that load time, for comparison with the CUDA backend's "load".
 //
 // GEMV sweep: --gemv_sweep times the GEMV kernels alone on the model's decode projections at the
 // --batch row counts (1, 2, 4, 8) for every launch shape (gemv_sweep.h); needs only config.json.
 //
-// usage: tandem-bench --model DIR [--batch 1,8,64] [--prompt 128,2048] [--new_tokens 128] [--dtype f16]
-//        [--graphs=true] [--gemv_max_rows 4] [--batch_invariant] [--tensor_parallel 1,2]
-//        [--kv_cache_dtype auto|fp8] [--profile] [--json OUT.json]
+// usage: tandem-bench --model DIR [--batch 1,8,64] [--prompt 128,2048] [--new_tokens 128]
+//        [--dtype f16] [--graphs=true] [--gemv_max_rows 4] [--batch_invariant]
+//        [--tensor_parallel 1,2] [--kv_cache_dtype auto|fp8] [--profile] [--json OUT.json]
 //        | --model DIR [--dtype f16] --dump_logits IN.json OUT.json
+//        | --model DIR --agreement N [--quantization fp8] [--kv_cache_dtype fp8]
+//          [--test_dtype bf16] [--prompt 128] [--new_tokens 33]
 //        | --model DIR [--dtype f16] [--batch 1,2,4] --gemv_sweep [--json OUT.json]
 //        | --model DIR --cpu_load
 #include <cuda_runtime.h>
@@ -45,6 +53,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/decode_profile.h"
+#include "bench/gemv_sweep.h"
+#include "bench/logit_agreement.h"
 #include "common/flags_usage.h"
 #include "common/model_config.h"
 #include "common/rng.h"
@@ -55,8 +66,6 @@
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/cuda_stage.h"
 #include "worker/cuda/cuda_tensor_parallel.h"
-#include "bench/decode_profile.h"
-#include "bench/gemv_sweep.h"
 
 ABSL_FLAG(std::string, model, "", "checkpoint folder (config.json + safetensors)");
 ABSL_FLAG(std::string, batch, "1,64", "comma-separated batch sizes");
@@ -90,6 +99,12 @@ ABSL_FLAG(double, kv_memory_fraction, 0.9, "share of free GPU memory for the KV-
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "the KV-cache's element type: auto (--dtype) or fp8 (= fp8_e4m3: E4M3 codes over the "
           "checkpoint's per-layer k_scale/v_scale, else 1; needs --kv_page_size > 0)");
+ABSL_FLAG(int, agreement, 0,
+          "N > 0: compare the next-token distributions of N prompts in the precision that "
+          "--quantization and --kv_cache_dtype ask for against --dtype's (KL, top-1 agreement)");
+ABSL_FLAG(std::string, test_dtype, "",
+          "with --agreement: the compared stage's activation and weight dtype (f16 or bf16; "
+          "default --dtype), e.g. bf16 against f16 as a scale for FP8's figures");
 ABSL_FLAG(std::string, json, "", "write the results as JSON to this file");
 ABSL_FLAG(std::string, dump_logits, "",
           "IN.json: dump prefill logits and greedy tokens of its prompts to the next argument");
@@ -211,6 +226,26 @@ absl::StatusOr<std::vector<int>> PromptLengths() {
     prompts.push_back(p);
   }
   return prompts;
+}
+
+// --quantization and --kv_cache_dtype into `spec` (FP8 weights quantized at load, an FP8
+// KV-cache), checked against the page sizes the stages will have; returns the KV-cache dtype.
+absl::StatusOr<KvCacheDType> ApplyPrecisionFlags(StageSpec& spec, const std::vector<int>& pages) {
+  const std::string quantization = absl::GetFlag(FLAGS_quantization);
+  if (!quantization.empty() && quantization != "fp8") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--quantization: '", quantization, "' (expected fp8, or empty for none)"));
+  }
+  spec.quantize_fp8 = quantization == "fp8";
+  ASSIGN_OR_RETURN(const KvCacheDType kv_cache_dtype,
+                   ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), "--kv_cache_dtype"));
+  spec.kv_cache_fp8 = kv_cache_dtype == KvCacheDType::kFp8E4M3;
+  if (spec.kv_cache_fp8 && std::count(pages.begin(), pages.end(), 0) > 0) {
+    return absl::InvalidArgumentError(
+        "--kv_cache_dtype fp8 needs the paged KV-cache: --kv_page_size 0 (contiguous slots) "
+        "cannot hold it");
+  }
+  return kv_cache_dtype;
 }
 
 absl::Status GemvSweep() {
@@ -420,21 +455,8 @@ absl::Status Bench() {
   const bool profile = absl::GetFlag(FLAGS_profile);
   const int steps = new_tokens;
   // Which precision the linear layers run in: FP8 when quantized at load or stored so.
-  const std::string quantization = absl::GetFlag(FLAGS_quantization);
-  if (!quantization.empty() && quantization != "fp8") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--quantization: '", quantization, "' (expected fp8, or empty for none)"));
-  }
-  spec.quantize_fp8 = quantization == "fp8";
+  ASSIGN_OR_RETURN(const KvCacheDType kv_cache_dtype, ApplyPrecisionFlags(spec, page_sizes));
   const bool fp8 = spec.quantize_fp8 || c.quantization.fp8();
-  ASSIGN_OR_RETURN(const KvCacheDType kv_cache_dtype,
-                   ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), "--kv_cache_dtype"));
-  spec.kv_cache_fp8 = kv_cache_dtype == KvCacheDType::kFp8E4M3;
-  if (spec.kv_cache_fp8 && std::count(page_sizes.begin(), page_sizes.end(), 0) > 0) {
-    return absl::InvalidArgumentError(
-        "--kv_cache_dtype fp8 needs the paged KV-cache: --kv_page_size 0 (contiguous slots) "
-        "cannot hold it");
-  }
   const std::string weights =
       fp8 ? (c.quantization.fp8() ? "fp8 e4m3 (" + QuantizationName(c.quantization) + ")"
                                   : std::string("fp8 e4m3 (quantized at load, per channel)"))
@@ -586,6 +608,103 @@ absl::Status DumpLogits(const std::string& in_path, const std::string& out_path)
   return absl::OkStatus();
 }
 
+absl::Status Agreement(int count) {
+  const std::string model = absl::GetFlag(FLAGS_model);
+  ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model));
+  ASSIGN_OR_RETURN(DType dtype, ParseHalfDTypeFlag(absl::GetFlag(FLAGS_dtype), "--dtype"));
+  ASSIGN_OR_RETURN(std::vector<int> lengths, PromptLengths());
+  ASSIGN_OR_RETURN(std::vector<int> page_sizes, PageSizes());
+  const int new_tokens = absl::GetFlag(FLAGS_new_tokens);
+  if (new_tokens < 1) return absl::InvalidArgumentError("--new_tokens must be >= 1");
+  if (c.quantization.fp8()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--agreement compares a precision against the checkpoint's own fp16/bf16 weights; ", model,
+        " holds FP8 weights"));
+  }
+  const int longest = *std::max_element(lengths.begin(), lengths.end());
+  RETURN_IF_ERROR(CheckPromptFitsContext(longest, new_tokens, c.max_positions, model));
+  StageSpec reference;
+  reference.model_dir = model;
+  reference.max_slots = 1;
+  reference.max_seq_len = longest + new_tokens - 1;
+  reference.kv_page_size = page_sizes.front();
+  reference.kv_pages =
+      reference.kv_page_size == 0
+          ? 0
+          : (reference.max_seq_len + reference.kv_page_size - 1) / reference.kv_page_size;
+  StageSpec test = reference;
+  ASSIGN_OR_RETURN(const KvCacheDType kv_cache_dtype,
+                   ApplyPrecisionFlags(test, {test.kv_page_size}));
+  DType test_dtype = dtype;
+  if (!absl::GetFlag(FLAGS_test_dtype).empty()) {
+    ASSIGN_OR_RETURN(test_dtype,
+                     ParseHalfDTypeFlag(absl::GetFlag(FLAGS_test_dtype), "--test_dtype"));
+  }
+  CudaOptions opt;
+  opt.dtype = dtype;
+  opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
+  opt.gemv_max_rows = absl::GetFlag(FLAGS_gemv_max_rows);
+  opt.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  ASSIGN_OR_RETURN(std::unique_ptr<Stage> ref_stage, MakeCudaStage(reference, opt));
+  CudaOptions test_opt = opt;
+  test_opt.dtype = test_dtype;
+  ASSIGN_OR_RETURN(std::unique_ptr<Stage> test_stage, MakeCudaStage(test, test_opt));
+
+  // One step on both stages: the logits of each (the reference's greedy token into `next`).
+  LogitAgreement prefill, decode, all;
+  auto both = [&](StepDescriptor& step, LogitAgreement& into, int32_t& next) -> absl::Status {
+    step.return_logits = true;
+    for (SequenceStep& s : step.seqs) AttachTable(s, reference.kv_page_size, 1);
+    ASSIGN_OR_RETURN(StepOutput r, ref_stage->Step(step, Activations{}));
+    ASSIGN_OR_RETURN(StepOutput t, test_stage->Step(step, Activations{}));
+    if (r.logits.size() != static_cast<size_t>(c.vocab_size) ||
+        t.logits.size() != r.logits.size()) {
+      return absl::InternalError(absl::StrCat("a step returned ", r.logits.size(), " and ",
+                                              t.logits.size(), " logits, expected ", c.vocab_size));
+    }
+    into.Add(r.logits, t.logits);
+    all.Add(r.logits, t.logits);
+    next = r.tokens.at(0);
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < count; ++i) {
+    const int len = lengths[i % lengths.size()];
+    StepDescriptor pre;
+    SequenceStep s;
+    s.num_tokens = len;
+    pre.seqs.push_back(s);
+    for (int t = 0; t < len; ++t) {
+      pre.tokens.push_back(static_cast<int32_t>(RandomBits(7919 + i, t) % c.vocab_size));
+    }
+    int32_t next = 0;
+    RETURN_IF_ERROR(both(pre, prefill, next));
+    for (int k = 1; k < new_tokens; ++k) {
+      StepDescriptor d;
+      SequenceStep ds;
+      ds.position = len + k - 1;
+      ds.sample_index = k;
+      d.seqs.push_back(ds);
+      d.tokens = {next};
+      RETURN_IF_ERROR(both(d, decode, next));
+    }
+  }
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  const std::string name = std::string(DTypeName(dtype));
+  const std::string test_name = std::string(DTypeName(test_opt.dtype));
+  std::printf(
+      "Next-token agreement: model %s, device %s; reference: %s weights, %s KV-cache; test: %s "
+      "weights, %s KV-cache; %d prompts of %s tokens, %d steps each fed the reference's tokens\n",
+      model.c_str(), prop.name, name.c_str(), name.c_str(),
+      test.quantize_fp8 ? "fp8 e4m3 (quantized at load, per channel)" : test_name.c_str(),
+      kv_cache_dtype == KvCacheDType::kFp8E4M3 ? "fp8 e4m3" : test_name.c_str(), count,
+      absl::GetFlag(FLAGS_prompt).c_str(), new_tokens - 1);
+  std::printf("prefill (last position): %s\n", prefill.Summary().c_str());
+  std::printf("decode: %s\n", decode.Summary().c_str());
+  std::printf("all: %s\n", all.Summary().c_str());
+  return absl::OkStatus();
+}
+
 absl::Status CpuLoad() {
   StageSpec spec;
   spec.model_dir = absl::GetFlag(FLAGS_model);
@@ -618,6 +737,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     st = tandem::DumpLogits(dump_in, rest[1]);
+  } else if (absl::GetFlag(FLAGS_agreement) > 0) {
+    st = tandem::Agreement(absl::GetFlag(FLAGS_agreement));
   } else if (absl::GetFlag(FLAGS_cpu_load)) {
     st = tandem::CpuLoad();
   } else if (absl::GetFlag(FLAGS_gemv_sweep)) {

@@ -382,9 +382,7 @@ __device__ __forceinline__ KeyVec<C, kVec> ZeroKeys() {
 template <typename C, int kVec>
 __device__ __forceinline__ float2 PairToF(const KeyVec<C, kVec>& v, int e) {
   if constexpr (kCodes<C>) {
-    const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(
-        static_cast<__nv_fp8x2_storage_t>(v.w[e / 4] >> (8 * (e % 4))), __NV_E4M3);
-    return __half22float2(*reinterpret_cast<const __half2*>(&raw));
+    return Fp8PairToFloat2(v.w[e / 4] >> (8 * (e % 4)));
   } else {
     return make_float2(ToF(v.v[e]), ToF(v.v[e + 1]));
   }

@@ -21,6 +21,14 @@ __device__ __forceinline__ float ToF(__nv_bfloat16 v) { return __bfloat162float(
 __device__ __forceinline__ float ToF(float v) { return v; }
 __device__ __forceinline__ float ToF(__nv_fp8_e4m3 v) { return static_cast<float>(v); }
 
+// The two E4M3 codes in the low 16 bits of `word` (the first in the low byte) as floats, through
+// fp16 (exact: every E4M3 value is an fp16 value).
+__device__ __forceinline__ float2 Fp8PairToFloat2(uint32_t word) {
+  const __half2_raw raw =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word & 0xffffu), __NV_E4M3);
+  return __half22float2(*reinterpret_cast<const __half2*>(&raw));
+}
+
 template <typename T>
 __device__ __forceinline__ T FromF(float f);
 template <>

@@ -24,9 +24,7 @@ __global__ void DequantizeFp8RowsKernel(const uint2* __restrict__ codes,
   for (int i = 0; i < 2; ++i) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const auto pair = static_cast<__nv_fp8x2_storage_t>((u[i] >> (16 * j)) & 0xffffu);
-      const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&raw));
+      const float2 f = Fp8PairToFloat2(u[i] >> (16 * j));
       vals[4 * i + 2 * j] = FromF<T>(f.x * scale);
       vals[4 * i + 2 * j + 1] = FromF<T>(f.y * scale);
     }

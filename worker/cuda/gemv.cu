@@ -80,9 +80,7 @@ __device__ __forceinline__ void UnpackFp8Words(const uint32_t (&u)[N], float (&f
   for (int i = 0; i < N; ++i) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const auto pair = static_cast<__nv_fp8x2_storage_t>((u[i] >> (16 * j)) & 0xffffu);
-      const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
-      const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&raw));
+      const float2 p = Fp8PairToFloat2(u[i] >> (16 * j));
       f[4 * i + 2 * j] = p.x;
       f[4 * i + 2 * j + 1] = p.y;
     }

@@ -176,9 +176,7 @@ __device__ __forceinline__ void LoadPagedCodeRows(T* dst, const uint8_t* pool, c
     alignas(16) T out[kElems];
 #pragma unroll
     for (int i = 0; i < kElems / 2; ++i) {
-      const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(
-          static_cast<__nv_fp8x2_storage_t>(words[i / 2] >> (16 * (i % 2))), __NV_E4M3);
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&raw));
+      const float2 f = Fp8PairToFloat2(words[i / 2] >> (16 * (i % 2)));
       out[2 * i] = FromF<T>(f.x);
       out[2 * i + 1] = FromF<T>(f.y);
     }

@@ -989,6 +989,37 @@ TEST(GemvTest, TuningSplitsKWhereTheSweepMeasuredItFaster) {
   }
 }
 
+// FP8 weights (16 codes a lane where K % 16 == 0), as measured on an H200 (132 multiprocessors):
+// wide outputs are not split and take two rows a warp; narrow ones split as fp16's do, counting K
+// in steps of 512 codes; a K that is not a multiple of 16 (8 codes a lane) follows fp16's rule.
+TEST(GemvTest, Fp8TuningDoesNotSplitWideOutputs) {
+  const int sms = 132;
+  const GemvTuning qkv = GemvTuningFor(1, 6144, 4096, sms, true);  // llama3.1-8b QKV
+  EXPECT_EQ(qkv.k_split, 1);
+  EXPECT_EQ(qkv.rows_per_warp, 2);
+  const GemvTuning gate_up = GemvTuningFor(1, 28672, 4096, sms, true);  // llama3.1-8b gate/up
+  EXPECT_EQ(gate_up.k_split, 1);
+  EXPECT_EQ(gate_up.rows_per_warp, 2);
+  const GemvTuning lm_head = GemvTuningFor(2, 128256, 4096, sms, true);
+  EXPECT_EQ(lm_head.k_split, 1);
+  EXPECT_EQ(lm_head.rows_per_warp, 2);
+  // gpt2's MLP down: 768 rows fill a quarter of the warps; 6 steps of 512 codes allow a split of 2.
+  const GemvTuning down = GemvTuningFor(1, 768, 3072, sms, true);
+  EXPECT_EQ(down.k_split, 2);
+  EXPECT_EQ(down.rows_per_warp, 1);
+  // The same shapes in fp16 split (the rule FP8 departs from).
+  EXPECT_EQ(GemvTuningFor(1, 6144, 4096, sms).k_split, 4);
+  EXPECT_EQ(GemvTuningFor(1, 6144, 4096, sms).rows_per_warp, 1);
+  EXPECT_EQ(GemvTuningFor(1, 768, 3072, sms).k_split, 4);
+  // 8 codes a lane (K % 16 != 0): fp16's choice.
+  for (int out : {768, 6144, 28672}) {
+    const GemvTuning a = GemvTuningFor(1, out, 4104, sms, true);
+    const GemvTuning b = GemvTuningFor(1, out, 4104, sms, false);
+    EXPECT_EQ(a.k_split, b.k_split) << out;
+    EXPECT_EQ(a.rows_per_warp, b.rows_per_warp) << out;
+  }
+}
+
 // Runs the device sampler on `logits` (rows, vocab) with one parameter set per row.
 std::vector<int32_t> DeviceSample(const std::vector<float>& logits, int vocab,
                                   const std::vector<SamplingParams>& params,

@@ -1,0 +1,48 @@
+// How closely one precision's next-token distributions follow another's (tandem-bench
+// --agreement): per position, the KL divergence of the test distribution from the reference's,
+// whether their most likely tokens agree, and the logits' error; summarised over every position.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+// KL(p || q) in nats, p = softmax(reference), q = softmax(test), computed in double. The spans
+// have the same, non-zero length.
+double KlDivergence(std::span<const float> reference, std::span<const float> test);
+
+// The index of the largest logit (the lowest such index on a tie).
+int ArgMax(std::span<const float> logits);
+
+class LogitAgreement {
+ public:
+  // One position: the reference's and the test's logits over the same vocabulary.
+  void Add(std::span<const float> reference, std::span<const float> test);
+
+  int64_t positions() const { return static_cast<int64_t>(kl_.size()); }
+  double mean_kl() const;
+  // The q-quantile (0..1) of the positions' KL divergences (nearest rank).
+  double kl_quantile(double q) const;
+  // The share of positions whose most likely tokens agree.
+  double top1_agreement() const;
+  // Positions whose most likely tokens differ although the reference's top-2 gap is larger than
+  // the largest absolute logit error at that position: a difference a near-tie does not explain.
+  int64_t unexplained_top1_differences() const { return unexplained_; }
+  double mean_rel_error() const;  // ||test - reference|| / ||reference||, averaged
+  double max_rel_error() const;
+
+  // One line: positions, KL mean / median / p99 / max, top-1 agreement, unexplained differences,
+  // relative logits error.
+  std::string Summary() const;
+
+ private:
+  std::vector<double> kl_;
+  std::vector<double> rel_;
+  int64_t same_top1_ = 0;
+  int64_t unexplained_ = 0;
+};
+
+}  // namespace tandem
