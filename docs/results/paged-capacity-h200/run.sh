@@ -12,7 +12,9 @@
 #           MIXED_REQUESTS requests (default 256) from MIXED_CLIENTS clients (default 256); MODEL
 #           openllama-3b runs it on that shape (context 2,048, an H100's pool of its pages);
 #           SLOTS=false leaves the fixed-slot run out; KV_FP8=true adds pages of FP8 codes
-#           (--kv_cache_dtype fp8) in the same memory: twice the pages.
+#           (--kv_cache_dtype fp8) in the same memory: twice the pages; MAX_SLOTS bounds the
+#           sequences the paged runs hold at once (default 512).
+#   WORKER_FLAGS: extra flags for the worker (every run), e.g. --quantization=fp8.
 #   PART=c: a 2,000-token shared system prompt, 64 requests, prefix caching off and on.
 # Writes to $OUT: device.txt, <part>.md (the sweeps' summaries and the peaks), logs.tar.gz.
 set -u
@@ -50,7 +52,7 @@ if [ ! -f "$model/config.json" ]; then
   echo "generated the model in $((SECONDS - t0)) s" | tee -a "$out/device.txt"
 fi
 "$bin/tandem-worker" --coordinator=127.0.0.1:50051 --listen=127.0.0.1:50060 --backend=cuda --gpu=0 \
-  --dtype=f16 --metrics_address=127.0.0.1:19470 > "$logs/worker.log" 2>&1 &
+  --dtype=f16 --metrics_address=127.0.0.1:19470 ${WORKER_FLAGS:-} > "$logs/worker.log" 2>&1 &
 pids+=($!)
 
 # peak_watch FILE: writes the largest tandem_running_sequences and tandem_kv_pages{state="used"}
@@ -135,15 +137,16 @@ elif [ "$part" = b ]; then
     sweep mixed-slots 420 "${mixed[@]}"
     stop_coordinator
   fi
+  max_slots=${MAX_SLOTS:-512}
   coordinator mixed-pages --kv_page_size=16 --kv_pages="$kv_pages" --max_seq_len="$context" \
-    --max_slots=512 --max_batch=512 --prefill_budget=8192 --prefix_caching=false
+    --max_slots="$max_slots" --max_batch="$max_slots" --prefill_budget=8192 --prefix_caching=false
   sweep mixed-pages 300 "${mixed[@]}"
   stop_coordinator
   if [ "${KV_FP8:-false}" = true ]; then
     # The same memory as FP8 codes: twice the pages (--kv_cache_dtype fp8).
     coordinator mixed-pages-fp8 --kv_page_size=16 --kv_pages="$((kv_pages * 2))" \
-      --max_seq_len="$context" --max_slots=512 --max_batch=512 --prefill_budget=8192 \
-      --prefix_caching=false --kv_cache_dtype=fp8
+      --max_seq_len="$context" --max_slots="$max_slots" --max_batch="$max_slots" \
+      --prefill_budget=8192 --prefix_caching=false --kv_cache_dtype=fp8
     sweep mixed-pages-fp8 300 "${mixed[@]}"
     stop_coordinator
   fi
