@@ -454,58 +454,67 @@ struct Fp8Pages {
 TEST_P(DecodeAttentionPagesTest, Fp8PagesEqualAttentionOverTheirValues) {
   SKIP_WITHOUT_GPU();
   const DType type = std::get<0>(GetParam());
-  const int kv_heads = 2, heads = 8, hd = std::get<1>(GetParam()), cap = 640;
+  const int hd = std::get<1>(GetParam()), cap = 640;
   const std::vector<int32_t> pos = {0, 15, 16, 63, 64, 200, 511, 575};
   const int rows = static_cast<int>(pos.size());
   std::vector<int32_t> seq(rows);
   std::iota(seq.begin(), seq.end(), 0);
-  const auto q = RandomHalves(type, size_t(rows) * heads * hd, 41, 3.0f);
-  DeviceBuffer dq = Upload(q), dpos = Upload(pos), dseq = Upload(seq);
-  for (const auto [ks, vs] : {std::pair{0.5f, 4.0f}, std::pair{0.3f, 1.7f}}) {
-    for (int ps : {4, 16, 64}) {
-      for (int window : {0, 40}) {
-        std::vector<int> lo(rows), hi(pos.begin(), pos.end());
-        for (int r = 0; r < rows; ++r) lo[r] = window > 0 ? std::max(0, pos[r] - window + 1) : 0;
-        const PagedCopy pc(rows, kv_heads, hd, cap, ps, lo, hi, 17 + ps);
-        const Fp8Cache k(type, pc.ContiguousSize(), 42, ks), v(type, pc.ContiguousSize(), 43, vs);
-        Fp8Pages fp(pc, k.codes, v.codes, ks, vs);
-        DeviceBuffer dk = Upload(k.values), dv = Upload(v.values);
-        for (int splits : {1, 3}) {
-          SCOPED_TRACE(testing::Message() << "scales " << ks << "/" << vs << ", page size " << ps
-                                          << ", window " << window << ", " << splits << " splits");
-          DeviceBuffer part, counters, out[2];
-          ASSERT_TRUE(
-              part.Allocate(AttentionPartialFloats(rows, heads, hd, splits) * sizeof(float)).ok());
-          ASSERT_TRUE(counters.Allocate(size_t(rows) * kv_heads * 4).ok());
-          ASSERT_EQ(cudaMemset(counters.get(), 0, counters.size()), cudaSuccess);
-          for (DeviceBuffer& o : out) ASSERT_TRUE(o.Allocate(q.size() * 2).ok());
-          const AttentionParams params{0.125f, window};
-          ASSERT_TRUE(LaunchAttention(type, dq.get(), dk.get(), dv.get(), dpos.as<int32_t>(),
-                                      dseq.as<int32_t>(), part.as<float>(), out[0].get(), rows,
-                                      heads, kv_heads, hd, cap, splits, params, nullptr,
-                                      counters.as<uint32_t>())
-                          .ok());
-          const absl::Status st = LaunchAttentionPaged(
-              type, dq.get(), fp.pages, dpos.as<int32_t>(), dseq.as<int32_t>(), part.as<float>(),
-              out[1].get(), rows, heads, kv_heads, hd, splits, params, nullptr,
-              counters.as<uint32_t>());
-          ASSERT_TRUE(st.ok()) << st;
-          const auto want = Download(out[0], q.size()), got = Download(out[1], q.size());
-          if (ks == 0.5f) {
-            EXPECT_EQ(got, want);
-            continue;
-          }
-          std::vector<float> gf(q.size()), wf(q.size());
-          ToFloat(type, got.data(), got.size(), gf.data());
-          ToFloat(type, want.data(), want.size(), wf.data());
-          const float tol = type == DType::kF16 ? 4e-3f : 3e-2f;
-          int bad = 0;
-          for (size_t i = 0; i < gf.size(); ++i) {
-            if (!(std::fabs(gf[i] - wf[i]) <= tol) && ++bad <= 5) {
-              ADD_FAILURE() << "output " << i << ": FP8 pages " << gf[i] << ", values " << wf[i];
+  DeviceBuffer dpos = Upload(pos), dseq = Upload(seq);
+  // Groups of 4 (one iteration's codes in flight), and of 1, 2 and 8 (the next iteration's codes
+  // loaded ahead).
+  for (const auto& [heads, kv_heads] :
+       {std::pair{8, 2}, std::pair{4, 4}, std::pair{8, 4}, std::pair{16, 2}}) {
+    const auto q = RandomHalves(type, size_t(rows) * heads * hd, 41, 3.0f);
+    DeviceBuffer dq = Upload(q);
+    for (const auto& [ks, vs] : {std::pair{0.5f, 4.0f}, std::pair{0.3f, 1.7f}}) {
+      for (int ps : {4, 16, 64}) {
+        for (int window : {0, 40}) {
+          std::vector<int> lo(rows), hi(pos.begin(), pos.end());
+          for (int r = 0; r < rows; ++r) lo[r] = window > 0 ? std::max(0, pos[r] - window + 1) : 0;
+          const PagedCopy pc(rows, kv_heads, hd, cap, ps, lo, hi, 17 + ps);
+          const Fp8Cache k(type, pc.ContiguousSize(), 42, ks), v(type, pc.ContiguousSize(), 43, vs);
+          Fp8Pages fp(pc, k.codes, v.codes, ks, vs);
+          DeviceBuffer dk = Upload(k.values), dv = Upload(v.values);
+          for (int splits : {1, 3}) {
+            SCOPED_TRACE(testing::Message()
+                         << heads << " heads over " << kv_heads << ", scales " << ks << "/" << vs
+                         << ", page size " << ps << ", window " << window << ", " << splits
+                         << " splits");
+            DeviceBuffer part, counters, out[2];
+            ASSERT_TRUE(
+                part.Allocate(AttentionPartialFloats(rows, heads, hd, splits) * sizeof(float))
+                    .ok());
+            ASSERT_TRUE(counters.Allocate(size_t(rows) * kv_heads * 4).ok());
+            ASSERT_EQ(cudaMemset(counters.get(), 0, counters.size()), cudaSuccess);
+            for (DeviceBuffer& o : out) ASSERT_TRUE(o.Allocate(q.size() * 2).ok());
+            const AttentionParams params{0.125f, window};
+            ASSERT_TRUE(LaunchAttention(type, dq.get(), dk.get(), dv.get(), dpos.as<int32_t>(),
+                                        dseq.as<int32_t>(), part.as<float>(), out[0].get(), rows,
+                                        heads, kv_heads, hd, cap, splits, params, nullptr,
+                                        counters.as<uint32_t>())
+                            .ok());
+            const absl::Status st = LaunchAttentionPaged(
+                type, dq.get(), fp.pages, dpos.as<int32_t>(), dseq.as<int32_t>(), part.as<float>(),
+                out[1].get(), rows, heads, kv_heads, hd, splits, params, nullptr,
+                counters.as<uint32_t>());
+            ASSERT_TRUE(st.ok()) << st;
+            const auto want = Download(out[0], q.size()), got = Download(out[1], q.size());
+            if (ks == 0.5f) {
+              EXPECT_EQ(got, want);
+              continue;
             }
+            std::vector<float> gf(q.size()), wf(q.size());
+            ToFloat(type, got.data(), got.size(), gf.data());
+            ToFloat(type, want.data(), want.size(), wf.data());
+            const float tol = type == DType::kF16 ? 4e-3f : 3e-2f;
+            int bad = 0;
+            for (size_t i = 0; i < gf.size(); ++i) {
+              if (!(std::fabs(gf[i] - wf[i]) <= tol) && ++bad <= 5) {
+                ADD_FAILURE() << "output " << i << ": FP8 pages " << gf[i] << ", values " << wf[i];
+              }
+            }
+            EXPECT_EQ(bad, 0);
           }
-          EXPECT_EQ(bad, 0);
         }
       }
     }
