@@ -116,11 +116,27 @@ int main(int argc, char** argv) {
     std::printf("run folder: %s\n", args[2]);
     return 0;
   }
+  if (args.size() >= 3 && std::string(args[1]) == "compare") {
+    // Run folders side by side (e.g. one sweep per precision), as a markdown table on stdout.
+    std::vector<tandem::loadgen::SweepResult> runs;
+    for (size_t i = 2; i < args.size(); ++i) {
+      absl::StatusOr<tandem::loadgen::SweepResult> r = tandem::loadgen::ReadResults(args[i]);
+      if (!r.ok()) {
+        std::fprintf(stderr, "error: %s\n", std::string(r.status().message()).c_str());
+        return 2;
+      }
+      runs.push_back(*std::move(r));
+    }
+    std::fputs(tandem::loadgen::CompareRuns(runs).c_str(), stdout);
+    return 0;
+  }
   if (args.size() != 2 || std::string(args[1]) != "sweep") {
     std::fprintf(stderr,
                  "usage: tandem-loadgen sweep [flags] (see --help)\n"
                  "       tandem-loadgen report RUN_FOLDER (summary.md and plots from its "
-                 "results.json)\n");
+                 "results.json)\n"
+                 "       tandem-loadgen compare RUN_FOLDER... (the runs side by side, e.g. one "
+                 "per precision: a markdown table on stdout)\n");
     return 2;
   }
   tandem::loadgen::SweepOptions o;

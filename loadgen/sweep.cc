@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -148,6 +149,24 @@ double Percentile(std::vector<double> v, double p) {
   const size_t lo = static_cast<size_t>(std::floor(pos));
   const size_t hi = std::min(lo + 1, v.size() - 1);
   return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+std::string WorkerPrecision(const std::vector<std::vector<MetricSample>>& each) {
+  std::vector<std::string> seen;
+  for (const std::vector<MetricSample>& samples : each) {
+    for (const MetricSample& m : samples) {
+      if (m.name != "tandem_worker_precision_info" || m.value <= 0) continue;
+      auto label = [&](const char* key) {
+        auto it = m.labels.find(key);
+        return it == m.labels.end() ? std::string("?") : it->second;
+      };
+      const std::string weights = label("weights");
+      const std::string p = absl::StrCat(label("backend"), " ", label("dtype"), ", weights ",
+                                         weights == "as_stored" ? "as stored" : weights);
+      if (std::find(seen.begin(), seen.end(), p) == seen.end()) seen.push_back(p);
+    }
+  }
+  return absl::StrJoin(seen, "; ");
 }
 
 std::optional<double> GpuEnergyOfActiveWorkers(
@@ -467,6 +486,7 @@ void AddResourceUse(const std::vector<std::vector<MetricSample>>& before_each,
   if (c.has_gpu && c.wall_s > 0) c.power_w = c.energy_j / c.wall_s;
   if (c.energy_j > 0) c.tokens_per_joule = c.tokens / c.energy_j;
   c.peak_gpu_memory_bytes = peak_memory_bytes;
+  c.precision = WorkerPrecision(before_each);
   const std::map<int, StageShare> s0 = Shares(Flatten(before_each)),
                                   s1 = Shares(Flatten(after_each));
   for (const auto& [stage, sh] : s1) {

@@ -121,6 +121,9 @@ struct ConfigResult {
   double tokens_per_joule = 0;
   double peak_gpu_memory_bytes = 0;
   std::map<int, StageShare> stage_share;  // by stage index
+  // What the workers computed in, from their tandem_worker_precision_info ("cuda f16, weights
+  // fp8"; distinct settings joined by "; "); "" where no worker said.
+  std::string precision;
   bool correct = true;
   int mismatches = 0;  // outputs that differ from their reference at a clear gap (or unjudged)
   int near_ties = 0;   // outputs that differ from their reference at a near-tie
@@ -154,6 +157,17 @@ double Percentile(std::vector<double> v, double p);
 // when none reports compute time. Nullopt when no worker reports a GPU.
 std::optional<double> GpuEnergyOfActiveWorkers(const std::vector<std::vector<MetricSample>>& before,
                                                const std::vector<std::vector<MetricSample>>& after);
+
+// The workers' precision from their /metrics (one scrape per worker): each worker's
+// tandem_worker_precision_info labels as "BACKEND DTYPE, weights WEIGHTS" ("as stored" for
+// as_stored), distinct ones in order joined by "; "; "" where no worker has the series.
+std::string WorkerPrecision(const std::vector<std::vector<MetricSample>>& each);
+
+// Several run folders' results side by side (tandem-loadgen compare), one markdown row per run and
+// configuration: the run (its folder's name), the precision the workers reported, the KV-cache
+// dtype, the load, tokens/s and its ratio to the first run's configuration of the same nodes,
+// load and lengths, latency, power, tokens/J, peak GPU memory and correctness.
+std::string CompareRuns(const std::vector<SweepResult>& runs);
 
 // A closed loop: `clients` clients that start together, each calling `send(i, client)` for the
 // next request index i in [0, count) once its last has returned; `waiting`, where given, is

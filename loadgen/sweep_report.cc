@@ -1,4 +1,5 @@
 // The run folder: results.csv, results.json, summary.md and gnuplot PNGs.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -154,6 +155,7 @@ nlohmann::json Json(const SweepResult& r) {
          {"power_w", c.power_w},
          {"tokens_per_joule", c.tokens_per_joule},
          {"peak_gpu_memory_bytes", c.peak_gpu_memory_bytes},
+         {"precision", c.precision},
          {"stages_time", s},
          {"correct", c.correct},
          {"mismatches", c.mismatches},
@@ -240,6 +242,17 @@ std::string CheckRule(const SweepResult& r) {
   return md + "\n\n";
 }
 
+// The configurations' precisions, distinct ones in order joined by "; " ("" where none said).
+std::string Precisions(const SweepResult& r) {
+  std::vector<std::string> seen;
+  for (const ConfigResult& c : r.configs) {
+    if (!c.precision.empty() && std::find(seen.begin(), seen.end(), c.precision) == seen.end()) {
+      seen.push_back(c.precision);
+    }
+  }
+  return absl::StrJoin(seen, "; ");
+}
+
 // The table's "correct" cell.
 std::string CorrectCell(const ConfigResult& c) {
   if (!c.correct) return absl::StrCat("NO (", c.mismatches, " differ, ", c.errors, " failed)");
@@ -298,6 +311,10 @@ std::string Markdown(const SweepResult& r) {
   md += CheckRule(r);
   if (const std::string server = ServerLine(r.server); !server.empty()) {
     absl::StrAppend(&md, server, "\n\n");
+  }
+  if (const std::string precision = Precisions(r); !precision.empty()) {
+    absl::StrAppend(&md, "Precision (the workers' `tandem_worker_precision_info`): ", precision,
+                    ".\n\n");
   }
   for (const std::string& w : r.warnings) absl::StrAppend(&md, "**Warning:** ", w, ".\n\n");
   bool gpu = false, near_ties = false;
@@ -498,6 +515,7 @@ absl::StatusOr<ConfigResult> ReadConfig(const nlohmann::json& cj, const std::str
   rc.Get(cj, "power_w", &c.power_w);
   rc.Get(cj, "tokens_per_joule", &c.tokens_per_joule);
   rc.Get(cj, "peak_gpu_memory_bytes", &c.peak_gpu_memory_bytes);
+  if (cj.contains("precision")) rc.Get(cj, "precision", &c.precision);  // recorded since 2026-11
   rc.Get(cj, "correct", &c.correct);
   rc.Get(cj, "mismatches", &c.mismatches);
   // Absent from results written before outputs were judged by the agreement rule.
@@ -761,6 +779,53 @@ absl::Status WriteReport(const SweepResult& r) {
   absl::StatusOr<PlotAxes> axes = WritePlotData(r, dir / "plots");
   if (!axes.ok()) return axes.status();
   return DrawPlots(r, *axes);
+}
+
+std::string CompareRuns(const std::vector<SweepResult>& runs) {
+  std::string md =
+      "| run | precision | KV-cache | nodes | load | prompt | output | tokens/s | vs first run | "
+      "TTFT p50 (ms) | ITL p50 (ms) | power (W) | tokens/J | peak GPU mem (GiB) | correct |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  // The first run's configuration of the same nodes, load, workload and lengths.
+  auto baseline = [&](const ConfigResult& c) -> const ConfigResult* {
+    if (runs.empty()) return nullptr;
+    for (const ConfigResult& b : runs.front().configs) {
+      if (b.nodes == c.nodes && b.prefill_nodes == c.prefill_nodes && b.mode == c.mode &&
+          Load(b) == Load(c) && b.workload == c.workload && b.prompt_len == c.prompt_len &&
+          b.output_len == c.output_len) {
+        return &b;
+      }
+    }
+    return nullptr;
+  };
+  for (const SweepResult& r : runs) {
+    const std::string name = r.options.out.filename().empty()
+                                 ? r.options.out.parent_path().filename().string()
+                                 : r.options.out.filename().string();
+    const std::string kv = r.server.kv_cache_dtype.empty() ? "n/a" : r.server.kv_cache_dtype;
+    for (const ConfigResult& c : r.configs) {
+      const ConfigResult* b = baseline(c);
+      const std::string ratio = b != nullptr && b->tokens_per_s > 0
+                                    ? absl::StrFormat("%.2fx", c.tokens_per_s / b->tokens_per_s)
+                                    : "n/a";
+      const std::string load =
+          absl::StrFormat("%s %g%s", c.mode == "closed" ? "batch" : "rate", Load(c),
+                          c.workload == "fixed" ? "" : absl::StrCat(" (", c.workload, ")"));
+      absl::StrAppend(
+          &md,
+          absl::StrFormat(
+              "| %s | %s | %s | %d | %s | %d | %d | %.1f | %s | %.1f | %.1f | %s | %s | %s | %s "
+              "|\n",
+              name, c.precision.empty() ? "not reported" : c.precision, kv, c.nodes, load,
+              c.prompt_len, c.output_len, c.tokens_per_s, ratio, c.ttft_p50 * 1e3, c.itl_p50 * 1e3,
+              c.has_gpu ? absl::StrFormat("%.1f", c.power_w) : "n/a",
+              c.has_gpu ? absl::StrFormat("%.2f", c.tokens_per_joule) : "n/a",
+              c.has_gpu ? absl::StrFormat("%.2f", c.peak_gpu_memory_bytes / (1024.0 * 1024 * 1024))
+                        : "n/a",
+              CorrectCell(c)));
+    }
+  }
+  return md;
 }
 
 }  // namespace tandem::loadgen

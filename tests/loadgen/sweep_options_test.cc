@@ -113,6 +113,27 @@ std::vector<MetricSample> Page(const std::string& uuid, double joules, double co
   return s;
 }
 
+TEST(WorkerPrecisionTest, NamesEachDistinctSettingOnce) {
+  auto info = [](std::string backend, std::string dtype, std::string weights) {
+    return MetricSample{"tandem_worker_precision_info",
+                        {{"backend", backend}, {"dtype", dtype}, {"weights", weights}},
+                        1};
+  };
+  EXPECT_EQ(WorkerPrecision({{info("cuda", "f16", "fp8")}, {info("cuda", "f16", "fp8")}}),
+            "cuda f16, weights fp8");
+  EXPECT_EQ(
+      WorkerPrecision(
+          {{info("cuda", "f16", "fp8")}, Page("GPU-a", 1, 1), {info("cpu", "f32", "as_stored")}}),
+      "cuda f16, weights fp8; cpu f32, weights as stored");
+  // No worker has the series (or a scrape failed): nothing said.
+  EXPECT_EQ(WorkerPrecision({Page("GPU-a", 1, 1), {}}), "");
+  // A series at 0 is not the worker's setting.
+  MetricSample off = info("cuda", "bf16", "as_stored");
+  off.value = 0;
+  EXPECT_EQ(WorkerPrecision({{off, info("cuda", "f16", "as_stored")}}),
+            "cuda f16, weights as stored");
+}
+
 TEST(GpuEnergyTest, CountsOnlyTheGpusOfWorkersThatComputed) {
   // Worker 0 computed (2 -> 5 s) and used 300 J; worker 1 sat idle and used 80 J.
   const std::optional<double> j =

@@ -82,6 +82,7 @@ SweepResult Sample(const fs::path& out) {
                                            .token = "12"}});
     }
     for (int s = 0; s < nodes; ++s) c.stage_share[s] = StageShare{1.5 + s, 0.25, 1e6};
+    c.precision = nodes == 1 ? "cuda f16, weights fp8" : "cuda f16, weights as stored";
     r.configs.push_back(c);
   }
   return r;
@@ -114,6 +115,7 @@ TEST(ReadResultsTest, ReadsBackWhatWriteReportWrote) {
     EXPECT_EQ(a.correct, b.correct);
     EXPECT_EQ(a.mismatches, b.mismatches);
     EXPECT_EQ(a.near_ties, b.near_ties);
+    EXPECT_EQ(a.precision, b.precision);
     ASSERT_EQ(a.differences.size(), b.differences.size());
     for (size_t k = 0; k < b.differences.size(); ++k) {
       EXPECT_EQ(a.differences[k].prompt, b.differences[k].prompt);
@@ -137,6 +139,8 @@ TEST(ReadResultsTest, ReadsBackWhatWriteReportWrote) {
   std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   EXPECT_THAT(text, HasSubstr("| 2 | 4 | 16 | 8 | 51.2 |"));
   EXPECT_THAT(text, HasSubstr("Server: model m (weights bfloat16, KV-cache fp8_e4m3)"));
+  EXPECT_THAT(text, HasSubstr("Precision (the workers' `tandem_worker_precision_info`): cuda f16, "
+                              "weights fp8; cuda f16, weights as stored.\n"));
   EXPECT_THAT(text, HasSubstr("NO (1 differ, 1 failed)"));
   // The rule that judged, and each difference with the reference's gap at its first token.
   EXPECT_THAT(text, HasSubstr("Correctness: **FAIL**"));
@@ -145,6 +149,40 @@ TEST(ReadResultsTest, ReadsBackWhatWriteReportWrote) {
               HasSubstr("near-tie: prompt 3 (x2), token 17, gap 0.003906 (`1234` -> `5678`)"));
   EXPECT_THAT(text, HasSubstr("differs: prompt 5, token 2, gap 1.25 (`11` -> `12`)"));
   EXPECT_THAT(text, HasSubstr("`--batch_invariant`"));  // near-ties with GPU workers
+}
+
+// Two runs side by side (tandem-loadgen compare): one row per run and configuration, each with
+// its precision and its tokens/s over the first run's at the same nodes, load and lengths.
+TEST(CompareRunsTest, PutsRunsSideBySideWithTheirRatioToTheFirst) {
+  SweepResult fp16 = Sample(TempDir("fp16"));
+  SweepResult fp8 = Sample(TempDir("fp8"));
+  for (ConfigResult& c : fp16.configs) c.precision = "cuda f16, weights as stored";
+  for (ConfigResult& c : fp8.configs) {
+    c.precision = "cuda f16, weights fp8";
+    c.tokens_per_s *= 1.5;
+  }
+  fp8.server.kv_cache_dtype = "auto";
+  fp8.configs[1].prompt_len = 32;  // no configuration of the first run to compare with
+  const std::string md = CompareRuns({fp16, fp8});
+  const std::string name16 = fp16.options.out.filename().string();
+  const std::string name8 = fp8.options.out.filename().string();
+  EXPECT_THAT(md, HasSubstr("| run | precision | KV-cache | nodes | load |"));
+  EXPECT_THAT(md, HasSubstr("| " + name16 +
+                            " | cuda f16, weights as stored | fp8_e4m3 | 1 | batch "
+                            "4 | 16 | 8 | 25.6 | 1.00x | 10.0 |"));
+  EXPECT_THAT(md, HasSubstr("| " + name16 +
+                            " | cuda f16, weights as stored | fp8_e4m3 | 2 | batch "
+                            "4 | 16 | 8 | 51.2 | 1.00x |"));
+  EXPECT_THAT(md, HasSubstr("| " + name8 +
+                            " | cuda f16, weights fp8 | auto | 1 | batch 4 | 16 | "
+                            "8 | 38.4 | 1.50x |"));
+  EXPECT_THAT(md, HasSubstr("| " + name8 +
+                            " | cuda f16, weights fp8 | auto | 2 | batch 4 | 32 | "
+                            "8 | 76.8 | n/a |"));
+  EXPECT_THAT(md, HasSubstr("| 400.0 | 0.64 | 2.79 | yes |"));
+  // A run whose workers did not say.
+  fp8.configs[0].precision.clear();
+  EXPECT_THAT(CompareRuns({fp8}), HasSubstr("| not reported |"));
 }
 
 TEST(SummaryTest, TheServerLineSaysOnlyWhatTheServerSaid) {

@@ -153,6 +153,11 @@ TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
   EXPECT_THAT(md, HasSubstr("**pass**"));
   EXPECT_THAT(md, HasSubstr("4 KV slots per pipeline"));
   EXPECT_THAT(md, HasSubstr("**Warning:** batch 8"));
+  // What the worker said it computes in (its tandem_worker_precision_info), in the summary and
+  // each configuration's results.
+  EXPECT_THAT(md, HasSubstr("Precision (the workers' `tandem_worker_precision_info`): cpu f32, "
+                            "weights as stored.\n"));
+  EXPECT_EQ(j["configs"][0]["precision"], "cpu f32, weights as stored");
 
   for (const char* png : {"throughput_vs_batch.png", "latency_vs_batch.png",
                           "speedup_vs_nodes.png", "efficiency_vs_nodes.png", "compute_comm.png"}) {
