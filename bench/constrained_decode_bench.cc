@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/flags_usage.h"
 #include "common/model_config.h"
 #include "common/rng.h"
 #include "common/status_macros.h"
@@ -170,7 +170,8 @@ absl::Status Bench() {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  tandem::SetProgramUsage("tandem-constrained-bench --model DIR [--batch 1,64] [--prompt 128]");
+  tandem::ParseFlags(argc, argv);
   if (!tandem::CudaDeviceAvailable()) {
     std::fprintf(stderr, "tandem-constrained-bench: no CUDA device is available\n");
     return 1;

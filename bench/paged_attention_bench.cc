@@ -21,10 +21,10 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/flags_usage.h"
 #include "common/status_macros.h"
 #include "worker/cuda/cuda_check.h"
 #include "worker/cuda/kernels.h"
@@ -270,7 +270,10 @@ std::vector<int> Positive(const std::vector<std::string>& items) {
 }
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  tandem::SetProgramUsage(
+      "tandem-paged-attention-bench [--contexts 512,2048,8192] [--batches 1,64] [--heads 32] "
+      "[--kv_heads 8] [--head_dim 128] [--dtype f16|bf16] [--prefill=true] [--iters 20]");
+  tandem::ParseFlags(argc, argv);
   tandem::cuda::shape = {
       absl::GetFlag(FLAGS_heads), absl::GetFlag(FLAGS_kv_heads), absl::GetFlag(FLAGS_head_dim),
       absl::GetFlag(FLAGS_dtype) == "bf16" ? tandem::DType::kBF16 : tandem::DType::kF16};
