@@ -228,6 +228,16 @@ absl::StatusOr<std::vector<int>> PromptLengths() {
   return prompts;
 }
 
+// The CUDA stage's options from the flags (--graphs, --gemv_max_rows, --batch_invariant).
+CudaOptions OptionsFromFlags(DType dtype) {
+  CudaOptions opt;
+  opt.dtype = dtype;
+  opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
+  opt.gemv_max_rows = absl::GetFlag(FLAGS_gemv_max_rows);
+  opt.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  return opt;
+}
+
 // --quantization and --kv_cache_dtype into `spec` (FP8 weights quantized at load, an FP8
 // KV-cache), checked against the page sizes the stages will have; returns the KV-cache dtype.
 absl::StatusOr<KvCacheDType> ApplyPrecisionFlags(StageSpec& spec, const std::vector<int>& pages) {
@@ -446,11 +456,7 @@ absl::Status Bench() {
   StageSpec spec;
   spec.model_dir = model;
   spec.max_slots = *std::max_element(batches.begin(), batches.end());
-  CudaOptions opt;
-  opt.dtype = dtype;
-  opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
-  opt.gemv_max_rows = absl::GetFlag(FLAGS_gemv_max_rows);
-  opt.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  CudaOptions opt = OptionsFromFlags(dtype);
   opt.kv_memory_fraction = static_cast<float>(absl::GetFlag(FLAGS_kv_memory_fraction));
   const bool profile = absl::GetFlag(FLAGS_profile);
   const int steps = new_tokens;
@@ -557,11 +563,7 @@ absl::Status DumpLogits(const std::string& in_path, const std::string& out_path)
   spec.model_dir = model;
   spec.max_slots = 1;
   spec.max_seq_len = std::min<int>(c.max_positions, longest + steps);
-  CudaOptions opt;
-  opt.dtype = dtype;
-  opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
-  opt.gemv_max_rows = absl::GetFlag(FLAGS_gemv_max_rows);
-  opt.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  const CudaOptions opt = OptionsFromFlags(dtype);
   ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, MakeCudaStage(spec, opt));
 
   std::ofstream out(out_path);
@@ -640,11 +642,7 @@ absl::Status Agreement(int count) {
     ASSIGN_OR_RETURN(test_dtype,
                      ParseHalfDTypeFlag(absl::GetFlag(FLAGS_test_dtype), "--test_dtype"));
   }
-  CudaOptions opt;
-  opt.dtype = dtype;
-  opt.cuda_graphs = absl::GetFlag(FLAGS_graphs);
-  opt.gemv_max_rows = absl::GetFlag(FLAGS_gemv_max_rows);
-  opt.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  const CudaOptions opt = OptionsFromFlags(dtype);
   ASSIGN_OR_RETURN(std::unique_ptr<Stage> ref_stage, MakeCudaStage(reference, opt));
   CudaOptions test_opt = opt;
   test_opt.dtype = test_dtype;

@@ -7,28 +7,12 @@
 # LENGTHS, STEPS decode steps each, fed the fp16 stage's greedy tokens). Results to $OUT.
 set -u
 cd "$(dirname "$0")/../../.."
-out=${OUT:-/tmp/tandem-fp8-agreement}
-mkdir -p "$out"
-export PACK=${PACK:-.carry-pack-agree}
-source scripts/carry-unpack
-bin=$PWD/.carry/bin
-models=/tmp/tandem-models
-rc=0
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
-export TANDEM_TEST_TMPDIR=/tmp/tandem-gpu-tests
-mkdir -p "$TANDEM_TEST_TMPDIR"
-t0=$SECONDS
-for t in ${TESTS-fp8_kernels_test kv_pages_test cuda_stage_fp8_test}; do
-  echo "== $t" | tee -a "$out/tests.log"
-  timeout 240 "$bin/$t" > "/tmp/$t.log" 2>&1
-  st=$?
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]' "/tmp/$t.log" | tee -a "$out/tests.log"
-  [ "$st" -eq 0 ] || { rc=1; grep -B12 -E '^\[  FAILED' "/tmp/$t.log" | head -80 | tee -a "$out/tests.log"; }
-done
-echo "tests done at $((SECONDS - t0)) s" | tee -a "$out/device.txt"
+source docs/results/gpu-lib.sh
+gpu_setup /tmp/tandem-fp8-agreement .carry-pack-agree
+# shellcheck disable=SC2086
+gpu_tests 240 ${TESTS-fp8_kernels_test kv_pages_test cuda_stage_fp8_test}
 m=${MODEL:-llama3.1-8b}
-[ -f "$models/$m/config.json" ] ||
-  "$bin/tandem-make-model" --preset "$m" --dtype f16 --seed 1 --out "$models/$m" > /dev/null || rc=1
+gpu_model "$m"
 # bf16 weights and KV-cache against fp16 first: the drift of a precision everyone serves in, as a
 # scale for FP8's on random weights (whose 32 untrained layers compound every rounding).
 # PRECISIONS: others, separated by ';'.

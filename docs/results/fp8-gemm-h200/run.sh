@@ -8,28 +8,11 @@
 # fp16 and FP8 (tools/accuracy). Results to $OUT: tests.log, bench.md, bench-*.json, summary.txt.
 set -u
 cd "$(dirname "$0")/../../.."
-out=${OUT:-/tmp/tandem-fp8-gemm}
-mkdir -p "$out"
-export PACK=${PACK:-.carry-pack-fp8}
-source scripts/carry-unpack
-bin=$PWD/.carry/bin
-models=/tmp/tandem-models
-rc=0
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
-export TANDEM_TEST_TMPDIR=/tmp/tandem-gpu-tests
-mkdir -p "$TANDEM_TEST_TMPDIR"
-t0=$SECONDS
-for t in fp8_kernels_test cuda_stage_fp8_test; do
-  echo "== $t" | tee -a "$out/tests.log"
-  timeout 120 "$bin/$t" > "/tmp/$t.log" 2>&1
-  st=$?
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]' "/tmp/$t.log" | tee -a "$out/tests.log"
-  grep -E -A1 'FP8 GEMM scales|Skipped$' "/tmp/$t.log" | head -6 | tee -a "$out/tests.log"
-  [ "$st" -eq 0 ] || { rc=1; grep -B12 -E '^\[  FAILED' "/tmp/$t.log" | head -80 >> "$out/tests.log"; }
-done
+source docs/results/gpu-lib.sh
+gpu_setup /tmp/tandem-fp8-gemm .carry-pack-fp8
+TEST_EXTRA='FP8 GEMM scales|Skipped$' gpu_tests 120 fp8_kernels_test cuda_stage_fp8_test
 m=llama3.1-8b
-[ -f "$models/$m/config.json" ] ||
-  "$bin/tandem-make-model" --preset "$m" --dtype f16 --seed 1 --out "$models/$m" > /dev/null || rc=1
+gpu_model "$m"
 for q in none fp8; do
   flag=""; [ "$q" = fp8 ] && flag="--quantization=fp8"
   for shape in "1,64 128 128 decode" "1 8192 1 prefill"; do

@@ -10,25 +10,11 @@
 # KV-cache. Results to $OUT.
 set -u
 cd "$(dirname "$0")/../../.."
-out=${OUT:-/tmp/tandem-fp8-kv}
-mkdir -p "$out"
-export PACK=${PACK:-.carry-pack-kv8}
-source scripts/carry-unpack
-bin=$PWD/.carry/bin
-models=/tmp/tandem-models
-rc=0
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
-export TANDEM_TEST_TMPDIR=/tmp/tandem-gpu-tests
-mkdir -p "$TANDEM_TEST_TMPDIR"
-t0=$SECONDS
-for t in ${TESTS-kv_pages_test cuda_stage_paged_test cuda_stage_fp8_test cuda_stage_prompt_test cuda_stage_test}; do
-  echo "== $t" | tee -a "$out/tests.log"
-  timeout 240 "$bin/$t" > "/tmp/$t.log" 2>&1
-  st=$?
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|relative error at most' "/tmp/$t.log" | tee -a "$out/tests.log"
-  [ "$st" -eq 0 ] || { rc=1; grep -B12 -E '^\[  FAILED' "/tmp/$t.log" | head -80 >> "$out/tests.log"; }
-done
-echo "tests done at $((SECONDS - t0)) s" | tee -a "$out/device.txt"
+source docs/results/gpu-lib.sh
+gpu_setup /tmp/tandem-fp8-kv .carry-pack-kv8
+# shellcheck disable=SC2086
+TEST_EXTRA='relative error at most' gpu_tests 240 \
+  ${TESTS-kv_pages_test cuda_stage_paged_test cuda_stage_fp8_test cuda_stage_prompt_test cuda_stage_test}
 if [ "${ATTENTION:-true}" = true ]; then
   timeout 200 "$bin/tandem-paged-attention-bench" --prefill=false --contexts 2048,8192 \
     --batches 1,64 > "$out/attention.md" 2>&1 || rc=1
@@ -36,8 +22,7 @@ if [ "${ATTENTION:-true}" = true ]; then
     > "$out/attention-prefill.md" 2>&1 || rc=1
 fi
 m=llama3.1-8b
-[ -f "$models/$m/config.json" ] ||
-  "$bin/tandem-make-model" --preset "$m" --dtype f16 --seed 1 --out "$models/$m" > /dev/null || rc=1
+gpu_model "$m"
 for prompt in ${PROMPTS:-1024 4096}; do
   for kv in auto fp8; do
     echo "== $m KV-cache $kv (batch 1,64, prompt $prompt)" | tee -a "$out/bench.md"

@@ -7,23 +7,10 @@
 # paged-attention.md, bench.md, bench-*.json.
 set -u
 cd "$(dirname "$0")/../../.."
-out=${OUT:-/tmp/tandem-paged-cuda}
-mkdir -p "$out"
-export PACK=${PACK:-.carry-pack}
-source scripts/carry-unpack
-bin=$PWD/.carry/bin
-models=/tmp/tandem-models
-rc=0
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
-export TANDEM_TEST_TMPDIR=/tmp/tandem-gpu-tests
-mkdir -p "$TANDEM_TEST_TMPDIR"
-for t in ${TESTS-cuda_stage_paged_test kv_pages_test cuda_stage_test}; do
-  echo "== $t" | tee -a "$out/tests.log"
-  timeout 120 "$bin/$t" > "$out/$t.log" 2>&1
-  st=$?
-  grep -E '^\[  (PASSED|FAILED) |^\[==========\]' "$out/$t.log" | tail -4 | tee -a "$out/tests.log"
-  [ "$st" -eq 0 ] || { rc=1; grep -B8 -E '^\[  FAILED' "$out/$t.log" | head -80 >> "$out/tests.log"; }
-done
+source docs/results/gpu-lib.sh
+gpu_setup /tmp/tandem-paged-cuda .carry-pack
+# shellcheck disable=SC2086
+gpu_tests 120 ${TESTS-cuda_stage_paged_test kv_pages_test cuda_stage_test}
 timeout 150 "$bin/tandem-paged-attention-bench" --iters 10 > "$out/paged-attention.md" 2>&1 || rc=1
 for m in ${MODELS-llama3.1-8b}; do
   [ -f "$models/$m/config.json" ] ||
