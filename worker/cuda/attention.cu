@@ -644,17 +644,17 @@ int AttentionSplits(int rows, int num_kv_heads, int max_context, int sm_count) {
   return static_cast<int>(std::max<int64_t>(1, most));
 }
 
+bool AttentionLanesKernelTakes(int head_dim, int group) {
+  // Lane groups of 8, 16 or 32 lanes hold up to 128 dimensions in vectors of 8 (or 4) elements;
+  // the kernel is built for groups of 1, 2, 4 and 8.
+  return head_dim > 0 && head_dim <= 128 && head_dim % 4 == 0 && group >= 1 && group <= 8;
+}
+
 size_t AttentionPartialFloats(int rows, int num_heads, int head_dim, int splits) {
   return static_cast<size_t>(rows) * splits * num_heads * (head_dim + 2);
 }
 
 namespace {
-
-// Shapes AttentionLanesKernel is built for.
-bool LanesKernelTakes(int head_dim, int group) {
-  // FP8 codes are read by this kernel alone: the shapes are the same rule.
-  return Fp8PagedAttentionTakes(head_dim, group);
-}
 
 template <typename T, typename C, int kLanes, int kVec, typename Kv>
 absl::Status LaunchLanesOf(const void* q, const void* k_cache, const void* v_cache,
@@ -683,8 +683,8 @@ absl::Status LaunchLanesOf(const void* q, const void* k_cache, const void* v_cac
   return absl::OkStatus();
 }
 
-// AttentionLanesKernel for a shape LanesKernelTakes: the fewest lanes per key that hold head_dim,
-// with 16-byte loads where head_dim % 8 == 0.
+// AttentionLanesKernel for a shape AttentionLanesKernelTakes: the fewest lanes per key that hold
+// head_dim, with 16-byte loads where head_dim % 8 == 0.
 template <typename T, typename C, typename Kv>
 absl::Status LaunchLanes(const void* q, const void* k_cache, const void* v_cache,
                          const int32_t* positions, const int32_t* slots, float* part_acc,
@@ -730,7 +730,7 @@ absl::Status Launch(DType dtype, const void* q, const void* k_cache, const void*
       return absl::OkStatus();
     }
   }
-  if (LanesKernelTakes(head_dim, group)) {
+  if (AttentionLanesKernelTakes(head_dim, group)) {
     TANDEM_DISPATCH_HALF(dtype, {
       RETURN_IF_ERROR((LaunchLanes<T, T>(q, k_cache, v_cache, positions, slots, part_acc, part_ml,
                                          out, num_heads, num_kv_heads, head_dim, kv, params, grid,
@@ -804,7 +804,7 @@ absl::Status LaunchAttentionPaged(DType dtype, const void* q, const KvPages& pag
   if (rows == 0) return absl::OkStatus();
   RETURN_IF_ERROR(CheckKvPages(pages, head_dim, "paged attention"));
   RETURN_IF_ERROR(CheckAttention(num_heads, num_kv_heads, head_dim, 0, splits, params, counters));
-  if (pages.fp8 && !LanesKernelTakes(head_dim, num_heads / num_kv_heads)) {
+  if (pages.fp8 && !AttentionLanesKernelTakes(head_dim, num_heads / num_kv_heads)) {
     return absl::InvalidArgumentError(
         absl::StrCat("paged attention over FP8 codes takes head_dim up to 128 (a multiple of 4) "
                      "with at most 8 query heads per kv head, got head_dim ",

@@ -87,6 +87,10 @@ absl::Status LaunchAttention(DType dtype, const void* q, const void* k_cache, co
                              void* out, int rows, int num_heads, int num_kv_heads, int head_dim,
                              int seq_capacity, int splits, const AttentionParams& params,
                              cudaStream_t stream, uint32_t* counters, bool pdl = false);
+// Shapes the register decode-attention kernel (one lane group a key, the query and accumulators in
+// registers) is built for: head_dim a multiple of 4 up to 128, at most 8 query heads per kv head.
+// LaunchAttention and LaunchAttentionPaged run it for these; the FP8 KV-cache is read by it alone.
+bool AttentionLanesKernelTakes(int head_dim, int group);
 // Key splits of LaunchAttention (and LaunchAttentionPaged) for `rows` rows of `num_kv_heads` kv
 // heads over contexts of up to `max_context` positions on a GPU of `sm_count` SMs: enough blocks
 // to fill the GPU twice, at most kMaxAttentionSplits, and no more than the 64-key tiles of the

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model_config.h"
+#include "worker/cuda/kernels.h"
 
 namespace tandem::cuda {
 
@@ -46,7 +47,7 @@ absl::Status CheckKvPages(const KvPages& pages, int head_dim, const char* what) 
 }
 
 bool Fp8PagedAttentionTakes(int head_dim, int group) {
-  return head_dim > 0 && head_dim <= 128 && head_dim % 4 == 0 && group >= 1 && group <= 8;
+  return AttentionLanesKernelTakes(head_dim, group);
 }
 
 bool PagedDecodeAttentionTakes(int head_dim, int group) {
