@@ -2,8 +2,10 @@
 #include "worker/tensor_parallel.h"
 
 #include <algorithm>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace tandem {
 namespace {
@@ -122,6 +124,98 @@ StageWeights ShardStage(const ModelConfig& c, const StageWeights& w, int rank, i
     s.lm_head = w.lm_head;
   }
   return s;
+}
+
+namespace {
+
+// Whether `b` is a host block of `heads` K/V heads of the model's head size whose bytes match
+// its fields; `what` names it in the error.
+absl::Status CheckHostBlock(const ModelConfig& c, const KvBlock& b, int heads,
+                            const std::string& what) {
+  if (b.on_device()) {
+    return absl::InvalidArgumentError(what + ": a block in device memory (host blocks only)");
+  }
+  if (b.num_kv_heads != heads || b.head_dim != c.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", b.num_kv_heads, " K/V heads of ",
+                                                   b.head_dim, ", expected ", heads, " of ",
+                                                   c.head_dim));
+  }
+  const size_t bytes = b.expected_bytes();
+  if (bytes == 0 || b.k.size() != bytes || b.v.size() != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", b.k.size(), " and ", b.v.size(),
+                                                   " bytes of K and V, expected ", bytes));
+  }
+  return absl::OkStatus();
+}
+
+// Copies heads [from_head, from_head + count) of every (layer, position) row of `src` (rows of
+// src_heads heads) to heads [to_head, ...) of the rows of `dst` (rows of dst_heads heads).
+void CopyHeads(const std::vector<uint8_t>& src, int src_heads, int from_head,
+               std::vector<uint8_t>& dst, int dst_heads, int to_head, int count, size_t head_bytes,
+               int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(src.data() + (r * src_heads + from_head) * head_bytes, count * head_bytes,
+                dst.data() + (r * dst_heads + to_head) * head_bytes);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<KvBlock> RankKvBlock(const ModelConfig& c, const KvBlock& whole, int rank,
+                                    int ranks) {
+  RETURN_IF_ERROR(CheckHostBlock(c, whole, c.num_kv_heads, "KV block for a tensor-parallel rank"));
+  const RankHeads h = HeadsOfRank(c, rank, ranks);
+  KvBlock part = whole;
+  part.num_kv_heads = h.kv_count;
+  part.k.assign(part.expected_bytes(), 0);
+  part.v.assign(part.expected_bytes(), 0);
+  const size_t head_bytes = static_cast<size_t>(c.head_dim) * DTypeSize(whole.dtype);
+  const int64_t rows = static_cast<int64_t>(whole.num_layers) * whole.positions;
+  CopyHeads(whole.k, c.num_kv_heads, h.first_kv, part.k, h.kv_count, 0, h.kv_count, head_bytes,
+            rows);
+  CopyHeads(whole.v, c.num_kv_heads, h.first_kv, part.v, h.kv_count, 0, h.kv_count, head_bytes,
+            rows);
+  return part;
+}
+
+absl::StatusOr<KvBlock> WholeKvBlock(const ModelConfig& c, const std::vector<KvBlock>& parts,
+                                     int ranks) {
+  if (static_cast<int>(parts.size()) != ranks || ranks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV block of a tensor-parallel stage: ", parts.size(), " parts from ", ranks, " ranks"));
+  }
+  const KvBlock& first = parts.front();
+  for (int r = 0; r < ranks; ++r) {
+    const KvBlock& p = parts[r];
+    const std::string what = absl::StrCat("KV block of tensor-parallel rank ", r);
+    RETURN_IF_ERROR(CheckHostBlock(c, p, HeadsOfRank(c, r, ranks).kv_count, what));
+    if (p.dtype != first.dtype || p.first_layer != first.first_layer ||
+        p.num_layers != first.num_layers || p.positions != first.positions ||
+        p.version != first.version) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": layers [", p.first_layer, ", ", p.first_layer + p.num_layers, "), ", p.positions,
+          " positions of ", std::string(DTypeName(p.dtype)), "; rank 0's: [", first.first_layer,
+          ", ", first.first_layer + first.num_layers, "), ", first.positions, " of ",
+          std::string(DTypeName(first.dtype))));
+    }
+  }
+  KvBlock whole = first;
+  whole.num_kv_heads = c.num_kv_heads;
+  whole.k.assign(whole.expected_bytes(), 0);
+  whole.v.assign(whole.expected_bytes(), 0);
+  const size_t head_bytes = static_cast<size_t>(c.head_dim) * DTypeSize(first.dtype);
+  const int64_t rows = static_cast<int64_t>(first.num_layers) * first.positions;
+  int next = 0;  // the first K/V head no rank before this one held
+  for (int r = 0; r < ranks; ++r) {
+    const RankHeads h = HeadsOfRank(c, r, ranks);
+    if (h.first_kv + h.kv_count <= next) continue;  // a replica of heads already taken
+    CopyHeads(parts[r].k, h.kv_count, 0, whole.k, c.num_kv_heads, h.first_kv, h.kv_count,
+              head_bytes, rows);
+    CopyHeads(parts[r].v, h.kv_count, 0, whole.v, c.num_kv_heads, h.first_kv, h.kv_count,
+              head_bytes, rows);
+    next = h.first_kv + h.kv_count;
+  }
+  return whole;
 }
 
 }  // namespace tandem

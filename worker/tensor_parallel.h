@@ -10,8 +10,12 @@
 // fewer than the ranks are replicated: ranks / num_kv_heads ranks share one.
 #pragma once
 
+#include <vector>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/model_config.h"
+#include "worker/stage.h"
 #include "worker/weights.h"
 
 namespace tandem {
@@ -41,5 +45,18 @@ LayerWeights ShardLayer(const ModelConfig& c, const LayerWeights& w, int rank, i
 // and LM head on rank 0 alone (it samples; the others end with the hidden states, has_head
 // false).
 StageWeights ShardStage(const ModelConfig& c, const StageWeights& w, int rank, int ranks);
+
+// A sequence's KV-cache between a split stage and a whole one (moves between tensor-parallel
+// groups of different sizes): rank `rank`'s part of `whole`, a host block of all of the model's
+// K/V heads, is its K/V heads (HeadsOfRank) at every layer and position; and the whole block is
+// the ranks' parts (in rank order, host blocks as RankKvBlock gives them) side by side, a head
+// that several ranks hold taken from the first. INVALID_ARGUMENT naming what does not fit: a
+// block on a device, heads or head size other than the model's (or the rank's), bytes that do
+// not match the fields, parts that disagree in layers, positions or dtype, a count of parts other
+// than `ranks`.
+absl::StatusOr<KvBlock> RankKvBlock(const ModelConfig& c, const KvBlock& whole, int rank,
+                                    int ranks);
+absl::StatusOr<KvBlock> WholeKvBlock(const ModelConfig& c, const std::vector<KvBlock>& parts,
+                                     int ranks);
 
 }  // namespace tandem

@@ -2,6 +2,8 @@
 // checks of a tensor-parallel size against a model's heads and MLP width.
 #include "worker/tensor_parallel.h"
 
+#include <cstring>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -104,6 +106,106 @@ TEST(CheckTensorParallelTest, SizesThatDoNotSplitTheModelAreRefusedNamingTheNumb
   mlp.intermediate_size = 6;
   EXPECT_THAT(CheckTensorParallel(mlp, 4).message(), HasSubstr("MLP width 6"));
   EXPECT_FALSE(CheckTensorParallel(Tiny(Arch::kLlama, 2), 0).ok());
+}
+
+// A host block of `kv` K/V heads of head_dim 1 (f32), 2 layers x 3 positions: element (row, head)
+// holds 10 * row + head.
+KvBlock Block(int kv, float salt = 0.0f) {
+  KvBlock b;
+  b.dtype = DType::kF32;
+  b.first_layer = 1;
+  b.num_layers = 2;
+  b.num_kv_heads = kv;
+  b.head_dim = 1;
+  b.positions = 3;
+  std::vector<float> k, v;
+  for (int row = 0; row < 6; ++row) {
+    for (int h = 0; h < kv; ++h) {
+      k.push_back(10.0f * row + h + salt);
+      v.push_back(-10.0f * row - h - salt);
+    }
+  }
+  b.k.resize(k.size() * 4);
+  b.v.resize(v.size() * 4);
+  std::memcpy(b.k.data(), k.data(), b.k.size());
+  std::memcpy(b.v.data(), v.data(), b.v.size());
+  return b;
+}
+
+std::vector<float> Floats(const std::vector<uint8_t>& bytes) {
+  std::vector<float> f(bytes.size() / 4);
+  std::memcpy(f.data(), bytes.data(), bytes.size());
+  return f;
+}
+
+// Rank r of 2 over 2 K/V heads holds head r of every layer and position; the ranks' parts side by
+// side are the block again.
+TEST(KvBlockSplitTest, EachRankTakesItsHeadsAndThePartsMakeTheWhole) {
+  const ModelConfig c = Tiny(Arch::kLlama, 2);
+  const KvBlock whole = Block(2);
+  std::vector<KvBlock> parts;
+  for (int r = 0; r < 2; ++r) {
+    absl::StatusOr<KvBlock> p = RankKvBlock(c, whole, r, 2);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->num_kv_heads, 1);
+    EXPECT_EQ(p->first_layer, 1);
+    EXPECT_EQ(p->positions, 3);
+    const float f = static_cast<float>(r);
+    EXPECT_THAT(Floats(p->k), ElementsAre(f, 10 + f, 20 + f, 30 + f, 40 + f, 50 + f));
+    EXPECT_THAT(Floats(p->v), ElementsAre(-f, -10 - f, -20 - f, -30 - f, -40 - f, -50 - f));
+    parts.push_back(*std::move(p));
+  }
+  absl::StatusOr<KvBlock> back = WholeKvBlock(c, parts, 2);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->num_kv_heads, 2);
+  EXPECT_EQ(back->k, whole.k);
+  EXPECT_EQ(back->v, whole.v);
+}
+
+// 2 K/V heads over 4 ranks: ranks 0 and 1 hold head 0, ranks 2 and 3 head 1; the whole block
+// takes each head from the first rank that holds it.
+TEST(KvBlockSplitTest, ReplicatedHeadsComeFromTheFirstRankThatHoldsThem) {
+  const ModelConfig c = Tiny(Arch::kLlama, 2);
+  const KvBlock whole = Block(2);
+  std::vector<KvBlock> parts;
+  for (int r = 0; r < 4; ++r) {
+    absl::StatusOr<KvBlock> p = RankKvBlock(c, whole, r, 4);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(Floats(p->k)[0], r < 2 ? 0.0f : 1.0f) << "rank " << r;
+    parts.push_back(*std::move(p));
+  }
+  parts[1] = *RankKvBlock(c, Block(2, 0.5f), 1, 4);  // a replica that differs: not read
+  parts[3] = *RankKvBlock(c, Block(2, 0.5f), 3, 4);
+  absl::StatusOr<KvBlock> back = WholeKvBlock(c, parts, 4);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->k, whole.k);
+  EXPECT_EQ(back->v, whole.v);
+}
+
+TEST(KvBlockSplitTest, BlocksThatDoNotFitAreRefusedNamingWhy) {
+  const ModelConfig c = Tiny(Arch::kLlama, 2);
+  KvBlock b = Block(2);
+  b.num_kv_heads = 1;  // bytes of 2 heads
+  EXPECT_THAT(RankKvBlock(c, b, 0, 2).status().message(),
+              HasSubstr("1 K/V heads of 1, expected 2"));
+  b = Block(2);
+  b.k.pop_back();
+  EXPECT_THAT(RankKvBlock(c, b, 0, 2).status().message(), HasSubstr("bytes of K and V"));
+  b = Block(2);
+  b.device_k = std::shared_ptr<uint8_t>(new uint8_t[1], std::default_delete<uint8_t[]>());
+  EXPECT_THAT(RankKvBlock(c, b, 0, 2).status().message(), HasSubstr("device memory"));
+
+  std::vector<KvBlock> parts = {*RankKvBlock(c, Block(2), 0, 2), *RankKvBlock(c, Block(2), 1, 2)};
+  EXPECT_THAT(WholeKvBlock(c, parts, 4).status().message(), HasSubstr("2 parts from 4 ranks"));
+  parts[1].positions = 2;
+  parts[1].k.resize(parts[1].expected_bytes());
+  parts[1].v.resize(parts[1].expected_bytes());
+  const absl::Status st = WholeKvBlock(c, parts, 2).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("rank 1: layers [1, 3), 2 positions"));
+  parts[1] = *RankKvBlock(c, Block(2), 0, 2);
+  parts[1].num_kv_heads = 2;  // rank 1 holds one head
+  EXPECT_THAT(WholeKvBlock(c, parts, 2).status().message(), HasSubstr("expected 1 of 1"));
 }
 
 }  // namespace

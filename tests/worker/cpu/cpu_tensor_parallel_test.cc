@@ -1,13 +1,14 @@
 // The CPU stage over tensor-parallel thread ranks against the same stage whole: the same logits
 // within fp32 rounding and the same greedy tokens, over GPT-2, Llama with GQA (at TP4 fewer K/V
-// heads than ranks) and Qwen3, whole and as the second of two pipeline stages; and with FP8
-// KV-caches on pages.
+// heads than ranks) and Qwen3, whole and as the second of two pipeline stages; with FP8
+// KV-caches on pages; and a sequence's KV-cache moved between the split stage and the whole one.
 #include "worker/cpu/cpu_tensor_parallel.h"
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <tuple>
@@ -183,6 +184,62 @@ TEST_P(CpuTensorParallelTest, Fp8KvCachesOnPagesGiveTheWholeStagesLogits) {
       seqs[i].tokens = {a.tokens[i]};
     }
   }
+}
+
+// The K/V floats of a host block.
+std::vector<float> KvFloats(const KvBlock& b) {
+  EXPECT_EQ(b.dtype, DType::kF32);
+  std::vector<float> f((b.k.size() + b.v.size()) / 4);
+  std::memcpy(f.data(), b.k.data(), b.k.size());
+  std::memcpy(f.data() + b.k.size() / 4, b.v.data(), b.v.size());
+  return f;
+}
+
+// A sequence's KV-cache moves between the split stage and the stage whole (tensor-parallel groups
+// of different sizes): the split stage exports every K/V head (each rank's, side by side) within
+// fp32 rounding of the whole stage's, and a block imported either way continues the sequence with
+// the whole stage's logits.
+TEST_P(CpuTensorParallelTest, KvMovesBetweenTheSplitStageAndTheWholeOne) {
+  const ModelConfig config = *LoadModelConfig(dir());
+  const int v = config.vocab_size, layers = config.num_layers;
+  std::unique_ptr<Stage> whole = MakeStage(dir(), 0, layers, 1);
+  std::unique_ptr<Stage> split = MakeStage(dir(), 0, layers, ranks());
+  ASSERT_TRUE(whole && split);
+  const std::vector<int32_t> prompt = Prompt(7, 4, v);
+  const int n = static_cast<int>(prompt.size());
+  absl::StatusOr<StepOutput> a = whole->Step(MakeStep({{0, 0, prompt}}), {});
+  absl::StatusOr<StepOutput> b = split->Step(MakeStep({{0, 0, prompt}}), {});
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+
+  absl::StatusOr<KvBlock> from_whole = whole->ExportKv(KvPlace(0), n, 0, layers);
+  absl::StatusOr<KvBlock> from_split = split->ExportKv(KvPlace(0), n, 0, layers);
+  ASSERT_TRUE(from_whole.ok()) << from_whole.status();
+  ASSERT_TRUE(from_split.ok()) << from_split.status();
+  EXPECT_EQ(from_split->num_kv_heads, config.num_kv_heads);
+  EXPECT_LE(RelDiff(KvFloats(*from_split), KvFloats(*from_whole)), 2e-5);
+
+  // The whole stage's block into the split stage's slot 1, the split stage's into the whole
+  // stage's slot 2; then one decode step of the same token everywhere.
+  ASSERT_TRUE(split->ImportKv(KvPlace(1), *from_whole).ok());
+  ASSERT_TRUE(whole->ImportKv(KvPlace(2), *from_split).ok());
+  const int32_t next = a->tokens[0];
+  absl::StatusOr<StepOutput> w = whole->Step(MakeStep({{0, n, {next}}, {2, n, {next}}}), {});
+  absl::StatusOr<StepOutput> s = split->Step(MakeStep({{0, n, {next}}, {1, n, {next}}}), {});
+  ASSERT_TRUE(w.ok() && s.ok()) << w.status() << s.status();
+  const std::vector<float> want(w->logits.begin(), w->logits.begin() + v);
+  auto row = [&](const StepOutput& o, int i) {
+    return std::vector<float>(o.logits.begin() + i * v, o.logits.begin() + (i + 1) * v);
+  };
+  EXPECT_LE(RelDiff(row(*w, 1), want), 2e-5) << "the whole stage from the split stage's block";
+  EXPECT_LE(RelDiff(row(*s, 0), want), 2e-5) << "the split stage";
+  EXPECT_LE(RelDiff(row(*s, 1), want), 2e-5) << "the split stage from the whole stage's block";
+
+  // A block of other heads is refused, naming the rank's check, and nothing is written.
+  KvBlock bad = *from_whole;
+  bad.num_kv_heads += 1;
+  const absl::Status st = split->ImportKv(KvPlace(3), bad);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("K/V heads"));
 }
 
 // tiny-llama and tiny-qwen3 have 4 query heads over 2 K/V heads: TP4 replicates each K/V head
