@@ -5,6 +5,7 @@
 // all-reduce, twice a layer.
 #include "worker/cpu/cpu_tensor_parallel.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -28,7 +29,12 @@ class CpuTensorParallelStage final : public Stage {
         threads_(static_cast<int>(ranks_.size())) {}
 
   const ModelConfig& config() const override { return config_; }
-  int kv_pages() const override { return ranks_[0]->kv_pages(); }
+  // Every rank holds the same positions of its own K/V heads: the pages of the smallest pool.
+  int kv_pages() const override {
+    int pages = ranks_[0]->kv_pages();
+    for (const auto& r : ranks_) pages = std::min(pages, r->kv_pages());
+    return pages;
+  }
 
   // Every rank validates the same step against the same slot lengths, so they accept or refuse
   // it together, before any reaches the all-reduce.

@@ -9,10 +9,11 @@
 
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstdlib>
-#include <string>
 #include <functional>
 #include <numeric>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -227,6 +228,44 @@ class CudaTensorParallelStage final : public Stage {
   }
 
   const ModelConfig& config() const override { return config_; }
+  // Every rank holds the same positions of its own K/V heads: the pages of the smallest pool.
+  int kv_pages() const override {
+    int pages = ranks_[0]->kv_pages();
+    for (const auto& r : ranks_) pages = std::min(pages, r->kv_pages());
+    return pages;
+  }
+
+  // A sequence's KV-cache of every K/V head (host memory): each rank's heads, side by side. The
+  // ranks' stages set their own devices; the caller's is set back.
+  absl::StatusOr<KvBlock> ExportKv(const KvPlace& place, int positions, int first_layer,
+                                   int num_layers) const override {
+    const CallersDevice keep;
+    std::vector<KvBlock> blocks;
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      absl::StatusOr<KvBlock> part = ranks_[r]->ExportKv(place, positions, first_layer, num_layers);
+      if (!part.ok()) return RankError(r, part.status());
+      blocks.push_back(*std::move(part));
+    }
+    return WholeKvBlock(config_, blocks, static_cast<int>(ranks_.size()));
+  }
+
+  // A host block of every K/V head: each rank takes its heads; every part is made before any rank
+  // writes, so that a block that does not fit writes nothing.
+  absl::Status ImportKv(const KvPlace& place, const KvBlock& block) override {
+    std::vector<KvBlock> parts;
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      ASSIGN_OR_RETURN(KvBlock part, RankKvBlock(config_, block, static_cast<int>(r),
+                                                 static_cast<int>(ranks_.size())));
+      parts.push_back(std::move(part));
+    }
+    const CallersDevice keep;
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      if (absl::Status st = ranks_[r]->ImportKv(place, parts[r]); !st.ok()) {
+        return RankError(r, st);
+      }
+    }
+    return absl::OkStatus();
+  }
 
   // Every rank validates the same step against the same state, so they accept or refuse it
   // together, before any reaches an all-reduce.
@@ -256,6 +295,20 @@ class CudaTensorParallelStage final : public Stage {
   absl::StatusOr<int> DecodeGraphCount() const override { return ranks_[0]->DecodeGraphCount(); }
 
  private:
+  // The calling thread's current device, set back when this goes out of scope.
+  class CallersDevice {
+   public:
+    CallersDevice() { cudaGetDevice(&device_); }
+    ~CallersDevice() { cudaSetDevice(device_); }
+
+   private:
+    int device_ = 0;
+  };
+
+  static absl::Status RankError(size_t rank, const absl::Status& st) {
+    return absl::Status(st.code(), absl::StrCat("tensor-parallel rank ", rank, ": ", st.message()));
+  }
+
   const int first_device_;
   std::unique_ptr<Comms> comms_;  // outlives the stages, whose graphs use it
   std::vector<std::unique_ptr<Stage>> ranks_;

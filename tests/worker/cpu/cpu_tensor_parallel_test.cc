@@ -168,6 +168,7 @@ TEST_P(CpuTensorParallelTest, Fp8KvCachesOnPagesGiveTheWholeStagesLogits) {
   split.push_back(MakeStage(dir(), 0, 2, ranks(), /*fp8=*/true));
   split.push_back(MakeStage(dir(), 2, layers, ranks(), /*fp8=*/true));
   ASSERT_TRUE(whole[0] && split[0] && split[1]);
+  EXPECT_EQ(split[0]->kv_pages(), 48);  // what the coordinator sizes the pipeline's pool by
   std::vector<Seq> seqs = {{0, 0, Prompt(5, 1, v)}, {3, 0, Prompt(9, 2, v)}};
   for (int step = 0; step < 5; ++step) {
     StepDescriptor d = MakeStep(seqs);

@@ -154,6 +154,62 @@ TEST_P(CudaTensorParallelTest, Tp2LogitsAndGreedyTokensEqualTp1) {
   }
 }
 
+// On pages (pages of 4, 48 of them): the TP2 stage reports its pages (the coordinator sizes its
+// pool by them), and a sequence's KV-cache moves from TP1 into TP2 and back, continuing with TP1's
+// logits (within 1e-2 of the largest).
+TEST_P(CudaTensorParallelTest, PagedTp2ReportsItsPagesAndMovesKvWithTp1) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const std::filesystem::path dir = Checkpoint(preset());
+  CudaOptions options;
+  options.device = 0;
+  options.gemv_max_rows = gemv_max_rows();
+  StageSpec spec = SpecOf(dir);
+  spec.kv_page_size = 4;
+  spec.kv_pages = 48;
+  auto tp1 = MakeCudaTensorParallelStage(spec, options, 1);
+  ASSERT_TRUE(tp1.ok()) << "TP1 stage: " << tp1.status();
+  auto tp2 = MakeCudaTensorParallelStage(spec, options, 2);
+  ASSERT_TRUE(tp2.ok()) << "TP2 stage: " << tp2.status();
+  EXPECT_EQ((*tp2)->kv_pages(), 48);
+  const int v = (*tp1)->config().vocab_size;
+  auto paged = [](StepDescriptor d, const std::vector<std::vector<int32_t>>& tables) {
+    for (size_t i = 0; i < d.seqs.size(); ++i) d.seqs[i].block_table = tables[i];
+    return d;
+  };
+  const std::vector<int32_t> prompt = Prompt(7, 4, v);
+  const std::vector<int32_t> t0 = {5, 9}, t1 = {20, 33};  // slot 0's and slot 1's pages
+  absl::StatusOr<StepOutput> a = (*tp1)->Step(paged(MakeStep({{0, 0, prompt}}), {t0}), {});
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<StepOutput> b = (*tp2)->Step(paged(MakeStep({{0, 0, prompt}}), {t0}), {});
+  ASSERT_TRUE(b.ok()) << b.status();
+  absl::StatusOr<KvBlock> from1 =
+      (*tp1)->ExportKv(KvPlace(0, t0), 7, 0, (*tp1)->config().num_layers);
+  ASSERT_TRUE(from1.ok()) << from1.status();
+  absl::StatusOr<KvBlock> from2 =
+      (*tp2)->ExportKv(KvPlace(0, t0), 7, 0, (*tp2)->config().num_layers);
+  ASSERT_TRUE(from2.ok()) << from2.status();
+  EXPECT_EQ(from2->num_kv_heads, from1->num_kv_heads);
+  ASSERT_TRUE((*tp2)->ImportKv(KvPlace(1, t1), *from1).ok());
+  ASSERT_TRUE((*tp1)->ImportKv(KvPlace(1, t1), *from2).ok());
+  const int32_t next = a->tokens[0];
+  const StepDescriptor d = paged(MakeStep({{0, 7, {next}}, {1, 7, {next}}}), {t0, t1});
+  absl::StatusOr<StepOutput> x = (*tp1)->Step(d, {});
+  ASSERT_TRUE(x.ok()) << x.status();
+  absl::StatusOr<StepOutput> y = (*tp2)->Step(d, {});
+  ASSERT_TRUE(y.ok()) << y.status();
+  double scale = 0.0;
+  for (int i = 0; i < v; ++i) scale = std::max(scale, std::abs(static_cast<double>(x->logits[i])));
+  for (const auto& [out, row, what] :
+       {std::tuple{&*x, 1, "TP1 from TP2's block"}, std::tuple{&*y, 0, "TP2"},
+        std::tuple{&*y, 1, "TP2 from TP1's block"}}) {
+    double diff = 0.0;
+    for (int i = 0; i < v; ++i) {
+      diff = std::max(diff, std::abs(static_cast<double>(out->logits[row * v + i]) - x->logits[i]));
+    }
+    EXPECT_LE(diff, 1e-2 * scale) << what;
+  }
+}
+
 // gemv_max_rows 4: decode steps of three rows through the GEMV kernels; 0: through cuBLAS.
 INSTANTIATE_TEST_SUITE_P(Presets, CudaTensorParallelTest,
                          ::testing::Combine(::testing::Values("tiny-llama", "tiny-qwen3"),
