@@ -20,7 +20,9 @@
 // through a reference stage in --dtype (fp16/bf16 weights and KV-cache) and a stage in the
 // precision --quantization and --kv_cache_dtype ask for, both decoding --new_tokens - 1 steps fed
 // the reference's greedy tokens, and compares every position's next-token distribution: KL
-// divergence, top-1 agreement, logits error (logit_agreement.h).
+// divergence, top-1 agreement, logits error (logit_agreement.h); --json writes them ("agreement":
+// every position; "prefill", "decode"), which tandem-loadgen compare shows beside a run's speed
+// when it is the run folder's accuracy.json.
 //
 // CPU load: --cpu_load loads the whole model with the CPU backend (fp32 on the host) instead and
 // prints only that load time, for comparison with the CUDA backend's "load".
@@ -33,7 +35,7 @@
 //        [--tensor_parallel 1,2] [--kv_cache_dtype auto|fp8] [--profile] [--json OUT.json]
 //        | --model DIR [--dtype f16] --dump_logits IN.json OUT.json
 //        | --model DIR --agreement N [--quantization fp8] [--kv_cache_dtype fp8]
-//          [--test_dtype bf16] [--prompt 128] [--new_tokens 33]
+//          [--test_dtype bf16] [--prompt 128] [--new_tokens 33] [--json OUT.json]
 //        | --model DIR [--dtype f16] [--batch 1,2,4] --gemv_sweep [--json OUT.json]
 //        | --model DIR --cpu_load
 #include <cuda_runtime.h>
@@ -700,6 +702,25 @@ absl::Status Agreement(int count) {
   std::printf("prefill (last position): %s\n", prefill.Summary().c_str());
   std::printf("decode: %s\n", decode.Summary().c_str());
   std::printf("all: %s\n", all.Summary().c_str());
+  const std::string json_path = absl::GetFlag(FLAGS_json);
+  if (!json_path.empty()) {
+    const nlohmann::json j = {
+        {"model", model},
+        {"device", prop.name},
+        {"reference", {{"weights", name}, {"kv_cache", name}}},
+        {"test",
+         {{"weights", test.quantize_fp8 ? std::string("fp8") : test_name},
+          {"kv_cache",
+           kv_cache_dtype == KvCacheDType::kFp8E4M3 ? std::string("fp8_e4m3") : test_name}}},
+        {"prompts", count},
+        {"steps", new_tokens - 1},
+        {"prefill", prefill.ToJson()},
+        {"decode", decode.ToJson()},
+        {"agreement", all.ToJson()}};
+    std::ofstream out(json_path);
+    out << j.dump(2) << "\n";
+    if (!out) return absl::InternalError("cannot write " + json_path);
+  }
   return absl::OkStatus();
 }
 

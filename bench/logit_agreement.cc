@@ -90,4 +90,16 @@ std::string LogitAgreement::Summary() const {
       100 * top1_agreement(), unexplained_top1_differences(), mean_rel_error(), max_rel_error());
 }
 
+nlohmann::json LogitAgreement::ToJson() const {
+  return {{"positions", positions()},
+          {"kl_mean", mean_kl()},
+          {"kl_median", kl_quantile(0.5)},
+          {"kl_p99", kl_quantile(0.99)},
+          {"kl_max", kl_quantile(1.0)},
+          {"top1_agreement", top1_agreement()},
+          {"unexplained_top1_differences", unexplained_top1_differences()},
+          {"rel_error_mean", mean_rel_error()},
+          {"rel_error_max", max_rel_error()}};
+}
+
 }  // namespace tandem

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "nlohmann/json.hpp"
+
 namespace tandem {
 
 // KL(p || q) in nats, p = softmax(reference), q = softmax(test), computed in double. The spans
@@ -37,6 +39,9 @@ class LogitAgreement {
   // One line: positions, KL mean / median / p99 / max, top-1 agreement, unexplained differences,
   // relative logits error.
   std::string Summary() const;
+  // The same as JSON: positions, kl_mean, kl_median, kl_p99, kl_max, top1_agreement (0..1),
+  // unexplained_top1_differences, rel_error_mean, rel_error_max.
+  nlohmann::json ToJson() const;
 
  private:
   std::vector<double> kl_;

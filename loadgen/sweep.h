@@ -8,6 +8,7 @@
 // writes the run folder.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -131,8 +132,17 @@ struct ConfigResult {
   std::vector<Difference> differences;  // every differing output, grouped
 };
 
+// A run's accuracy, where its folder has an accuracy.json (written beside the sweep, e.g. by
+// `tandem-bench --agreement --json` for the workers' precision): NaN where not given.
+struct RunAccuracy {
+  double kl_mean = NAN;         // "agreement"."kl_mean": KL(fp16 || this precision), nats
+  double top1_agreement = NAN;  // "agreement"."top1_agreement": 0..1
+  double perplexity = NAN;      // "perplexity": held-out perplexity (tools/accuracy)
+};
+
 struct SweepResult {
   SweepOptions options;
+  std::optional<RunAccuracy> accuracy;  // read from the run folder's accuracy.json, where present
   ServedModel server;  // the model and the server's settings, as it told them at the start
   std::vector<ConfigResult> configs;
   bool all_correct = true;
@@ -166,7 +176,8 @@ std::string WorkerPrecision(const std::vector<std::vector<MetricSample>>& each);
 // Several run folders' results side by side (tandem-loadgen compare), one markdown row per run and
 // configuration: the run (its folder's name), the precision the workers reported, the KV-cache
 // dtype, the load, tokens/s and its ratio to the first run's configuration of the same nodes,
-// load and lengths, latency, power, tokens/J, peak GPU memory and correctness.
+// load and lengths, latency, power, tokens/J, peak GPU memory, correctness, and the run's
+// accuracy (KL and top-1 agreement against fp16, perplexity) where its folder has it.
 std::string CompareRuns(const std::vector<SweepResult>& runs);
 
 // A closed loop: `clients` clients that start together, each calling `send(i, client)` for the

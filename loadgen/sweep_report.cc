@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "loadgen/sweep.h"
 #include "nlohmann/json.hpp"
 
@@ -717,6 +718,45 @@ absl::Status DrawPlots(const SweepResult& r, const PlotAxes& axes) {
 
 }  // namespace
 
+// The run folder's accuracy.json, where there is one (nullopt where not): {"agreement":
+// {"kl_mean", "top1_agreement", ...}} as tandem-bench --agreement --json writes it, and/or
+// {"perplexity": number}. At most 1 MiB.
+absl::StatusOr<std::optional<RunAccuracy>> ReadAccuracy(const fs::path& dir) {
+  const fs::path path = dir / "accuracy.json";
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::optional<RunAccuracy>();
+  constexpr uintmax_t kMaxBytes = uintmax_t{1} << 20;
+  const uintmax_t size = fs::file_size(path, ec);
+  if (ec || size > kMaxBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(), ": ", ec ? ec.message() : "larger than 1 MiB"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), " is not JSON: ", e.what()));
+  }
+  if (!j.is_object() || (!j.contains("agreement") && !j.contains("perplexity"))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(),
+                     ": expected an object with \"agreement\" (tandem-bench --agreement --json) "
+                     "or \"perplexity\""));
+  }
+  RunAccuracy a;
+  JsonReader read(path.string());
+  if (j.contains("agreement")) {
+    if (const nlohmann::json* ag = read.Object(j, "agreement")) {
+      read.Get(*ag, "kl_mean", &a.kl_mean);
+      read.Get(*ag, "top1_agreement", &a.top1_agreement);
+    }
+  }
+  if (j.contains("perplexity")) read.Get(j, "perplexity", &a.perplexity);
+  if (!read.status().ok()) return read.status();
+  return std::optional<RunAccuracy>(a);
+}
+
 absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
   const fs::path path = dir / "results.json";
   std::ifstream in(path, std::ios::binary);
@@ -759,6 +799,7 @@ absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
                      ": options need at least one node count, prompt and output "
                      "length"));
   }
+  ASSIGN_OR_RETURN(r.accuracy, ReadAccuracy(dir));
   return r;
 }
 
@@ -784,8 +825,12 @@ absl::Status WriteReport(const SweepResult& r) {
 std::string CompareRuns(const std::vector<SweepResult>& runs) {
   std::string md =
       "| run | precision | KV-cache | nodes | load | prompt | output | tokens/s | vs first run | "
-      "TTFT p50 (ms) | ITL p50 (ms) | power (W) | tokens/J | peak GPU mem (GiB) | correct |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "TTFT p50 (ms) | ITL p50 (ms) | power (W) | tokens/J | peak GPU mem (GiB) | correct | "
+      "KL vs fp16 (nats) | top-1 vs fp16 | perplexity |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  auto figure = [](double v, const char* format) {
+    return std::isnan(v) ? std::string("n/a") : absl::StrFormat(format, v);
+  };
   // The first run's configuration of the same nodes, load, workload and lengths.
   auto baseline = [&](const ConfigResult& c) -> const ConfigResult* {
     if (runs.empty()) return nullptr;
@@ -803,6 +848,10 @@ std::string CompareRuns(const std::vector<SweepResult>& runs) {
                                  ? r.options.out.parent_path().filename().string()
                                  : r.options.out.filename().string();
     const std::string kv = r.server.kv_cache_dtype.empty() ? "n/a" : r.server.kv_cache_dtype;
+    const RunAccuracy acc = r.accuracy.value_or(RunAccuracy{});
+    const std::string accuracy =
+        absl::StrCat(figure(acc.kl_mean, "%.3g"), " | ", figure(100 * acc.top1_agreement, "%.1f%%"),
+                     " | ", figure(acc.perplexity, "%.4f"));
     for (const ConfigResult& c : r.configs) {
       const ConfigResult* b = baseline(c);
       const std::string ratio = b != nullptr && b->tokens_per_s > 0
@@ -815,14 +864,14 @@ std::string CompareRuns(const std::vector<SweepResult>& runs) {
           &md,
           absl::StrFormat(
               "| %s | %s | %s | %d | %s | %d | %d | %.1f | %s | %.1f | %.1f | %s | %s | %s | %s "
-              "|\n",
+              "| %s |\n",
               name, c.precision.empty() ? "not reported" : c.precision, kv, c.nodes, load,
               c.prompt_len, c.output_len, c.tokens_per_s, ratio, c.ttft_p50 * 1e3, c.itl_p50 * 1e3,
               c.has_gpu ? absl::StrFormat("%.1f", c.power_w) : "n/a",
               c.has_gpu ? absl::StrFormat("%.2f", c.tokens_per_joule) : "n/a",
               c.has_gpu ? absl::StrFormat("%.2f", c.peak_gpu_memory_bytes / (1024.0 * 1024 * 1024))
                         : "n/a",
-              CorrectCell(c)));
+              CorrectCell(c), accuracy));
     }
   }
   return md;

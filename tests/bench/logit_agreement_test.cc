@@ -77,6 +77,20 @@ TEST(LogitAgreementTest, SummarisesKlAndRelativeError) {
   EXPECT_THAT(r.Summary(), HasSubstr("top-1 agreement 100.00%"));
 }
 
+TEST(LogitAgreementTest, JsonHoldsTheSummarysFigures) {
+  LogitAgreement a;
+  a.Add(std::vector<float>{0.0f, 0.0f},
+        std::vector<float>{static_cast<float>(std::log(3.0)), 0.0f});
+  a.Add(std::vector<float>{5.0f, 0.0f, 0.0f}, std::vector<float>{4.0f, 4.5f, 0.0f});
+  const nlohmann::json j = a.ToJson();
+  EXPECT_EQ(j["positions"], 2);
+  EXPECT_NEAR(j["kl_max"].get<double>(), a.kl_quantile(1.0), 1e-12);
+  EXPECT_NEAR(j["kl_mean"].get<double>(), a.mean_kl(), 1e-12);
+  EXPECT_DOUBLE_EQ(j["top1_agreement"].get<double>(), 0.5);  // the first ties: index 0 both
+  EXPECT_EQ(j["unexplained_top1_differences"], 1);
+  EXPECT_DOUBLE_EQ(j["rel_error_max"].get<double>(), a.max_rel_error());
+}
+
 TEST(LogitAgreementTest, EmptyIsAllZero) {
   const LogitAgreement a;
   EXPECT_EQ(a.positions(), 0);

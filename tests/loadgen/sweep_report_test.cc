@@ -185,6 +185,52 @@ TEST(CompareRunsTest, PutsRunsSideBySideWithTheirRatioToTheFirst) {
   EXPECT_THAT(CompareRuns({fp8}), HasSubstr("| not reported |"));
 }
 
+// A run folder's accuracy.json (tandem-bench --agreement --json's "agreement", a perplexity) is
+// read with its results and shown beside the run's speed; a run without one says n/a.
+TEST(CompareRunsTest, ShowsEachRunsAccuracyFromItsFolder) {
+  const fs::path fp16_dir = TempDir("acc-fp16"), fp8_dir = TempDir("acc-fp8");
+  ASSERT_TRUE(WriteReport(Sample(fp16_dir)).ok());
+  ASSERT_TRUE(WriteReport(Sample(fp8_dir)).ok());
+  Write(fp8_dir / "accuracy.json",
+        R"({"model": "m", "agreement": {"positions": 528, "kl_mean": 0.27, )"
+        R"("top1_agreement": 0.1212}, "perplexity": 25.0094})");
+  absl::StatusOr<SweepResult> a = ReadResults(fp16_dir), b = ReadResults(fp8_dir);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_FALSE(a->accuracy.has_value());
+  ASSERT_TRUE(b->accuracy.has_value());
+  EXPECT_DOUBLE_EQ(b->accuracy->kl_mean, 0.27);
+  const std::string md = CompareRuns({*a, *b});
+  EXPECT_THAT(md, HasSubstr("| KL vs fp16 (nats) | top-1 vs fp16 | perplexity |"));
+  EXPECT_THAT(md, HasSubstr("| yes | n/a | n/a | n/a |"));
+  EXPECT_THAT(md, HasSubstr("| 0.27 | 12.1% | 25.0094 |"));
+  // Only a perplexity.
+  Write(fp8_dir / "accuracy.json", R"({"perplexity": 24.9939})");
+  b = ReadResults(fp8_dir);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_THAT(CompareRuns({*b}), HasSubstr("| n/a | n/a | 24.9939 |"));
+}
+
+TEST(CompareRunsTest, AMalformedAccuracyFileIsNamed) {
+  const fs::path dir = TempDir("acc-bad");
+  ASSERT_TRUE(WriteReport(Sample(dir)).ok());
+  auto error = [&](const std::string& text) {
+    Write(dir / "accuracy.json", text);
+    absl::StatusOr<SweepResult> r = ReadResults(dir);
+    EXPECT_FALSE(r.ok()) << text;
+    return std::string(r.status().message());
+  };
+  EXPECT_THAT(error("{"), HasSubstr("accuracy.json is not JSON"));
+  EXPECT_THAT(error("[1]"), HasSubstr("expected an object with \"agreement\""));
+  EXPECT_THAT(error(R"({"model": "m"})"), HasSubstr("or \"perplexity\""));
+  EXPECT_THAT(error(R"({"agreement": {"kl_mean": 0.1}})"),
+              HasSubstr("field 'top1_agreement' is missing"));
+  EXPECT_THAT(error(R"({"perplexity": "low"})"),
+              HasSubstr("field 'perplexity' has the wrong type"));
+  EXPECT_THAT(error(R"({"agreement": 3})"), HasSubstr("'agreement' is missing or not an object"));
+  EXPECT_THAT(error(std::string(1100000, ' ') + "{}"), HasSubstr("larger than 1 MiB"));
+}
+
 TEST(SummaryTest, TheServerLineSaysOnlyWhatTheServerSaid) {
   // /v1/models of an OpenAI server without --admin: a name, the context and the vocabulary.
   const fs::path dir = TempDir("server-line");
