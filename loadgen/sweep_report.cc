@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/bounded_json.h"
 #include "common/status_macros.h"
 #include "loadgen/sweep.h"
 #include "nlohmann/json.hpp"
@@ -718,6 +719,27 @@ absl::Status DrawPlots(const SweepResult& r, const PlotAxes& axes) {
 
 }  // namespace
 
+// A JSON file of a run folder: NOT_FOUND where it cannot be read; INVALID_ARGUMENT naming it when
+// it is larger than `max_bytes`, nests deeper than kMaxJsonDepth, or is not JSON.
+absl::StatusOr<nlohmann::json> ReadJsonFile(const fs::path& path, uintmax_t max_bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  if (ec || size > max_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(), ": ",
+                     ec ? ec.message() : absl::StrCat("larger than ", max_bytes >> 20, " MiB")));
+  }
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  RETURN_IF_ERROR(CheckJsonDepth(text, path.string()));
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), " is not JSON: ", e.what()));
+  }
+}
+
 // The run folder's accuracy.json, where there is one (nullopt where not): {"agreement":
 // {"kl_mean", "top1_agreement", ...}} as tandem-bench --agreement --json writes it, and/or
 // {"perplexity": number}. At most 1 MiB.
@@ -725,19 +747,7 @@ absl::StatusOr<std::optional<RunAccuracy>> ReadAccuracy(const fs::path& dir) {
   const fs::path path = dir / "accuracy.json";
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::optional<RunAccuracy>();
-  constexpr uintmax_t kMaxBytes = uintmax_t{1} << 20;
-  const uintmax_t size = fs::file_size(path, ec);
-  if (ec || size > kMaxBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path.string(), ": ", ec ? ec.message() : "larger than 1 MiB"));
-  }
-  std::ifstream in(path, std::ios::binary);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path.string(), " is not JSON: ", e.what()));
-  }
+  ASSIGN_OR_RETURN(const nlohmann::json j, ReadJsonFile(path, uintmax_t{1} << 20));
   if (!j.is_object() || (!j.contains("agreement") && !j.contains("perplexity"))) {
     return absl::InvalidArgumentError(
         absl::StrCat(path.string(),
@@ -759,14 +769,8 @@ absl::StatusOr<std::optional<RunAccuracy>> ReadAccuracy(const fs::path& dir) {
 
 absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
   const fs::path path = dir / "results.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path.string(), " is not JSON: ", e.what()));
-  }
+  // A sweep's results hold every configuration and difference: far less than this.
+  ASSIGN_OR_RETURN(const nlohmann::json j, ReadJsonFile(path, uintmax_t{256} << 20));
   if (!j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path.string(), " is not a JSON object"));
   }

@@ -229,6 +229,7 @@ TEST(CompareRunsTest, AMalformedAccuracyFileIsNamed) {
               HasSubstr("field 'perplexity' has the wrong type"));
   EXPECT_THAT(error(R"({"agreement": 3})"), HasSubstr("'agreement' is missing or not an object"));
   EXPECT_THAT(error(std::string(1100000, ' ') + "{}"), HasSubstr("larger than 1 MiB"));
+  EXPECT_THAT(error(std::string(200, '[') + std::string(200, ']')), HasSubstr("128"));
 }
 
 TEST(SummaryTest, TheServerLineSaysOnlyWhatTheServerSaid) {
@@ -259,6 +260,12 @@ TEST(ReadResultsTest, EachMalformedFileIsNamed) {
 
   Write(dir / "results.json", "[1, 2]");
   EXPECT_THAT(std::string(ReadResults(dir).status().message()), HasSubstr("not a JSON object"));
+  // Nested deeper than any results are: refused before anything walks it.
+  Write(dir / "results.json",
+        "{\"configs\": " + std::string(1000, '[') + std::string(1000, ']') + "}");
+  r = ReadResults(dir);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("results.json"));
 
   // A whole file, then one field at a time broken.
   const fs::path good = TempDir("good");
