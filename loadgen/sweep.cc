@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -167,6 +168,20 @@ std::string WorkerPrecision(const std::vector<std::vector<MetricSample>>& each) 
     }
   }
   return absl::StrJoin(seen, "; ");
+}
+
+int WorkerTensorParallel(const std::vector<std::vector<MetricSample>>& each) {
+  int most = 0;
+  for (const std::vector<MetricSample>& samples : each) {
+    for (const MetricSample& m : samples) {
+      if (m.name != "tandem_worker_precision_info" || m.value <= 0) continue;
+      auto it = m.labels.find("tensor_parallel");
+      int n = 0;
+      if (it != m.labels.end() && absl::SimpleAtoi(it->second, &n) && n > 0)
+        most = std::max(most, n);
+    }
+  }
+  return most;
 }
 
 std::optional<double> GpuEnergyOfActiveWorkers(
@@ -487,6 +502,7 @@ void AddResourceUse(const std::vector<std::vector<MetricSample>>& before_each,
   if (c.energy_j > 0) c.tokens_per_joule = c.tokens / c.energy_j;
   c.peak_gpu_memory_bytes = peak_memory_bytes;
   c.precision = WorkerPrecision(before_each);
+  c.tensor_parallel = WorkerTensorParallel(before_each);
   const std::map<int, StageShare> s0 = Shares(Flatten(before_each)),
                                   s1 = Shares(Flatten(after_each));
   for (const auto& [stage, sh] : s1) {

@@ -125,6 +125,9 @@ struct ConfigResult {
   // What the workers computed in, from their tandem_worker_precision_info ("cuda f16, weights
   // fp8"; distinct settings joined by "; "); "" where no worker said.
   std::string precision;
+  // The largest tensor-parallel size of the workers (the same series' tensor_parallel label); 0
+  // where no worker said.
+  int tensor_parallel = 0;
   bool correct = true;
   int mismatches = 0;  // outputs that differ from their reference at a clear gap (or unjudged)
   int near_ties = 0;   // outputs that differ from their reference at a near-tie
@@ -172,6 +175,9 @@ std::optional<double> GpuEnergyOfActiveWorkers(const std::vector<std::vector<Met
 // tandem_worker_precision_info labels as "BACKEND DTYPE, weights WEIGHTS" ("as stored" for
 // as_stored), distinct ones in order joined by "; "; "" where no worker has the series.
 std::string WorkerPrecision(const std::vector<std::vector<MetricSample>>& each);
+// The largest tensor_parallel label of the workers' tandem_worker_precision_info; 0 where none
+// has it (or it is not a positive number).
+int WorkerTensorParallel(const std::vector<std::vector<MetricSample>>& each);
 
 // Several run folders' results side by side (tandem-loadgen compare), one markdown row per run and
 // configuration: the run (its folder's name), the precision the workers reported, the KV-cache

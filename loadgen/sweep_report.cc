@@ -158,6 +158,7 @@ nlohmann::json Json(const SweepResult& r) {
          {"tokens_per_joule", c.tokens_per_joule},
          {"peak_gpu_memory_bytes", c.peak_gpu_memory_bytes},
          {"precision", c.precision},
+         {"tensor_parallel", c.tensor_parallel},
          {"stages_time", s},
          {"correct", c.correct},
          {"mismatches", c.mismatches},
@@ -518,6 +519,7 @@ absl::StatusOr<ConfigResult> ReadConfig(const nlohmann::json& cj, const std::str
   rc.Get(cj, "tokens_per_joule", &c.tokens_per_joule);
   rc.Get(cj, "peak_gpu_memory_bytes", &c.peak_gpu_memory_bytes);
   if (cj.contains("precision")) rc.Get(cj, "precision", &c.precision);  // recorded since 2026-11
+  if (cj.contains("tensor_parallel")) rc.Get(cj, "tensor_parallel", &c.tensor_parallel);
   rc.Get(cj, "correct", &c.correct);
   rc.Get(cj, "mismatches", &c.mismatches);
   // Absent from results written before outputs were judged by the agreement rule.
@@ -828,10 +830,11 @@ absl::Status WriteReport(const SweepResult& r) {
 
 std::string CompareRuns(const std::vector<SweepResult>& runs) {
   std::string md =
-      "| run | precision | KV-cache | nodes | load | prompt | output | tokens/s | vs first run | "
+      "| run | precision | KV-cache | nodes | layout | load | prompt | output | tokens/s | vs "
+      "first run | "
       "TTFT p50 (ms) | ITL p50 (ms) | power (W) | tokens/J | peak GPU mem (GiB) | correct | "
       "KL vs fp16 (nats) | top-1 vs fp16 | perplexity |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   auto figure = [](double v, const char* format) {
     return std::isnan(v) ? std::string("n/a") : absl::StrFormat(format, v);
   };
@@ -861,15 +864,19 @@ std::string CompareRuns(const std::vector<SweepResult>& runs) {
       const std::string ratio = b != nullptr && b->tokens_per_s > 0
                                     ? absl::StrFormat("%.2fx", c.tokens_per_s / b->tokens_per_s)
                                     : "n/a";
+      const std::string layout =
+          absl::StrCat(c.stages, c.stages == 1 ? " stage x " : " stages x ", c.replicas,
+                       c.replicas == 1 ? " replica" : " replicas",
+                       c.tensor_parallel > 1 ? absl::StrCat(", TP", c.tensor_parallel) : "");
       const std::string load =
           absl::StrFormat("%s %g%s", c.mode == "closed" ? "batch" : "rate", Load(c),
                           c.workload == "fixed" ? "" : absl::StrCat(" (", c.workload, ")"));
       absl::StrAppend(
           &md,
           absl::StrFormat(
-              "| %s | %s | %s | %d | %s | %d | %d | %.1f | %s | %.1f | %.1f | %s | %s | %s | %s "
-              "| %s |\n",
-              name, c.precision.empty() ? "not reported" : c.precision, kv, c.nodes, load,
+              "| %s | %s | %s | %d | %s | %s | %d | %d | %.1f | %s | %.1f | %.1f | %s | %s | %s | "
+              "%s | %s |\n",
+              name, c.precision.empty() ? "not reported" : c.precision, kv, c.nodes, layout, load,
               c.prompt_len, c.output_len, c.tokens_per_s, ratio, c.ttft_p50 * 1e3, c.itl_p50 * 1e3,
               c.has_gpu ? absl::StrFormat("%.1f", c.power_w) : "n/a",
               c.has_gpu ? absl::StrFormat("%.2f", c.tokens_per_joule) : "n/a",

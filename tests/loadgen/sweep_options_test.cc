@@ -134,6 +134,23 @@ TEST(WorkerPrecisionTest, NamesEachDistinctSettingOnce) {
             "cuda f16, weights as stored");
 }
 
+TEST(WorkerTensorParallelTest, TakesTheLargestSizeTheWorkersSay) {
+  auto info = [](std::string tp) {
+    return MetricSample{
+        "tandem_worker_precision_info",
+        {{"backend", "cuda"}, {"dtype", "f16"}, {"weights", "as_stored"}, {"tensor_parallel", tp}},
+        1};
+  };
+  EXPECT_EQ(WorkerTensorParallel({{info("1")}, {info("2")}}), 2);
+  EXPECT_EQ(WorkerTensorParallel({{info("4")}, Page("GPU-a", 1, 1)}), 4);
+  // Not said (an older worker), not a number, or no worker at all: 0.
+  MetricSample old = info("1");
+  old.labels.erase("tensor_parallel");
+  EXPECT_EQ(WorkerTensorParallel({{old}}), 0);
+  EXPECT_EQ(WorkerTensorParallel({{info("two")}}), 0);
+  EXPECT_EQ(WorkerTensorParallel({}), 0);
+}
+
 TEST(GpuEnergyTest, CountsOnlyTheGpusOfWorkersThatComputed) {
   // Worker 0 computed (2 -> 5 s) and used 300 J; worker 1 sat idle and used 80 J.
   const std::optional<double> j =

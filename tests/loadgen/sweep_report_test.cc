@@ -83,6 +83,7 @@ SweepResult Sample(const fs::path& out) {
     }
     for (int s = 0; s < nodes; ++s) c.stage_share[s] = StageShare{1.5 + s, 0.25, 1e6};
     c.precision = nodes == 1 ? "cuda f16, weights fp8" : "cuda f16, weights as stored";
+    c.tensor_parallel = nodes;
     r.configs.push_back(c);
   }
   return r;
@@ -116,6 +117,7 @@ TEST(ReadResultsTest, ReadsBackWhatWriteReportWrote) {
     EXPECT_EQ(a.mismatches, b.mismatches);
     EXPECT_EQ(a.near_ties, b.near_ties);
     EXPECT_EQ(a.precision, b.precision);
+    EXPECT_EQ(a.tensor_parallel, b.tensor_parallel);
     ASSERT_EQ(a.differences.size(), b.differences.size());
     for (size_t k = 0; k < b.differences.size(); ++k) {
       EXPECT_EQ(a.differences[k].prompt, b.differences[k].prompt);
@@ -156,29 +158,34 @@ TEST(ReadResultsTest, ReadsBackWhatWriteReportWrote) {
 TEST(CompareRunsTest, PutsRunsSideBySideWithTheirRatioToTheFirst) {
   SweepResult fp16 = Sample(TempDir("fp16"));
   SweepResult fp8 = Sample(TempDir("fp8"));
-  for (ConfigResult& c : fp16.configs) c.precision = "cuda f16, weights as stored";
+  for (ConfigResult& c : fp16.configs) {
+    c.precision = "cuda f16, weights as stored";
+    c.tensor_parallel = 1;
+  }
   for (ConfigResult& c : fp8.configs) {
     c.precision = "cuda f16, weights fp8";
     c.tokens_per_s *= 1.5;
+    c.tensor_parallel = 1;
   }
   fp8.server.kv_cache_dtype = "auto";
-  fp8.configs[1].prompt_len = 32;  // no configuration of the first run to compare with
+  fp8.configs[0].tensor_parallel = 2;  // one worker over two GPUs
+  fp8.configs[1].prompt_len = 32;      // no configuration of the first run to compare with
   const std::string md = CompareRuns({fp16, fp8});
   const std::string name16 = fp16.options.out.filename().string();
   const std::string name8 = fp8.options.out.filename().string();
-  EXPECT_THAT(md, HasSubstr("| run | precision | KV-cache | nodes | load |"));
+  EXPECT_THAT(md, HasSubstr("| run | precision | KV-cache | nodes | layout | load |"));
   EXPECT_THAT(md, HasSubstr("| " + name16 +
-                            " | cuda f16, weights as stored | fp8_e4m3 | 1 | batch "
-                            "4 | 16 | 8 | 25.6 | 1.00x | 10.0 |"));
+                            " | cuda f16, weights as stored | fp8_e4m3 | 1 | 1 stage "
+                            "x 1 replica | batch 4 | 16 | 8 | 25.6 | 1.00x | 10.0 |"));
   EXPECT_THAT(md, HasSubstr("| " + name16 +
-                            " | cuda f16, weights as stored | fp8_e4m3 | 2 | batch "
-                            "4 | 16 | 8 | 51.2 | 1.00x |"));
+                            " | cuda f16, weights as stored | fp8_e4m3 | 2 | 2 "
+                            "stages x 1 replica | batch 4 | 16 | 8 | 51.2 | 1.00x |"));
   EXPECT_THAT(md, HasSubstr("| " + name8 +
-                            " | cuda f16, weights fp8 | auto | 1 | batch 4 | 16 | "
-                            "8 | 38.4 | 1.50x |"));
+                            " | cuda f16, weights fp8 | auto | 1 | 1 stage x 1 "
+                            "replica, TP2 | batch 4 | 16 | 8 | 38.4 | 1.50x |"));
   EXPECT_THAT(md, HasSubstr("| " + name8 +
-                            " | cuda f16, weights fp8 | auto | 2 | batch 4 | 32 | "
-                            "8 | 76.8 | n/a |"));
+                            " | cuda f16, weights fp8 | auto | 2 | 2 stages x 1 "
+                            "replica | batch 4 | 32 | 8 | 76.8 | n/a |"));
   EXPECT_THAT(md, HasSubstr("| 400.0 | 0.64 | 2.79 | yes |"));
   // A run whose workers did not say.
   fp8.configs[0].precision.clear();

@@ -158,6 +158,7 @@ TEST(SweepTest, CpuSweepWritesTheWholeRunFolderAndPassesTheCorrectnessCheck) {
   EXPECT_THAT(md, HasSubstr("Precision (the workers' `tandem_worker_precision_info`): cpu f32, "
                             "weights as stored.\n"));
   EXPECT_EQ(j["configs"][0]["precision"], "cpu f32, weights as stored");
+  EXPECT_EQ(j["configs"][0]["tensor_parallel"], 1);
 
   for (const char* png : {"throughput_vs_batch.png", "latency_vs_batch.png",
                           "speedup_vs_nodes.png", "efficiency_vs_nodes.png", "compute_comm.png"}) {

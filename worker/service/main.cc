@@ -230,13 +230,16 @@ void StartMonitoring(const tandem::WorkerConfig& config, Monitoring& m,
   // Which precision this worker computes in: 1 on the series of its settings.
   prometheus::BuildGauge()
       .Name("tandem_worker_precision_info")
-      .Help("The worker's precision: backend, activation dtype, and linear-layer weights (fp8: "
-            "quantized at load; as_stored: the checkpoint's, FP8 where it is an FP8 checkpoint)")
+      .Help(
+          "The worker's precision: backend, activation dtype, and linear-layer weights (fp8: "
+          "quantized at load; as_stored: the checkpoint's, FP8 where it is an FP8 checkpoint); "
+          "and the ranks (GPUs or threads) each layer is split over (--tensor_parallel)")
       .Register(*m.registry)
       .Add({{"backend", config.backend},
             {"dtype", config.backend == "cuda" ? config.dtype : std::string("f32")},
-            {"weights", config.quantization.empty() ? std::string("as_stored")
-                                                    : config.quantization}})
+            {"weights",
+             config.quantization.empty() ? std::string("as_stored") : config.quantization},
+            {"tensor_parallel", std::to_string(config.tensor_parallel)}})
       .Set(1);
   std::printf("tandem-worker metrics on port %d\n", m.server->port());
   absl::StatusOr<std::unique_ptr<tandem::Nvml>> nvml = tandem::Nvml::Load();
