@@ -218,4 +218,35 @@ absl::StatusOr<KvBlock> WholeKvBlock(const ModelConfig& c, const std::vector<KvB
   return whole;
 }
 
+absl::Status RankError(size_t rank, const absl::Status& st) {
+  return absl::Status(st.code(), absl::StrCat("tensor-parallel rank ", rank, ": ", st.message()));
+}
+
+absl::StatusOr<KvBlock> ExportSplitKv(const ModelConfig& c,
+                                      const std::vector<std::unique_ptr<Stage>>& ranks,
+                                      const KvPlace& place, int positions, int first_layer,
+                                      int num_layers) {
+  std::vector<KvBlock> parts;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    absl::StatusOr<KvBlock> part = ranks[r]->ExportKv(place, positions, first_layer, num_layers);
+    if (!part.ok()) return RankError(r, part.status());
+    parts.push_back(*std::move(part));
+  }
+  return WholeKvBlock(c, parts, static_cast<int>(ranks.size()));
+}
+
+absl::Status ImportSplitKv(const ModelConfig& c, const std::vector<std::unique_ptr<Stage>>& ranks,
+                           const KvPlace& place, const KvBlock& block) {
+  std::vector<KvBlock> parts;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    ASSIGN_OR_RETURN(KvBlock part,
+                     RankKvBlock(c, block, static_cast<int>(r), static_cast<int>(ranks.size())));
+    parts.push_back(std::move(part));
+  }
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (absl::Status st = ranks[r]->ImportKv(place, parts[r]); !st.ok()) return RankError(r, st);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tandem

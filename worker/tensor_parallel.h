@@ -10,6 +10,7 @@
 // fewer than the ranks are replicated: ranks / num_kv_heads ranks share one.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -58,5 +59,18 @@ absl::StatusOr<KvBlock> RankKvBlock(const ModelConfig& c, const KvBlock& whole, 
                                     int ranks);
 absl::StatusOr<KvBlock> WholeKvBlock(const ModelConfig& c, const std::vector<KvBlock>& parts,
                                      int ranks);
+
+// A split stage's ExportKv and ImportKv over its ranks' stages (`c` the whole model's config): the
+// ranks' blocks exported and put side by side; a block's heads given to each rank, every part
+// made before any rank writes, so that a block that does not fit writes nothing. A rank's error
+// is returned naming the rank.
+absl::StatusOr<KvBlock> ExportSplitKv(const ModelConfig& c,
+                                      const std::vector<std::unique_ptr<Stage>>& ranks,
+                                      const KvPlace& place, int positions, int first_layer,
+                                      int num_layers);
+absl::Status ImportSplitKv(const ModelConfig& c, const std::vector<std::unique_ptr<Stage>>& ranks,
+                           const KvPlace& place, const KvBlock& block);
+// `st` with "tensor-parallel rank <rank>: " before its message.
+absl::Status RankError(size_t rank, const absl::Status& st);
 
 }  // namespace tandem

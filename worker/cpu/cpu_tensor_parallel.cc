@@ -42,50 +42,22 @@ class CpuTensorParallelStage final : public Stage {
     std::vector<absl::StatusOr<StepOutput>> outs(ranks_.size());
     threads_.Run([&](int r) { outs[r] = ranks_[r]->Step(step, in); });
     for (size_t r = 1; r < outs.size(); ++r) {
-      if (!outs[r].ok()) {
-        return absl::Status(outs[r].status().code(), absl::StrCat("tensor-parallel rank ", r,
-                                                                  ": ", outs[r].status().message()));
-      }
+      if (!outs[r].ok()) return RankError(r, outs[r].status());
     }
     return std::move(outs[0]);
   }
 
-  // A sequence's KV-cache of every K/V head: each rank's heads, side by side (a head that several
-  // ranks hold, from the first).
+  // A sequence's KV-cache of every K/V head: each rank's heads side by side (a head that several
+  // ranks hold, from the first); a block from anywhere gives each rank its heads.
   absl::StatusOr<KvBlock> ExportKv(const KvPlace& place, int positions, int first_layer,
                                    int num_layers) const override {
-    std::vector<KvBlock> parts;
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      absl::StatusOr<KvBlock> part = ranks_[r]->ExportKv(place, positions, first_layer, num_layers);
-      if (!part.ok()) return RankError(r, part.status());
-      parts.push_back(*std::move(part));
-    }
-    return WholeKvBlock(config_, parts, static_cast<int>(ranks_.size()));
+    return ExportSplitKv(config_, ranks_, place, positions, first_layer, num_layers);
   }
-
-  // A block of every K/V head (from a stage whole or split another way): each rank takes its
-  // heads. Every rank's part is made before any is written, so that a block that does not fit
-  // writes nothing.
   absl::Status ImportKv(const KvPlace& place, const KvBlock& block) override {
-    std::vector<KvBlock> parts;
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      ASSIGN_OR_RETURN(KvBlock part, RankKvBlock(config_, block, static_cast<int>(r),
-                                                 static_cast<int>(ranks_.size())));
-      parts.push_back(std::move(part));
-    }
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      if (absl::Status st = ranks_[r]->ImportKv(place, parts[r]); !st.ok()) {
-        return RankError(r, st);
-      }
-    }
-    return absl::OkStatus();
+    return ImportSplitKv(config_, ranks_, place, block);
   }
 
  private:
-  static absl::Status RankError(size_t rank, const absl::Status& st) {
-    return absl::Status(st.code(), absl::StrCat("tensor-parallel rank ", rank, ": ", st.message()));
-  }
-
   std::unique_ptr<CpuAllReduce> all_reduce_;  // the ranks' stages point into it
   std::vector<std::unique_ptr<Stage>> ranks_;
   const ModelConfig config_;  // the whole model's (every rank's config())

@@ -235,36 +235,17 @@ class CudaTensorParallelStage final : public Stage {
     return pages;
   }
 
-  // A sequence's KV-cache of every K/V head (host memory): each rank's heads, side by side. The
-  // ranks' stages set their own devices; the caller's is set back.
+  // A sequence's KV-cache of every K/V head in host memory (each rank's heads side by side), and
+  // a host block from anywhere giving each rank its heads (tensor_parallel.h). The ranks' stages
+  // set their own devices; the caller's is set back.
   absl::StatusOr<KvBlock> ExportKv(const KvPlace& place, int positions, int first_layer,
                                    int num_layers) const override {
     const CallersDevice keep;
-    std::vector<KvBlock> blocks;
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      absl::StatusOr<KvBlock> part = ranks_[r]->ExportKv(place, positions, first_layer, num_layers);
-      if (!part.ok()) return RankError(r, part.status());
-      blocks.push_back(*std::move(part));
-    }
-    return WholeKvBlock(config_, blocks, static_cast<int>(ranks_.size()));
+    return ExportSplitKv(config_, ranks_, place, positions, first_layer, num_layers);
   }
-
-  // A host block of every K/V head: each rank takes its heads; every part is made before any rank
-  // writes, so that a block that does not fit writes nothing.
   absl::Status ImportKv(const KvPlace& place, const KvBlock& block) override {
-    std::vector<KvBlock> parts;
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      ASSIGN_OR_RETURN(KvBlock part, RankKvBlock(config_, block, static_cast<int>(r),
-                                                 static_cast<int>(ranks_.size())));
-      parts.push_back(std::move(part));
-    }
     const CallersDevice keep;
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      if (absl::Status st = ranks_[r]->ImportKv(place, parts[r]); !st.ok()) {
-        return RankError(r, st);
-      }
-    }
-    return absl::OkStatus();
+    return ImportSplitKv(config_, ranks_, place, block);
   }
 
   // Every rank validates the same step against the same state, so they accept or refuse it
@@ -280,10 +261,7 @@ class CudaTensorParallelStage final : public Stage {
     std::vector<absl::StatusOr<StepOutput>> outs(ranks_.size());
     threads_.Run([&](int r) { outs[r] = ranks_[r]->Step(step, arrived); });
     for (size_t r = 1; r < outs.size(); ++r) {
-      if (!outs[r].ok()) {
-        return absl::Status(outs[r].status().code(), absl::StrCat("tensor-parallel rank ", r,
-                                                                  ": ", outs[r].status().message()));
-      }
+      if (!outs[r].ok()) return RankError(r, outs[r].status());
     }
     return std::move(outs[0]);
   }
@@ -304,10 +282,6 @@ class CudaTensorParallelStage final : public Stage {
    private:
     int device_ = 0;
   };
-
-  static absl::Status RankError(size_t rank, const absl::Status& st) {
-    return absl::Status(st.code(), absl::StrCat("tensor-parallel rank ", rank, ": ", st.message()));
-  }
 
   const int first_device_;
   std::unique_ptr<Comms> comms_;  // outlives the stages, whose graphs use it
