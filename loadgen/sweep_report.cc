@@ -835,9 +835,6 @@ std::string CompareRuns(const std::vector<SweepResult>& runs) {
       "TTFT p50 (ms) | ITL p50 (ms) | power (W) | tokens/J | peak GPU mem (GiB) | correct | "
       "KL vs fp16 (nats) | top-1 vs fp16 | perplexity |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-  auto figure = [](double v, const char* format) {
-    return std::isnan(v) ? std::string("n/a") : absl::StrFormat(format, v);
-  };
   // The first run's configuration of the same nodes, load, workload and lengths.
   auto baseline = [&](const ConfigResult& c) -> const ConfigResult* {
     if (runs.empty()) return nullptr;
@@ -856,9 +853,13 @@ std::string CompareRuns(const std::vector<SweepResult>& runs) {
                                  : r.options.out.filename().string();
     const std::string kv = r.server.kv_cache_dtype.empty() ? "n/a" : r.server.kv_cache_dtype;
     const RunAccuracy acc = r.accuracy.value_or(RunAccuracy{});
-    const std::string accuracy =
-        absl::StrCat(figure(acc.kl_mean, "%.3g"), " | ", figure(100 * acc.top1_agreement, "%.1f%%"),
-                     " | ", figure(acc.perplexity, "%.4f"));
+    const std::string kl = std::isnan(acc.kl_mean) ? "n/a" : absl::StrFormat("%.3g", acc.kl_mean);
+    const std::string top1 = std::isnan(acc.top1_agreement)
+                                 ? "n/a"
+                                 : absl::StrFormat("%.1f%%", 100 * acc.top1_agreement);
+    const std::string perplexity =
+        std::isnan(acc.perplexity) ? "n/a" : absl::StrFormat("%.4f", acc.perplexity);
+    const std::string accuracy = absl::StrCat(kl, " | ", top1, " | ", perplexity);
     for (const ConfigResult& c : r.configs) {
       const ConfigResult* b = baseline(c);
       const std::string ratio = b != nullptr && b->tokens_per_s > 0
