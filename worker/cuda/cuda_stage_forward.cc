@@ -104,7 +104,7 @@ absl::Status CudaStage::QkvIntoCache(int l, int rows, bool gemv, const void* pen
   const int32_t* slots = DevIn<int32_t>(layout_.slots);
   const float* inv_freq = llama ? inv_freq_.as<float>() : nullptr;  // null: no rotation
   RETURN_IF_ERROR(LaunchNorm(t, llama, x_.get(), pending_bias, L.attn_norm_w, L.attn_norm_b,
-                             nullptr, xn_.get(), rows, hidden, c_.norm_eps, s));
+                             nullptr, xn_.get(), rows, hidden, c_.norm_eps, s, NormPdl()));
   const int qkv_cols = c_.q_dim() + 2 * c_.kv_dim();
   if (c_.qk_norm) {
     // Qwen3: the heads of q and k are normed between the projection (with its bias) and the
@@ -220,7 +220,7 @@ absl::Status CudaStage::AttentionAndMlp(int l, bool gemv, PassRows& p) {
   RETURN_IF_ERROR(AfterRowParallel(p.x, n));
   // MLP block: norm (adding the out-proj bias first) -> up -> activation -> down added into x.
   RETURN_IF_ERROR(LaunchNorm(t, llama, p.x, gemv ? nullptr : L.bo, L.mlp_norm_w, L.mlp_norm_b,
-                             nullptr, xn_.get(), n, hidden, c_.norm_eps, s));
+                             nullptr, xn_.get(), n, hidden, c_.norm_eps, s, NormPdl()));
   if (gemv) {
     const GemvEpilogue in_epilogue = llama ? GemvEpilogue::kSwiGlu : GemvEpilogue::kGelu;
     void* act = llama ? mlp_act_.get() : mlp_in_.get();
@@ -259,7 +259,7 @@ absl::Status CudaStage::Head(int samples, const PassRows& p) {
   const bool head_gemv = samples <= GemvMaxRows() && GemvSupported(samples, hidden);
   RETURN_IF_ERROR(LaunchNorm(t, c_.arch == Arch::kLlama, p.x, p.pending_bias, final_norm_w_,
                              final_norm_b_, gather, head_in_.get(), samples, hidden, c_.norm_eps,
-                             s));
+                             s, NormPdl()));
   if (head_gemv) {
     RETURN_IF_ERROR(Gemv(GemvEpilogue::kF32, head_in_.get(), lm_head_, nullptr, nullptr,
                          logits_.get(), samples, c_.vocab_size, hidden));

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "worker/cuda/device_util.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -63,6 +64,11 @@ __device__ void Barrier(const Args& a, unsigned e) {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) OneShotSum(Args a, T* x, size_t n) {
+  // The kernel after this one (the norm that reads x) may start, and the projection after it
+  // prefetch its weights, while this one waits for its peers. Nothing of this call is read or
+  // written before the projection that wrote x has finished, nor the call before this one.
+  AllowDependentLaunch();
+  WaitForPrerequisites();
   __shared__ unsigned epoch;
   if (threadIdx.x == 0) epoch = ++a.epochs[blockIdx.x];  // this block's counter alone
   __syncthreads();
@@ -223,15 +229,18 @@ absl::Status PeerAllReduce::Run(int rank, void* x, size_t elements, DType dtype,
   const size_t vectors = elements / kVector;
   const int blocks =
       static_cast<int>(std::clamp<size_t>((vectors + kThreads - 1) / kThreads, 1, kBlocks));
+  // A programmatic dependent launch: it starts while the projection before it drains.
+  cudaError_t e = cudaSuccess;
   if (dtype == DType::kF16) {
-    OneShotSum<__half><<<blocks, kThreads, 0, stream>>>(a, static_cast<__half*>(x), elements);
+    e = LaunchKernel(OneShotSum<__half>, dim3(blocks), dim3(kThreads), 0, stream, true, a,
+                     static_cast<__half*>(x), elements);
   } else if (dtype == DType::kBF16) {
-    OneShotSum<__nv_bfloat16>
-        <<<blocks, kThreads, 0, stream>>>(a, static_cast<__nv_bfloat16*>(x), elements);
+    e = LaunchKernel(OneShotSum<__nv_bfloat16>, dim3(blocks), dim3(kThreads), 0, stream, true, a,
+                     static_cast<__nv_bfloat16*>(x), elements);
   } else {
     return absl::InvalidArgumentError("peer all-reduce takes F16 or BF16 values");
   }
-  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) e = cudaGetLastError();
   return e == cudaSuccess ? absl::OkStatus() : CudaError(e, "peer all-reduce launch");
 }
 

@@ -4,6 +4,9 @@
 // the peers' flags, and sums every rank's staging buffer, read over NVLink, in rank order in fp32.
 // Every rank gets the same bits. One kernel per call, with no host work and its epoch counters in
 // device memory, so that it is captured in a CUDA graph once and replayed any number of times.
+// It is launched as a programmatic dependent launch and lets the kernel after it start at once:
+// the projection that wrote its input drains while it starts, and the next layer's kernels may
+// prefetch their weights while it waits for its peers.
 // For the small messages of decode (a few rows of the hidden state) it takes a few microseconds
 // where NCCL's ring takes ~20; larger messages are NCCL's.
 #pragma once
