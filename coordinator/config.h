@@ -79,6 +79,9 @@ namespace tandem {
   X(int, prefill_replicas, 0, 0,                                                                 \
     "replicas that run prompts only and hand each sequence's KV-cache to the other replicas, "   \
     "which decode (0: every replica does both)")                                                 \
+  X(int, tensor_parallel, 0, 0,                                                                  \
+    "ranks (GPUs or threads) each stage is split over, on workers started with at least so "     \
+    "many (--tensor_parallel of tandem-worker); 0: each worker's own")                           \
   X(bool, move_kv, true, ::tandem::kAnyValue,                                                    \
     "on a topology change, move running requests with their KV-cache to the new layout "         \
     "(false: let them finish on the old one, up to --drain_timeout_s)")                          \

@@ -129,6 +129,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
   c->wanted_stages_ = c->effective_stages_ = config.stages;
   c->wanted_replicas_ = config.replicas;
   c->wanted_prefill_replicas_ = config.prefill_replicas;
+  c->wanted_tensor_parallel_ = config.tensor_parallel;
   c->next_assignment_ = absl::Uniform<uint64_t>(c->random_, 1, uint64_t{1} << 62);
   return c;
 }
@@ -405,10 +406,11 @@ void Coordinator::CloseLinks() {
   for (auto& l : links) l->Close();
 }
 
-int Coordinator::UsableWorkers() {
+int Coordinator::UsableWorkers(int tensor_parallel) {
   int usable = 0;
   for (auto& [id, w] : workers_) {
-    usable += w.state == v1::WORKER_STATE_IDLE || w.state == v1::WORKER_STATE_SERVING;
+    usable += (w.state == v1::WORKER_STATE_IDLE || w.state == v1::WORKER_STATE_SERVING) &&
+              w.tensor_parallel >= tensor_parallel;
   }
   return usable;
 }
@@ -500,11 +502,13 @@ v1::Topology Coordinator::TopologyLocked() {
   t.set_stages(wanted_stages_);
   t.set_replicas(wanted_replicas_);
   t.set_prefill_replicas(wanted_prefill_replicas_);
+  t.set_tensor_parallel(wanted_tensor_parallel_);
   t.set_waiting_requests(scheduler_->waiting());
   if (!plan_error_.ok()) t.set_plan_error(plan_error_.ToString());
   for (auto& [id, p] : pipelines_) {
     v1::PipelineInfo* pi = t.add_pipelines();
     pi->set_pipeline_id(id);
+    pi->set_tensor_parallel(p->tensor_parallel);
     pi->set_running_sequences(scheduler_->running(id));
     pi->set_free_slots(scheduler_->free_slots(id));
     const PipelineRole role = scheduler_->role(id);
@@ -529,7 +533,8 @@ v1::Topology Coordinator::GetTopology() {
 }
 
 absl::StatusOr<v1::Topology> Coordinator::SetTopology(int stages, int replicas,
-                                                      std::optional<int> prefill_replicas) {
+                                                      std::optional<int> prefill_replicas,
+                                                      std::optional<int> tensor_parallel) {
   if (stages < 1 || stages > model_.num_layers) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "stages: must be between 1 and the model's %d layers, got %d", model_.num_layers, stages));
@@ -544,20 +549,31 @@ absl::StatusOr<v1::Topology> Coordinator::SetTopology(int stages, int replicas,
         "prefill_replicas: %d (expected 0, or fewer than the %d replicas, so that one decodes)",
         *prefill_replicas, replicas));
   }
+  if (tensor_parallel && *tensor_parallel < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensor_parallel: must be >= 1 (or 0: each worker's own), got %d", *tensor_parallel));
+  }
   RETURN_IF_ERROR(CheckTopologySize(stages, replicas));
   const int needed = stages * replicas;  // at most kMaxTopologyWorkers
   {
     absl::MutexLock lock(&mu_);
-    const int usable = UsableWorkers();
+    const int tp = tensor_parallel.value_or(wanted_tensor_parallel_);
+    const int usable = UsableWorkers(tp);
     if (needed > usable) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "%d stages x %d replicas needs %d workers; %d are registered and up", stages, replicas,
-          needed, usable));
+      return absl::FailedPreconditionError(
+          tp > 1 ? absl::StrFormat("%d stages x %d replicas of %d ranks needs %d workers of at "
+                                   "least %d ranks (--tensor_parallel); %d are registered and up",
+                                   stages, replicas, tp, needed, tp, usable)
+                 : absl::StrFormat("%d stages x %d replicas needs %d workers; %d are registered "
+                                   "and up",
+                                   stages, replicas, needed, usable));
     }
-    spdlog::info("topology change: {} stage(s) x {} replica(s)", stages, replicas);
+    spdlog::info("topology change: {} stage(s) x {} replica(s), tensor parallel {}", stages,
+                 replicas, tp == 0 ? std::string("each worker's") : std::to_string(tp));
     wanted_stages_ = effective_stages_ = stages;
     wanted_replicas_ = replicas;
     if (prefill_replicas) wanted_prefill_replicas_ = *prefill_replicas;
+    wanted_tensor_parallel_ = tp;
   }
   absl::Status s = RunPlan();
   absl::MutexLock lock(&mu_);

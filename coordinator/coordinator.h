@@ -31,6 +31,7 @@
 //                  a result or a broken stream to the scheduler.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -115,9 +116,11 @@ class Coordinator {
   // few workers, pipelines serve with fewer stages until enough are up again. Workers declared
   // down are forgotten after the next re-plan.
   v1::Topology GetTopology();
-  // `prefill_replicas`: of the replicas, those that run prompts only (unset: as before).
+  // `prefill_replicas`: of the replicas, those that run prompts only; `tensor_parallel`: ranks
+  // per stage, 0 for each worker's own (SetTopologyRequest; unset: as before).
   absl::StatusOr<v1::Topology> SetTopology(int stages, int replicas,
-                                           std::optional<int> prefill_replicas = std::nullopt);
+                                           std::optional<int> prefill_replicas = std::nullopt,
+                                           std::optional<int> tensor_parallel = std::nullopt);
   std::vector<v1::WorkerInfo> ListWorkers();
   absl::StatusOr<v1::Topology> Drain(int64_t worker_id);
   // Undoes Drain: FAILED_PRECONDITION when the worker is not drained.
@@ -143,6 +146,7 @@ class Coordinator {
     uint64_t assignment = 0;
     std::vector<int64_t> workers;  // per stage
     std::vector<LayerRange> ranges;
+    int tensor_parallel = 0;  // ranks per stage as assigned (0: each worker's own)
     std::shared_ptr<PipelineLink> link;
   };
 
@@ -176,8 +180,8 @@ class Coordinator {
   void ForgetDownWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<WorkerEntry*> FindWorker(int64_t worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t NewWorkerId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Workers that can take a stage (idle or serving).
-  int UsableWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Workers that can take a stage (idle or serving) of `tensor_parallel` ranks (at least so many).
+  int UsableWorkers(int tensor_parallel = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Back to the stages asked for once enough workers are usable again.
   void RestoreWantedStages() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Topology TopologyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -263,6 +267,9 @@ class Coordinator {
   int wanted_stages_ ABSL_GUARDED_BY(mu_) = 1;
   int wanted_replicas_ ABSL_GUARDED_BY(mu_) = 1;
   int wanted_prefill_replicas_ ABSL_GUARDED_BY(mu_) = 0;
+  // Ranks per stage asked for (0: each worker's own). Atomic: StageSettingsOf reads it outside
+  // mu_ too.
+  std::atomic<int> wanted_tensor_parallel_ = 0;
   // (prefill pipeline, decode pipeline) pairs whose workers are to make their KV links before the
   // first hand-off between them (the "handoff" thread does, with an import of no sequence), and
   // every pair ever queued.

@@ -202,9 +202,10 @@ grpc::Status AdminService::SetTopology(grpc::ServerContext* ctx,
                                        const v1::SetTopologyRequest* req, v1::Topology* resp) {
   if (grpc::Status a = CheckCaller(*ctx, access_); !a.ok()) return a;
   return TopologyReply(
-      c_.SetTopology(req->stages(), req->replicas(),
-                     req->has_prefill_replicas() ? std::optional<int>(req->prefill_replicas())
-                                                 : std::nullopt),
+      c_.SetTopology(
+          req->stages(), req->replicas(),
+          req->has_prefill_replicas() ? std::optional<int>(req->prefill_replicas()) : std::nullopt,
+          req->has_tensor_parallel() ? std::optional<int>(req->tensor_parallel()) : std::nullopt),
       resp);
 }
 

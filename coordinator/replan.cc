@@ -37,17 +37,22 @@ ClusterState Coordinator::ClusterStateLocked() {
                  .wanted_replicas = wanted_replicas_,
                  .effective_stages = effective_stages_,
                  .planned_once = planned_once_,
+                 .wanted_tensor_parallel = wanted_tensor_parallel_,
                  .workers = {},
                  .pipelines = {}};
   for (const auto& [id, w] : workers_) {
-    s.workers.push_back({.id = id, .health = HealthOf(w.state), .cuda = w.backend == "cuda"});
+    s.workers.push_back({.id = id,
+                         .health = HealthOf(w.state),
+                         .cuda = w.backend == "cuda",
+                         .tensor_parallel = w.tensor_parallel});
   }
   for (const auto& [id, p] : pipelines_) {
     s.pipelines.push_back({.id = id,
                            .assignment = p->assignment,
                            .workers = p->workers,
                            .ranges = p->ranges,
-                           .draining = scheduler_->draining(id)});
+                           .draining = scheduler_->draining(id),
+                           .tensor_parallel = p->tensor_parallel});
   }
   return s;
 }
@@ -61,7 +66,8 @@ StageSettings Coordinator::StageSettingsOf() const {
           .kv_pages = config_.kv_pages.value_or(0),
           .kv_cache_dtype = KvCacheDTypeOf(config_) == KvCacheDType::kAuto
                                 ? std::string()
-                                : std::string(KvCacheDTypeName(KvCacheDTypeOf(config_)))};
+                                : std::string(KvCacheDTypeName(KvCacheDTypeOf(config_))),
+          .tensor_parallel = wanted_tensor_parallel_};
 }
 
 std::vector<Coordinator::Planned> Coordinator::PrepareReplacements() {
@@ -471,6 +477,7 @@ absl::Status Coordinator::BuildPipeline(int id, uint64_t assignment,
   p->assignment = assignment;
   p->workers = workers;
   p->ranges = ranges;
+  p->tensor_parallel = requests[0].tensor_parallel();
   p->link = std::move(link);
   pipelines_.emplace(id, std::move(p));
   // Steps may go ahead of the tokens they feed where the first stage gets them from the last.

@@ -30,6 +30,7 @@ std::vector<v1::AssignStageRequest> StageRequests(const StageSettings& settings,
     req.set_kv_page_size(settings.kv_page_size);
     req.set_kv_pages(settings.kv_pages);
     req.set_kv_cache_dtype(settings.kv_cache_dtype);
+    req.set_tensor_parallel(settings.tensor_parallel);
     if (s + 1 < stages) req.set_next_address(addresses[s + 1]);
   }
   return requests;

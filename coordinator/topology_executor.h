@@ -35,6 +35,7 @@ struct StageSettings {
   int kv_pages = 0;           // pages per stage; 0: as many as its memory holds
   // AssignStageRequest.kv_cache_dtype: "" (the model's dtype) or "fp8_e4m3".
   std::string kv_cache_dtype;
+  int tensor_parallel = 0;  // AssignStageRequest.tensor_parallel: ranks per stage, 0 the worker's
 };
 
 // The AssignStage requests of pipeline `id`'s stages, on the workers at `addresses` (per stage).

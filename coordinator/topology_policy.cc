@@ -19,12 +19,18 @@ bool Contains(const std::vector<int>& ids, int id) {
 
 bool Overlap(LayerRange a, LayerRange b) { return a.first < b.last && b.first < a.last; }
 
+// Whether `w` can take a stage of the wanted size.
+bool Fits(const ClusterState& state, const WorkerView& w) {
+  return w.tensor_parallel >= state.wanted_tensor_parallel;
+}
+
 }  // namespace
 
 int RestoredStages(const ClusterState& state) {
-  const int usable = static_cast<int>(std::count_if(
-      state.workers.begin(), state.workers.end(), [](const WorkerView& w) {
-        return w.health == WorkerHealth::kIdle || w.health == WorkerHealth::kServing;
+  const int usable = static_cast<int>(
+      std::count_if(state.workers.begin(), state.workers.end(), [&](const WorkerView& w) {
+        return (w.health == WorkerHealth::kIdle || w.health == WorkerHealth::kServing) &&
+               Fits(state, w);
       }));
   if (state.effective_stages >= state.wanted_stages || usable < state.wanted_stages) {
     return state.effective_stages;
@@ -36,7 +42,8 @@ std::vector<int> RetiringPipelines(const ClusterState& state) {
   std::vector<int> retiring;
   int kept = 0;
   for (const PipelineView& p : state.pipelines) {
-    bool retire = p.draining || static_cast<int>(p.workers.size()) != state.effective_stages;
+    bool retire = p.draining || static_cast<int>(p.workers.size()) != state.effective_stages ||
+                  p.tensor_parallel != state.wanted_tensor_parallel;
     for (int64_t id : p.workers) {
       const WorkerView* w = FindWorker(state, id);
       retire |= w != nullptr && w->health == WorkerHealth::kDrained;
@@ -66,7 +73,7 @@ ClusterState AfterRetiring(ClusterState state, const std::vector<int>& retiring)
 absl::StatusOr<BuildPlan> PlanBuilds(const ClusterState& state) {
   std::vector<int64_t> idle;
   for (const WorkerView& w : state.workers) {
-    if (w.health == WorkerHealth::kIdle) idle.push_back(w.id);
+    if (w.health == WorkerHealth::kIdle && Fits(state, w)) idle.push_back(w.id);
   }
   BuildPlan plan;
   plan.stages = state.effective_stages;

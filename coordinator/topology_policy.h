@@ -28,6 +28,7 @@ struct WorkerView {
   int64_t id = 0;
   WorkerHealth health = WorkerHealth::kIdle;
   bool cuda = false;  // a CUDA worker: links to other CUDA workers over NCCL, KV moves included
+  int tensor_parallel = 1;  // the most ranks it splits a stage over
 };
 
 struct PipelineView {
@@ -36,6 +37,7 @@ struct PipelineView {
   std::vector<int64_t> workers;    // per stage
   std::vector<LayerRange> ranges;  // per stage
   bool draining = false;           // the scheduler gives it no new work (it retires)
+  int tensor_parallel = 0;         // its stages' ranks as assigned (0: each worker's own)
 };
 
 struct ClusterState {
@@ -44,6 +46,9 @@ struct ClusterState {
   int wanted_replicas = 1;
   int effective_stages = 1;   // < wanted_stages while too few workers are up
   bool planned_once = false;  // a pipeline has served: after a loss, serve on fewer stages
+  // Ranks per stage asked for (0: each worker's own): pipelines of another size retire, and only
+  // workers of at least that many ranks take stages.
+  int wanted_tensor_parallel = 0;
   std::vector<WorkerView> workers;      // in id order
   std::vector<PipelineView> pipelines;  // in id order
 };

@@ -42,6 +42,9 @@ ABSL_FLAG(int, stages, 1, "set-topology: stages per replica");
 ABSL_FLAG(int, replicas, 1, "set-topology: replicas");
 ABSL_FLAG(std::optional<int>, prefill_replicas, std::nullopt,
           "set-topology: of the replicas, those that run prompts only (unset: as before)");
+ABSL_FLAG(std::optional<int>, tensor_parallel, std::nullopt,
+          "set-topology: ranks each stage is split over, on workers of at least so many (0: each "
+          "worker's own; unset: as before)");
 ABSL_FLAG(int64_t, worker_id, 0, "drain, undrain: the worker's id (from 'workers')");
 ABSL_FLAG(std::string, api_key, "", "key for generate and info (env TANDEM_API_KEY)");
 ABSL_FLAG(std::string, admin_key, "",
@@ -52,11 +55,12 @@ namespace {
 
 constexpr const char* kUsage =
     "tandem-cli COMMAND [flags]\n"
-    "  generate --prompt TEXT [--stream] [--max_new_tokens N] [--temperature T] [--addr HOST:PORT]\n"
+    "  generate --prompt TEXT [--stream] [--max_new_tokens N] [--temperature T] [--addr "
+    "HOST:PORT]\n"
     "  info                      model information\n"
     "  topology                  pipelines and their workers\n"
     "  workers                   registered workers\n"
-    "  set-topology --stages S --replicas R\n"
+    "  set-topology --stages S --replicas R [--tensor_parallel N]\n"
     "  drain --worker_id ID      take a worker out of service\n"
     "  undrain --worker_id ID    put a drained worker back\n";
 
@@ -232,6 +236,7 @@ int main(int argc, char** argv) {
     req.set_stages(absl::GetFlag(FLAGS_stages));
     req.set_replicas(absl::GetFlag(FLAGS_replicas));
     if (auto p = absl::GetFlag(FLAGS_prefill_replicas)) req.set_prefill_replicas(*p);
+    if (auto t = absl::GetFlag(FLAGS_tensor_parallel)) req.set_tensor_parallel(*t);
     tandem::v1::Topology t;
     s = admin->SetTopology(&ctx, req, &t);
     out = t.DebugString();

@@ -36,14 +36,14 @@ double Top2Gap(const v1::TokenLogprob& l) {
 }
 
 // `t` serves exactly stages x replicas, `prefill` of them running prompts only.
-bool Serves(const v1::Topology& t, int stages, int replicas, int prefill) {
-  if (t.pipelines_size() != replicas) return false;
+bool Serves(const v1::Topology& t, const Layout& l) {
+  if (t.pipelines_size() != l.replicas) return false;
   int prefilling = 0;
   for (const auto& p : t.pipelines()) {
-    if (p.stages_size() != stages) return false;
+    if (p.stages_size() != l.stages || p.tensor_parallel() != l.tensor_parallel) return false;
     prefilling += p.role() == "prefill";
   }
-  return prefilling == prefill;
+  return prefilling == l.prefill;
 }
 
 class GrpcClient final : public LoadClient {
@@ -101,28 +101,32 @@ class GrpcClient final : public LoadClient {
   absl::StatusOr<Layout> GetLayout() override {
     absl::StatusOr<v1::Topology> t = Topology();
     if (!t.ok()) return t.status();
-    return Layout{
-        .stages = t->stages(), .replicas = t->replicas(), .prefill = t->prefill_replicas()};
+    return Layout{.stages = t->stages(),
+                  .replicas = t->replicas(),
+                  .prefill = t->prefill_replicas(),
+                  .tensor_parallel = t->tensor_parallel()};
   }
 
-  absl::Status SetTopology(int stages, int replicas, int prefill) override {
-    const std::string asked =
-        absl::StrFormat("%d stage(s) x %d replica(s)%s", stages, replicas,
-                        prefill > 0 ? absl::StrFormat(" (%d prefill)", prefill) : "");
+  absl::Status SetTopology(const Layout& l) override {
+    const std::string asked = absl::StrFormat(
+        "%d stage(s) x %d replica(s)%s%s", l.stages, l.replicas,
+        l.prefill > 0 ? absl::StrFormat(" (%d prefill)", l.prefill) : "",
+        l.tensor_parallel > 0 ? absl::StrFormat(" of %d rank(s) each", l.tensor_parallel) : "");
     const auto give_up = std::chrono::system_clock::now() + kRegistrationWait;
     while (true) {
       grpc::ClientContext ctx;
       // The coordinator answers once the new layout serves: its workers load their layers.
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));
       v1::SetTopologyRequest req;
-      req.set_stages(stages);
-      req.set_replicas(replicas);
-      req.set_prefill_replicas(prefill);
+      req.set_stages(l.stages);
+      req.set_replicas(l.replicas);
+      req.set_prefill_replicas(l.prefill);
+      req.set_tensor_parallel(l.tensor_parallel);
       v1::Topology t;
       const grpc::Status s = admin_->SetTopology(&ctx, req, &t);
       std::string why;
       if (s.ok()) {
-        if (Serves(t, stages, replicas, prefill)) return absl::OkStatus();
+        if (Serves(t, l)) return absl::OkStatus();
         if (!t.plan_error().empty()) return Refused(asked, t.plan_error());
         why = absl::StrFormat("%d pipeline(s) serve", t.pipelines_size());
       } else if (s.error_code() != grpc::StatusCode::FAILED_PRECONDITION) {

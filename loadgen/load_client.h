@@ -54,6 +54,7 @@ struct Layout {
   int stages = 1;
   int replicas = 1;
   int prefill = 0;
+  int tensor_parallel = 0;  // ranks per stage; 0: each worker's own
   bool operator==(const Layout&) const = default;
 };
 
@@ -67,7 +68,7 @@ class LoadClient {
   // Sets the layout and waits until exactly that serves. A service that cannot serve it (a
   // worker refused its stage, too few workers once they had time to register) fails at once with
   // the coordinator's reason.
-  virtual absl::Status SetTopology(int stages, int replicas, int prefill) = 0;
+  virtual absl::Status SetTopology(const Layout& layout) = 0;
   // Generates `output_len` tokens (EOS ignored, greedy) after the token-id `prompt`, streamed,
   // over the client's connection number `connection` (from 0): each number a connection of its
   // own, as separate users would have, where the API multiplexes requests over one (gRPC: a

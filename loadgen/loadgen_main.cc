@@ -29,7 +29,12 @@ ABSL_FLAG(std::vector<std::string>, nodes, {"1"},
           "node counts, comma-separated; the first is "
           "the baseline of speedup, and the correctness check's reference runs are made on it");
 ABSL_FLAG(std::string, parallelism, "pipeline",
-          "how nodes are used: pipeline (stages) or data (replicas of one stage)");
+          "how nodes are used: pipeline (stages), data (replicas of one stage) or tensor (ranks of "
+          "one stage: GPUs of one worker started with --tensor_parallel of at least the largest "
+          "node count)");
+ABSL_FLAG(int, tensor_parallel, 0,
+          "with --parallelism pipeline or data: ranks each stage is split over (0: each worker's "
+          "own --tensor_parallel)");
 ABSL_FLAG(std::vector<std::string>, prefill_nodes, {"0"},
           "--parallelism data: of each node count's replicas, those that run prompts only and "
           "hand the KV-cache to the others, which decode, comma-separated (0: every replica does "
@@ -153,12 +158,21 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string parallelism = absl::GetFlag(FLAGS_parallelism);
-  if (parallelism != "pipeline" && parallelism != "data") {
-    std::fprintf(stderr, "error: --parallelism: '%s' is neither pipeline nor data\n",
+  if (parallelism != "pipeline" && parallelism != "data" && parallelism != "tensor") {
+    std::fprintf(stderr, "error: --parallelism: '%s' is none of pipeline, data, tensor\n",
                  parallelism.c_str());
     return 2;
   }
   o.data_parallel = parallelism == "data";
+  o.tensor_nodes = parallelism == "tensor";
+  o.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+  if (o.tensor_parallel < 0 || (o.tensor_nodes && o.tensor_parallel > 0)) {
+    std::fprintf(stderr,
+                 "error: --tensor_parallel %d: must be >= 0, and is the node count itself with "
+                 "--parallelism tensor\n",
+                 o.tensor_parallel);
+    return 2;
+  }
   if (!ParseList("prefill_nodes", absl::GetFlag(FLAGS_prefill_nodes), &o.prefill_nodes)) return 2;
   o.mode = absl::GetFlag(FLAGS_mode);
   const std::string scaling = absl::GetFlag(FLAGS_scaling);

@@ -117,9 +117,11 @@ class OpenAiClient final : public LoadClient {
     return absl::UnimplementedError("an OpenAI server's layout is read through --admin only");
   }
 
-  absl::Status SetTopology(int stages, int replicas, int prefill) override {
-    if (admin_ != nullptr) return admin_->SetTopology(stages, replicas, prefill);
-    if (stages == 1 && replicas == 1) return absl::OkStatus();  // what serves is measured
+  absl::Status SetTopology(const Layout& l) override {
+    if (admin_ != nullptr) return admin_->SetTopology(l);
+    if (l.stages == 1 && l.replicas == 1 && l.tensor_parallel == 0) {
+      return absl::OkStatus();  // what serves is measured
+    }
     return absl::FailedPreconditionError(
         "--nodes above 1 needs tandem's gRPC Admin (--admin HOST:PORT) to re-partition");
   }

@@ -656,8 +656,10 @@ double RunClosedLoop(int clients, int count, const std::function<void(int i, int
 namespace {
 
 std::string LayoutName(const Layout& l) {
-  return absl::StrFormat("%d stage(s) x %d replica(s)%s", l.stages, l.replicas,
-                         l.prefill > 0 ? absl::StrFormat(", %d of them prefill", l.prefill) : "");
+  return absl::StrFormat(
+      "%d stage(s) x %d replica(s)%s%s", l.stages, l.replicas,
+      l.prefill > 0 ? absl::StrFormat(", %d of them prefill", l.prefill) : "",
+      l.tensor_parallel > 0 ? absl::StrFormat(", %d rank(s) a stage", l.tensor_parallel) : "");
 }
 
 // The configurations of the sweep, in order, into `result`. `last_set`: the last layout asked
@@ -673,11 +675,16 @@ absl::Status RunConfigs(LoadClient& client, const SweepOptions& o, Progress& pro
                                      o.prompt_lens.size() * o.output_lens.size());
   int index = 0;
   for (int nodes : o.nodes) {
-    const int stages = o.data_parallel ? 1 : nodes;
+    // --parallelism tensor: the nodes are the ranks of one stage (GPUs of one worker).
+    const int stages = o.data_parallel || o.tensor_nodes ? 1 : nodes;
     const int replicas = o.data_parallel ? nodes : 1;
+    const int tensor_parallel = o.tensor_nodes ? nodes : o.tensor_parallel;
     for (int prefill : o.prefill_nodes) {
-      last_set = Layout{.stages = stages, .replicas = replicas, .prefill = prefill};
-      if (absl::Status s = client.SetTopology(stages, replicas, prefill); !s.ok()) return s;
+      last_set = Layout{.stages = stages,
+                        .replicas = replicas,
+                        .prefill = prefill,
+                        .tensor_parallel = tensor_parallel};
+      if (absl::Status s = client.SetTopology(*last_set); !s.ok()) return s;
       if (!references.has_value() && !o.check) references = References{};
       if (!references.has_value()) {
         absl::StatusOr<References> refs = RunReferences(client, o, vocab, progress, result);
@@ -721,6 +728,8 @@ absl::Status RunConfigs(LoadClient& client, const SweepOptions& o, Progress& pro
                 MakeWorkloadPool(o.workload, o.seed, prompt_len, output_len, o.prompt_pool, vocab,
                                  info.context_length);
             c = MeasureConfig(client, o, pool, std::move(c), point, progress, *references);
+            // The ranks asked for, where asked: a worker's metrics give its largest size.
+            if (tensor_parallel > 0) c.tensor_parallel = tensor_parallel;
             result.all_correct &= c.correct;
             result.configs.push_back(std::move(c));
           }
@@ -753,8 +762,7 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
   absl::Status status = RunConfigs(*client, o, progress, result, last_set);
   progress.Done();
   if (initial.ok() && last_set.has_value() && *last_set != *initial) {
-    if (absl::Status s = client->SetTopology(initial->stages, initial->replicas, initial->prefill);
-        !s.ok()) {
+    if (absl::Status s = client->SetTopology(*initial); !s.ok()) {
       const std::string message =
           absl::StrCat("the layout found at the start (", LayoutName(*initial),
                        ") could not be set again: ", s.message());

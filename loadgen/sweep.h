@@ -39,6 +39,8 @@ struct SweepOptions {
   std::vector<std::string> worker_metrics;  // host:port of each worker's /metrics
   std::vector<int> nodes = {1};             // workers per configuration
   bool data_parallel = false;               // nodes as replicas x 1 stage (default: stages)
+  bool tensor_nodes = false;  // nodes as the ranks of one stage (--parallelism tensor)
+  int tensor_parallel = 0;    // otherwise ranks per stage of every layout (0: each worker's own)
   // With data_parallel, a dimension of the sweep: of each node count's replicas, those that run
   // prompts only and hand the KV-cache to the others, which decode (disaggregated prefill); 0:
   // every one does both.

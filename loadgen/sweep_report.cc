@@ -89,6 +89,8 @@ nlohmann::json Json(const SweepResult& r) {
                   {"worker_metrics", o.worker_metrics},
                   {"nodes", o.nodes},
                   {"data_parallel", o.data_parallel},
+                  {"tensor_nodes", o.tensor_nodes},
+                  {"tensor_parallel", o.tensor_parallel},
                   {"prefill_nodes", o.prefill_nodes},
                   {"mode", o.mode},
                   {"batch", o.batch},
@@ -304,7 +306,12 @@ std::string Markdown(const SweepResult& r) {
                "Mode: %s loop, %s scaling, %d measured requests per configuration (%d warm-up), "
                "nodes %s as %s%s.\n\n",
                o.mode, o.weak_scaling ? "weak" : "strong", o.requests, o.warmup,
-               absl::StrJoin(o.nodes, ","), o.data_parallel ? "replicas" : "pipeline stages",
+               absl::StrJoin(o.nodes, ","),
+               o.data_parallel  ? "replicas"
+               : o.tensor_nodes ? "ranks of one stage (tensor parallel)"
+               : o.tensor_parallel > 0
+                   ? absl::StrFormat("pipeline stages of %d rank(s) each", o.tensor_parallel)
+                   : std::string("pipeline stages"),
                o.prefill_nodes.size() > 1 || o.prefill_nodes.front() > 0
                    ? absl::StrFormat(", of them %s running prompts only (disaggregated prefill; "
                                      "\"nodes\" below says how many)",
@@ -553,6 +560,8 @@ void ReadOptions(JsonReader& read, const nlohmann::json& oj, SweepOptions& o) {
   read.Get(oj, "worker_metrics", &o.worker_metrics);
   read.Get(oj, "nodes", &o.nodes);
   read.Get(oj, "data_parallel", &o.data_parallel);
+  if (oj.contains("tensor_nodes")) read.Get(oj, "tensor_nodes", &o.tensor_nodes);
+  if (oj.contains("tensor_parallel")) read.Get(oj, "tensor_parallel", &o.tensor_parallel);
   if (oj.contains("prefill_nodes")) read.Get(oj, "prefill_nodes", &o.prefill_nodes);
   if (o.prefill_nodes.empty()) o.prefill_nodes = {0};
   read.Get(oj, "mode", &o.mode);

@@ -32,6 +32,9 @@ class Backend {
 
   // A stage of `spec`'s layers (taking spec.placed where they fit).
   virtual absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec) = 0;
+  // The most ranks a stage may be split over (StageSpec::tensor_parallel; the worker's
+  // --tensor_parallel), and what a stage of tensor_parallel 0 gets.
+  virtual int tensor_parallel() const { return 1; }
 
   // Whether PlaceWeights and WarmUp do anything.
   virtual bool places_weights() const { return false; }

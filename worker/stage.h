@@ -286,6 +286,9 @@ struct StageSpec {
   // worker/kv_scales.h; EncodeKvE4M3, common/fp8_quantize.h); its blocks (ExportKv, OpenKvOut) are
   // kF8E4M3 with those scales. Needs kv_page_size > 0. false: the model's dtype.
   bool kv_cache_fp8 = false;
+  // Ranks to split the stage over (AssignStageRequest.tensor_parallel), at most the backend's;
+  // 0: the backend's own (--tensor_parallel).
+  int tensor_parallel = 0;
   // Weights already placed (by an earlier stage or ahead of this one) that the stage may take
   // where they are of this checkpoint, dtype and device; what they lack is loaded.
   std::vector<std::shared_ptr<const PlacedWeights>> placed;

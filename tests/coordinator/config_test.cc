@@ -318,7 +318,7 @@ TEST(CoordinatorConfigTest, EachBoundRefusesAValueBelowItNamingTheSetting) {
     EXPECT_THAT(ValidateCoordinatorConfig(c).message(),
                 HasSubstr(absl::StrCat("config: ", changed, " must be >= ")));
   }
-  EXPECT_EQ(bounded, 24);
+  EXPECT_EQ(bounded, 25);
 }
 
 TEST(CheckModelDirTest, NamesWhatTheFolderIsNotAndWhatToGive) {

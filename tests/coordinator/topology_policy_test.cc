@@ -32,7 +32,8 @@ ClusterState Serve(ClusterState state, const BuildPlan& plan) {
                                .assignment = static_cast<uint64_t>(100 + id),
                                .workers = n.workers,
                                .ranges = n.ranges,
-                               .draining = false});
+                               .draining = false,
+                               .tensor_parallel = state.wanted_tensor_parallel});
     ++id;
     for (WorkerView& w : state.workers) {
       for (int64_t taken : n.workers) {
@@ -151,6 +152,49 @@ TEST(TopologyPolicyTest, ALayoutChangeRetiresEveryPipelineOfTheOldStageCount) {
   EXPECT_THAT(actions.builds->pipelines,
               ElementsAre(NewPipeline{{1, 2}, halves}, NewPipeline{{3, 4}, halves}));
   EXPECT_THAT(StagesToRelease(s, actions.retiring, actions.builds->pipelines), IsEmpty());
+}
+
+// Worker 1 splits a stage over one rank, workers 2 and 3 over two: asking for two ranks a stage
+// retires the pipeline on worker 1 and builds on worker 2; asking for each worker's own size
+// again retires that one.
+TEST(TopologyPolicyTest, ATensorParallelSizeRetiresOtherPipelinesAndBuildsOnWorkersOfThatSize) {
+  ClusterState s = Fresh(3, 1, 1);
+  Worker(s, 2).tensor_parallel = 2;
+  Worker(s, 3).tensor_parallel = 2;
+  s = Serve(s, *PlanBuilds(s));
+  ASSERT_EQ(s.pipelines.size(), 1u);
+  EXPECT_EQ(s.pipelines[0].workers, std::vector<int64_t>{1});
+  s.wanted_tensor_parallel = 2;
+  TopologyActions actions = PlanTopology(s);
+  EXPECT_THAT(actions.retiring, ElementsAre(0));
+  ASSERT_TRUE(actions.builds.ok());
+  const std::vector<LayerRange> whole = {{0, 8}};
+  EXPECT_THAT(actions.builds->pipelines, ElementsAre(NewPipeline{{2}, whole}));
+  s = Serve(AfterRetiring(s, actions.retiring), *actions.builds);
+  EXPECT_THAT(RetiringPipelines(s), IsEmpty());
+  s.wanted_tensor_parallel = 0;
+  actions = PlanTopology(s);
+  EXPECT_THAT(actions.retiring, ElementsAre(0));  // the pipeline on worker 2
+  EXPECT_THAT(actions.builds->pipelines, ElementsAre(NewPipeline{{1}, whole}));
+}
+
+// Two stages of two ranks need two workers of two ranks: with one such worker up (and one of a
+// single rank) nothing is built on a fresh start, and a loss does not count the small worker.
+TEST(TopologyPolicyTest, WorkersOfFewerRanksThanAskedTakeNoStage) {
+  ClusterState s = Fresh(2, 2, 1);
+  s.wanted_tensor_parallel = 2;
+  Worker(s, 2).tensor_parallel = 2;
+  absl::StatusOr<BuildPlan> plan = PlanBuilds(s);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_THAT(plan->pipelines, IsEmpty());
+  Worker(s, 1).tensor_parallel = 4;  // more ranks than asked: it takes a stage (two of its four)
+  EXPECT_THAT(PlanBuilds(s)->pipelines,
+              ElementsAre(NewPipeline{{1, 2}, std::vector<LayerRange>{{0, 4}, {4, 8}}}));
+  s.effective_stages = 1;  // after a loss, back to two stages only with two fitting workers
+  Worker(s, 1).tensor_parallel = 1;
+  EXPECT_EQ(RestoredStages(s), 1);
+  Worker(s, 1).tensor_parallel = 2;
+  EXPECT_EQ(RestoredStages(s), 2);
 }
 
 TEST(TopologyPolicyTest, FewerReplicasRetireTheNewestPipelines) {

@@ -88,6 +88,85 @@ TEST_F(TensorParallelTest, TwoStagesOfTwoRanksGiveTheGreedyTokensOfOneStage) {
   }
 }
 
+// Admin.SetTopology of one stage and one replica of `ranks` ranks a stage; the reply in `t`.
+grpc::Status SetRanks(Cluster& cluster, int ranks, v1::Topology* t) {
+  v1::SetTopologyRequest req;
+  req.set_stages(1);
+  req.set_replicas(1);
+  req.set_tensor_parallel(ranks);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  return cluster.admin().SetTopology(&ctx, req, t);
+}
+
+// One worker of two ranks serves its stage over one rank, then two, as SetTopology asks, with the
+// greedy tokens of an unsplit worker each time; more ranks than it has are refused naming them,
+// and it goes on serving.
+TEST_F(TensorParallelTest, SetTopologyPicksTheRanksOfAStageUpToTheWorkersOwn) {
+  ClusterOptions one;
+  one.model_dir = *dir_;
+  auto whole = Cluster::Start(one);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ClusterOptions two = one;
+  two.worker_flags = {"--tensor_parallel=2"};
+  auto split = Cluster::Start(two);
+  ASSERT_TRUE(split.ok()) << split.status();
+  const std::vector<int32_t> prompt = {5, 77, 301, 12, 9, 140, 2};
+  const std::vector<int32_t> want = Greedy(**whole, prompt);
+  ASSERT_EQ(want.size(), 12u);
+  for (int ranks : {1, 2}) {
+    v1::Topology t;
+    const grpc::Status s = SetRanks(**split, ranks, &t);
+    ASSERT_TRUE(s.ok()) << s.error_message() << (*split)->Logs();
+    EXPECT_EQ(t.tensor_parallel(), ranks);
+    ASSERT_EQ(t.pipelines_size(), 1) << t.DebugString();
+    EXPECT_EQ(t.pipelines(0).tensor_parallel(), ranks) << t.DebugString();
+    EXPECT_EQ(Greedy(**split, prompt), want) << ranks << " rank(s)" << (*split)->Logs();
+  }
+  v1::Topology t;
+  grpc::Status s = SetRanks(**split, 4, &t);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("needs 1 workers of at least 4 ranks"));
+  s = SetRanks(**split, -1, &t);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("tensor_parallel: must be >= 1"));
+  EXPECT_EQ(Greedy(**split, prompt), want) << "still serving over two ranks";
+}
+
+// A worker asked for more ranks than it was started with refuses the stage, naming both.
+TEST_F(TensorParallelTest, AWorkerRefusesMoreRanksThanItHas) {
+  absl::StatusOr<std::unique_ptr<Process>> worker = Process::Start(
+      {TANDEM_WORKER_BIN, "--coordinator=127.0.0.1:1", "--listen=127.0.0.1:0",
+       "--metrics_address=", "--tensor_parallel=2"},
+      std::filesystem::path(::testing::TempDir()) / absl::StrCat("tp-assign-", getpid(), ".log"));
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  absl::StatusOr<int> port = (*worker)->WaitForPort();
+  ASSERT_TRUE(port.ok()) << port.status() << (*worker)->Log();
+  auto stub = v1::Worker::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port), grpc::InsecureChannelCredentials()));
+  for (int ranks : {3, 2}) {
+    v1::AssignStageRequest req;
+    req.set_assignment_id(7);
+    req.set_num_stages(1);
+    req.set_model_dir(dir_->string());
+    req.set_last_layer(-1);
+    req.set_max_slots(2);
+    req.set_max_seq_len(64);
+    req.set_tensor_parallel(ranks);
+    v1::AssignStageResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    const grpc::Status s = stub->AssignStage(&ctx, req, &resp);
+    if (ranks == 3) {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+      EXPECT_THAT(s.error_message(),
+                  HasSubstr("tensor_parallel 3: this worker splits a stage over at most 2"));
+    } else {
+      EXPECT_TRUE(s.ok()) << s.error_message() << (*worker)->Log();
+    }
+  }
+}
+
 // Runs tandem-worker with `flags` against a closed coordinator address; its exit code and output.
 std::pair<int, std::string> RunWorker(const std::string& flags) {
   const std::filesystem::path log = std::filesystem::path(::testing::TempDir()) /

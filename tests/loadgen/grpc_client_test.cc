@@ -165,7 +165,7 @@ TEST(GrpcClientTest, ALayoutTheWorkersRefuseFailsAtOnceWithThePlanningError) {
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<LoadClient> client = NewGrpcClient(Serve({&admin}, server), 10);
   ASSERT_NE(server, nullptr);
-  const absl::Status s = client->SetTopology(2, 1, 0);
+  const absl::Status s = client->SetTopology(Layout{.stages = 2, .replicas = 1});
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(s.message(), ::testing::HasSubstr("cannot serve 2 stage(s) x 1 replica(s)"));
   EXPECT_THAT(s.message(), ::testing::HasSubstr("only 0 of 1 pipelines"));
@@ -179,7 +179,7 @@ TEST(GrpcClientTest, ALayoutAnsweredWithoutItsPipelinesFailsAtOnceWithThePlannin
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<LoadClient> client = NewGrpcClient(Serve({&admin}, server), 10);
   ASSERT_NE(server, nullptr);
-  const absl::Status s = client->SetTopology(1, 1, 0);
+  const absl::Status s = client->SetTopology(Layout{.stages = 1, .replicas = 1});
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(s.message(), ::testing::HasSubstr("the GPU has 70 GiB free"));
   EXPECT_EQ(admin.calls(), 1);

@@ -224,6 +224,41 @@ TEST(SweepTest, PrefillNodesAreASweepDimensionCheckedAgainstColocatedReplicas) {
   fs::remove_all(dir);
 }
 
+// Tensor parallelism as the sweep's node dimension: one worker of two ranks, its stage over one
+// rank and then two (--parallelism tensor); every output of two ranks the same as one rank's, and
+// the rows and the summary say how many ranks ran.
+TEST(SweepTest, TensorParallelismSplitsOneStageOverTheNodeCountsRanks) {
+  const fs::path dir = ModelFolder("sweep-tensor-test", "tiny-llama", 6);
+  absl::StatusOr<std::unique_ptr<Cluster>> cluster =
+      Cluster::Start({.model_dir = dir / "model",
+                      .workers = 1,
+                      .stages = 1,
+                      .replicas = 1,
+                      .worker_flags = {"--tensor_parallel=2"}});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const fs::path run = dir / "run";
+  const std::string cmd =
+      absl::StrCat(TANDEM_LOADGEN_BIN, " sweep --addr=", (*cluster)->address(),
+                   " --nodes=1,2 --parallelism=tensor --batch=2 --requests=4 --warmup=1"
+                   " --prompt_lens=12 --output_lens=8 --progress=false --out=",
+                   run.string(), " > ", (dir / "loadgen.log").string(), " 2>&1");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << ReadFile(dir / "loadgen.log") << (*cluster)->Logs();
+  nlohmann::json j = ReadResults(run);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_TRUE(j["all_correct"].get<bool>());
+  ASSERT_EQ(j["configs"].size(), 2u);
+  std::vector<int> ranks;
+  for (const auto& c : j["configs"]) {
+    EXPECT_TRUE(c["correct"].get<bool>()) << c.dump();
+    EXPECT_EQ(c["stages"].get<int>(), 1) << c.dump();
+    ranks.push_back(c["tensor_parallel"].get<int>());
+  }
+  EXPECT_EQ(ranks, (std::vector<int>{1, 2}));
+  EXPECT_THAT(ReadFile(run / "summary.md"), HasSubstr("as ranks of one stage (tensor parallel)"));
+  cluster->reset();
+  fs::remove_all(dir);
+}
+
 // The same sweep through the OpenAI-compatible HTTP API (--api openai), with the nodes set through
 // tandem's gRPC Admin: the same tables, every output the same as the first node count's.
 TEST(SweepTest, OpenAiApiSweepWritesTheSameTables) {

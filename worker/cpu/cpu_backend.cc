@@ -9,7 +9,8 @@ absl::StatusOr<std::unique_ptr<Stage>> CpuBackend::MakeStage(const StageSpec& sp
   StageSpec s = spec;
   s.quantize_fp8 = s.quantize_fp8 || quantize_fp8_;
   s.kv_memory_fraction = kv_memory_fraction_;
-  return MakeCpuTensorParallelStage(s, tensor_parallel_);
+  return MakeCpuTensorParallelStage(s,
+                                    s.tensor_parallel > 0 ? s.tensor_parallel : tensor_parallel_);
 }
 
 }  // namespace tandem

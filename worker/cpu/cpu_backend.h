@@ -12,7 +12,7 @@ class CpuBackend final : public Backend {
  public:
   // quantize_fp8: every stage's linear weights quantized to FP8 and computed dequantized
   // (StageSpec::quantize_fp8). tensor_parallel: every stage split over that many thread ranks
-  // (cpu_tensor_parallel.h).
+  // (cpu_tensor_parallel.h), or over StageSpec::tensor_parallel where set.
   // kv_memory_fraction: StageSpec::kv_memory_fraction of every stage (--kv_memory_fraction).
   explicit CpuBackend(bool quantize_fp8 = false, int tensor_parallel = 1,
                       double kv_memory_fraction = 0.9)
@@ -21,6 +21,7 @@ class CpuBackend final : public Backend {
         kv_memory_fraction_(kv_memory_fraction) {}
   absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec) override;
   bool has_fp8_kv_cache() const override { return true; }
+  int tensor_parallel() const override { return tensor_parallel_; }
 
  private:
   bool quantize_fp8_;

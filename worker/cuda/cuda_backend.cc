@@ -22,7 +22,9 @@ StageSpec WithPrecision(StageSpec spec, const CudaBackendOptions& opt) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Stage>> CudaBackend::MakeStage(const StageSpec& spec) {
-  return MakeCudaTensorParallelStage(WithPrecision(spec, opt_), opt_.stage, opt_.tensor_parallel);
+  return MakeCudaTensorParallelStage(
+      WithPrecision(spec, opt_), opt_.stage,
+      spec.tensor_parallel > 0 ? spec.tensor_parallel : opt_.tensor_parallel);
 }
 
 absl::StatusOr<std::shared_ptr<const PlacedWeights>> CudaBackend::PlaceWeights(

@@ -20,7 +20,7 @@ struct CudaBackendOptions {
   bool kv_over_nccl = false;  // KV-cache moves between GPUs over NCCL (Backend::has_kv_link)
   bool quantize_fp8 = false;  // every stage's linear weights in FP8 (StageSpec::quantize_fp8)
   // Every stage split over this many GPUs, stage.device and the next ones
-  // (cuda_tensor_parallel.h).
+  // (cuda_tensor_parallel.h), or over StageSpec::tensor_parallel of them where set.
   int tensor_parallel = 1;
 };
 
@@ -31,6 +31,7 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageSpec& spec) override;
   // Tensor-parallel ranks upload their shards as their stage loads: nothing is placed ahead.
   bool places_weights() const override { return opt_.tensor_parallel == 1; }
+  int tensor_parallel() const override { return opt_.tensor_parallel; }
   absl::StatusOr<std::shared_ptr<const PlacedWeights>> PlaceWeights(const StageSpec& spec) override;
   absl::Status WarmUp(const StageSpec& spec) override;
   absl::StatusOr<KvBlock> KvToHost(const KvBlock& block) const override;

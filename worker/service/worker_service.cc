@@ -128,6 +128,14 @@ grpc::Status WorkerService::CheckAssignment(const v1::AssignStageRequest& req, S
                         std::string(kv_dtype.status().message()));
   }
   spec->kv_cache_fp8 = *kv_dtype == KvCacheDType::kFp8E4M3;
+  if (const int most = backend_->tensor_parallel();
+      req.tensor_parallel() < 0 || req.tensor_parallel() > most) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("tensor_parallel ", req.tensor_parallel(),
+                                     ": this worker splits a stage over at most ", most,
+                                     " rank(s) (--tensor_parallel ", most, ")"));
+  }
+  spec->tensor_parallel = req.tensor_parallel();
   if (spec->kv_cache_fp8 && spec->kv_page_size <= 0) {
     return grpc::Status(
         grpc::StatusCode::INVALID_ARGUMENT,
