@@ -662,8 +662,9 @@ absl::Status Agreement(int count) {
       return absl::InternalError(absl::StrCat("a step returned ", r.logits.size(), " and ",
                                               t.logits.size(), " logits, expected ", c.vocab_size));
     }
-    into.Add(r.logits, t.logits);
-    all.Add(r.logits, t.logits);
+    const PositionAgreement p = ComparePosition(r.logits, t.logits);
+    into.Add(p);
+    all.Add(p);
     next = r.tokens.at(0);
     return absl::OkStatus();
   };
