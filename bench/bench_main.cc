@@ -613,6 +613,10 @@ absl::Status DumpLogits(const std::string& in_path, const std::string& out_path)
 }
 
 absl::Status Agreement(int count) {
+  if (count < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--agreement ", count, ": the number of prompts to compare must be >= 1"));
+  }
   const std::string model = absl::GetFlag(FLAGS_model);
   ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model));
   ASSIGN_OR_RETURN(DType dtype, ParseHalfDTypeFlag(absl::GetFlag(FLAGS_dtype), "--dtype"));
@@ -757,7 +761,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     st = tandem::DumpLogits(dump_in, rest[1]);
-  } else if (absl::GetFlag(FLAGS_agreement) > 0) {
+  } else if (absl::GetFlag(FLAGS_agreement) != 0) {
     st = tandem::Agreement(absl::GetFlag(FLAGS_agreement));
   } else if (absl::GetFlag(FLAGS_cpu_load)) {
     st = tandem::CpuLoad();
