@@ -613,6 +613,10 @@ absl::Status DumpLogits(const std::string& in_path, const std::string& out_path)
 }
 
 absl::Status Agreement(int count) {
+  if (count < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--agreement ", count, ": the number of prompts to compare must be >= 1"));
+  }
   const std::string model = absl::GetFlag(FLAGS_model);
   ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model));
   ASSIGN_OR_RETURN(DType dtype, ParseHalfDTypeFlag(absl::GetFlag(FLAGS_dtype), "--dtype"));
@@ -662,8 +666,9 @@ absl::Status Agreement(int count) {
       return absl::InternalError(absl::StrCat("a step returned ", r.logits.size(), " and ",
                                               t.logits.size(), " logits, expected ", c.vocab_size));
     }
-    into.Add(r.logits, t.logits);
-    all.Add(r.logits, t.logits);
+    const PositionAgreement p = ComparePosition(r.logits, t.logits);
+    into.Add(p);
+    all.Add(p);
     next = r.tokens.at(0);
     return absl::OkStatus();
   };
@@ -756,7 +761,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     st = tandem::DumpLogits(dump_in, rest[1]);
-  } else if (absl::GetFlag(FLAGS_agreement) > 0) {
+  } else if (absl::GetFlag(FLAGS_agreement) != 0) {
     st = tandem::Agreement(absl::GetFlag(FLAGS_agreement));
   } else if (absl::GetFlag(FLAGS_cpu_load)) {
     st = tandem::CpuLoad();

@@ -35,8 +35,9 @@ int ArgMax(std::span<const float> logits) {
   return static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
-void LogitAgreement::Add(std::span<const float> reference, std::span<const float> test) {
-  kl_.push_back(KlDivergence(reference, test));
+PositionAgreement ComparePosition(std::span<const float> reference, std::span<const float> test) {
+  PositionAgreement p;
+  p.kl = KlDivergence(reference, test);
   const int top_ref = ArgMax(reference), top_test = ArgMax(test);
   double diff2 = 0, ref2 = 0, max_abs = 0;
   for (size_t i = 0; i < reference.size(); ++i) {
@@ -45,17 +46,27 @@ void LogitAgreement::Add(std::span<const float> reference, std::span<const float
     ref2 += double(reference[i]) * reference[i];
     max_abs = std::max(max_abs, std::abs(d));
   }
-  rel_.push_back(ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2));
-  if (top_ref == top_test) {
-    ++same_top1_;
-    return;
-  }
+  p.rel_error = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+  p.same_top1 = top_ref == top_test;
+  if (p.same_top1) return p;
   // The reference's margin of its token over the runner-up.
   double second = -INFINITY;
   for (size_t i = 0; i < reference.size(); ++i) {
     if (static_cast<int>(i) != top_ref) second = std::max(second, double(reference[i]));
   }
-  if (double(reference[top_ref]) - second > max_abs) ++unexplained_;
+  p.unexplained_top1_difference = double(reference[top_ref]) - second > max_abs;
+  return p;
+}
+
+void LogitAgreement::Add(const PositionAgreement& p) {
+  kl_.push_back(p.kl);
+  rel_.push_back(p.rel_error);
+  if (p.same_top1) ++same_top1_;
+  if (p.unexplained_top1_difference) ++unexplained_;
+}
+
+void LogitAgreement::Add(std::span<const float> reference, std::span<const float> test) {
+  Add(ComparePosition(reference, test));
 }
 
 double LogitAgreement::mean_kl() const {

@@ -19,9 +19,27 @@ double KlDivergence(std::span<const float> reference, std::span<const float> tes
 // The index of the largest logit (the lowest such index on a tie).
 int ArgMax(std::span<const float> logits);
 
+// How one position's test logits compare with the reference's.
+struct PositionAgreement {
+  double kl = 0;         // KlDivergence(reference, test), nats
+  double rel_error = 0;  // ||test - reference|| / ||reference|| (||test|| where the reference is 0)
+  bool same_top1 = false;  // ArgMax(reference) == ArgMax(test)
+  // The most likely tokens differ although the reference's top-2 gap is larger than the largest
+  // absolute logit error at this position: a difference a near-tie does not explain.
+  bool unexplained_top1_difference = false;
+};
+
+// One position, compared once: the reference's and the test's logits over the same vocabulary
+// (the spans have the same, non-zero length).
+PositionAgreement ComparePosition(std::span<const float> reference, std::span<const float> test);
+
+// The summary of many positions' PositionAgreement.
 class LogitAgreement {
  public:
-  // One position: the reference's and the test's logits over the same vocabulary.
+  // One position's comparison; the same comparison may go into several summaries (a phase's and
+  // the overall one).
+  void Add(const PositionAgreement& p);
+  // Add(ComparePosition(reference, test)).
   void Add(std::span<const float> reference, std::span<const float> test);
 
   int64_t positions() const { return static_cast<int64_t>(kl_.size()); }

@@ -209,8 +209,17 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o);
 std::string CorrectnessWord(const SweepResult& r);
 // results.csv, results.json, summary.md and the gnuplot PNGs in o.out.
 absl::Status WriteReport(const SweepResult& r);
+// The largest results.json that ReadResults reads: a sweep's results hold every configuration and
+// difference, far less than this.
+inline constexpr uintmax_t kMaxResultsJsonBytes = uintmax_t{256} << 20;
+// The largest accuracy.json that ReadResults reads beside it (a few figures).
+inline constexpr uintmax_t kMaxAccuracyJsonBytes = uintmax_t{1} << 20;
+
 // A run folder's results.json read back (options.out = `dir`), so that the report and the plots
-// can be made again, e.g. on a machine with gnuplot. Errors name the file and the field.
-absl::StatusOr<SweepResult> ReadResults(const std::filesystem::path& dir);
+// can be made again, e.g. on a machine with gnuplot, with its accuracy.json where there is one.
+// Errors name the file and the field; a results.json larger than `max_results_bytes` or an
+// accuracy.json larger than kMaxAccuracyJsonBytes is refused naming the file and the limit.
+absl::StatusOr<SweepResult> ReadResults(const std::filesystem::path& dir,
+                                        uintmax_t max_results_bytes = kMaxResultsJsonBytes);
 
 }  // namespace tandem::loadgen

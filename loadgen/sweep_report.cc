@@ -728,19 +728,27 @@ absl::Status DrawPlots(const SweepResult& r, const PlotAxes& axes) {
                            "' using 3:xtic(2) title 'compute', '' using 4 title 'transfer'\n"));
 }
 
+// `bytes` as "N MiB" where it is a whole number of MiB, else as "N bytes".
+std::string ByteCount(uintmax_t bytes) {
+  constexpr uintmax_t kMiB = uintmax_t{1} << 20;
+  if (bytes > 0 && bytes % kMiB == 0) return absl::StrCat(bytes / kMiB, " MiB");
+  return absl::StrCat(bytes, " bytes");
+}
+
 }  // namespace
 
 // A JSON file of a run folder: NOT_FOUND where it cannot be read; INVALID_ARGUMENT naming it when
-// it is larger than `max_bytes`, nests deeper than kMaxJsonDepth, or is not JSON.
+// it is larger than `max_bytes` (naming the limit), nests deeper than kMaxJsonDepth, or is not
+// JSON.
 absl::StatusOr<nlohmann::json> ReadJsonFile(const fs::path& path, uintmax_t max_bytes) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
   std::error_code ec;
   const uintmax_t size = fs::file_size(path, ec);
-  if (ec || size > max_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path.string(), ": ",
-                     ec ? ec.message() : absl::StrCat("larger than ", max_bytes >> 20, " MiB")));
+  if (ec) return absl::InvalidArgumentError(absl::StrCat(path.string(), ": ", ec.message()));
+  if (size > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path.string(), " is ", size, " bytes, larger than the limit of ", ByteCount(max_bytes)));
   }
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   RETURN_IF_ERROR(CheckJsonDepth(text, path.string()));
@@ -753,12 +761,12 @@ absl::StatusOr<nlohmann::json> ReadJsonFile(const fs::path& path, uintmax_t max_
 
 // The run folder's accuracy.json, where there is one (nullopt where not): {"agreement":
 // {"kl_mean", "top1_agreement", ...}} as tandem-bench --agreement --json writes it, and/or
-// {"perplexity": number}. At most 1 MiB.
+// {"perplexity": number}. At most kMaxAccuracyJsonBytes.
 absl::StatusOr<std::optional<RunAccuracy>> ReadAccuracy(const fs::path& dir) {
   const fs::path path = dir / "accuracy.json";
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::optional<RunAccuracy>();
-  ASSIGN_OR_RETURN(const nlohmann::json j, ReadJsonFile(path, uintmax_t{1} << 20));
+  ASSIGN_OR_RETURN(const nlohmann::json j, ReadJsonFile(path, kMaxAccuracyJsonBytes));
   if (!j.is_object() || (!j.contains("agreement") && !j.contains("perplexity"))) {
     return absl::InvalidArgumentError(
         absl::StrCat(path.string(),
@@ -778,10 +786,9 @@ absl::StatusOr<std::optional<RunAccuracy>> ReadAccuracy(const fs::path& dir) {
   return std::optional<RunAccuracy>(a);
 }
 
-absl::StatusOr<SweepResult> ReadResults(const fs::path& dir) {
+absl::StatusOr<SweepResult> ReadResults(const fs::path& dir, uintmax_t max_results_bytes) {
   const fs::path path = dir / "results.json";
-  // A sweep's results hold every configuration and difference: far less than this.
-  ASSIGN_OR_RETURN(const nlohmann::json j, ReadJsonFile(path, uintmax_t{256} << 20));
+  ASSIGN_OR_RETURN(const nlohmann::json j, ReadJsonFile(path, max_results_bytes));
   if (!j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path.string(), " is not a JSON object"));
   }

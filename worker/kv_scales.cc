@@ -66,6 +66,16 @@ std::vector<float> ToFloats(const TensorSource& src) {
   return v;
 }
 
+// Rows [first_row, first_row + rows) of `src`, of `width` values each, as fp32; empty for an empty
+// source.
+std::vector<float> RowsToFloats(const TensorSource& src, int64_t first_row, int64_t rows,
+                                int64_t width) {
+  if (src.empty()) return {};
+  std::vector<float> v(static_cast<size_t>(rows * width));
+  SourceRowsToFloat(src, first_row, rows, v.data());
+  return v;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<KvScales>> EstimateKvScales(Checkpoint& ckpt, int first_layer,
@@ -82,9 +92,12 @@ absl::StatusOr<std::vector<KvScales>> EstimateKvScales(Checkpoint& ckpt, int fir
     for (int64_t i = 0; i < in; ++i) {
       x2[i] = double(g[i]) * g[i] + (b.empty() ? 0.0 : double(b[i]) * b[i]);
     }
-    const std::vector<float> w = ToFloats(layer.wqkv), bias = ToFloats(layer.bqkv);
-    double k2 = OutputMeanSquare(w, q_dim, kv_dim, in, x2, bias);
-    const double v2 = OutputMeanSquare(w, q_dim + kv_dim, kv_dim, in, x2, bias);
+    // Only the K and V rows of the fused QKV weight and bias, [q_dim, q_dim + 2 * kv_dim): K's
+    // rows then V's.
+    const std::vector<float> w = RowsToFloats(layer.wqkv, q_dim, 2 * kv_dim, in);
+    const std::vector<float> bias = RowsToFloats(layer.bqkv, q_dim, 2 * kv_dim, 1);
+    double k2 = OutputMeanSquare(w, 0, kv_dim, in, x2, bias);
+    const double v2 = OutputMeanSquare(w, kv_dim, kv_dim, in, x2, bias);
     if (!layer.k_norm_w.empty()) {
       // Qwen3: each head of k is RMS-normed before the rotation: its weight's mean square.
       const std::vector<float> kn = ToFloats(layer.k_norm_w);

@@ -148,6 +148,23 @@ absl::Status CheckHostBlock(const ModelConfig& c, const KvBlock& b, int heads,
   return absl::OkStatus();
 }
 
+// A host block of `b`'s header (layers, positions, dtype, scales) with `heads` K/V heads, its K
+// and V zeros: built from the fields alone, so that none of `b`'s K/V bytes are copied.
+KvBlock EmptyBlockLike(const KvBlock& b, int heads) {
+  KvBlock e;
+  e.version = b.version;
+  e.dtype = b.dtype;
+  e.first_layer = b.first_layer;
+  e.num_layers = b.num_layers;
+  e.num_kv_heads = heads;
+  e.head_dim = b.head_dim;
+  e.positions = b.positions;
+  e.scales = b.scales;
+  e.k.assign(e.expected_bytes(), 0);
+  e.v.assign(e.expected_bytes(), 0);
+  return e;
+}
+
 // Copies heads [from_head, from_head + count) of every (layer, position) row of `src` (rows of
 // src_heads heads) to heads [to_head, ...) of the rows of `dst` (rows of dst_heads heads).
 void CopyHeads(const std::vector<uint8_t>& src, int src_heads, int from_head,
@@ -165,10 +182,7 @@ absl::StatusOr<KvBlock> RankKvBlock(const ModelConfig& c, const KvBlock& whole, 
                                     int ranks) {
   RETURN_IF_ERROR(CheckHostBlock(c, whole, c.num_kv_heads, "KV block for a tensor-parallel rank"));
   const RankHeads h = HeadsOfRank(c, rank, ranks);
-  KvBlock part = whole;
-  part.num_kv_heads = h.kv_count;
-  part.k.assign(part.expected_bytes(), 0);
-  part.v.assign(part.expected_bytes(), 0);
+  KvBlock part = EmptyBlockLike(whole, h.kv_count);
   const size_t head_bytes = static_cast<size_t>(c.head_dim) * DTypeSize(whole.dtype);
   const int64_t rows = static_cast<int64_t>(whole.num_layers) * whole.positions;
   CopyHeads(whole.k, c.num_kv_heads, h.first_kv, part.k, h.kv_count, 0, h.kv_count, head_bytes,
@@ -199,10 +213,7 @@ absl::StatusOr<KvBlock> WholeKvBlock(const ModelConfig& c, const std::vector<KvB
           std::string(DTypeName(first.dtype))));
     }
   }
-  KvBlock whole = first;
-  whole.num_kv_heads = c.num_kv_heads;
-  whole.k.assign(whole.expected_bytes(), 0);
-  whole.v.assign(whole.expected_bytes(), 0);
+  KvBlock whole = EmptyBlockLike(first, c.num_kv_heads);
   const size_t head_bytes = static_cast<size_t>(c.head_dim) * DTypeSize(first.dtype);
   const int64_t rows = static_cast<int64_t>(first.num_layers) * first.positions;
   int next = 0;  // the first K/V head no rank before this one held

@@ -379,30 +379,65 @@ void ParallelFor(size_t n, const Fn& fn) {
   for (std::thread& th : pool) th.join();
 }
 
+// Multiplies rows [first_row, first_row + rows) of the FP8 part `p` of `src`, held at `dst` in the
+// engine's layout, by their scales.
+void ScalePartRows(const TensorSource& src, size_t p, int64_t first_row, int64_t rows, float* dst) {
+  const int64_t cols = src.parts[p].shape[1];
+  std::vector<float> scale(static_cast<size_t>(src.scales[p].numel()));
+  ToFloat(src.scales[p].dtype, src.scales[p].data.data(), scale.size(), scale.data());
+  const WeightQuantization& q = src.quantization;
+  for (int64_t r = first_row; r < first_row + rows; ++r) {
+    float* row = dst + (r - first_row) * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      size_t at = 0;
+      if (q.scales == WeightQuantization::Scales::kChannel) {
+        at = static_cast<size_t>(r);
+      } else if (q.scales == WeightQuantization::Scales::kBlock) {
+        const int64_t blocks_per_row = (cols + q.block_cols - 1) / q.block_cols;
+        at = static_cast<size_t>(r / q.block_rows * blocks_per_row + c / q.block_cols);
+      }
+      row[c] *= scale[at];
+    }
+  }
+}
+
 }  // namespace
 
 void ApplyFp8Scales(const TensorSource& src, float* dst) {
   if (!src.fp8()) return;
   for (size_t p = 0; p < src.parts.size(); ++p) {
+    ScalePartRows(src, p, 0, src.parts[p].shape[0], dst);
+    dst += src.parts[p].numel();
+  }
+}
+
+void SourceRowsToFloat(const TensorSource& src, int64_t first_row, int64_t rows, float* dst) {
+  int64_t part_row = 0;  // the engine's row where the part begins
+  for (size_t p = 0; p < src.parts.size(); ++p) {
     const TensorView& part = src.parts[p];
-    const int64_t rows = part.shape[0], cols = part.shape[1];
-    std::vector<float> scale(static_cast<size_t>(src.scales[p].numel()));
-    ToFloat(src.scales[p].dtype, src.scales[p].data.data(), scale.size(), scale.data());
-    const WeightQuantization& q = src.quantization;
-    for (int64_t r = 0; r < rows; ++r) {
-      float* row = dst + r * cols;
-      for (int64_t c = 0; c < cols; ++c) {
-        size_t at = 0;
-        if (q.scales == WeightQuantization::Scales::kChannel) {
-          at = static_cast<size_t>(r);
-        } else if (q.scales == WeightQuantization::Scales::kBlock) {
-          const int64_t blocks_per_row = (cols + q.block_cols - 1) / q.block_cols;
-          at = static_cast<size_t>(r / q.block_rows * blocks_per_row + c / q.block_cols);
-        }
-        row[c] *= scale[at];
+    // The part is (out, in) in the engine's layout; a transposed one is stored (in, out).
+    int64_t out = part.shape[0], in = part.shape.size() > 1 ? part.shape[1] : 1;
+    if (src.transposed) std::swap(out, in);
+    // The part's rows [lo, hi) are wanted.
+    const int64_t lo = std::max(first_row, part_row) - part_row;
+    const int64_t hi = std::min(first_row + rows, part_row + out) - part_row;
+    part_row += out;
+    if (lo >= hi) continue;
+    const size_t elem = DTypeSize(part.dtype);
+    if (src.transposed) {
+      // Stored row i holds element i of every engine row: its columns [lo, hi).
+      std::vector<float> stored(static_cast<size_t>(hi - lo));
+      for (int64_t i = 0; i < in; ++i) {
+        ToFloat(part.dtype, part.data.data() + static_cast<size_t>(i * out + lo) * elem,
+                stored.size(), stored.data());
+        for (int64_t o = lo; o < hi; ++o) dst[(o - lo) * in + i] = stored[o - lo];
       }
+    } else {
+      ToFloat(part.dtype, part.data.data() + static_cast<size_t>(lo * in) * elem,
+              static_cast<size_t>((hi - lo) * in), dst);
     }
-    dst += rows * cols;
+    if (src.fp8()) ScalePartRows(src, p, lo, hi - lo, dst);
+    dst += (hi - lo) * in;
   }
 }
 

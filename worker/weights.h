@@ -130,6 +130,11 @@ StageWeights ReadStageWeights(const StageSources& sources,
 // multiplied by their scales).
 void SourceToFloat(const TensorSource& src, float* dst);
 
+// Rows [first_row, first_row + rows) of the source in the engine's layout, as fp32 (rows x in of
+// them; one value per row of a 1-D tensor) into `dst`: what SourceToFloat gives for those rows,
+// converting only them.
+void SourceRowsToFloat(const TensorSource& src, int64_t first_row, int64_t rows, float* dst);
+
 // Multiplies the FP8 parts' values in `dst` (their E4M3 values, as ToFloat gives them, in the
 // engine's layout) by their scales. No-op for a source without FP8 parts.
 void ApplyFp8Scales(const TensorSource& src, float* dst);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tandem-bench --agreement refuses what it cannot compare before it touches a GPU, naming the
 # problem, with exit status 1: a checkpoint of FP8 weights (no fp16 weights to compare against),
-# an unknown --test_dtype or --quantization, an FP8 KV-cache without pages.
+# an unknown --test_dtype or --quantization, an FP8 KV-cache without pages, a negative number of
+# prompts (which must not run the ordinary benchmark instead).
 # usage: bench_agreement_refuses_test.sh TANDEM_MAKE_MODEL TANDEM_BENCH WORK_DIR
 set -u
 make_model=$1 bench=$2 dir=$3
@@ -26,4 +27,6 @@ expect "--test_dtype" --model "$dir/f32" --agreement 2 --test_dtype f8
 expect "--quantization: 'int4'" --model "$dir/f32" --agreement 2 --quantization int4
 expect "needs the paged KV-cache" --model "$dir/f32" --agreement 2 --kv_cache_dtype fp8 \
   --kv_page_size 0
+expect "--agreement -3: the number of prompts to compare must be >= 1" --model "$dir/f32" \
+  --agreement -3
 exit $fail

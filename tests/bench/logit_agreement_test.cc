@@ -44,6 +44,53 @@ TEST(ArgMaxTest, TakesTheLowestIndexOfATie) {
   EXPECT_EQ(ArgMax(std::vector<float>{-5.0f, -4.0f}), 1);
 }
 
+// One position's figures: p = (1/2, 1/2) against q = (3/4, 1/4) (test logits (ln 3, 0)).
+TEST(ComparePositionTest, GivesThePositionsKlErrorAndTop1) {
+  const std::vector<float> flat = {0.0f, 0.0f}, skewed = {static_cast<float>(std::log(3.0)), 0.0f};
+  const PositionAgreement p = ComparePosition(flat, skewed);
+  EXPECT_NEAR(p.kl, 0.5 * std::log(4.0 / 3.0), 1e-7);
+  EXPECT_NEAR(p.rel_error, std::log(3.0), 1e-6);  // the error's norm: the reference is 0
+  EXPECT_TRUE(p.same_top1);                       // a tie at index 0 in the reference
+  EXPECT_FALSE(p.unexplained_top1_difference);
+
+  // Gap 5, largest error 4.5: a difference beyond a near-tie.
+  const PositionAgreement d =
+      ComparePosition(std::vector<float>{5.0f, 0.0f, 0.0f}, std::vector<float>{4.0f, 4.5f, 0.0f});
+  EXPECT_FALSE(d.same_top1);
+  EXPECT_TRUE(d.unexplained_top1_difference);
+  EXPECT_NEAR(d.rel_error, std::sqrt(1.0 + 4.5 * 4.5) / 5.0, 1e-7);
+  // Gap 0.125 within the largest error 0.125: a near-tie.
+  const PositionAgreement t = ComparePosition(std::vector<float>{1.0f, 0.875f, 0.0f},
+                                              std::vector<float>{0.875f, 1.0f, 0.0f});
+  EXPECT_FALSE(t.same_top1);
+  EXPECT_FALSE(t.unexplained_top1_difference);
+}
+
+// tandem-bench --agreement compares each position once and adds the comparison to its phase's
+// summary and to the overall one: each then holds what adding the logits themselves gives.
+TEST(LogitAgreementTest, OneComparisonFeedsThePhasesSummaryAndTheOverallOne) {
+  const std::vector<std::vector<float>> ref = {
+      {2.0f, 1.0f, 0.0f}, {5.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 1.0f}};
+  const std::vector<std::vector<float>> test = {
+      {2.5f, 1.0f, 0.0f}, {4.0f, 4.5f, 0.0f}, {0.0f, 0.25f, 1.0f}};
+  LogitAgreement prefill, decode, all, prefill_logits, decode_logits, all_logits;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const PositionAgreement p = ComparePosition(ref[i], test[i]);
+    (i == 0 ? prefill : decode).Add(p);
+    all.Add(p);
+    (i == 0 ? prefill_logits : decode_logits).Add(ref[i], test[i]);
+    all_logits.Add(ref[i], test[i]);
+  }
+  EXPECT_EQ(prefill.positions(), 1);
+  EXPECT_EQ(decode.positions(), 2);
+  EXPECT_EQ(all.positions(), 3);
+  EXPECT_EQ(prefill.ToJson(), prefill_logits.ToJson());
+  EXPECT_EQ(decode.ToJson(), decode_logits.ToJson());
+  EXPECT_EQ(all.ToJson(), all_logits.ToJson());
+  EXPECT_EQ(all.unexplained_top1_differences(), 1);
+  EXPECT_NEAR(all.top1_agreement(), 2.0 / 3.0, 1e-12);
+}
+
 TEST(LogitAgreementTest, CountsAgreementAndTellsNearTiesApart) {
   LogitAgreement a;
   a.Add(std::vector<float>{2.0f, 1.0f, 0.0f}, std::vector<float>{2.1f, 1.0f, 0.0f});  // same top-1

@@ -3,7 +3,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "loadgen/sweep.h"
@@ -235,8 +237,72 @@ TEST(CompareRunsTest, AMalformedAccuracyFileIsNamed) {
   EXPECT_THAT(error(R"({"perplexity": "low"})"),
               HasSubstr("field 'perplexity' has the wrong type"));
   EXPECT_THAT(error(R"({"agreement": 3})"), HasSubstr("'agreement' is missing or not an object"));
-  EXPECT_THAT(error(std::string(1100000, ' ') + "{}"), HasSubstr("larger than 1 MiB"));
+  EXPECT_THAT(error(std::string(1100000, ' ') + "{}"),
+              HasSubstr("accuracy.json is 1100002 bytes, larger than the limit of 1 MiB"));
   EXPECT_THAT(error(std::string(200, '[') + std::string(200, ']')), HasSubstr("128"));
+}
+
+// `json` followed by as many spaces as make it `bytes` long.
+std::string PaddedTo(const std::string& json, size_t bytes) {
+  return json + std::string(bytes - json.size(), ' ');
+}
+
+// An accuracy.json of exactly kMaxAccuracyJsonBytes (1 MiB) is read; one byte more is refused
+// naming the file and the limit.
+TEST(CompareRunsTest, AnAccuracyFileOfTheLimitIsReadAndOneByteMoreIsRefused) {
+  static_assert(kMaxAccuracyJsonBytes == 1 << 20);
+  const fs::path dir = TempDir("acc-limit");
+  ASSERT_TRUE(WriteReport(Sample(dir)).ok());
+  const std::string json = R"({"perplexity": 24.5})";
+  Write(dir / "accuracy.json", PaddedTo(json, kMaxAccuracyJsonBytes));
+  ASSERT_EQ(fs::file_size(dir / "accuracy.json"), kMaxAccuracyJsonBytes);
+  absl::StatusOr<SweepResult> r = ReadResults(dir);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->accuracy.has_value());
+  EXPECT_DOUBLE_EQ(r->accuracy->perplexity, 24.5);
+
+  Write(dir / "accuracy.json", PaddedTo(json, kMaxAccuracyJsonBytes + 1));
+  r = ReadResults(dir);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr((dir / "accuracy.json").string() +
+                        " is 1048577 bytes, larger than the limit of 1 MiB"));
+}
+
+// A results.json of exactly the reader's limit is read; one byte more is refused naming the file
+// and the limit.
+TEST(ReadResultsTest, AResultsFileOfTheLimitIsReadAndOneByteMoreIsRefused) {
+  const fs::path dir = TempDir("results-limit");
+  ASSERT_TRUE(WriteReport(Sample(dir)).ok());
+  std::ifstream in(dir / "results.json");
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const uintmax_t limit = json.size() + 100;
+  Write(dir / "results.json", PaddedTo(json, limit));
+  absl::StatusOr<SweepResult> r = ReadResults(dir, limit);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->configs.size(), 2u);
+
+  Write(dir / "results.json", PaddedTo(json, limit + 1));
+  r = ReadResults(dir, limit);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr(absl::StrCat((dir / "results.json").string(), " is ", limit + 1,
+                                     " bytes, larger than the limit of ", limit, " bytes")));
+}
+
+// ReadResults' limit is kMaxResultsJsonBytes (256 MiB) unless it is given one: a (sparse) file of
+// one byte more is refused naming that limit, without being read.
+TEST(ReadResultsTest, TheResultsLimitIs256MiBByDefault) {
+  static_assert(kMaxResultsJsonBytes == uintmax_t{256} << 20);
+  const fs::path dir = TempDir("results-default-limit");
+  const fs::path path = dir / "results.json";
+  Write(path, "{}");
+  fs::resize_file(path, kMaxResultsJsonBytes + 1);
+  absl::StatusOr<SweepResult> r = ReadResults(dir);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr(path.string() + " is 268435457 bytes, larger than the limit of 256 MiB"));
+  fs::remove(path);
 }
 
 TEST(SummaryTest, TheServerLineSaysOnlyWhatTheServerSaid) {

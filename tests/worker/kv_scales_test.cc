@@ -8,13 +8,15 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <random>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "common/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -146,6 +148,116 @@ TEST_F(KvScalesTest, WithoutScaleTensorsTheScalesAreThoseOfTheWeights) {
       if (std::string(preset) == "tiny-llama") {
         EXPECT_LT(k, 0.5) << "a scale of 1 would leave these keys in E4M3's lowest codes";
       }
+    }
+  }
+}
+
+// What EstimateKvScales' rule gives from each layer's whole fused QKV weight (and bias) in fp32.
+std::vector<KvScales> ScalesOfWholeWeights(const ModelConfig& c, const StageWeights& w) {
+  const int64_t in = c.hidden_size, q_dim = c.q_dim(), kv_dim = c.kv_dim();
+  auto scale = [](double mean_square) {
+    const double s = std::sqrt(mean_square) / kKvRmsInCodes;
+    return s > 0 && std::isfinite(s) ? static_cast<float>(s) : 1.0f;
+  };
+  std::vector<KvScales> scales;
+  for (const LayerWeights& l : w.layers) {
+    std::vector<double> x2(in);
+    for (int64_t i = 0; i < in; ++i) {
+      x2[i] = double(l.attn_norm_w[i]) * l.attn_norm_w[i] +
+              (l.attn_norm_b.empty() ? 0.0 : double(l.attn_norm_b[i]) * l.attn_norm_b[i]);
+    }
+    auto mean_square = [&](int64_t row0) {
+      double sum = 0;
+      for (int64_t j = row0; j < row0 + kv_dim; ++j) {
+        double m = 0;
+        for (int64_t i = 0; i < in; ++i)
+          m += double(l.wqkv[j * in + i]) * l.wqkv[j * in + i] * x2[i];
+        if (!l.bqkv.empty()) m += double(l.bqkv[j]) * l.bqkv[j];
+        sum += m;
+      }
+      return sum / double(kv_dim);
+    };
+    double k2 = mean_square(q_dim);
+    if (!l.k_norm_w.empty()) {
+      k2 = 0;
+      for (float x : l.k_norm_w) k2 += double(x) * x;
+      k2 /= double(l.k_norm_w.size());
+    }
+    scales.push_back({scale(k2), scale(mean_square(q_dim + kv_dim))});
+  }
+  return scales;
+}
+
+// Rewrites the checkpoint in `dir` with each element of its F32 tensors multiplied by
+// factor(tensor name, the element's index in the last dimension).
+void ScaleTensors(const fs::path& dir,
+                  const std::function<float(const std::string&, int64_t)>& factor) {
+  std::vector<TensorToWrite> tensors;
+  {
+    std::unique_ptr<Checkpoint> ckpt = Checkpoint::Open(dir).value();
+    for (const std::string& n : ckpt->names()) {
+      const TensorView t = ckpt->tensor(n).value();
+      TensorToWrite w{n, t.dtype, t.shape, {t.data.begin(), t.data.end()}};
+      if (t.dtype == DType::kF32) {
+        const int64_t last = t.shape.empty() ? 1 : t.shape.back();
+        std::vector<float> v(static_cast<size_t>(t.numel()));
+        std::memcpy(v.data(), w.bytes.data(), w.bytes.size());
+        for (size_t e = 0; e < v.size(); ++e) v[e] *= factor(n, static_cast<int64_t>(e) % last);
+        std::memcpy(w.bytes.data(), v.data(), w.bytes.size());
+      }
+      tensors.push_back(std::move(w));
+    }
+  }
+  ASSERT_TRUE(WriteSafetensors(dir / "model.safetensors", tensors).ok());
+}
+
+// EstimateKvScales converts only the K and V rows of each layer's fused QKV weight: its scales
+// are those of the same rule applied to the whole weight converted to fp32, for models whose Q, K
+// and V rows have distinct magnitudes (Q's 16 times, V's an eighth of the generated weights'), so
+// that rows of another block would give other scales. Llama (GQA, its q, k and v stacked), Qwen2
+// (biases), Qwen3 (k_norm), GPT-2 (c_attn's columns, transposed), and FP8 Llama with per-channel
+// and with block scales (the scales of its q and v multiplied instead).
+TEST_F(KvScalesTest, TheScalesAreThoseOfTheKAndVRowsOfTheWholeWeights) {
+  struct Model {
+    std::string preset, quantization;
+  };
+  for (const Model& m : std::vector<Model>{{"tiny-llama", ""},
+                                           {"tiny-qwen2", ""},
+                                           {"tiny-qwen3", ""},
+                                           {"tiny-gpt2", ""},
+                                           {"tiny-llama", "compressed-tensors"},
+                                           {"tiny-llama", "fp8-block"}}) {
+    SCOPED_TRACE(m.preset + " " + m.quantization);
+    const fs::path dir = Dir("rows-" + m.preset + "-" + m.quantization);
+    ModelOverrides o;
+    if (!m.quantization.empty()) {
+      o.dtype = "f16";
+      o.quantization = m.quantization;
+    }
+    absl::StatusOr<ModelConfig> c = ApplyOverrides(PresetConfig(m.preset).value(), o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    GeneratorOptions g;
+    g.seed = 7;
+    ASSERT_TRUE(WriteRandomCheckpoint(*c, g, dir).ok());
+    const int64_t h = c->hidden_size;
+    ScaleTensors(dir, [&](const std::string& name, int64_t col) {
+      const bool q = absl::StrContains(name, "q_proj.weight") ||
+                     (absl::StrContains(name, "c_attn.weight") && col < h);
+      const bool v = absl::StrContains(name, "v_proj.weight") ||
+                     (absl::StrContains(name, "c_attn.weight") && col >= 2 * h);
+      return q ? 16.0f : v ? 0.125f : 1.0f;
+    });
+    std::unique_ptr<Checkpoint> ckpt = Checkpoint::Open(dir).value();
+    absl::StatusOr<std::vector<KvScales>> s = EstimateKvScales(*ckpt, 1, 3);
+    ASSERT_TRUE(s.ok()) << s.status();
+    absl::StatusOr<StageWeights> w = LoadStageWeights(*ckpt, 1, 3);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const std::vector<KvScales> want = ScalesOfWholeWeights(*c, *w);
+    ASSERT_EQ(s->size(), want.size());
+    for (size_t l = 0; l < want.size(); ++l) {
+      EXPECT_FLOAT_EQ((*s)[l].k, want[l].k) << "layer " << l + 1;
+      EXPECT_FLOAT_EQ((*s)[l].v, want[l].v) << "layer " << l + 1;
+      EXPECT_GT(want[l].k / want[l].v, 2.0f) << "layer " << l + 1 << ": K and V alike";
     }
   }
 }

@@ -182,6 +182,52 @@ TEST(KvBlockSplitTest, ReplicatedHeadsComeFromTheFirstRankThatHoldsThem) {
   EXPECT_EQ(back->v, whole.v);
 }
 
+// A rank's block has the whole block's header (here FP8 codes with their per-layer scales) and
+// memory for its own heads only, not a copy of the whole block's; the parts side by side have the
+// header again.
+TEST(KvBlockSplitTest, ARanksBlockKeepsTheHeaderAndHoldsOnlyItsHeadsBytes) {
+  const ModelConfig c = Tiny(Arch::kLlama, 2);
+  KvBlock whole;
+  whole.dtype = DType::kF8E4M3;
+  whole.first_layer = 1;
+  whole.num_layers = 2;
+  whole.num_kv_heads = 2;
+  whole.head_dim = 1;
+  whole.positions = 3;
+  whole.scales = {{0.5f, 0.25f}, {2.0f, 4.0f}};
+  for (uint8_t i = 0; i < 12; ++i) {
+    whole.k.push_back(i);
+    whole.v.push_back(static_cast<uint8_t>(100 + i));
+  }
+  std::vector<KvBlock> parts;
+  for (int r = 0; r < 2; ++r) {
+    absl::StatusOr<KvBlock> p = RankKvBlock(c, whole, r, 2);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->version, whole.version);
+    EXPECT_EQ(p->dtype, DType::kF8E4M3);
+    EXPECT_EQ(p->first_layer, 1);
+    EXPECT_EQ(p->num_layers, 2);
+    EXPECT_EQ(p->head_dim, 1);
+    EXPECT_EQ(p->positions, 3);
+    EXPECT_EQ(p->scales, whole.scales);
+    const uint8_t h = static_cast<uint8_t>(r);
+    EXPECT_THAT(p->k, ElementsAre(h, 2 + h, 4 + h, 6 + h, 8 + h, 10 + h));
+    EXPECT_THAT(p->v, ElementsAre(100 + h, 102 + h, 104 + h, 106 + h, 108 + h, 110 + h));
+    EXPECT_LT(p->k.capacity(), whole.k.size()) << "rank " << r << " holds the whole block's K";
+    EXPECT_LT(p->v.capacity(), whole.v.size()) << "rank " << r << " holds the whole block's V";
+    parts.push_back(*std::move(p));
+  }
+  absl::StatusOr<KvBlock> back = WholeKvBlock(c, parts, 2);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->dtype, DType::kF8E4M3);
+  EXPECT_EQ(back->first_layer, 1);
+  EXPECT_EQ(back->num_layers, 2);
+  EXPECT_EQ(back->positions, 3);
+  EXPECT_EQ(back->scales, whole.scales);
+  EXPECT_EQ(back->k, whole.k);
+  EXPECT_EQ(back->v, whole.v);
+}
+
 TEST(KvBlockSplitTest, BlocksThatDoNotFitAreRefusedNamingWhy) {
   const ModelConfig c = Tiny(Arch::kLlama, 2);
   KvBlock b = Block(2);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -426,6 +427,101 @@ TEST_F(LoadStageWeightsTest, BadLayerRangesAreRejected) {
     EXPECT_THAT(w.status().message(), AllOf(HasSubstr("layer range [" + std::to_string(first) +
                                                       ", " + std::to_string(last) + ")"),
                                             HasSubstr("3 layers")));
+  }
+}
+
+// A view of `values` stored as `dtype`, its bytes kept in `store`.
+TensorView View(std::vector<std::vector<std::byte>>& store, DType dtype, std::vector<int64_t> shape,
+                const std::vector<float>& values) {
+  store.emplace_back(values.size() * DTypeSize(dtype));
+  FromFloat(dtype, values.data(), values.size(), store.back().data());
+  TensorView v;
+  v.name = "t" + std::to_string(store.size());
+  v.dtype = dtype;
+  v.shape = std::move(shape);
+  v.data = std::span<const std::byte>(store.back());
+  return v;
+}
+
+// n (<= 15) distinct values, in an order of `tensor`'s own; integers of magnitude 1 to 15, which
+// every dtype (E4M3 too) holds exactly.
+std::vector<float> Values(int tensor, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t e = 0; e < n; ++e) {
+    v[e] = (e % 2 ? -1.0f : 1.0f) * static_cast<float>(1 + (e + 3 * tensor) % 15);
+  }
+  return v;
+}
+
+// Every row range of a source reads as those rows of the whole source's conversion: stacked parts
+// of different dtypes, a transposed (Conv1D) part, FP8 parts with per-row and with block scales
+// (ranges that start and end inside a block and across parts), and stacked 1-D tensors.
+TEST(SourceRowsToFloatTest, AnyRowRangeReadsAsThoseRowsOfTheWholeConversion) {
+  std::vector<std::vector<std::byte>> store;
+  store.reserve(32);  // the views point into it
+  struct Case {
+    std::string name;
+    TensorSource src;
+    int64_t rows;  // in the engine's layout
+  };
+  std::vector<Case> cases;
+  {
+    Case c{"stacked q, k, v", {}, 6};
+    c.src.parts = {View(store, DType::kF32, {2, 3}, Values(1, 6)),
+                   View(store, DType::kBF16, {3, 3}, Values(2, 9)),
+                   View(store, DType::kF16, {1, 3}, Values(3, 3))};
+    cases.push_back(std::move(c));
+  }
+  {
+    Case c{"Conv1D stored (3, 5)", {}, 5};
+    c.src.parts = {View(store, DType::kF32, {3, 5}, Values(4, 15))};
+    c.src.transposed = true;
+    cases.push_back(std::move(c));
+  }
+  {
+    Case c{"stacked biases", {}, 6};
+    c.src.parts = {View(store, DType::kF32, {4}, Values(5, 4)),
+                   View(store, DType::kBF16, {2}, Values(6, 2))};
+    cases.push_back(std::move(c));
+  }
+  for (auto scales : {WeightQuantization::Scales::kChannel, WeightQuantization::Scales::kBlock}) {
+    const bool block = scales == WeightQuantization::Scales::kBlock;
+    Case c{block ? "FP8, 2 x 2 blocks" : "FP8, per row", {}, 8};
+    c.src.quantization.method = WeightQuantization::Method::kFp8;
+    c.src.quantization.scales = scales;
+    c.src.quantization.block_rows = c.src.quantization.block_cols = block ? 2 : 0;
+    c.src.parts = {View(store, DType::kF8E4M3, {5, 3}, Values(7, 15)),
+                   View(store, DType::kF8E4M3, {3, 3}, Values(8, 9))};
+    auto scale = [&](int64_t n, int first) {
+      std::vector<float> v(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) v[i] = 0.25f * static_cast<float>(first + i + 1);
+      return View(store, DType::kF32, {n, 1}, v);
+    };
+    c.src.scales = block ? std::vector<TensorView>{scale(6, 0), scale(4, 6)}
+                         : std::vector<TensorView>{scale(5, 0), scale(3, 5)};
+    if (block) {
+      c.src.scales[0].shape = {3, 2};
+      c.src.scales[1].shape = {2, 2};
+    }
+    cases.push_back(std::move(c));
+  }
+  for (const Case& c : cases) {
+    const int64_t width = c.src.numel() / c.rows;
+    std::vector<float> whole(static_cast<size_t>(c.src.numel()));
+    SourceToFloat(c.src, whole.data());
+    for (int64_t first = 0; first < c.rows; ++first) {
+      for (int64_t n = 1; first + n <= c.rows; ++n) {
+        constexpr float kUntouched = -12345.0f;
+        std::vector<float> got(static_cast<size_t>(n * width + 1), kUntouched);
+        SourceRowsToFloat(c.src, first, n, got.data());
+        EXPECT_EQ(got.back(), kUntouched)
+            << c.name << ": wrote past rows [" << first << ", " << first + n << ")";
+        got.pop_back();
+        EXPECT_EQ(got, std::vector<float>(whole.begin() + first * width,
+                                          whole.begin() + (first + n) * width))
+            << c.name << ": rows [" << first << ", " << first + n << ")";
+      }
+    }
   }
 }
 

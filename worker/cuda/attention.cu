@@ -516,8 +516,11 @@ __global__ void __launch_bounds__(kThreads, kLanesBlocksPerSm<kGroup>)
   // the run-to-run noise; not for groups of 4, whose kernel is at its 128 registers already (the
   // second iteration's codes spilled).
   constexpr bool kAhead = kCodes<C> && kGroup != 4;
+  // The next iteration's K and V vectors where they are loaded ahead; nothing otherwise.
+  struct NotAhead {};
+  using AheadVecs = std::conditional_t<kAhead, Vec[kUnroll], NotAhead>;
+  AheadVecs next_k, next_v;
   int pages_now = read_pages(kb);
-  Vec next_k[kUnroll], next_v[kUnroll];
   if constexpr (kAhead) {
     load(kb, pages_now, next_k, next_v);
     pages_now = read_pages(kb + kStep);
