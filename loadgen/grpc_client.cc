@@ -40,7 +40,8 @@ bool Serves(const v1::Topology& t, const Layout& l) {
   if (t.pipelines_size() != l.replicas) return false;
   int prefilling = 0;
   for (const auto& p : t.pipelines()) {
-    if (p.stages_size() != l.stages || p.tensor_parallel() != l.tensor_parallel) return false;
+    if (p.stages_size() != l.stages) return false;
+    if (l.tensor_parallel && p.tensor_parallel() != *l.tensor_parallel) return false;
     prefilling += p.role() == "prefill";
   }
   return prefilling == l.prefill;
@@ -108,10 +109,12 @@ class GrpcClient final : public LoadClient {
   }
 
   absl::Status SetTopology(const Layout& l) override {
-    const std::string asked = absl::StrFormat(
-        "%d stage(s) x %d replica(s)%s%s", l.stages, l.replicas,
-        l.prefill > 0 ? absl::StrFormat(" (%d prefill)", l.prefill) : "",
-        l.tensor_parallel > 0 ? absl::StrFormat(" of %d rank(s) each", l.tensor_parallel) : "");
+    const std::string asked =
+        absl::StrFormat("%d stage(s) x %d replica(s)%s%s", l.stages, l.replicas,
+                        l.prefill > 0 ? absl::StrFormat(" (%d prefill)", l.prefill) : "",
+                        l.tensor_parallel.value_or(0) > 0
+                            ? absl::StrFormat(" of %d rank(s) each", *l.tensor_parallel)
+                            : "");
     const auto give_up = std::chrono::system_clock::now() + kRegistrationWait;
     while (true) {
       grpc::ClientContext ctx;
@@ -121,7 +124,7 @@ class GrpcClient final : public LoadClient {
       req.set_stages(l.stages);
       req.set_replicas(l.replicas);
       req.set_prefill_replicas(l.prefill);
-      req.set_tensor_parallel(l.tensor_parallel);
+      if (l.tensor_parallel) req.set_tensor_parallel(*l.tensor_parallel);
       v1::Topology t;
       const grpc::Status s = admin_->SetTopology(&ctx, req, &t);
       std::string why;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,7 +55,8 @@ struct Layout {
   int stages = 1;
   int replicas = 1;
   int prefill = 0;
-  int tensor_parallel = 0;  // ranks per stage; 0: each worker's own
+  // Ranks per stage (0: each worker's own); unset: as the service has it (SetTopology leaves it).
+  std::optional<int> tensor_parallel;
   bool operator==(const Layout&) const = default;
 };
 

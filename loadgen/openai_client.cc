@@ -119,7 +119,7 @@ class OpenAiClient final : public LoadClient {
 
   absl::Status SetTopology(const Layout& l) override {
     if (admin_ != nullptr) return admin_->SetTopology(l);
-    if (l.stages == 1 && l.replicas == 1 && l.tensor_parallel == 0) {
+    if (l.stages == 1 && l.replicas == 1 && l.tensor_parallel.value_or(0) == 0) {
       return absl::OkStatus();  // what serves is measured
     }
     return absl::FailedPreconditionError(

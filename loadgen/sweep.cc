@@ -656,10 +656,11 @@ double RunClosedLoop(int clients, int count, const std::function<void(int i, int
 namespace {
 
 std::string LayoutName(const Layout& l) {
-  return absl::StrFormat(
-      "%d stage(s) x %d replica(s)%s%s", l.stages, l.replicas,
-      l.prefill > 0 ? absl::StrFormat(", %d of them prefill", l.prefill) : "",
-      l.tensor_parallel > 0 ? absl::StrFormat(", %d rank(s) a stage", l.tensor_parallel) : "");
+  return absl::StrFormat("%d stage(s) x %d replica(s)%s%s", l.stages, l.replicas,
+                         l.prefill > 0 ? absl::StrFormat(", %d of them prefill", l.prefill) : "",
+                         l.tensor_parallel.value_or(0) > 0
+                             ? absl::StrFormat(", %d rank(s) a stage", *l.tensor_parallel)
+                             : "");
 }
 
 // The configurations of the sweep, in order, into `result`. `last_set`: the last layout asked
@@ -678,7 +679,11 @@ absl::Status RunConfigs(LoadClient& client, const SweepOptions& o, Progress& pro
     // --parallelism tensor: the nodes are the ranks of one stage (GPUs of one worker).
     const int stages = o.data_parallel || o.tensor_nodes ? 1 : nodes;
     const int replicas = o.data_parallel ? nodes : 1;
-    const int tensor_parallel = o.tensor_nodes ? nodes : o.tensor_parallel;
+    // Unset where not asked: the service keeps the size it has (its coordinator's flag).
+    const std::optional<int> tensor_parallel = o.tensor_nodes ? std::optional<int>(nodes)
+                                               : o.tensor_parallel > 0
+                                                   ? std::optional<int>(o.tensor_parallel)
+                                                   : std::nullopt;
     for (int prefill : o.prefill_nodes) {
       last_set = Layout{.stages = stages,
                         .replicas = replicas,
@@ -729,7 +734,7 @@ absl::Status RunConfigs(LoadClient& client, const SweepOptions& o, Progress& pro
                                  info.context_length);
             c = MeasureConfig(client, o, pool, std::move(c), point, progress, *references);
             // The ranks asked for, where asked: a worker's metrics give its largest size.
-            if (tensor_parallel > 0) c.tensor_parallel = tensor_parallel;
+            if (tensor_parallel) c.tensor_parallel = *tensor_parallel;
             result.all_correct &= c.correct;
             result.configs.push_back(std::move(c));
           }

@@ -192,7 +192,56 @@ TEST(GrpcClientTest, GetLayoutIsTheLayoutAskedFor) {
   std::unique_ptr<LoadClient> client = NewGrpcClient(Serve({&admin}, server), 10);
   absl::StatusOr<Layout> l = client->GetLayout();
   ASSERT_TRUE(l.ok()) << l.status();
-  EXPECT_EQ(*l, (Layout{.stages = 1, .replicas = 1, .prefill = 0}));
+  EXPECT_EQ(*l, (Layout{.stages = 1, .replicas = 1, .prefill = 0, .tensor_parallel = 0}));
+  server->Shutdown();
+}
+
+// A coordinator whose stages are split over 2 ranks unless a SetTopology asks otherwise: it
+// serves what it is asked at once and keeps whether the last request named the ranks.
+class RanksAdmin final : public v1::Admin::Service {
+ public:
+  grpc::Status SetTopology(grpc::ServerContext*, const v1::SetTopologyRequest* req,
+                           v1::Topology* resp) override {
+    absl::MutexLock lock(&mu_);
+    if (req->has_tensor_parallel()) ranks_ = req->tensor_parallel();
+    asked_ranks_ = req->has_tensor_parallel();
+    resp->set_stages(req->stages());
+    resp->set_replicas(req->replicas());
+    resp->set_tensor_parallel(ranks_);
+    for (int r = 0; r < req->replicas(); ++r) {
+      v1::PipelineInfo* p = resp->add_pipelines();
+      p->set_tensor_parallel(ranks_);
+      for (int s = 0; s < req->stages(); ++s) p->add_stages()->set_stage(s);
+    }
+    return grpc::Status::OK;
+  }
+  bool asked_ranks() {
+    absl::MutexLock lock(&mu_);
+    return asked_ranks_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int ranks_ = 2;
+  bool asked_ranks_ = false;
+};
+
+// A layout that leaves the ranks unset does not name them (the service keeps its own size, here 2)
+// and is served at any size; one that names them is served at that size only.
+TEST(GrpcClientTest, RanksPerStageAreAskedOnlyWhereTheLayoutSetsThem) {
+  RanksAdmin admin;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<LoadClient> client = NewGrpcClient(Serve({&admin}, server), 10);
+  ASSERT_NE(server, nullptr);
+  absl::Status s = client->SetTopology(Layout{.stages = 2, .replicas = 1});
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_FALSE(admin.asked_ranks()) << "a layout without ranks must leave the service's size";
+  s = client->SetTopology(Layout{.stages = 1, .replicas = 2, .tensor_parallel = 1});
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(admin.asked_ranks());
+  s = client->SetTopology(Layout{.stages = 1, .replicas = 1, .tensor_parallel = 0});
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(admin.asked_ranks()) << "0 (each worker's own) is asked for, not left out";
   server->Shutdown();
 }
 
