@@ -260,18 +260,37 @@ absl::Status CudaStage::Head(int samples, const PassRows& p) {
   RETURN_IF_ERROR(LaunchNorm(t, c_.arch == Arch::kLlama, p.x, p.pending_bias, final_norm_w_,
                              final_norm_b_, gather, head_in_.get(), samples, hidden, c_.norm_eps,
                              s, NormPdl()));
-  if (head_gemv) {
-    RETURN_IF_ERROR(Gemv(GemvEpilogue::kF32, head_in_.get(), lm_head_, nullptr, nullptr,
-                         logits_.get(), samples, c_.vocab_size, hidden));
-  } else {
-    RETURN_IF_ERROR(Matmul(head_in_.get(), lm_head_, logits_.get(), samples, c_.vocab_size, hidden,
-                           0.0f, true));
-  }
+  RETURN_IF_ERROR(HeadLogits(head_in_.get(), samples, head_gemv, logits_.as<float>()));
   SamplingArrays arrays{DevIn<float>(layout_.temperature), DevIn<int32_t>(layout_.top_k),
                         DevIn<float>(layout_.top_p), DevIn<uint64_t>(layout_.seed),
                         DevIn<uint64_t>(layout_.sample_index)};
   return LaunchSample(logits_.as<float>(), probs_.as<float>(), arrays, tokens_out_.as<int32_t>(),
                       samples, c_.vocab_size, s);
+}
+
+absl::Status CudaStage::HeadLogits(const void* normed, int rows, bool gemv, float* logits) {
+  const int hidden = c_.hidden_size, vocab = c_.vocab_size;
+  const int cols = rank_.head_rows > 0 ? rank_.head_rows : vocab;
+  const size_t count = static_cast<size_t>(rows) * cols;
+  float* out = rank_.head_rows > 0 ? head_parts_.as<float>() + rank_.rank * count : logits;
+  if (gemv) {
+    RETURN_IF_ERROR(
+        Gemv(cuda::GemvEpilogue::kF32, normed, lm_head_, nullptr, nullptr, out, rows, cols, hidden));
+  } else {
+    RETURN_IF_ERROR(Matmul(normed, lm_head_, out, rows, cols, hidden, 0.0f, true));
+  }
+  if (rank_.head_rows == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(rank_.gather_head(head_parts_.as<float>(), count, stream_.get()));
+  // Rank q's (rows, cols) block into columns [q * cols, ...) of every row.
+  for (int q = 0; q < rank_.ranks; ++q) {
+    const int width = std::min(cols, vocab - q * cols);
+    if (width <= 0) break;
+    CUDA_CHECK(cudaMemcpy2DAsync(logits + static_cast<size_t>(q) * cols, vocab * sizeof(float),
+                                 head_parts_.as<float>() + q * count, cols * sizeof(float),
+                                 width * sizeof(float), rows, cudaMemcpyDeviceToDevice,
+                                 stream_.get()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem

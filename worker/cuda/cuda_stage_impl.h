@@ -139,6 +139,13 @@ struct CudaRank {
   int rank = 0;
   const StageSources* shard = nullptr;
   std::function<absl::Status(void* x, int rows, cudaStream_t stream)> reduce;
+  // The LM head split by vocabulary (`shard` holds rows [rank * head_rows, (rank + 1) *
+  // head_rows) of it, the last rank fewer where the vocabulary does not divide): each rank
+  // computes its rows' logits and `gather_head` collects every rank's `count` floats, rank r's at
+  // parts + r * count, in place, so that every rank holds the whole logits. 0: the whole head.
+  int ranks = 1;
+  int head_rows = 0;
+  std::function<absl::Status(float* parts, size_t count, cudaStream_t stream)> gather_head;
 };
 
 class CudaStage final : public Stage {
@@ -276,6 +283,9 @@ class CudaStage final : public Stage {
     return rank_.reduce ? rank_.reduce(x, rows, stream_.get()) : absl::OkStatus();
   }
   absl::Status Head(int samples, const PassRows& p);
+  // The LM head over `rows` normed rows into fp32 logits (rows, vocab): the whole head, or this
+  // rank's vocabulary rows gathered with the other ranks' (CudaRank::head_rows).
+  absl::Status HeadLogits(const void* normed, int rows, bool gemv, float* logits);
   // A decode step; `from_previous` as LaunchDecode's. With `wait` false it returns once the step
   // and the copy of its tokens to host_tokens_[buf_] are queued (no tail, no input to await).
   absl::Status RunDecode(const StepDescriptor& step, const Activations& in, StepOutput& out,
@@ -448,7 +458,9 @@ class CudaStage final : public Stage {
   std::vector<DeviceLayer> layers_;
   const void* final_norm_w_ = nullptr;
   const void* final_norm_b_ = nullptr;
-  const void* lm_head_ = nullptr;  // (vocab, hidden)
+  const void* lm_head_ = nullptr;  // (vocab, hidden), or this rank's rows of it (head_rows)
+  // A split head's logits of every rank, rank-major, before they go to their columns.
+  cuda::DeviceBuffer head_parts_;
 
   std::map<int, std::unique_ptr<cuda::GraphExec>> graphs_;  // decode bucket -> graph
 

@@ -24,7 +24,7 @@ absl::Status CudaStage::ScorePromptRows(const StepDescriptor& step,
     while (b < rows.size() && rows[b].row < first + prompt_rows_cap_) ++b;
     const int n = rows[b - 1].row - first + 1;
     const void* normed = xn_.as<char>() + static_cast<size_t>(first) * RowBytes(hidden);
-    RETURN_IF_ERROR(Matmul(normed, lm_head_, prompt_logits_.get(), n, vocab, hidden, 0.0f, true));
+    RETURN_IF_ERROR(HeadLogits(normed, n, /*gemv=*/false, prompt_logits_.as<float>()));
     CUDA_CHECK(cudaMemcpyAsync(host_prompt_logits_.get(), prompt_logits_.get(),
                                static_cast<size_t>(n) * vocab * sizeof(float),
                                cudaMemcpyDeviceToHost, stream_.get()));

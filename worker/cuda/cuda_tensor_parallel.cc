@@ -176,11 +176,22 @@ std::function<absl::Status(void*, int, cudaStream_t)> AllReduceOf(const Comms& c
   };
 }
 
+// Rank r's part of gathering the split LM head's logits: every rank's `count` floats, rank q's at
+// parts + q * count, in place on the rank's stream.
+std::function<absl::Status(float*, size_t, cudaStream_t)> GatherOf(const Comms& comms, int rank) {
+  const ncclComm_t comm = comms[rank];
+  return [comm, rank](float* parts, size_t count, cudaStream_t stream) {
+    const ncclResult_t res =
+        ncclAllGather(parts + rank * count, parts, count, ncclFloat32, comm, stream);
+    return res == ncclSuccess ? absl::OkStatus() : NcclError(res, "ncclAllGather of the logits");
+  };
+}
+
 // Every rank's stage, loaded at once, each on its thread and device (a decode graph's capture is
 // local to its thread). On an error the loaded ones are freed on their devices.
 absl::StatusOr<std::vector<std::unique_ptr<Stage>>> LoadRanks(
     const StageSpec& spec, const CudaOptions& options, const ModelConfig& rank_config,
-    const std::vector<StageSources>& rank_sources, const Comms& comms) {
+    const std::vector<StageSources>& rank_sources, const Comms& comms, int head_rows) {
   const int ranks = static_cast<int>(rank_sources.size());
   std::vector<std::unique_ptr<Stage>> stages(ranks);
   std::vector<absl::Status> loaded(ranks);
@@ -189,8 +200,12 @@ absl::StatusOr<std::vector<std::unique_ptr<Stage>>> LoadRanks(
     load.Run([&](int r) {
       CudaOptions o = options;
       o.device = options.device + r;
-      CudaRank rank{r, &rank_sources[r],
-                    AllReduceOf(comms, r, options.dtype, rank_config.hidden_size)};
+      CudaRank rank{r,
+                    &rank_sources[r],
+                    AllReduceOf(comms, r, options.dtype, rank_config.hidden_size),
+                    ranks,
+                    head_rows,
+                    head_rows > 0 ? GatherOf(comms, r) : nullptr};
       auto stage = std::make_unique<CudaStage>(rank_config, o, std::move(rank));
       loaded[r] = stage->Load(spec);
       stages[r] = std::move(stage);
@@ -326,11 +341,27 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCudaTensorParallelStage(const StageSp
     }
     rank_sources.push_back(RankSources(whole, shards[r]));
   }
+  // The LM head split by vocabulary: each rank reads head_rows rows of it a step instead of all
+  // (the last rank's padded with zeros to head_rows; their logits are dropped). Not where it is
+  // the tied embedding, which every rank needs whole.
+  const int hidden = c.hidden_size;
+  const int head_rows =
+      whole.lm_head.empty() || c.tie_word_embeddings ? 0 : (c.vocab_size + ranks - 1) / ranks;
+  std::vector<std::vector<float>> head_shards(ranks);
+  for (int r = 0; r < ranks && head_rows > 0; ++r) {
+    const size_t begin = static_cast<size_t>(r) * head_rows * hidden;
+    const size_t end = std::min(whole.lm_head.size(), begin + static_cast<size_t>(head_rows) * hidden);
+    head_shards[r].assign(static_cast<size_t>(head_rows) * hidden, 0.0f);
+    if (begin < end) {
+      std::copy(whole.lm_head.begin() + begin, whole.lm_head.begin() + end, head_shards[r].begin());
+    }
+    rank_sources[r].lm_head = HostSource(head_shards[r]);
+  }
   auto comms = std::make_unique<Comms>();
   RETURN_IF_ERROR(comms->Init(options.device, ranks));
   RETURN_IF_ERROR(comms->InitPeer(options.device, ranks, kPeerAllReduceRows * c.hidden_size));
   ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Stage>> stages,
-                   LoadRanks(spec, options, RankConfig(c, ranks), rank_sources, *comms));
+                   LoadRanks(spec, options, RankConfig(c, ranks), rank_sources, *comms, head_rows));
   return std::make_unique<CudaTensorParallelStage>(std::move(comms), std::move(stages), c,
                                                    options.device);
 }

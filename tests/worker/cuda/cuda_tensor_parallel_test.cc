@@ -48,8 +48,30 @@ int DeviceCount() {
   } while (0)
 
 
+// A preset's checkpoint; "tiny-llama-odd-vocab": tiny Llama with a vocabulary of 1,001, which
+// the two ranks' halves of the LM head do not divide (the last rank's rows padded).
 std::filesystem::path Checkpoint(const std::string& preset) {
-  return cuda_test::PresetCheckpoint("cuda_tensor_parallel_" + preset, preset, 11);
+  if (preset != "tiny-llama-odd-vocab") {
+    return cuda_test::PresetCheckpoint("cuda_tensor_parallel_" + preset, preset, 11);
+  }
+  const std::filesystem::path dir = TmpDir() / "cuda_tensor_parallel_odd_vocab";
+  if (!std::filesystem::exists(dir / "config.json")) {
+    absl::StatusOr<ModelConfig> base = PresetConfig("tiny-llama");
+    EXPECT_TRUE(base.ok()) << base.status();
+    ModelOverrides o;
+    o.vocab_size = 1001;
+    absl::StatusOr<ModelConfig> c = ApplyOverrides(*base, o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    GeneratorOptions g;
+    g.seed = 11;
+    const std::filesystem::path tmp = TmpDir() / ("odd_vocab.tmp" + std::to_string(getpid()));
+    std::filesystem::remove_all(tmp);
+    EXPECT_TRUE(WriteRandomCheckpoint(*c, g, tmp).ok());
+    std::error_code ec;
+    std::filesystem::rename(tmp, dir, ec);  // fails where another test got there first
+    if (ec) std::filesystem::remove_all(tmp);
+  }
+  return dir;
 }
 
 StageSpec SpecOf(const std::filesystem::path& dir) {
@@ -210,9 +232,48 @@ TEST_P(CudaTensorParallelTest, PagedTp2ReportsItsPagesAndMovesKvWithTp1) {
   }
 }
 
-// gemv_max_rows 4: decode steps of three rows through the GEMV kernels; 0: through cuBLAS.
+// Prompt logprobs (the LM head over every prompt row, split by vocabulary on TP2 and gathered):
+// each scored token's logprob and its alternatives as TP1's.
+TEST_P(CudaTensorParallelTest, Tp2PromptLogprobsAreTp1s) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const std::filesystem::path dir = Checkpoint(preset());
+  CudaOptions options;
+  options.device = 0;
+  options.kv_memory_fraction = 0.05f;
+  options.gemv_max_rows = gemv_max_rows();
+  auto tp1 = MakeCudaTensorParallelStage(SpecOf(dir), options, 1);
+  ASSERT_TRUE(tp1.ok()) << "TP1 stage: " << tp1.status();
+  auto tp2 = MakeCudaTensorParallelStage(SpecOf(dir), options, 2);
+  ASSERT_TRUE(tp2.ok()) << "TP2 stage: " << tp2.status();
+  const int v = (*tp1)->config().vocab_size;
+  StepDescriptor d = MakeStep({{0, 0, Prompt(9, 5, v)}});
+  d.seqs[0].prompt_logprobs = 3;
+  absl::StatusOr<StepOutput> a = (*tp1)->Step(d, {});
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<StepOutput> b = (*tp2)->Step(d, {});
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(a->logprobs.size(), 1u);
+  ASSERT_EQ(b->logprobs.size(), 1u);
+  const std::vector<TokenLogprob>& x = a->logprobs[0].prompt;
+  const std::vector<TokenLogprob>& y = b->logprobs[0].prompt;
+  ASSERT_EQ(x.size(), 8u) << "tokens 1..8 of the prompt are scored";
+  ASSERT_EQ(y.size(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(y[i].token, x[i].token) << "row " << i;
+    EXPECT_NEAR(y[i].logprob, x[i].logprob, 2e-2) << "row " << i << ": the scored token's logprob";
+    ASSERT_EQ(y[i].top.size(), x[i].top.size()) << "row " << i;
+    for (size_t k = 0; k < x[i].top.size(); ++k) {
+      EXPECT_NEAR(y[i].top[k].second, x[i].top[k].second, 2e-2) << "row " << i << ", alternative " << k;
+    }
+  }
+}
+
+// gemv_max_rows 4: decode steps of three rows through the GEMV kernels; 0: through cuBLAS. The
+// LM head is split by vocabulary but where it is the tied embedding (tiny-llama-tied).
 INSTANTIATE_TEST_SUITE_P(Presets, CudaTensorParallelTest,
-                         ::testing::Combine(::testing::Values("tiny-llama", "tiny-qwen3"),
+                         ::testing::Combine(::testing::Values("tiny-llama", "tiny-qwen3",
+                                                              "tiny-llama-tied",
+                                                              "tiny-llama-odd-vocab"),
                                             ::testing::Values(4, 0)),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param);
