@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <functional>
 #include <numeric>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -280,6 +281,38 @@ class CudaTensorParallelStage final : public Stage {
     }
     return std::move(outs[0]);
   }
+
+  // Decode steps launched ahead on every rank: each rank queues the step on its own stream (its
+  // graph's all-reduces meet the other ranks' on the devices) and returns; rank 0's tokens are
+  // the step's. The ranks check a launch against the same state, so they take or refuse it
+  // together.
+  bool LaunchOverlaps() const override { return ranks_[0]->LaunchOverlaps(); }
+  bool CanLaunchDecode(const StepDescriptor& step) const override {
+    return std::all_of(ranks_.begin(), ranks_.end(),
+                       [&](const auto& r) { return r->CanLaunchDecode(step); });
+  }
+  absl::Status LaunchDecode(const StepDescriptor& step,
+                            std::span<const int> from_previous) override {
+    std::vector<absl::Status> launched(ranks_.size());
+    threads_.Run([&](int r) { launched[r] = ranks_[r]->LaunchDecode(step, from_previous); });
+    for (size_t r = 0; r < launched.size(); ++r) {
+      if (!launched[r].ok()) return r == 0 ? launched[0] : RankError(r, launched[r]);
+    }
+    return absl::OkStatus();
+  }
+  bool DecodeDone() const override {
+    return std::all_of(ranks_.begin(), ranks_.end(),
+                       [](const auto& r) { return r->DecodeDone(); });
+  }
+  absl::StatusOr<StepOutput> FinishDecode() override {
+    std::vector<absl::StatusOr<StepOutput>> outs(ranks_.size());
+    threads_.Run([&](int r) { outs[r] = ranks_[r]->FinishDecode(); });
+    for (size_t r = 1; r < outs.size(); ++r) {
+      if (!outs[r].ok()) return RankError(r, outs[r].status());
+    }
+    return std::move(outs[0]);
+  }
+  int launched_decodes() const override { return ranks_[0]->launched_decodes(); }
 
   absl::StatusOr<Activations> ToHost(const Activations& a) const override {
     return ranks_[0]->ToHost(a);

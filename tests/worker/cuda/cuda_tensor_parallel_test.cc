@@ -232,6 +232,60 @@ TEST_P(CudaTensorParallelTest, PagedTp2ReportsItsPagesAndMovesKvWithTp1) {
   }
 }
 
+// Decode steps launched ahead on TP2 (each fed the token the step before samples, on the device):
+// the tokens of the same steps run one at a time.
+TEST_P(CudaTensorParallelTest, Tp2DecodeLaunchedAheadGivesTheTokensOfStepByStep) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const std::filesystem::path dir = Checkpoint(preset());
+  CudaOptions options;
+  options.device = 0;
+  options.kv_memory_fraction = 0.05f;
+  options.gemv_max_rows = gemv_max_rows();
+  auto tp2 = MakeCudaTensorParallelStage(SpecOf(dir), options, 2);
+  ASSERT_TRUE(tp2.ok()) << "TP2 stage: " << tp2.status();
+  Stage& stage = **tp2;
+  ASSERT_TRUE(stage.LaunchOverlaps());
+  const int v = stage.config().vocab_size;
+  const std::vector<int32_t> prompt = Prompt(6, 7, v);
+  constexpr int kSteps = 5;
+  // Slot 0 step by step.
+  std::vector<int32_t> want;
+  absl::StatusOr<StepOutput> first = stage.Step(MakeStep({{0, 0, prompt}}), {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  want.push_back(first->tokens[0]);
+  for (int k = 0; k < kSteps; ++k) {
+    StepDescriptor d = MakeStep({{0, static_cast<int32_t>(prompt.size()) + k, {want.back()}}});
+    d.return_logits = false;
+    absl::StatusOr<StepOutput> o = stage.Step(d, {});
+    ASSERT_TRUE(o.ok()) << o.status();
+    want.push_back(o->tokens[0]);
+  }
+  // Slot 1 launched ahead: step k + 1 is launched before step k is finished, its token the one
+  // step k samples.
+  std::vector<int32_t> got;
+  first = stage.Step(MakeStep({{1, 0, prompt}}), {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  got.push_back(first->tokens[0]);
+  for (int k = 0; k < kSteps; ++k) {
+    StepDescriptor d = MakeStep({{1, static_cast<int32_t>(prompt.size()) + k, {got[0]}}});
+    d.return_logits = false;
+    ASSERT_TRUE(stage.CanLaunchDecode(d));
+    const std::vector<int> from_previous = {k == 0 ? -1 : 0};
+    const absl::Status launched = stage.LaunchDecode(d, from_previous);
+    ASSERT_TRUE(launched.ok()) << "step " << k << ": " << launched;
+    if (k > 0) {
+      absl::StatusOr<StepOutput> o = stage.FinishDecode();
+      ASSERT_TRUE(o.ok()) << o.status();
+      got.push_back(o->tokens[0]);
+    }
+  }
+  absl::StatusOr<StepOutput> last = stage.FinishDecode();
+  ASSERT_TRUE(last.ok()) << last.status();
+  got.push_back(last->tokens[0]);
+  EXPECT_EQ(stage.launched_decodes(), 0);
+  EXPECT_EQ(got, want);
+}
+
 // Prompt logprobs (the LM head over every prompt row, split by vocabulary on TP2 and gathered):
 // each scored token's logprob and its alternatives as TP1's.
 TEST_P(CudaTensorParallelTest, Tp2PromptLogprobsAreTp1s) {
