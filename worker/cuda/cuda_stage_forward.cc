@@ -274,8 +274,8 @@ absl::Status CudaStage::HeadLogits(const void* normed, int rows, bool gemv, floa
   const size_t count = static_cast<size_t>(rows) * cols;
   float* out = rank_.head_rows > 0 ? head_parts_.as<float>() + rank_.rank * count : logits;
   if (gemv) {
-    RETURN_IF_ERROR(
-        Gemv(cuda::GemvEpilogue::kF32, normed, lm_head_, nullptr, nullptr, out, rows, cols, hidden));
+    RETURN_IF_ERROR(Gemv(cuda::GemvEpilogue::kF32, normed, lm_head_, nullptr, nullptr, out, rows,
+                         cols, hidden));
   } else {
     RETURN_IF_ERROR(Matmul(normed, lm_head_, out, rows, cols, hidden, 0.0f, true));
   }

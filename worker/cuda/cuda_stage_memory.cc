@@ -51,9 +51,9 @@ absl::Status CudaStage::AllocateWorkspace() {
         std::clamp<size_t>((size_t{16} << 20) / row_logits, 1, static_cast<size_t>(rows_cap_)));
     RETURN_IF_ERROR(prompt_logits_.Allocate(prompt_rows_cap_ * row_logits));
     if (rank_.head_rows > 0) {
-      RETURN_IF_ERROR(head_parts_.Allocate(static_cast<size_t>(std::max(samples_cap_,
-                                                                        prompt_rows_cap_)) *
-                                           rank_.ranks * rank_.head_rows * sizeof(float)));
+      RETURN_IF_ERROR(
+          head_parts_.Allocate(static_cast<size_t>(std::max(samples_cap_, prompt_rows_cap_)) *
+                               rank_.ranks * rank_.head_rows * sizeof(float)));
     }
     RETURN_IF_ERROR(host_prompt_logits_.Allocate(prompt_rows_cap_ * row_logits));
     RETURN_IF_ERROR(AllocateMasks());

@@ -201,12 +201,9 @@ absl::StatusOr<std::vector<std::unique_ptr<Stage>>> LoadRanks(
     load.Run([&](int r) {
       CudaOptions o = options;
       o.device = options.device + r;
-      CudaRank rank{r,
-                    &rank_sources[r],
-                    AllReduceOf(comms, r, options.dtype, rank_config.hidden_size),
-                    ranks,
-                    head_rows,
-                    head_rows > 0 ? GatherOf(comms, r) : nullptr};
+      CudaRank rank{
+          r,     &rank_sources[r], AllReduceOf(comms, r, options.dtype, rank_config.hidden_size),
+          ranks, head_rows,        head_rows > 0 ? GatherOf(comms, r) : nullptr};
       auto stage = std::make_unique<CudaStage>(rank_config, o, std::move(rank));
       loaded[r] = stage->Load(spec);
       stages[r] = std::move(stage);
@@ -301,8 +298,7 @@ class CudaTensorParallelStage final : public Stage {
     return absl::OkStatus();
   }
   bool DecodeDone() const override {
-    return std::all_of(ranks_.begin(), ranks_.end(),
-                       [](const auto& r) { return r->DecodeDone(); });
+    return std::all_of(ranks_.begin(), ranks_.end(), [](const auto& r) { return r->DecodeDone(); });
   }
   absl::StatusOr<StepOutput> FinishDecode() override {
     std::vector<absl::StatusOr<StepOutput>> outs(ranks_.size());
@@ -383,7 +379,8 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeCudaTensorParallelStage(const StageSp
   std::vector<std::vector<float>> head_shards(ranks);
   for (int r = 0; r < ranks && head_rows > 0; ++r) {
     const size_t begin = static_cast<size_t>(r) * head_rows * hidden;
-    const size_t end = std::min(whole.lm_head.size(), begin + static_cast<size_t>(head_rows) * hidden);
+    const size_t end =
+        std::min(whole.lm_head.size(), begin + static_cast<size_t>(head_rows) * hidden);
     head_shards[r].assign(static_cast<size_t>(head_rows) * hidden, 0.0f);
     if (begin < end) {
       std::copy(whole.lm_head.begin() + begin, whole.lm_head.begin() + end, head_shards[r].begin());

@@ -47,7 +47,6 @@ int DeviceCount() {
     }                                                                                   \
   } while (0)
 
-
 // A preset's checkpoint; "tiny-llama-odd-vocab": tiny Llama with a vocabulary of 1,001, which
 // the two ranks' halves of the LM head do not divide (the last rank's rows padded).
 std::filesystem::path Checkpoint(const std::string& preset) {
@@ -317,7 +316,8 @@ TEST_P(CudaTensorParallelTest, Tp2PromptLogprobsAreTp1s) {
     EXPECT_NEAR(y[i].logprob, x[i].logprob, 2e-2) << "row " << i << ": the scored token's logprob";
     ASSERT_EQ(y[i].top.size(), x[i].top.size()) << "row " << i;
     for (size_t k = 0; k < x[i].top.size(); ++k) {
-      EXPECT_NEAR(y[i].top[k].second, x[i].top[k].second, 2e-2) << "row " << i << ", alternative " << k;
+      EXPECT_NEAR(y[i].top[k].second, x[i].top[k].second, 2e-2)
+          << "row " << i << ", alternative " << k;
     }
   }
 }
